@@ -1,0 +1,141 @@
+"""The aiohttp application: the 13 endpoints, health checks, and the lifecycle of what they use."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from pathlib import Path
+
+from aiohttp import web
+
+from proxy import jsonutil
+from proxy.affinity import Affinity
+from proxy.config import ConfigError, LoadedConfig, load_config
+from proxy.formats.base import Format
+from proxy.gateway import Gateway
+from proxy.routes import ROUTES, Route
+from proxy.runtime import Runtime
+from proxy.simulator.farm import SimulatorFarm
+from proxy.state import StateStore, make_store
+
+log = logging.getLogger("modelgate.app")
+
+
+class GatewayApp:
+    """Owns what outlives a config: the state store, the simulators, and the current Runtime."""
+
+    def __init__(self, loaded: LoadedConfig, config_path: str | Path | None = None) -> None:
+        self.loaded = loaded
+        self.config_path = config_path
+        self.simulators = SimulatorFarm()
+        self.store: StateStore | None = None
+        self.gateway: Gateway | None = None
+        self.reloads = 0
+        self._reload_lock = asyncio.Lock()
+
+    @property
+    def runtime(self) -> Runtime:
+        assert self.gateway is not None, "the gateway has not started"
+        return self.gateway.runtime
+
+    async def start(self) -> None:
+        config = self.loaded.config
+        self.store = make_store(config.state)
+        runtime = await Runtime.build(self.loaded, self.simulators)
+        self.gateway = Gateway(runtime, Affinity(self.store, config.state.affinity_ttl_s))
+
+    async def stop(self) -> None:
+        if self.gateway is not None:
+            runtime = self.gateway.runtime
+            runtime.retire()
+            await runtime.wait_closed()
+        await self.simulators.close()
+        if self.store is not None:
+            await self.store.close()
+
+    async def reload(self) -> bool:
+        """Load the config file again; keep the running config when the new one is invalid."""
+        async with self._reload_lock:
+            try:
+                loaded = load_config(self.config_path)
+            except ConfigError as exc:
+                log.error("config reload refused; keeping the running config",
+                          extra={"problems": exc.problems, "source": str(self.config_path)})
+                return False
+            if loaded.config.state != self.loaded.config.state or loaded.config.server.listen != self.loaded.config.server.listen:
+                log.warning("state and server.listen changes take effect at the next restart")
+            try:
+                runtime = await Runtime.build(loaded, self.simulators)
+            except Exception:
+                log.exception("config reload failed while starting; keeping the running config")
+                return False
+            assert self.gateway is not None
+            old, self.gateway.runtime = self.gateway.runtime, runtime
+            self.loaded = loaded
+            self.reloads += 1
+            old.retire()
+            log.info("config reloaded", extra={"digest": loaded.digest, "source": loaded.source,
+                                               "draining": old.in_flight})
+            return True
+
+
+APP_KEY = web.AppKey("modelgate", GatewayApp)
+
+
+def build_app(loaded: LoadedConfig, config_path: str | Path | None = None) -> web.Application:
+    owner = GatewayApp(loaded, config_path)
+    app = web.Application(client_max_size=1024**4)  # bodies are read by the gateway, with its own limits
+    app[APP_KEY] = owner
+
+    async def lifecycle(_: web.Application):  # noqa: ANN202
+        await owner.start()
+        yield
+        await owner.stop()
+
+    app.cleanup_ctx.append(lifecycle)
+    for route in ROUTES:
+        handler = _route_handler(owner, route)
+        if route.method == "GET":
+            app.router.add_get(route.path, handler)  # HEAD too: downloads answer it
+        else:
+            app.router.add_route(route.method, route.path, handler)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_route("*", "/{tail:.*}", _unmatched)
+    return app
+
+
+def _route_handler(owner: GatewayApp, route: Route):  # noqa: ANN202
+    async def handle(request: web.Request) -> web.StreamResponse:
+        assert owner.gateway is not None
+        return await owner.gateway.handle(request, route)
+
+    handle.__name__ = f"handle_{route.name}"
+    return handle
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"}, dumps=lambda o: jsonutil.dumps(o).decode())
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    owner = request.app[APP_KEY]
+    store_ok = owner.store is not None and await owner.store.ping()
+    ready = owner.gateway is not None and store_ok
+    body = {"status": "ready" if ready else "not ready", "state_store": "ok" if store_ok else "unreachable",
+            "config": owner.loaded.digest,
+            "channels": [c.name for c in owner.runtime.channels.channels] if owner.gateway else []}
+    return web.Response(status=200 if ready else 503, body=jsonutil.dumps(body), content_type="application/json")
+
+
+_TEMPLATES = [(re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", r.path) + "$"), r) for r in ROUTES]
+
+
+async def _unmatched(request: web.Request) -> web.Response:
+    allowed = sorted({r.method for pattern, r in _TEMPLATES if pattern.match(request.path)})
+    if allowed:
+        fmt: Format = next(r.format for pattern, r in _TEMPLATES if pattern.match(request.path))
+        return fmt.error_response(405, f"{request.method} is not allowed on {request.path}",
+                                  headers={"Allow": ", ".join(allowed)})
+    return Format.error_response(ROUTES[0].format, 404, f"no endpoint at {request.method} {request.path}")

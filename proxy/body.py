@@ -1,0 +1,165 @@
+"""Reading the client's request body the way its route needs it.
+
+JSON and raw bodies are read whole, within a size limit. A multipart edit is read only
+until its `model` field has passed (kept in a spool that moves to disk past a few MB);
+the rest streams to the upstream as it arrives, observed on the way.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+
+from aiohttp import web
+
+from proxy.exchange import Exchange
+from proxy.multipart import MultipartObserver
+from proxy.routes import Body
+
+_SPOOL_IN_MEMORY = 4 * 1024 * 1024
+_READ_SIZE = 256 * 1024
+
+
+class BodyError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def read_body(ex: Exchange, limit: int) -> None:
+    """Fill `ex.body` or `ex.body_stream`; raise BodyError for a body the gateway refuses."""
+    kind = ex.route.body
+    if kind is Body.NONE:
+        return
+    request = ex.request
+    if kind is Body.JSON_OR_MULTIPART and request.content_type == "multipart/form-data":
+        observer = MultipartObserver.for_content_type(request.headers.get("content-type", ""))
+        if observer is None:
+            raise BodyError(400, "multipart/form-data body without a boundary")
+        await _open_multipart(ex, observer)
+        return
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise BodyError(413, f"request body of {declared} bytes is over the {limit}-byte limit")
+    ex.body = await _read_whole(request, limit)
+    if kind is not Body.RAW and ex.body:
+        if ex.json() is None and ex.body.strip() not in (b"null",):
+            raise BodyError(400, "request body is not valid JSON")
+    if kind is not Body.RAW and isinstance(ex.json(), dict) and ex.json().get("stream") is True:
+        ex.streaming = True
+
+
+async def _read_whole(request: web.Request, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.read(_READ_SIZE):
+        size += len(chunk)
+        if size > limit:
+            raise BodyError(413, f"request body is over the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _open_multipart(ex: Exchange, observer: MultipartObserver) -> None:
+    ex.multipart = observer
+    body = MultipartBody(ex.request, observer)
+    await body.read_until_field("model")
+    stream_flag = observer.field("stream")
+    ex.streaming = stream_flag is not None and stream_flag.strip().lower() == "true"
+    ex.body_stream = body
+
+
+class MultipartBody:
+    """A multipart body: its start spooled while the fields that route it are found, the rest streamed."""
+
+    __slots__ = ("_content", "observer", "_spool", "declared_length")
+
+    def __init__(self, request: web.Request, observer: MultipartObserver) -> None:
+        self._content = request.content
+        self.observer = observer
+        self._spool = Spool()
+        self.declared_length = request.content_length
+
+    async def read_until_field(self, name: str) -> None:
+        observer = self.observer
+        while observer.field(name) is None and not observer.done and not observer.error:
+            chunk = await self._content.read(_READ_SIZE)
+            if not chunk:
+                break
+            observer.feed(chunk)
+            self._spool.write(chunk)
+        if observer.error:
+            self._spool.close()
+            raise BodyError(400, f"malformed multipart body: {observer.error}")
+
+    def rename_model(self, old: str, new: str) -> bool:
+        """Swap the `model` field's value in the spooled start; the declared length follows."""
+        pattern = re.compile(rb'(name="?model"?[^\r\n]*\r\n(?:[^\r\n]+\r\n)*\r\n)'
+                             + re.escape(old.encode()) + rb"(\r\n--)")
+        delta = self._spool.substitute(pattern, new.encode())
+        if delta is None:
+            return False
+        if self.declared_length is not None:
+            self.declared_length += delta
+        return True
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            for chunk in self._spool.replay():
+                yield chunk
+            while chunk := await self._content.read(_READ_SIZE):
+                self.observer.feed(chunk)
+                yield chunk
+            self.observer.finish()
+        finally:
+            self._spool.close()
+
+
+class Spool:
+    """Bytes kept in memory up to a few MB, then in a temporary file."""
+
+    __slots__ = ("_memory", "_file", "size")
+
+    def __init__(self) -> None:
+        self._memory = bytearray()
+        self._file: tempfile.SpooledTemporaryFile[bytes] | None = None
+        self.size = 0
+
+    def write(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self._file is None and len(self._memory) + len(chunk) <= _SPOOL_IN_MEMORY:
+            self._memory += chunk
+            return
+        if self._file is None:
+            self._file = tempfile.SpooledTemporaryFile(max_size=0)
+            self._file.write(self._memory)
+            self._memory = bytearray()
+        self._file.write(chunk)
+
+    def substitute(self, pattern: re.Pattern[bytes], value: bytes) -> int | None:
+        """Put `value` between the two groups of `pattern`'s first match; the size change, or None."""
+        if self._file is not None:
+            return None
+        match = pattern.search(self._memory)
+        if match is None:
+            return None
+        delta = len(value) - (match.start(2) - match.end(1))
+        self._memory[match.end(1):match.start(2)] = value
+        self.size += delta
+        return delta
+
+    def replay(self) -> Iterator[bytes]:
+        if self._file is None:
+            if self._memory:
+                yield bytes(self._memory)
+            return
+        self._file.seek(0)
+        while chunk := self._file.read(_READ_SIZE):
+            yield chunk
+
+    def close(self) -> None:
+        self._memory = bytearray()
+        if self._file is not None:
+            self._file.close()
+            self._file = None

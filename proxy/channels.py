@@ -1,0 +1,104 @@
+"""Channels: the upstreams, what each serves, and how one is picked for a request.
+
+A channel owns one pooled keep-alive client session. Among the channels that serve a
+route and model, the lowest `priority` number wins (0 first, as in DNS SRV and Envoy);
+within that tier a channel is drawn in proportion to its `weight`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import random
+import re
+
+import aiohttp
+
+from proxy.config.model import ChannelConfig
+from proxy.routes import Route
+
+
+class Channel:
+    __slots__ = ("config", "name", "base_url", "priority", "weight", "credential", "timeouts",
+                 "_models", "_formats", "_endpoints", "_rename", "session")
+
+    def __init__(self, config: ChannelConfig, base_url: str) -> None:
+        self.config = config
+        self.name = config.name
+        self.base_url = base_url.rstrip("/")
+        self.priority = config.priority
+        self.weight = config.weight
+        self.credential = config.credential
+        self.timeouts = config.timeouts
+        self._models = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in config.models))
+        self._formats = frozenset(config.formats)
+        self._endpoints = frozenset(config.endpoints) if config.endpoints is not None else None
+        self._rename = dict(config.rename)
+        self.session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        pool = self.config.pool
+        connector = aiohttp.TCPConnector(limit=pool.max_connections, limit_per_host=0,
+                                         keepalive_timeout=pool.keepalive_s, ttl_dns_cache=60)
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            # Bodies pass through as the upstream encoded them; decoding is done on demand.
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=self.timeouts.total_s, connect=self.timeouts.connect_s),
+            # Only the client's own headers go upstream, never aiohttp's defaults.
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            max_field_size=65536,
+            read_bufsize=2**16,
+        )
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    def serves(self, route: Route) -> bool:
+        if self._endpoints is not None:
+            return route.name in self._endpoints
+        return route.format.name in self._formats
+
+    def serves_model(self, model: str) -> bool:
+        return self._models.fullmatch(model) is not None
+
+    def upstream_model(self, model: str) -> str:
+        return self._rename.get(model, model)
+
+    def __repr__(self) -> str:
+        return f"Channel({self.name!r}, {self.base_url!r})"
+
+
+class ChannelSet:
+    __slots__ = ("channels", "_by_name")
+
+    def __init__(self, channels: list[Channel]) -> None:
+        self.channels = channels
+        self._by_name = {c.name: c for c in channels}
+
+    def get(self, name: str) -> Channel | None:
+        return self._by_name.get(name)
+
+    def candidates(self, route: Route, model: str | None) -> list[Channel]:
+        return [c for c in self.channels
+                if c.serves(route) and (model is None or c.serves_model(model))]
+
+    def pick(self, route: Route, model: str | None) -> Channel | None:
+        found = self.candidates(route, model)
+        if not found:
+            return None
+        best = min(c.priority for c in found)
+        tier = [c for c in found if c.priority == best]
+        if len(tier) == 1:
+            return tier[0]
+        return random.choices(tier, weights=[c.weight for c in tier])[0]
+
+    async def open(self) -> None:
+        for channel in self.channels:
+            await channel.open()
+
+    async def close(self) -> None:
+        for channel in self.channels:
+            await channel.close()

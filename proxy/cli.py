@@ -1,0 +1,65 @@
+"""The `modelgate` command: serve, check-config, simulate."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from proxy.config import ConfigError, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="modelgate", description="A pluggable reverse proxy for model APIs.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the gateway")
+    serve.add_argument("-c", "--config", help="config file (default: $MODELGATE_CONFIG, else the embedded defaults)")
+
+    check = commands.add_parser("check-config", help="validate a config file and list every problem")
+    check.add_argument("file")
+
+    simulate = commands.add_parser("simulate", help="run the upstream simulator on its own")
+    simulate.add_argument("--host", default="127.0.0.1")
+    simulate.add_argument("--port", type=int, default=9000)
+    simulate.add_argument("--name", default="simulator", help="reported in the x-sim-instance header")
+    simulate.add_argument("--key", help="the upstream credential it requires (default: any)")
+    simulate.add_argument("--latency-ms", type=float, default=0.0)
+    simulate.add_argument("--chunk-delay-ms", type=float, default=5.0)
+    simulate.add_argument("--output-tokens", type=int, default=24)
+
+    args = parser.parse_args(argv)
+    if args.command == "check-config":
+        return _check_config(args.file)
+    if args.command == "simulate":
+        from proxy.simulator.server import run_simulator
+
+        run_simulator(args)
+        return 0
+    path = args.config or os.environ.get("MODELGATE_CONFIG") or None
+    try:
+        loaded = load_config(path)
+    except ConfigError as exc:
+        _print_problems(path or "<embedded defaults>", exc.problems)
+        return 1
+    from proxy.server import serve as run
+
+    run(loaded, path)
+    return 0
+
+
+def _check_config(path: str) -> int:
+    try:
+        loaded = load_config(path)
+    except ConfigError as exc:
+        _print_problems(path, exc.problems)
+        return 1
+    config = loaded.config
+    print(f"{path}: ok ({len(config.channels)} channel(s), digest {loaded.digest})")
+    return 0
+
+
+def _print_problems(path: str, problems: list[str]) -> None:
+    print(f"{path}: {len(problems)} problem(s)", file=sys.stderr)
+    for problem in problems:
+        print(f"  {problem}", file=sys.stderr)

@@ -1,0 +1,120 @@
+"""Loading a config file: YAML, then `${VAR}` expansion, then the schema, then plugin names.
+
+Every problem is reported at once, each with the key path and why, so one run of
+`modelgate check-config` shows everything to fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from proxy.config.env import expand
+from proxy.config.model import (
+    ChannelConfig,
+    GatewayConfig,
+    RouteConfig,
+    ServerConfig,
+    SimulatorSettings,
+    StateConfig,
+    Timeouts,
+    all_field_names,
+)
+
+__all__ = [
+    "ChannelConfig", "ConfigError", "GatewayConfig", "LoadedConfig", "RouteConfig", "ServerConfig",
+    "SimulatorSettings", "StateConfig", "Timeouts", "load_config", "parse_config",
+]
+
+
+class ConfigError(Exception):
+    """A config that must not be used; `problems` holds one `path: why` line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class LoadedConfig:
+    """A validated config and where it came from."""
+
+    __slots__ = ("config", "source", "digest")
+
+    def __init__(self, config: GatewayConfig, source: str, digest: str) -> None:
+        self.config = config
+        self.source = source
+        self.digest = digest
+
+
+def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> LoadedConfig:
+    """Read and validate `path`; None gives the embedded defaults."""
+    if path is None:
+        return LoadedConfig(GatewayConfig(), "<embedded defaults>", hashlib.sha256(b"").hexdigest()[:16])
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"<file>: cannot read {path}: {exc.strerror or exc}"]) from None
+    config = parse_config(text, os.environ if environ is None else environ)
+    return LoadedConfig(config, str(path), hashlib.sha256(text.encode()).hexdigest()[:16])
+
+
+def parse_config(text: str, environ: Mapping[str, str]) -> GatewayConfig:
+    try:
+        tree = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "<file>"
+        raise ConfigError([f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})"]) from None
+    if tree is None:
+        tree = {}
+    if not isinstance(tree, dict):
+        raise ConfigError(["<root>: must be a mapping of sections (server, channels, ...)"])
+    tree, problems = expand(tree, environ)
+    config: GatewayConfig | None = None
+    try:
+        config = GatewayConfig.model_validate(tree)
+    except ValidationError as exc:
+        problems.extend(_describe(error) for error in exc.errors())
+    if config is not None:
+        from proxy.pipeline import check_plugins  # the pipeline imports config types
+
+        problems.extend(check_plugins(config))
+    if problems:
+        raise ConfigError(problems)
+    assert config is not None
+    return config
+
+
+def _describe(error: Any) -> str:
+    path = _path(error["loc"])
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        key = str(error["loc"][-1])
+        hint = difflib.get_close_matches(key, sorted(all_field_names()), n=1)
+        return f"{path}: unknown key" + (f" (did you mean '{hint[0]}'?)" if hint else "")
+    if kind == "missing":
+        return f"{path}: required"
+    if kind == "value_error":
+        return f"{path}: {error['ctx']['error']}"
+    if kind == "literal_error":
+        return f"{path}: {error['input']!r} is not one of {error['ctx']['expected']}"
+    return f"{path}: {error['msg'][0].lower()}{error['msg'][1:]}"
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith(("function-", "literal[")):
+            continue  # pydantic's internal validator names, not keys
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "<root>"

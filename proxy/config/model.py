@@ -1,0 +1,196 @@
+"""The config schema: every key the gateway reads, its default, and its rules.
+
+The defaults are the embedded configuration: `GatewayConfig()` alone serves every
+endpoint from the in-process upstream simulator with memory state.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from proxy.formats import FORMAT_NAMES
+from proxy.routes import ROUTE_NAMES
+
+SIMULATOR = "simulator"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:\s]+):(?P<port>\d{1,5})$")
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class Strict(BaseModel):
+    """A config section: unknown keys are errors, so a typo never passes silently."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerConfig(Strict):
+    listen: str = "127.0.0.1:8080"
+    public_base_url: str | None = None
+    max_json_body_mb: PositiveFloat = 64.0
+    request_id_header: str = "X-Request-Id"
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_is_host_port(cls, value: str) -> str:
+        match = _LISTEN.match(value)
+        if not match or not 0 < int(match["port"]) < 65536:
+            raise ValueError("not a HOST:PORT address (for example 127.0.0.1:8080)")
+        return value
+
+    @field_validator("public_base_url")
+    @classmethod
+    def _public_base_url_is_http(cls, value: str | None) -> str | None:
+        if value is not None and not _is_http_url(value):
+            raise ValueError("not an http(s) URL")
+        return value.rstrip("/") if value else value
+
+    @property
+    def host(self) -> str:
+        return _LISTEN.match(self.listen)["host"].strip("[]")  # type: ignore[index]
+
+    @property
+    def port(self) -> int:
+        return int(_LISTEN.match(self.listen)["port"])  # type: ignore[index]
+
+    @property
+    def base_url(self) -> str:
+        return self.public_base_url or f"http://{self.listen}"
+
+
+class StateConfig(Strict):
+    backend: Literal["memory", "redis"] = "memory"
+    url: str = "redis://127.0.0.1:6379/0"
+    prefix: str = "modelgate:"
+    affinity_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        if not re.match(r"^(redis|rediss|unix)://", value):
+            raise ValueError("not a redis:// , rediss:// or unix:// URL")
+        return value
+
+
+class Timeouts(Strict):
+    connect_s: PositiveFloat = 10.0
+    first_byte_s: PositiveFloat = 120.0
+    idle_s: PositiveFloat = 120.0
+    total_s: PositiveFloat = 900.0
+
+
+class Pool(Strict):
+    max_connections: int = Field(default=256, ge=1)
+    keepalive_s: PositiveFloat = 60.0
+
+
+class SimulatorSettings(Strict):
+    """Defaults of the embedded upstream simulator; each may be overridden per request by a header."""
+
+    latency_ms: float = Field(default=0.0, ge=0)
+    chunk_delay_ms: float = Field(default=5.0, ge=0)
+    output_tokens: int = Field(default=24, ge=1, le=100_000)
+    video_queued_s: float = Field(default=1.0, ge=0)
+    video_processing_s: float = Field(default=2.0, ge=0)
+
+
+class ChannelConfig(Strict):
+    name: str
+    base_url: str
+    formats: list[Literal[FORMAT_NAMES]] = Field(default_factory=lambda: list(FORMAT_NAMES))  # type: ignore[valid-type]
+    endpoints: list[Literal[ROUTE_NAMES]] | None = None  # type: ignore[valid-type]
+    models: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    rename: dict[str, str] = Field(default_factory=dict)
+    priority: int = 0
+    weight: PositiveFloat = 1.0
+    credential: str | None = None
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    pool: Pool = Field(default_factory=Pool)
+    simulator: SimulatorSettings | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_simple(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError("must be 1-64 characters of letters, digits, '.', '_' or '-'")
+        return value
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url_is_http_or_simulator(cls, value: str) -> str:
+        if value != SIMULATOR and not _is_http_url(value):
+            raise ValueError("not an http(s) URL (or the word 'simulator')")
+        return value.rstrip("/")
+
+    @field_validator("models")
+    @classmethod
+    def _patterns_compile(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            if not pattern:
+                raise ValueError("an empty model pattern matches nothing")
+            fnmatch.translate(pattern)
+        return value
+
+    @model_validator(mode="after")
+    def _simulator_settings_need_simulator(self) -> ChannelConfig:
+        if self.simulator is not None and self.base_url != SIMULATOR:
+            raise ValueError("'simulator' settings apply only with base_url: simulator")
+        return self
+
+    @property
+    def is_simulator(self) -> bool:
+        return self.base_url == SIMULATOR
+
+
+class RouteConfig(Strict):
+    plugins: list[str] | None = None
+
+
+class LoggingConfig(Strict):
+    format: Literal["json", "console"] = "json"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    access_log: bool = True
+
+
+class ObservabilityConfig(Strict):
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+
+def _default_channels() -> list[ChannelConfig]:
+    return [ChannelConfig(name="simulator", base_url=SIMULATOR, credential="sim-upstream-key")]
+
+
+class GatewayConfig(Strict):
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    state: StateConfig = Field(default_factory=StateConfig)
+    channels: list[ChannelConfig] = Field(default_factory=_default_channels)
+    routes: dict[Literal[ROUTE_NAMES], RouteConfig] = Field(default_factory=dict)  # type: ignore[valid-type]
+    plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig)
+
+    @field_validator("channels")
+    @classmethod
+    def _channel_names_unique(cls, value: list[ChannelConfig]) -> list[ChannelConfig]:
+        seen: set[str] = set()
+        for channel in value:
+            if channel.name in seen:
+                raise ValueError(f"channel name {channel.name!r} is used twice")
+            seen.add(channel.name)
+        return value
+
+
+def _is_http_url(value: str) -> bool:
+    return bool(re.match(r"^https?://[^\s/?#]+(/[^\s?#]*)?$", value))
+
+
+def all_field_names() -> set[str]:
+    """Every key the schema knows, for 'did you mean' hints."""
+    names: set[str] = set()
+    for model in (ServerConfig, StateConfig, Timeouts, Pool, SimulatorSettings, ChannelConfig,
+                  RouteConfig, LoggingConfig, ObservabilityConfig, GatewayConfig):
+        names.update(model.model_fields)
+    return names

@@ -1,0 +1,152 @@
+"""`Exchange`: everything about one request as it passes through the gateway.
+
+A plugin reads and changes the request through it (headers, query, JSON body) and finds
+what happened upstream on it (channel, usage, timings). The body is parsed at most once,
+and only when something asks; bytes nobody changed are forwarded as the client sent them.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from multidict import CIMultiDict, MultiDict
+
+from proxy import jsonutil
+from proxy.formats import Format, Usage
+from proxy.multipart import MultipartObserver
+from proxy.routes import Route
+
+if TYPE_CHECKING:
+    from proxy.channels import Channel
+
+_UNPARSED = object()
+
+
+class Exchange:
+    """One client request, its upstream attempt and its outcome."""
+
+    __slots__ = (
+        "request", "route", "format", "request_id", "started", "client_ip", "headers", "query",
+        "path_params", "body", "body_stream", "multipart", "_json", "body_changed", "model",
+        "upstream_model", "channel", "pinned_channel", "key_name", "streaming", "usage",
+        "upstream_started", "upstream_headers_at", "upstream_finished", "status", "bytes_out",
+        "client_aborted", "error", "plugin_state",
+    )
+
+    def __init__(self, request: web.Request, route: Route, request_id: str) -> None:
+        self.request = request
+        self.route = route
+        self.format: Format = route.format
+        self.request_id = request_id
+        self.started = time.perf_counter()
+        self.client_ip: str = request.remote or ""
+        self.headers: CIMultiDict[str] = CIMultiDict()   # what goes upstream; filled by forwarding
+        self.query: MultiDict[str] = MultiDict(request.rel_url.query)
+        self.path_params: dict[str, str] = dict(request.match_info)
+        self.body: bytes | None = None
+        self.body_stream: AsyncIterator[bytes] | None = None
+        self.multipart: MultipartObserver | None = None
+        self._json: Any = _UNPARSED
+        self.body_changed = False
+        self.model: str | None = None
+        self.upstream_model: str | None = None
+        self.channel: Channel | None = None
+        self.pinned_channel: str | None = None
+        self.key_name: str | None = None
+        self.streaming = route.always_streams
+        self.usage = Usage()
+        self.upstream_started: float | None = None
+        self.upstream_headers_at: float | None = None
+        self.upstream_finished: float | None = None
+        self.status = 0
+        self.bytes_out = 0
+        self.client_aborted = False
+        self.error: str | None = None
+        self.plugin_state: dict[str, Any] = {}
+
+    def json(self) -> Any:
+        """The request body as JSON (parsed on first use); None for a body that is not JSON."""
+        if self._json is _UNPARSED:
+            self._json = None
+            if self.body:
+                try:
+                    self._json = jsonutil.loads(self.body)
+                except jsonutil.JSONDecodeError:
+                    pass
+        return self._json
+
+    def set_json(self, value: Any) -> None:
+        """Replace the body: it is encoded again and forwarded in place of the client's bytes."""
+        self._json = value
+        self.body = jsonutil.dumps(value)
+        self.body_changed = True
+
+    def error_response(self, status: int, message: str, code: str | None = None,
+                       headers: dict[str, str] | None = None) -> web.Response:
+        """An error in this endpoint's own shape (section 7 of the spec)."""
+        self.error = message
+        return self.format.error_response(status, message, code, headers)
+
+    def upstream_seconds(self) -> float:
+        if self.upstream_started is None:
+            return 0.0
+        end = self.upstream_finished or self.upstream_headers_at or time.perf_counter()
+        return end - self.upstream_started
+
+    def overhead_seconds(self, now: float | None = None) -> float:
+        """Time the gateway itself spent: total so far minus time waiting on the upstream."""
+        total = (now or time.perf_counter()) - self.started
+        return max(0.0, total - self.upstream_seconds())
+
+
+class UpstreamResponse:
+    """A buffered upstream answer that `on_response` hooks may read and change."""
+
+    __slots__ = ("status", "headers", "body", "changed", "_json")
+
+    def __init__(self, status: int, headers: CIMultiDict[str], body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.changed = False
+        self._json: Any = _UNPARSED
+
+    @property
+    def is_json(self) -> bool:
+        return "json" in self.headers.get("content-type", "")
+
+    def decoded_body(self) -> bytes | None:
+        """The body without its Content-Encoding, or None when it cannot be decoded here."""
+        encoding = self.headers.get("content-encoding", "identity").strip().lower()
+        if encoding in ("", "identity"):
+            return self.body
+        try:
+            if encoding in ("gzip", "x-gzip"):
+                return zlib.decompress(self.body, 16 + zlib.MAX_WBITS)
+            if encoding == "deflate":
+                return zlib.decompress(self.body)
+        except zlib.error:
+            return None
+        return None
+
+    def json(self) -> Any:
+        if self._json is _UNPARSED:
+            self._json = None
+            raw = self.decoded_body() if self.is_json else None
+            if raw:
+                try:
+                    self._json = jsonutil.loads(raw)
+                except jsonutil.JSONDecodeError:
+                    pass
+        return self._json
+
+    def set_json(self, value: Any) -> None:
+        self._json = value
+        self.body = jsonutil.dumps(value)
+        self.headers.popall("content-encoding", None)
+        self.headers["Content-Type"] = "application/json"
+        self.changed = True

@@ -1,0 +1,25 @@
+"""The spec's wire formats, one module each; `FORMATS` maps a format's config name to it."""
+
+from __future__ import annotations
+
+from proxy.formats.account import AccountFormat
+from proxy.formats.base import Format, KeyLocation, Usage
+from proxy.formats.content import ContentFormat
+from proxy.formats.images import ImagesFormat
+from proxy.formats.message import MessageFormat
+from proxy.formats.response import ResponseFormat
+from proxy.formats.video import VideoTasks
+
+MESSAGES = MessageFormat()
+CONTENT = ContentFormat()
+RESPONSES = ResponseFormat()
+IMAGES = ImagesFormat()
+VIDEO = VideoTasks()
+ACCOUNT = AccountFormat()
+
+FORMATS: dict[str, Format] = {f.name: f for f in (MESSAGES, CONTENT, RESPONSES, IMAGES, VIDEO, ACCOUNT)}
+FORMAT_NAMES = tuple(FORMATS)
+
+__all__ = ["ACCOUNT", "CONTENT", "FORMATS", "FORMAT_NAMES", "IMAGES", "MESSAGES", "RESPONSES", "VIDEO",
+           "AccountFormat", "ContentFormat", "Format", "ImagesFormat", "KeyLocation", "MessageFormat",
+           "ResponseFormat", "Usage", "VideoTasks"]

@@ -1,0 +1,126 @@
+"""What every wire format knows about itself: where its key lives, how its errors and usage look."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from aiohttp import web
+from multidict import CIMultiDict, MultiDict
+
+from proxy import jsonutil
+
+if TYPE_CHECKING:
+    from proxy.sse import SSEEvent
+
+# Every place a client may have put a key: all are removed before a request goes upstream,
+# whichever the route reads, so a key sent in the "wrong" place never leaks either.
+CLIENT_KEY_HEADERS = ("authorization", "x-api-key", "x-goog-api-key")
+CLIENT_KEY_QUERY = "key"
+
+
+class KeyLocation(enum.Enum):
+    """Where a format carries its API key (spec section 5)."""
+
+    BEARER = "authorization"
+    X_API_KEY = "x-api-key"
+    QUERY = "key"
+    NONE = "none"
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token counts an upstream reported; None where it has not said yet."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+    def update(self, other: Usage) -> None:
+        if other.input_tokens is not None:
+            self.input_tokens = other.input_tokens
+        if other.output_tokens is not None:
+            self.output_tokens = other.output_tokens
+
+    @property
+    def known(self) -> bool:
+        return self.input_tokens is not None or self.output_tokens is not None
+
+
+class Format:
+    """One wire format of the spec. Subclasses are stateless singletons."""
+
+    name: ClassVar[str]
+    key_location: ClassVar[KeyLocation]
+    json_content_type: ClassVar[str] = "application/json"
+
+    def client_key(self, headers: CIMultiDict[str], query: MultiDict[str]) -> str | None:
+        """The gateway key the client sent, read only from this format's place."""
+        location = self.key_location
+        if location is KeyLocation.BEARER:
+            value = headers.get("authorization", "")
+            scheme, _, token = value.partition(" ")
+            if scheme.lower() != "bearer":
+                return None
+            return token.strip() or None
+        if location is KeyLocation.X_API_KEY:
+            return headers.get("x-api-key") or None
+        if location is KeyLocation.QUERY:
+            return query.get(CLIENT_KEY_QUERY) or None
+        return None
+
+    def strip_client_key(self, headers: CIMultiDict[str], query: MultiDict[str]) -> None:
+        if self.key_location is KeyLocation.NONE:
+            return
+        for name in CLIENT_KEY_HEADERS:
+            headers.popall(name, None)
+        query.popall(CLIENT_KEY_QUERY, None)
+
+    def place_credential(self, credential: str, headers: CIMultiDict[str], query: MultiDict[str]) -> None:
+        location = self.key_location
+        if location is KeyLocation.BEARER:
+            headers["Authorization"] = f"Bearer {credential}"
+        elif location is KeyLocation.X_API_KEY:
+            headers["x-api-key"] = credential
+        elif location is KeyLocation.QUERY:
+            query[CLIENT_KEY_QUERY] = credential
+
+    def error_payload(self, status: int, message: str, code: str | None = None) -> dict[str, Any]:
+        """The images / response / video shape (the spec shows none; see docs/errors.md)."""
+        return {"error": {"message": message, "type": generic_error_type(status),
+                          "param": None, "code": code}}
+
+    def error_response(self, status: int, message: str, code: str | None = None,
+                       headers: dict[str, str] | None = None) -> web.Response:
+        return web.Response(status=status, body=jsonutil.dumps(self.error_payload(status, message, code)),
+                            content_type="application/json", headers=headers)
+
+    def usage_from_body(self, body: Any) -> Usage | None:
+        return None
+
+    def usage_from_event(self, event: SSEEvent) -> Usage | None:
+        return None
+
+    def stream_error(self, status: int, message: str, code: str | None = None) -> bytes:
+        """An SSE event that tells a streaming client the stream failed, in this format's words."""
+        payload = {"type": "error", **self.error_payload(status, message, code)}
+        return b"event: error\ndata: " + jsonutil.dumps(payload) + b"\n\n"
+
+
+def generic_error_type(status: int) -> str:
+    if status == 401:
+        return "authentication_error"
+    if status == 403:
+        return "permission_error"
+    if status == 404:
+        return "not_found_error"
+    if status == 429:
+        return "rate_limit_exceeded"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def token_count(mapping: Any, key: str) -> int | None:
+    value = mapping.get(key) if isinstance(mapping, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

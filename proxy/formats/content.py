@@ -1,0 +1,43 @@
+"""The content-generation format (endpoints 9, 10): ?key=, google.rpc-style errors, usageMetadata."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy import jsonutil
+from proxy.formats.base import Format, KeyLocation, Usage, token_count
+from proxy.sse import SSEEvent
+
+STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
+                404: "NOT_FOUND", 409: "ABORTED", 413: "PAYLOAD_TOO_LARGE", 429: "RESOURCE_EXHAUSTED",
+                499: "CANCELLED", 500: "INTERNAL", 501: "UNIMPLEMENTED", 502: "UNAVAILABLE",
+                503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+
+
+class ContentFormat(Format):
+    name = "content"
+    key_location = KeyLocation.QUERY
+
+    def error_payload(self, status: int, message: str, code: str | None = None) -> dict[str, Any]:
+        name = code or STATUS_NAMES.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT")
+        return {"error": {"code": status, "message": message, "status": name}}
+
+    def usage_from_body(self, body: Any) -> Usage | None:
+        if isinstance(body, list):  # a non-SSE stream answer is a JSON array of chunks
+            body = body[-1] if body else None
+        meta = body.get("usageMetadata") if isinstance(body, dict) else None
+        if not isinstance(meta, dict):
+            return None
+        output = token_count(meta, "candidatesTokenCount")
+        thoughts = token_count(meta, "thoughtsTokenCount")
+        if thoughts is not None:
+            output = (output or 0) + thoughts
+        return Usage(token_count(meta, "promptTokenCount"), output)
+
+    def usage_from_event(self, event: SSEEvent) -> Usage | None:
+        if b'"usageMetadata"' not in event.raw:
+            return None
+        return self.usage_from_body(event.json())
+
+    def stream_error(self, status: int, message: str, code: str | None = None) -> bytes:
+        return b"data: " + jsonutil.dumps(self.error_payload(status, message, code)) + b"\n\n"

@@ -1,0 +1,34 @@
+"""The response format (endpoint 11): Bearer, usage in the body or the terminal stream event."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy import jsonutil
+from proxy.formats.base import Format, KeyLocation, Usage, token_count
+from proxy.sse import SSEEvent
+
+_TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+class ResponseFormat(Format):
+    name = "responses"
+    key_location = KeyLocation.BEARER
+
+    def usage_from_body(self, body: Any) -> Usage | None:
+        usage = body.get("usage") if isinstance(body, dict) else None
+        if not isinstance(usage, dict):
+            return None
+        return Usage(token_count(usage, "input_tokens"), token_count(usage, "output_tokens"))
+
+    def usage_from_event(self, event: SSEEvent) -> Usage | None:
+        if event.name not in _TERMINAL_EVENTS and b'"usage":{' not in event.raw:
+            return None
+        data = event.json()
+        response = data.get("response") if isinstance(data, dict) else None
+        return self.usage_from_body(response)
+
+    def stream_error(self, status: int, message: str, code: str | None = None) -> bytes:
+        payload = {"type": "error", "code": code or ("server_error" if status >= 500 else "invalid_request"),
+                   "message": message, "param": None}
+        return b"event: error\ndata: " + jsonutil.dumps(payload) + b"\n\n"

@@ -1,0 +1,198 @@
+"""`Gateway`: the handler every endpoint shares, taking one exchange from client to upstream and back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+
+import aiohttp
+import yarl
+from aiohttp import web
+
+from proxy.access_log import log_exchange
+from proxy.affinity import Affinity
+from proxy.body import BodyError, MultipartBody, read_body
+from proxy.exchange import Exchange
+from proxy.formats.base import CLIENT_KEY_QUERY, KeyLocation
+from proxy.headers import add_forwarding, end_to_end
+from proxy.relay import Relay
+from proxy.routes import ModelFrom, Route
+from proxy.runtime import Runtime
+
+log = logging.getLogger("modelgate.gateway")
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_QUERY_KEY_PREFIX = CLIENT_KEY_QUERY + "="
+
+
+class Gateway:
+    """Holds the live Runtime and serves each request against the one current when it arrived."""
+
+    __slots__ = ("runtime", "affinity")
+
+    def __init__(self, runtime: Runtime, affinity: Affinity) -> None:
+        self.runtime = runtime
+        self.affinity = affinity
+
+    def handler(self, route: Route):  # noqa: ANN201 - an aiohttp handler
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self.handle(request, route)
+
+        return handle
+
+    async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
+        runtime = self.runtime
+        runtime.enter()
+        config = runtime.config.server
+        incoming_id = request.headers.get(config.request_id_header, "")
+        request_id = incoming_id if _REQUEST_ID.match(incoming_id) else uuid.uuid4().hex
+        ex = Exchange(request, route, request_id)
+        response: web.StreamResponse | None = None
+        try:
+            response = await self._serve(ex, runtime)
+            return response
+        except asyncio.CancelledError:
+            ex.client_aborted = True  # the client went away; aiohttp cancelled the handler
+            raise
+        except Exception:
+            log.exception("unhandled error", extra={"request_id": request_id, "route": route.name})
+            response = ex.error_response(500, "the gateway failed to handle this request")
+            return self._finish_local(ex, response, config.request_id_header)
+        finally:
+            if ex.status == 0 and response is not None:
+                ex.status = response.status
+            await runtime.pipelines[route.name].run_complete(ex)
+            log_exchange(ex, runtime.config.observability.logging)
+            runtime.leave()
+
+    async def _serve(self, ex: Exchange, runtime: Runtime) -> web.StreamResponse:
+        id_header = runtime.config.server.request_id_header
+        try:
+            await read_body(ex, int(runtime.config.server.max_json_body_mb * 1024 * 1024))
+        except BodyError as exc:
+            return self._finish_local(ex, ex.error_response(exc.status, str(exc)), id_header)
+        refusal = self._resolve_model(ex)
+        if refusal is not None:
+            return self._finish_local(ex, refusal, id_header)
+        pipeline = runtime.pipelines[ex.route.name]
+        answer = await pipeline.run_request(ex)
+        if answer is not None:
+            return self._finish_local(ex, answer, id_header)
+        refusal = await self._choose_channel(ex, runtime)
+        if refusal is not None:
+            return self._finish_local(ex, refusal, id_header)
+        return await self._forward(ex, runtime, pipeline)
+
+    def _resolve_model(self, ex: Exchange) -> web.Response | None:
+        source = ex.route.model_from
+        if source is ModelFrom.NONE:
+            return None
+        if source is ModelFrom.PATH:
+            model = ex.path_params.get("model", "")
+        elif ex.multipart is not None:
+            model = ex.multipart.field("model") or ""
+        else:
+            body = ex.json()
+            model = body.get("model") if isinstance(body, dict) else None
+            if not isinstance(model, str):
+                model = ""
+        model = model.strip()
+        if not model:
+            return ex.error_response(400, "the request names no model: 'model' is required")
+        ex.model = model
+        return None
+
+    async def _choose_channel(self, ex: Exchange, runtime: Runtime) -> web.Response | None:
+        channels = runtime.channels
+        pinned = await self.affinity.channel_for(ex)
+        if pinned is not None:
+            ex.pinned_channel = pinned
+            channel = channels.get(pinned)
+            if channel is not None and channel.serves(ex.route):
+                ex.channel = channel
+                return None
+            # The channel that made the id is gone from config; another may still know it.
+        ex.channel = channels.pick(ex.route, ex.model)
+        if ex.channel is not None:
+            return None
+        if ex.model is not None:
+            return ex.error_response(404, f"model {ex.model!r} is not served by this gateway", "model_not_found")
+        return ex.error_response(404, f"no channel serves {ex.route.method} {ex.request.path}", "not_found")
+
+    async def _forward(self, ex: Exchange, runtime: Runtime, pipeline) -> web.StreamResponse:  # noqa: ANN001
+        channel = ex.channel
+        assert channel is not None and channel.session is not None
+        request = ex.request
+        id_header = runtime.config.server.request_id_header
+        path = request.raw_path.partition("?")[0]
+        if ex.model is not None:
+            ex.upstream_model = channel.upstream_model(ex.model)
+            if ex.upstream_model != ex.model:
+                path = self._rename(ex, path)
+        headers = end_to_end(request.headers)
+        ex.format.strip_client_key(headers, ex.query)
+        if channel.credential:
+            ex.format.place_credential(channel.credential, headers, ex.query)
+        add_forwarding(headers, ex.client_ip, request.scheme, request.host)
+        headers[id_header] = ex.request_id
+        if ex.streaming:
+            headers["Accept-Encoding"] = "identity"  # the relay must read events, not gzip
+        data = ex.body
+        if ex.body_stream is not None:
+            data = ex.body_stream
+            if isinstance(data, MultipartBody) and data.declared_length is not None:
+                headers["Content-Length"] = str(data.declared_length)
+        ex.headers = headers
+        url = yarl.URL(channel.base_url + path + _query(request, ex), encoded=True)
+        ex.upstream_started = time.perf_counter()
+        try:
+            async with asyncio.timeout(channel.timeouts.first_byte_s):
+                upstream = await channel.session.request(
+                    request.method, url, headers=headers, data=data, allow_redirects=False)
+        except TimeoutError:
+            message = f"upstream {channel.name} did not answer within {channel.timeouts.first_byte_s:g}s"
+            return self._finish_local(ex, ex.error_response(504, message), id_header)
+        except aiohttp.ClientError as exc:
+            message = f"upstream {channel.name} could not be reached ({type(exc).__name__})"
+            return self._finish_local(ex, ex.error_response(502, message), id_header)
+        ex.upstream_headers_at = time.perf_counter()
+        try:
+            relay = Relay(ex, upstream, pipeline, self.affinity,
+                          buffer_limit=int(runtime.config.server.max_json_body_mb * 1024 * 1024),
+                          request_id_header=id_header)
+            return await relay.send()
+        finally:
+            upstream.release()
+
+    def _rename(self, ex: Exchange, path: str) -> str:
+        old, new = ex.model or "", ex.upstream_model or ""
+        if ex.route.model_from is ModelFrom.PATH:
+            return path.replace(f"/models/{old}:", f"/models/{new}:", 1)
+        if isinstance(ex.body_stream, MultipartBody):
+            ex.body_stream.rename_model(old, new)
+        else:
+            body = ex.json()
+            if isinstance(body, dict):
+                ex.set_json({**body, "model": new})
+        return path
+
+    @staticmethod
+    def _finish_local(ex: Exchange, response: web.StreamResponse, id_header: str) -> web.StreamResponse:
+        response.headers[id_header] = ex.request_id
+        ex.status = response.status
+        return response
+
+
+def _query(request: web.Request, ex: Exchange) -> str:
+    """The client's query string as sent, minus its key, plus the channel's key where it goes there."""
+    raw = request.raw_path.partition("?")[2]
+    if ex.format.key_location is KeyLocation.NONE:
+        return "?" + raw if raw else ""
+    kept = [pair for pair in raw.split("&") if pair and not pair.startswith(_QUERY_KEY_PREFIX)]
+    credential = ex.query.get(CLIENT_KEY_QUERY) if ex.format.key_location is KeyLocation.QUERY else None
+    if credential is not None:
+        kept.append(_QUERY_KEY_PREFIX + yarl.URL.build(query={"k": credential}).raw_query_string[2:])
+    return "?" + "&".join(kept) if kept else ""

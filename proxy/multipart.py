@@ -1,0 +1,148 @@
+"""Watching a multipart/form-data body go by, without holding it.
+
+The gateway forwards multipart bytes as they arrive; this observer reads the same bytes
+and notes each part's name, filename, type and size, the first bytes of files (enough
+for magic numbers and image headers) and the values of small text fields such as
+`model`. It keeps no more than one delimiter's worth of bytes between reads.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_HEADER_LIMIT = 16 * 1024
+_DISPOSITION_PARAM = re.compile(r';\s*([A-Za-z0-9_*-]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^;\s]+))')
+
+
+@dataclass(slots=True)
+class FormPart:
+    """One part of the form as far as it has been read."""
+
+    name: str
+    filename: str | None
+    content_type: str | None
+    size: int = 0
+    head: bytes = b""
+    value: bytearray | None = None  # text fields only, up to the field limit
+
+    @property
+    def is_file(self) -> bool:
+        return self.filename is not None
+
+
+@dataclass(slots=True)
+class MultipartObserver:
+    boundary: bytes
+    field_limit: int = 64 * 1024
+    head_size: int = 64
+    parts: list[FormPart] = field(default_factory=list)
+    done: bool = False
+    error: str | None = None
+    _buffer: bytes = b""
+    _state: str = "preamble"
+    _current: FormPart | None = None
+
+    @classmethod
+    def for_content_type(cls, content_type: str) -> MultipartObserver | None:
+        match = re.search(r'boundary="?([^";]+)"?', content_type, re.I)
+        return cls(boundary=match.group(1).encode("latin-1")) if match else None
+
+    def field(self, name: str) -> str | None:
+        """The text value of the first non-file part called `name`, once fully read."""
+        for part in self.parts:
+            if part.name == name and not part.is_file and part.value is not None and part is not self._current:
+                return part.value.decode("utf-8", "replace")
+        return None
+
+    def files(self) -> list[FormPart]:
+        return [p for p in self.parts if p.is_file]
+
+    def feed(self, chunk: bytes) -> None:
+        if self.done or self.error:
+            return
+        self._buffer += chunk
+        while self._step():
+            pass
+
+    def finish(self) -> None:
+        if not self.done and not self.error:
+            self.error = "multipart body ended before its closing delimiter"
+
+    def _step(self) -> bool:
+        delimiter = b"--" + self.boundary
+        if self._state == "preamble":
+            at = self._buffer.find(delimiter)
+            if at < 0:
+                self._buffer = self._buffer[-len(delimiter):]
+                return False
+            self._buffer = self._buffer[at + len(delimiter):]
+            self._state = "after_delimiter"
+            return True
+        if self._state == "after_delimiter":
+            if len(self._buffer) < 2:
+                return False
+            if self._buffer[:2] == b"--":
+                self.done, self._buffer = True, b""
+                return False
+            end = self._buffer.find(b"\r\n")
+            if end < 0:
+                return False
+            self._buffer = self._buffer[end + 2:]
+            self._state = "headers"
+            return True
+        if self._state == "headers":
+            end = self._buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._buffer) > _HEADER_LIMIT:
+                    self.error = "a part's headers are too large"
+                return False
+            self._start_part(self._buffer[:end])
+            self._buffer = self._buffer[end + 4:]
+            self._state = "body"
+            return self.error is None
+        # body: everything up to CRLF--boundary belongs to the current part
+        marker = b"\r\n" + delimiter
+        at = self._buffer.find(marker)
+        if at < 0:
+            keep = len(marker) - 1
+            if len(self._buffer) > keep:
+                self._take(self._buffer[:-keep])
+                self._buffer = self._buffer[-keep:]
+            return False
+        self._take(self._buffer[:at])
+        self._buffer = self._buffer[at + len(marker):]
+        self._current = None
+        self._state = "after_delimiter"
+        return True
+
+    def _start_part(self, raw_headers: bytes) -> None:
+        name, filename, content_type = None, None, None
+        for line in raw_headers.decode("utf-8", "replace").split("\r\n"):
+            key, _, value = line.partition(":")
+            key = key.strip().lower()
+            if key == "content-disposition":
+                params = {m[0].lower(): (m[1] if m[1] or not m[2] else m[2]) for m in _DISPOSITION_PARAM.findall(value)}
+                name, filename = params.get("name"), params.get("filename")
+            elif key == "content-type":
+                content_type = value.strip()
+        if name is None:
+            self.error = "a part has no Content-Disposition name"
+            return
+        part = FormPart(name=name, filename=filename, content_type=content_type,
+                        value=None if filename is not None else bytearray())
+        self.parts.append(part)
+        self._current = part
+
+    def _take(self, data: bytes) -> None:
+        part = self._current
+        if part is None or not data:
+            return
+        if len(part.head) < self.head_size:
+            part.head += data[: self.head_size - len(part.head)]
+        part.size += len(data)
+        if part.value is not None:
+            if part.size > self.field_limit:
+                part.value = None  # too large to be a parameter; still counted
+            else:
+                part.value += data

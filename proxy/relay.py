@@ -1,0 +1,195 @@
+"""Sending the upstream's answer to the client, in one of three ways.
+
+- SSE: cut into events as they arrive, each network read written out at once
+  (never buffered, never an event behind); per-event hooks see each event.
+- Buffered: read whole (within a limit) when a plugin or affinity must see the body.
+- Bytes: streamed through untouched (downloads, answers nobody needs to read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from proxy.exchange import Exchange, UpstreamResponse
+from proxy.headers import end_to_end
+from proxy.pipeline import Pipeline
+from proxy.routes import Pin
+from proxy.sse import SSEParser
+
+if TYPE_CHECKING:
+    from proxy.affinity import Affinity
+
+log = logging.getLogger("modelgate.relay")
+
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_CLIENT_GONE = (ConnectionResetError, ConnectionError, aiohttp.ClientConnectionResetError)
+_UPSTREAM_BROKE = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.IncompleteReadError)
+
+
+class Relay:
+    """Writes one upstream answer to the client for one exchange."""
+
+    __slots__ = ("ex", "upstream", "pipeline", "affinity", "buffer_limit", "request_id_header")
+
+    def __init__(self, ex: Exchange, upstream: aiohttp.ClientResponse, pipeline: Pipeline,
+                 affinity: Affinity, buffer_limit: int, request_id_header: str) -> None:
+        self.ex = ex
+        self.upstream = upstream
+        self.pipeline = pipeline
+        self.affinity = affinity
+        self.buffer_limit = buffer_limit
+        self.request_id_header = request_id_header
+
+    async def send(self) -> web.StreamResponse:
+        upstream = self.upstream
+        ex = self.ex
+        encoded = upstream.headers.get("content-encoding", "identity").lower() not in ("", "identity")
+        if upstream.content_type == "text/event-stream" and not encoded:
+            ex.streaming = True
+            return await self._send_events()
+        wants_body = bool(self.pipeline.response_hooks) or (
+            ex.route.creates is not None and upstream.status < 300)
+        length = upstream.content_length
+        if wants_body and not ex.route.streams_bytes and (length is None or length <= self.buffer_limit):
+            return await self._send_buffered()
+        return await self._send_bytes()
+
+    def _headers(self, source: CIMultiDict[str] | None = None) -> CIMultiDict[str]:
+        headers = end_to_end(source if source is not None else self.upstream.headers)
+        headers[self.request_id_header] = self.ex.request_id
+        headers["Server-Timing"] = _server_timing(self.ex)
+        return headers
+
+    async def _send_buffered(self) -> web.StreamResponse:
+        ex, upstream = self.ex, self.upstream
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in upstream.content.iter_any():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > self.buffer_limit:
+                # Too large to hold: what was read goes first, the rest streams, hooks are skipped.
+                return await self._send_bytes(prefix=b"".join(chunks))
+        ex.upstream_finished = time.perf_counter()
+        answer = UpstreamResponse(upstream.status, end_to_end(upstream.headers), b"".join(chunks))
+        if ex.route.creates is not None and answer.status < 300:
+            await self.affinity.remember_from_body(ex, answer.json())
+        await self.pipeline.run_response(ex, answer)
+        headers = self._headers(answer.headers)
+        ex.status = answer.status
+        ex.bytes_out = len(answer.body)
+        return web.Response(status=answer.status, body=answer.body, headers=headers)
+
+    async def _send_bytes(self, prefix: bytes = b"") -> web.StreamResponse:
+        ex, upstream = self.ex, self.upstream
+        response = web.StreamResponse(status=upstream.status, headers=self._headers())
+        response.content_length = upstream.content_length
+        ex.status = upstream.status
+        await response.prepare(ex.request)
+        try:
+            if prefix:
+                await response.write(prefix)
+                ex.bytes_out += len(prefix)
+            idle = ex.channel.timeouts.idle_s if ex.channel else None
+            while chunk := await _read(upstream, idle):
+                await response.write(chunk)
+                ex.bytes_out += len(chunk)
+        except _CLIENT_GONE:
+            return self._client_gone(response)
+        except (TimeoutError, *_UPSTREAM_BROKE, Exception) as exc:
+            if not isinstance(exc, (TimeoutError, *_UPSTREAM_BROKE)):
+                log.exception("body relay failed", extra={"request_id": ex.request_id})
+            ex.error = f"upstream body broke off: {type(exc).__name__}"
+            upstream.close()
+            # The client sees a short body on a closed connection: nothing can be appended.
+            ex.request.transport and ex.request.transport.close()
+            return response
+        ex.upstream_finished = time.perf_counter()
+        await response.write_eof()
+        return response
+
+    async def _send_events(self) -> web.StreamResponse:
+        ex, upstream, pipeline = self.ex, self.upstream, self.pipeline
+        headers = self._headers()
+        headers.popall("content-length", None)
+        headers.update(STREAM_HEADERS)
+        response = web.StreamResponse(status=upstream.status, headers=headers)
+        ex.status = upstream.status
+        await response.prepare(ex.request)
+        hooks = bool(pipeline.event_hooks)
+        pin_pending = ex.route.creates is Pin.RESPONSE and upstream.status < 300
+        parser = SSEParser() if hooks or pin_pending else None
+        idle = ex.channel.timeouts.idle_s if ex.channel else None
+        try:
+            while chunk := await _read(upstream, idle):
+                if parser is None:
+                    await response.write(chunk)
+                    ex.bytes_out += len(chunk)
+                    continue
+                out: list[bytes] = []
+                for event in parser.feed(chunk):
+                    if pin_pending and await self.affinity.remember_from_event(ex, event):
+                        pin_pending = False
+                    if hooks:
+                        event = pipeline.run_event(ex, event)
+                        if event is None:
+                            continue
+                    out.append(event.raw)
+                if out:
+                    data = b"".join(out) if len(out) > 1 else out[0]
+                    await response.write(data)
+                    ex.bytes_out += len(data)
+            if parser is not None and (rest := parser.flush()):
+                await response.write(rest)
+                ex.bytes_out += len(rest)
+        except _CLIENT_GONE:
+            return self._client_gone(response)
+        except TimeoutError:
+            await self._end_stream_with_error(response, 504, "upstream stream stalled: no data within the idle timeout")
+            return response
+        except _UPSTREAM_BROKE:
+            await self._end_stream_with_error(response, 502, "upstream closed the stream before it finished")
+            return response
+        except Exception:
+            # Headers are gone already: the client learns of the failure in the stream itself.
+            log.exception("stream relay failed", extra={"request_id": ex.request_id})
+            await self._end_stream_with_error(response, 500, "the gateway failed while relaying the stream")
+            return response
+        ex.upstream_finished = time.perf_counter()
+        await response.write_eof()
+        return response
+
+    async def _end_stream_with_error(self, response: web.StreamResponse, status: int, message: str) -> None:
+        self.ex.error = message
+        self.upstream.close()
+        try:
+            await response.write(self.ex.format.stream_error(status, message))
+            await response.write_eof()
+        except _CLIENT_GONE:
+            self.ex.client_aborted = True
+
+    def _client_gone(self, response: web.StreamResponse) -> web.StreamResponse:
+        self.ex.client_aborted = True
+        self.upstream.close()  # stop the upstream's work at once; its connection is not reused
+        return response
+
+
+async def _read(upstream: aiohttp.ClientResponse, idle_s: float | None) -> bytes:
+    if idle_s is None:
+        return await upstream.content.readany()
+    async with asyncio.timeout(idle_s):
+        return await upstream.content.readany()
+
+
+def _server_timing(ex: Exchange) -> str:
+    now = time.perf_counter()
+    upstream_ms = ex.upstream_seconds() * 1000
+    overhead_ms = ex.overhead_seconds(now) * 1000
+    return f"gateway;dur={overhead_ms:.3f};desc=\"gateway overhead\", upstream;dur={upstream_ms:.3f}"

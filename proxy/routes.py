@@ -1,0 +1,75 @@
+"""The 13 endpoints of the spec as data: method, path, format, where the model and body come from.
+
+The pipeline of each route comes from config; everything else about a route is fixed here.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from proxy.formats import ACCOUNT, CONTENT, IMAGES, MESSAGES, RESPONSES, VIDEO, Format
+
+
+class Body(enum.Enum):
+    """What a route's request body is, which decides how the gateway reads it."""
+
+    NONE = "none"              # GET: nothing to read
+    JSON = "json"              # read whole (bounded), parsed once, forwarded as sent
+    JSON_OR_MULTIPART = "json_or_multipart"  # multipart streams through while observed
+    RAW = "raw"                # opaque bytes, forwarded byte-exact (webhooks)
+
+
+class ModelFrom(enum.Enum):
+    BODY = "body"
+    PATH = "path"
+    NONE = "none"
+
+
+class Pin(enum.Enum):
+    """Stateful ids that must lead back to the channel that made them."""
+
+    VIDEO_TASK = "video"
+    RESPONSE = "response"
+
+
+@dataclass(slots=True, frozen=True)
+class Route:
+    name: str
+    number: int
+    method: str
+    path: str
+    format: Format
+    body: Body
+    model_from: ModelFrom
+    creates: Pin | None = None     # the answer carries a new id to remember
+    follows: Pin | None = None     # the request names an id made earlier
+    always_streams: bool = False
+    streams_bytes: bool = False    # large binary answer: never buffered
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("video_generations", 1, "POST", "/v1/video/generations", VIDEO, Body.JSON, ModelFrom.BODY,
+          creates=Pin.VIDEO_TASK),
+    Route("video_generation_status", 2, "GET", "/v1/video/generations/{task_id}", VIDEO, Body.NONE,
+          ModelFrom.NONE, follows=Pin.VIDEO_TASK),
+    Route("videos", 3, "POST", "/v1/videos", VIDEO, Body.JSON, ModelFrom.BODY, creates=Pin.VIDEO_TASK),
+    Route("video_status", 4, "GET", "/v1/videos/{task_id}", VIDEO, Body.NONE, ModelFrom.NONE,
+          follows=Pin.VIDEO_TASK),
+    Route("video_content", 5, "GET", "/v1/videos/{task_id}/content", VIDEO, Body.NONE, ModelFrom.NONE,
+          follows=Pin.VIDEO_TASK, streams_bytes=True),
+    Route("image_generations", 6, "POST", "/v1/images/generations", IMAGES, Body.JSON, ModelFrom.BODY),
+    Route("image_edits", 7, "POST", "/v1/images/edits", IMAGES, Body.JSON_OR_MULTIPART, ModelFrom.BODY),
+    Route("messages", 8, "POST", "/v1/messages", MESSAGES, Body.JSON, ModelFrom.BODY),
+    Route("generate_content", 9, "POST", "/v1beta/models/{model}:generateContent", CONTENT, Body.JSON,
+          ModelFrom.PATH),
+    Route("stream_generate_content", 10, "POST", "/v1beta/models/{model}:streamGenerateContent", CONTENT,
+          Body.JSON, ModelFrom.PATH, always_streams=True),
+    Route("responses", 11, "POST", "/v1/responses", RESPONSES, Body.JSON, ModelFrom.BODY,
+          creates=Pin.RESPONSE, follows=Pin.RESPONSE),
+    Route("login_2fa", 12, "POST", "/api/user/login/2fa", ACCOUNT, Body.RAW, ModelFrom.NONE),
+    Route("payment_webhook", 13, "POST", "/api/{provider}/webhook", ACCOUNT, Body.RAW, ModelFrom.NONE),
+)
+
+ROUTE_NAMES = tuple(route.name for route in ROUTES)
+ROUTES_BY_NAME = {route.name: route for route in ROUTES}

@@ -1,0 +1,88 @@
+"""`Runtime`: one loaded config made live — its channels, their sessions, and each route's pipeline.
+
+A reload builds a new Runtime and swaps it in; requests already running keep the one
+they started with, and a retired Runtime closes its sessions and plugins only once its
+last request has finished, so a reload never cuts a stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from proxy.channels import Channel, ChannelSet
+from proxy.config import LoadedConfig
+from proxy.pipeline import Pipeline, Plugin, build_plugin, plugin_names
+from proxy.routes import ROUTES
+
+if TYPE_CHECKING:
+    from proxy.simulator.farm import SimulatorFarm
+
+log = logging.getLogger("modelgate.runtime")
+
+
+class Runtime:
+    __slots__ = ("loaded", "config", "channels", "pipelines", "plugins", "in_flight", "_retired", "_closed")
+
+    def __init__(self, loaded: LoadedConfig, channels: ChannelSet, pipelines: dict[str, Pipeline],
+                 plugins: list[Plugin]) -> None:
+        self.loaded = loaded
+        self.config = loaded.config
+        self.channels = channels
+        self.pipelines = pipelines
+        self.plugins = plugins
+        self.in_flight = 0
+        self._retired = False
+        self._closed = asyncio.Event()
+
+    @classmethod
+    async def build(cls, loaded: LoadedConfig, simulators: SimulatorFarm) -> Runtime:
+        config = loaded.config
+        channels = []
+        for channel_config in config.channels:
+            base_url = channel_config.base_url
+            if channel_config.is_simulator:
+                base_url = await simulators.url_for(channel_config)
+            channels.append(Channel(channel_config, base_url))
+        instances: dict[str, Plugin] = {}
+        pipelines: dict[str, Pipeline] = {}
+        for route in ROUTES:
+            names = plugin_names(config, route)
+            for name in names:
+                if name not in instances:
+                    instances[name] = build_plugin(config, name)
+            pipelines[route.name] = Pipeline([instances[n] for n in names])
+        runtime = cls(loaded, ChannelSet(channels), pipelines, list(instances.values()))
+        await runtime.channels.open()
+        for plugin in runtime.plugins:
+            await plugin.start()
+        return runtime
+
+    def enter(self) -> None:
+        self.in_flight += 1
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        if self._retired and self.in_flight == 0:
+            asyncio.get_running_loop().create_task(self._close())
+
+    def retire(self) -> None:
+        """No new requests will come; close once the running ones are done."""
+        self._retired = True
+        if self.in_flight == 0:
+            asyncio.get_running_loop().create_task(self._close())
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def _close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        for plugin in self.plugins:
+            try:
+                await plugin.stop()
+            except Exception:
+                log.exception("plugin %s failed to stop", type(plugin).__name__)
+        await self.channels.close()

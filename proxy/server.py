@@ -1,0 +1,55 @@
+"""Running the gateway: the event loop, the listening socket, and signals (SIGHUP reloads)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+from aiohttp import web
+
+from proxy.access_log import configure_logging
+from proxy.app import APP_KEY, build_app
+from proxy.config import LoadedConfig
+
+log = logging.getLogger("modelgate.server")
+
+
+def install_uvloop() -> bool:
+    try:
+        import uvloop
+    except ImportError:
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
+
+
+def serve(loaded: LoadedConfig, config_path: str | Path | None) -> None:
+    configure_logging(loaded.config.observability.logging)
+    uvloop = install_uvloop()
+    asyncio.run(_serve(loaded, config_path, uvloop))
+
+
+async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: bool) -> None:
+    app = build_app(loaded, config_path)
+    # A client that goes away cancels its handler, and with it the upstream request.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    server = loaded.config.server
+    site = web.TCPSite(runner, server.host, server.port, backlog=1024)
+    await site.start()
+    owner = app[APP_KEY]
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if config_path is not None:
+        loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(owner.reload()))
+    log.info("modelgate listening", extra={"listen": server.listen, "config": loaded.source,
+                                           "digest": loaded.digest, "uvloop": uvloop})
+    try:
+        await stop.wait()
+    finally:
+        log.info("modelgate stopping")
+        await runner.cleanup()

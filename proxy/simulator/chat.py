@@ -1,0 +1,232 @@
+"""Simulated chat upstreams: the message format, content-generation and the response format."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from proxy import jsonutil
+from proxy.formats import CONTENT, MESSAGES, RESPONSES
+from proxy.simulator.core import Answer, Simulator, count_words, json_answer, now, sse, stream, words
+from proxy.simulator.media import is_image_model, png_base64
+
+
+def _placeholder_args(schema: Any) -> dict[str, Any]:
+    """Arguments that satisfy a tool's schema well enough to look like a real call."""
+    if not isinstance(schema, dict):
+        return {}
+    props = schema.get("properties") or {}
+    kinds = {"string": "simulated", "STRING": "simulated", "integer": 1, "INTEGER": 1, "number": 1.0,
+             "NUMBER": 1.0, "boolean": True, "BOOLEAN": True}
+    return {name: kinds.get((spec or {}).get("type"), "simulated")
+            for name, spec in props.items() if name in (schema.get("required") or list(props))}
+
+
+# --- message format ---------------------------------------------------------------------------
+
+async def messages(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    body, knobs = await sim.receive(request, MESSAGES)
+    if not isinstance(body, dict):
+        raise Answer(MESSAGES.error_response(400, "body must be a JSON object"))
+    model = body.get("model", "msgmodel-sonnet-4-5")
+    input_tokens = count_words(body.get("messages")) + count_words(body.get("system"))
+    text = " ".join(words(knobs.output_tokens))
+    tool = _pending_tool(body.get("tools"), body.get("messages"))
+    message_id = sim.new_id("msg")
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    stop_reason = "end_turn"
+    if tool is not None:
+        blocks.append({"type": "tool_use", "id": sim.new_id("toolu"), "name": tool["name"],
+                       "input": _placeholder_args(tool.get("input_schema"))})
+        stop_reason = "tool_use"
+    usage = {"input_tokens": input_tokens, "output_tokens": knobs.output_tokens,
+             "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    if not body.get("stream"):
+        return json_answer({"id": message_id, "type": "message", "role": "assistant", "model": model,
+                            "content": blocks, "stop_reason": stop_reason, "stop_sequence": None,
+                            "usage": usage}, request)
+
+    def events():  # noqa: ANN202
+        yield sse("message_start", {"type": "message_start", "message": {
+            "id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": None, "stop_sequence": None, "usage": {**usage, "output_tokens": 1}}})
+        for index, block in enumerate(blocks):
+            if block["type"] == "text":
+                yield sse("content_block_start", {"type": "content_block_start", "index": index,
+                                                  "content_block": {"type": "text", "text": ""}})
+                for i, word in enumerate(words(knobs.output_tokens)):
+                    yield sse("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                      "delta": {"type": "text_delta", "text": word if i == 0 else " " + word}})
+            else:
+                yield sse("content_block_start", {"type": "content_block_start", "index": index, "content_block":
+                                                  {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}})
+                yield sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta":
+                                                  {"type": "input_json_delta", "partial_json": jsonutil.dumps(block["input"]).decode()}})
+            yield sse("content_block_stop", {"type": "content_block_stop", "index": index})
+        final = {"input_tokens": input_tokens, "output_tokens": knobs.output_tokens}
+        yield sse("message_delta", {"type": "message_delta",
+                                    "delta": {"stop_reason": stop_reason, "stop_sequence": None, "usage": final},
+                                    "usage": final})
+        yield sse("message_stop", {"type": "message_stop"})
+
+    return await stream(sim, request, knobs, events())
+
+
+def _pending_tool(tools: Any, history: Any) -> dict[str, Any] | None:
+    """The tool to call: the first custom tool, unless the last turn already answered a call."""
+    if not isinstance(tools, list) or not tools or not isinstance(tools[0], dict):
+        return None
+    last = history[-1] if isinstance(history, list) and history else None
+    content = last.get("content") if isinstance(last, dict) else None
+    if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content):
+        return None
+    return tools[0]
+
+
+# --- content-generation format ----------------------------------------------------------------
+
+async def generate_content(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    body, knobs = await sim.receive(request, CONTENT)
+    model = request.match_info["model"]
+    if not isinstance(body, dict):
+        raise Answer(CONTENT.error_response(400, "Invalid JSON payload received."))
+    prompt_tokens = count_words(body.get("contents")) + count_words(body.get("systemInstruction"))
+    response_id = sim.new_id("sim")
+    streaming = request.path.endswith(":streamGenerateContent")
+    if is_image_model(model):
+        parts: list[dict[str, Any]] = [{"text": "Here is the generated image."},
+                                       {"inlineData": {"mimeType": "image/png", "data": png_base64(256, 256)}}]
+        return await _content_answer(sim, request, knobs, streaming, [parts], model, response_id, prompt_tokens,
+                               1290, "IMAGE")
+    call = _function_call(body.get("tools"), body.get("contents"))
+    if call is not None:
+        return await _content_answer(sim, request, knobs, streaming, [[{"functionCall": call}]], model, response_id,
+                               prompt_tokens, 8, "TEXT")
+    text = words(knobs.output_tokens)
+    chunks = [[{"text": (" " if i else "") + w}] for i, w in enumerate(text)] if streaming else [[{"text": " ".join(text)}]]
+    return await _content_answer(sim, request, knobs, streaming, chunks, model, response_id, prompt_tokens,
+                           knobs.output_tokens, "TEXT")
+
+
+async def _content_answer(sim: Simulator, request: web.Request, knobs: Any, streaming: bool, chunks: list[list[dict[str, Any]]],
+                    model: str, response_id: str, prompt_tokens: int, output_tokens: int,
+                    modality: str) -> web.StreamResponse:
+    def chunk(index: int, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        last = index == len(chunks) - 1
+        produced = output_tokens if last else min(output_tokens, index + 1)
+        candidate: dict[str, Any] = {"content": {"parts": parts, "role": "model"}, "index": 0}
+        if last:
+            candidate["finishReason"] = "STOP"
+        return {"candidates": [candidate],
+                "usageMetadata": {"promptTokenCount": prompt_tokens, "candidatesTokenCount": produced,
+                                  "totalTokenCount": prompt_tokens + produced,
+                                  "promptTokensDetails": [{"modality": "TEXT", "tokenCount": prompt_tokens}],
+                                  "candidatesTokensDetails": [{"modality": modality, "tokenCount": produced}]},
+                "modelVersion": model, "responseId": response_id}
+
+    if not streaming:
+        return json_answer(chunk(0, [p for parts in chunks for p in parts]) if len(chunks) > 1
+                           else chunk(0, chunks[0]), request)
+    if request.query.get("alt") != "sse":
+        return json_answer([chunk(i, parts) for i, parts in enumerate(chunks)], request)
+    # The real upstream frames these with CRLF; so does the simulator.
+    events = (b"data: " + jsonutil.dumps(chunk(i, parts)) + b"\r\n\r\n" for i, parts in enumerate(chunks))
+    return await stream(sim, request, knobs, events)
+
+
+def _function_call(tools: Any, contents: Any) -> dict[str, Any] | None:
+    if not isinstance(tools, list):
+        return None
+    if isinstance(contents, list) and contents and isinstance(contents[-1], dict):
+        parts = contents[-1].get("parts") or []
+        if any(isinstance(p, dict) and ("functionResponse" in p or "function_response" in p) for p in parts):
+            return None
+    for tool in tools:
+        declarations = (tool or {}).get("functionDeclarations") or (tool or {}).get("function_declarations")
+        if declarations:
+            first = declarations[0]
+            return {"name": first.get("name", "tool"), "args": _placeholder_args(first.get("parameters"))}
+    return None
+
+
+# --- response format --------------------------------------------------------------------------
+
+async def responses(sim: Simulator, request: web.Request) -> web.StreamResponse:
+    body, knobs = await sim.receive(request, RESPONSES)
+    if not isinstance(body, dict):
+        raise Answer(RESPONSES.error_response(400, "body must be a JSON object"))
+    previous_id = body.get("previous_response_id")
+    turn = 1
+    if previous_id is not None:
+        previous = sim.responses.get(previous_id)
+        if previous is None:
+            raise Answer(web.json_response(
+                {"error": {"message": f"Previous response with id '{previous_id}' not found.",
+                           "type": "invalid_request_error", "param": "previous_response_id",
+                           "code": "previous_response_not_found"}}, status=400))
+        turn = previous["turn"] + 1
+    response_id = sim.new_id("resp")
+    input_tokens = count_words(body.get("input")) + count_words(body.get("instructions"))
+    text_words = [f"Turn {turn}:"] + words(knobs.output_tokens - 1)
+    text = " ".join(text_words)
+    item_id = sim.new_id("msg")
+    tool = next((t for t in body.get("tools") or [] if isinstance(t, dict) and t.get("type") == "function"), None)
+    message = {"type": "message", "id": item_id, "status": "completed", "role": "assistant",
+               "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    output: list[dict[str, Any]] = [message]
+    if tool is not None:
+        output = [{"type": "function_call", "id": sim.new_id("fc"), "call_id": sim.new_id("call"),
+                   "name": tool.get("name", "tool"), "status": "completed",
+                   "arguments": jsonutil.dumps(_placeholder_args(tool.get("parameters"))).decode()}]
+    usage = {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
+             "output_tokens": knobs.output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+             "total_tokens": input_tokens + knobs.output_tokens}
+    final = _response_object(body, response_id, "completed", output, usage)
+    if body.get("store", True) is not False:
+        sim.responses[response_id] = {"turn": turn}
+    if not body.get("stream"):
+        return json_answer(final, request)
+
+    def events():  # noqa: ANN202
+        seq = iter(range(1_000_000))
+
+        def event(kind: str, **fields: Any) -> bytes:
+            return sse(kind, {"type": kind, "sequence_number": next(seq), **fields})
+
+        started = _response_object(body, response_id, "in_progress", [], None)
+        yield event("response.created", response=started)
+        yield event("response.in_progress", response=started)
+        if tool is not None:
+            yield event("response.output_item.added", output_index=0, item={**output[0], "status": "in_progress"})
+            yield event("response.output_item.done", output_index=0, item=output[0])
+        else:
+            yield event("response.output_item.added", output_index=0,
+                        item={**message, "status": "in_progress", "content": []})
+            part = {"type": "output_text", "text": "", "annotations": []}
+            yield event("response.content_part.added", item_id=item_id, output_index=0, content_index=0, part=part)
+            for i, word in enumerate(text_words):
+                yield event("response.output_text.delta", item_id=item_id, output_index=0, content_index=0,
+                            delta=word if i == 0 else " " + word)
+            yield event("response.output_text.done", item_id=item_id, output_index=0, content_index=0, text=text)
+            yield event("response.content_part.done", item_id=item_id, output_index=0, content_index=0,
+                        part={**part, "text": text})
+            yield event("response.output_item.done", output_index=0, item=message)
+        yield event("response.completed", response=final)
+
+    return await stream(sim, request, knobs, events())
+
+
+def _response_object(body: dict[str, Any], response_id: str, status: str, output: list[Any],
+                     usage: dict[str, Any] | None) -> dict[str, Any]:
+    return {"id": response_id, "object": "response", "created_at": now(), "status": status, "error": None,
+            "incomplete_details": None, "instructions": body.get("instructions"),
+            "max_output_tokens": body.get("max_output_tokens"), "model": body.get("model"), "output": output,
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "previous_response_id": body.get("previous_response_id"),
+            "reasoning": body.get("reasoning") or {"effort": None, "summary": None},
+            "store": body.get("store", True), "temperature": body.get("temperature", 1.0),
+            "text": body.get("text") or {"format": {"type": "text"}}, "tool_choice": body.get("tool_choice", "auto"),
+            "tools": body.get("tools") or [], "top_p": body.get("top_p", 1.0),
+            "truncation": body.get("truncation", "disabled"), "usage": usage, "user": body.get("user"),
+            "metadata": body.get("metadata") or {}}

@@ -1,0 +1,28 @@
+"""Shared state: a small key/value store with expiry, in process memory or in Redis.
+
+Affinity maps live here (and later rate-limit counters), so several gateway instances
+sharing one Redis agree on them.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from proxy.config.model import StateConfig
+
+
+class StateStore(Protocol):
+    async def get(self, key: str) -> str | None: ...
+    async def set(self, key: str, value: str, ttl_s: int) -> None: ...
+    async def ping(self) -> bool: ...
+    async def close(self) -> None: ...
+
+
+def make_store(config: StateConfig) -> StateStore:
+    if config.backend == "redis":
+        from proxy.state.redis import RedisStore
+
+        return RedisStore(config.url, config.prefix)
+    from proxy.state.memory import MemoryStore
+
+    return MemoryStore()

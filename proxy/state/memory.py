@@ -1,0 +1,42 @@
+"""In-process state: right for one gateway process, and the embedded default."""
+
+from __future__ import annotations
+
+import time
+
+
+class MemoryStore:
+    __slots__ = ("_items", "_sets_since_sweep")
+
+    _SWEEP_EVERY = 1024
+
+    def __init__(self) -> None:
+        self._items: dict[str, tuple[str, float]] = {}
+        self._sets_since_sweep = 0
+
+    async def get(self, key: str) -> str | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        if item[1] < time.monotonic():
+            del self._items[key]
+            return None
+        return item[0]
+
+    async def set(self, key: str, value: str, ttl_s: int) -> None:
+        self._items[key] = (value, time.monotonic() + ttl_s)
+        self._sets_since_sweep += 1
+        if self._sets_since_sweep >= self._SWEEP_EVERY:
+            self._sweep()
+
+    async def ping(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        self._items.clear()
+
+    def _sweep(self) -> None:
+        # Expired keys nobody reads again would otherwise stay forever.
+        now = time.monotonic()
+        self._items = {k: v for k, v in self._items.items() if v[1] >= now}
+        self._sets_since_sweep = 0

@@ -1,0 +1,30 @@
+"""State in Redis, shared by every gateway instance that points at it."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+
+class RedisStore:
+    __slots__ = ("_client", "_prefix")
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self._client = aioredis.Redis.from_url(url, decode_responses=True, socket_timeout=2.0,
+                                               socket_connect_timeout=2.0, health_check_interval=30)
+        self._prefix = prefix
+
+    async def get(self, key: str) -> str | None:
+        return await self._client.get(self._prefix + key)
+
+    async def set(self, key: str, value: str, ttl_s: int) -> None:
+        await self._client.set(self._prefix + key, value, ex=ttl_s)
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._client.ping())
+        except (RedisError, OSError):
+            return False
+
+    async def close(self) -> None:
+        await self._client.aclose()
