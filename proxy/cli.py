@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     simulate.add_argument("--latency-ms", type=float, default=0.0)
     simulate.add_argument("--chunk-delay-ms", type=float, default=5.0)
     simulate.add_argument("--output-tokens", type=int, default=24)
+    simulate.add_argument("--video-queued-s", type=float, default=1.0)
+    simulate.add_argument("--video-processing-s", type=float, default=2.0)
 
     args = parser.parse_args(argv)
     if args.command == "check-config":

@@ -18,7 +18,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from proxy.exchange import Exchange, UpstreamResponse
-from proxy.routes import ROUTES, Route
+from proxy.routes import Route
 from proxy.sse import SSEEvent
 
 if TYPE_CHECKING:
@@ -143,24 +143,25 @@ def plugin_names(config: GatewayConfig, route: Route) -> list[str]:
     return default_plugins(route)
 
 
-def check_plugins(config: GatewayConfig) -> list[str]:
-    """Config problems about plugins: unknown names, bad settings."""
+def check_plugins(routes: Any, plugins: Any) -> list[str]:
+    """Problems with the plugins a config names (read from the raw tree, so they are reported
+    alongside every other problem): unknown names, bad settings."""
     problems: list[str] = []
-    used: set[str] = set()
-    for route in ROUTES:
-        for index, name in enumerate(plugin_names(config, route)):
-            used.add(name)
+    for route_name, route in (routes or {}).items() if isinstance(routes, dict) else ():
+        names = route.get("plugins") if isinstance(route, dict) else None
+        for index, name in enumerate(names if isinstance(names, list) else ()):
             try:
-                resolve_plugin(name)
+                resolve_plugin(str(name))
             except LookupError as exc:
-                problems.append(f"routes.{route.name}.plugins[{index}]: {exc}")
-    for name, settings in config.plugins.items():
+                problems.append(f"routes.{route_name}.plugins[{index}]: {exc}")
+    for name, settings in (plugins or {}).items() if isinstance(plugins, dict) else ():
         try:
-            cls = resolve_plugin(name)
+            cls = resolve_plugin(str(name))
         except LookupError as exc:
             problems.append(f"plugins.{name}: {exc}")
             continue
-        problems.extend(_settings_problems(cls, name, settings))
+        if isinstance(settings, dict):
+            problems.extend(_settings_problems(cls, str(name), settings))
     return problems
 
 

@@ -82,10 +82,9 @@ def parse_config(text: str, environ: Mapping[str, str]) -> GatewayConfig:
         config = GatewayConfig.model_validate(tree)
     except ValidationError as exc:
         problems.extend(_describe(error) for error in exc.errors())
-    if config is not None:
-        from proxy.pipeline import check_plugins  # the pipeline imports config types
+    from proxy.pipeline import check_plugins  # the pipeline imports config types
 
-        problems.extend(check_plugins(config))
+    problems.extend(check_plugins(tree.get("routes"), tree.get("plugins")))
     if problems:
         raise ConfigError(problems)
     assert config is not None

@@ -12,6 +12,8 @@ STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSIO
                 404: "NOT_FOUND", 409: "ABORTED", 413: "PAYLOAD_TOO_LARGE", 429: "RESOURCE_EXHAUSTED",
                 499: "CANCELLED", 500: "INTERNAL", 501: "UNIMPLEMENTED", 502: "UNAVAILABLE",
                 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+# Status names a caller may ask for where the HTTP status alone is ambiguous (two 400s in 7.2).
+_NAMED = frozenset(STATUS_NAMES.values()) | {"FAILED_PRECONDITION", "OUT_OF_RANGE", "ALREADY_EXISTS"}
 
 
 class ContentFormat(Format):
@@ -19,7 +21,7 @@ class ContentFormat(Format):
     key_location = KeyLocation.QUERY
 
     def error_payload(self, status: int, message: str, code: str | None = None) -> dict[str, Any]:
-        name = code or STATUS_NAMES.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT")
+        name = code if code in _NAMED else STATUS_NAMES.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT")
         return {"error": {"code": status, "message": message, "status": name}}
 
     def usage_from_body(self, body: Any) -> Usage | None:

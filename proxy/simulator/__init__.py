@@ -20,7 +20,7 @@ SIMULATOR_KEY = web.AppKey("simulator", Simulator)
 
 
 def build_simulator_app(sim: Simulator) -> web.Application:
-    app = web.Application(middlewares=[answer_early], client_max_size=1024**4)
+    app = web.Application(middlewares=[answer_early(sim)], client_max_size=1024**4)
     app[SIMULATOR_KEY] = sim
     add = app.router.add_route
     for path in ("/v1/video/generations", "/v1/videos"):

@@ -107,6 +107,8 @@ class Simulator:
         self.open_streams = 0
         self.streams_started = 0
         self.aborted = 0
+        self.events_sent: Counter[str] = Counter()        # by the caller's X-Request-Id
+        self.stream_digests: dict[str, str] = {}          # sha256 of the exact bytes streamed
         self.responses: dict[str, dict[str, Any]] = {}
         self.videos: dict[str, Any] = {}
         self.files: dict[str, bytes] = {}
@@ -120,7 +122,8 @@ class Simulator:
 
     async def receive(self, request: web.Request, fmt: Format) -> tuple[Any, Knobs]:
         """Record the request, check its upstream key, apply latency and faults; the JSON body back."""
-        record = RecordedRequest(request.method, request.path, request.query_string, list(request.headers.items()))
+        record = RecordedRequest(request.method, request.path, request.raw_path.partition("?")[2],
+                                 [(str(k), v) for k, v in request.headers.items()])
         self.requests.append(record)
         digest = hashlib.sha256()
         body = bytearray()
@@ -154,12 +157,12 @@ class Simulator:
         return payload, knobs
 
     def _check_key(self, request: web.Request, fmt: Format) -> None:
-        if fmt.key_location is KeyLocation.NONE:
-            return
+        if fmt.key_location is KeyLocation.NONE or self.key is None:
+            return  # started without a key: an open upstream
         presented = fmt.client_key(request.headers, request.query)  # type: ignore[arg-type]
         if presented is None and fmt.name == "content":
             presented = request.headers.get("x-goog-api-key")
-        if not presented or (self.key is not None and presented != self.key):
+        if presented != self.key:
             raise Answer(fmt.error_response(401, "simulated upstream: invalid or missing API key"))
 
     def stats(self) -> dict[str, Any]:
@@ -176,12 +179,18 @@ class Answer(Exception):
         self.response = response
 
 
-@web.middleware
-async def answer_early(request: web.Request, handler: Any) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except Answer as answer:
-        return answer.response
+def answer_early(sim: Simulator) -> Any:
+    @web.middleware
+    async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except Answer as answer:
+            return answer.response
+        except (asyncio.CancelledError, ConnectionError):
+            sim.aborted += 1  # the caller went away before the answer was complete
+            raise
+
+    return middleware
 
 
 def words(count: int, start: int = 0) -> list[str]:
@@ -193,7 +202,8 @@ def count_words(value: Any) -> int:
     if isinstance(value, str):
         return max(1, len(value.split()))
     if isinstance(value, dict):
-        return sum(count_words(v) for k, v in value.items() if k not in ("data", "b64_json", "image_url"))
+        return sum(count_words(v) for k, v in value.items()
+                   if k not in ("data", "b64_json", "image_url", "role", "type", "mime_type", "mimeType"))
     if isinstance(value, list):
         return sum(count_words(v) for v in value)
     return 0
@@ -225,6 +235,8 @@ async def stream(sim: Simulator, request: web.Request, knobs: Knobs, events: Ite
     sim.open_streams += 1
     sim.streams_started += 1
     delay = knobs.chunk_delay_ms / 1000
+    request_id = request.headers.get("x-request-id", "")
+    digest = hashlib.sha256()
     try:
         for index, raw in enumerate(events):
             if knobs.drop_after is not None and index >= knobs.drop_after:
@@ -243,12 +255,13 @@ async def stream(sim: Simulator, request: web.Request, knobs: Knobs, events: Ite
                 half = len(raw) // 2
                 await response.write(raw[:half])
                 await asyncio.sleep(max(delay / 4, 0.005))
+                digest.update(raw[:half])
                 raw = raw[half:]
             await response.write(raw)
+            digest.update(raw)
+            sim.events_sent[request_id] += 1
         await response.write_eof()
-    except (asyncio.CancelledError, ConnectionError):
-        sim.aborted += 1
-        raise
     finally:
         sim.open_streams -= 1
+        sim.stream_digests[request_id] = digest.hexdigest()
     return response

@@ -1,0 +1,157 @@
+"""Fixtures: gateways and simulators on real loopback sockets, in process or as processes of their own."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from proxy.app import APP_KEY, GatewayApp, build_app
+from proxy.config import LoadedConfig, load_config
+from proxy.simulator.core import Simulator
+
+REDIS_URL = os.environ.get("MODELGATE_TEST_REDIS", "redis://127.0.0.1:6379/15")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    owner: GatewayApp
+    runner: web.AppRunner
+
+    def sim(self, name: str = "simulator") -> Simulator:
+        return self.owner.simulators.simulators[name]
+
+    def last_upstream_request(self, name: str = "simulator"):  # noqa: ANN201
+        return self.sim(name).requests[-1]
+
+
+@pytest.fixture
+async def start_gateway(tmp_path: Path) -> AsyncIterator[Callable[..., asyncio.Future]]:
+    """Start a gateway in this process from YAML text (or the embedded defaults)."""
+    runners: list[web.AppRunner] = []
+
+    async def start(yaml_text: str | None = None, env: dict[str, str] | None = None) -> RunningGateway:
+        if yaml_text is None:
+            loaded = load_config(None)
+            path = None
+        else:
+            path = tmp_path / f"config-{len(runners)}.yaml"
+            path.write_text(textwrap.dedent(yaml_text))
+            loaded = load_config(path, env if env is not None else os.environ)
+        app = build_app(loaded, path)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return RunningGateway(f"http://127.0.0.1:{port}", app[APP_KEY], runner)
+
+    yield start
+    for runner in reversed(runners):
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def gateway(start_gateway) -> RunningGateway:  # noqa: ANN001
+    """The gateway on its embedded defaults: one simulator channel serving everything."""
+    return await start_gateway()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(auto_decompress=True) as session:
+        yield session
+
+
+@dataclass
+class Process:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def rss_peak_kb(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+        raise RuntimeError("no VmHWM")
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 20.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited early:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as answer:
+                if answer.status < 500:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"not ready in time:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., Process]]:
+    """Start `modelgate` processes (gateways or simulators); all are stopped at the end."""
+    started: list[Process] = []
+
+    def run(kind: str, *args: str, config: str | None = None, ready_path: str = "/healthz") -> Process:
+        port = free_port()
+        log = tmp_path / f"{kind}-{port}.log"
+        cmd = [sys.executable, "-m", "proxy"]
+        if kind == "gateway":
+            cfg = tmp_path / f"gateway-{port}.yaml"
+            cfg.write_text(textwrap.dedent(config or "").replace("{PORT}", str(port)))
+            cmd += ["serve", "-c", str(cfg)]
+        else:
+            cmd += ["simulate", "--port", str(port), *args]
+            ready_path = "/_sim/stats"
+        proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                                cwd=Path(__file__).parent.parent)
+        url = f"http://127.0.0.1:{port}"
+        process = Process(url, proc, log)
+        started.append(process)
+        wait_ready(url + ready_path, proc, log)
+        return process
+
+    yield run
+    for process in started:
+        if process.proc.poll() is None:
+            process.proc.terminate()
+    for process in started:
+        try:
+            process.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.proc.kill()
+
+
+@pytest.fixture
+async def redis_url() -> str:
+    """A Redis database for the test, emptied first; skipped nowhere: .ci/run starts Redis."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(REDIS_URL)
+    await client.flushdb()
+    await client.aclose()
+    return REDIS_URL

@@ -1,0 +1,40 @@
+"""A third-party plugin for tests, loaded by dotted path like any user's plugin would be."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from proxy.exchange import Exchange, UpstreamResponse
+from proxy.pipeline import Plugin
+from proxy.sse import SSEEvent
+
+
+class Recorder(Plugin):
+    """Records each finished exchange; can refuse requests, tag answers and drop events on demand."""
+
+    class Settings(BaseModel):
+        refuse_header: str = "x-test-refuse"
+        drop_event: str | None = None
+
+    finished: ClassVar[list[Exchange]] = []
+
+    async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
+        if ex.request.headers.get(self.settings.refuse_header):
+            return ex.error_response(429, "refused by the test plugin", "rate_limited")
+        return None
+
+    async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
+        body = upstream.json()
+        if isinstance(body, dict):
+            upstream.set_json({**body, "tagged_by": "recorder"})
+
+    def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
+        if self.settings.drop_event and event.name == self.settings.drop_event:
+            return None
+        return event
+
+    async def on_complete(self, ex: Exchange) -> None:
+        Recorder.finished.append(ex)

@@ -1,0 +1,129 @@
+"""Forwarding: bodies as sent, hop-by-hop headers dropped, forwarding headers set, compression kept whole."""
+
+from __future__ import annotations
+
+import gzip
+import re
+
+import aiohttp
+import pytest
+
+MSG_HEADERS = {"x-api-key": "k", "msgapi-version": "2023-06-01", "Content-Type": "application/json"}
+
+
+async def test_json_body_arrives_byte_identical(gateway, http):  # noqa: ANN001
+    raw = ('{ "messages":[{"role":"user","content":"h\\u00e9llo \\ud83d\\ude00  spaced"}],\n'
+           '  "max_tokens": 10,"model" : "msgmodel-haiku-4-5", "zeta": 1.50, "alpha": [1,2 ,3]}').encode()
+    async with http.post(gateway.url + "/v1/messages", data=raw, headers=MSG_HEADERS) as answer:
+        assert answer.status == 200
+    assert gateway.last_upstream_request().body == raw
+
+
+async def test_hop_by_hop_headers_stay_on_their_hop(gateway, http):  # noqa: ANN001
+    headers = {**MSG_HEADERS, "Connection": "keep-alive, X-Private-Hop", "X-Private-Hop": "1",
+               "Keep-Alive": "timeout=5", "TE": "trailers", "Proxy-Authorization": "Basic eA==",
+               "Upgrade": "h2c", "X-End-To-End": "kept"}
+    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+    async with http.post(gateway.url + "/v1/messages", json=body, headers=headers) as answer:
+        assert answer.status == 200
+    record = gateway.last_upstream_request()
+    for name in ("X-Private-Hop", "Keep-Alive", "TE", "Proxy-Authorization", "Upgrade"):
+        assert record.header(name) is None, name
+    assert record.header("X-End-To-End") == "kept"
+    assert record.header("Connection") in (None, "keep-alive")
+
+
+async def test_forwarding_headers_and_request_id(gateway, http):  # noqa: ANN001
+    body = {"model": "respmodel-4o", "input": "x"}
+    headers = {"Authorization": "Bearer k", "X-Forwarded-For": "203.0.113.7"}
+    async with http.post(gateway.url + "/v1/responses", json=body, headers=headers) as answer:
+        generated = answer.headers["X-Request-Id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", generated)
+    record = gateway.last_upstream_request()
+    assert record.header("X-Forwarded-For") == "203.0.113.7, 127.0.0.1"
+    assert record.header("X-Forwarded-Proto") == "http"
+    assert record.header("X-Forwarded-Host") == gateway.url.removeprefix("http://")
+    assert record.header("X-Request-Id") == generated
+    async with http.post(gateway.url + "/v1/responses", json=body,
+                         headers={**headers, "X-Request-Id": "caller-chosen-42"}) as answer:
+        assert answer.headers["X-Request-Id"] == "caller-chosen-42"
+    assert gateway.last_upstream_request().header("X-Request-Id") == "caller-chosen-42"
+
+
+async def test_query_string_is_kept_minus_the_client_key(gateway, http):  # noqa: ANN001
+    url = gateway.url + "/v1beta/models/genmodel-2.0-flash:generateContent?alt=json&key=CLIENT&note=a%20b"
+    async with http.post(url, json={"contents": [{"parts": [{"text": "x"}]}]}) as answer:
+        assert answer.status == 200
+    assert gateway.last_upstream_request().query == "alt=json&note=a%20b&key=sim-upstream-key"
+
+
+async def test_compressed_answer_is_returned_once_encoded_with_a_matching_length(gateway):  # noqa: ANN001
+    body = {"model": "respmodel-4o", "input": "x"}
+    async with aiohttp.ClientSession(auto_decompress=False) as raw_http:
+        async with raw_http.post(gateway.url + "/v1/responses", json=body,
+                                 headers={"Authorization": "Bearer k", "Accept-Encoding": "gzip"}) as answer:
+            data = await answer.read()
+            assert answer.headers["Content-Encoding"] == "gzip"
+            assert int(answer.headers["Content-Length"]) == len(data)
+        assert b'"object":"response"' in gzip.decompress(data)
+        async with raw_http.post(gateway.url + "/v1/responses", json=body,
+                                 headers={"Authorization": "Bearer k", "Accept-Encoding": "identity"}) as answer:
+            assert "Content-Encoding" not in answer.headers
+            assert b'"object":"response"' in await answer.read()
+
+
+async def test_every_answer_carries_the_gateway_overhead(gateway, http):  # noqa: ANN001
+    async with http.post(gateway.url + "/v1/responses", json={"model": "respmodel-4o", "input": "x"},
+                         headers={"Authorization": "Bearer k"}) as answer:
+        timing = answer.headers["Server-Timing"]
+    match = re.match(r'gateway;dur=([\d.]+);desc="gateway overhead", upstream;dur=([\d.]+)$', timing)
+    assert match and float(match[1]) >= 0 and float(match[2]) > 0
+
+
+async def test_upstream_error_status_and_body_pass_through(gateway, http):  # noqa: ANN001
+    async with http.post(gateway.url + "/v1/responses", json={"model": "respmodel-4o", "input": "x"},
+                         headers={"Authorization": "Bearer k", "x-sim-fault": "status=503"}) as answer:
+        assert answer.status == 503
+        assert (await answer.json())["error"]["message"] == "simulated upstream fault 503"
+
+
+async def test_unreachable_upstream_is_a_502_in_the_format_shape(start_gateway, http):  # noqa: ANN001
+    gw = await start_gateway("channels: [{name: down, base_url: 'http://127.0.0.1:1'}]")
+    async with http.post(gw.url + "/v1beta/models/genmodel-2.0-flash:generateContent?key=k",
+                         json={"contents": []}) as answer:
+        assert answer.status == 502
+        assert (await answer.json())["error"]["status"] == "UNAVAILABLE"
+
+
+async def test_slow_first_byte_is_a_504(start_gateway, http):  # noqa: ANN001
+    gw = await start_gateway("channels: [{name: slow, base_url: simulator, timeouts: {first_byte_s: 0.2}}]")
+    async with http.post(gw.url + "/v1/messages", headers={**MSG_HEADERS, "x-sim-latency-ms": "2000"},
+                         json={"model": "msgmodel-haiku-4-5", "max_tokens": 5, "messages": []}) as answer:
+        assert answer.status == 504
+        assert (await answer.json())["error"]["type"] == "server_error"
+
+
+STREAM_FAULTS = [
+    ("stall-after=2", "upstream stream stalled"),
+    ("drop-after=2", "upstream closed the stream"),
+]
+
+
+@pytest.mark.parametrize(("fault", "message"), STREAM_FAULTS)
+async def test_a_broken_stream_ends_with_the_formats_error_event(start_gateway, http, fault, message):  # noqa: ANN001
+    gw = await start_gateway("channels: [{name: s, base_url: simulator, timeouts: {idle_s: 0.3}}]")
+    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 5, "stream": True, "messages": []}
+    async with http.post(gw.url + "/v1/messages", json=body, headers={**MSG_HEADERS, "x-sim-fault": fault}) as answer:
+        text = (await answer.read()).decode()
+    events = [e for e in text.split("\n\n") if e.strip()]
+    assert events[0].startswith("event: message_start")
+    assert events[-1].startswith("event: error\ndata: ")
+    assert '"type":"error"' in events[-1] and message in events[-1]
+
+
+async def test_unknown_path_and_wrong_method_are_json_errors(gateway, http):  # noqa: ANN001
+    async with http.get(gateway.url + "/v2/unknown") as answer:
+        assert answer.status == 404 and "error" in await answer.json()
+    async with http.get(gateway.url + "/v1/messages") as answer:
+        assert answer.status == 405 and answer.headers["Allow"] == "POST"
+        assert (await answer.json())["error"]["type"] == "invalid_request_error"

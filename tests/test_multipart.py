@@ -1,0 +1,113 @@
+"""Multipart edits stream through: never held whole, byte-identical at the upstream."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+
+import aiohttp
+
+from proxy.multipart import MultipartObserver
+
+BOUNDARY = "modelgate-test-boundary"
+MB = 1024 * 1024
+
+
+def form_parts(model_first: bool, file_size: int) -> tuple[list[bytes], int]:
+    """The body as (head, file-header, <file bytes>, tail) pieces and its total length."""
+    field = lambda name, value: (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n"  # noqa: E731
+                                 f"{value}\r\n").encode()
+    fields = field("model", "imagegen-2") + field("prompt", "edit it")
+    file_head = (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"big.png\"\r\n"
+                 "Content-Type: image/png\r\n\r\n").encode()
+    tail = f"\r\n--{BOUNDARY}--\r\n".encode()
+    if model_first:
+        head, after = fields + file_head, tail
+    else:
+        head, after = file_head, b"\r\n" + fields + f"--{BOUNDARY}--\r\n".encode()
+    return [head, after], len(head) + file_size + len(after)
+
+
+async def generate(model_first: bool, file_size: int, digest: hashlib._Hash) -> AsyncIterator[bytes]:
+    (head, after), _ = form_parts(model_first, file_size)
+    chunk = (b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4096)[: MB]
+    for piece in (head,):
+        digest.update(piece)
+        yield piece
+    sent = 0
+    while sent < file_size:
+        part = chunk[: min(MB, file_size - sent)]
+        digest.update(part)
+        sent += len(part)
+        yield part
+    digest.update(after)
+    yield after
+
+
+async def send(url: str, model_first: bool, file_size: int) -> tuple[int, str, dict]:
+    digest = hashlib.sha256()
+    _, total = form_parts(model_first, file_size)
+    headers = {"Authorization": "Bearer k", "Content-Type": f"multipart/form-data; boundary={BOUNDARY}",
+               "Content-Length": str(total)}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url + "/v1/images/edits", data=generate(model_first, file_size, digest),
+                             headers=headers) as answer:
+            return answer.status, digest.hexdigest(), await answer.json()
+
+
+async def test_a_100_mb_edit_streams_through_with_little_memory(spawn):  # noqa: ANN001
+    sim = spawn("simulator", "--chunk-delay-ms", "0")
+    gw = spawn("gateway", config=f"""
+        server: {{listen: "127.0.0.1:{{PORT}}"}}
+        observability: {{logging: {{access_log: false}}}}
+        channels: [{{name: up, base_url: "{sim.url}"}}]
+    """)
+    async with aiohttp.ClientSession() as http:  # warm up: imports, pools, first-request allocations
+        status, _, _ = await send(gw.url, True, MB)
+        assert status == 200
+    before = gw.rss_peak_kb()
+    status, sent_digest, answer = await send(gw.url, True, 100 * MB)
+    assert status == 200 and answer["data"]
+    growth_mb = (gw.rss_peak_kb() - before) / 1024
+    print(f"gateway peak RSS growth for a 100 MB edit: {growth_mb:.1f} MB")
+    assert growth_mb < 30, f"peak RSS grew by {growth_mb:.1f} MB"
+    async with aiohttp.ClientSession() as http:
+        async with http.get(sim.url + "/_sim/requests") as listing:
+            last = (await listing.json())[-1]
+    assert last["body_sha256"] == sent_digest and last["body_size"] == form_parts(True, 100 * MB)[1]
+    assert last["form"]["model"] == "imagegen-2" and last["files"] == 1
+    headers = {k.lower(): v for k, v in last["headers"]}
+    assert headers["content-length"] == str(last["body_size"]) and "transfer-encoding" not in headers
+
+
+async def test_a_model_field_after_the_file_still_routes_and_arrives_intact(gateway):  # noqa: ANN001
+    status, sent_digest, _ = await send(gateway.url, False, 12 * MB)
+    assert status == 200
+    record = gateway.last_upstream_request()
+    assert record.body_sha256 == sent_digest and record.form["model"] == "imagegen-2"
+
+
+async def test_a_multipart_edit_without_a_model_is_a_400(gateway, http):  # noqa: ANN001
+    form = aiohttp.FormData()
+    form.add_field("prompt", "p")
+    form.add_field("image", b"\x89PNG....", filename="a.png", content_type="image/png")
+    async with http.post(gateway.url + "/v1/images/edits", data=form, headers={"Authorization": "Bearer k"}) as answer:
+        assert answer.status == 400
+        assert "model" in (await answer.json())["error"]["message"]
+
+
+def test_observer_reads_fields_and_file_heads_across_any_chunking():
+    body = (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nimagegen-2\r\n"
+            f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"image[]\"; filename=\"a.png\"\r\n"
+            f"Content-Type: image/png\r\n\r\n").encode() + b"\x89PNG\r\n\x1a\n" + b"x" * 1000 + (
+            f"\r\n--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"image[]\"; filename=\"b.jpg\"\r\n\r\n"
+            ).encode() + b"\xff\xd8\xff" + b"y" * 10 + f"\r\n--{BOUNDARY}--\r\n".encode()
+    for size in (1, 2, 7, 64, len(body)):
+        observer = MultipartObserver(BOUNDARY.encode())
+        for start in range(0, len(body), size):
+            observer.feed(body[start:start + size])
+        assert observer.done and observer.error is None
+        assert observer.field("model") == "imagegen-2"
+        files = observer.files()
+        assert [(f.filename, f.size) for f in files] == [("a.png", 1008), ("b.jpg", 13)]
+        assert files[0].head.startswith(b"\x89PNG") and files[1].head.startswith(b"\xff\xd8\xff")

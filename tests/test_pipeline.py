@@ -1,0 +1,80 @@
+"""The plugin pipeline: hooks in config order, short-circuits in the endpoint's shape, usage from every format."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.recording_plugin import Recorder
+from tests.sse import read_events
+
+PIPELINE = """
+routes:
+  messages: {plugins: [usage, sse, tests.recording_plugin:Recorder]}
+  responses: {plugins: [usage, sse, tests.recording_plugin:Recorder]}
+  generate_content: {plugins: [usage, sse, tests.recording_plugin:Recorder]}
+  stream_generate_content: {plugins: [usage, sse, tests.recording_plugin:Recorder]}
+  image_generations: {plugins: [usage, sse, tests.recording_plugin.Recorder]}
+plugins:
+  tests.recording_plugin:Recorder: {drop_event: content_block_stop}
+"""
+
+CASES = {
+    "messages": ("/v1/messages", {"x-api-key": "k", "msgapi-version": "2023-06-01"},
+                 {"model": "msgmodel-sonnet-4-5", "max_tokens": 50, "messages": [{"role": "user", "content": "a b c"}]}),
+    "responses": ("/v1/responses", {"Authorization": "Bearer k"}, {"model": "respmodel-4o", "input": "a b c"}),
+    "content": ("/v1beta/models/genmodel-2.0-flash:{verb}?alt=sse&key=k", {},
+                {"contents": [{"parts": [{"text": "a b c"}]}]}),
+    "images": ("/v1/images/generations", {"Authorization": "Bearer k"},
+               {"model": "imagegen-2", "prompt": "a b c", "size": "1024x1024", "partial_images": 1}),
+}
+EXPECTED_USAGE = {"messages": (3, 4), "responses": (3, 4), "content": (3, 4), "images": (50, 1056)}
+
+
+@pytest.fixture
+async def gw(start_gateway):  # noqa: ANN001, ANN201
+    Recorder.finished.clear()
+    return await start_gateway(PIPELINE)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("case", list(CASES))
+async def test_usage_is_read_from_json_answers_and_from_streams(gw, http, case, stream):  # noqa: ANN001
+    path, headers, body = CASES[case]
+    path = path.format(verb="streamGenerateContent" if stream else "generateContent")
+    body = {**body, "stream": True} if stream and case != "content" else body
+    async with http.post(gw.url + path, json=body, headers={**headers, "x-sim-output-tokens": "4"}) as answer:
+        assert answer.status == 200
+        await answer.read()
+    usage = Recorder.finished[-1].usage
+    assert (usage.input_tokens, usage.output_tokens) == EXPECTED_USAGE[case]
+
+
+async def test_on_request_short_circuits_in_the_endpoints_shape(gw, http):  # noqa: ANN001
+    path, headers, body = CASES["messages"]
+    async with http.post(gw.url + path, json=body, headers={**headers, "x-test-refuse": "1"}) as answer:
+        assert answer.status == 429
+        assert await answer.json() == {"error": {"type": "rate_limit_error", "message": "refused by the test plugin",
+                                                 "code": "rate_limited"}}
+        assert answer.headers["X-Request-Id"]
+    assert len(gw.sim().requests) == 0
+
+
+async def test_on_response_may_rewrite_the_answer(gw, http):  # noqa: ANN001
+    path, headers, body = CASES["responses"]
+    async with http.post(gw.url + path, json=body, headers={**headers, "Accept-Encoding": "gzip"}) as answer:
+        assert (await answer.json())["tagged_by"] == "recorder"
+
+
+async def test_on_event_may_drop_events(gw, http):  # noqa: ANN001
+    path, headers, body = CASES["messages"]
+    async with http.post(gw.url + path, json={**body, "stream": True}, headers=headers) as answer:
+        _, events = await read_events(answer, on_event=lambda: 0)
+    names = [e.name for e in events]
+    assert "content_block_stop" not in names and names[-1] == "message_stop"
+
+
+async def test_on_complete_sees_every_exchange_even_refused_ones(gw, http):  # noqa: ANN001
+    path, headers, body = CASES["messages"]
+    async with http.post(gw.url + path, json=body, headers={**headers, "x-test-refuse": "1"}):
+        pass
+    assert Recorder.finished[-1].status == 429 and Recorder.finished[-1].channel is None

@@ -1,0 +1,121 @@
+"""Streaming (spec 6): events forwarded as they arrive, in the spec's order, bytes intact; aborts reach the upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+
+import aiohttp
+import pytest
+
+from tests.sse import read_events
+
+GAP_MS = 300
+MSG = {"x-api-key": "k", "msgapi-version": "2023-06-01"}
+BEARER = {"Authorization": "Bearer k"}
+
+
+def edit_form() -> aiohttp.FormData:
+    form = aiohttp.FormData()
+    form.add_field("model", "imagegen-2")
+    form.add_field("prompt", "p")
+    form.add_field("stream", "true")
+    form.add_field("partial_images", "2")
+    form.add_field("image", b"\x89PNG\r\n\x1a\n....", filename="a.png", content_type="image/png")
+    return form
+
+
+STREAMS = {
+    "messages": ("/v1/messages", MSG, {"model": "msgmodel-sonnet-4-5", "max_tokens": 50, "stream": True,
+                                       "messages": [{"role": "user", "content": "hi"}]},
+                 ["message_start", "content_block_start"] + ["content_block_delta"] * 3
+                 + ["content_block_stop", "message_delta", "message_stop"]),
+    "responses": ("/v1/responses", BEARER, {"model": "respmodel-4o", "input": "hi", "stream": True},
+                  ["response.created", "response.in_progress", "response.output_item.added",
+                   "response.content_part.added"] + ["response.output_text.delta"] * 3
+                  + ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                     "response.completed"]),
+    "stream_generate_content": ("/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key=k", {},
+                                {"contents": [{"parts": [{"text": "hi"}]}]}, [None] * 3),
+    "image_generations": ("/v1/images/generations", BEARER,
+                          {"model": "imagegen-2", "prompt": "p", "stream": True, "partial_images": 2, "size": "1024x1024"},
+                          ["image_generation.partial_image"] * 2 + ["image_generation.completed"]),
+    "image_edits": ("/v1/images/edits", BEARER, None,
+                    ["image_edit.partial_image"] * 2 + ["image_edit.completed"]),
+}
+
+
+async def stream_through(gw, http, name: str, extra: dict[str, str] | None = None):  # noqa: ANN001, ANN201
+    path, headers, body, expected = STREAMS[name]
+    request_id = uuid.uuid4().hex
+    headers = {**headers, "x-sim-chunk-delay-ms": str(GAP_MS), "x-sim-output-tokens": "3",
+               "X-Request-Id": request_id, **(extra or {})}
+    sim = gw.sim()
+    started = time.monotonic()
+    kwargs = {"json": body} if body is not None else {"data": edit_form()}
+    async with http.post(gw.url + path, headers=headers, **kwargs) as answer:
+        assert answer.status == 200
+        assert answer.headers["Cache-Control"] == "no-cache" and answer.headers["X-Accel-Buffering"] == "no"
+        raw, events = await read_events(answer, on_event=lambda: sim.events_sent[request_id])
+    return raw, events, expected, time.monotonic() - started, request_id
+
+
+@pytest.mark.parametrize("name", list(STREAMS))
+async def test_events_arrive_as_sent_and_in_the_spec_order(gateway, http, name):  # noqa: ANN001
+    raw, events, expected, duration, request_id = await stream_through(gateway, http, name)
+    assert [e.name for e in events] == expected
+    # Each event reached the client before the upstream had written the next one: never an event behind.
+    assert [e.upstream_sent_when_read for e in events] == list(range(1, len(events) + 1))
+    # ... so the first one came long before a third of the stream had passed.
+    assert events[0].at - 0 < duration / 3
+    assert hashlib.sha256(raw).hexdigest() == gateway.sim().stream_digests[request_id]
+    if name == "stream_generate_content":
+        assert all("candidates" in e.json for e in events)
+        assert events[-1].json["candidates"][0]["finishReason"] == "STOP"
+        assert events[-1].json["usageMetadata"]["candidatesTokenCount"] == 3
+
+
+async def test_split_events_comments_and_crlf_pass_through_intact(gateway, http):  # noqa: ANN001
+    knobs = {"x-sim-split": "1", "x-sim-comments": "1", "x-sim-crlf": "1"}
+    raw, events, expected, _, request_id = await stream_through(gateway, http, "messages", knobs)
+    assert hashlib.sha256(raw).hexdigest() == gateway.sim().stream_digests[request_id]
+    assert raw.count(b": ping\r\n\r\n") == len(expected)
+    assert b"\n\n" not in raw.replace(b"\r\n", b"")
+    assert [e.name for e in events if e.name] == expected
+
+
+async def test_client_disconnect_mid_stream_closes_the_upstream(gateway):  # noqa: ANN001
+    sim = gateway.sim()
+    body = {"model": "msgmodel-sonnet-4-5", "max_tokens": 50, "stream": True, "messages": []}
+    headers = {**MSG, "x-sim-chunk-delay-ms": "200", "x-sim-output-tokens": "50"}
+    async with aiohttp.ClientSession() as http:
+        answer = await http.post(gateway.url + "/v1/messages", json=body, headers=headers)
+        await answer.content.readuntil(b"\n\n")
+        assert sim.open_streams == 1
+        answer.close()  # drop the connection mid-stream
+    for _ in range(100):
+        if sim.aborted == 1 and sim.open_streams == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert sim.aborted == 1 and sim.open_streams == 0
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_client_disconnect_before_the_first_byte_cancels_the_upstream(gateway, stream):  # noqa: ANN001
+    sim = gateway.sim()
+    body = {"model": "msgmodel-sonnet-4-5", "max_tokens": 50, "stream": stream, "messages": []}
+    headers = {**MSG, "x-sim-latency-ms": "5000"}
+    async with aiohttp.ClientSession() as http:
+        task = asyncio.create_task(http.post(gateway.url + "/v1/messages", json=body, headers=headers))
+        for _ in range(100):
+            if sim.requests:
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+    for _ in range(100):
+        if sim.aborted == 1:
+            break
+        await asyncio.sleep(0.02)
+    assert sim.aborted == 1
