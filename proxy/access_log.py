@@ -6,6 +6,8 @@ durations, tokens and bytes; it never carries a key or a body.
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import logging
 import sys
 import time
@@ -16,7 +18,62 @@ import structlog
 from proxy.config.model import LoggingConfig
 from proxy.exchange import Exchange
 
-_access = structlog.get_logger("modelgate.access")
+
+
+class AccessLog:
+    """Writes access lines. It runs structlog's processors directly: the bound-logger layer
+    (context copies, method proxies) and the stdlib bridge cost more than the line itself."""
+
+    __slots__ = ("_stamp", "_render", "_sink", "_json")
+
+    def __init__(self, format: str) -> None:
+        self._stamp = structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp")
+        self._json = format == "json"
+        if self._json:
+            self._render = structlog.processors.JSONRenderer(
+                serializer=lambda obj, **_: orjson.dumps(obj, default=str))
+        else:
+            self._render = structlog.dev.ConsoleRenderer(colors=False)
+        self._sink = BufferedLines()
+
+    def write(self, event: dict[str, object]) -> None:
+        line = self._render(None, "info", self._stamp(None, "info", event))
+        self._sink.msg(line if self._json else line.encode())  # type: ignore[union-attr]
+
+
+class BufferedLines:
+    """A structlog sink that writes lines in batches: one write per event-loop pass (at most
+    50 ms later), not one per request. Lines are flushed at exit and when the loop is not running."""
+
+    __slots__ = ("_lines", "_scheduled")
+
+    def __init__(self) -> None:
+        self._lines: list[bytes] = []
+        self._scheduled = False
+        atexit.register(self.flush)
+
+    def msg(self, message: bytes) -> None:
+        self._lines.append(message)
+        if self._scheduled:
+            return
+        try:
+            asyncio.get_running_loop().call_later(0.05, self.flush)
+            self._scheduled = True
+        except RuntimeError:
+            self.flush()
+
+    def flush(self) -> None:
+        self._scheduled = False
+        if self._lines:
+            lines, self._lines = self._lines, []
+            try:  # stderr is looked up each time: test runners and daemons swap it
+                sys.stderr.buffer.write(b"\n".join(lines) + b"\n")
+                sys.stderr.flush()
+            except (ValueError, OSError, AttributeError):
+                pass
+
+
+_access = AccessLog("json")
 
 
 def configure_logging(config: LoggingConfig) -> None:
@@ -46,6 +103,8 @@ def configure_logging(config: LoggingConfig) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    global _access
+    _access = AccessLog(config.format)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # ours replaces it
 
 
@@ -54,8 +113,10 @@ def log_exchange(ex: Exchange, config: LoggingConfig) -> None:
         return
     total = time.perf_counter() - ex.started
     request = ex.request
-    _access.info(
-        "request",
+    _access.write(dict(
+        event="request",
+        level="info",
+        logger="modelgate.access",
         request_id=ex.request_id,
         route=ex.route.name,
         method=request.method,
@@ -75,4 +136,4 @@ def log_exchange(ex: Exchange, config: LoggingConfig) -> None:
         client_ip=ex.client_ip,
         client_aborted=ex.client_aborted,
         error=ex.error,
-    )
+    ))

@@ -43,7 +43,10 @@ class Channel:
             connector=connector,
             # Bodies pass through as the upstream encoded them; decoding is done on demand.
             auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=self.timeouts.total_s, connect=self.timeouts.connect_s),
+            # aiohttp's per-read timer serves as the first-byte limit; the relay switches it to the
+            # idle limit once headers are in (no extra timer per request or per chunk).
+            timeout=aiohttp.ClientTimeout(total=self.timeouts.total_s, connect=self.timeouts.connect_s,
+                                          sock_read=self.timeouts.first_byte_s),
             # Only the client's own headers go upstream, never aiohttp's defaults.
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             cookie_jar=aiohttp.DummyCookieJar(),

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import os
 import re
 import time
-import uuid
 
 import aiohttp
 import yarl
@@ -16,7 +17,6 @@ from proxy.access_log import log_exchange
 from proxy.affinity import Affinity
 from proxy.body import BodyError, MultipartBody, read_body
 from proxy.exchange import Exchange
-from proxy.formats.base import CLIENT_KEY_QUERY, KeyLocation
 from proxy.headers import add_forwarding, end_to_end
 from proxy.relay import Relay
 from proxy.routes import ModelFrom, Route
@@ -25,7 +25,14 @@ from proxy.runtime import Runtime
 log = logging.getLogger("modelgate.gateway")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-_QUERY_KEY_PREFIX = CLIENT_KEY_QUERY + "="
+# Request ids: a random per-process prefix and a counter; unique across instances, and far
+# cheaper than a uuid4 (an os.urandom call) per request.
+_ID_PREFIX = os.urandom(8).hex()
+_ID_COUNTER = itertools.count(1)
+
+
+def new_request_id() -> str:
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
 class Gateway:
@@ -48,7 +55,7 @@ class Gateway:
         runtime.enter()
         config = runtime.config.server
         incoming_id = request.headers.get(config.request_id_header, "")
-        request_id = incoming_id if _REQUEST_ID.match(incoming_id) else uuid.uuid4().hex
+        request_id = incoming_id if incoming_id and _REQUEST_ID.match(incoming_id) else new_request_id()
         ex = Exchange(request, route, request_id)
         response: web.StreamResponse | None = None
         try:
@@ -133,9 +140,9 @@ class Gateway:
             if ex.upstream_model != ex.model:
                 path = self._rename(ex, path)
         headers = end_to_end(request.headers)
-        ex.format.strip_client_key(headers, ex.query)
+        ex.format.strip_client_key(headers)
         if channel.credential:
-            ex.format.place_credential(channel.credential, headers, ex.query)
+            ex.format.place_credential(channel.credential, headers)
         add_forwarding(headers, ex.client_ip, request.scheme, request.host)
         headers[id_header] = ex.request_id
         if ex.streaming:
@@ -146,12 +153,12 @@ class Gateway:
             if isinstance(data, MultipartBody) and data.declared_length is not None:
                 headers["Content-Length"] = str(data.declared_length)
         ex.headers = headers
-        url = yarl.URL(channel.base_url + path + _query(request, ex), encoded=True)
+        query = ex.format.upstream_query(request.raw_path.partition("?")[2], channel.credential)
+        url = yarl.URL(f"{channel.base_url}{path}?{query}" if query else channel.base_url + path, encoded=True)
         ex.upstream_started = time.perf_counter()
         try:
-            async with asyncio.timeout(channel.timeouts.first_byte_s):
-                upstream = await channel.session.request(
-                    request.method, url, headers=headers, data=data, allow_redirects=False)
+            upstream = await channel.session.request(request.method, url, headers=headers, data=data,
+                                                     allow_redirects=False)
         except TimeoutError:
             message = f"upstream {channel.name} did not answer within {channel.timeouts.first_byte_s:g}s"
             return self._finish_local(ex, ex.error_response(504, message), id_header)
@@ -159,6 +166,8 @@ class Gateway:
             message = f"upstream {channel.name} could not be reached ({type(exc).__name__})"
             return self._finish_local(ex, ex.error_response(502, message), id_header)
         ex.upstream_headers_at = time.perf_counter()
+        if upstream.connection is not None:
+            upstream.connection.protocol.read_timeout = channel.timeouts.idle_s  # type: ignore[union-attr]
         try:
             relay = Relay(ex, upstream, pipeline, self.affinity,
                           buffer_limit=int(runtime.config.server.max_json_body_mb * 1024 * 1024),
@@ -184,15 +193,3 @@ class Gateway:
         response.headers[id_header] = ex.request_id
         ex.status = response.status
         return response
-
-
-def _query(request: web.Request, ex: Exchange) -> str:
-    """The client's query string as sent, minus its key, plus the channel's key where it goes there."""
-    raw = request.raw_path.partition("?")[2]
-    if ex.format.key_location is KeyLocation.NONE:
-        return "?" + raw if raw else ""
-    kept = [pair for pair in raw.split("&") if pair and not pair.startswith(_QUERY_KEY_PREFIX)]
-    credential = ex.query.get(CLIENT_KEY_QUERY) if ex.format.key_location is KeyLocation.QUERY else None
-    if credential is not None:
-        kept.append(_QUERY_KEY_PREFIX + yarl.URL.build(query={"k": credential}).raw_query_string[2:])
-    return "?" + "&".join(kept) if kept else ""

@@ -12,17 +12,17 @@ HOP_BY_HOP = frozenset({
 _RECOMPUTED = frozenset({"host", "content-length"})
 
 
+_DROP = HOP_BY_HOP | _RECOMPUTED
+_DROP_KEEPING_LENGTH = HOP_BY_HOP | {"host"}
+
+
 def end_to_end(headers: CIMultiDictProxy[str] | CIMultiDict[str], *, keep_length: bool = False) -> CIMultiDict[str]:
     """A copy without hop-by-hop fields, including any the Connection header names."""
-    named = {t.strip().lower() for v in headers.getall("connection", ()) for t in v.split(",")}
-    drop = HOP_BY_HOP | named if named else HOP_BY_HOP
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers.items():
-        lower = name.lower()
-        if lower in drop or (lower in _RECOMPUTED and not (keep_length and lower == "content-length")):
-            continue
-        out.add(name, value)
-    return out
+    drop = _DROP_KEEPING_LENGTH if keep_length else _DROP
+    connection = headers.get("connection")
+    if connection is not None:
+        drop = drop | {t.strip().lower() for v in headers.getall("connection") for t in v.split(",")}
+    return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in drop])
 
 
 def add_forwarding(headers: CIMultiDict[str], client_ip: str, scheme: str, host: str) -> None:

@@ -97,8 +97,7 @@ class Relay:
             if prefix:
                 await response.write(prefix)
                 ex.bytes_out += len(prefix)
-            idle = ex.channel.timeouts.idle_s if ex.channel else None
-            while chunk := await _read(upstream, idle):
+            while chunk := await upstream.content.readany():
                 await response.write(chunk)
                 ex.bytes_out += len(chunk)
         except _CLIENT_GONE:
@@ -126,9 +125,8 @@ class Relay:
         hooks = bool(pipeline.event_hooks)
         pin_pending = ex.route.creates is Pin.RESPONSE and upstream.status < 300
         parser = SSEParser() if hooks or pin_pending else None
-        idle = ex.channel.timeouts.idle_s if ex.channel else None
         try:
-            while chunk := await _read(upstream, idle):
+            while chunk := await upstream.content.readany():
                 if parser is None:
                     await response.write(chunk)
                     ex.bytes_out += len(chunk)
@@ -179,13 +177,6 @@ class Relay:
         self.ex.client_aborted = True
         self.upstream.close()  # stop the upstream's work at once; its connection is not reused
         return response
-
-
-async def _read(upstream: aiohttp.ClientResponse, idle_s: float | None) -> bytes:
-    if idle_s is None:
-        return await upstream.content.readany()
-    async with asyncio.timeout(idle_s):
-        return await upstream.content.readany()
 
 
 def _server_timing(ex: Exchange) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import quote
 
 from aiohttp import web
 from multidict import CIMultiDict, MultiDict
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 # whichever the route reads, so a key sent in the "wrong" place never leaks either.
 CLIENT_KEY_HEADERS = ("authorization", "x-api-key", "x-goog-api-key")
 CLIENT_KEY_QUERY = "key"
+_QUERY_KEY_PREFIX = CLIENT_KEY_QUERY + "="
 
 
 class KeyLocation(enum.Enum):
@@ -69,21 +71,33 @@ class Format:
             return query.get(CLIENT_KEY_QUERY) or None
         return None
 
-    def strip_client_key(self, headers: CIMultiDict[str], query: MultiDict[str]) -> None:
+    def strip_client_key(self, headers: CIMultiDict[str]) -> None:
+        """Remove every header a client key may travel in (the query key is left out by upstream_query)."""
         if self.key_location is KeyLocation.NONE:
             return
         for name in CLIENT_KEY_HEADERS:
             headers.popall(name, None)
-        query.popall(CLIENT_KEY_QUERY, None)
 
-    def place_credential(self, credential: str, headers: CIMultiDict[str], query: MultiDict[str]) -> None:
+    def place_credential(self, credential: str, headers: CIMultiDict[str]) -> None:
+        """Put the channel's credential in this format's header (the query key goes by upstream_query)."""
         location = self.key_location
         if location is KeyLocation.BEARER:
             headers["Authorization"] = f"Bearer {credential}"
         elif location is KeyLocation.X_API_KEY:
             headers["x-api-key"] = credential
-        elif location is KeyLocation.QUERY:
-            query[CLIENT_KEY_QUERY] = credential
+
+    def upstream_query(self, raw_query: str, credential: str | None) -> str:
+        """The client's query string as sent, minus its key, plus the channel's key where this format
+        carries it there. Untouched pairs keep the client's own encoding."""
+        if self.key_location is KeyLocation.NONE:
+            return raw_query
+        if raw_query:
+            pairs = [p for p in raw_query.split("&") if p and not p.startswith(_QUERY_KEY_PREFIX)]
+        else:
+            pairs = []
+        if credential is not None and self.key_location is KeyLocation.QUERY:
+            pairs.append(_QUERY_KEY_PREFIX + quote(credential, safe=""))
+        return "&".join(pairs)
 
     def error_payload(self, status: int, message: str, code: str | None = None) -> dict[str, Any]:
         """The images / response / video shape (the spec shows none; see docs/errors.md)."""

@@ -1,0 +1,214 @@
+"""One command, one run: direct to a fast upstream vs the minimal aiohttp forwarder vs modelgate.
+
+The three targets are measured interleaved (A, B, C, A, B, C ...) so machine drift hits
+them alike. The gateway and the forwarder are pinned to core 0; the load generator (wrk)
+and the upstream to core 1. Results, machine and versions are written to bench/RESULTS.md.
+
+Usage: python bench/run.py [--duration S] [--rounds N] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+HERE = Path(__file__).parent
+BODY = '{"model":"msgmodel-haiku-4-5","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}'
+STREAM_BODY = BODY[:-1] + ',"stream":true}'
+HEADERS = {"Content-Type": "application/json", "x-api-key": "bench", "msgapi-version": "2023-06-01"}
+CONCURRENCY = (1, 16, 64)
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def start(cmd: list[str], core: int, log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["taskset", "-c", str(core), *cmd], stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+def wait_port(port: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"port {port} never opened")
+
+
+@dataclass
+class Target:
+    name: str
+    url: str
+    pid: int | None  # the process whose CPU is charged (None: the upstream itself)
+    rps: dict[int, list[float]] = field(default_factory=dict)
+    p50: dict[int, list[float]] = field(default_factory=dict)
+    p99: dict[int, list[float]] = field(default_factory=dict)
+    cpu_ms: dict[int, list[float]] = field(default_factory=dict)
+    ttfe: list[float] = field(default_factory=list)
+    stream_total: list[float] = field(default_factory=list)
+
+
+def to_ms(text: str) -> float:
+    value, unit = re.match(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def run_wrk(target: Target, concurrency: int, duration: int, script: Path) -> None:
+    before = cpu_seconds(target.pid) if target.pid else 0.0
+    out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", f"-c{concurrency}", f"-d{duration}s", "--latency",
+                          "-s", str(script), target.url + "/v1/messages"], capture_output=True, text=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
+    total = int(re.search(r"(\d+) requests in", out)[1])  # type: ignore[index]
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if errors:
+        raise RuntimeError(f"{target.name}: {errors[1]} failed requests\n{out}")
+    target.rps.setdefault(concurrency, []).append(rps)
+    target.p50.setdefault(concurrency, []).append(to_ms(re.search(r"50%\s+(\S+)", out)[1]))  # type: ignore[index]
+    target.p99.setdefault(concurrency, []).append(to_ms(re.search(r"99%\s+(\S+)", out)[1]))  # type: ignore[index]
+    if target.pid:
+        target.cpu_ms.setdefault(concurrency, []).append((cpu_seconds(target.pid) - before) * 1000 / total)
+
+
+async def measure_streams(target: Target, count: int, gap_ms: int) -> None:
+    headers = {**HEADERS, "x-gap-ms": str(gap_ms)}
+    async with aiohttp.ClientSession() as http:
+        for _ in range(count):
+            started = time.perf_counter()
+            async with http.post(target.url + "/v1/messages", data=STREAM_BODY, headers=headers) as answer:
+                first = None
+                async for _chunk in answer.content.iter_any():
+                    if first is None:
+                        first = time.perf_counter() - started
+            target.ttfe.append(first * 1000)  # type: ignore[operator]
+            target.stream_total.append((time.perf_counter() - started) * 1000)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--duration", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", default=str(HERE / "RESULTS.md"))
+    args = parser.parse_args()
+    if not shutil.which("wrk"):
+        sys.exit("wrk is needed: apt-get install -y wrk")
+    work = Path(tempfile.mkdtemp(prefix="modelgate-bench-"))
+    script = work / "post.lua"
+    script.write_text(f"wrk.method = 'POST'\nwrk.body = '{BODY}'\n"
+                      + "".join(f"wrk.headers['{k}'] = '{v}'\n" for k, v in HEADERS.items()))
+    up_port, fwd_port, gw_port = free_port(), free_port(), free_port()
+    upstream_url = f"http://127.0.0.1:{up_port}"
+    config = work / "gateway.yaml"
+    config.write_text(f'server: {{listen: "127.0.0.1:{gw_port}"}}\n'
+                      f"channels: [{{name: bench, base_url: '{upstream_url}', credential: upstream-key}}]\n")
+    procs = [start([sys.executable, str(HERE / "upstream.py"), str(up_port), "20"], 1, work / "upstream.log")]
+    wait_port(up_port)
+    procs.append(start([sys.executable, str(HERE / "forwarder.py"), str(fwd_port), upstream_url], 0, work / "fwd.log"))
+    procs.append(start([sys.executable, "-m", "proxy", "serve", "-c", str(config)], 0, work / "gateway.log"))
+    try:
+        wait_port(fwd_port)
+        wait_port(gw_port)
+        targets = [Target("direct", upstream_url, None),
+                   Target("aiohttp forwarder", f"http://127.0.0.1:{fwd_port}", procs[1].pid),
+                   Target("modelgate", f"http://127.0.0.1:{gw_port}", procs[2].pid)]
+        for target in targets:  # warm up
+            run_wrk(target, 16, 2, script)
+            target.rps.clear(), target.p50.clear(), target.p99.clear(), target.cpu_ms.clear()
+        for concurrency in CONCURRENCY:
+            for _ in range(args.rounds):
+                for target in targets:
+                    run_wrk(target, concurrency, args.duration, script)
+                    print(f"{target.name:18} c={concurrency:<3} rps={target.rps[concurrency][-1]:8.0f} "
+                          f"p50={target.p50[concurrency][-1]:.3f}ms", flush=True)
+        for _ in range(args.rounds):
+            for target in targets:
+                asyncio.run(measure_streams(target, 20, 10))
+        write_results(Path(args.out), targets, args)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=10)
+    print(Path(args.out).read_text())
+    return 0
+
+
+def write_results(out: Path, targets: list[Target], args: argparse.Namespace) -> None:
+    direct, forwarder, gateway = targets
+    med = statistics.median
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python bench/run.py "
+        f"--duration {args.duration} --rounds {args.rounds}`.",
+        f"Machine: {os.cpu_count()} cores ({cpu}), Linux {platform.release()}; Python {platform.python_version()}, "
+        f"aiohttp {aiohttp.__version__}, wrk 4.1. One worker process each; gateway and forwarder pinned to core 0, "
+        "wrk and the upstream to core 1. Medians over rounds, targets interleaved.",
+        "",
+        "modelgate runs its default pipeline for the message format (usage capture, SSE framing) with JSON",
+        "access logging on; the forwarder has no plugins. Added latency is the target's p50/p99 minus direct's.",
+        "",
+        "## Non-streaming (POST /v1/messages)",
+        "",
+        "| concurrency | target | requests/s | p50 ms | p99 ms | added p50 ms | added p99 ms | CPU ms/request |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in CONCURRENCY:
+        for t in targets:
+            added50 = med(t.p50[c]) - med(direct.p50[c])
+            added99 = med(t.p99[c]) - med(direct.p99[c])
+            cpu_ms = f"{med(t.cpu_ms[c]):.3f}" if t.cpu_ms.get(c) else "-"
+            lines.append(f"| {c} | {t.name} | {med(t.rps[c]):,.0f} | {med(t.p50[c]):.3f} | {med(t.p99[c]):.3f} | "
+                         f"{'-' if t is direct else f'{added50:.3f}'} | {'-' if t is direct else f'{added99:.3f}'} | {cpu_ms} |")
+    ratio = med(gateway.rps[64]) / med(forwarder.rps[64])
+    added_c1 = med(gateway.p50[1]) - med(direct.p50[1])
+    lines += [
+        "",
+        "## Streaming (20 events, 10 ms apart)",
+        "",
+        "| target | time to first event p50 ms | added ms | total p50 ms | added ms |",
+        "|---|---|---|---|---|",
+    ]
+    for t in targets:
+        lines.append(f"| {t.name} | {med(t.ttfe):.3f} | {'-' if t is direct else f'{med(t.ttfe) - med(direct.ttfe):.3f}'} | "
+                     f"{med(t.stream_total):.3f} | "
+                     f"{'-' if t is direct else f'{med(t.stream_total) - med(direct.stream_total):.3f}'} |")
+    lines += [
+        "",
+        "## Against the targets of one worker process",
+        "",
+        f"- added p50 latency at concurrency 1: {added_c1:.3f} ms (target: under 1 ms) — "
+        f"{'met' if added_c1 < 1 else 'NOT met'}",
+        f"- throughput at 64 concurrent: {ratio:.0%} of the minimal forwarder's (target: at least 70%) — "
+        f"{'met' if ratio >= 0.7 else 'NOT met'}",
+        "",
+    ]
+    out.write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
