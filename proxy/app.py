@@ -12,6 +12,7 @@ from aiohttp import web
 from proxy import jsonutil
 from proxy.affinity import Affinity
 from proxy.config import ConfigError, LoadedConfig, load_config
+from proxy.formats import ACCOUNT
 from proxy.formats.base import Format
 from proxy.gateway import Gateway
 from proxy.routes import ROUTES, Route
@@ -138,4 +139,5 @@ async def _unmatched(request: web.Request) -> web.Response:
         fmt: Format = next(r.format for pattern, r in _TEMPLATES if pattern.match(request.path))
         return fmt.error_response(405, f"{request.method} is not allowed on {request.path}",
                                   headers={"Allow": ", ".join(allowed)})
-    return Format.error_response(ROUTES[0].format, 404, f"no endpoint at {request.method} {request.path}")
+    # No format claims an unknown path: the generic shape of the images/response/video endpoints.
+    return ACCOUNT.error_response(404, f"no endpoint at {request.method} {request.path}")

@@ -44,7 +44,7 @@ class Exchange:
         self.request_id = request_id
         self.started = time.perf_counter()
         self.client_ip: str = request.remote or ""
-        self.headers: CIMultiDict[str] = CIMultiDict()   # what goes upstream; filled by forwarding
+        self.headers: CIMultiDict[str] = CIMultiDict()   # what goes upstream; set before on_request
         self._query: MultiDict[str] | None = None
         self.path_params: dict[str, str] = dict(request.match_info)
         self.body: bytes | None = None

@@ -12,12 +12,14 @@ import time
 import aiohttp
 import yarl
 from aiohttp import web
+from multidict import CIMultiDict
 
 from proxy.access_log import log_exchange
 from proxy.affinity import Affinity
 from proxy.body import BodyError, MultipartBody, read_body
 from proxy.exchange import Exchange
 from proxy.headers import add_forwarding, end_to_end
+from proxy.pipeline import Pipeline
 from proxy.relay import Relay
 from proxy.routes import ModelFrom, Route
 from proxy.runtime import Runtime
@@ -44,12 +46,6 @@ class Gateway:
         self.runtime = runtime
         self.affinity = affinity
 
-    def handler(self, route: Route):  # noqa: ANN201 - an aiohttp handler
-        async def handle(request: web.Request) -> web.StreamResponse:
-            return await self.handle(request, route)
-
-        return handle
-
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
         runtime = self.runtime
         runtime.enter()
@@ -63,6 +59,8 @@ class Gateway:
             return response
         except asyncio.CancelledError:
             ex.client_aborted = True  # the client went away; aiohttp cancelled the handler
+            if ex.status == 0:
+                ex.status = 499  # as nginx logs a client that closed before the answer
             raise
         except Exception:
             log.exception("unhandled error", extra={"request_id": request_id, "route": route.name})
@@ -84,6 +82,7 @@ class Gateway:
         refusal = self._resolve_model(ex)
         if refusal is not None:
             return self._finish_local(ex, refusal, id_header)
+        ex.headers = self._upstream_headers(ex, id_header)  # before the pipeline: plugins may edit them
         pipeline = runtime.pipelines[ex.route.name]
         answer = await pipeline.run_request(ex)
         if answer is not None:
@@ -129,7 +128,18 @@ class Gateway:
             return ex.error_response(404, f"model {ex.model!r} is not served by this gateway", "model_not_found")
         return ex.error_response(404, f"no channel serves {ex.route.method} {ex.request.path}", "not_found")
 
-    async def _forward(self, ex: Exchange, runtime: Runtime, pipeline) -> web.StreamResponse:  # noqa: ANN001
+    @staticmethod
+    def _upstream_headers(ex: Exchange, id_header: str) -> CIMultiDict[str]:
+        request = ex.request
+        headers = end_to_end(request.headers)
+        ex.format.strip_client_key(headers)
+        add_forwarding(headers, ex.client_ip, request.scheme, request.host)
+        headers[id_header] = ex.request_id
+        if ex.streaming:
+            headers["Accept-Encoding"] = "identity"  # the relay must read events, not gzip
+        return headers
+
+    async def _forward(self, ex: Exchange, runtime: Runtime, pipeline: Pipeline) -> web.StreamResponse:
         channel = ex.channel
         assert channel is not None and channel.session is not None
         request = ex.request
@@ -139,28 +149,24 @@ class Gateway:
             ex.upstream_model = channel.upstream_model(ex.model)
             if ex.upstream_model != ex.model:
                 path = self._rename(ex, path)
-        headers = end_to_end(request.headers)
-        ex.format.strip_client_key(headers)
+        headers = ex.headers
         if channel.credential:
             ex.format.place_credential(channel.credential, headers)
-        add_forwarding(headers, ex.client_ip, request.scheme, request.host)
-        headers[id_header] = ex.request_id
-        if ex.streaming:
-            headers["Accept-Encoding"] = "identity"  # the relay must read events, not gzip
         data = ex.body
         if ex.body_stream is not None:
             data = ex.body_stream
             if isinstance(data, MultipartBody) and data.declared_length is not None:
                 headers["Content-Length"] = str(data.declared_length)
-        ex.headers = headers
         query = ex.format.upstream_query(request.raw_path.partition("?")[2], channel.credential)
         url = yarl.URL(f"{channel.base_url}{path}?{query}" if query else channel.base_url + path, encoded=True)
         ex.upstream_started = time.perf_counter()
         try:
             upstream = await channel.session.request(request.method, url, headers=headers, data=data,
                                                      allow_redirects=False)
-        except TimeoutError:
-            message = f"upstream {channel.name} did not answer within {channel.timeouts.first_byte_s:g}s"
+        except TimeoutError as exc:
+            what = "connecting" if isinstance(exc, aiohttp.ConnectionTimeoutError) else (
+                f"waiting {channel.timeouts.first_byte_s:g}s for the first byte")
+            message = f"upstream {channel.name} timed out {what}"
             return self._finish_local(ex, ex.error_response(504, message), id_header)
         except aiohttp.ClientError as exc:
             message = f"upstream {channel.name} could not be reached ({type(exc).__name__})"

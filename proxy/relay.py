@@ -71,12 +71,18 @@ class Relay:
         ex, upstream = self.ex, self.upstream
         chunks: list[bytes] = []
         size = 0
-        async for chunk in upstream.content.iter_any():
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > self.buffer_limit:
-                # Too large to hold: what was read goes first, the rest streams, hooks are skipped.
-                return await self._send_bytes(prefix=b"".join(chunks))
+        try:
+            async for chunk in upstream.content.iter_any():
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > self.buffer_limit:
+                    # Too large to hold: what was read goes first, the rest streams, hooks are skipped.
+                    return await self._send_bytes(prefix=b"".join(chunks))
+        except (TimeoutError, *_UPSTREAM_BROKE) as exc:
+            upstream.close()
+            stalled = isinstance(exc, TimeoutError)
+            message = "upstream stalled while sending its answer" if stalled else "upstream broke off its answer"
+            return ex.error_response(504 if stalled else 502, message)
         ex.upstream_finished = time.perf_counter()
         answer = UpstreamResponse(upstream.status, end_to_end(upstream.headers), b"".join(chunks))
         if ex.route.creates is not None and answer.status < 300:
@@ -108,7 +114,8 @@ class Relay:
             ex.error = f"upstream body broke off: {type(exc).__name__}"
             upstream.close()
             # The client sees a short body on a closed connection: nothing can be appended.
-            ex.request.transport and ex.request.transport.close()
+            if ex.request.transport is not None:
+                ex.request.transport.close()
             return response
         ex.upstream_finished = time.perf_counter()
         await response.write_eof()

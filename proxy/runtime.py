@@ -54,9 +54,13 @@ class Runtime:
                     instances[name] = build_plugin(config, name)
             pipelines[route.name] = Pipeline([instances[n] for n in names])
         runtime = cls(loaded, ChannelSet(channels), pipelines, list(instances.values()))
-        await runtime.channels.open()
-        for plugin in runtime.plugins:
-            await plugin.start()
+        try:
+            await runtime.channels.open()
+            for plugin in runtime.plugins:
+                await plugin.start()
+        except BaseException:
+            await runtime._close()  # a half-built runtime must not leak sessions
+            raise
         return runtime
 
     def enter(self) -> None:

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from proxy.app import APP_KEY, GatewayApp, build_app
-from proxy.config import LoadedConfig, load_config
+from proxy.config import load_config
 from proxy.simulator.core import Simulator
 
 REDIS_URL = os.environ.get("MODELGATE_TEST_REDIS", "redis://127.0.0.1:6379/15")

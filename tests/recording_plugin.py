@@ -24,6 +24,7 @@ class Recorder(Plugin):
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
         if ex.request.headers.get(self.settings.refuse_header):
             return ex.error_response(429, "refused by the test plugin", "rate_limited")
+        ex.headers["X-Added-By-Plugin"] = "recorder"
         return None
 
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:

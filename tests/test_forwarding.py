@@ -12,7 +12,7 @@ MSG_HEADERS = {"x-api-key": "k", "msgapi-version": "2023-06-01", "Content-Type":
 
 
 async def test_json_body_arrives_byte_identical(gateway, http):  # noqa: ANN001
-    raw = ('{ "messages":[{"role":"user","content":"h\\u00e9llo \\ud83d\\ude00  spaced"}],\n'
+    raw = ('{ "messages":[{"role":"user","content":"héllo \\ud83d\\ude00  spaced"}],\n'
            '  "max_tokens": 10,"model" : "msgmodel-haiku-4-5", "zeta": 1.50, "alpha": [1,2 ,3]}').encode()
     async with http.post(gateway.url + "/v1/messages", data=raw, headers=MSG_HEADERS) as answer:
         assert answer.status == 200

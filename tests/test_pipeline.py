@@ -59,6 +59,13 @@ async def test_on_request_short_circuits_in_the_endpoints_shape(gw, http):  # no
     assert len(gw.sim().requests) == 0
 
 
+async def test_on_request_may_add_upstream_headers(gw, http):  # noqa: ANN001
+    path, headers, body = CASES["responses"]
+    async with http.post(gw.url + path, json=body, headers=headers) as answer:
+        assert answer.status == 200
+    assert gw.last_upstream_request().header("X-Added-By-Plugin") == "recorder"
+
+
 async def test_on_response_may_rewrite_the_answer(gw, http):  # noqa: ANN001
     path, headers, body = CASES["responses"]
     async with http.post(gw.url + path, json=body, headers={**headers, "Accept-Encoding": "gzip"}) as answer:

@@ -134,7 +134,7 @@ class Simulator:
             record.body_size += len(chunk)
             if observer is not None:
                 observer.feed(chunk)
-            elif len(body) < _RECORDED_BODY_LIMIT:
+            else:
                 body += chunk
         record.body_sha256 = digest.hexdigest()
         knobs = self.knobs(request)
