@@ -73,22 +73,26 @@ class Target:
 
 
 def to_ms(text: str) -> float:
-    value, unit = re.match(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
-    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+    match = re.match(r"([\d.]+)(ns|us|ms|s|m)$", text)
+    if match is None:
+        raise RuntimeError(f"unreadable wrk latency {text!r}")
+    return float(match[1]) * {"ns": 1e-6, "us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[match[2]]
 
 
 def run_wrk(target: Target, concurrency: int, duration: int, script: Path) -> None:
     before = cpu_seconds(target.pid) if target.pid else 0.0
     out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", f"-c{concurrency}", f"-d{duration}s", "--latency",
                           "-s", str(script), target.url + "/v1/messages"], capture_output=True, text=True).stdout
+    if "Requests/sec" not in out or not re.search(r"^\s+50%\s+[\d.]+[a-z]+$", out, re.M):
+        raise RuntimeError(f"{target.name}: wrk gave no result:\n{out}")
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
     total = int(re.search(r"(\d+) requests in", out)[1])  # type: ignore[index]
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if errors:
         raise RuntimeError(f"{target.name}: {errors[1]} failed requests\n{out}")
     target.rps.setdefault(concurrency, []).append(rps)
-    target.p50.setdefault(concurrency, []).append(to_ms(re.search(r"50%\s+(\S+)", out)[1]))  # type: ignore[index]
-    target.p99.setdefault(concurrency, []).append(to_ms(re.search(r"99%\s+(\S+)", out)[1]))  # type: ignore[index]
+    target.p50.setdefault(concurrency, []).append(to_ms(re.search(r"^\s+50%\s+(\S+)", out, re.M)[1]))  # type: ignore[index]
+    target.p99.setdefault(concurrency, []).append(to_ms(re.search(r"^\s+99%\s+(\S+)", out, re.M)[1]))  # type: ignore[index]
     if target.pid:
         target.cpu_ms.setdefault(concurrency, []).append((cpu_seconds(target.pid) - before) * 1000 / total)
 

@@ -43,10 +43,12 @@ async def read_body(ex: Exchange, limit: int) -> None:
     if declared is not None and declared > limit:
         raise BodyError(413, f"request body of {declared} bytes is over the {limit}-byte limit")
     ex.body = await _read_whole(request, limit)
-    if kind is not Body.RAW and ex.body:
-        if ex.json() is None and ex.body.strip() not in (b"null",):
-            raise BodyError(400, "request body is not valid JSON")
-    if kind is not Body.RAW and isinstance(ex.json(), dict) and ex.json().get("stream") is True:
+    if kind is Body.RAW or not ex.body:
+        return
+    parsed = ex.json()
+    if parsed is None and ex.body.strip() != b"null":
+        raise BodyError(400, "request body is not valid JSON")
+    if isinstance(parsed, dict) and parsed.get("stream") is True:
         ex.streaming = True
 
 

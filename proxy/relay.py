@@ -61,8 +61,10 @@ class Relay:
             return await self._send_buffered()
         return await self._send_bytes()
 
-    def _headers(self, source: CIMultiDict[str] | None = None) -> CIMultiDict[str]:
-        headers = end_to_end(source if source is not None else self.upstream.headers)
+    def _headers(self, filtered: CIMultiDict[str] | None = None) -> CIMultiDict[str]:
+        """The client's response headers: the upstream's end-to-end ones (already filtered when
+        given), plus the request id and the timing."""
+        headers = filtered if filtered is not None else end_to_end(self.upstream.headers)
         headers[self.request_id_header] = self.ex.request_id
         headers["Server-Timing"] = _server_timing(self.ex)
         return headers
@@ -108,7 +110,7 @@ class Relay:
                 ex.bytes_out += len(chunk)
         except _CLIENT_GONE:
             return self._client_gone(response)
-        except (TimeoutError, *_UPSTREAM_BROKE, Exception) as exc:
+        except Exception as exc:
             if not isinstance(exc, (TimeoutError, *_UPSTREAM_BROKE)):
                 log.exception("body relay failed", extra={"request_id": ex.request_id})
             ex.error = f"upstream body broke off: {type(exc).__name__}"
