@@ -110,7 +110,12 @@ class Format:
                             content_type="application/json", headers=headers)
 
     def usage_from_body(self, body: Any) -> Usage | None:
-        return None
+        """Usage as the message, response and images formats report it: `usage.input_tokens` and
+        `usage.output_tokens`. Formats that report it otherwise override this."""
+        usage = body.get("usage") if isinstance(body, dict) else None
+        if not isinstance(usage, dict):
+            return None
+        return Usage(token_count(usage, "input_tokens"), token_count(usage, "output_tokens"))
 
     def usage_from_event(self, event: SSEEvent) -> Usage | None:
         return None

@@ -20,12 +20,6 @@ class MessageFormat(Format):
         kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
         return {"error": {"type": kind, "message": message, "code": code or kind}}
 
-    def usage_from_body(self, body: Any) -> Usage | None:
-        usage = body.get("usage") if isinstance(body, dict) else None
-        if not isinstance(usage, dict):
-            return None
-        return Usage(token_count(usage, "input_tokens"), token_count(usage, "output_tokens"))
-
     def usage_from_event(self, event: SSEEvent) -> Usage | None:
         # Only message_start (input) and message_delta (output) carry usage; a substring
         # test spares parsing every text delta.

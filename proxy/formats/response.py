@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 from proxy import jsonutil
-from proxy.formats.base import Format, KeyLocation, Usage, token_count
+from proxy.formats.base import Format, KeyLocation, Usage
 from proxy.sse import SSEEvent
 
 _TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -14,12 +13,6 @@ _TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "resp
 class ResponseFormat(Format):
     name = "responses"
     key_location = KeyLocation.BEARER
-
-    def usage_from_body(self, body: Any) -> Usage | None:
-        usage = body.get("usage") if isinstance(body, dict) else None
-        if not isinstance(usage, dict):
-            return None
-        return Usage(token_count(usage, "input_tokens"), token_count(usage, "output_tokens"))
 
     def usage_from_event(self, event: SSEEvent) -> Usage | None:
         if event.name not in _TERMINAL_EVENTS and b'"usage":{' not in event.raw:
