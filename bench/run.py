@@ -29,7 +29,7 @@ import aiohttp
 HERE = Path(__file__).parent
 BODY = '{"model":"msgmodel-haiku-4-5","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}'
 STREAM_BODY = BODY[:-1] + ',"stream":true}'
-HEADERS = {"Content-Type": "application/json", "x-api-key": "bench", "msgapi-version": "2023-06-01"}
+HEADERS = {"Content-Type": "application/json", "x-api-key": "bench-key-0123", "msgapi-version": "2023-06-01"}
 CONCURRENCY = (1, 16, 64)
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -127,6 +127,7 @@ def main() -> int:
     upstream_url = f"http://127.0.0.1:{up_port}"
     config = work / "gateway.yaml"
     config.write_text(f'server: {{listen: "127.0.0.1:{gw_port}"}}\n'
+                      "keys: [{name: bench, key: bench-key-0123}]\n"
                       f"channels: [{{name: bench, base_url: '{upstream_url}', credential: upstream-key}}]\n")
     procs = [start([sys.executable, str(HERE / "upstream.py"), str(up_port), "20"], 1, work / "upstream.log")]
     wait_port(up_port)

@@ -17,6 +17,7 @@ from multidict import CIMultiDict, MultiDict
 
 from proxy import jsonutil
 from proxy.formats import Format, Usage
+from proxy.keys import GatewayKey
 from proxy.multipart import MultipartObserver
 from proxy.routes import Route
 
@@ -32,7 +33,7 @@ class Exchange:
     __slots__ = (
         "request", "route", "format", "request_id", "started", "client_ip", "headers", "_query",
         "path_params", "body", "body_stream", "multipart", "_json", "body_changed", "model",
-        "upstream_model", "channel", "pinned_channel", "key_name", "streaming", "usage",
+        "upstream_model", "channel", "pinned_channel", "key", "key_name", "streaming", "usage",
         "upstream_started", "upstream_headers_at", "upstream_finished", "status", "bytes_out",
         "client_aborted", "error", "plugin_state",
     )
@@ -56,6 +57,7 @@ class Exchange:
         self.upstream_model: str | None = None
         self.channel: Channel | None = None
         self.pinned_channel: str | None = None
+        self.key: GatewayKey | None = None      # set by the auth plugin
         self.key_name: str | None = None
         self.streaming = route.always_streams
         self.usage = Usage()

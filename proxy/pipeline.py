@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("modelgate.pipeline")
 
 BUILTIN_PLUGINS: dict[str, str] = {
+    "auth": "plugins.auth:Auth",
     "usage": "plugins.usage:UsageCapture",
     "sse": "plugins.sse:SSEPassthrough",
 }
@@ -35,8 +36,10 @@ BUILTIN_PLUGINS: dict[str, str] = {
 def default_plugins(route: Route) -> list[str]:
     """The pipeline a route gets when config names none."""
     if route.format.name in ("messages", "content", "responses", "images"):
-        return ["usage", "sse"]
-    return []
+        return ["auth", "usage", "sse"]
+    if route.format.name == "video":
+        return ["auth"]
+    return []  # login and the payment webhook take no gateway key
 
 
 class Plugin:
@@ -47,6 +50,9 @@ class Plugin:
 
     def __init__(self, settings: Any = None) -> None:
         self.settings = settings
+
+    def configure(self, config: GatewayConfig) -> None:
+        """Called once with the whole config this instance serves (keys, channels ...)."""
 
     async def start(self) -> None:
         """Called once before the first request (open connections, load state)."""
@@ -180,4 +186,8 @@ def build_plugin(config: GatewayConfig, name: str) -> Plugin:
     cls = resolve_plugin(name)
     raw = config.plugins.get(name, {})
     settings = cls.Settings.model_validate(raw) if cls.Settings is not None else None
-    return cls(settings)
+    plugin = cls(settings)
+    configure = getattr(plugin, "configure", None)
+    if configure is not None:
+        configure(config)
+    return plugin

@@ -15,7 +15,7 @@ channels:
   - {{name: one, base_url: "{one}", credential: key-one}}
   - {{name: two, base_url: "{two}", credential: key-two}}
 """
-BEARER = {"Authorization": "Bearer client"}
+BEARER = {"Authorization": "Bearer sk-demo-key"}
 
 
 @pytest.fixture

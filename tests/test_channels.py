@@ -13,7 +13,7 @@ channels:
   - {{name: b, base_url: simulator, credential: key-b, models: ["msgmodel-sonnet-*"], priority: {pb}, weight: {wb}}}
 """
 MESSAGE = {"model": "msgmodel-sonnet-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
-HEADERS = {"x-api-key": "k", "msgapi-version": "2023-06-01", "x-sim-output-tokens": "1"}
+HEADERS = {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01", "x-sim-output-tokens": "1"}
 
 
 async def served_by(gw, http, count: int) -> Counter[str]:  # noqa: ANN001
@@ -44,12 +44,12 @@ async def test_model_globs_choose_the_channel(start_gateway, http):  # noqa: ANN
 
 
 UNSERVED = [
-    ("/v1/messages", {"x-api-key": "k", "msgapi-version": "2023-06-01"}, {**MESSAGE, "model": "nope"},
+    ("/v1/messages", {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"}, {**MESSAGE, "model": "nope"},
      {"error": {"type": "not_found_error", "message": "model 'nope' is not served by this gateway",
                 "code": "model_not_found"}}),
-    ("/v1beta/models/nope:generateContent?key=k", {}, {"contents": [{"parts": [{"text": "x"}]}]},
+    ("/v1beta/models/nope:generateContent?key=sk-demo-key", {}, {"contents": [{"parts": [{"text": "x"}]}]},
      {"error": {"code": 404, "message": "model 'nope' is not served by this gateway", "status": "model_not_found"}}),
-    ("/v1/responses", {"Authorization": "Bearer k"}, {"model": "nope", "input": "x"},
+    ("/v1/responses", {"Authorization": "Bearer sk-demo-key"}, {"model": "nope", "input": "x"},
      {"error": {"message": "model 'nope' is not served by this gateway", "type": "not_found_error",
                 "param": None, "code": "model_not_found"}}),
 ]
@@ -70,13 +70,13 @@ async def test_unserved_model_gets_a_404_in_the_endpoint_shape(start_gateway, ht
 
 
 async def test_missing_model_is_a_400(gateway, http):  # noqa: ANN001
-    async with http.post(gateway.url + "/v1/responses", json={"input": "x"}, headers={"Authorization": "Bearer k"}) as answer:
+    async with http.post(gateway.url + "/v1/responses", json={"input": "x"}, headers={"Authorization": "Bearer sk-demo-key"}) as answer:
         assert answer.status == 400
         assert (await answer.json())["error"]["type"] == "invalid_request_error"
 
 
 async def test_invalid_json_is_a_400_in_the_format_shape(gateway, http):  # noqa: ANN001
-    async with http.post(gateway.url + "/v1beta/models/genmodel-2.0-flash:generateContent?key=k", data=b"{nope") as answer:
+    async with http.post(gateway.url + "/v1beta/models/genmodel-2.0-flash:generateContent?key=sk-demo-key", data=b"{nope") as answer:
         assert answer.status == 400
         assert (await answer.json())["error"]["status"] == "INVALID_ARGUMENT"
 
@@ -87,7 +87,7 @@ async def test_endpoints_restrict_a_channel_to_some_routes(start_gateway, http):
           - {name: chat, base_url: simulator, endpoints: [messages]}
     """)
     async with http.post(gw.url + "/v1/responses", json={"model": "respmodel-4o", "input": "x"},
-                         headers={"Authorization": "Bearer k"}) as answer:
+                         headers={"Authorization": "Bearer sk-demo-key"}) as answer:
         assert answer.status == 404
     async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers=HEADERS) as answer:
         assert answer.status == 200
@@ -111,7 +111,7 @@ async def test_rename_reaches_the_upstream_in_a_json_body(start_gateway, http): 
 
 async def test_rename_reaches_the_upstream_in_the_path(start_gateway, http):  # noqa: ANN001
     gw = await start_gateway(RENAMING)
-    async with http.post(gw.url + "/v1beta/models/genmodel-2.0-flash:generateContent?key=k",
+    async with http.post(gw.url + "/v1beta/models/genmodel-2.0-flash:generateContent?key=sk-demo-key",
                          json={"contents": [{"parts": [{"text": "x"}]}]}) as answer:
         assert answer.status == 200
     assert gw.last_upstream_request("up").path == "/v1beta/models/upstream-flash:generateContent"
@@ -123,6 +123,6 @@ async def test_rename_reaches_the_upstream_in_a_multipart_form(start_gateway, ht
     form.add_field("model", "imagegen-2")
     form.add_field("prompt", "p")
     form.add_field("image", b"\x89PNG\r\n\x1a\nrest", filename="a.png", content_type="image/png")
-    async with http.post(gw.url + "/v1/images/edits", data=form, headers={"Authorization": "Bearer k"}) as answer:
+    async with http.post(gw.url + "/v1/images/edits", data=form, headers={"Authorization": "Bearer sk-demo-key"}) as answer:
         assert answer.status == 200, await answer.text()
     assert gw.last_upstream_request("up").form["model"] == "upstream-image"

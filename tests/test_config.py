@@ -96,7 +96,7 @@ async def test_sighup_reloads_without_dropping_in_flight_streams(spawn, tmp_path
     gw = spawn("gateway", config=RELOADABLE.format(sim=sim.url, models='["msgmodel-*"]'))
     config_file = Path(gw.proc.args[-1])
     body = {"model": "msgmodel-haiku-4-5", "max_tokens": 5, "stream": True, "messages": []}
-    headers = {"x-api-key": "k", "x-sim-chunk-delay-ms": "100", "x-sim-output-tokens": "20"}
+    headers = {"x-api-key": "sk-demo-key", "x-sim-chunk-delay-ms": "100", "x-sim-output-tokens": "20"}
     async with aiohttp.ClientSession() as http:
         streams = [await http.post(gw.url + "/v1/messages", json=body, headers=headers) for _ in range(5)]
         for answer in streams:
@@ -126,7 +126,7 @@ async def test_sighup_reloads_without_dropping_in_flight_streams(spawn, tmp_path
 async def wait_for_model(http: aiohttp.ClientSession, url: str, model: str, served: bool) -> None:
     for _ in range(100):
         async with http.post(url + "/v1/responses", json={"model": model, "input": "x"},
-                             headers={"Authorization": "Bearer k"}) as answer:
+                             headers={"Authorization": "Bearer sk-demo-key"}) as answer:
             if (answer.status == 200) == served:
                 return
         await asyncio.sleep(0.05)

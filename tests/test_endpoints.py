@@ -8,6 +8,7 @@ CLIENT_KEY = "client-key-should-never-leave"
 UPSTREAM_KEY = "upstream-secret-key"
 
 CONFIG = f"""
+keys: [{{name: client, key: {CLIENT_KEY}}}]
 channels:
   - name: upstream
     base_url: simulator

@@ -8,7 +8,7 @@ import re
 import aiohttp
 import pytest
 
-MSG_HEADERS = {"x-api-key": "k", "msgapi-version": "2023-06-01", "Content-Type": "application/json"}
+MSG_HEADERS = {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01", "Content-Type": "application/json"}
 
 
 async def test_json_body_arrives_byte_identical(gateway, http):  # noqa: ANN001
@@ -35,7 +35,7 @@ async def test_hop_by_hop_headers_stay_on_their_hop(gateway, http):  # noqa: ANN
 
 async def test_forwarding_headers_and_request_id(gateway, http):  # noqa: ANN001
     body = {"model": "respmodel-4o", "input": "x"}
-    headers = {"Authorization": "Bearer k", "X-Forwarded-For": "203.0.113.7"}
+    headers = {"Authorization": "Bearer sk-demo-key", "X-Forwarded-For": "203.0.113.7"}
     async with http.post(gateway.url + "/v1/responses", json=body, headers=headers) as answer:
         generated = answer.headers["X-Request-Id"]
     assert re.fullmatch(r"[0-9a-f]{32}", generated)
@@ -51,7 +51,7 @@ async def test_forwarding_headers_and_request_id(gateway, http):  # noqa: ANN001
 
 
 async def test_query_string_is_kept_minus_the_client_key(gateway, http):  # noqa: ANN001
-    url = gateway.url + "/v1beta/models/genmodel-2.0-flash:generateContent?alt=json&key=CLIENT&note=a%20b"
+    url = gateway.url + "/v1beta/models/genmodel-2.0-flash:generateContent?alt=json&key=sk-demo-key&note=a%20b"
     async with http.post(url, json={"contents": [{"parts": [{"text": "x"}]}]}) as answer:
         assert answer.status == 200
     assert gateway.last_upstream_request().query == "alt=json&note=a%20b&key=sim-upstream-key"
@@ -61,20 +61,20 @@ async def test_compressed_answer_is_returned_once_encoded_with_a_matching_length
     body = {"model": "respmodel-4o", "input": "x"}
     async with aiohttp.ClientSession(auto_decompress=False) as raw_http:
         async with raw_http.post(gateway.url + "/v1/responses", json=body,
-                                 headers={"Authorization": "Bearer k", "Accept-Encoding": "gzip"}) as answer:
+                                 headers={"Authorization": "Bearer sk-demo-key", "Accept-Encoding": "gzip"}) as answer:
             data = await answer.read()
             assert answer.headers["Content-Encoding"] == "gzip"
             assert int(answer.headers["Content-Length"]) == len(data)
         assert b'"object":"response"' in gzip.decompress(data)
         async with raw_http.post(gateway.url + "/v1/responses", json=body,
-                                 headers={"Authorization": "Bearer k", "Accept-Encoding": "identity"}) as answer:
+                                 headers={"Authorization": "Bearer sk-demo-key", "Accept-Encoding": "identity"}) as answer:
             assert "Content-Encoding" not in answer.headers
             assert b'"object":"response"' in await answer.read()
 
 
 async def test_every_answer_carries_the_gateway_overhead(gateway, http):  # noqa: ANN001
     async with http.post(gateway.url + "/v1/responses", json={"model": "respmodel-4o", "input": "x"},
-                         headers={"Authorization": "Bearer k"}) as answer:
+                         headers={"Authorization": "Bearer sk-demo-key"}) as answer:
         timing = answer.headers["Server-Timing"]
     match = re.match(r'gateway;dur=([\d.]+);desc="gateway overhead", upstream;dur=([\d.]+)$', timing)
     assert match and float(match[1]) >= 0 and float(match[2]) > 0
@@ -82,14 +82,14 @@ async def test_every_answer_carries_the_gateway_overhead(gateway, http):  # noqa
 
 async def test_upstream_error_status_and_body_pass_through(gateway, http):  # noqa: ANN001
     async with http.post(gateway.url + "/v1/responses", json={"model": "respmodel-4o", "input": "x"},
-                         headers={"Authorization": "Bearer k", "x-sim-fault": "status=503"}) as answer:
+                         headers={"Authorization": "Bearer sk-demo-key", "x-sim-fault": "status=503"}) as answer:
         assert answer.status == 503
         assert (await answer.json())["error"]["message"] == "simulated upstream fault 503"
 
 
 async def test_unreachable_upstream_is_a_502_in_the_format_shape(start_gateway, http):  # noqa: ANN001
     gw = await start_gateway("channels: [{name: down, base_url: 'http://127.0.0.1:1'}]")
-    async with http.post(gw.url + "/v1beta/models/genmodel-2.0-flash:generateContent?key=k",
+    async with http.post(gw.url + "/v1beta/models/genmodel-2.0-flash:generateContent?key=sk-demo-key",
                          json={"contents": []}) as answer:
         assert answer.status == 502
         assert (await answer.json())["error"]["status"] == "UNAVAILABLE"

@@ -47,7 +47,7 @@ async def generate(model_first: bool, file_size: int, digest: hashlib._Hash) -> 
 async def send(url: str, model_first: bool, file_size: int) -> tuple[int, str, dict]:
     digest = hashlib.sha256()
     _, total = form_parts(model_first, file_size)
-    headers = {"Authorization": "Bearer k", "Content-Type": f"multipart/form-data; boundary={BOUNDARY}",
+    headers = {"Authorization": "Bearer sk-demo-key", "Content-Type": f"multipart/form-data; boundary={BOUNDARY}",
                "Content-Length": str(total)}
     async with aiohttp.ClientSession() as http:
         async with http.post(url + "/v1/images/edits", data=generate(model_first, file_size, digest),
@@ -91,7 +91,7 @@ async def test_a_multipart_edit_without_a_model_is_a_400(gateway, http):  # noqa
     form = aiohttp.FormData()
     form.add_field("prompt", "p")
     form.add_field("image", b"\x89PNG....", filename="a.png", content_type="image/png")
-    async with http.post(gateway.url + "/v1/images/edits", data=form, headers={"Authorization": "Bearer k"}) as answer:
+    async with http.post(gateway.url + "/v1/images/edits", data=form, headers={"Authorization": "Bearer sk-demo-key"}) as answer:
         assert answer.status == 400
         assert "model" in (await answer.json())["error"]["message"]
 

@@ -19,12 +19,12 @@ plugins:
 """
 
 CASES = {
-    "messages": ("/v1/messages", {"x-api-key": "k", "msgapi-version": "2023-06-01"},
+    "messages": ("/v1/messages", {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"},
                  {"model": "msgmodel-sonnet-4-5", "max_tokens": 50, "messages": [{"role": "user", "content": "a b c"}]}),
-    "responses": ("/v1/responses", {"Authorization": "Bearer k"}, {"model": "respmodel-4o", "input": "a b c"}),
-    "content": ("/v1beta/models/genmodel-2.0-flash:{verb}?alt=sse&key=k", {},
+    "responses": ("/v1/responses", {"Authorization": "Bearer sk-demo-key"}, {"model": "respmodel-4o", "input": "a b c"}),
+    "content": ("/v1beta/models/genmodel-2.0-flash:{verb}?alt=sse&key=sk-demo-key", {},
                 {"contents": [{"parts": [{"text": "a b c"}]}]}),
-    "images": ("/v1/images/generations", {"Authorization": "Bearer k"},
+    "images": ("/v1/images/generations", {"Authorization": "Bearer sk-demo-key"},
                {"model": "imagegen-2", "prompt": "a b c", "size": "1024x1024", "partial_images": 1}),
 }
 EXPECTED_USAGE = {"messages": (3, 4), "responses": (3, 4), "content": (3, 4), "images": (50, 1056)}

@@ -9,7 +9,10 @@ import openai
 import pytest
 from google.genai import types as genai_types
 
-MSGAPI = {"msgapi-version": "2023-06-01"}
+KEY = "sk-demo-key"
+# The spec's places for the key (section 5): this SDK release sends Authorization by default,
+# so the message format's x-api-key is named explicitly, as the spec asks.
+MSGAPI = {"msgapi-version": "2023-06-01", "x-api-key": KEY}
 
 
 @pytest.fixture
@@ -21,7 +24,7 @@ async def gw(start_gateway):  # noqa: ANN001, ANN201
 
 
 async def test_message_format_sdk_create_and_stream(gw):  # noqa: ANN001
-    client = anthropic.AsyncAnthropic(base_url=gw.url, api_key="client-key", default_headers=MSGAPI)
+    client = anthropic.AsyncAnthropic(base_url=gw.url, api_key="sk-demo-key", default_headers=MSGAPI)
     message = await client.messages.create(model="msgmodel-sonnet-4-5", max_tokens=64,
                                            messages=[{"role": "user", "content": "Hello"}])
     assert message.type == "message" and message.content[0].type == "text"
@@ -37,7 +40,7 @@ async def test_message_format_sdk_create_and_stream(gw):  # noqa: ANN001
 
 
 async def test_message_format_sdk_tool_use(gw):  # noqa: ANN001
-    client = anthropic.AsyncAnthropic(base_url=gw.url, api_key="client-key", default_headers=MSGAPI)
+    client = anthropic.AsyncAnthropic(base_url=gw.url, api_key="sk-demo-key", default_headers=MSGAPI)
     tool = {"name": "get_weather", "description": "weather", "input_schema": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
     message = await client.messages.create(model="msgmodel-opus-4-5", max_tokens=64, tools=[tool],
@@ -48,7 +51,7 @@ async def test_message_format_sdk_tool_use(gw):  # noqa: ANN001
 
 
 async def test_response_format_sdk_create_and_stream(gw):  # noqa: ANN001
-    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="client-key")
+    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-demo-key")
     first = await client.responses.create(model="respmodel-4o", input="Hello")
     assert first.status == "completed" and first.output_text.startswith("Turn 1:")
     second = await client.responses.create(model="respmodel-4o", input="Again", previous_response_id=first.id)
@@ -66,7 +69,7 @@ async def test_response_format_sdk_create_and_stream(gw):  # noqa: ANN001
 
 
 async def test_images_sdk_generate(gw):  # noqa: ANN001
-    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="client-key")
+    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-demo-key")
     result = await client.images.generate(model="imagegen-2", prompt="a lighthouse", size="1024x1024", n=2)
     assert len(result.data) == 2
     png = base64.b64decode(result.data[0].b64_json)
@@ -76,7 +79,7 @@ async def test_images_sdk_generate(gw):  # noqa: ANN001
 
 @pytest.mark.parametrize("model", ["genmodel-2.0-flash", "genmodel-2.5-flash-image"])
 async def test_content_generation_answers_validate_as_sdk_types(gw, http, model):  # noqa: ANN001
-    url = f"{gw.url}/v1beta/models/{model}:generateContent?key=client-key"
+    url = f"{gw.url}/v1beta/models/{model}:generateContent?key=sk-demo-key"
     async with http.post(url, json={"contents": [{"role": "user", "parts": [{"text": "Hello"}]}]}) as answer:
         assert answer.status == 200
         parsed = genai_types.GenerateContentResponse.model_validate(await answer.json())
@@ -91,7 +94,7 @@ async def test_content_generation_answers_validate_as_sdk_types(gw, http, model)
 async def test_content_generation_stream_chunks_validate_as_sdk_types(gw, http):  # noqa: ANN001
     import json
 
-    url = f"{gw.url}/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key=client-key"
+    url = f"{gw.url}/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key=sk-demo-key"
     async with http.post(url, json={"contents": [{"parts": [{"text": "Hi"}]}]}) as answer:
         blocks = [b for b in (await answer.text()).split("\r\n\r\n") if b.strip()]
     chunks = [genai_types.GenerateContentResponse.model_validate(json.loads(b.removeprefix("data: "))) for b in blocks]
@@ -102,7 +105,15 @@ async def test_content_generation_stream_chunks_validate_as_sdk_types(gw, http):
 async def test_content_generation_sdk_client_against_the_gateway(gw):  # noqa: ANN001
     from google import genai
 
-    client = genai.Client(api_key="client-key", http_options=genai_types.HttpOptions(base_url=gw.url, api_version="v1beta"))
+    import httpx2
+
+    # The content-generation key travels as ?key= (spec section 5); the SDK's header is not read.
+    async def add_key(request: httpx2.Request) -> None:
+        request.url = request.url.copy_add_param("key", KEY)
+
+    keyed = httpx2.AsyncClient(event_hooks={"request": [add_key]})
+    client = genai.Client(api_key="unused-header-key", http_options=genai_types.HttpOptions(
+        base_url=gw.url, api_version="v1beta", httpx_async_client=keyed))
     answer = await client.aio.models.generate_content(model="genmodel-2.0-flash", contents="Hello")
     assert answer.text.split()[:2] == ["the", "quick"]
     chunks = [c async for c in await client.aio.models.generate_content_stream(model="genmodel-2.0-flash",

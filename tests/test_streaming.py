@@ -13,8 +13,8 @@ import pytest
 from tests.sse import read_events
 
 GAP_MS = 300
-MSG = {"x-api-key": "k", "msgapi-version": "2023-06-01"}
-BEARER = {"Authorization": "Bearer k"}
+MSG = {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"}
+BEARER = {"Authorization": "Bearer sk-demo-key"}
 
 
 def edit_form() -> aiohttp.FormData:
@@ -37,7 +37,7 @@ STREAMS = {
                    "response.content_part.added"] + ["response.output_text.delta"] * 3
                   + ["response.output_text.done", "response.content_part.done", "response.output_item.done",
                      "response.completed"]),
-    "stream_generate_content": ("/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key=k", {},
+    "stream_generate_content": ("/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key=sk-demo-key", {},
                                 {"contents": [{"parts": [{"text": "hi"}]}]}, [None] * 3),
     "image_generations": ("/v1/images/generations", BEARER,
                           {"model": "imagegen-2", "prompt": "p", "stream": True, "partial_images": 2, "size": "1024x1024"},

@@ -7,7 +7,9 @@ endpoint from the in-process upstream simulator with memory state.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import re
+from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -146,6 +148,52 @@ class ChannelConfig(Strict):
         return self.base_url == SIMULATOR
 
 
+class KeyConfig(Strict):
+    """A gateway API key: give the key itself (through ${VAR}) or its SHA-256 hex digest."""
+
+    name: str
+    key: str | None = Field(default=None, repr=False)
+    sha256: str | None = None
+    enabled: bool = True
+    expires_at: datetime | None = None
+    models: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    endpoints: list[Literal[ROUTE_NAMES]] | None = None  # type: ignore[valid-type]
+    url_delivery: bool = False
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _key_name_is_simple(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError("must be 1-64 characters of letters, digits, '.', '_' or '-'")
+        return value
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha256_is_hex(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+            raise ValueError("not a SHA-256 hex digest (64 hex characters)")
+        return value.lower() if value else value
+
+    @field_validator("expires_at")
+    @classmethod
+    def _expiry_has_a_zone(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)  # a bare timestamp is read as UTC
+        return value
+
+    @model_validator(mode="after")
+    def _key_or_hash(self) -> KeyConfig:
+        if (self.key is None) == (self.sha256 is None):
+            raise ValueError("give exactly one of 'key' and 'sha256'")
+        if self.key is not None and len(self.key) < 8:
+            raise ValueError("a key must be at least 8 characters")
+        return self
+
+    def digest_hex(self) -> str:
+        return self.sha256 or hashlib.sha256((self.key or "").encode()).hexdigest()
+
+
 class RouteConfig(Strict):
     plugins: list[str] | None = None
 
@@ -160,6 +208,10 @@ class ObservabilityConfig(Strict):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
 
+def _default_keys() -> list[KeyConfig]:
+    return [KeyConfig(name="demo", key="sk-demo-key")]
+
+
 def _default_channels() -> list[ChannelConfig]:
     return [ChannelConfig(name="simulator", base_url=SIMULATOR, credential="sim-upstream-key")]
 
@@ -167,10 +219,25 @@ def _default_channels() -> list[ChannelConfig]:
 class GatewayConfig(Strict):
     server: ServerConfig = Field(default_factory=ServerConfig)
     state: StateConfig = Field(default_factory=StateConfig)
+    keys: list[KeyConfig] = Field(default_factory=_default_keys)
     channels: list[ChannelConfig] = Field(default_factory=_default_channels)
     routes: dict[Literal[ROUTE_NAMES], RouteConfig] = Field(default_factory=dict)  # type: ignore[valid-type]
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
     observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig)
+
+    @field_validator("keys")
+    @classmethod
+    def _keys_unique(cls, value: list[KeyConfig]) -> list[KeyConfig]:
+        names: set[str] = set()
+        digests: set[str] = set()
+        for key in value:
+            if key.name in names:
+                raise ValueError(f"key name {key.name!r} is used twice")
+            if key.digest_hex() in digests:
+                raise ValueError(f"key {key.name!r} has the same secret as another key")
+            names.add(key.name)
+            digests.add(key.digest_hex())
+        return value
 
     @field_validator("channels")
     @classmethod
@@ -190,7 +257,7 @@ def _is_http_url(value: str) -> bool:
 def all_field_names() -> set[str]:
     """Every key the schema knows, for 'did you mean' hints."""
     names: set[str] = set()
-    for model in (ServerConfig, StateConfig, Timeouts, Pool, SimulatorSettings, ChannelConfig,
+    for model in (ServerConfig, StateConfig, Timeouts, Pool, SimulatorSettings, ChannelConfig, KeyConfig,
                   RouteConfig, LoggingConfig, ObservabilityConfig, GatewayConfig):
         names.update(model.model_fields)
     return names

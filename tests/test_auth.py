@@ -1,0 +1,167 @@
+"""Gateway keys (spec section 5): read only from the endpoint's place; 401 and 403 in the endpoint's shape."""
+
+from __future__ import annotations
+
+import hashlib
+
+import aiohttp
+import pytest
+
+GOOD, HASHED, OFF, OLD, NARROW = ("good-key-0001", "hashed-key-02", "disabled-key-3", "expired-key-4",
+                                  "narrow-key-05")
+CONFIG = f"""
+keys:
+  - {{name: good, key: {GOOD}, labels: {{team: search}}}}
+  - {{name: hashed, sha256: {hashlib.sha256(HASHED.encode()).hexdigest()}}}
+  - {{name: paused, key: {OFF}, enabled: false}}
+  - {{name: old, key: {OLD}, expires_at: "2020-01-01T00:00:00Z"}}
+  - {{name: narrow, key: {NARROW}, models: ["msgmodel-haiku-*", "genmodel-2.0-*", "respmodel-4o*"],
+     endpoints: [messages, generate_content, responses]}}
+channels: [{{name: sim, base_url: simulator, credential: upstream-credential}}]
+"""
+
+MESSAGE = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+CONTENT = {"contents": [{"parts": [{"text": "hi"}]}]}
+RESPONSE = {"model": "respmodel-4o", "input": "hi"}
+
+
+def messages(key: str | None, model: str = "msgmodel-haiku-4-5") -> tuple[str, dict, dict]:
+    headers = {"msgapi-version": "2023-06-01"} | ({"x-api-key": key} if key else {})
+    return "/v1/messages", headers, {**MESSAGE, "model": model}
+
+
+def content(key: str | None, model: str = "genmodel-2.0-flash") -> tuple[str, dict, dict]:
+    return f"/v1beta/models/{model}:generateContent" + (f"?key={key}" if key else ""), {}, CONTENT
+
+
+def responses(key: str | None, model: str = "respmodel-4o") -> tuple[str, dict, dict]:
+    return "/v1/responses", {"Authorization": f"Bearer {key}"} if key else {}, {**RESPONSE, "model": model}
+
+
+def shape(fmt: str, status: int, body: dict) -> None:
+    error = body["error"]
+    if fmt == "messages":
+        assert set(error) == {"type", "message", "code"}
+        assert error["type"] == {401: "authentication_error", 403: "permission_error"}[status]
+    elif fmt == "content":
+        assert set(error) == {"code", "message", "status"} and error["code"] == status
+        assert error["status"] == {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED"}[status]
+    else:
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["type"] == {401: "authentication_error", 403: "permission_error"}[status]
+
+
+@pytest.fixture
+async def gw(start_gateway):  # noqa: ANN001, ANN201
+    return await start_gateway(CONFIG)
+
+
+CASES = [
+    ("missing key", 401, "missing_api_key", None, None),
+    ("unknown key", 401, "invalid_api_key", "not-a-real-key", None),
+    ("disabled key", 401, "api_key_disabled", OFF, None),
+    ("expired key", 401, "api_key_expired", OLD, None),
+    ("model not allowed", 403, "model_not_allowed", NARROW, {"messages": "msgmodel-opus-4-5",
+                                                             "content": "genmodel-3-pro-image-preview",
+                                                             "responses": "respmodel-5"}),
+]
+
+
+@pytest.mark.parametrize(("fmt", "build"), [("messages", messages), ("content", content), ("responses", responses)])
+@pytest.mark.parametrize(("case", "status", "code", "key", "models"), CASES)
+async def test_refused_keys_get_401_or_403_in_the_endpoint_shape(gw, http, fmt, build, case, status, code, key, models):  # noqa: ANN001
+    path, headers, body = build(key, models[fmt]) if models else build(key)
+    async with http.post(gw.url + path, json=body, headers=headers) as answer:
+        assert answer.status == status, case
+        got = await answer.json()
+    shape(fmt, status, got)
+    if fmt != "content":
+        assert got["error"]["code"] == code
+    assert len(gw.sim("sim").requests) == 0
+
+
+async def test_an_endpoint_the_key_may_not_use_is_a_403(gw, http):  # noqa: ANN001
+    body = {"model": "imagegen-2", "prompt": "x"}
+    async with http.post(gw.url + "/v1/images/generations", json=body,
+                         headers={"Authorization": f"Bearer {NARROW}"}) as answer:
+        assert answer.status == 403
+        assert (await answer.json())["error"]["code"] == "endpoint_not_allowed"
+
+
+@pytest.mark.parametrize(("fmt", "build"), [("messages", messages), ("content", content), ("responses", responses)])
+@pytest.mark.parametrize("key", [GOOD, HASHED])
+async def test_a_good_key_passes_and_the_upstream_never_sees_it(gw, http, fmt, build, key):  # noqa: ANN001
+    path, headers, body = build(key)
+    async with http.post(gw.url + path, json=body, headers=headers) as answer:
+        assert answer.status == 200
+    record = gw.last_upstream_request("sim")
+    assert key not in repr(record.headers) + record.query
+
+
+WRONG_PLACES = [
+    ("/v1/messages", {"Authorization": f"Bearer {GOOD}", "msgapi-version": "2023-06-01"}, MESSAGE),
+    ("/v1/responses", {"x-api-key": GOOD}, RESPONSE),
+    ("/v1/responses?key=" + GOOD, {}, RESPONSE),
+    ("/v1beta/models/genmodel-2.0-flash:generateContent", {"x-goog-api-key": GOOD}, CONTENT),
+    ("/v1beta/models/genmodel-2.0-flash:generateContent", {"Authorization": f"Bearer {GOOD}"}, CONTENT),
+    ("/v1/video/generations", {"x-api-key": GOOD}, {"model": "videogen-3.0-generate-001", "prompt": "x"}),
+]
+
+
+@pytest.mark.parametrize(("path", "headers", "body"), WRONG_PLACES)
+async def test_a_key_in_another_formats_place_is_not_read(gw, http, path, headers, body):  # noqa: ANN001
+    async with http.post(gw.url + path, json=body, headers=headers) as answer:
+        assert answer.status == 401
+
+
+async def test_login_and_webhook_take_no_key(gw, http):  # noqa: ANN001
+    async with http.post(gw.url + "/api/user/login/2fa", json={}) as answer:
+        assert answer.status == 200
+    async with http.post(gw.url + "/api/acme/webhook", data=b"{}") as answer:
+        assert answer.status == 200
+
+
+async def test_the_exchange_carries_the_key_name_and_labels(start_gateway, http):  # noqa: ANN001
+    from tests.recording_plugin import Recorder
+
+    Recorder.finished.clear()
+    gw = await start_gateway(CONFIG + "routes: {responses: {plugins: [auth, tests.recording_plugin:Recorder]}}\n")
+    path, headers, body = responses(GOOD)
+    async with http.post(gw.url + path, json=body, headers=headers) as answer:
+        assert answer.status == 200
+    ex = Recorder.finished[-1]
+    assert ex.key_name == "good" and ex.key.labels == {"team": "search"}
+
+
+async def test_a_plaintext_key_never_reaches_the_logs(spawn):  # noqa: ANN001
+    gw = spawn("gateway", config="server: {listen: '127.0.0.1:{PORT}'}\n" + CONFIG)
+    async with aiohttp.ClientSession() as http:
+        for build in (messages, content, responses):
+            for key in (GOOD, OFF, "wrong-but-secret-key"):
+                path, headers, body = build(key)
+                async with http.post(gw.url + path, json=body, headers=headers) as answer:
+                    await answer.read()
+    gw.proc.terminate()
+    gw.proc.wait(timeout=10)
+    log = gw.log.read_text()
+    assert '"key_name":"good"' in log and '"key_name":"paused"' in log
+    for secret in (GOOD, OFF, "wrong-but-secret-key"):
+        assert secret not in log
+
+
+def test_key_config_problems_name_the_key():
+    from proxy.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError) as caught:
+        parse_config("""
+            keys:
+              - {name: a, key: short}
+              - {name: b, sha256: nothex}
+              - {name: c}
+              - {name: d, key: same-secret-1, sha256: %s}
+        """ % ("ab" * 32), {})
+    problems = "\n".join(caught.value.problems)
+    assert "keys[0]: a key must be at least 8 characters" in problems
+    assert "keys[1].sha256: not a SHA-256 hex digest" in problems
+    assert "keys[2]: give exactly one of 'key' and 'sha256'" in problems
+    assert "keys[3]: give exactly one of 'key' and 'sha256'" in problems
