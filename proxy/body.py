@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import re
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from aiohttp import web
 
 from proxy.exchange import Exchange
 from proxy.multipart import MultipartObserver
 from proxy.routes import Body
+from proxy.schemas.common import Violation
 
 _SPOOL_IN_MEMORY = 4 * 1024 * 1024
 _READ_SIZE = 256 * 1024
@@ -72,16 +73,35 @@ async def _open_multipart(ex: Exchange, observer: MultipartObserver) -> None:
     ex.body_stream = body
 
 
-class MultipartBody:
-    """A multipart body: its start spooled while the fields that route it are found, the rest streamed."""
+class BodyRejected(Exception):
+    """A streamed body broke a rule mid-way; sending it upstream stops at once."""
 
-    __slots__ = ("_content", "observer", "_spool", "declared_length")
+
+FormCheck = Callable[[MultipartObserver, bool], "Violation | None"]
+
+
+class MultipartBody:
+    """A multipart body: its start spooled while the fields that route it are found, the rest streamed.
+
+    Checks (plugins add them) run on the observer after every chunk and at the end; the
+    first violation stops the upstream request before its body is complete."""
+
+    __slots__ = ("_content", "observer", "_spool", "declared_length", "checks", "rejection")
 
     def __init__(self, request: web.Request, observer: MultipartObserver) -> None:
         self._content = request.content
         self.observer = observer
         self._spool = Spool()
         self.declared_length = request.content_length
+        self.checks: list[FormCheck] = []
+        self.rejection: Violation | None = None
+
+    def run_checks(self, finished: bool) -> Violation | None:
+        for check in self.checks:
+            violation = check(self.observer, finished)
+            if violation is not None:
+                return violation
+        return None
 
     async def read_until_field(self, name: str) -> None:
         observer = self.observer
@@ -112,10 +132,20 @@ class MultipartBody:
                 yield chunk
             while chunk := await self._content.read(_READ_SIZE):
                 self.observer.feed(chunk)
+                self._stop_if_rejected(False)
                 yield chunk
             self.observer.finish()
+            if self.observer.error:
+                self.rejection = Violation("", f"malformed multipart body: {self.observer.error}")
+                raise BodyRejected(str(self.rejection))
+            self._stop_if_rejected(True)
         finally:
             self._spool.close()
+
+    def _stop_if_rejected(self, finished: bool) -> None:
+        if self.checks and (violation := self.run_checks(finished)) is not None:
+            self.rejection = violation
+            raise BodyRejected(str(violation))
 
 
 class Spool:

@@ -95,10 +95,10 @@ class Exchange:
         self.body_changed = True
 
     def error_response(self, status: int, message: str, code: str | None = None,
-                       headers: dict[str, str] | None = None) -> web.Response:
+                       headers: dict[str, str] | None = None, param: str | None = None) -> web.Response:
         """An error in this endpoint's own shape (section 7 of the spec)."""
         self.error = message
-        return self.format.error_response(status, message, code, headers)
+        return self.format.error_response(status, message, code, headers, param)
 
     def upstream_seconds(self) -> float:
         if self.upstream_started is None:

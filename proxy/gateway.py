@@ -169,6 +169,10 @@ class Gateway:
             message = f"upstream {channel.name} timed out {what}"
             return self._finish_local(ex, ex.error_response(504, message), id_header)
         except aiohttp.ClientError as exc:
+            if isinstance(data, MultipartBody) and data.rejection is not None:
+                violation = data.rejection  # the body broke a rule while it streamed: the upstream got no whole request
+                return self._finish_local(ex, ex.error_response(400, str(violation), param=violation.path or None),
+                                          id_header)
             message = f"upstream {channel.name} could not be reached ({type(exc).__name__})"
             return self._finish_local(ex, ex.error_response(502, message), id_header)
         ex.upstream_headers_at = time.perf_counter()

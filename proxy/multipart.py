@@ -35,7 +35,7 @@ class FormPart:
 class MultipartObserver:
     boundary: bytes
     field_limit: int = 64 * 1024
-    head_size: int = 64
+    head_size: int = 64 * 1024  # enough for magic numbers and image headers (a JPEG's SOF may sit past EXIF)
     parts: list[FormPart] = field(default_factory=list)
     done: bool = False
     error: str | None = None

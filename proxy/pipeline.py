@@ -28,6 +28,7 @@ log = logging.getLogger("modelgate.pipeline")
 
 BUILTIN_PLUGINS: dict[str, str] = {
     "auth": "plugins.auth:Auth",
+    "validation": "plugins.validation:Validation",
     "usage": "plugins.usage:UsageCapture",
     "sse": "plugins.sse:SSEPassthrough",
 }
@@ -36,9 +37,9 @@ BUILTIN_PLUGINS: dict[str, str] = {
 def default_plugins(route: Route) -> list[str]:
     """The pipeline a route gets when config names none."""
     if route.format.name in ("messages", "content", "responses", "images"):
-        return ["auth", "usage", "sse"]
+        return ["auth", "validation", "usage", "sse"]
     if route.format.name == "video":
-        return ["auth"]
+        return ["auth", "validation"]
     return []  # login and the payment webhook take no gateway key
 
 

@@ -95,8 +95,9 @@ async def test_sighup_reloads_without_dropping_in_flight_streams(spawn, tmp_path
     sim = spawn("simulator")
     gw = spawn("gateway", config=RELOADABLE.format(sim=sim.url, models='["msgmodel-*"]'))
     config_file = Path(gw.proc.args[-1])
-    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 5, "stream": True, "messages": []}
-    headers = {"x-api-key": "sk-demo-key", "x-sim-chunk-delay-ms": "100", "x-sim-output-tokens": "20"}
+    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01", "x-sim-chunk-delay-ms": "100",
+               "x-sim-output-tokens": "20"}
     async with aiohttp.ClientSession() as http:
         streams = [await http.post(gw.url + "/v1/messages", json=body, headers=headers) for _ in range(5)]
         for answer in streams:

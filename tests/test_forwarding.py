@@ -98,7 +98,7 @@ async def test_unreachable_upstream_is_a_502_in_the_format_shape(start_gateway, 
 async def test_slow_first_byte_is_a_504(start_gateway, http):  # noqa: ANN001
     gw = await start_gateway("channels: [{name: slow, base_url: simulator, timeouts: {first_byte_s: 0.2}}]")
     async with http.post(gw.url + "/v1/messages", headers={**MSG_HEADERS, "x-sim-latency-ms": "2000"},
-                         json={"model": "msgmodel-haiku-4-5", "max_tokens": 5, "messages": []}) as answer:
+                         json={"model": "msgmodel-haiku-4-5", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}) as answer:
         assert answer.status == 504
         assert (await answer.json())["error"]["type"] == "server_error"
 
@@ -112,7 +112,7 @@ STREAM_FAULTS = [
 @pytest.mark.parametrize(("fault", "message"), STREAM_FAULTS)
 async def test_a_broken_stream_ends_with_the_formats_error_event(start_gateway, http, fault, message):  # noqa: ANN001
     gw = await start_gateway("channels: [{name: s, base_url: simulator, timeouts: {idle_s: 0.3}}]")
-    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 5, "stream": True, "messages": []}
+    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     async with http.post(gw.url + "/v1/messages", json=body, headers={**MSG_HEADERS, "x-sim-fault": fault}) as answer:
         text = (await answer.read()).decode()
     events = [e for e in text.split("\n\n") if e.strip()]

@@ -11,46 +11,51 @@ from proxy.multipart import MultipartObserver
 
 BOUNDARY = "modelgate-test-boundary"
 MB = 1024 * 1024
+# A real PNG start (signature and IHDR of a 1024x1024 image), so the edit rules see an image.
+PNG_HEADER = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x04\x00\x00\x00\x04\x00\x08\x02\x00\x00\x00\x00\x00\x00\x00"
 
 
-def form_parts(model_first: bool, file_size: int) -> tuple[list[bytes], int]:
-    """The body as (head, file-header, <file bytes>, tail) pieces and its total length."""
+def form_parts(model_first: bool, file_size: int, files: int = 1) -> tuple[list[bytes], int]:
+    """The body as (head, file-header, tail) pieces, and its total length with `files` files of `file_size`."""
     field = lambda name, value: (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n"  # noqa: E731
                                  f"{value}\r\n").encode()
     fields = field("model", "imagegen-2") + field("prompt", "edit it")
-    file_head = (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"big.png\"\r\n"
+    file_head = (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"image[]\"; filename=\"big.png\"\r\n"
                  "Content-Type: image/png\r\n\r\n").encode()
+    between = b"\r\n" + file_head
     tail = f"\r\n--{BOUNDARY}--\r\n".encode()
     if model_first:
         head, after = fields + file_head, tail
     else:
         head, after = file_head, b"\r\n" + fields + f"--{BOUNDARY}--\r\n".encode()
-    return [head, after], len(head) + file_size + len(after)
+    total = len(head) + files * file_size + (files - 1) * len(between) + len(after)
+    return [head, between, after], total
 
 
-async def generate(model_first: bool, file_size: int, digest: hashlib._Hash) -> AsyncIterator[bytes]:
-    (head, after), _ = form_parts(model_first, file_size)
-    chunk = (b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4096)[: MB]
-    for piece in (head,):
+async def generate(model_first: bool, file_size: int, digest: hashlib._Hash, files: int) -> AsyncIterator[bytes]:
+    (head, between, after), _ = form_parts(model_first, file_size, files)
+    chunk = (PNG_HEADER + bytes(range(256)) * 4096)[: MB]
+    for index in range(files):
+        piece = head if index == 0 else between
         digest.update(piece)
         yield piece
-    sent = 0
-    while sent < file_size:
-        part = chunk[: min(MB, file_size - sent)]
-        digest.update(part)
-        sent += len(part)
-        yield part
+        sent = 0
+        while sent < file_size:
+            part = chunk[: min(MB, file_size - sent)] if sent == 0 else chunk[len(PNG_HEADER):][: min(MB, file_size - sent)]
+            digest.update(part)
+            sent += len(part)
+            yield part
     digest.update(after)
     yield after
 
 
-async def send(url: str, model_first: bool, file_size: int) -> tuple[int, str, dict]:
+async def send(url: str, model_first: bool, file_size: int, files: int = 1) -> tuple[int, str, dict]:
     digest = hashlib.sha256()
-    _, total = form_parts(model_first, file_size)
+    _, total = form_parts(model_first, file_size, files)
     headers = {"Authorization": "Bearer sk-demo-key", "Content-Type": f"multipart/form-data; boundary={BOUNDARY}",
                "Content-Length": str(total)}
     async with aiohttp.ClientSession() as http:
-        async with http.post(url + "/v1/images/edits", data=generate(model_first, file_size, digest),
+        async with http.post(url + "/v1/images/edits", data=generate(model_first, file_size, digest, files),
                              headers=headers) as answer:
             return answer.status, digest.hexdigest(), await answer.json()
 
@@ -66,7 +71,7 @@ async def test_a_100_mb_edit_streams_through_with_little_memory(spawn):  # noqa:
         status, _, _ = await send(gw.url, True, MB)
         assert status == 200
     before = gw.rss_peak_kb()
-    status, sent_digest, answer = await send(gw.url, True, 100 * MB)
+    status, sent_digest, answer = await send(gw.url, True, 20 * MB, files=5)  # 100 MB: five images under 25 MB
     assert status == 200 and answer["data"]
     growth_mb = (gw.rss_peak_kb() - before) / 1024
     print(f"gateway peak RSS growth for a 100 MB edit: {growth_mb:.1f} MB")
@@ -74,8 +79,9 @@ async def test_a_100_mb_edit_streams_through_with_little_memory(spawn):  # noqa:
     async with aiohttp.ClientSession() as http:
         async with http.get(sim.url + "/_sim/requests") as listing:
             last = (await listing.json())[-1]
-    assert last["body_sha256"] == sent_digest and last["body_size"] == form_parts(True, 100 * MB)[1]
-    assert last["form"]["model"] == "imagegen-2" and last["files"] == 1
+    assert last["body_sha256"] == sent_digest and last["body_size"] == form_parts(True, 20 * MB, 5)[1]
+    assert last["body_size"] > 100 * MB
+    assert last["form"]["model"] == "imagegen-2" and last["files"] == 5
     headers = {k.lower(): v for k, v in last["headers"]}
     assert headers["content-length"] == str(last["body_size"]) and "transfer-encoding" not in headers
 
@@ -90,7 +96,7 @@ async def test_a_model_field_after_the_file_still_routes_and_arrives_intact(gate
 async def test_a_multipart_edit_without_a_model_is_a_400(gateway, http):  # noqa: ANN001
     form = aiohttp.FormData()
     form.add_field("prompt", "p")
-    form.add_field("image", b"\x89PNG....", filename="a.png", content_type="image/png")
+    form.add_field("image", PNG_HEADER, filename="a.png", content_type="image/png")
     async with http.post(gateway.url + "/v1/images/edits", data=form, headers={"Authorization": "Bearer sk-demo-key"}) as answer:
         assert answer.status == 400
         assert "model" in (await answer.json())["error"]["message"]

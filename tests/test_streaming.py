@@ -88,7 +88,7 @@ async def test_split_events_comments_and_crlf_pass_through_intact(gateway, http)
 
 async def test_client_disconnect_mid_stream_closes_the_upstream(gateway):  # noqa: ANN001
     sim = gateway.sim()
-    body = {"model": "msgmodel-sonnet-4-5", "max_tokens": 50, "stream": True, "messages": []}
+    body = {"model": "msgmodel-sonnet-4-5", "max_tokens": 50, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     headers = {**MSG, "x-sim-chunk-delay-ms": "200", "x-sim-output-tokens": "50"}
     async with aiohttp.ClientSession() as http:
         answer = await http.post(gateway.url + "/v1/messages", json=body, headers=headers)
@@ -105,7 +105,7 @@ async def test_client_disconnect_mid_stream_closes_the_upstream(gateway):  # noq
 @pytest.mark.parametrize("stream", [True, False])
 async def test_client_disconnect_before_the_first_byte_cancels_the_upstream(gateway, stream):  # noqa: ANN001
     sim = gateway.sim()
-    body = {"model": "msgmodel-sonnet-4-5", "max_tokens": 50, "stream": stream, "messages": []}
+    body = {"model": "msgmodel-sonnet-4-5", "max_tokens": 50, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
     headers = {**MSG, "x-sim-latency-ms": "5000"}
     async with aiohttp.ClientSession() as http:
         task = asyncio.create_task(http.post(gateway.url + "/v1/messages", json=body, headers=headers))

@@ -99,14 +99,15 @@ class Format:
             pairs.append(_QUERY_KEY_PREFIX + quote(credential, safe=""))
         return "&".join(pairs)
 
-    def error_payload(self, status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    def error_payload(self, status: int, message: str, code: str | None = None,
+                      param: str | None = None) -> dict[str, Any]:
         """The images / response / video shape (the spec shows none; see docs/errors.md)."""
         return {"error": {"message": message, "type": generic_error_type(status),
-                          "param": None, "code": code}}
+                          "param": param, "code": code}}
 
     def error_response(self, status: int, message: str, code: str | None = None,
-                       headers: dict[str, str] | None = None) -> web.Response:
-        return web.Response(status=status, body=jsonutil.dumps(self.error_payload(status, message, code)),
+                       headers: dict[str, str] | None = None, param: str | None = None) -> web.Response:
+        return web.Response(status=status, body=jsonutil.dumps(self.error_payload(status, message, code, param)),
                             content_type="application/json", headers=headers)
 
     def usage_from_body(self, body: Any) -> Usage | None:

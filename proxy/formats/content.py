@@ -20,7 +20,8 @@ class ContentFormat(Format):
     name = "content"
     key_location = KeyLocation.QUERY
 
-    def error_payload(self, status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    def error_payload(self, status: int, message: str, code: str | None = None,
+                      param: str | None = None) -> dict[str, Any]:
         name = code if code in _NAMED else STATUS_NAMES.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT")
         return {"error": {"code": status, "message": message, "status": name}}
 

@@ -16,7 +16,8 @@ class MessageFormat(Format):
     name = "messages"
     key_location = KeyLocation.X_API_KEY
 
-    def error_payload(self, status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    def error_payload(self, status: int, message: str, code: str | None = None,
+                      param: str | None = None) -> dict[str, Any]:
         kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
         return {"error": {"type": kind, "message": message, "code": code or kind}}
 

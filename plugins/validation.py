@@ -1,0 +1,107 @@
+"""Validation: every rule of the spec that a request can be checked against, before it costs
+upstream money. A violation is a 400 in the endpoint's shape naming the field's path and the rule.
+
+JSON bodies are checked against the route's schema (proxy.schemas). Multipart edits have
+their leading fields checked at once and their files (count, size, PNG/WEBP/JPG by magic
+bytes, mask size and dimensions) as they stream; unknown fields are forwarded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from proxy.body import MultipartBody
+from proxy.exchange import Exchange
+from proxy.multipart import MultipartObserver
+from proxy.pipeline import Plugin
+from proxy.routes import Body
+from proxy.schemas import JSON_SCHEMAS, GenerateContentRequest, ImageEditForm, Violation, check
+from proxy.schemas.common import first_violation
+from proxy.schemas.imagefiles import sniff
+from proxy.schemas.images import MAX_EDIT_IMAGES, MAX_IMAGE_BYTES, MAX_MASK_BYTES
+
+_IMAGE_FIELDS = ("image", "image[]")
+
+
+class Validation(Plugin):
+    name = "validation"
+
+    async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
+        route = ex.route
+        if route.name == "messages" and not ex.request.headers.get("msgapi-version"):
+            return refuse(ex, Violation("msgapi-version", "this header is required (for example 2023-06-01)"))
+        if route.body is Body.NONE or route.body is Body.RAW:
+            return None
+        if isinstance(ex.body_stream, MultipartBody):
+            return self._check_form(ex, ex.body_stream)
+        declared = ex.request.headers.get("Content-Type")
+        if declared is not None and "json" not in declared.split(";", 1)[0].lower():
+            return refuse(ex, Violation("Content-Type", f"must be application/json, not {declared.split(';')[0]}"))
+        schema = JSON_SCHEMAS.get(route.name)
+        if schema is None:
+            return None
+        parsed, violation = check(schema, ex.json())
+        if violation is not None:
+            return refuse(ex, violation)
+        if route.always_streams and isinstance(parsed, GenerateContentRequest) and parsed.asks_for_image_urls():
+            return refuse(ex, Violation("generationConfig.responseFormat.image.delivery",
+                                        "URL delivery needs a non-streaming request"))
+        return None
+
+    def _check_form(self, ex: Exchange, body: MultipartBody) -> web.StreamResponse | None:
+        body.checks.append(check_edit_form)
+        violation = check_edit_form(body.observer, body.observer.done)
+        return refuse(ex, violation) if violation is not None else None
+
+
+def refuse(ex: Exchange, violation: Violation) -> web.Response:
+    return ex.error_response(400, str(violation), param=violation.path or None)
+
+
+def check_edit_form(observer: MultipartObserver, finished: bool) -> Violation | None:
+    """Endpoint 7's multipart rules over what has been read so far (all of it when `finished`)."""
+    images = [p for p in observer.files() if p.name in _IMAGE_FIELDS]
+    if len(images) > MAX_EDIT_IMAGES:
+        return Violation("image[]", f"at most {MAX_EDIT_IMAGES} images")
+    first_info = None
+    for index, part in enumerate(images):
+        path = f"{part.name}[{index}]" if part.name == "image[]" else part.name
+        if part.size >= MAX_IMAGE_BYTES:
+            return Violation(path, "each image must be under 25 MB")
+        info = sniff(part.head) if len(part.head) >= 12 or finished else None
+        if (len(part.head) >= 12 or finished) and (info is None or info.kind not in ("png", "webp", "jpeg")):
+            return Violation(path, "must be a PNG, WEBP or JPG image")
+        if index == 0:
+            first_info = info
+    mask = next((p for p in observer.files() if p.name == "mask"), None)
+    if mask is not None:
+        if mask.size >= MAX_MASK_BYTES:
+            return Violation("mask", "must be under 4 MB")
+        info = sniff(mask.head) if len(mask.head) >= 24 or finished else None
+        if (len(mask.head) >= 24 or finished) and (info is None or info.kind != "png"):
+            return Violation("mask", "must be a PNG image")
+        if info and first_info and info.width and first_info.width and (
+                (info.width, info.height) != (first_info.width, first_info.height)):
+            return Violation("mask", f"must have the image's size ({first_info.width}x{first_info.height}), "
+                                     f"not {info.width}x{info.height}")
+    return _form_fields(observer, finished)
+
+
+def _form_fields(observer: MultipartObserver, finished: bool) -> Violation | None:
+    fields: dict[str, Any] = {p.name: p.value.decode("utf-8", "replace") for p in observer.parts
+                              if not p.is_file and p.value is not None}
+    if finished and not any(p.name in _IMAGE_FIELDS for p in observer.files()):
+        return Violation("image", "is required: one file, or up to 16 as image[]")
+    try:
+        ImageEditForm.model_validate(fields)  # lax: form values are text ("3", "true")
+    except ValidationError as exc:
+        if finished:
+            return first_violation(exc)
+        # Fields may still follow the files: only what was sent can be wrong yet.
+        for error in exc.errors(include_url=False):
+            if error["type"] != "missing":
+                return first_violation(ValidationError.from_exception_data(exc.title, [error]))
+    return None

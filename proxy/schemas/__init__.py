@@ -1,0 +1,41 @@
+"""Machine-readable request schemas, one per request type, and the routes they check.
+
+Shapes and ranges live in the pydantic models; rules that tie fields together are their
+validators. `modelgate openapi` exports them as the gateway's OpenAPI 3.1 document.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from proxy.schemas.common import Violation, first_violation
+from proxy.schemas.content import GenerateContentRequest
+from proxy.schemas.images import ImageEditForm, ImageEditRequest, ImageGenerationRequest
+from proxy.schemas.message import MessageRequest
+from proxy.schemas.response import ResponseRequest
+from proxy.schemas.video import VideoRequest
+
+JSON_SCHEMAS: dict[str, type[BaseModel]] = {
+    "video_generations": VideoRequest,
+    "videos": VideoRequest,
+    "image_generations": ImageGenerationRequest,
+    "image_edits": ImageEditRequest,
+    "messages": MessageRequest,
+    "generate_content": GenerateContentRequest,
+    "stream_generate_content": GenerateContentRequest,
+    "responses": ResponseRequest,
+}
+
+
+def check(schema: type[BaseModel], body: Any, *, strict: bool = True) -> tuple[BaseModel | None, Violation | None]:
+    if not isinstance(body, dict):
+        return None, Violation("", "the body must be a JSON object")
+    try:
+        return schema.model_validate(body, strict=strict), None
+    except ValidationError as exc:
+        return None, first_violation(exc)
+
+
+__all__ = ["JSON_SCHEMAS", "GenerateContentRequest", "ImageEditForm", "Violation", "check"]

@@ -1,0 +1,224 @@
+"""Response-format requests (spec 2.13, 7.4, 8), endpoint 11."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from proxy.schemas.common import AnyObject, Model, tagged, text_or
+
+
+class InputText(Model):
+    type: Literal["input_text"]
+    text: str
+
+
+class InputImage(Model):
+    type: Literal["input_image"]
+    detail: Literal["high", "low", "auto"] | None = None
+    file_id: str | None = None
+    image_url: str | None = None
+
+
+class InputFile(Model):
+    type: Literal["input_file"]
+    file_data: str | None = None
+    file_id: str | None = None
+    filename: str | None = None
+
+
+ContentPart = tagged({"input_text": InputText, "input_image": InputImage, "input_file": InputFile},
+                     other=AnyObject)
+
+
+class MessageItem(Model):
+    type: Literal["message"] | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: text_or(list[ContentPart])  # type: ignore[valid-type]
+
+
+class FunctionCallOutput(Model):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class ComputerCallOutput(Model):
+    type: Literal["computer_call_output"]
+    call_id: str
+    output: dict[str, Any]
+    acknowledged_safety_checks: list[Any] | None = None
+    id: str | None = None
+    status: str | None = None
+
+
+class ItemReference(Model):
+    type: Literal["item_reference"] | None = None
+    id: str
+
+
+class SummaryText(Model):
+    type: Literal["summary_text"]
+    text: str
+
+
+class ReasoningItem(Model):
+    type: Literal["reasoning"]
+    id: str
+    summary: list[SummaryText]
+    encrypted_content: str | None = None
+    status: str | None = None
+
+
+def _item_kind(value: Any) -> str:
+    if not isinstance(value, dict):
+        return "\u00a7"
+    kind = value.get("type")
+    if kind is None:
+        kind = "message" if "role" in value else "item_reference" if "id" in value else ""
+    return "\u00a7" + str(kind)
+
+
+# Items a client echoes back from earlier output (function_call, message output ...) pass.
+InputItem = tagged({"message": MessageItem, "input_text": InputText, "input_image": InputImage,
+                    "input_file": InputFile, "function_call_output": FunctionCallOutput,
+                    "computer_call_output": ComputerCallOutput, "item_reference": ItemReference,
+                    "reasoning": ReasoningItem}, pick=_item_kind, other=AnyObject)
+
+
+class RankingOptions(Model):
+    ranker: str | None = None
+    score_threshold: float | None = Field(default=None, ge=0, le=1)
+
+
+class FileSearchTool(Model):
+    type: Literal["file_search"]
+    vector_store_ids: list[str]
+    max_num_results: int | None = Field(default=None, ge=1, le=50)
+    filters: dict[str, Any] | None = None
+    ranking_options: RankingOptions | None = None
+
+
+class FunctionTool(Model):
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class UserLocation(Model):
+    type: Literal["approximate"]
+    city: str | None = None
+    country: str | None = Field(default=None, pattern=r"^[A-Za-z]{2}$")
+    region: str | None = None
+    timezone: str | None = None
+
+
+class WebSearchTool(Model):
+    type: Literal["web_search_preview", "web_search_preview_2025_03_11"]
+    search_context_size: Literal["low", "medium", "high"] | None = None
+    user_location: UserLocation | None = None
+    domains: list[str] | None = None
+
+
+class ComputerUseTool(Model):
+    type: Literal["computer_use_preview"]
+    display_height: int = Field(ge=1)
+    display_width: int = Field(ge=1)
+    environment: str
+
+
+Tool = tagged({"file_search": FileSearchTool, "function": FunctionTool, "web_search_preview": WebSearchTool,
+               "web_search_preview_2025_03_11": WebSearchTool, "computer_use_preview": ComputerUseTool},
+              other=AnyObject)
+
+
+class HostedToolChoice(Model):
+    type: Literal["file_search", "web_search_preview", "computer_use_preview"]
+
+
+class FunctionToolChoice(Model):
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+
+
+ToolChoice = tagged({"file_search": HostedToolChoice, "web_search_preview": HostedToolChoice,
+                     "computer_use_preview": HostedToolChoice, "function": FunctionToolChoice})
+
+
+class TextFormatText(Model):
+    type: Literal["text"]
+
+
+class TextFormatJsonSchema(Model):
+    type: Literal["json_schema"]
+    name: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    schema_: dict[str, Any] = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextFormatJsonObject(Model):
+    type: Literal["json_object"]
+
+
+class TextOptions(Model):
+    format: tagged({"text": TextFormatText, "json_schema": TextFormatJsonSchema,  # type: ignore[valid-type]
+                    "json_object": TextFormatJsonObject}) | None = None
+
+
+class Reasoning(Model):
+    effort: Literal["low", "medium", "high"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+INCLUDES = ("file_search_call.results", "message.input_image.image_url",
+            "computer_call_output.output.image_url", "reasoning.encrypted_content")
+
+
+class ResponseRequest(Model):
+    model: str = Field(min_length=1)
+    input: text_or(list[InputItem])  # type: ignore[valid-type]
+    include: list[Literal[INCLUDES]] | None = None  # type: ignore[valid-type]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    metadata: dict[str, str] | None = None
+    parallel_tool_calls: bool | None = None
+    previous_response_id: str | None = None
+    reasoning: Reasoning | None = None
+    service_tier: Literal["auto", "default", "flex"] | None = None
+    store: bool | None = None
+    stream: bool | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    text: TextOptions | None = None
+    tool_choice: text_or(ToolChoice) | None = None  # type: ignore[valid-type]
+    tools: list[Tool] | None = None  # type: ignore[valid-type]
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    truncation: Literal["disabled", "auto"] | None = None
+    user: str | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is None:
+            return value
+        if len(value) > 16:
+            raise ValueError("at most 16 key-value pairs")
+        for key, item in value.items():
+            if len(key) > 64:
+                raise ValueError(f"key {key[:20]!r}... is longer than 64 characters")
+            if len(item) > 512:
+                raise ValueError(f"the value of {key!r} is longer than 512 characters")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_words(cls, value: Any) -> Any:
+        if isinstance(value, str) and value not in ("none", "auto", "required"):
+            raise ValueError("must be 'none', 'auto', 'required' or a tool object")
+        return value

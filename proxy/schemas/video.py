@@ -1,0 +1,28 @@
+"""Video task requests (spec 2.1), endpoints 1 and 3."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from proxy.schemas.common import Model
+
+VIDEO_MODELS = ("videogen-3.0-generate-001", "videogen-3.0-fast-generate-001",
+                "videogen-3.1-generate-preview", "videogen-3.1-fast-generate-preview")
+
+
+class VideoMetadata(Model):
+    aspectRatio: Literal["16:9", "9:16"] | None = None
+    durationSeconds: Literal[4, 6, 8] | None = None
+    negativePrompt: str | None = None
+    personGeneration: Literal["allow_all", "allow_adult"] | None = None
+    resolution: str | None = Field(default=None, pattern=r"^\d{3,4}p$")
+    sampleCount: int | None = Field(default=None, ge=1)
+    storageUri: str | None = None
+
+
+class VideoRequest(Model):
+    model: Literal[VIDEO_MODELS]  # type: ignore[valid-type]
+    prompt: str = Field(min_length=1)
+    metadata: VideoMetadata | None = None
