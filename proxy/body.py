@@ -23,9 +23,12 @@ _READ_SIZE = 256 * 1024
 
 
 class BodyError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    """A body the gateway refuses before anything goes upstream; `param` names the culprit."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.param = param
 
 
 async def read_body(ex: Exchange, limit: int) -> None:
@@ -40,6 +43,10 @@ async def read_body(ex: Exchange, limit: int) -> None:
             raise BodyError(400, "multipart/form-data body without a boundary")
         await _open_multipart(ex, observer)
         return
+    content_type = request.headers.get("Content-Type")
+    if kind is not Body.RAW and content_type is not None and "json" not in content_type.split(";", 1)[0].lower():
+        raise BodyError(400, f"Content-Type: must be application/json, not {content_type.split(';', 1)[0]}",
+                        "Content-Type")
     declared = request.content_length
     if declared is not None and declared > limit:
         raise BodyError(413, f"request body of {declared} bytes is over the {limit}-byte limit")
@@ -127,18 +134,27 @@ class MultipartBody:
         return True
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        # One chunk is held back, so the checks of a finished body run before the upstream
+        # has all of it: a body that fails them never reaches the upstream whole.
+        held = b""
         try:
             for chunk in self._spool.replay():
-                yield chunk
+                if held:
+                    yield held
+                held = chunk
             while chunk := await self._content.read(_READ_SIZE):
                 self.observer.feed(chunk)
                 self._stop_if_rejected(False)
-                yield chunk
+                if held:
+                    yield held
+                held = chunk
             self.observer.finish()
             if self.observer.error:
                 self.rejection = Violation("", f"malformed multipart body: {self.observer.error}")
                 raise BodyRejected(str(self.rejection))
             self._stop_if_rejected(True)
+            if held:
+                yield held
         finally:
             self._spool.close()
 

@@ -78,7 +78,7 @@ class Gateway:
         try:
             await read_body(ex, int(runtime.config.server.max_json_body_mb * 1024 * 1024))
         except BodyError as exc:
-            return self._finish_local(ex, ex.error_response(exc.status, str(exc)), id_header)
+            return self._finish_local(ex, ex.error_response(exc.status, str(exc), param=exc.param), id_header)
         refusal = self._resolve_model(ex)
         if refusal is not None:
             return self._finish_local(ex, refusal, id_header)
