@@ -26,6 +26,9 @@ from pathlib import Path
 
 import aiohttp
 
+sys.path.insert(0, str(Path(__file__).parent.parent))
+from bench.results import update_section  # noqa: E402
+
 HERE = Path(__file__).parent
 BODY = '{"model":"msgmodel-haiku-4-5","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}'
 STREAM_BODY = BODY[:-1] + ',"stream":true}'
@@ -166,7 +169,7 @@ def write_results(out: Path, targets: list[Target], args: argparse.Namespace) ->
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     lines = [
-        "# Benchmark results",
+        "## Throughput and latency",
         "",
         f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python bench/run.py "
         f"--duration {args.duration} --rounds {args.rounds}`.",
@@ -177,7 +180,7 @@ def write_results(out: Path, targets: list[Target], args: argparse.Namespace) ->
         "modelgate runs its default pipeline for the message format (usage capture, SSE framing) with JSON",
         "access logging on; the forwarder has no plugins. Added latency is the target's p50/p99 minus direct's.",
         "",
-        "## Non-streaming (POST /v1/messages)",
+        "### Non-streaming (POST /v1/messages)",
         "",
         "| concurrency | target | requests/s | p50 ms | p99 ms | added p50 ms | added p99 ms | CPU ms/request |",
         "|---|---|---|---|---|---|---|---|",
@@ -193,7 +196,7 @@ def write_results(out: Path, targets: list[Target], args: argparse.Namespace) ->
     added_c1 = med(gateway.p50[1]) - med(direct.p50[1])
     lines += [
         "",
-        "## Streaming (20 events, 10 ms apart)",
+        "### Streaming (20 events, 10 ms apart)",
         "",
         "| target | time to first event p50 ms | added ms | total p50 ms | added ms |",
         "|---|---|---|---|---|",
@@ -204,7 +207,7 @@ def write_results(out: Path, targets: list[Target], args: argparse.Namespace) ->
                      f"{'-' if t is direct else f'{med(t.stream_total) - med(direct.stream_total):.3f}'} |")
     lines += [
         "",
-        "## Against the targets of one worker process",
+        "### Against the targets of one worker process",
         "",
         f"- added p50 latency at concurrency 1: {added_c1:.3f} ms (target: under 1 ms) — "
         f"{'met' if added_c1 < 1 else 'NOT met'}",
@@ -212,7 +215,7 @@ def write_results(out: Path, targets: list[Target], args: argparse.Namespace) ->
         f"{'met' if ratio >= 0.7 else 'NOT met'}",
         "",
     ]
-    out.write_text("\n".join(lines))
+    update_section("throughput", "\n".join(lines), out)
 
 
 if __name__ == "__main__":

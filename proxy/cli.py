@@ -19,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     check = commands.add_parser("check-config", help="validate a config file and list every problem")
     check.add_argument("file")
 
+    openapi = commands.add_parser("openapi", help="print the gateway's interface as an OpenAPI 3.1 document")
+    openapi.add_argument("-o", "--output", help="write to this file instead of standard output")
+
     simulate = commands.add_parser("simulate", help="run the upstream simulator on its own")
     simulate.add_argument("--host", default="127.0.0.1")
     simulate.add_argument("--port", type=int, default=9000)
@@ -33,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "check-config":
         return _check_config(args.file)
+    if args.command == "openapi":
+        return _openapi(args.output)
     if args.command == "simulate":
         from proxy.simulator.server import run_simulator
 
@@ -47,6 +52,20 @@ def main(argv: list[str] | None = None) -> int:
     from proxy.server import serve as run
 
     run(loaded, path)
+    return 0
+
+
+def _openapi(output: str | None) -> int:
+    import json
+
+    from proxy.schemas.openapi import openapi_document
+
+    text = json.dumps(openapi_document(), indent=2, sort_keys=False) + "\n"
+    if output:
+        with open(output, "w", encoding="utf-8") as out:
+            out.write(text)
+    else:
+        sys.stdout.write(text)
     return 0
 
 

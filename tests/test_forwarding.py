@@ -90,7 +90,7 @@ async def test_upstream_error_status_and_body_pass_through(gateway, http):  # no
 async def test_unreachable_upstream_is_a_502_in_the_format_shape(start_gateway, http):  # noqa: ANN001
     gw = await start_gateway("channels: [{name: down, base_url: 'http://127.0.0.1:1'}]")
     async with http.post(gw.url + "/v1beta/models/genmodel-2.0-flash:generateContent?key=sk-demo-key",
-                         json={"contents": []}) as answer:
+                         json={"contents": [{"parts": [{"text": "x"}]}]}) as answer:
         assert answer.status == 502
         assert (await answer.json())["error"]["status"] == "UNAVAILABLE"
 

@@ -6,7 +6,7 @@ Fields are checked under both spellings the spec shows (camelCase and snake_case
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, model_validator
 
@@ -157,7 +157,7 @@ class GenerationConfig(Model):
 
 
 class GenerateContentRequest(Model):
-    contents: list[Content] | Content
+    contents: Annotated[list[Content], Field(min_length=1)] | Content
     tools: list[Tool] | None = None
     toolConfig: ToolConfig | None = field("toolConfig")
     safetySettings: list[SafetySetting] | None = field("safetySettings")
