@@ -41,7 +41,7 @@ class Auth(Plugin):
         location = ex.format.key_location
         if location is KeyLocation.NONE:
             return None
-        presented = ex.format.client_key(ex.request.headers, ex.query)  # type: ignore[arg-type]
+        presented = ex.format.client_key(ex.request)
         if not presented:
             return ex.error_response(401, f"no API key: send it in {_WHERE[location]}", "missing_api_key")
         key = self.keys.find(presented)

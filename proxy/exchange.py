@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from multidict import CIMultiDict, MultiDict
+from multidict import CIMultiDict
 
 from proxy import jsonutil
 from proxy.formats import Format, Usage
@@ -31,7 +31,7 @@ class Exchange:
     """One client request, its upstream attempt and its outcome."""
 
     __slots__ = (
-        "request", "route", "format", "request_id", "started", "client_ip", "headers", "_query",
+        "request", "route", "format", "request_id", "started", "client_ip", "headers",
         "path_params", "body", "body_stream", "multipart", "_json", "body_changed", "model",
         "upstream_model", "channel", "pinned_channel", "key", "key_name", "streaming", "usage",
         "upstream_started", "upstream_headers_at", "upstream_finished", "status", "bytes_out",
@@ -46,7 +46,6 @@ class Exchange:
         self.started = time.perf_counter()
         self.client_ip: str = request.remote or ""
         self.headers: CIMultiDict[str] = CIMultiDict()   # what goes upstream; set before on_request
-        self._query: MultiDict[str] | None = None
         self.path_params: dict[str, str] = dict(request.match_info)
         self.body: bytes | None = None
         self.body_stream: AsyncIterator[bytes] | None = None
@@ -69,13 +68,6 @@ class Exchange:
         self.client_aborted = False
         self.error: str | None = None
         self.plugin_state: dict[str, Any] = {}
-
-    @property
-    def query(self) -> MultiDict[str]:
-        """The client's query parameters (a copy, made on first use)."""
-        if self._query is None:
-            self._query = MultiDict(self.request.rel_url.query)
-        return self._query
 
     def json(self) -> Any:
         """The request body as JSON (parsed on first use); None for a body that is not JSON."""

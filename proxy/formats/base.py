@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
 
 from aiohttp import web
-from multidict import CIMultiDict, MultiDict
+from multidict import CIMultiDict
 
 from proxy import jsonutil
 
@@ -56,8 +56,9 @@ class Format:
     key_location: ClassVar[KeyLocation]
     json_content_type: ClassVar[str] = "application/json"
 
-    def client_key(self, headers: CIMultiDict[str], query: MultiDict[str]) -> str | None:
+    def client_key(self, request: web.BaseRequest) -> str | None:
         """The gateway key the client sent, read only from this format's place."""
+        headers = request.headers
         location = self.key_location
         if location is KeyLocation.BEARER:
             value = headers.get("authorization", "")
@@ -68,7 +69,7 @@ class Format:
         if location is KeyLocation.X_API_KEY:
             return headers.get("x-api-key") or None
         if location is KeyLocation.QUERY:
-            return query.get(CLIENT_KEY_QUERY) or None
+            return request.query.get(CLIENT_KEY_QUERY) or None
         return None
 
     def strip_client_key(self, headers: CIMultiDict[str]) -> None:
