@@ -19,7 +19,7 @@ from proxy.multipart import MultipartObserver
 from proxy.pipeline import Plugin
 from proxy.routes import Body
 from proxy.schemas import JSON_SCHEMAS, GenerateContentRequest, ImageEditForm, Violation, check
-from proxy.schemas.common import first_violation
+from proxy.schemas.common import first_violation, violation_of
 from proxy.schemas.imagefiles import sniff
 from proxy.schemas.images import MAX_EDIT_IMAGES, MAX_IMAGE_BYTES, MAX_MASK_BYTES
 
@@ -98,7 +98,7 @@ def _form_fields(observer: MultipartObserver, finished: bool) -> Violation | Non
         if finished:
             return first_violation(exc)
         # Fields may still follow the files: only what was sent can be wrong yet.
-        for error in exc.errors(include_url=False):
+        for error in exc.errors(include_url=False, include_context=False):
             if error["type"] != "missing":
-                return first_violation(ValidationError.from_exception_data(exc.title, [error]))
+                return violation_of(error)
     return None

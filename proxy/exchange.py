@@ -1,6 +1,6 @@
 """`Exchange`: everything about one request as it passes through the gateway.
 
-A plugin reads and changes the request through it (headers, query, JSON body) and finds
+A plugin reads and changes the request through it (upstream headers, JSON body) and finds
 what happened upstream on it (channel, usage, timings). The body is parsed at most once,
 and only when something asks; bytes nobody changed are forwarded as the client sent them.
 """

@@ -61,7 +61,11 @@ class Violation:
 
 
 def first_violation(exc: ValidationError) -> Violation:
-    error = exc.errors(include_url=False, include_context=False)[0]
+    return violation_of(exc.errors(include_url=False, include_context=False)[0])
+
+
+def violation_of(error: Any) -> Violation:
+    """One pydantic error as a Violation: the path in the client's spelling, and the rule."""
     path, rule = path_of(error["loc"]), _rule(error)
     # Cross-field rules name their field first ("size: ..."): it joins the path.
     named = _NAMED_RULE.match(rule)
