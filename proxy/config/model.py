@@ -12,7 +12,7 @@ import re
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from proxy.formats import FORMAT_NAMES
 from proxy.routes import ROUTE_NAMES
@@ -22,6 +22,16 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:\s]+):(?P<port>\d{1,5})$")
 
 PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+def _simple_name(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError("must be 1-64 characters of letters, digits, '.', '_' or '-'")
+    return value
+
+
+# Names of channels and keys: they appear in logs, metrics and URLs, so they stay plain.
+SimpleName = Annotated[str, AfterValidator(_simple_name)]
 
 
 class Strict(BaseModel):
@@ -101,7 +111,7 @@ class SimulatorSettings(Strict):
 
 
 class ChannelConfig(Strict):
-    name: str
+    name: SimpleName
     base_url: str
     formats: list[Literal[FORMAT_NAMES]] = Field(default_factory=lambda: list(FORMAT_NAMES))  # type: ignore[valid-type]
     endpoints: list[Literal[ROUTE_NAMES]] | None = None  # type: ignore[valid-type]
@@ -113,13 +123,6 @@ class ChannelConfig(Strict):
     timeouts: Timeouts = Field(default_factory=Timeouts)
     pool: Pool = Field(default_factory=Pool)
     simulator: SimulatorSettings | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _name_is_simple(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError("must be 1-64 characters of letters, digits, '.', '_' or '-'")
-        return value
 
     @field_validator("base_url")
     @classmethod
@@ -151,7 +154,7 @@ class ChannelConfig(Strict):
 class KeyConfig(Strict):
     """A gateway API key: give the key itself (through ${VAR}) or its SHA-256 hex digest."""
 
-    name: str
+    name: SimpleName
     key: str | None = Field(default=None, repr=False)
     sha256: str | None = None
     enabled: bool = True
@@ -160,13 +163,6 @@ class KeyConfig(Strict):
     endpoints: list[Literal[ROUTE_NAMES]] | None = None  # type: ignore[valid-type]
     url_delivery: bool = False
     labels: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("name")
-    @classmethod
-    def _key_name_is_simple(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError("must be 1-64 characters of letters, digits, '.', '_' or '-'")
-        return value
 
     @field_validator("sha256")
     @classmethod
