@@ -15,6 +15,7 @@ from proxy.config import GatewayConfig
 from proxy.exchange import Exchange
 from proxy.formats.base import KeyLocation
 from proxy.keys import GatewayKey, KeyRing
+from proxy.observability.metrics import AUTH_REFUSALS
 from proxy.pipeline import Plugin
 
 _WHERE = {
@@ -34,6 +35,11 @@ def key_ring(config: GatewayConfig) -> KeyRing:
 class Auth(Plugin):
     name = "auth"
 
+    @staticmethod
+    def _refuse(ex: Exchange, status: int, message: str, code: str) -> web.Response:
+        AUTH_REFUSALS.labels(ex.route.name, code).inc()
+        return ex.error_response(status, message, code)
+
     def configure(self, config: GatewayConfig) -> None:
         self.keys = key_ring(config)
 
@@ -43,18 +49,18 @@ class Auth(Plugin):
             return None
         presented = ex.format.client_key(ex.request)
         if not presented:
-            return ex.error_response(401, f"no API key: send it in {_WHERE[location]}", "missing_api_key")
+            return self._refuse(ex, 401, f"no API key: send it in {_WHERE[location]}", "missing_api_key")
         key = self.keys.find(presented)
         if key is None:
-            return ex.error_response(401, "invalid API key", "invalid_api_key")
+            return self._refuse(ex, 401, "invalid API key", "invalid_api_key")
         ex.key, ex.key_name = key, key.name
         if not key.enabled:
-            return ex.error_response(401, f"API key '{key.name}' is disabled", "api_key_disabled")
+            return self._refuse(ex, 401, f"API key '{key.name}' is disabled", "api_key_disabled")
         if key.expired(datetime.now(timezone.utc)):
-            return ex.error_response(401, f"API key '{key.name}' has expired", "api_key_expired")
+            return self._refuse(ex, 401, f"API key '{key.name}' has expired", "api_key_expired")
         if not key.allows_route(ex.route.name):
-            return ex.error_response(403, f"API key '{key.name}' may not use {ex.route.method} {ex.request.path}",
+            return self._refuse(ex, 403, f"API key '{key.name}' may not use {ex.route.method} {ex.request.path}",
                                      "endpoint_not_allowed")
         if ex.model is not None and not key.allows_model(ex.model):
-            return ex.error_response(403, f"API key '{key.name}' may not use model '{ex.model}'", "model_not_allowed")
+            return self._refuse(ex, 403, f"API key '{key.name}' may not use model '{ex.model}'", "model_not_allowed")
         return None

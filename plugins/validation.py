@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from proxy.body import MultipartBody
 from proxy.exchange import Exchange
 from proxy.multipart import MultipartObserver
+from proxy.observability.metrics import VALIDATION_FAILURES, rule_label
 from proxy.pipeline import Plugin
 from proxy.routes import Body
 from proxy.schemas import JSON_SCHEMAS, GenerateContentRequest, ImageEditForm, Violation, check
@@ -55,6 +56,7 @@ class Validation(Plugin):
 
 
 def refuse(ex: Exchange, violation: Violation) -> web.Response:
+    VALIDATION_FAILURES.labels(ex.route.name, rule_label(violation.path)).inc()
     return ex.error_response(400, str(violation), param=violation.path or None)
 
 

@@ -124,7 +124,7 @@ def log_exchange(ex: Exchange, config: LoggingConfig) -> None:
         return
     total = time.perf_counter() - ex.started
     request = ex.request
-    _access.write(dict(
+    event = dict(
         event="request",
         level="info",
         logger="modelgate.access",
@@ -147,4 +147,9 @@ def log_exchange(ex: Exchange, config: LoggingConfig) -> None:
         client_ip=ex.client_ip,
         client_aborted=ex.client_aborted,
         error=ex.error,
-    ))
+    )
+    if ex.span is not None:
+        context = ex.span.get_span_context()
+        event["trace_id"] = format(context.trace_id, "032x")
+        event["span_id"] = format(context.span_id, "016x")
+    _access.write(event)

@@ -14,7 +14,11 @@ from proxy.affinity import Affinity
 from proxy.config import ConfigError, LoadedConfig, load_config
 from proxy.formats import ACCOUNT
 from proxy.formats.base import Format
+from opentelemetry.sdk.trace.export import SpanExporter
+
 from proxy.gateway import Gateway
+from proxy.observability.metrics import CONFIG_RELOADS, exposition, set_config_info
+from proxy.observability.tracing import Tracing
 from proxy.routes import ROUTES, Route
 from proxy.runtime import Runtime
 from proxy.simulator.farm import SimulatorFarm
@@ -26,9 +30,11 @@ log = logging.getLogger("modelgate.app")
 class GatewayApp:
     """Owns what outlives a config: the state store, the simulators, and the current Runtime."""
 
-    def __init__(self, loaded: LoadedConfig, config_path: str | Path | None = None) -> None:
+    def __init__(self, loaded: LoadedConfig, config_path: str | Path | None = None,
+                 span_exporter: SpanExporter | None = None) -> None:
         self.loaded = loaded
         self.config_path = config_path
+        self.tracing = Tracing(loaded.config.observability.tracing, span_exporter)
         self.simulators = SimulatorFarm()
         self.store: StateStore | None = None
         self.gateway: Gateway | None = None
@@ -44,7 +50,8 @@ class GatewayApp:
         config = self.loaded.config
         self.store = make_store(config.state)
         runtime = await Runtime.build(self.loaded, self.simulators)
-        self.gateway = Gateway(runtime, Affinity(self.store, config.state.affinity_ttl_s))
+        self.gateway = Gateway(runtime, Affinity(self.store, config.state.affinity_ttl_s), self.tracing)
+        set_config_info(self.loaded.digest)
 
     async def stop(self) -> None:
         if self.gateway is not None:
@@ -54,6 +61,7 @@ class GatewayApp:
         await self.simulators.close()
         if self.store is not None:
             await self.store.close()
+        self.tracing.shutdown()
 
     async def reload(self) -> bool:
         """Load the config file again; keep the running config when the new one is invalid."""
@@ -63,6 +71,7 @@ class GatewayApp:
             except ConfigError as exc:
                 log.error("config reload refused; keeping the running config",
                           extra={"problems": exc.problems, "source": str(self.config_path)})
+                CONFIG_RELOADS.labels("refused").inc()
                 return False
             if loaded.config.state != self.loaded.config.state or loaded.config.server.listen != self.loaded.config.server.listen:
                 log.warning("state and server.listen changes take effect at the next restart")
@@ -70,9 +79,12 @@ class GatewayApp:
                 runtime = await Runtime.build(loaded, self.simulators)
             except Exception:
                 log.exception("config reload failed while starting; keeping the running config")
+                CONFIG_RELOADS.labels("failed").inc()
                 return False
             assert self.gateway is not None
             old, self.gateway.runtime = self.gateway.runtime, runtime
+            set_config_info(loaded.digest, previous=self.loaded.digest)
+            CONFIG_RELOADS.labels("ok").inc()
             self.loaded = loaded
             self.reloads += 1
             old.retire()
@@ -84,8 +96,9 @@ class GatewayApp:
 APP_KEY = web.AppKey("modelgate", GatewayApp)
 
 
-def build_app(loaded: LoadedConfig, config_path: str | Path | None = None) -> web.Application:
-    owner = GatewayApp(loaded, config_path)
+def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
+              span_exporter: SpanExporter | None = None) -> web.Application:
+    owner = GatewayApp(loaded, config_path, span_exporter)
     app = web.Application(client_max_size=1024**4)  # bodies are read by the gateway, with its own limits
     app[APP_KEY] = owner
 
@@ -103,6 +116,7 @@ def build_app(loaded: LoadedConfig, config_path: str | Path | None = None) -> we
             app.router.add_route(route.method, route.path, handler)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/metrics", _metrics)
     app.router.add_route("*", "/{tail:.*}", _unmatched)
     return app
 
@@ -128,6 +142,11 @@ async def _readyz(request: web.Request) -> web.Response:
             "config": owner.loaded.digest,
             "channels": [c.name for c in owner.runtime.channels.channels] if owner.gateway else []}
     return web.Response(status=200 if ready else 503, body=jsonutil.dumps(body), content_type="application/json")
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body, content_type = exposition()
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 _TEMPLATES = [(re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", r.path) + "$"), r) for r in ROUTES]

@@ -19,7 +19,7 @@ from proxy.routes import Route
 
 class Channel:
     __slots__ = ("config", "name", "base_url", "priority", "weight", "credential", "timeouts",
-                 "_models", "_formats", "_endpoints", "_rename", "session")
+                 "_models", "_formats", "_endpoints", "_rename", "session", "failures")
 
     def __init__(self, config: ChannelConfig, base_url: str) -> None:
         self.config = config
@@ -34,6 +34,7 @@ class Channel:
         self._endpoints = frozenset(config.endpoints) if config.endpoints is not None else None
         self._rename = dict(config.rename)
         self.session: aiohttp.ClientSession | None = None
+        self.failures = 0  # attempts failed in a row (health)
 
     async def open(self) -> None:
         pool = self.config.pool

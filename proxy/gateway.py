@@ -14,10 +14,14 @@ import yarl
 from aiohttp import web
 from multidict import CIMultiDict
 
+from opentelemetry.trace import SpanKind
+
 from proxy.access_log import log_exchange
 from proxy.affinity import Affinity
 from proxy.body import BodyError, MultipartBody, read_body
+from proxy.channels import Channel
 from proxy.exchange import Exchange
+from proxy.observability.tracing import Tracing, end_request, inject, start_child
 from proxy.headers import add_forwarding, end_to_end
 from proxy.pipeline import Pipeline
 from proxy.relay import Relay
@@ -40,11 +44,12 @@ def new_request_id() -> str:
 class Gateway:
     """Holds the live Runtime and serves each request against the one current when it arrived."""
 
-    __slots__ = ("runtime", "affinity")
+    __slots__ = ("runtime", "affinity", "tracing")
 
-    def __init__(self, runtime: Runtime, affinity: Affinity) -> None:
+    def __init__(self, runtime: Runtime, affinity: Affinity, tracing: Tracing) -> None:
         self.runtime = runtime
         self.affinity = affinity
+        self.tracing = tracing
 
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
         runtime = self.runtime
@@ -53,6 +58,8 @@ class Gateway:
         incoming_id = request.headers.get(config.request_id_header, "")
         request_id = incoming_id if incoming_id and _REQUEST_ID.match(incoming_id) else new_request_id()
         ex = Exchange(request, route, request_id)
+        runtime.observer.started(ex)
+        self.tracing.start_request(ex)
         response: web.StreamResponse | None = None
         try:
             response = await self._serve(ex, runtime)
@@ -70,6 +77,9 @@ class Gateway:
             if ex.status == 0 and response is not None:
                 ex.status = response.status
             await runtime.pipelines[route.name].run_complete(ex)
+            now = time.perf_counter()
+            runtime.observer.finished(ex, now)
+            end_request(ex, ex.overhead_seconds(now))
             log_exchange(ex, runtime.config.observability.logging)
             runtime.leave()
 
@@ -159,29 +169,49 @@ class Gateway:
                 headers["Content-Length"] = str(data.declared_length)
         query = ex.format.upstream_query(request.raw_path.partition("?")[2], channel.credential)
         url = yarl.URL(f"{channel.base_url}{path}?{query}" if query else channel.base_url + path, encoded=True)
+        span = None
+        if ex.span is not None:
+            span = start_child(ex, f"{request.method} upstream {channel.name}", SpanKind.CLIENT, {
+                "http.request.method": request.method, "server.address": url.host or "", "url.path": url.path,
+                "modelgate.channel": channel.name, "gen_ai.request.model": ex.upstream_model or ""})
+            inject(span, headers)
+        try:
+            return await self._exchange_with(ex, runtime, pipeline, channel, url, data, id_header)
+        finally:
+            if span is not None:
+                span.set_attribute("http.response.status_code", ex.status)
+                span.end()
+
+    async def _exchange_with(self, ex: Exchange, runtime: Runtime, pipeline: Pipeline, channel: Channel,
+                             url: yarl.URL, data: object, id_header: str) -> web.StreamResponse:
+        observer = runtime.observer
+        assert channel.session is not None
         ex.upstream_started = time.perf_counter()
         try:
-            upstream = await channel.session.request(request.method, url, headers=headers, data=data,
+            upstream = await channel.session.request(ex.request.method, url, headers=ex.headers, data=data,
                                                      allow_redirects=False)
         except TimeoutError as exc:
-            what = "connecting" if isinstance(exc, aiohttp.ConnectionTimeoutError) else (
-                f"waiting {channel.timeouts.first_byte_s:g}s for the first byte")
-            message = f"upstream {channel.name} timed out {what}"
-            return self._finish_local(ex, ex.error_response(504, message), id_header)
+            connecting = isinstance(exc, aiohttp.ConnectionTimeoutError)
+            observer.upstream_result(channel, "connect_timeout" if connecting else "first_byte_timeout")
+            what = "connecting" if connecting else f"waiting {channel.timeouts.first_byte_s:g}s for the first byte"
+            return self._finish_local(ex, ex.error_response(504, f"upstream {channel.name} timed out {what}"), id_header)
         except aiohttp.ClientError as exc:
             if isinstance(data, MultipartBody) and data.rejection is not None:
                 violation = data.rejection  # the body broke a rule while it streamed: the upstream got no whole request
                 return self._finish_local(ex, ex.error_response(400, str(violation), param=violation.path or None),
                                           id_header)
+            observer.upstream_result(channel, "connect")
             message = f"upstream {channel.name} could not be reached ({type(exc).__name__})"
             return self._finish_local(ex, ex.error_response(502, message), id_header)
         ex.upstream_headers_at = time.perf_counter()
+        status = upstream.status
+        observer.upstream_result(channel, "status_5xx" if status >= 500 else "status_429" if status == 429 else None)
         if upstream.connection is not None:
             upstream.connection.protocol.read_timeout = channel.timeouts.idle_s  # type: ignore[union-attr]
         try:
             relay = Relay(ex, upstream, pipeline, self.affinity,
                           buffer_limit=int(runtime.config.server.max_json_body_mb * 1024 * 1024),
-                          request_id_header=id_header)
+                          request_id_header=id_header, observer=observer)
             return await relay.send()
         finally:
             upstream.release()

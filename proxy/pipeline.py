@@ -18,6 +18,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from proxy.exchange import Exchange, UpstreamResponse
+from proxy.observability.tracing import child_span
 from proxy.routes import Route
 from proxy.sse import SSEEvent
 
@@ -88,14 +89,24 @@ class Pipeline:
 
     async def run_request(self, ex: Exchange) -> web.StreamResponse | None:
         for hook in self.request_hooks:
-            answer = await hook(ex)
+            if ex.span is None:
+                answer = await hook(ex)
+            else:
+                with child_span(ex, f"{plugin_name(hook)} on_request") as span:
+                    answer = await hook(ex)
+                    if answer is not None:
+                        span.set_attribute("modelgate.short_circuit_status", answer.status)
             if answer is not None:
                 return answer
         return None
 
     async def run_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
         for hook in self.response_hooks:
-            await hook(ex, upstream)
+            if ex.span is None:
+                await hook(ex, upstream)
+            else:
+                with child_span(ex, f"{plugin_name(hook)} on_response"):
+                    await hook(ex, upstream)
 
     def run_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
         for hook in self.event_hooks:
@@ -107,9 +118,19 @@ class Pipeline:
     async def run_complete(self, ex: Exchange) -> None:
         for hook in self.complete_hooks:
             try:
-                await hook(ex)
+                if ex.span is None:
+                    await hook(ex)
+                else:
+                    with child_span(ex, f"{plugin_name(hook)} on_complete"):
+                        await hook(ex)
             except Exception:  # one plugin's bookkeeping must not hide the others'
                 log.exception("on_complete hook failed", extra={"request_id": ex.request_id})
+
+
+def plugin_name(hook: Callable[..., Any]) -> str:
+    plugin = getattr(hook, "__self__", None)
+    name = getattr(plugin, "name", None)
+    return name if isinstance(name, str) and name != "plugin" else type(plugin).__name__
 
 
 def _implemented(plugins: list[Plugin], hook: str) -> list[Callable[..., Any]]:

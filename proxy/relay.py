@@ -19,7 +19,9 @@ from multidict import CIMultiDict
 
 from proxy.exchange import Exchange, UpstreamResponse
 from proxy.headers import end_to_end
-from proxy.pipeline import Pipeline
+from proxy.observability.observer import Observer
+from proxy.observability.tracing import start_child
+from proxy.pipeline import Pipeline, plugin_name
 from proxy.routes import Pin
 from proxy.sse import SSEParser
 
@@ -36,16 +38,17 @@ _UPSTREAM_BROKE = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, as
 class Relay:
     """Writes one upstream answer to the client for one exchange."""
 
-    __slots__ = ("ex", "upstream", "pipeline", "affinity", "buffer_limit", "request_id_header")
+    __slots__ = ("ex", "upstream", "pipeline", "affinity", "buffer_limit", "request_id_header", "observer")
 
     def __init__(self, ex: Exchange, upstream: aiohttp.ClientResponse, pipeline: Pipeline,
-                 affinity: Affinity, buffer_limit: int, request_id_header: str) -> None:
+                 affinity: Affinity, buffer_limit: int, request_id_header: str, observer: Observer) -> None:
         self.ex = ex
         self.upstream = upstream
         self.pipeline = pipeline
         self.affinity = affinity
         self.buffer_limit = buffer_limit
         self.request_id_header = request_id_header
+        self.observer = observer
 
     async def send(self) -> web.StreamResponse:
         upstream = self.upstream
@@ -134,11 +137,21 @@ class Relay:
         hooks = bool(pipeline.event_hooks)
         pin_pending = ex.route.creates is Pin.RESPONSE and upstream.status < 300
         parser = SSEParser() if hooks or pin_pending else None
+        stream = StreamWatch(ex, self.observer, pipeline)
+        try:
+            return await self._relay_events(response, parser, hooks, pin_pending, stream)
+        finally:
+            stream.close()
+
+    async def _relay_events(self, response: web.StreamResponse, parser: SSEParser | None, hooks: bool,
+                            pin_pending: bool, stream: StreamWatch) -> web.StreamResponse:
+        ex, upstream, pipeline = self.ex, self.upstream, self.pipeline
         try:
             while chunk := await upstream.content.readany():
                 if parser is None:
                     await response.write(chunk)
                     ex.bytes_out += len(chunk)
+                    stream.wrote(0)
                     continue
                 out: list[bytes] = []
                 for event in parser.feed(chunk):
@@ -153,15 +166,18 @@ class Relay:
                     data = b"".join(out) if len(out) > 1 else out[0]
                     await response.write(data)
                     ex.bytes_out += len(data)
+                    stream.wrote(len(out))
             if parser is not None and (rest := parser.flush()):
                 await response.write(rest)
                 ex.bytes_out += len(rest)
         except _CLIENT_GONE:
             return self._client_gone(response)
         except TimeoutError:
+            self.observer.upstream_result(ex.channel, "stream_stalled")  # type: ignore[arg-type]
             await self._end_stream_with_error(response, 504, "upstream stream stalled: no data within the idle timeout")
             return response
         except _UPSTREAM_BROKE:
+            self.observer.upstream_result(ex.channel, "stream_broken")  # type: ignore[arg-type]
             await self._end_stream_with_error(response, 502, "upstream closed the stream before it finished")
             return response
         except Exception:
@@ -186,6 +202,33 @@ class Relay:
         self.ex.client_aborted = True
         self.upstream.close()  # stop the upstream's work at once; its connection is not reused
         return response
+
+
+class StreamWatch:
+    """What a stream did, for metrics and traces: its events, its first byte, its hook spans."""
+
+    __slots__ = ("ex", "observer", "events", "first_byte_at", "spans")
+
+    def __init__(self, ex: Exchange, observer: Observer, pipeline: Pipeline) -> None:
+        self.ex = ex
+        self.observer = observer
+        self.events = 0
+        self.first_byte_at: float | None = None
+        # Per-event hooks get one span each for the whole stream, not one per event.
+        self.spans = [start_child(ex, f"{plugin_name(hook)} on_event") for hook in pipeline.event_hooks] \
+            if ex.span is not None else []
+        observer.stream_opened(ex)
+
+    def wrote(self, events: int) -> None:
+        self.events += events
+        if self.first_byte_at is None:
+            self.first_byte_at = time.perf_counter()
+
+    def close(self) -> None:
+        for span in self.spans:
+            span.set_attribute("modelgate.events", self.events)
+            span.end()
+        self.observer.stream_closed(self.ex, self.events, self.first_byte_at, time.perf_counter())
 
 
 def _server_timing(ex: Exchange) -> str:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from proxy.channels import Channel, ChannelSet
 from proxy.config import LoadedConfig
+from proxy.observability.observer import Observer
 from proxy.pipeline import Pipeline, Plugin, build_plugin, plugin_names
 from proxy.routes import ROUTES
 
@@ -23,7 +24,8 @@ log = logging.getLogger("modelgate.runtime")
 
 
 class Runtime:
-    __slots__ = ("loaded", "config", "channels", "pipelines", "plugins", "in_flight", "_retired", "_closed")
+    __slots__ = ("loaded", "config", "channels", "pipelines", "plugins", "observer", "in_flight", "_retired",
+                 "_closed")
 
     def __init__(self, loaded: LoadedConfig, channels: ChannelSet, pipelines: dict[str, Pipeline],
                  plugins: list[Plugin]) -> None:
@@ -32,6 +34,7 @@ class Runtime:
         self.channels = channels
         self.pipelines = pipelines
         self.plugins = plugins
+        self.observer = Observer(loaded.config)
         self.in_flight = 0
         self._retired = False
         self._closed = asyncio.Event()

@@ -200,8 +200,29 @@ class LoggingConfig(Strict):
     access_log: bool = True
 
 
+class MetricsConfig(Strict):
+    enabled: bool = True
+    models: list[str] = Field(default_factory=list)  # more model names to count by name (others: "other")
+
+
+class TracingConfig(Strict):
+    exporter: Literal["none", "console", "otlp"] = "none"
+    endpoint: str = "http://127.0.0.1:4318/v1/traces"
+    sample_ratio: float = Field(default=1.0, ge=0, le=1)
+    service_name: str = "modelgate"
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_is_http(cls, value: str) -> str:
+        if not _is_http_url(value):
+            raise ValueError("not an http(s) URL")
+        return value
+
+
 class ObservabilityConfig(Strict):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
 
 
 def _default_keys() -> list[KeyConfig]:
@@ -254,6 +275,6 @@ def all_field_names() -> set[str]:
     """Every key the schema knows, for 'did you mean' hints."""
     names: set[str] = set()
     for model in (ServerConfig, StateConfig, Timeouts, Pool, SimulatorSettings, ChannelConfig, KeyConfig,
-                  RouteConfig, LoggingConfig, ObservabilityConfig, GatewayConfig):
+                  RouteConfig, LoggingConfig, MetricsConfig, TracingConfig, ObservabilityConfig, GatewayConfig):
         names.update(model.model_fields)
     return names

@@ -1,0 +1,1 @@
+"""Metrics (Prometheus), traces (OpenTelemetry) and the per-request bookkeeping that feeds them."""

@@ -1,0 +1,109 @@
+"""Prometheus metrics: what every request, stream, upstream attempt and reload did.
+
+Label values stay bounded: models are counted by name only when the spec or the config
+names them (anything else is `other`), channels and keys come from config, validation
+rules are schema paths with their indices folded. With PROMETHEUS_MULTIPROC_DIR set
+(several worker processes), /metrics aggregates every process through prometheus-client's
+multiprocess mode.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import multiprocess
+
+from proxy.config.model import GatewayConfig
+from proxy.schemas.images import IMAGE_MODELS
+from proxy.schemas.video import VIDEO_MODELS
+
+SPEC_MODELS = frozenset({
+    *IMAGE_MODELS, *VIDEO_MODELS,
+    "msgmodel-haiku-4-5", "msgmodel-sonnet-4-5", "msgmodel-sonnet-4-6", "msgmodel-sonnet-5", "msgmodel-opus-4-5",
+    "msgmodel-opus-4-6", "msgmodel-opus-4-7", "msgmodel-opus-4-8", "msgmodel-opus-5", "msgmodel-fable-5",
+    "genmodel-2.0-flash", "genmodel-2.5-flash-image", "genmodel-3.1-flash-image-preview",
+    "genmodel-3-pro-image-preview", "picmodel-4.0-fast-generate-001",
+    "respmodel-3.5-turbo", "respmodel-3.5-turbo-16k", "respmodel-3.5-turbo-instruct", "respmodel-4",
+    "respmodel-4-32k", "respmodel-4-turbo-preview", "respmodel-4-turbo", "respmodel-4-vision-preview",
+    "respmodel-4o", "respmodel-4o-mini", "respmodel-4.5-preview", "respmodel-4.1", "respmodel-4.1-mini",
+    "respmodel-4.1-nano", "respmodel-5", "respmodel-5-chat-latest", "respmodel-5-mini", "respmodel-5-nano",
+})
+_GLOB = re.compile(r"[*?\[]")
+_INDEX = re.compile(r"\[\d+\]")
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_OVERHEAD = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+
+REQUESTS = Counter("modelgate_requests", "Requests answered, by route, format, model, channel and status class",
+                   ["route", "format", "model", "channel", "status_class"])
+DURATION = Histogram("modelgate_request_duration_seconds", "Total time per request, until the last byte",
+                     ["route"], buckets=_LATENCY)
+UPSTREAM_TTFB = Histogram("modelgate_upstream_ttfb_seconds", "Upstream time to first byte (its headers)",
+                          ["route", "channel"], buckets=_LATENCY)
+OVERHEAD = Histogram("modelgate_overhead_seconds", "The gateway's own time: total minus upstream time",
+                     ["route"], buckets=_OVERHEAD)
+IN_FLIGHT = Gauge("modelgate_in_flight_requests", "Requests being served", ["route"], multiprocess_mode="livesum")
+STREAM_FIRST_EVENT = Histogram("modelgate_stream_first_event_seconds", "Request start to the first streamed byte",
+                               ["route"], buckets=_LATENCY)
+STREAM_DURATION = Histogram("modelgate_stream_duration_seconds", "Length of streams", ["route"], buckets=_LATENCY)
+STREAM_EVENTS = Counter("modelgate_stream_events", "SSE events relayed", ["route"])
+STREAMS_OPEN = Gauge("modelgate_streams_open", "Streams being relayed", ["route"], multiprocess_mode="livesum")
+CLIENT_ABORTS = Counter("modelgate_client_aborts", "Clients that went away before their answer ended",
+                        ["route", "phase"])
+TOKENS = Counter("modelgate_tokens", "Tokens the upstream reported", ["model", "key", "direction"])
+UPSTREAM_ERRORS = Counter("modelgate_upstream_errors", "Failed upstream attempts", ["channel", "kind"])
+CHANNEL_UP = Gauge("modelgate_channel_up", "1 while a channel answers; 0 after 3 failures in a row",
+                   ["channel"], multiprocess_mode="liveall")
+VALIDATION_FAILURES = Counter("modelgate_validation_failures", "Requests refused by a validation rule",
+                              ["route", "rule"])
+AUTH_REFUSALS = Counter("modelgate_auth_refusals", "Requests refused by the auth plugin", ["route", "reason"])
+CONFIG_RELOADS = Counter("modelgate_config_reloads", "Config reloads by outcome", ["outcome"])
+CONFIG_INFO = Gauge("modelgate_config_info", "The loaded config (its digest); value 1", ["digest"],
+                    multiprocess_mode="liveall")
+
+
+class ModelLabels:
+    """The model label: a name the spec or the config names, else `other` (bounded cardinality)."""
+
+    __slots__ = ("_known",)
+
+    def __init__(self, config: GatewayConfig) -> None:
+        known = set(SPEC_MODELS) | set(config.observability.metrics.models)
+        for channel in config.channels:
+            known.update(p for p in channel.models if not _GLOB.search(p))
+            known.update(channel.rename)
+        self._known = frozenset(known)
+
+    def __call__(self, model: str | None) -> str:
+        if model is None:
+            return "none"
+        return model if model in self._known else "other"
+
+
+def rule_label(path: str) -> str:
+    """A validation rule as a bounded label: the field path without list indices."""
+    return _INDEX.sub("[]", path)[:120] or "body"
+
+
+def status_class(status: int) -> str:
+    return f"{status // 100}xx" if status else "none"
+
+
+def set_config_info(digest: str, previous: str | None = None) -> None:
+    if previous and previous != digest:
+        try:
+            CONFIG_INFO.remove(previous)
+        except KeyError:
+            pass
+    CONFIG_INFO.labels(digest).set(1)
+
+
+def exposition() -> tuple[bytes, str]:
+    """The /metrics body: this process's metrics, or every worker's in multiprocess mode."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(), CONTENT_TYPE_LATEST

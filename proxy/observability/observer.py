@@ -1,0 +1,71 @@
+"""`Observer`: turns what an exchange did into metrics, once per request and a few times per stream."""
+
+from __future__ import annotations
+
+from proxy.channels import Channel
+from proxy.config.model import GatewayConfig
+from proxy.exchange import Exchange
+from proxy.observability import metrics as m
+
+_DOWN_AFTER = 3  # failures in a row before a channel counts as down
+
+
+class Observer:
+    __slots__ = ("enabled", "model_label")
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.enabled = config.observability.metrics.enabled
+        self.model_label = m.ModelLabels(config)
+
+    def started(self, ex: Exchange) -> None:
+        if self.enabled:
+            m.IN_FLIGHT.labels(ex.route.name).inc()
+
+    def finished(self, ex: Exchange, now: float) -> None:
+        if not self.enabled:
+            return
+        route = ex.route.name
+        m.IN_FLIGHT.labels(route).dec()
+        model = self.model_label(ex.model)
+        channel = ex.channel.name if ex.channel is not None else "none"
+        m.REQUESTS.labels(route, ex.format.name, model, channel, m.status_class(ex.status)).inc()
+        m.DURATION.labels(route).observe(now - ex.started)
+        m.OVERHEAD.labels(route).observe(ex.overhead_seconds(now))
+        if ex.upstream_headers_at is not None and ex.upstream_started is not None:
+            m.UPSTREAM_TTFB.labels(route, channel).observe(ex.upstream_headers_at - ex.upstream_started)
+        usage = ex.usage
+        if usage.known:
+            key = ex.key_name or "anonymous"
+            if usage.input_tokens:
+                m.TOKENS.labels(model, key, "input").inc(usage.input_tokens)
+            if usage.output_tokens:
+                m.TOKENS.labels(model, key, "output").inc(usage.output_tokens)
+        if ex.client_aborted:
+            m.CLIENT_ABORTS.labels(route, "mid_answer" if ex.bytes_out else "before_first_byte").inc()
+
+    def stream_opened(self, ex: Exchange) -> None:
+        if self.enabled:
+            m.STREAMS_OPEN.labels(ex.route.name).inc()
+
+    def stream_closed(self, ex: Exchange, events: int, first_byte_at: float | None, now: float) -> None:
+        if not self.enabled:
+            return
+        route = ex.route.name
+        m.STREAMS_OPEN.labels(route).dec()
+        if events:
+            m.STREAM_EVENTS.labels(route).inc(events)
+        if first_byte_at is not None:
+            m.STREAM_FIRST_EVENT.labels(route).observe(first_byte_at - ex.started)
+        m.STREAM_DURATION.labels(route).observe(now - ex.started)
+
+    def upstream_result(self, channel: Channel, failure: str | None) -> None:
+        """Count a failed attempt by kind, and keep the channel's up/down gauge."""
+        if failure is None:
+            channel.failures = 0
+        else:
+            channel.failures += 1
+        if not self.enabled:
+            return
+        if failure is not None:
+            m.UPSTREAM_ERRORS.labels(channel.name, failure).inc()
+        m.CHANNEL_UP.labels(channel.name).set(0 if channel.failures >= _DOWN_AFTER else 1)

@@ -1,0 +1,124 @@
+"""OpenTelemetry traces: a server span per request, a child span per plugin hook and per
+upstream attempt (a client span whose W3C traceparent goes upstream). An incoming
+traceparent is honoured. With the exporter `none` nothing is created at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from proxy import __version__
+from proxy.config.model import TracingConfig
+
+if TYPE_CHECKING:
+    from proxy.exchange import Exchange
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_OPERATIONS = {"messages": "chat", "content": "generate_content", "responses": "chat", "images": "image_generation",
+               "video": "video_generation", "account": "account"}
+
+
+class Tracing:
+    """The process's tracer, or nothing when tracing is off."""
+
+    def __init__(self, config: TracingConfig, exporter: SpanExporter | None = None) -> None:
+        self.provider: TracerProvider | None = None
+        self.tracer: trace.Tracer | None = None
+        if exporter is None and config.exporter == "none":
+            return
+        provider = TracerProvider(resource=Resource.create({"service.name": config.service_name,
+                                                            "service.version": __version__}),
+                                  sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)))
+        if exporter is not None:
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+        elif config.exporter == "console":
+            provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+        else:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=config.endpoint)))
+        self.provider = provider
+        self.tracer = provider.get_tracer("modelgate", __version__)
+
+    def shutdown(self) -> None:
+        if self.provider is not None:
+            self.provider.shutdown()
+
+    def start_request(self, ex: Exchange) -> None:
+        if self.tracer is None:
+            return
+        request = ex.request
+        parent = _PROPAGATOR.extract(request.headers)
+        ex.tracer = self.tracer
+        ex.span = self.tracer.start_span(
+            f"{request.method} {ex.route.path}", context=parent, kind=SpanKind.SERVER,
+            attributes={"http.request.method": request.method, "http.route": ex.route.path,
+                        "url.path": request.path, "url.scheme": request.scheme, "server.address": request.host,
+                        "client.address": ex.client_ip, "gen_ai.operation.name": _OPERATIONS[ex.format.name],
+                        "modelgate.route": ex.route.name, "modelgate.request_id": ex.request_id})
+
+
+def end_request(ex: Exchange, overhead_s: float) -> None:
+    span = ex.span
+    if span is None:
+        return
+    attributes: dict[str, Any] = {"http.response.status_code": ex.status, "modelgate.overhead_ms": overhead_s * 1000,
+                                  "modelgate.client_aborted": ex.client_aborted}
+    if ex.model is not None:
+        attributes["gen_ai.request.model"] = ex.model
+    if ex.channel is not None:
+        attributes["modelgate.channel"] = ex.channel.name
+    if ex.key_name is not None:
+        attributes["modelgate.key_name"] = ex.key_name
+    if ex.usage.input_tokens is not None:
+        attributes["gen_ai.usage.input_tokens"] = ex.usage.input_tokens
+    if ex.usage.output_tokens is not None:
+        attributes["gen_ai.usage.output_tokens"] = ex.usage.output_tokens
+    span.set_attributes(attributes)
+    if ex.status >= 500 or ex.error and ex.status >= 400:
+        span.set_status(Status(StatusCode.ERROR if ex.status >= 500 else StatusCode.UNSET, ex.error))
+    span.end()
+
+
+@contextmanager
+def child_span(ex: Exchange, name: str, kind: SpanKind = SpanKind.INTERNAL,
+               attributes: dict[str, Any] | None = None) -> Iterator[trace.Span]:
+    assert ex.tracer is not None and ex.span is not None
+    span = ex.tracer.start_span(name, context=trace.set_span_in_context(ex.span), kind=kind, attributes=attributes)
+    try:
+        yield span
+    except BaseException as exc:
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        raise
+    finally:
+        span.end()
+
+
+def start_child(ex: Exchange, name: str, kind: SpanKind = SpanKind.INTERNAL,
+                attributes: dict[str, Any] | None = None) -> trace.Span:
+    """A child span the caller ends (for spans that outlive one block: upstream, streams)."""
+    assert ex.tracer is not None and ex.span is not None
+    return ex.tracer.start_span(name, context=trace.set_span_in_context(ex.span), kind=kind, attributes=attributes)
+
+
+def inject(span: trace.Span, headers: Any) -> None:
+    """Put `span`'s W3C traceparent into the upstream request's headers."""
+    _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
+
+
+def ids(ex: Exchange) -> tuple[str, str] | None:
+    if ex.span is None:
+        return None
+    context = ex.span.get_span_context()
+    return format(context.trace_id, "032x"), format(context.span_id, "016x")
