@@ -34,6 +34,11 @@ BODY = '{"model":"msgmodel-haiku-4-5","max_tokens":16,"messages":[{"role":"user"
 STREAM_BODY = BODY[:-1] + ',"stream":true}'
 HEADERS = {"Content-Type": "application/json", "x-api-key": "bench-key-0123", "msgapi-version": "2023-06-01"}
 CONCURRENCY = (1, 16, 64)
+GATEWAYS = {
+    "modelgate": "",  # the defaults: metrics and access lines on, tracing off
+    "modelgate, observability all on": "observability: {tracing: {exporter: otlp, endpoint: '{UPSTREAM}/v1/traces', sample_ratio: 1.0}}\n",
+    "modelgate, observability all off": "observability: {logging: {access_log: false}, metrics: {enabled: false}}\n",
+}
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -126,22 +131,25 @@ def main() -> int:
     script = work / "post.lua"
     script.write_text(f"wrk.method = 'POST'\nwrk.body = '{BODY}'\n"
                       + "".join(f"wrk.headers['{k}'] = '{v}'\n" for k, v in HEADERS.items()))
-    up_port, fwd_port, gw_port = free_port(), free_port(), free_port()
+    up_port, fwd_port = free_port(), free_port()
     upstream_url = f"http://127.0.0.1:{up_port}"
-    config = work / "gateway.yaml"
-    config.write_text(f'server: {{listen: "127.0.0.1:{gw_port}"}}\n'
-                      "keys: [{name: bench, key: bench-key-0123}]\n"
-                      f"channels: [{{name: bench, base_url: '{upstream_url}', credential: upstream-key}}]\n")
     procs = [start([sys.executable, str(HERE / "upstream.py"), str(up_port), "20"], 1, work / "upstream.log")]
     wait_port(up_port)
     procs.append(start([sys.executable, str(HERE / "forwarder.py"), str(fwd_port), upstream_url], 0, work / "fwd.log"))
-    procs.append(start([sys.executable, "-m", "proxy", "serve", "-c", str(config)], 0, work / "gateway.log"))
+    targets = [Target("direct", upstream_url, None), Target("aiohttp forwarder", f"http://127.0.0.1:{fwd_port}", procs[1].pid)]
+    # The upstream also takes the OTLP exporter's posts, so "everything on" pays for exporting, off core 0.
+    for name, observability in GATEWAYS.items():
+        port = free_port()
+        config = work / f"{name.replace(' ', '-')}.yaml"
+        config.write_text(f'server: {{listen: "127.0.0.1:{port}"}}\n'
+                          "keys: [{name: bench, key: bench-key-0123}]\n"
+                          f"channels: [{{name: bench, base_url: '{upstream_url}', credential: upstream-key}}]\n"
+                          + observability.replace("{UPSTREAM}", upstream_url))
+        procs.append(start([sys.executable, "-m", "proxy", "serve", "-c", str(config)], 0, work / f"{port}.log"))
+        targets.append(Target(name, f"http://127.0.0.1:{port}", procs[-1].pid))
     try:
-        wait_port(fwd_port)
-        wait_port(gw_port)
-        targets = [Target("direct", upstream_url, None),
-                   Target("aiohttp forwarder", f"http://127.0.0.1:{fwd_port}", procs[1].pid),
-                   Target("modelgate", f"http://127.0.0.1:{gw_port}", procs[2].pid)]
+        for target in targets[1:]:
+            wait_port(int(target.url.rsplit(":", 1)[1]))
         for target in targets:  # warm up
             run_wrk(target, 16, 2, script)
             target.rps.clear(), target.p50.clear(), target.p99.clear(), target.cpu_ms.clear()
@@ -164,7 +172,7 @@ def main() -> int:
 
 
 def write_results(out: Path, targets: list[Target], args: argparse.Namespace) -> None:
-    direct, forwarder, gateway = targets
+    direct, forwarder, gateway, all_on, all_off = targets
     med = statistics.median
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
@@ -177,8 +185,10 @@ def write_results(out: Path, targets: list[Target], args: argparse.Namespace) ->
         f"aiohttp {aiohttp.__version__}, wrk 4.1. One worker process each; gateway and forwarder pinned to core 0, "
         "wrk and the upstream to core 1. Medians over rounds, targets interleaved.",
         "",
-        "modelgate runs its default pipeline for the message format (usage capture, SSE framing) with JSON",
-        "access logging on; the forwarder has no plugins. Added latency is the target's p50/p99 minus direct's.",
+        "modelgate runs its default pipeline for the message format (auth, validation, usage capture, SSE",
+        "framing) with metrics and JSON access lines on and tracing off; 'all on' adds tracing of every request",
+        "exported over OTLP; 'all off' has no metrics, access lines or traces. The forwarder has no plugins.",
+        "Added latency is the target's p50/p99 minus direct's.",
         "",
         "### Non-streaming (POST /v1/messages)",
         "",
@@ -205,6 +215,20 @@ def write_results(out: Path, targets: list[Target], args: argparse.Namespace) ->
         lines.append(f"| {t.name} | {med(t.ttfe):.3f} | {'-' if t is direct else f'{med(t.ttfe) - med(direct.ttfe):.3f}'} | "
                      f"{med(t.stream_total):.3f} | "
                      f"{'-' if t is direct else f'{med(t.stream_total) - med(direct.stream_total):.3f}'} |")
+    on_cpu, off_cpu, default_cpu = (med(t.cpu_ms[64]) for t in (all_on, all_off, gateway))
+    lines += [
+        "",
+        "### The cost of observability (64 concurrent)",
+        "",
+        "| | requests/s | CPU ms/request |",
+        "|---|---|---|",
+        f"| all off | {med(all_off.rps[64]):,.0f} | {off_cpu:.3f} |",
+        f"| defaults (metrics, access lines) | {med(gateway.rps[64]):,.0f} | {default_cpu:.3f} |",
+        f"| all on (+ traces exported) | {med(all_on.rps[64]):,.0f} | {on_cpu:.3f} |",
+        "",
+        f"Metrics and access lines cost {default_cpu - off_cpu:.3f} ms of CPU per request; tracing every request "
+        f"adds {on_cpu - default_cpu:.3f} ms more (sample fewer with `tracing.sample_ratio`).",
+    ]
     lines += [
         "",
         "### Against the targets of one worker process",
