@@ -28,7 +28,8 @@ _WHERE = {
 def key_ring(config: GatewayConfig) -> KeyRing:
     return KeyRing([
         GatewayKey.build(k.name, bytes.fromhex(k.digest_hex()), enabled=k.enabled, expires_at=k.expires_at,
-                         models=k.models, endpoints=k.endpoints, url_delivery=k.url_delivery, labels=k.labels)
+                         models=k.models, endpoints=k.endpoints, url_delivery=k.url_delivery, labels=k.labels,
+                         limits=k.limits)
         for k in config.keys])
 
 

@@ -35,6 +35,7 @@ class GatewayApp:
         self.loaded = loaded
         self.config_path = config_path
         self.tracing = Tracing(loaded.config.observability.tracing, span_exporter)
+        self.resources: dict[str, object] = {}  # what plugins keep across reloads
         self.simulators = SimulatorFarm()
         self.store: StateStore | None = None
         self.gateway: Gateway | None = None
@@ -49,7 +50,7 @@ class GatewayApp:
     async def start(self) -> None:
         config = self.loaded.config
         self.store = make_store(config.state)
-        runtime = await Runtime.build(self.loaded, self.simulators)
+        runtime = await Runtime.build(self.loaded, self.simulators, self.resources)
         self.gateway = Gateway(runtime, Affinity(self.store, config.state.affinity_ttl_s), self.tracing)
         set_config_info(self.loaded.digest)
 
@@ -76,7 +77,7 @@ class GatewayApp:
             if loaded.config.state != self.loaded.config.state or loaded.config.server.listen != self.loaded.config.server.listen:
                 log.warning("state and server.listen changes take effect at the next restart")
             try:
-                runtime = await Runtime.build(loaded, self.simulators)
+                runtime = await Runtime.build(loaded, self.simulators, self.resources)
             except Exception:
                 log.exception("config reload failed while starting; keeping the running config")
                 CONFIG_RELOADS.labels("failed").inc()

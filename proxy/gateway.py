@@ -230,6 +230,9 @@ class Gateway:
 
     @staticmethod
     def _finish_local(ex: Exchange, response: web.StreamResponse, id_header: str) -> web.StreamResponse:
+        if ex.response_headers:
+            for name, value in ex.response_headers.items():
+                response.headers.setdefault(name, value)
         response.headers[id_header] = ex.request_id
         ex.status = response.status
         return response

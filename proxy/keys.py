@@ -13,6 +13,7 @@ import hmac
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Any
 
 
 def digest(key: str) -> bytes:
@@ -30,14 +31,16 @@ class GatewayKey:
     url_delivery: bool = False
     labels: dict[str, str] = field(default_factory=dict)
     _models: re.Pattern[str] | None = None
+    limits_config: Any = None  # the key's KeyLimits (rates, concurrency, per-model rates)
 
     @classmethod
     def build(cls, name: str, sha256: bytes, *, enabled: bool, expires_at: datetime | None,
               models: list[str], endpoints: list[str] | None, url_delivery: bool,
-              labels: dict[str, str]) -> GatewayKey:
+              labels: dict[str, str], limits: Any = None) -> GatewayKey:
         pattern = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in models)) if models != ["*"] else None
         return cls(name, sha256, enabled, expires_at, tuple(models),
-                   frozenset(endpoints) if endpoints is not None else None, url_delivery, dict(labels), pattern)
+                   frozenset(endpoints) if endpoints is not None else None, url_delivery, dict(labels), pattern,
+                   limits)
 
     def expired(self, now: datetime | None = None) -> bool:
         return self.expires_at is not None and (now or datetime.now(timezone.utc)) >= self.expires_at

@@ -30,6 +30,7 @@ log = logging.getLogger("modelgate.pipeline")
 BUILTIN_PLUGINS: dict[str, str] = {
     "auth": "plugins.auth:Auth",
     "validation": "plugins.validation:Validation",
+    "ratelimit": "plugins.ratelimit:RateLimit",
     "usage": "plugins.usage:UsageCapture",
     "sse": "plugins.sse:SSEPassthrough",
 }
@@ -38,10 +39,10 @@ BUILTIN_PLUGINS: dict[str, str] = {
 def default_plugins(route: Route) -> list[str]:
     """The pipeline a route gets when config names none."""
     if route.format.name in ("messages", "content", "responses", "images"):
-        return ["auth", "validation", "usage", "sse"]
+        return ["auth", "validation", "ratelimit", "usage", "sse"]
     if route.format.name == "video":
-        return ["auth", "validation"]
-    return []  # login and the payment webhook take no gateway key
+        return ["auth", "validation", "ratelimit"]
+    return ["ratelimit"]  # login and the payment webhook take no gateway key; limits go by client IP
 
 
 class Plugin:
@@ -52,6 +53,8 @@ class Plugin:
 
     def __init__(self, settings: Any = None) -> None:
         self.settings = settings
+        # Objects that outlive a config reload, owned by the running gateway (set before configure).
+        self.resources: dict[str, Any] = {}
 
     def configure(self, config: GatewayConfig) -> None:
         """Called once with the whole config this instance serves (keys, channels ...)."""
@@ -204,11 +207,12 @@ def _settings_problems(cls: type[Plugin], name: str, settings: dict[str, Any]) -
     return []
 
 
-def build_plugin(config: GatewayConfig, name: str) -> Plugin:
+def build_plugin(config: GatewayConfig, name: str, resources: dict[str, Any] | None = None) -> Plugin:
     cls = resolve_plugin(name)
     raw = config.plugins.get(name, {})
     settings = cls.Settings.model_validate(raw) if cls.Settings is not None else None
     plugin = cls(settings)
+    plugin.resources = resources if resources is not None else {}
     configure = getattr(plugin, "configure", None)
     if configure is not None:
         configure(config)

@@ -68,6 +68,8 @@ class Relay:
         """The client's response headers: the upstream's end-to-end ones (already filtered when
         given), plus the request id and the timing."""
         headers = filtered if filtered is not None else end_to_end(self.upstream.headers)
+        if self.ex.response_headers:
+            headers.update(self.ex.response_headers)
         headers[self.request_id_header] = self.ex.request_id
         headers["Server-Timing"] = _server_timing(self.ex)
         return headers

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from proxy.channels import Channel, ChannelSet
 from proxy.config import LoadedConfig
@@ -40,7 +40,8 @@ class Runtime:
         self._closed = asyncio.Event()
 
     @classmethod
-    async def build(cls, loaded: LoadedConfig, simulators: SimulatorFarm) -> Runtime:
+    async def build(cls, loaded: LoadedConfig, simulators: SimulatorFarm,
+                    resources: dict[str, Any] | None = None) -> Runtime:
         config = loaded.config
         channels = []
         for channel_config in config.channels:
@@ -54,7 +55,7 @@ class Runtime:
             names = plugin_names(config, route)
             for name in names:
                 if name not in instances:
-                    instances[name] = build_plugin(config, name)
+                    instances[name] = build_plugin(config, name, resources)
             pipelines[route.name] = Pipeline([instances[n] for n in names])
         runtime = cls(loaded, ChannelSet(channels), pipelines, list(instances.values()))
         try:

@@ -151,6 +151,18 @@ class ChannelConfig(Strict):
         return self.base_url == SIMULATOR
 
 
+class Rates(Strict):
+    """Limits over a sliding minute: requests and tokens (input + output, as the upstream reports)."""
+
+    rpm: int | None = Field(default=None, ge=1)
+    tpm: int | None = Field(default=None, ge=1)
+
+
+class KeyLimits(Rates):
+    concurrent: int | None = Field(default=None, ge=1)
+    models: dict[str, Rates] = Field(default_factory=dict)  # glob -> limits for this key on those models
+
+
 class KeyConfig(Strict):
     """A gateway API key: give the key itself (through ${VAR}) or its SHA-256 hex digest."""
 
@@ -163,6 +175,7 @@ class KeyConfig(Strict):
     endpoints: list[Literal[ROUTE_NAMES]] | None = None  # type: ignore[valid-type]
     url_delivery: bool = False
     labels: dict[str, str] = Field(default_factory=dict)
+    limits: KeyLimits = Field(default_factory=KeyLimits)
 
     @field_validator("sha256")
     @classmethod
@@ -274,7 +287,7 @@ def _is_http_url(value: str) -> bool:
 def all_field_names() -> set[str]:
     """Every key the schema knows, for 'did you mean' hints."""
     names: set[str] = set()
-    for model in (ServerConfig, StateConfig, Timeouts, Pool, SimulatorSettings, ChannelConfig, KeyConfig,
+    for model in (ServerConfig, StateConfig, Timeouts, Pool, SimulatorSettings, ChannelConfig, KeyConfig, KeyLimits,
                   RouteConfig, LoggingConfig, MetricsConfig, TracingConfig, ObservabilityConfig, GatewayConfig):
         names.update(model.model_fields)
     return names

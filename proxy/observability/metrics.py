@@ -59,6 +59,10 @@ CHANNEL_UP = Gauge("modelgate_channel_up", "1 while a channel answers; 0 after 3
 VALIDATION_FAILURES = Counter("modelgate_validation_failures", "Requests refused by a validation rule",
                               ["route", "rule"])
 AUTH_REFUSALS = Counter("modelgate_auth_refusals", "Requests refused by the auth plugin", ["route", "reason"])
+RATELIMIT_DECISIONS = Counter("modelgate_ratelimit_decisions", "Rate-limit decisions by policy",
+                              ["policy", "decision"])
+RATELIMIT_BACKEND_ERRORS = Counter("modelgate_ratelimit_backend_errors", "Limiter checks the shared state could not answer",
+                                   ["mode"])
 CONFIG_RELOADS = Counter("modelgate_config_reloads", "Config reloads by outcome", ["outcome"])
 CONFIG_INFO = Gauge("modelgate_config_info", "The loaded config (its digest); value 1", ["digest"],
                     multiprocess_mode="liveall")

@@ -1,0 +1,223 @@
+"""Rate limits per key, per key and model, per route, and per client IP on keyless routes.
+
+Requests and tokens are counted over an exact sliding minute; concurrent requests hold a
+lease until their answer ends or their client leaves. Tokens are reserved up front (the
+request's own maximum plus an estimate of its input) and settled from the usage the
+upstream reports. A refusal is a 429 in the endpoint's shape with Retry-After; limited
+routes carry RateLimit-Policy and RateLimit headers. When the shared state is unreachable
+the configured mode holds: fail open (serve, count it) or fail closed (503).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+import logging
+import math
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from proxy.config import GatewayConfig
+from proxy.config.model import Rates
+from proxy.exchange import Exchange
+from proxy.limits import Check, Decision, Kind, Limiter, LimiterUnavailable
+from proxy.limits.memory import MemoryLimiter
+from proxy.observability.metrics import RATELIMIT_BACKEND_ERRORS, RATELIMIT_DECISIONS
+from proxy.pipeline import Plugin
+from proxy.routes import ROUTE_NAMES
+
+log = logging.getLogger("modelgate.ratelimit")
+_WINDOW_S = 60.0
+
+
+class RateLimitSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    fail: Literal["open", "closed"] = "open"
+    routes: dict[str, Rates] = Field(default_factory=dict)   # every client of a route together
+    per_ip: dict[str, Rates] = Field(default_factory=lambda: {"login_2fa": Rates(rpm=10)})
+    trusted_proxies: list[str] = Field(default_factory=list)  # CIDRs whose X-Forwarded-For is believed
+    default_reserve_tokens: int = Field(default=4096, ge=1)
+
+    @field_validator("routes", "per_ip")
+    @classmethod
+    def _route_names(cls, value: dict[str, Rates]) -> dict[str, Rates]:
+        for name in value:
+            if name not in ROUTE_NAMES:
+                raise ValueError(f"{name!r} is not a route (one of {', '.join(ROUTE_NAMES)})")
+        return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for cidr in value:
+            ipaddress.ip_network(cidr, strict=False)
+        return value
+
+
+class RateLimit(Plugin):
+    name = "ratelimit"
+    Settings = RateLimitSettings
+
+    def configure(self, config: GatewayConfig) -> None:
+        settings: RateLimitSettings = self.settings
+        self.proxies = [ipaddress.ip_network(c, strict=False) for c in settings.trusted_proxies]
+        self.owns_limiter = config.state.backend == "redis"
+        if self.owns_limiter:
+            from proxy.limits.redis import RedisLimiter
+
+            self.limiter: Limiter = RedisLimiter(config.state.url, config.state.prefix)
+        else:
+            # Kept by the running gateway, so a config reload does not forget who used what.
+            self.limiter = self.resources.setdefault("ratelimit.memory", MemoryLimiter())  # type: ignore[assignment]
+        self.unavailable = False
+
+    async def stop(self) -> None:
+        if self.owns_limiter:
+            await self.limiter.close()
+
+    async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
+        checks = self._checks(ex)
+        if not checks:
+            return None
+        try:
+            decision = await self.limiter.acquire(checks, ex.request_id)
+        except LimiterUnavailable as exc:
+            return self._unavailable(ex, exc)
+        if self.unavailable:
+            self.unavailable = False
+            log.warning("rate-limit state reachable again; limits apply")
+        policy = ", ".join(f'"{c.policy}";q={c.limit};w={int(c.window_s)}' for c in checks if c.kind is not Kind.CONCURRENT)
+        if not decision.allowed:
+            assert decision.check is not None
+            RATELIMIT_DECISIONS.labels(decision.check.policy, "limited").inc()
+            retry = max(1, math.ceil(decision.retry_after_s))
+            headers = {"Retry-After": str(retry), "RateLimit": f'"{decision.check.policy}";r=0;t={retry}'}
+            if policy:
+                headers["RateLimit-Policy"] = policy
+            return ex.error_response(429, f"rate limit '{decision.check.policy}' reached "
+                                     f"({decision.check.limit} per {_describe(decision.check)}); retry in {retry}s",
+                                     "rate_limited", headers=headers)
+        for check in checks:
+            RATELIMIT_DECISIONS.labels(check.policy, "allowed").inc()
+        ex.plugin_state[self.name] = checks
+        if decision.check is not None and decision.check.kind is not Kind.CONCURRENT:
+            ex.response_headers = {**(ex.response_headers or {}), "RateLimit-Policy": policy,
+                                   "RateLimit": f'"{decision.check.policy}";r={decision.remaining};'
+                                                f't={math.ceil(decision.reset_s)}'}
+        return None
+
+    async def on_complete(self, ex: Exchange) -> None:
+        checks: list[Check] | None = ex.plugin_state.get(self.name)
+        if not checks:
+            return
+        try:
+            for check in checks:
+                if check.kind is Kind.CONCURRENT:
+                    await self.limiter.release(check, ex.request_id)
+                elif check.kind is Kind.TOKENS:
+                    spent = _tokens_spent(ex, check.cost)
+                    if spent != check.cost:
+                        await self.limiter.settle(check, ex.request_id, spent)
+        except LimiterUnavailable as exc:
+            RATELIMIT_BACKEND_ERRORS.labels(self.settings.fail).inc()
+            log.warning("could not settle rate limits: %s", exc)
+
+    def _checks(self, ex: Exchange) -> list[Check]:
+        settings: RateLimitSettings = self.settings
+        route = ex.route.name
+        checks: list[Check] = []
+        key = ex.key
+        if key is not None:
+            limits = _key_limits(ex)
+            if limits is not None:
+                checks += self._rates(f"key:{key.name}", "key", limits, ex)
+                if limits.concurrent:
+                    checks.append(Check(f"key:{key.name}:concurrent", "key-concurrent", Kind.CONCURRENT,
+                                        limits.concurrent, 0))
+                if ex.model is not None:
+                    for pattern, rates in limits.models.items():
+                        if fnmatch.fnmatchcase(ex.model, pattern):
+                            checks += self._rates(f"key:{key.name}:model:{ex.model}", "key-model", rates, ex)
+                            break
+        if route in settings.routes:
+            checks += self._rates(f"route:{route}", "route", settings.routes[route], ex)
+        if ex.format.key_location.value == "none" and route in settings.per_ip:
+            checks += self._rates(f"ip:{route}:{self._client_ip(ex)}", "ip", settings.per_ip[route], ex)
+        return checks
+
+    def _rates(self, base: str, scope: str, rates: Rates, ex: Exchange) -> list[Check]:
+        found = []
+        if rates.rpm:
+            found.append(Check(f"{base}:rpm", f"{scope}-rpm", Kind.REQUESTS, rates.rpm, _WINDOW_S))
+        if rates.tpm:
+            reserve = min(rates.tpm, _requested_tokens(ex, self.settings.default_reserve_tokens))
+            found.append(Check(f"{base}:tpm", f"{scope}-tpm", Kind.TOKENS, rates.tpm, _WINDOW_S, reserve))
+        return found
+
+    def _client_ip(self, ex: Exchange) -> str:
+        """The peer's address; behind a trusted proxy, the nearest X-Forwarded-For hop it did not add."""
+        ip = ex.client_ip
+        if not self.proxies or not _in(ip, self.proxies):
+            return ip
+        hops = [h.strip() for v in ex.request.headers.getall("X-Forwarded-For", ()) for h in v.split(",")]
+        for hop in reversed(hops):
+            if hop and not _in(hop, self.proxies):
+                return hop
+        return ip
+
+    def _unavailable(self, ex: Exchange, exc: Exception) -> web.StreamResponse | None:
+        mode = self.settings.fail
+        RATELIMIT_BACKEND_ERRORS.labels(mode).inc()
+        if not self.unavailable:
+            self.unavailable = True
+            log.warning("rate-limit state unreachable; failing %s: %s", mode, exc)
+        if mode == "open":
+            return None
+        return ex.error_response(503, "rate limits cannot be checked right now; retry shortly",
+                                 "rate_limiter_unavailable", headers={"Retry-After": "1"})
+
+
+def _key_limits(ex: Exchange) -> Any:
+    config = ex.key.limits_config if ex.key is not None else None  # type: ignore[union-attr]
+    if config is None or not (config.rpm or config.tpm or config.concurrent or config.models):
+        return None
+    return config
+
+
+def _describe(check: Check) -> str:
+    unit = "tokens" if check.kind is Kind.TOKENS else "requests"
+    return f"{int(check.window_s)}s of {unit}" if check.kind is not Kind.CONCURRENT else "concurrent requests"
+
+
+def _requested_tokens(ex: Exchange, default: int) -> int:
+    """The most this request may cost: its own output limit, plus its input estimated from its size."""
+    body = ex.json() if ex.body else None
+    output = None
+    if isinstance(body, dict):
+        output = body.get("max_tokens") or body.get("max_output_tokens")
+        config = body.get("generationConfig") or body.get("generation_config")
+        if output is None and isinstance(config, dict):
+            output = config.get("maxOutputTokens") or config.get("max_output_tokens")
+    if not isinstance(output, int) or isinstance(output, bool) or output < 1:
+        output = default
+    return output + len(ex.body or b"") // 4
+
+
+def _tokens_spent(ex: Exchange, reserved: int) -> int:
+    usage = ex.usage
+    if usage.known:
+        return (usage.input_tokens or 0) + (usage.output_tokens or 0)
+    if ex.upstream_headers_at is None:
+        return 0  # the upstream never answered: nothing was spent
+    return reserved  # an answer without a reported usage keeps its reservation
+
+
+def _in(address: str, networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in net for net in networks)
