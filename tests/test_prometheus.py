@@ -61,6 +61,7 @@ async def mixed_load(url: str, seconds: float) -> None:
         ("/v1/responses", {**bearer, "x-sim-fault": "status=503"}, {"model": "respmodel-4o", "input": "x"}),
         ("/v1/messages", msg, {**message, "max_tokens": 0}),
         ("/v1/messages", {"msgapi-version": "1"}, message),
+        ("/v1/responses", {"Authorization": "Bearer tight-key-001"}, {"model": "respmodel-4o", "input": "x"}),
     ]
     deadline = time.monotonic() + seconds
     async with aiohttp.ClientSession() as http:
@@ -80,6 +81,7 @@ async def test_every_dashboard_and_alert_expression_returns_data(spawn, tmp_path
     gateway = spawn("gateway", config="""
         server: {listen: "127.0.0.1:{PORT}"}
         observability: {logging: {access_log: false}}
+        keys: [{name: demo, key: sk-demo-key, limits: {rpm: 100000, tpm: 10000000}}, {name: tight, key: tight-key-001, limits: {rpm: 1}}]
         channels: [{name: simulator, base_url: simulator, simulator: {chunk_delay_ms: 2, output_tokens: 4}}]
     """)
     port = free_port()
