@@ -113,14 +113,10 @@ class RateLimit(Plugin):
         checks: list[Check] | None = ex.plugin_state.get(self.name)
         if not checks:
             return
+        reserved = next((c.cost for c in checks if c.kind is Kind.TOKENS), None)
+        spent = _tokens_spent(ex, reserved) if reserved is not None else None
         try:
-            for check in checks:
-                if check.kind is Kind.CONCURRENT:
-                    await self.limiter.release(check, ex.request_id)
-                elif check.kind is Kind.TOKENS:
-                    spent = _tokens_spent(ex, check.cost)
-                    if spent != check.cost:
-                        await self.limiter.settle(check, ex.request_id, spent)
+            await self.limiter.finish(checks, ex.request_id, None if spent == reserved else spent)
         except LimiterUnavailable as exc:
             RATELIMIT_BACKEND_ERRORS.labels(self.settings.fail).inc()
             log.warning("could not settle rate limits: %s", exc)
@@ -207,6 +203,7 @@ def _requested_tokens(ex: Exchange, default: int) -> int:
 
 
 def _tokens_spent(ex: Exchange, reserved: int) -> int:
+    """What the request really cost; each token check reserved the same amount (its own cap aside)."""
     usage = ex.usage
     if usage.known:
         return (usage.input_tokens or 0) + (usage.output_tokens or 0)

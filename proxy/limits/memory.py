@@ -72,18 +72,17 @@ class MemoryLimiter:
             window.total += amount
         return tightest or Decision(True)
 
-    async def settle(self, check: Check, request_id: str, tokens: int) -> None:
-        window = self._windows.get(check.key)
-        if window is None or request_id not in window.entries:
-            return  # already out of the window: nothing left to correct
-        at, reserved = window.entries[request_id]
-        window.entries[request_id] = (at, tokens)
-        window.total += tokens - reserved
-
-    async def release(self, check: Check, request_id: str) -> None:
-        window = self._windows.get(check.key)
-        if window is not None and (entry := window.entries.pop(request_id, None)) is not None:
-            window.total -= entry[1]
+    async def finish(self, checks: list[Check], request_id: str, tokens: int | None) -> None:
+        for check in checks:
+            window = self._windows.get(check.key)
+            if window is None or request_id not in window.entries:
+                continue  # already out of the window: nothing left to correct
+            if check.kind is Kind.CONCURRENT:
+                window.total -= window.entries.pop(request_id)[1]
+            elif check.kind is Kind.TOKENS and tokens is not None:
+                at, reserved = window.entries[request_id]
+                window.entries[request_id] = (at, tokens)
+                window.total += tokens - reserved
 
     async def close(self) -> None:
         self._windows.clear()

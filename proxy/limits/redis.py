@@ -1,7 +1,8 @@
 """The limiter in Redis: every gateway instance shares the same windows.
 
 One Lua script checks all of a request's limits and records them only if all pass, in
-one round trip, on the Redis server's clock. Sliding windows are sorted sets of request
+one round trip, on the Redis server's clock; another settles tokens and releases leases
+after the answer, in one more. Sliding windows are sorted sets of request
 ids by time (tokens keep each request's amount in a hash and the window's total beside it);
 concurrency leases are sorted sets scored by their expiry.
 """
@@ -44,10 +45,12 @@ for i = 1, #KEYS do
       redis.call('DECRBY', total_key, freed)
     end
     local total = tonumber(redis.call('GET', total_key) or '0')
-    local entries = redis.call('ZRANGE', z, 0, -1, 'WITHSCORES')
+    local oldest = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
     reset = window
-    if entries[2] then reset = tonumber(entries[2]) + window - now end
+    if oldest[2] then reset = tonumber(oldest[2]) + window - now end
     if total + cost > limit then
+      -- refused: walk the window (only now) to find when enough of it expires
+      local entries = redis.call('ZRANGE', z, 0, -1, 'WITHSCORES')
       local excess, retry = total + cost - limit, window
       for j = 1, #entries, 2 do
         excess = excess - (tonumber(redis.call('HGET', h, entries[j])) or 0)
@@ -86,11 +89,22 @@ end
 return {1, best_i, best_remaining, best_reset}
 """
 
-SETTLE = """
-local old = redis.call('HGET', KEYS[1] .. ':h', ARGV[1])
-if not old then return 0 end
-redis.call('HSET', KEYS[1] .. ':h', ARGV[1], ARGV[2])
-redis.call('INCRBY', KEYS[1] .. ':t', tonumber(ARGV[2]) - tonumber(old))
+# After the answer: KEYS are token windows to settle (ARGV[2] tokens, or '' to keep) and
+# leases to release, told apart by ARGV[3 + i] ('t' or 'c').
+FINISH = """
+local rid, tokens = ARGV[1], ARGV[2]
+for i = 1, #KEYS do
+  local z = KEYS[i]
+  if ARGV[2 + i] == 'c' then
+    redis.call('ZREM', z, rid)
+  elseif tokens ~= '' then
+    local old = redis.call('HGET', z .. ':h', rid)
+    if old then
+      redis.call('HSET', z .. ':h', rid, tokens)
+      redis.call('INCRBY', z .. ':t', tonumber(tokens) - tonumber(old))
+    end
+  end
+end
 return 1
 """
 
@@ -101,7 +115,7 @@ class RedisLimiter:
                                                retry_on_timeout=False, health_check_interval=5)
         self._prefix = prefix + "rl:"
         self._acquire = self._client.register_script(ACQUIRE)
-        self._settle = self._client.register_script(SETTLE)
+        self._finish = self._client.register_script(FINISH)
 
     async def acquire(self, checks: list[Check], request_id: str) -> Decision:
         args: list[object] = [request_id, int(LEASE_TTL_S * 1000)]
@@ -116,15 +130,14 @@ class RedisLimiter:
             return Decision(False, check, 0, value / 1000, value / 1000)
         return Decision(True, check, max(0, int(value)), 0.0, max(0, reset) / 1000)
 
-    async def settle(self, check: Check, request_id: str, tokens: int) -> None:
+    async def finish(self, checks: list[Check], request_id: str, tokens: int | None) -> None:
+        pending = [c for c in checks if c.kind is Kind.CONCURRENT or (c.kind is Kind.TOKENS and tokens is not None)]
+        if not pending:
+            return
+        kinds = ["c" if c.kind is Kind.CONCURRENT else "t" for c in pending]
         try:
-            await self._settle(keys=[self._prefix + check.key], args=[request_id, tokens])
-        except (RedisError, OSError) as exc:
-            raise LimiterUnavailable(str(exc)) from exc
-
-    async def release(self, check: Check, request_id: str) -> None:
-        try:
-            await self._client.zrem(self._prefix + check.key, request_id)
+            await self._finish(keys=[self._prefix + c.key for c in pending],
+                               args=[request_id, "" if tokens is None else tokens, *kinds])
         except (RedisError, OSError) as exc:
             raise LimiterUnavailable(str(exc)) from exc
 
