@@ -66,6 +66,13 @@ async def test_the_limit_answers_429_in_the_endpoint_shape_with_retry_after(star
     assert len(gw.sim().requests) == 2
 
 
+async def test_an_upstream_429_passes_through_with_its_retry_after(start_gateway, http):  # noqa: ANN001
+    gw = await start_gateway(config("{rpm: 100}"))
+    status, headers, body = await post(http, gw.url, "messages", headers={"x-sim-fault": "status=429"})
+    assert status == 429 and headers["Retry-After"] == "7"
+    assert b"simulated upstream fault 429" in body
+
+
 @pytest.mark.parametrize("fmt", list(REQUESTS))
 @pytest.mark.parametrize("stream", [False, True])
 async def test_tokens_are_reserved_then_charged_from_reported_usage(start_gateway, http, fmt, stream):  # noqa: ANN001

@@ -153,7 +153,9 @@ class Simulator:
         if knobs.latency_ms:
             await asyncio.sleep(knobs.latency_ms / 1000)
         if knobs.fault_status:
-            raise Answer(fmt.error_response(knobs.fault_status, f"simulated upstream fault {knobs.fault_status}"))
+            headers = {"Retry-After": "7"} if knobs.fault_status == 429 else None
+            raise Answer(fmt.error_response(knobs.fault_status, f"simulated upstream fault {knobs.fault_status}",
+                                            headers=headers))
         return payload, knobs
 
     def _check_key(self, request: web.Request, fmt: Format) -> None:
