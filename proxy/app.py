@@ -16,6 +16,7 @@ from proxy.formats import ACCOUNT
 from proxy.formats.base import Format
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from proxy.delivery.service import PATH as DELIVERY_PATH
 from proxy.gateway import Gateway
 from proxy.observability.metrics import CONFIG_RELOADS, exposition, set_config_info
 from proxy.observability.tracing import Tracing
@@ -60,6 +61,10 @@ class GatewayApp:
             runtime.retire()
             await runtime.wait_closed()
         await self.simulators.close()
+        for resource in self.resources.values():
+            close = getattr(resource, "close", None)
+            if close is not None:
+                await close()
         if self.store is not None:
             await self.store.close()
         self.tracing.shutdown()
@@ -118,6 +123,7 @@ def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
+    app.router.add_get(DELIVERY_PATH, _delivered_image)
     app.router.add_route("*", "/{tail:.*}", _unmatched)
     return app
 
@@ -143,6 +149,13 @@ async def _readyz(request: web.Request) -> web.Response:
             "config": owner.loaded.digest,
             "channels": [c.name for c in owner.runtime.channels.channels] if owner.gateway else []}
     return web.Response(status=200 if ready else 503, body=jsonutil.dumps(body), content_type="application/json")
+
+
+async def _delivered_image(request: web.Request) -> web.StreamResponse:
+    service = request.app[APP_KEY].resources.get("url_delivery")
+    if service is None:
+        return ACCOUNT.error_response(404, "image URL delivery is not configured", "not_found")
+    return await service.serve(request)  # type: ignore[attr-defined]
 
 
 async def _metrics(request: web.Request) -> web.Response:

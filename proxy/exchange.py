@@ -35,7 +35,7 @@ class Exchange:
         "path_params", "body", "body_stream", "multipart", "_json", "body_changed", "model",
         "upstream_model", "channel", "pinned_channel", "key", "key_name", "streaming", "usage",
         "upstream_started", "upstream_headers_at", "upstream_finished", "status", "bytes_out",
-        "client_aborted", "error", "plugin_state", "tracer", "span", "response_headers",
+        "client_aborted", "error", "plugin_state", "tracer", "span", "response_headers", "answer_limit",
     )
 
     def __init__(self, request: web.Request, route: Route, request_id: str) -> None:
@@ -69,6 +69,7 @@ class Exchange:
         self.error: str | None = None
         self.plugin_state: dict[str, Any] = {}
         self.response_headers: dict[str, str] | None = None  # plugins' additions to the client's answer
+        self.answer_limit: int | None = None  # a plugin must read the whole answer: larger ones are refused
         self.tracer: Any = None   # the OpenTelemetry tracer, when this request is traced
         self.span: Any = None     # its server span
 

@@ -31,6 +31,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "auth": "plugins.auth:Auth",
     "validation": "plugins.validation:Validation",
     "ratelimit": "plugins.ratelimit:RateLimit",
+    "url_delivery": "plugins.url_delivery:UrlDelivery",
     "usage": "plugins.usage:UsageCapture",
     "sse": "plugins.sse:SSEPassthrough",
 }
@@ -38,6 +39,8 @@ BUILTIN_PLUGINS: dict[str, str] = {
 
 def default_plugins(route: Route) -> list[str]:
     """The pipeline a route gets when config names none."""
+    if route.name in ("image_generations", "image_edits", "generate_content"):
+        return ["auth", "validation", "ratelimit", "url_delivery", "usage", "sse"]
     if route.format.name in ("messages", "content", "responses", "images"):
         return ["auth", "validation", "ratelimit", "usage", "sse"]
     if route.format.name == "video":

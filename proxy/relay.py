@@ -60,6 +60,11 @@ class Relay:
         wants_body = bool(self.pipeline.response_hooks) or (
             ex.route.creates is not None and upstream.status < 300)
         length = upstream.content_length
+        if ex.answer_limit is not None and upstream.status < 300:
+            if length is not None and length > ex.answer_limit:
+                upstream.close()
+                return self._too_large()
+            return await self._send_buffered()
         if wants_body and not ex.route.streams_bytes and (length is None or length <= self.buffer_limit):
             return await self._send_buffered()
         return await self._send_bytes()
@@ -82,6 +87,9 @@ class Relay:
             async for chunk in upstream.content.iter_any():
                 chunks.append(chunk)
                 size += len(chunk)
+                if ex.answer_limit is not None and size > ex.answer_limit:
+                    upstream.close()
+                    return self._too_large()
                 if size > self.buffer_limit:
                     # Too large to hold: what was read goes first, the rest streams, hooks are skipped.
                     return await self._send_bytes(prefix=b"".join(chunks))
@@ -99,6 +107,11 @@ class Relay:
         ex.status = answer.status
         ex.bytes_out = len(answer.body)
         return web.Response(status=answer.status, body=answer.body, headers=headers)
+
+    def _too_large(self) -> web.Response:
+        limit_mb = (self.ex.answer_limit or 0) / (1024 * 1024)
+        return self.ex.error_response(502, f"the upstream's answer is over the {limit_mb:g} MB processing limit",
+                                      "image_response_too_large")
 
     async def _send_bytes(self, prefix: bytes = b"") -> web.StreamResponse:
         ex, upstream = self.ex, self.upstream

@@ -1,0 +1,185 @@
+"""URL delivery: Base64 images in answers stored and replaced by temporary signed URLs.
+
+Images format (endpoints 6, 7): only with `response_format: "url"` on a non-streaming
+request; native upstream URLs pass through. Content-generation (endpoint 9 with an image
+model): only with `generationConfig.responseFormat.image.delivery: "URI"` (a gateway field,
+removed before forwarding); inlineData parts become fileData, and images some upstreams
+embed in text as Markdown data URLs get URLs too. The environment (`enabled`) and the key
+(`url_delivery`, or a label in `allow_labels`) must both allow it, else 503
+image_url_delivery_unavailable. A store failure falls back to Base64 with
+`X-Image-Delivery-Fallback: base64`, or, in strict mode, is a 502 image_url_delivery_failed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from proxy.config import GatewayConfig
+from proxy.delivery.service import DeliveryService
+from proxy.delivery.signing import Signer
+from proxy.delivery.stores import BlobStore, LocalStore, RedisBlobStore, StoreError
+from proxy.exchange import Exchange, UpstreamResponse
+from proxy.pipeline import Plugin
+
+_IMAGE_ROUTES = ("image_generations", "image_edits")
+_DATA_URL = re.compile(r"data:(image/[A-Za-z0-9.+-]+);base64,([A-Za-z0-9+/=]+)")
+_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
+
+
+class SigningKey(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,32}$")
+    secret: str = Field(min_length=16, repr=False)
+
+
+class DeliverySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False                 # the environment's switch
+    store: Literal["local", "redis"] = "local"
+    dir: str = "./data/images"
+    ttl_s: int = Field(default=3600, ge=1, le=7 * 24 * 3600)
+    strict: bool = False
+    max_response_mb: float = Field(default=64, gt=0)
+    signing_keys: list[SigningKey] = Field(default_factory=list)  # the first signs; all verify
+    allow_labels: dict[str, str] = Field(default_factory=dict)    # keys with these labels may use it too
+
+
+class UrlDelivery(Plugin):
+    name = "url_delivery"
+    Settings = DeliverySettings
+
+    def configure(self, config: GatewayConfig) -> None:
+        settings: DeliverySettings = self.settings
+        where = settings.dir if settings.store == "local" else config.state.url
+        slot = f"url_delivery:{settings.store}:{where}"
+        store: BlobStore
+        if slot not in self.resources:
+            store = LocalStore(settings.dir) if settings.store == "local" else RedisBlobStore(config.state.url,
+                                                                                              config.state.prefix)
+            self.resources[slot] = store
+        store = self.resources[slot]  # type: ignore[assignment]
+        signer = Signer([(k.id, k.secret) for k in settings.signing_keys])
+        self.service = DeliveryService(store, signer, settings.ttl_s, config.server.base_url)
+        self.resources["url_delivery"] = self.service  # what the gateway serves /images/... with
+
+    async def start(self) -> None:
+        await self.service.start()
+
+    async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
+        mode = _requested(ex)
+        if mode is None:
+            return None
+        if not self._allowed(ex):
+            return ex.error_response(503, "image URL delivery is not enabled for this environment or key",
+                                     "image_url_delivery_unavailable")
+        if mode == "content":
+            body = ex.json()
+            config = dict(body.get("generationConfig") or body.get("generation_config") or {})
+            config.pop("responseFormat", None)  # a gateway field: never forwarded
+            config.pop("response_format", None)
+            key = "generationConfig" if "generationConfig" in body else "generation_config"
+            ex.set_json({**body, key: config})
+        ex.plugin_state[self.name] = mode
+        ex.answer_limit = int(self.settings.max_response_mb * 1024 * 1024)
+        return None
+
+    async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
+        mode = ex.plugin_state.get(self.name)
+        if mode is None or upstream.status >= 300:
+            return
+        body = upstream.json()
+        if not isinstance(body, dict):
+            return
+        try:
+            changed = await (self._images(body) if mode == "images" else self._content(body))
+        except StoreError as exc:
+            if self.settings.strict:
+                upstream.status = 502
+                upstream.set_json(ex.format.error_payload(502, f"the images could not be stored: {exc}",
+                                                          "image_url_delivery_failed"))
+                return
+            ex.response_headers = {**(ex.response_headers or {}), "X-Image-Delivery-Fallback": "base64"}
+            return  # the upstream's Base64 answer, untouched
+        if changed:
+            upstream.set_json(body)
+
+    def _allowed(self, ex: Exchange) -> bool:
+        if not self.settings.enabled or ex.key is None:
+            return False
+        labels = ex.key.labels
+        return ex.key.url_delivery or bool(self.settings.allow_labels) and all(
+            labels.get(k) == v for k, v in self.settings.allow_labels.items())
+
+    async def _images(self, body: dict[str, Any]) -> bool:
+        content_type = _TYPES.get(str(body.get("output_format") or "png"), "image/png")
+        changed = False
+        for item in body.get("data") or []:
+            if isinstance(item, dict) and isinstance(item.get("b64_json"), str):
+                url = await self.service.mint(_decode(item["b64_json"]), content_type)
+                del item["b64_json"]
+                item["url"] = url
+                changed = True
+        return changed
+
+    async def _content(self, body: dict[str, Any]) -> bool:
+        changed = False
+        for candidate in body.get("candidates") or []:
+            content = candidate.get("content") if isinstance(candidate, dict) else None
+            for part in (content or {}).get("parts") or []:
+                if not isinstance(part, dict):
+                    continue
+                inline = part.get("inlineData") or part.get("inline_data")
+                if isinstance(inline, dict) and isinstance(inline.get("data"), str):
+                    mime = inline.get("mimeType") or inline.get("mime_type") or "image/png"
+                    url = await self.service.mint(_decode(inline["data"]), mime)
+                    part.pop("inlineData", None)
+                    part.pop("inline_data", None)
+                    part["fileData"] = {"mimeType": mime, "fileUri": url}
+                    changed = True
+                elif isinstance(part.get("text"), str) and "data:image/" in part["text"]:
+                    part["text"] = await self._replace_data_urls(part["text"])
+                    changed = True
+        return changed
+
+    async def _replace_data_urls(self, text: str) -> str:
+        out, last = [], 0
+        for match in _DATA_URL.finditer(text):
+            out.append(text[last:match.start()])
+            out.append(await self.service.mint(_decode(match[2]), match[1]))
+            last = match.end()
+        return "".join(out) + text[last:]
+
+
+def _requested(ex: Exchange) -> str | None:
+    """'images' or 'content' when this request asks for URL delivery, else None."""
+    if ex.streaming:
+        return None
+    route = ex.route.name
+    if route in _IMAGE_ROUTES:
+        if ex.multipart is not None:
+            wanted = ex.multipart.field("response_format")
+        else:
+            body = ex.json()
+            wanted = body.get("response_format") if isinstance(body, dict) else None
+        return "images" if wanted == "url" else None
+    if route == "generate_content":
+        body = ex.json()
+        config = (body.get("generationConfig") or body.get("generation_config")) if isinstance(body, dict) else None
+        response_format = (config.get("responseFormat") or config.get("response_format")) if isinstance(config, dict) else None
+        image = response_format.get("image") if isinstance(response_format, dict) else None
+        return "content" if isinstance(image, dict) and image.get("delivery") == "URI" else None
+    return None
+
+
+def _decode(data: str) -> bytes:
+    try:
+        return base64.b64decode(data, validate=False)
+    except (binascii.Error, ValueError) as exc:
+        raise StoreError(f"the upstream's Base64 image could not be decoded: {exc}") from exc
