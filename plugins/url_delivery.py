@@ -20,6 +20,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
+from proxy.body import MultipartBody
 from proxy.config import GatewayConfig
 from proxy.delivery.service import DeliveryService
 from proxy.delivery.signing import Signer
@@ -66,7 +67,7 @@ class UrlDelivery(Plugin):
             self.resources[slot] = store
         store = self.resources[slot]  # type: ignore[assignment]
         signer = Signer([(k.id, k.secret) for k in settings.signing_keys])
-        self.service = DeliveryService(store, signer, settings.ttl_s, config.server.base_url)
+        self.service = DeliveryService(store, signer, settings.ttl_s, config.server.public_base_url)
         self.resources["url_delivery"] = self.service  # what the gateway serves /images/... with
 
     async def start(self) -> None:
@@ -90,15 +91,36 @@ class UrlDelivery(Plugin):
         ex.answer_limit = int(self.settings.max_response_mb * 1024 * 1024)
         return None
 
+    async def on_upstream(self, ex: Exchange) -> None:
+        """A channel that does not take `response_format` gets the request without it; its
+        Base64 answer is then turned into URLs here."""
+        if ex.plugin_state.get(self.name) != "images" or ex.channel is None:
+            return
+        if ex.channel.config.accepts_response_format:
+            return
+        body = ex.json()
+        if isinstance(body, dict) and "response_format" in body:
+            ex.set_json({k: v for k, v in body.items() if k != "response_format"})
+        elif isinstance(ex.body_stream, MultipartBody):
+            ex.body_stream.remove_field("response_format")
+
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
         mode = ex.plugin_state.get(self.name)
         if mode is None or upstream.status >= 300:
+            return
+        decoded = upstream.decoded_body()
+        limit = ex.answer_limit or 0
+        if decoded is not None and limit and len(decoded) > limit:  # a small gzip can hide a large answer
+            upstream.status = 502
+            upstream.set_json(ex.format.error_payload(
+                502, f"the upstream's answer is over the {limit / (1024 * 1024):g} MB processing limit",
+                "image_response_too_large"))
             return
         body = upstream.json()
         if not isinstance(body, dict):
             return
         try:
-            changed = await (self._images(body) if mode == "images" else self._content(body))
+            changed = await (self._images(body, ex) if mode == "images" else self._content(body, ex))
         except StoreError as exc:
             if self.settings.strict:
                 upstream.status = 502
@@ -117,18 +139,18 @@ class UrlDelivery(Plugin):
         return ex.key.url_delivery or bool(self.settings.allow_labels) and all(
             labels.get(k) == v for k, v in self.settings.allow_labels.items())
 
-    async def _images(self, body: dict[str, Any]) -> bool:
+    async def _images(self, body: dict[str, Any], ex: Exchange) -> bool:
         content_type = _TYPES.get(str(body.get("output_format") or "png"), "image/png")
         changed = False
         for item in body.get("data") or []:
             if isinstance(item, dict) and isinstance(item.get("b64_json"), str):
-                url = await self.service.mint(_decode(item["b64_json"]), content_type)
+                url = await self.service.mint(_decode(item["b64_json"]), content_type, ex.request)
                 del item["b64_json"]
                 item["url"] = url
                 changed = True
         return changed
 
-    async def _content(self, body: dict[str, Any]) -> bool:
+    async def _content(self, body: dict[str, Any], ex: Exchange) -> bool:
         changed = False
         for candidate in body.get("candidates") or []:
             content = candidate.get("content") if isinstance(candidate, dict) else None
@@ -138,21 +160,21 @@ class UrlDelivery(Plugin):
                 inline = part.get("inlineData") or part.get("inline_data")
                 if isinstance(inline, dict) and isinstance(inline.get("data"), str):
                     mime = inline.get("mimeType") or inline.get("mime_type") or "image/png"
-                    url = await self.service.mint(_decode(inline["data"]), mime)
+                    url = await self.service.mint(_decode(inline["data"]), mime, ex.request)
                     part.pop("inlineData", None)
                     part.pop("inline_data", None)
                     part["fileData"] = {"mimeType": mime, "fileUri": url}
                     changed = True
                 elif isinstance(part.get("text"), str) and "data:image/" in part["text"]:
-                    part["text"] = await self._replace_data_urls(part["text"])
+                    part["text"] = await self._replace_data_urls(part["text"], ex)
                     changed = True
         return changed
 
-    async def _replace_data_urls(self, text: str) -> str:
+    async def _replace_data_urls(self, text: str, ex: Exchange) -> str:
         out, last = [], 0
         for match in _DATA_URL.finditer(text):
             out.append(text[last:match.start()])
-            out.append(await self.service.mint(_decode(match[2]), match[1]))
+            out.append(await self.service.mint(_decode(match[2]), match[1], ex.request))
             last = match.end()
         return "".join(out) + text[last:]
 

@@ -122,6 +122,19 @@ class MultipartBody:
             self._spool.close()
             raise BodyError(400, f"malformed multipart body: {observer.error}")
 
+    def remove_field(self, name: str) -> bool:
+        """Drop a small text field from the spooled start (where SDKs put their fields)."""
+        # A part: its delimiter, header lines (never empty, so the match stays in one part's
+        # headers) one of which names the field, the blank line, and a one-line value.
+        pattern = re.compile(rb"(--" + re.escape(self.observer.boundary) + rb"\r\n(?:[^\r\n]+\r\n)*?[^\r\n]*name=\"?"
+                             + re.escape(name.encode()) + rb'"?(?:;[^\r\n]*)?\r\n(?:[^\r\n]+\r\n)*\r\n[^\r\n]*\r\n)')
+        delta = self._spool.remove(pattern)
+        if delta is None:
+            return False
+        if self.declared_length is not None:
+            self.declared_length += delta
+        return True
+
     def rename_model(self, old: str, new: str) -> bool:
         """Swap the `model` field's value in the spooled start; the declared length follows."""
         pattern = re.compile(rb'(name="?model"?[^\r\n]*\r\n(?:[^\r\n]+\r\n)*\r\n)'
@@ -196,6 +209,17 @@ class Spool:
         self._memory[match.end(1):match.start(2)] = value
         self.size += delta
         return delta
+
+    def remove(self, pattern: re.Pattern[bytes]) -> int | None:
+        """Cut `pattern`'s first match (group 1) out; the size change, or None."""
+        if self._file is not None:
+            return None
+        match = pattern.search(self._memory)
+        if match is None:
+            return None
+        del self._memory[match.start(1):match.end(1)]
+        self.size -= match.end(1) - match.start(1)
+        return -(match.end(1) - match.start(1))
 
     def replay(self) -> Iterator[bytes]:
         if self._file is None:

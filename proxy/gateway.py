@@ -159,6 +159,7 @@ class Gateway:
             ex.upstream_model = channel.upstream_model(ex.model)
             if ex.upstream_model != ex.model:
                 path = self._rename(ex, path)
+        await pipeline.run_upstream(ex)
         headers = ex.headers
         if channel.credential:
             ex.format.place_credential(channel.credential, headers)

@@ -1,7 +1,8 @@
 """Plugins and the pipeline that runs them, in the order config names them.
 
-A plugin implements any of four hooks. `on_request` may answer the request itself
-(an error in the endpoint's shape, say) and so end the pipeline; `on_response` sees a
+A plugin implements any of five hooks. `on_request` may answer the request itself
+(an error in the endpoint's shape, say) and so end the pipeline; `on_upstream` runs once the
+channel is chosen, the last chance to shape what that channel is sent; `on_response` sees a
 buffered upstream answer; `on_event` sees each SSE event and returns the event to send
 (the same one, a new one, or None to drop it); `on_complete` runs once at the end,
 whatever happened. Only hooks a plugin really implements are called.
@@ -71,6 +72,9 @@ class Plugin:
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
         return None
 
+    async def on_upstream(self, ex: Exchange) -> None:
+        return None
+
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
         return None
 
@@ -84,11 +88,12 @@ class Plugin:
 class Pipeline:
     """The plugins of one route, with each hook list holding only real implementations."""
 
-    __slots__ = ("plugins", "request_hooks", "response_hooks", "event_hooks", "complete_hooks")
+    __slots__ = ("plugins", "request_hooks", "upstream_hooks", "response_hooks", "event_hooks", "complete_hooks")
 
     def __init__(self, plugins: list[Plugin]) -> None:
         self.plugins = plugins
         self.request_hooks = _implemented(plugins, "on_request")
+        self.upstream_hooks = _implemented(plugins, "on_upstream")
         self.response_hooks = _implemented(plugins, "on_response")
         self.event_hooks = _implemented(plugins, "on_event")
         self.complete_hooks = _implemented(plugins, "on_complete")
@@ -105,6 +110,14 @@ class Pipeline:
             if answer is not None:
                 return answer
         return None
+
+    async def run_upstream(self, ex: Exchange) -> None:
+        for hook in self.upstream_hooks:
+            if ex.span is None:
+                await hook(ex)
+            else:
+                with child_span(ex, f"{plugin_name(hook)} on_upstream"):
+                    await hook(ex)
 
     async def run_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
         for hook in self.response_hooks:

@@ -123,6 +123,9 @@ class ChannelConfig(Strict):
     timeouts: Timeouts = Field(default_factory=Timeouts)
     pool: Pool = Field(default_factory=Pool)
     simulator: SimulatorSettings | None = None
+    # Images format: does this upstream take `response_format` itself? If not, the gateway
+    # removes it and turns the Base64 answer into URLs when URL delivery was asked for.
+    accepts_response_format: bool = True
 
     @field_validator("base_url")
     @classmethod

@@ -22,11 +22,11 @@ PATH = "/images/{blob_id}"
 
 
 class DeliveryService:
-    def __init__(self, store: BlobStore, signer: Signer, ttl_s: int, public_base_url: str) -> None:
+    def __init__(self, store: BlobStore, signer: Signer, ttl_s: int, public_base_url: str | None) -> None:
         self.store = store
         self.signer = signer
         self.ttl_s = ttl_s
-        self.base = public_base_url.rstrip("/")
+        self.base = public_base_url.rstrip("/") if public_base_url else None
         self._started = False
 
     async def start(self) -> None:
@@ -37,12 +37,14 @@ class DeliveryService:
     async def close(self) -> None:
         await self.store.close()
 
-    async def mint(self, data: bytes, content_type: str) -> str:
-        """Store an image and return its signed URL; raises StoreError."""
+    async def mint(self, data: bytes, content_type: str, request: web.BaseRequest) -> str:
+        """Store an image and return its signed URL (on `server.public_base_url`, else on the
+        base URL the client used); raises StoreError."""
         blob_id = secrets.token_urlsafe(18)
         await self.store.put(blob_id, Blob(data, content_type), self.ttl_s)
         signed = self.signer.sign(blob_id, self.ttl_s)
-        return f"{self.base}/images/{blob_id}?{signed.query()}"
+        base = self.base or f"{request.scheme}://{request.host}"
+        return f"{base}/images/{blob_id}?{signed.query()}"
 
     async def serve(self, request: web.Request) -> web.StreamResponse:
         blob_id = request.match_info["blob_id"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+log = logging.getLogger("modelgate.delivery")
 
 
 @dataclass(slots=True, frozen=True)
@@ -44,7 +47,11 @@ class LocalStore:
         self._janitor: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            # Not fatal: each delivery fails (and falls back, or fails in strict mode) until fixed.
+            log.error("image store directory %s is unusable: %s", self.directory, exc.strerror or exc)
         self._janitor = asyncio.get_running_loop().create_task(self._sweep_forever())
 
     async def close(self) -> None:

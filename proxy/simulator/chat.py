@@ -94,9 +94,14 @@ async def generate_content(sim: Simulator, request: web.Request) -> web.StreamRe
     prompt_tokens = count_words(body.get("contents")) + count_words(body.get("systemInstruction"))
     response_id = sim.new_id("sim")
     streaming = request.path.endswith(":streamGenerateContent")
+    if is_image_model(model) and request.headers.get("x-sim-image-markdown") == "1":
+        # some upstreams embed the image in the text as a Markdown data URL
+        parts: list[dict[str, Any]] = [{"text": f"Here it is: ![image](data:image/png;base64,{png_base64(64, 64)}) done."}]
+        return await _content_answer(sim, request, knobs, streaming, [parts], model, response_id, prompt_tokens,
+                                     1290, "IMAGE")
     if is_image_model(model):
-        parts: list[dict[str, Any]] = [{"text": "Here is the generated image."},
-                                       {"inlineData": {"mimeType": "image/png", "data": png_base64(256, 256)}}]
+        parts = [{"text": "Here is the generated image."},
+                 {"inlineData": {"mimeType": "image/png", "data": png_base64(256, 256)}}]
         return await _content_answer(sim, request, knobs, streaming, [parts], model, response_id, prompt_tokens,
                                1290, "IMAGE")
     call = _function_call(body.get("tools"), body.get("contents"))

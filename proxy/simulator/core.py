@@ -9,6 +9,7 @@ Knobs come from the simulator's settings and can be overridden per request with 
   x-sim-comments: 1      a `: ping` comment line before every event
   x-sim-crlf: 1          CRLF line endings in streams
   x-sim-split: 1         every event written in two network writes
+  x-sim-image-markdown: 1  content-generation image answers embed the image as a Markdown data URL
 """
 
 from __future__ import annotations

@@ -1,0 +1,230 @@
+"""Image URL delivery (spec 2.4-2.8, 4 rules 1-3, 7.3): stored Base64 images come back as signed URLs."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import textwrap
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from proxy.simulator.media import png
+
+KEY, PLAIN = "delivery-key-01", "no-delivery-key"
+BEARER = {"Authorization": f"Bearer {KEY}"}
+GENERATE = {"model": "imagegen-2", "prompt": "a fox", "size": "1024x1024", "n": 2}
+CONTENT = {"contents": [{"parts": [{"text": "a fox"}]}], "generationConfig": {"responseFormat": {"image": {"delivery": "URI"}}}}
+SIGNING = "signing_keys: [{id: k1, secret: first-secret-0123456789}]"
+
+
+def config(tmp_path: Path, delivery: str = "", keys: str = "") -> str:
+    return textwrap.dedent(f"""
+        channels: [{{name: simulator, base_url: simulator, accepts_response_format: false}}]
+        keys:
+          - {{name: images, key: {KEY}, url_delivery: true, labels: {{team: art}}}}
+          - {{name: plain, key: {PLAIN}}}
+          {keys}
+        plugins:
+          url_delivery: {{enabled: true, dir: "{tmp_path / 'images'}", {SIGNING}, {delivery}}}
+    """)
+
+
+@pytest.fixture
+async def gw(start_gateway, tmp_path):  # noqa: ANN001, ANN201
+    return await start_gateway(config(tmp_path))
+
+
+async def fetch(url: str):  # noqa: ANN201
+    async with aiohttp.ClientSession() as plain:  # no Authorization, as the spec asks
+        async with plain.get(url) as answer:
+            return answer.status, answer.headers.copy(), await answer.read()
+
+
+async def test_url_replaces_base64_and_is_served_without_authorization(gw, http):  # noqa: ANN001
+    async with http.post(gw.url + "/v1/images/generations", json={**GENERATE, "response_format": "url"}, headers=BEARER) as answer:
+        assert answer.status == 200
+        body = await answer.json()
+    assert len(body["data"]) == 2 and all(set(item) == {"url"} for item in body["data"])
+    status, headers, data = await fetch(body["data"][0]["url"])
+    assert status == 200 and data == png(1024, 1024)
+    assert headers["Content-Type"] == "image/png" and int(headers["Content-Length"]) == len(data)
+    max_age = int(headers["Cache-Control"].split("max-age=")[1].split(",")[0])
+    assert 3590 <= max_age <= 3600 and headers["ETag"]
+    async with http.get(body["data"][0]["url"], headers={"If-None-Match": headers["ETag"]}) as again:
+        assert again.status == 304
+
+
+async def test_native_upstream_urls_pass_through(start_gateway, http, tmp_path):  # noqa: ANN001
+    gw = await start_gateway(config(tmp_path).replace(", accepts_response_format: false", ""))
+    async with http.post(gw.url + "/v1/images/generations", json={**GENERATE, "response_format": "url"}, headers=BEARER) as answer:
+        url = (await answer.json())["data"][0]["url"]
+    assert "/_sim/files/" in url  # the upstream's own URL, untouched
+    import json
+
+    assert json.loads(gw.last_upstream_request().body)["response_format"] == "url"
+
+
+async def test_a_channel_without_response_format_never_receives_it(gw, http):  # noqa: ANN001
+    async with http.post(gw.url + "/v1/images/generations", json={**GENERATE, "response_format": "url"}, headers=BEARER) as answer:
+        assert answer.status == 200
+    assert b"response_format" not in gw.last_upstream_request().body
+
+
+@pytest.mark.parametrize("response_format", [None, "b64_json"])
+async def test_without_url_the_upstream_answer_is_untouched(gw, http, response_format):  # noqa: ANN001
+    body = {**GENERATE, **({"response_format": response_format} if response_format else {})}
+    async with http.post(gw.url + "/v1/images/generations", json=body, headers=BEARER) as answer:
+        data = (await answer.json())["data"]
+    assert base64.b64decode(data[0]["b64_json"]) == png(1024, 1024)
+
+
+async def test_multipart_edits_get_urls_too(gw, http):  # noqa: ANN001
+    form = aiohttp.FormData()
+    for name, value in (("model", "imagegen-2"), ("prompt", "blue"), ("response_format", "url")):
+        form.add_field(name, value)
+    form.add_field("image", png(64, 64), filename="a.png", content_type="image/png")
+    async with http.post(gw.url + "/v1/images/edits", data=form, headers=BEARER) as answer:
+        assert answer.status == 200, await answer.text()
+        url = (await answer.json())["data"][0]["url"]
+    assert (await fetch(url))[0] == 200
+    assert "response_format" not in gw.last_upstream_request().form
+
+
+@pytest.mark.parametrize(("change", "status", "code"), [
+    (lambda u: u.replace("sig=", "sig=0"), 403, "invalid_signature"),
+    (lambda u: u.replace("kid=k1", "kid=k9"), 403, "invalid_signature"),
+    (lambda u: u.split("?")[0], 403, "invalid_signature"),
+    (lambda u: u.replace("exp=", "exp=9"), 403, "invalid_signature"),
+])
+async def test_a_tampered_url_is_a_403(gw, http, change, status, code):  # noqa: ANN001
+    async with http.post(gw.url + "/v1/images/generations", json={**GENERATE, "response_format": "url"}, headers=BEARER) as answer:
+        url = (await answer.json())["data"][0]["url"]
+    got, _, body = await fetch(change(url))
+    assert got == status and code.encode() in body
+
+
+async def test_an_expired_url_is_a_410(start_gateway, http, tmp_path):  # noqa: ANN001
+    gw = await start_gateway(config(tmp_path, "ttl_s: 1"))
+    async with http.post(gw.url + "/v1/images/generations", json={**GENERATE, "response_format": "url"}, headers=BEARER) as answer:
+        url = (await answer.json())["data"][0]["url"]
+    await asyncio.sleep(1.2)
+    status, headers, body = await fetch(url)
+    assert status == 410 and headers["Content-Type"].startswith("application/json") and b"url_expired" in body
+
+
+async def test_content_generation_uri_turns_inline_data_into_file_data(gw, http):  # noqa: ANN001
+    url = f"{gw.url}/v1beta/models/genmodel-2.5-flash-image:generateContent?key={KEY}"
+    async with http.post(url, json=CONTENT) as answer:
+        assert answer.status == 200
+        parts = (await answer.json())["candidates"][0]["content"]["parts"]
+    file_data = parts[1]["fileData"]
+    assert "inlineData" not in parts[1] and file_data["mimeType"] == "image/png"
+    status, _, data = await fetch(file_data["fileUri"])
+    assert status == 200 and data == png(256, 256)
+    assert b"responseFormat" not in gw.last_upstream_request().body  # a gateway field, never forwarded
+
+
+async def test_markdown_data_urls_in_text_are_replaced_too(gw, http):  # noqa: ANN001
+    url = f"{gw.url}/v1beta/models/genmodel-2.5-flash-image:generateContent?key={KEY}"
+    async with http.post(url, json=CONTENT, headers={"x-sim-image-markdown": "1"}) as answer:
+        text = (await answer.json())["candidates"][0]["content"]["parts"][0]["text"]
+    assert "data:image" not in text and text.startswith("Here it is: ![image](http")
+    image_url = text.split("](")[1].split(")")[0]
+    assert (await fetch(image_url))[2] == png(64, 64)
+
+
+@pytest.mark.parametrize(("path", "body", "key_place", "expected"), [
+    ("/v1/images/generations", {**GENERATE, "response_format": "url"}, "bearer",
+     {"type": "server_error", "code": "image_url_delivery_unavailable"}),
+    ("/v1beta/models/genmodel-2.5-flash-image:generateContent", CONTENT, "query", {"code": 503, "status": "UNAVAILABLE"}),
+])
+async def test_a_key_without_url_delivery_gets_503(gw, http, path, body, key_place, expected):  # noqa: ANN001
+    headers = {"Authorization": f"Bearer {PLAIN}"} if key_place == "bearer" else {}
+    url = gw.url + path + (f"?key={PLAIN}" if key_place == "query" else "")
+    async with http.post(url, json=body, headers=headers) as answer:
+        assert answer.status == 503
+        assert expected.items() <= (await answer.json())["error"].items()
+    assert len(gw.sim().requests) == 0
+
+
+async def test_the_environment_switch_and_traffic_labels(start_gateway, http, tmp_path):  # noqa: ANN001
+    gw = await start_gateway(config(tmp_path, "allow_labels: {team: art}").replace("enabled: true", "enabled: false"))
+    async with http.post(gw.url + "/v1/images/generations", json={**GENERATE, "response_format": "url"}, headers=BEARER) as answer:
+        assert answer.status == 503
+    labelled = await start_gateway(config(tmp_path, "allow_labels: {team: art}",
+                                          keys="- {name: artist, key: artist-key-01, labels: {team: art}}"))
+    async with http.post(labelled.url + "/v1/images/generations", json={**GENERATE, "response_format": "url"},
+                         headers={"Authorization": "Bearer artist-key-01"}) as answer:
+        assert answer.status == 200 and "url" in (await answer.json())["data"][0]
+
+
+@pytest.mark.parametrize(("strict", "status"), [(False, 200), (True, 502)])
+async def test_a_store_failure_falls_back_to_base64_or_fails_in_strict_mode(start_gateway, http, tmp_path, strict, status):  # noqa: ANN001
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the store's directory should be")
+    text = config(tmp_path, f"strict: {str(strict).lower()}").replace(str(tmp_path / "images"), str(blocker / "images"))
+    gw = await start_gateway(text)
+    async with http.post(gw.url + "/v1/images/generations", json={**GENERATE, "response_format": "url"}, headers=BEARER) as answer:
+        assert answer.status == status
+        body = await answer.json()
+        if strict:
+            assert body["error"]["code"] == "image_url_delivery_failed"
+        else:
+            assert answer.headers["X-Image-Delivery-Fallback"] == "base64"
+            assert base64.b64decode(body["data"][0]["b64_json"]) == png(1024, 1024)
+
+
+async def test_an_answer_over_the_processing_limit_is_a_502(start_gateway, http, tmp_path):  # noqa: ANN001
+    gw = await start_gateway(config(tmp_path, "max_response_mb: 0.001"))
+    async with http.post(gw.url + "/v1/images/generations", json={**GENERATE, "response_format": "url"}, headers=BEARER) as answer:
+        assert answer.status == 502
+        assert (await answer.json())["error"]["code"] == "image_response_too_large"
+
+
+async def test_signing_keys_rotate_old_urls_live_until_their_key_is_dropped(start_gateway, http, tmp_path):  # noqa: ANN001
+    gw = await start_gateway(config(tmp_path))
+    async with http.post(gw.url + "/v1/images/generations", json={**GENERATE, "response_format": "url"}, headers=BEARER) as answer:
+        old_url = (await answer.json())["data"][0]["url"]
+    config_path = Path(gw.owner.config_path)
+    rotated = config(tmp_path).replace(SIGNING, "signing_keys: [{id: k2, secret: second-secret-0123456789}, "
+                                                "{id: k1, secret: first-secret-0123456789}]")
+    config_path.write_text(rotated)
+    assert await gw.owner.reload()
+    assert (await fetch(old_url))[0] == 200
+    async with http.post(gw.url + "/v1/images/generations", json={**GENERATE, "response_format": "url"}, headers=BEARER) as answer:
+        assert "kid=k2" in (await answer.json())["data"][0]["url"]
+    config_path.write_text(config(tmp_path).replace(SIGNING, "signing_keys: [{id: k2, secret: second-secret-0123456789}]"))
+    assert await gw.owner.reload()
+    assert (await fetch(old_url))[0] == 403
+
+
+async def test_a_url_minted_by_one_instance_is_served_by_another_over_redis(spawn, redis_url, tmp_path):  # noqa: ANN001
+    text = f"""
+server: {{listen: "127.0.0.1:{{PORT}}", public_base_url: "http://placeholder"}}
+state: {{backend: redis, url: "{redis_url}"}}
+keys: [{{name: images, key: {KEY}, url_delivery: true}}]
+channels: [{{name: simulator, base_url: simulator, accepts_response_format: false}}]
+plugins: {{url_delivery: {{enabled: true, store: redis, {SIGNING}}}}}
+"""
+    a, b = spawn("gateway", config=text), spawn("gateway", config=text)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(a.url + "/v1/images/generations", json={**GENERATE, "response_format": "url"}, headers=BEARER) as answer:
+            url = (await answer.json())["data"][0]["url"]
+    assert url.startswith("http://placeholder/images/")
+    status, _, data = await fetch(url.replace("http://placeholder", b.url))
+    assert status == 200 and data == png(1024, 1024)
+
+
+def test_the_janitor_deletes_expired_blobs(tmp_path):  # noqa: ANN001
+    import time
+
+    from proxy.delivery.stores import Blob, LocalStore
+
+    store = LocalStore(str(tmp_path))
+    store.directory.mkdir(exist_ok=True)
+    store._write("old", Blob(b"x", "image/png"), time.time() - 1)
+    store._write("new", Blob(b"y", "image/png"), time.time() + 60)
+    assert store.sweep() == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.bin", "new.json"]
