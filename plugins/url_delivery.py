@@ -18,7 +18,7 @@ import re
 from typing import Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from proxy.body import MultipartBody
 from proxy.config import GatewayConfig
@@ -39,17 +39,34 @@ class SigningKey(BaseModel):
     secret: str = Field(min_length=16, repr=False)
 
 
+class S3Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    bucket: str
+    prefix: str = "modelgate/images/"
+    endpoint_url: str | None = None       # for S3-compatible services
+    region: str = "us-east-1"
+    access_key_id: str | None = None      # else the environment's credentials
+    secret_access_key: str | None = Field(default=None, repr=False)
+
+
 class DeliverySettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = False                 # the environment's switch
-    store: Literal["local", "redis"] = "local"
+    store: Literal["local", "redis", "s3"] = "local"
+    s3: S3Settings | None = None
     dir: str = "./data/images"
     ttl_s: int = Field(default=3600, ge=1, le=7 * 24 * 3600)
     strict: bool = False
     max_response_mb: float = Field(default=64, gt=0)
     signing_keys: list[SigningKey] = Field(default_factory=list)  # the first signs; all verify
     allow_labels: dict[str, str] = Field(default_factory=dict)    # keys with these labels may use it too
+
+    @model_validator(mode="after")
+    def _s3_needs_its_settings(self) -> DeliverySettings:
+        if self.store == "s3" and self.s3 is None:
+            raise ValueError("store s3 needs the s3 settings (bucket, endpoint_url ...)")
+        return self
 
 
 class UrlDelivery(Plugin):
@@ -58,13 +75,12 @@ class UrlDelivery(Plugin):
 
     def configure(self, config: GatewayConfig) -> None:
         settings: DeliverySettings = self.settings
-        where = settings.dir if settings.store == "local" else config.state.url
+        where = {"local": settings.dir, "redis": config.state.url,
+                 "s3": settings.s3.model_dump_json() if settings.s3 else ""}[settings.store]
         slot = f"url_delivery:{settings.store}:{where}"
         store: BlobStore
         if slot not in self.resources:
-            store = LocalStore(settings.dir) if settings.store == "local" else RedisBlobStore(config.state.url,
-                                                                                              config.state.prefix)
-            self.resources[slot] = store
+            self.resources[slot] = _make_store(settings, config)
         store = self.resources[slot]  # type: ignore[assignment]
         signer = Signer([(k.id, k.secret) for k in settings.signing_keys])
         self.service = DeliveryService(store, signer, settings.ttl_s, config.server.public_base_url)
@@ -177,6 +193,18 @@ class UrlDelivery(Plugin):
             out.append(await self.service.mint(_decode(match[2]), match[1], ex.request))
             last = match.end()
         return "".join(out) + text[last:]
+
+
+def _make_store(settings: DeliverySettings, config: GatewayConfig) -> BlobStore:
+    if settings.store == "redis":
+        return RedisBlobStore(config.state.url, config.state.prefix)
+    if settings.store == "s3":
+        from proxy.delivery.stores import S3Store
+
+        s3 = settings.s3
+        assert s3 is not None  # the settings' validator insists
+        return S3Store(s3.bucket, s3.prefix, s3.endpoint_url, s3.region, s3.access_key_id, s3.secret_access_key)
+    return LocalStore(settings.dir)
 
 
 def _requested(ex: Exchange) -> str | None:

@@ -228,3 +228,65 @@ def test_the_janitor_deletes_expired_blobs(tmp_path):  # noqa: ANN001
     store._write("new", Blob(b"y", "image/png"), time.time() + 60)
     assert store.sweep() == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new.bin", "new.json"]
+
+
+@pytest.fixture
+def s3_server():  # noqa: ANN201
+    """An S3-compatible server (moto's server mode) on a loopback port, with a bucket."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="test",
+                 aws_secret_access_key="test").create_bucket(Bucket="images")
+    yield endpoint
+    server.stop()
+
+
+S3_SETTINGS = "store: s3, s3: {{bucket: images, endpoint_url: '{endpoint}', access_key_id: test, secret_access_key: test}}"
+
+
+async def test_the_s3_store_hands_out_presigned_urls(start_gateway, http, tmp_path, s3_server):  # noqa: ANN001
+    gw = await start_gateway(config(tmp_path, S3_SETTINGS.format(endpoint=s3_server)))
+    async with http.post(gw.url + "/v1/images/generations", json={**GENERATE, "response_format": "url"}, headers=BEARER) as answer:
+        assert answer.status == 200
+        url = (await answer.json())["data"][0]["url"]
+    assert url.startswith(s3_server + "/images/modelgate/images/") and "X-Amz-Signature=" in url
+    status, headers, data = await fetch(url)
+    assert status == 200 and data == png(1024, 1024) and headers["Content-Type"] == "image/png"
+    assert "X-Amz-Expires=3600" in url  # it expires with the delivery TTL (the bucket checks the signature)
+
+
+async def test_a_url_minted_through_one_gateway_process_is_fetched_from_shared_s3(spawn, tmp_path, s3_server):  # noqa: ANN001
+    text = f"""
+server: {{listen: "127.0.0.1:{{PORT}}"}}
+keys: [{{name: images, key: {KEY}, url_delivery: true}}]
+channels: [{{name: simulator, base_url: simulator, accepts_response_format: false}}]
+plugins: {{url_delivery: {{enabled: true, {S3_SETTINGS.format(endpoint=s3_server)}}}}}
+"""
+    a = spawn("gateway", config=text)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(a.url + "/v1/images/generations", json={**GENERATE, "response_format": "url"}, headers=BEARER) as answer:
+            url = (await answer.json())["data"][1]["url"]
+    a.proc.terminate()  # the minting process is gone; the object store still serves the URL
+    a.proc.wait(timeout=10)
+    status, _, data = await fetch(url)
+    assert status == 200 and data == png(1024, 1024)
+
+
+def test_the_s3_janitor_deletes_expired_objects(s3_server):  # noqa: ANN001
+    import asyncio as aio
+    import time
+
+    from proxy.delivery.stores import Blob, S3Store
+
+    store = S3Store("images", "janitor/", s3_server, "us-east-1", "test", "test")
+    aio.run(store.put("short", Blob(b"x", "image/png"), 1))
+    aio.run(store.put("long", Blob(b"y", "image/png"), 3600))
+    assert store.sweep(now=time.time() + 5) == 1
+    assert aio.run(store.get("short")) is None and aio.run(store.get("long")) is not None

@@ -42,6 +42,9 @@ class DeliveryService:
         base URL the client used); raises StoreError."""
         blob_id = secrets.token_urlsafe(18)
         await self.store.put(blob_id, Blob(data, content_type), self.ttl_s)
+        url_for = getattr(self.store, "url_for", None)
+        if url_for is not None:  # object storage hands out its own presigned URL
+            return url_for(blob_id, self.ttl_s)
         signed = self.signer.sign(blob_id, self.ttl_s)
         base = self.base or f"{request.scheme}://{request.host}"
         return f"{base}/images/{blob_id}?{signed.query()}"

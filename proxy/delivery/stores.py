@@ -1,4 +1,5 @@
-"""Where delivered images wait for their fetch: a local directory (default) or Redis with a TTL.
+"""Where delivered images wait for their fetch: a local directory (default), Redis with a TTL,
+or S3-compatible storage with presigned URLs.
 
 A store keeps bytes and their content type until they expire; expired blobs are deleted
 (the local store's janitor, Redis's own TTL).
@@ -12,6 +13,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
@@ -137,3 +139,80 @@ class RedisBlobStore:
         if not found:
             return None
         return Blob(found[b"data"], found[b"type"].decode())
+
+
+class S3Store:
+    """S3-compatible object storage: images are fetched from the bucket through presigned GET
+    URLs, so no gateway serves them. Expired objects go by the bucket's lifecycle rule (set at
+    start when allowed) and by the janitor's sweep of this store's prefix."""
+
+    def __init__(self, bucket: str, prefix: str, endpoint_url: str | None, region: str,
+                 access_key_id: str | None, secret_access_key: str | None, janitor_every_s: float = 300.0) -> None:
+        import boto3  # only a deployment that stores in S3 needs it
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix
+        self._client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region,
+                                    aws_access_key_id=access_key_id, aws_secret_access_key=secret_access_key,
+                                    config=Config(signature_version="s3v4", retries={"max_attempts": 2},
+                                                  connect_timeout=2, read_timeout=5))
+        self._every = janitor_every_s
+        self._janitor: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        try:
+            await asyncio.to_thread(self._client.put_bucket_lifecycle_configuration, Bucket=self.bucket,
+                                    LifecycleConfiguration={"Rules": [{
+                                        "ID": "modelgate-expire-images", "Status": "Enabled",
+                                        "Filter": {"Prefix": self.prefix}, "Expiration": {"Days": 1}}]})
+        except Exception as exc:  # a bucket policy may forbid it: the janitor still deletes
+            log.warning("could not set the bucket's lifecycle rule: %s", exc)
+        self._janitor = asyncio.get_running_loop().create_task(self._sweep_forever())
+
+    async def close(self) -> None:
+        if self._janitor is not None:
+            self._janitor.cancel()
+
+    async def put(self, blob_id: str, blob: Blob, ttl_s: int) -> None:
+        expires = datetime.fromtimestamp(time.time() + ttl_s, timezone.utc)
+        try:
+            await asyncio.to_thread(self._client.put_object, Bucket=self.bucket, Key=self.prefix + blob_id,
+                                    Body=blob.data, ContentType=blob.content_type, Expires=expires,
+                                    Metadata={"expires": str(int(expires.timestamp()))})
+        except Exception as exc:
+            raise StoreError(f"s3 store: {exc}") from exc
+
+    async def get(self, blob_id: str) -> Blob | None:
+        try:
+            found = await asyncio.to_thread(self._client.get_object, Bucket=self.bucket, Key=self.prefix + blob_id)
+        except self._client.exceptions.NoSuchKey:
+            return None
+        except Exception as exc:
+            raise StoreError(f"s3 store: {exc}") from exc
+        return Blob(found["Body"].read(), found.get("ContentType", "application/octet-stream"))
+
+    def url_for(self, blob_id: str, ttl_s: int) -> str:
+        return self._client.generate_presigned_url("get_object", Params={"Bucket": self.bucket,
+                                                                         "Key": self.prefix + blob_id},
+                                                   ExpiresIn=ttl_s)
+
+    def sweep(self, now: float | None = None) -> int:
+        now = now or time.time()
+        removed = 0
+        pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
+        for page in pages:
+            for item in page.get("Contents", []):
+                head = self._client.head_object(Bucket=self.bucket, Key=item["Key"])
+                if int(head.get("Metadata", {}).get("expires", "0")) <= now:
+                    self._client.delete_object(Bucket=self.bucket, Key=item["Key"])
+                    removed += 1
+        return removed
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._every)
+            try:
+                await asyncio.to_thread(self.sweep)
+            except Exception as exc:
+                log.warning("s3 janitor: %s", exc)
