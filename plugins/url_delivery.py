@@ -26,6 +26,7 @@ from proxy.delivery.service import DeliveryService
 from proxy.delivery.signing import Signer
 from proxy.delivery.stores import BlobStore, LocalStore, RedisBlobStore, StoreError
 from proxy.exchange import Exchange, UpstreamResponse
+from proxy.observability.metrics import URL_DELIVERY
 from proxy.pipeline import Plugin
 
 _IMAGE_ROUTES = ("image_generations", "image_edits")
@@ -57,6 +58,7 @@ class DeliverySettings(BaseModel):
     s3: S3Settings | None = None
     dir: str = "./data/images"
     ttl_s: int = Field(default=3600, ge=1, le=7 * 24 * 3600)
+    min_free_mb: float = Field(default=256, ge=0)  # local store: refuse new deliveries below this free disk
     strict: bool = False
     max_response_mb: float = Field(default=64, gt=0)
     signing_keys: list[SigningKey] = Field(default_factory=list)  # the first signs; all verify
@@ -94,8 +96,18 @@ class UrlDelivery(Plugin):
         if mode is None:
             return None
         if not self._allowed(ex):
+            URL_DELIVERY.labels(ex.route.name, "unavailable").inc()
             return ex.error_response(503, "image URL delivery is not enabled for this environment or key",
                                      "image_url_delivery_unavailable")
+        if not self.service.available:
+            URL_DELIVERY.labels(ex.route.name, "unavailable").inc()
+            return ex.error_response(503, "the image store is failing; retry shortly",
+                                     "image_delivery_store_unavailable", headers={"Retry-After": "10"})
+        has_room = getattr(self.service.store, "has_room", None)
+        if has_room is not None and not has_room():
+            URL_DELIVERY.labels(ex.route.name, "unavailable").inc()
+            return ex.error_response(503, "the image store is out of space; retry later",
+                                     "image_delivery_capacity_exhausted", headers={"Retry-After": "60"})
         if mode == "content":
             body = ex.json()
             config = dict(body.get("generationConfig") or body.get("generation_config") or {})
@@ -139,12 +151,15 @@ class UrlDelivery(Plugin):
             changed = await (self._images(body, ex) if mode == "images" else self._content(body, ex))
         except StoreError as exc:
             if self.settings.strict:
+                URL_DELIVERY.labels(ex.route.name, "failed").inc()
                 upstream.status = 502
                 upstream.set_json(ex.format.error_payload(502, f"the images could not be stored: {exc}",
                                                           "image_url_delivery_failed"))
                 return
+            URL_DELIVERY.labels(ex.route.name, "fallback").inc()
             ex.response_headers = {**(ex.response_headers or {}), "X-Image-Delivery-Fallback": "base64"}
             return  # the upstream's Base64 answer, untouched
+        URL_DELIVERY.labels(ex.route.name, "stored" if changed else "native").inc()
         if changed:
             upstream.set_json(body)
 
@@ -204,7 +219,7 @@ def _make_store(settings: DeliverySettings, config: GatewayConfig) -> BlobStore:
         s3 = settings.s3
         assert s3 is not None  # the settings' validator insists
         return S3Store(s3.bucket, s3.prefix, s3.endpoint_url, s3.region, s3.access_key_id, s3.secret_access_key)
-    return LocalStore(settings.dir)
+    return LocalStore(settings.dir, min_free_mb=settings.min_free_mb)
 
 
 def _requested(ex: Exchange) -> str | None:

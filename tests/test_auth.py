@@ -44,7 +44,7 @@ def shape(fmt: str, status: int, body: dict) -> None:
         assert set(error) == {"type", "message", "code"}
         assert error["type"] == {401: "authentication_error", 403: "permission_error"}[status]
     elif fmt == "content":
-        assert set(error) == {"code", "message", "status"} and error["code"] == status
+        assert set(error) == {"code", "message", "status", "details"} and error["code"] == status
         assert error["status"] == {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED"}[status]
     else:
         assert set(error) == {"message", "type", "param", "code"}
@@ -75,8 +75,8 @@ async def test_refused_keys_get_401_or_403_in_the_endpoint_shape(gw, http, fmt, 
         assert answer.status == status, case
         got = await answer.json()
     shape(fmt, status, got)
-    if fmt != "content":
-        assert got["error"]["code"] == code
+    reason = got["error"]["details"][0]["reason"] if fmt == "content" else got["error"]["code"]
+    assert reason == code
     assert len(gw.sim("sim").requests) == 0
 
 

@@ -160,27 +160,82 @@ async def test_the_environment_switch_and_traffic_labels(start_gateway, http, tm
         assert answer.status == 200 and "url" in (await answer.json())["data"][0]
 
 
+CONTENT_URL = f"/v1beta/models/genmodel-2.5-flash-image:generateContent?key={KEY}"
+
+
+def images_request(gw):  # noqa: ANN001, ANN201
+    return gw.url + "/v1/images/generations", {**GENERATE, "response_format": "url"}, BEARER
+
+
+def content_request(gw):  # noqa: ANN001, ANN201
+    return gw.url + CONTENT_URL, CONTENT, {}
+
+
+def error_code(fmt: str, body: dict) -> str:
+    return body["error"]["code"] if fmt == "images" else body["error"]["message"]
+
+
+@pytest.mark.parametrize(("fmt", "build"), [("images", images_request), ("content", content_request)])
 @pytest.mark.parametrize(("strict", "status"), [(False, 200), (True, 502)])
-async def test_a_store_failure_falls_back_to_base64_or_fails_in_strict_mode(start_gateway, http, tmp_path, strict, status):  # noqa: ANN001
+async def test_a_store_failure_falls_back_to_base64_or_fails_in_strict_mode(start_gateway, http, tmp_path, fmt, build, strict, status):  # noqa: ANN001
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("a file where the store's directory should be")
     text = config(tmp_path, f"strict: {str(strict).lower()}").replace(str(tmp_path / "images"), str(blocker / "images"))
     gw = await start_gateway(text)
-    async with http.post(gw.url + "/v1/images/generations", json={**GENERATE, "response_format": "url"}, headers=BEARER) as answer:
+    url, body, headers = build(gw)
+    async with http.post(url, json=body, headers=headers) as answer:
         assert answer.status == status
-        body = await answer.json()
+        got = await answer.json()
         if strict:
-            assert body["error"]["code"] == "image_url_delivery_failed"
+            if fmt == "images":
+                assert got["error"]["code"] == "image_url_delivery_failed"
+            else:
+                assert got["error"]["status"] == "UNAVAILABLE"
+                assert got["error"]["details"][0]["reason"] == "image_url_delivery_failed"
         else:
             assert answer.headers["X-Image-Delivery-Fallback"] == "base64"
-            assert base64.b64decode(body["data"][0]["b64_json"]) == png(1024, 1024)
+            if fmt == "images":
+                assert base64.b64decode(got["data"][0]["b64_json"]) == png(1024, 1024)
+            else:
+                assert got["candidates"][0]["content"]["parts"][1]["inlineData"]["mimeType"] == "image/png"
 
 
-async def test_an_answer_over_the_processing_limit_is_a_502(start_gateway, http, tmp_path):  # noqa: ANN001
-    gw = await start_gateway(config(tmp_path, "max_response_mb: 0.001"))
-    async with http.post(gw.url + "/v1/images/generations", json={**GENERATE, "response_format": "url"}, headers=BEARER) as answer:
+@pytest.mark.parametrize(("fmt", "build"), [("images", images_request), ("content", content_request)])
+async def test_a_store_without_room_is_refused_with_503(start_gateway, http, tmp_path, fmt, build):  # noqa: ANN001
+    gw = await start_gateway(config(tmp_path, "min_free_mb: 1000000000"))
+    url, body, headers = build(gw)
+    async with http.post(url, json=body, headers=headers) as answer:
+        assert answer.status == 503 and answer.headers["Retry-After"] == "60"
+        got = await answer.json()
+    reason = got["error"]["details"][0]["reason"] if fmt == "content" else got["error"]["code"]
+    assert reason == "image_delivery_capacity_exhausted"
+    assert len(gw.sim().requests) == 0
+
+
+async def test_a_failing_store_is_refused_with_503_before_the_upstream_is_paid(start_gateway, http, tmp_path):  # noqa: ANN001
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the store's directory should be")
+    gw = await start_gateway(config(tmp_path).replace(str(tmp_path / "images"), str(blocker / "images")))
+    statuses = []
+    for _ in range(4):
+        async with http.post(gw.url + "/v1/images/generations", json={**GENERATE, "response_format": "url"},
+                             headers=BEARER) as answer:
+            statuses.append(answer.status)
+            body = await answer.json()
+    assert statuses == [200, 200, 200, 503]  # three fall back, then the store counts as down
+    assert body["error"]["code"] == "image_delivery_store_unavailable"
+    assert len(gw.sim().requests) == 3
+
+
+@pytest.mark.parametrize(("fmt", "build"), [("images", images_request), ("content", content_request)])
+async def test_an_answer_over_the_processing_limit_is_a_502(start_gateway, http, tmp_path, fmt, build):  # noqa: ANN001
+    gw = await start_gateway(config(tmp_path, "max_response_mb: 0.0001"))
+    url, body, headers = build(gw)
+    async with http.post(url, json=body, headers=headers) as answer:
         assert answer.status == 502
-        assert (await answer.json())["error"]["code"] == "image_response_too_large"
+        got = await answer.json()
+    reason = got["error"]["details"][0]["reason"] if fmt == "content" else got["error"]["code"]
+    assert reason == "image_response_too_large"
 
 
 async def test_signing_keys_rotate_old_urls_live_until_their_key_is_dropped(start_gateway, http, tmp_path):  # noqa: ANN001

@@ -19,11 +19,14 @@ from hypothesis import strategies as st
 from proxy.routes import ROUTES
 
 KEY = "sk-demo-key"
+# URL delivery is on for the key, so `response_format: url` gets a URL rather than the spec's 503.
 FUZZ_CONFIG = """
 server: {listen: "127.0.0.1:{PORT}"}
 observability: {logging: {access_log: false}}
+keys: [{name: demo, key: sk-demo-key, url_delivery: true}]
+plugins: {url_delivery: {enabled: true, dir: "{IMAGES}"}}
 channels:
-  - {name: simulator, base_url: simulator,
+  - {name: simulator, base_url: simulator, accepts_response_format: false,
      simulator: {chunk_delay_ms: 0, output_tokens: 3, video_queued_s: 0, video_processing_s: 0}}
 """
 # schemathesis cannot place a key in a query parameter it also fuzzes: the content-generation
@@ -36,7 +39,7 @@ routes:
 
 
 def test_generated_requests_never_get_a_5xx_or_break_the_document(spawn, tmp_path):  # noqa: ANN001
-    gw = spawn("gateway", config=FUZZ_CONFIG + SCHEMATHESIS_ROUTES)
+    gw = spawn("gateway", config=(FUZZ_CONFIG + SCHEMATHESIS_ROUTES).replace("{IMAGES}", str(tmp_path / "images")))
     document = tmp_path / "openapi.json"
     subprocess.run([sys.executable, "-m", "proxy", "openapi", "-o", str(document)], check=True,
                    cwd=Path(__file__).parent.parent)
@@ -59,7 +62,7 @@ def fuzz_gateway(tmp_path_factory):  # noqa: ANN001, ANN201
     port = free_port()
     directory = tmp_path_factory.mktemp("fuzz")
     config = directory / "gateway.yaml"
-    config.write_text(textwrap.dedent(FUZZ_CONFIG).replace("{PORT}", str(port)))
+    config.write_text(textwrap.dedent(FUZZ_CONFIG).replace("{PORT}", str(port)).replace("{IMAGES}", str(directory / "images")))
     log = directory / "gateway.log"
     proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "-c", str(config)], stdout=log.open("wb"),
                             stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent)

@@ -57,6 +57,7 @@ async def mixed_load(url: str, seconds: float) -> None:
         (f"/v1beta/models/genmodel-2.0-flash:generateContent?key={KEY}", {}, {"contents": [{"parts": [{"text": "x"}]}]}),
         (f"/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key={KEY}", {}, {"contents": [{"parts": [{"text": "x"}]}]}),
         ("/v1/images/generations", bearer, {"model": "imagegen-2", "prompt": "x", "size": "1024x1024"}),
+        ("/v1/images/generations", bearer, {"model": "imagegen-2", "prompt": "x", "response_format": "url"}),
         ("/v1/video/generations", bearer, {"model": "videogen-3.0-generate-001", "prompt": "x"}),
         ("/v1/responses", {**bearer, "x-sim-fault": "status=503"}, {"model": "respmodel-4o", "input": "x"}),
         ("/v1/messages", msg, {**message, "max_tokens": 0}),
@@ -81,9 +82,12 @@ async def test_every_dashboard_and_alert_expression_returns_data(spawn, tmp_path
     gateway = spawn("gateway", config="""
         server: {listen: "127.0.0.1:{PORT}"}
         observability: {logging: {access_log: false}}
-        keys: [{name: demo, key: sk-demo-key, limits: {rpm: 100000, tpm: 10000000}}, {name: tight, key: tight-key-001, limits: {rpm: 1}}]
-        channels: [{name: simulator, base_url: simulator, simulator: {chunk_delay_ms: 2, output_tokens: 4}}]
-    """)
+        keys: [{name: demo, key: sk-demo-key, url_delivery: true, limits: {rpm: 100000, tpm: 10000000}},
+               {name: tight, key: tight-key-001, limits: {rpm: 1}}]
+        channels: [{name: simulator, base_url: simulator, accepts_response_format: false,
+                    simulator: {chunk_delay_ms: 2, output_tokens: 4}}]
+        plugins: {url_delivery: {enabled: true, dir: "IMAGES_DIR"}}
+    """.replace("IMAGES_DIR", str(tmp_path / "images")))
     port = free_port()
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},

@@ -19,6 +19,8 @@ from proxy.delivery.signing import Signer
 from proxy.delivery.stores import Blob, BlobStore, StoreError
 
 PATH = "/images/{blob_id}"
+_DOWN_AFTER = 3      # store failures in a row before it counts as down
+_DOWN_FOR_S = 10.0   # how long new deliveries are refused before the store is tried again
 
 
 class DeliveryService:
@@ -28,6 +30,13 @@ class DeliveryService:
         self.ttl_s = ttl_s
         self.base = public_base_url.rstrip("/") if public_base_url else None
         self._started = False
+        self._failures = 0
+        self._down_until = 0.0
+
+    @property
+    def available(self) -> bool:
+        """False while the store has just failed several times in a row (retried after a pause)."""
+        return time.monotonic() >= self._down_until
 
     async def start(self) -> None:
         if not self._started:
@@ -41,7 +50,14 @@ class DeliveryService:
         """Store an image and return its signed URL (on `server.public_base_url`, else on the
         base URL the client used); raises StoreError."""
         blob_id = secrets.token_urlsafe(18)
-        await self.store.put(blob_id, Blob(data, content_type), self.ttl_s)
+        try:
+            await self.store.put(blob_id, Blob(data, content_type), self.ttl_s)
+        except StoreError:
+            self._failures += 1
+            if self._failures >= _DOWN_AFTER:
+                self._down_until = time.monotonic() + _DOWN_FOR_S
+            raise
+        self._failures = 0
         url_for = getattr(self.store, "url_for", None)
         if url_for is not None:  # object storage hands out its own presigned URL
             return url_for(blob_id, self.ttl_s)

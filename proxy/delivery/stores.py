@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -43,10 +44,24 @@ class BlobStore(Protocol):
 class LocalStore:
     """Files in a directory, each with a small JSON sidecar holding its type and expiry."""
 
-    def __init__(self, directory: str, janitor_every_s: float = 60.0) -> None:
+    def __init__(self, directory: str, janitor_every_s: float = 60.0, min_free_mb: float = 256) -> None:
         self.directory = Path(directory)
         self._every = janitor_every_s
         self._janitor: asyncio.Task[None] | None = None
+        self._min_free = min_free_mb * 1024 * 1024
+        self._room_checked = (0.0, True)
+
+    def has_room(self) -> bool:
+        """False when the disk holding the store is nearly full (checked at most once a second)."""
+        at, room = self._room_checked
+        now = time.monotonic()
+        if now - at >= 1.0:
+            try:
+                room = shutil.disk_usage(self.directory).free >= self._min_free
+            except OSError:
+                room = True  # an unusable directory shows up as store failures instead
+            self._room_checked = (now, room)
+        return room
 
     async def start(self) -> None:
         try:

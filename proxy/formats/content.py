@@ -23,7 +23,12 @@ class ContentFormat(Format):
     def error_payload(self, status: int, message: str, code: str | None = None,
                       param: str | None = None) -> dict[str, Any]:
         name = code if code in _NAMED else STATUS_NAMES.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT")
-        return {"error": {"code": status, "message": message, "status": name}}
+        error: dict[str, Any] = {"code": status, "message": message, "status": name}
+        if code and code not in _NAMED:
+            # google.rpc's place for a machine-readable reason (spec 7.3's codes among them)
+            error["details"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": code,
+                                 "domain": "modelgate"}]
+        return {"error": error}
 
     def usage_from_body(self, body: Any) -> Usage | None:
         if isinstance(body, list):  # a non-SSE stream answer is a JSON array of chunks

@@ -63,6 +63,9 @@ RATELIMIT_DECISIONS = Counter("modelgate_ratelimit_decisions", "Rate-limit decis
                               ["policy", "decision"])
 RATELIMIT_BACKEND_ERRORS = Counter("modelgate_ratelimit_backend_errors", "Limiter checks the shared state could not answer",
                                    ["mode"])
+URL_DELIVERY = Counter("modelgate_url_delivery", "URL-delivery outcomes per answer: stored, native (the upstream's "
+                       "own URLs), fallback (Base64), failed (strict), unavailable (refused before the upstream)",
+                       ["route", "outcome"])
 CONFIG_RELOADS = Counter("modelgate_config_reloads", "Config reloads by outcome", ["outcome"])
 CONFIG_INFO = Gauge("modelgate_config_info", "The loaded config (its digest); value 1", ["digest"],
                     multiprocess_mode="liveall")
