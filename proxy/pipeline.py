@@ -33,6 +33,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "validation": "plugins.validation:Validation",
     "ratelimit": "plugins.ratelimit:RateLimit",
     "url_delivery": "plugins.url_delivery:UrlDelivery",
+    "video": "plugins.video:VideoTasks",
     "usage": "plugins.usage:UsageCapture",
     "sse": "plugins.sse:SSEPassthrough",
 }
@@ -45,7 +46,7 @@ def default_plugins(route: Route) -> list[str]:
     if route.format.name in ("messages", "content", "responses", "images"):
         return ["auth", "validation", "ratelimit", "usage", "sse"]
     if route.format.name == "video":
-        return ["auth", "validation", "ratelimit"]
+        return ["auth", "validation", "ratelimit", "video"]
     return ["ratelimit"]  # login and the payment webhook take no gateway key; limits go by client IP
 
 

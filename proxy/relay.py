@@ -65,7 +65,9 @@ class Relay:
                 upstream.close()
                 return self._too_large()
             return await self._send_buffered()
-        if wants_body and not ex.route.streams_bytes and (length is None or length <= self.buffer_limit):
+        # A download streams; its error answers (small) are buffered so plugins can make them clear.
+        readable = not ex.route.streams_bytes or upstream.status >= 400
+        if wants_body and readable and (length is None or length <= self.buffer_limit):
             return await self._send_buffered()
         return await self._send_bytes()
 
@@ -100,9 +102,10 @@ class Relay:
             return ex.error_response(504 if stalled else 502, message)
         ex.upstream_finished = time.perf_counter()
         answer = UpstreamResponse(upstream.status, end_to_end(upstream.headers), b"".join(chunks))
-        if ex.route.creates is not None and answer.status < 300:
-            await self.affinity.remember_from_body(ex, answer.json())
         await self.pipeline.run_response(ex, answer)
+        if ex.route.creates is not None and answer.status < 300:
+            # after the hooks: an id in another upstream's shape has been normalised by then
+            await self.affinity.remember_from_body(ex, answer.json())
         headers = self._headers(answer.headers)
         ex.status = answer.status
         ex.bytes_out = len(answer.body)

@@ -2,6 +2,8 @@
 
 The prompt decides the ending: `[sim:filtered]` gives the filtered case of spec 2.3,
 `[sim:fail]` a failed task; otherwise the task succeeds. Timing comes from the settings.
+Like the upstream the spec describes, it reports `processing` and `completed`; with
+`x-sim-video-shape: nested` a submission answers `{code, data: {task_id, state}}`.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class VideoTask:
             return "queued"
         if elapsed < self.queued_s + self.processing_s:
             return "processing"
-        return "failed" if self.ending == "failed" else "succeeded"
+        return "failed" if self.ending == "failed" else "completed"  # the upstream's word; 2.3 says succeeded
 
     def progress(self) -> int:
         total = self.queued_s + self.processing_s
@@ -59,6 +61,8 @@ async def submit(sim: Simulator, request: web.Request) -> web.Response:
     task = VideoTask(sim.new_id("task"), str(body.get("model", "")), ending, time.monotonic(),
                      sim.settings.video_queued_s, sim.settings.video_processing_s)
     sim.videos[task.task_id] = task
+    if request.headers.get("x-sim-video-shape") == "nested":  # another upstream's way of saying it
+        return json_answer({"code": "success", "data": {"task_id": task.task_id, "state": "submitted"}}, request)
     return json_answer({"id": task.task_id, "task_id": task.task_id, "object": "video", "model": task.model,
                         "status": "", "progress": 0, "created_at": now()}, request)
 
@@ -77,11 +81,11 @@ async def status(sim: Simulator, request: web.Request) -> web.Response:
     state = task.status()
     data = {"task_id": task.task_id, "status": state, "format": "mp4", "url": "", "error": None,
             "metadata": None, "progress": task.progress()}
-    if state == "succeeded" and task.ending == "filtered":
+    if state == "completed" and task.ending == "filtered":
         data.update(url="The video was blocked by content-safety filtering.", bytes_base64_encoded="",
                     metadata={"rai_media_filtered_count": 1,
                               "rai_media_filtered_reasons": ["The prompt violates the usage guidelines."]})
-    elif state == "succeeded":
+    elif state == "completed":
         data["url"] = f"{request.scheme}://{request.host}/v1/videos/{task.task_id}/content"
     elif state == "failed":
         data["error"] = {"code": "generation_failed", "message": "the simulated generation failed"}
@@ -91,7 +95,7 @@ async def status(sim: Simulator, request: web.Request) -> web.Response:
 async def content(sim: Simulator, request: web.Request) -> web.StreamResponse:
     await sim.receive(request, VIDEO)
     task = _task(sim, request)
-    if task.status() != "succeeded" or task.ending != "succeeded":
+    if task.status() != "completed" or task.ending != "succeeded":
         raise Answer(VIDEO.error_response(404, f"task {task.task_id} has no video"))
     data = video_bytes(task.task_id)
     etag = '"' + hashlib.sha256(data).hexdigest()[:32] + '"'

@@ -1,0 +1,182 @@
+"""Video tasks (spec 2.1-2.3, 3, endpoints 1-5): one shape for every channel, and poll protection.
+
+Submissions answer per 2.2 and statuses per 2.3 whatever shape the channel uses. Statuses
+are normalised (queued, in_progress, succeeded, failed), `data.url` always points at the
+gateway's own `/v1/videos/<task_id>/content`, and failures carry `data.error {code, message}`.
+Filtered videos are recognised by any of the signals channels use and shown one way: by
+default exactly 2.3's filtered case; per route, optionally as a failure. A download of a
+task with no video is a clear 4xx. Status answers are cached briefly (terminal ones until
+they expire) and concurrent polls of one task share one upstream call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from proxy import jsonutil
+from proxy.config import GatewayConfig
+from proxy.exchange import Exchange, UpstreamResponse
+from proxy.pipeline import Plugin
+from proxy.state import StateStore, make_store
+
+_SUBMIT = ("video_generations", "videos")
+_STATUS = ("video_generation_status", "video_status")
+_CONTENT = "video_content"
+_STATES = {"queued": "queued", "pending": "queued", "submitted": "queued", "waiting": "queued", "": "queued",
+           "processing": "in_progress", "running": "in_progress", "in_progress": "in_progress",
+           "started": "in_progress", "completed": "succeeded", "succeeded": "succeeded", "success": "succeeded",
+           "done": "succeeded", "finished": "succeeded", "failed": "failed", "failure": "failed", "error": "failed",
+           "cancelled": "failed", "canceled": "failed", "expired": "failed"}
+_FILTERED_STATES = frozenset({"filtered", "content_filtered", "blocked"})
+_FILTER_MESSAGE = "The video was blocked by content-safety filtering."
+
+
+class VideoSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    filtered: dict[Literal["video_generation_status", "video_status"], Literal["spec", "failure"]] = Field(
+        default_factory=dict)            # how a route shows a filtered video; default "spec" (2.3's shape)
+    status_cache_s: float = Field(default=1.0, ge=0)       # running tasks
+    terminal_cache_s: float = Field(default=3600.0, ge=0)  # finished tasks
+
+
+class VideoTasks(Plugin):
+    name = "video"
+    Settings = VideoSettings
+
+    def configure(self, config: GatewayConfig) -> None:
+        self.cache: StateStore = self.resources.setdefault("video.cache", make_store(config.state))  # type: ignore[assignment]
+        self.inflight: dict[str, asyncio.Future[None]] = self.resources.setdefault("video.inflight", {})  # type: ignore[assignment]
+        self.public_base = config.server.public_base_url
+
+    async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
+        route = ex.route.name
+        if route not in _STATUS and route != _CONTENT:
+            return None
+        task_id = ex.path_params["task_id"]
+        if route == _CONTENT:
+            return await self._refuse_download(ex, task_id)
+        cached = await self._cached(task_id)
+        if cached is None and (waiting := self.inflight.get(task_id)) is not None:
+            try:  # another request is asking the upstream right now: share its answer
+                await asyncio.wait_for(asyncio.shield(waiting), timeout=10)
+            except (TimeoutError, asyncio.CancelledError):
+                pass
+            cached = await self._cached(task_id)
+        if cached is not None:
+            return _json(200, self._present(ex, cached))
+        self.inflight[task_id] = asyncio.get_running_loop().create_future()
+        ex.plugin_state[self.name] = task_id  # this request leads; on_complete wakes the others
+        return None
+
+    async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
+        route = ex.route.name
+        body = upstream.json()
+        if route == _CONTENT and upstream.status >= 400:
+            answered = upstream.status  # the channel's own error page never reaches the client
+            upstream.status = answered if answered < 500 else 502
+            upstream.set_json(ex.format.error_payload(
+                upstream.status, f"the channel has no video for task {ex.path_params['task_id']} "
+                                 f"(it answered {answered})", "video_unavailable"))
+            return
+        if upstream.status >= 300 or not isinstance(body, dict):
+            return
+        if route in _SUBMIT:
+            upstream.set_json(_submission(body, ex.model))
+        elif route in _STATUS:
+            task_id = ex.path_params["task_id"]
+            normal = _status(body, task_id)
+            terminal = normal["status"] in ("succeeded", "failed")
+            ttl = self.settings.terminal_cache_s if terminal else self.settings.status_cache_s
+            if ttl > 0:
+                await self.cache.set(f"video:status:{task_id}", jsonutil.dumps(normal).decode(), max(1, round(ttl)))
+            upstream.set_json(self._present(ex, normal))
+
+    async def on_complete(self, ex: Exchange) -> None:
+        task_id = ex.plugin_state.get(self.name)
+        if task_id is not None:
+            waiting = self.inflight.pop(task_id, None)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(None)
+
+    async def _cached(self, task_id: str) -> dict[str, Any] | None:
+        raw = await self.cache.get(f"video:status:{task_id}")
+        return jsonutil.loads(raw) if raw else None
+
+    async def _refuse_download(self, ex: Exchange, task_id: str) -> web.StreamResponse | None:
+        known = await self._cached(task_id)
+        if known is None or known["status"] == "succeeded" and not known.get("filtered"):
+            return None  # unknown here, or ready: the channel answers (a refusal there is made clear too)
+        if known.get("filtered"):
+            return ex.error_response(404, f"task {task_id} has no video: it was blocked by content filtering",
+                                     "content_filtered")
+        if known["status"] == "failed":
+            return ex.error_response(404, f"task {task_id} failed and has no video", "video_failed")
+        return ex.error_response(409, f"task {task_id} is {known['status']}; its video is not ready yet",
+                                 "video_not_ready", headers={"Retry-After": "5"})
+
+    def _present(self, ex: Exchange, normal: dict[str, Any]) -> dict[str, Any]:
+        """The 2.3 answer for this request: URLs on this gateway, filtered tasks in the route's mode."""
+        task_id = normal["task_id"]
+        data: dict[str, Any] = {"task_id": task_id, "status": normal["status"], "format": "mp4", "url": "",
+                                "error": normal.get("error"), "metadata": None}
+        if normal.get("progress") is not None:
+            data["progress"] = normal["progress"]
+        if normal.get("filtered"):
+            reasons = normal.get("reasons") or []
+            if self.settings.filtered.get(ex.route.name, "spec") == "failure":
+                data.update(status="failed", error={"code": "content_filtered", "message": normal["message"],
+                                                    "reasons": reasons})
+            else:
+                data.update(status="succeeded", url=normal["message"], bytes_base64_encoded="",
+                            metadata={"rai_media_filtered_count": normal.get("count", 1),
+                                      "rai_media_filtered_reasons": reasons})
+        elif normal["status"] == "succeeded":
+            base = self.public_base or f"{ex.request.scheme}://{ex.request.host}"
+            data["url"] = f"{base}/v1/videos/{task_id}/content"
+        return {"code": "success", "message": "", "data": data}
+
+
+def _submission(body: dict[str, Any], model: str | None) -> dict[str, Any]:
+    data = body.get("data") if isinstance(body.get("data"), dict) else {}
+    task_id = body.get("task_id") or body.get("id") or data.get("task_id") or data.get("id") or body.get("name")
+    created = body.get("created_at") or data.get("created_at")
+    return {"id": task_id, "task_id": task_id, "object": "video", "model": body.get("model") or model,
+            "status": "", "progress": 0, "created_at": created if isinstance(created, int) else int(time.time())}
+
+
+def _status(body: dict[str, Any], task_id: str) -> dict[str, Any]:
+    """What a channel said about a task, in one vocabulary (not yet the 2.3 shape)."""
+    data = body.get("data") if isinstance(body.get("data"), dict) else body
+    raw = str(data.get("status") or data.get("state") or "").lower()
+    status = _STATES.get(raw, "queued")
+    normal: dict[str, Any] = {"task_id": data.get("task_id") or task_id, "status": status}
+    if isinstance(data.get("progress"), int):
+        normal["progress"] = data["progress"]
+    metadata = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
+    count = metadata.get("rai_media_filtered_count") or metadata.get("raiMediaFilteredCount") or 0
+    reasons = metadata.get("rai_media_filtered_reasons") or metadata.get("raiMediaFilteredReasons") or []
+    url = data.get("url")
+    filtered = (raw in _FILTERED_STATES or bool(count) or bool(reasons) or data.get("filtered") is True
+                or status == "succeeded" and isinstance(url, str) and url and not url.startswith(("http://", "https://")))
+    if filtered:
+        message = url if isinstance(url, str) and url and not url.startswith("http") else _FILTER_MESSAGE
+        normal.update(status="succeeded", filtered=True, count=int(count) or 1, message=message,
+                      reasons=[str(r) for r in reasons] if isinstance(reasons, list) else [str(reasons)])
+    elif status == "failed":
+        error = data.get("error")
+        if isinstance(error, dict):
+            normal["error"] = {"code": str(error.get("code") or "generation_failed"),
+                               "message": str(error.get("message") or "the video generation failed")}
+        else:
+            normal["error"] = {"code": "generation_failed", "message": str(error or "the video generation failed")}
+    return normal
+
+
+def _json(status: int, body: Any) -> web.Response:
+    return web.Response(status=status, body=jsonutil.dumps(body), content_type="application/json")

@@ -1,0 +1,156 @@
+"""Video tasks (spec 2.1-2.3, 3, endpoints 1-5): one shape for every channel, filtered videos, poll protection."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+KEY = "sk-demo-key"
+BEARER = {"Authorization": f"Bearer {KEY}"}
+SUBMIT = {"model": "videogen-3.0-generate-001", "prompt": "waves at dusk"}
+FAST = "simulator: {video_queued_s: 0.3, video_processing_s: 0.5}"
+
+
+async def submit(http: aiohttp.ClientSession, url: str, prompt: str = "waves", headers: dict | None = None) -> dict:
+    async with http.post(url + "/v1/video/generations", json={**SUBMIT, "prompt": prompt},
+                         headers={**BEARER, **(headers or {})}) as answer:
+        assert answer.status == 200
+        return await answer.json()
+
+
+async def status(http: aiohttp.ClientSession, url: str, task_id: str, path: str = "/v1/video/generations") -> dict:
+    async with http.get(f"{url}{path}/{task_id}", headers=BEARER) as answer:
+        assert answer.status == 200, await answer.text()
+        return await answer.json()
+
+
+async def until_done(http: aiohttp.ClientSession, urls: list[str], task_id: str) -> tuple[dict, list[str]]:
+    seen = []
+    for turn in range(200):
+        body = await status(http, urls[turn % len(urls)], task_id)  # alternately through each gateway
+        seen.append(body["data"]["status"])
+        if body["data"]["status"] in ("succeeded", "failed"):
+            return body, seen
+        await asyncio.sleep(0.05)
+    raise AssertionError("the task never finished")
+
+
+async def test_the_lifecycle_through_two_processes_sharing_redis(spawn, redis_url):  # noqa: ANN001
+    sim = spawn("simulator", "--video-queued-s", "1.0", "--video-processing-s", "1.5", "--key", "upstream")
+    text = f"""
+server: {{listen: "127.0.0.1:{{PORT}}"}}
+state: {{backend: redis, url: "{redis_url}"}}
+observability: {{logging: {{access_log: false}}}}
+channels: [{{name: up, base_url: "{sim.url}", credential: upstream}}]
+"""
+    a, b = spawn("gateway", config=text), spawn("gateway", config=text)
+    async with aiohttp.ClientSession() as http:
+        task = await submit(http, a.url)
+        assert set(task) == {"id", "task_id", "object", "model", "status", "progress", "created_at"}
+        assert task["object"] == "video" and task["id"] == task["task_id"] and task["status"] == "" and task["progress"] == 0
+        final, seen = await until_done(http, [b.url, a.url], task["task_id"])
+        assert seen[0] == "queued" and "in_progress" in seen and seen[-1] == "succeeded"
+        assert set(seen) <= {"queued", "in_progress", "succeeded"}
+        data = final["data"]
+        assert final["code"] == "success" and final["message"] == "" and data["error"] is None
+        assert data["format"] == "mp4" and data["metadata"] is None
+        assert data["url"] == f"{b.url}/v1/videos/{task['task_id']}/content" or data["url"].endswith(
+            f"/v1/videos/{task['task_id']}/content")
+        assert sim.url not in data["url"]  # the upstream's own address never leaks
+        async with http.get(f"{sim.url}/v1/videos/{task['task_id']}/content",
+                            headers={"Authorization": "Bearer upstream"}) as direct:
+            original = await direct.read()
+        for gateway in (a, b):
+            async with http.get(f"{gateway.url}/v1/videos/{task['task_id']}/content", headers=BEARER) as answer:
+                assert answer.headers["Content-Type"] == "video/mp4" and await answer.read() == original
+            async with http.get(f"{gateway.url}/v1/videos/{task['task_id']}/content",
+                                headers={**BEARER, "Range": "bytes=100-"}) as answer:
+                assert answer.status == 206 and await answer.read() == original[100:]
+
+
+@pytest.fixture
+async def gw(start_gateway):  # noqa: ANN001, ANN201
+    return await start_gateway(f"""
+        channels: [{{name: simulator, base_url: simulator, {FAST}}}]
+        plugins: {{video: {{filtered: {{video_status: failure}}}}}}
+    """)
+
+
+async def test_a_filtered_video_looks_exactly_like_2_3_by_default(gw, http):  # noqa: ANN001
+    task = await submit(http, gw.url, "a beach [sim:filtered]")
+    final, _ = await until_done(http, [gw.url], task["task_id"])
+    data = final["data"]
+    assert final["code"] == "success" and data["status"] == "succeeded"
+    assert data["metadata"] == {"rai_media_filtered_count": 1,
+                                "rai_media_filtered_reasons": ["The prompt violates the usage guidelines."]}
+    assert data["url"] == "The video was blocked by content-safety filtering." and data["bytes_base64_encoded"] == ""
+
+
+async def test_a_route_can_show_a_filtered_video_as_a_failure(gw, http):  # noqa: ANN001
+    task = await submit(http, gw.url, "a beach [sim:filtered]")
+    await until_done(http, [gw.url], task["task_id"])
+    data = (await status(http, gw.url, task["task_id"], "/v1/videos"))["data"]
+    assert data["status"] == "failed" and data["url"] == "" and data["metadata"] is None
+    assert data["error"] == {"code": "content_filtered", "message": "The video was blocked by content-safety filtering.",
+                             "reasons": ["The prompt violates the usage guidelines."]}
+
+
+async def test_a_failed_task_carries_its_error(gw, http):  # noqa: ANN001
+    task = await submit(http, gw.url, "a beach [sim:fail]")
+    final, _ = await until_done(http, [gw.url], task["task_id"])
+    assert final["data"]["status"] == "failed" and final["data"]["url"] == ""
+    assert final["data"]["error"] == {"code": "generation_failed", "message": "the simulated generation failed"}
+
+
+@pytest.mark.parametrize(("prompt", "wait", "status_code", "code"), [
+    ("x [sim:filtered]", True, 404, "content_filtered"),
+    ("x [sim:fail]", True, 404, "video_failed"),
+    ("x", False, 409, "video_not_ready"),
+])
+async def test_a_download_without_a_video_is_a_clear_4xx(gw, http, prompt, wait, status_code, code):  # noqa: ANN001
+    task = await submit(http, gw.url, prompt)
+    if wait:
+        await until_done(http, [gw.url], task["task_id"])
+    else:
+        await status(http, gw.url, task["task_id"])
+    async with http.get(f"{gw.url}/v1/videos/{task['task_id']}/content", headers=BEARER) as answer:
+        assert answer.status == status_code
+        assert (await answer.json())["error"]["code"] == code
+
+
+async def test_a_download_the_gateway_knows_nothing_of_is_still_a_clear_json_4xx(gw, http):  # noqa: ANN001
+    async with http.get(f"{gw.url}/v1/videos/task_unknown/content", headers=BEARER) as answer:
+        assert answer.status == 404 and answer.headers["Content-Type"].startswith("application/json")
+        assert (await answer.json())["error"]["code"] == "video_unavailable"
+
+
+async def test_another_channel_shape_is_normalised_to_2_2(gw, http):  # noqa: ANN001
+    task = await submit(http, gw.url, headers={"x-sim-video-shape": "nested"})
+    assert task["object"] == "video" and task["id"] == task["task_id"] and task["task_id"].startswith("task_")
+    assert task["model"] == SUBMIT["model"] and isinstance(task["created_at"], int)
+    assert (await until_done(http, [gw.url], task["task_id"]))[0]["data"]["status"] == "succeeded"
+
+
+async def test_a_hundred_pollers_cost_about_one_status_call_per_second(start_gateway):  # noqa: ANN001
+    gw = await start_gateway("channels: [{name: simulator, base_url: simulator, "
+                             "simulator: {video_queued_s: 30, video_processing_s: 30}}]")
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100)) as http:
+        task_id = (await submit(http, gw.url))["task_id"]
+        deadline = time.monotonic() + 3.0
+        answers = 0
+
+        async def poller() -> None:
+            nonlocal answers
+            while time.monotonic() < deadline:
+                assert (await status(http, gw.url, task_id))["data"]["status"] == "queued"
+                answers += 1
+
+        started = time.monotonic()
+        await asyncio.gather(*(poller() for _ in range(100)))
+        elapsed = time.monotonic() - started
+    calls = gw.sim().status_calls[task_id]
+    assert answers >= 300  # the crowd really polled
+    assert calls <= elapsed + 2, (calls, elapsed)  # about one upstream call per second
