@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from proxy import jsonutil
 from proxy.config import GatewayConfig
 from proxy.exchange import Exchange, UpstreamResponse
+from proxy.observability.metrics import VIDEO_OUTCOMES
 from proxy.pipeline import Plugin
 from proxy.state import StateStore, make_store
 
@@ -92,6 +93,8 @@ class VideoTasks(Plugin):
             task_id = ex.path_params["task_id"]
             normal = _status(body, task_id)
             terminal = normal["status"] in ("succeeded", "failed")
+            if terminal:  # seen once per task and cache lifetime: counted as it finishes
+                VIDEO_OUTCOMES.labels("filtered" if normal.get("filtered") else normal["status"]).inc()
             ttl = self.settings.terminal_cache_s if terminal else self.settings.status_cache_s
             if ttl > 0:
                 await self.cache.set(f"video:status:{task_id}", jsonutil.dumps(normal).decode(), max(1, round(ttl)))

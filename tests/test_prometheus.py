@@ -66,6 +66,12 @@ async def mixed_load(url: str, seconds: float) -> None:
     ]
     deadline = time.monotonic() + seconds
     async with aiohttp.ClientSession() as http:
+        for prompt in ("waves", "waves [sim:filtered]", "waves [sim:fail]"):  # every video outcome
+            async with http.post(url + "/v1/video/generations", headers=bearer,
+                                 json={"model": "videogen-3.0-generate-001", "prompt": prompt}) as answer:
+                task_id = (await answer.json())["task_id"]
+            async with http.get(f"{url}/v1/video/generations/{task_id}", headers=bearer) as answer:
+                await answer.read()
         while time.monotonic() < deadline:
             for path, headers, body in calls:
                 async with http.post(url + path, json=body, headers=headers) as answer:
@@ -85,7 +91,7 @@ async def test_every_dashboard_and_alert_expression_returns_data(spawn, tmp_path
         keys: [{name: demo, key: sk-demo-key, url_delivery: true, limits: {rpm: 100000, tpm: 10000000}},
                {name: tight, key: tight-key-001, limits: {rpm: 1}}]
         channels: [{name: simulator, base_url: simulator, accepts_response_format: false,
-                    simulator: {chunk_delay_ms: 2, output_tokens: 4}}]
+                    simulator: {chunk_delay_ms: 2, output_tokens: 4, video_queued_s: 0, video_processing_s: 0}}]
         plugins: {url_delivery: {enabled: true, dir: "IMAGES_DIR"}}
     """.replace("IMAGES_DIR", str(tmp_path / "images")))
     port = free_port()

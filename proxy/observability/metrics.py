@@ -66,6 +66,8 @@ RATELIMIT_BACKEND_ERRORS = Counter("modelgate_ratelimit_backend_errors", "Limite
 URL_DELIVERY = Counter("modelgate_url_delivery", "URL-delivery outcomes per answer: stored, native (the upstream's "
                        "own URLs), fallback (Base64), failed (strict), unavailable (refused before the upstream)",
                        ["route", "outcome"])
+VIDEO_OUTCOMES = Counter("modelgate_video_tasks_finished", "Video tasks seen finishing, by outcome "
+                         "(succeeded, failed, filtered)", ["outcome"])
 CONFIG_RELOADS = Counter("modelgate_config_reloads", "Config reloads by outcome", ["outcome"])
 CONFIG_INFO = Gauge("modelgate_config_info", "The loaded config (its digest); value 1", ["digest"],
                     multiprocess_mode="liveall")
