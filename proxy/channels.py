@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import random
 import re
+import time
 
 import aiohttp
 
@@ -19,7 +20,7 @@ from proxy.routes import Route
 
 class Channel:
     __slots__ = ("config", "name", "base_url", "priority", "weight", "credential", "timeouts",
-                 "_models", "_formats", "_endpoints", "_rename", "session", "failures")
+                 "_models", "_formats", "_endpoints", "_rename", "session", "failures", "open_until", "probing")
 
     def __init__(self, config: ChannelConfig, base_url: str) -> None:
         self.config = config
@@ -34,7 +35,9 @@ class Channel:
         self._endpoints = frozenset(config.endpoints) if config.endpoints is not None else None
         self._rename = dict(config.rename)
         self.session: aiohttp.ClientSession | None = None
-        self.failures = 0  # attempts failed in a row (health)
+        self.failures = 0        # attempts failed in a row
+        self.open_until = 0.0    # the breaker is open until then (monotonic time)
+        self.probing = False     # half-open: one request is finding out whether it recovered
 
     async def open(self) -> None:
         pool = self.config.pool
@@ -59,6 +62,23 @@ class Channel:
         if self.session is not None:
             await self.session.close()
             self.session = None
+
+    def available(self, now: float) -> bool:
+        """Closed breaker, or an open one whose pause is over and whose single probe is free."""
+        return self.open_until == 0.0 or (now >= self.open_until and not self.probing)
+
+    def record(self, failure: bool, threshold: int, open_s: float, now: float) -> None:
+        self.probing = False
+        if not failure:
+            self.failures, self.open_until = 0, 0.0
+            return
+        self.failures += 1
+        if self.failures >= threshold or self.open_until:
+            self.open_until = now + open_s  # opens, or a failed probe opens it again
+
+    @property
+    def is_open(self) -> bool:
+        return self.open_until != 0.0
 
     def serves(self, route: Route) -> bool:
         if self._endpoints is not None:
@@ -89,15 +109,19 @@ class ChannelSet:
         return [c for c in self.channels
                 if c.serves(route) and (model is None or c.serves_model(model))]
 
-    def pick(self, route: Route, model: str | None) -> Channel | None:
-        found = self.candidates(route, model)
+    def pick(self, route: Route, model: str | None, exclude: tuple[Channel, ...] = ()) -> Channel | None:
+        """The channel for a request: lowest priority number, then weight; channels whose breaker
+        is open, and those already tried, are passed over."""
+        now = time.monotonic()
+        found = [c for c in self.candidates(route, model) if c not in exclude and c.available(now)]
         if not found:
             return None
         best = min(c.priority for c in found)
         tier = [c for c in found if c.priority == best]
-        if len(tier) == 1:
-            return tier[0]
-        return random.choices(tier, weights=[c.weight for c in tier])[0]
+        chosen = tier[0] if len(tier) == 1 else random.choices(tier, weights=[c.weight for c in tier])[0]
+        if chosen.open_until:
+            chosen.probing = True  # half-open: this request finds out whether it recovered
+        return chosen
 
     async def open(self) -> None:
         for channel in self.channels:

@@ -90,6 +90,12 @@ class Exchange:
         self.body = jsonutil.dumps(value)
         self.body_changed = True
 
+    def restore_body(self, body: bytes | None, changed: bool) -> None:
+        """Put back a body as it was (before another channel's rename, say)."""
+        if body is not self.body:
+            self.body, self._json = body, _UNPARSED
+        self.body_changed = changed
+
     def error_response(self, status: int, message: str, code: str | None = None,
                        headers: dict[str, str] | None = None, param: str | None = None) -> web.Response:
         """An error in this endpoint's own shape (section 7 of the spec)."""

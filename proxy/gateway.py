@@ -25,7 +25,8 @@ from proxy.observability.tracing import Tracing, end_request, inject, start_chil
 from proxy.headers import add_forwarding, end_to_end
 from proxy.pipeline import Pipeline
 from proxy.relay import Relay
-from proxy.routes import ModelFrom, Route
+from proxy.formats import ACCOUNT
+from proxy.routes import ModelFrom, Pin, Route
 from proxy.runtime import Runtime
 
 log = logging.getLogger("modelgate.gateway")
@@ -134,6 +135,9 @@ class Gateway:
         ex.channel = channels.pick(ex.route, ex.model)
         if ex.channel is not None:
             return None
+        if channels.candidates(ex.route, ex.model):
+            return ex.error_response(503, "every channel for this request is failing; retry shortly",
+                                     "no_healthy_channel", headers={"Retry-After": "5"})
         if ex.model is not None:
             return ex.error_response(404, f"model {ex.model!r} is not served by this gateway", "model_not_found")
         return ex.error_response(404, f"no channel serves {ex.route.method} {ex.request.path}", "not_found")
@@ -150,6 +154,25 @@ class Gateway:
         return headers
 
     async def _forward(self, ex: Exchange, runtime: Runtime, pipeline: Pipeline) -> web.StreamResponse:
+        """Send the request to its channel; before the client has a byte, a failure may move it
+        to another channel (never back to one already tried), with a growing pause."""
+        tried: list[Channel] = []
+        delay = runtime.config.resilience.backoff_s
+        body, body_changed = ex.body, ex.body_changed  # before any channel's rename
+        while True:
+            assert ex.channel is not None
+            tried.append(ex.channel)
+            result = await self._attempt(ex, runtime, pipeline, tried)
+            if isinstance(result, web.StreamResponse):
+                return result
+            ex.channel, reason = result
+            runtime.observer.retried(ex, reason)
+            await asyncio.sleep(delay)
+            delay *= 2
+            ex.restore_body(body, body_changed)
+
+    async def _attempt(self, ex: Exchange, runtime: Runtime, pipeline: Pipeline,
+                       tried: list[Channel]) -> web.StreamResponse | tuple[Channel, str]:
         channel = ex.channel
         assert channel is not None and channel.session is not None
         request = ex.request
@@ -174,17 +197,19 @@ class Gateway:
         if ex.span is not None:
             span = start_child(ex, f"{request.method} upstream {channel.name}", SpanKind.CLIENT, {
                 "http.request.method": request.method, "server.address": url.host or "", "url.path": url.path,
-                "modelgate.channel": channel.name, "gen_ai.request.model": ex.upstream_model or ""})
+                "modelgate.channel": channel.name, "gen_ai.request.model": ex.upstream_model or "",
+                "modelgate.attempt": len(tried)})
             inject(span, headers)
         try:
-            return await self._exchange_with(ex, runtime, pipeline, channel, url, data, id_header)
+            return await self._exchange_with(ex, runtime, pipeline, channel, url, data, id_header, tried)
         finally:
             if span is not None:
                 span.set_attribute("http.response.status_code", ex.status)
                 span.end()
 
     async def _exchange_with(self, ex: Exchange, runtime: Runtime, pipeline: Pipeline, channel: Channel,
-                             url: yarl.URL, data: object, id_header: str) -> web.StreamResponse:
+                             url: yarl.URL, data: object, id_header: str,
+                             tried: list[Channel]) -> web.StreamResponse | tuple[Channel, str]:
         observer = runtime.observer
         assert channel.session is not None
         ex.upstream_started = time.perf_counter()
@@ -193,7 +218,10 @@ class Gateway:
                                                      allow_redirects=False)
         except TimeoutError as exc:
             connecting = isinstance(exc, aiohttp.ConnectionTimeoutError)
-            observer.upstream_result(channel, "connect_timeout" if connecting else "first_byte_timeout")
+            kind = "connect_timeout" if connecting else "first_byte_timeout"
+            observer.upstream_result(channel, kind)
+            if (retry := self._retry(ex, runtime, tried, kind)) is not None:
+                return retry
             what = "connecting" if connecting else f"waiting {channel.timeouts.first_byte_s:g}s for the first byte"
             return self._finish_local(ex, ex.error_response(504, f"upstream {channel.name} timed out {what}"), id_header)
         except aiohttp.ClientError as exc:
@@ -201,12 +229,21 @@ class Gateway:
                 violation = data.rejection  # the body broke a rule while it streamed: the upstream got no whole request
                 return self._finish_local(ex, ex.error_response(400, str(violation), param=violation.path or None),
                                           id_header)
-            observer.upstream_result(channel, "connect")
+            kind = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "connection"
+            observer.upstream_result(channel, kind)
+            if (retry := self._retry(ex, runtime, tried, kind)) is not None:
+                return retry
             message = f"upstream {channel.name} could not be reached ({type(exc).__name__})"
-            return self._finish_local(ex, ex.error_response(502, message), id_header)
+            status = 503 if ex.route.format is ACCOUNT else 502  # a webhook's sender retries a 503
+            return self._finish_local(ex, ex.error_response(status, message), id_header)
         ex.upstream_headers_at = time.perf_counter()
         status = upstream.status
-        observer.upstream_result(channel, "status_5xx" if status >= 500 else "status_429" if status == 429 else None)
+        failure = "status_5xx" if status >= 500 else "status_429" if status == 429 else None
+        observer.upstream_result(channel, failure)
+        if failure is not None and (failure != "status_429" or runtime.config.resilience.failover_on_429):
+            if (retry := self._retry(ex, runtime, tried, failure)) is not None:
+                upstream.close()
+                return retry
         if upstream.connection is not None:
             upstream.connection.protocol.read_timeout = channel.timeouts.idle_s  # type: ignore[union-attr]
         try:
@@ -216,6 +253,19 @@ class Gateway:
             return await relay.send()
         finally:
             upstream.release()
+
+    @staticmethod
+    def _retry(ex: Exchange, runtime: Runtime, tried: list[Channel], kind: str) -> tuple[Channel, str] | None:
+        """The next channel to try, if this request may be sent again at all."""
+        if len(tried) >= runtime.config.resilience.max_attempts:
+            return None
+        if ex.pinned_channel is not None or ex.body_stream is not None:
+            return None  # the id lives on that channel; a streamed body cannot be sent twice
+        never_reached = kind in ("connect", "connect_timeout")
+        if not never_reached and (ex.route.creates is Pin.VIDEO_TASK or ex.route.format is ACCOUNT):
+            return None  # a task submission or a webhook goes again only if it provably never arrived
+        following = runtime.channels.pick(ex.route, ex.model, exclude=tuple(tried))
+        return (following, kind) if following is not None else None
 
     def _rename(self, ex: Exchange, path: str) -> str:
         old, new = ex.model or "", ex.upstream_model or ""

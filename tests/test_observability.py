@@ -75,7 +75,8 @@ async def test_metrics_follow_requests_streams_tokens_and_refusals(gateway, http
 
 
 async def test_upstream_failures_are_counted_and_take_a_channel_down(start_gateway, http):  # noqa: ANN001
-    gw = await start_gateway("channels: [{name: flaky, base_url: simulator}]")
+    gw = await start_gateway("channels: [{name: flaky, base_url: simulator}]\n"
+                             "resilience: {breaker_failures: 3, breaker_open_s: 0.2}")
     body = {"model": "respmodel-4o", "input": "x"}
     for _ in range(3):
         async with http.post(gw.url + "/v1/responses", json=body, headers={"Authorization": "Bearer sk-demo-key",
@@ -85,6 +86,9 @@ async def test_upstream_failures_are_counted_and_take_a_channel_down(start_gatew
     assert value(metrics["modelgate_upstream_errors"], "modelgate_upstream_errors_total", channel="flaky",
                  kind="status_5xx") == 3
     assert value(metrics["modelgate_channel_up"], "modelgate_channel_up", channel="flaky") == 0
+    import asyncio
+
+    await asyncio.sleep(0.3)  # the breaker's pause ends: one probe may go, and it succeeds
     async with http.post(gw.url + "/v1/responses", json=body, headers={"Authorization": "Bearer sk-demo-key"}) as answer:
         assert answer.status == 200
     metrics = await scrape(http, gw.url)

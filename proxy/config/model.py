@@ -108,6 +108,7 @@ class SimulatorSettings(Strict):
     output_tokens: int = Field(default=24, ge=1, le=100_000)
     video_queued_s: float = Field(default=1.0, ge=0)
     video_processing_s: float = Field(default=2.0, ge=0)
+    fail_status: int | None = Field(default=None, ge=400, le=599)  # answer every request with this status
 
 
 class ChannelConfig(Strict):
@@ -216,6 +217,14 @@ class LoggingConfig(Strict):
     access_log: bool = True
 
 
+class ResilienceConfig(Strict):
+    max_attempts: int = Field(default=3, ge=1, le=10)       # per request, across channels, before the first byte
+    backoff_s: float = Field(default=0.05, ge=0, le=10)     # before each retry, doubling
+    failover_on_429: bool = False                           # try another channel when one says 429
+    breaker_failures: int = Field(default=5, ge=1)          # failures in a row that open a channel's breaker
+    breaker_open_s: float = Field(default=30.0, gt=0)       # how long it stays open before one probe
+
+
 class MetricsConfig(Strict):
     enabled: bool = True
     models: list[str] = Field(default_factory=list)  # more model names to count by name (others: "other")
@@ -257,6 +266,7 @@ class GatewayConfig(Strict):
     routes: dict[Literal[ROUTE_NAMES], RouteConfig] = Field(default_factory=dict)  # type: ignore[valid-type]
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
     observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig)
+    resilience: ResilienceConfig = Field(default_factory=ResilienceConfig)
 
     @field_validator("keys")
     @classmethod
@@ -291,6 +301,7 @@ def all_field_names() -> set[str]:
     """Every key the schema knows, for 'did you mean' hints."""
     names: set[str] = set()
     for model in (ServerConfig, StateConfig, Timeouts, Pool, SimulatorSettings, ChannelConfig, KeyConfig, KeyLimits,
-                  RouteConfig, LoggingConfig, MetricsConfig, TracingConfig, ObservabilityConfig, GatewayConfig):
+                  RouteConfig, LoggingConfig, MetricsConfig, TracingConfig, ObservabilityConfig, ResilienceConfig,
+                  GatewayConfig):
         names.update(model.model_fields)
     return names

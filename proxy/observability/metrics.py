@@ -54,7 +54,9 @@ CLIENT_ABORTS = Counter("modelgate_client_aborts", "Clients that went away befor
                         ["route", "phase"])
 TOKENS = Counter("modelgate_tokens", "Tokens the upstream reported", ["model", "key", "direction"])
 UPSTREAM_ERRORS = Counter("modelgate_upstream_errors", "Failed upstream attempts", ["channel", "kind"])
-CHANNEL_UP = Gauge("modelgate_channel_up", "1 while a channel answers; 0 after 3 failures in a row",
+UPSTREAM_RETRIES = Counter("modelgate_upstream_retries", "Requests sent again to another channel, by why",
+                           ["route", "reason"])
+CHANNEL_UP = Gauge("modelgate_channel_up", "1 while a channel's breaker is closed; 0 while it is open",
                    ["channel"], multiprocess_mode="liveall")
 VALIDATION_FAILURES = Counter("modelgate_validation_failures", "Requests refused by a validation rule",
                               ["route", "rule"])

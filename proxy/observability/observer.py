@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
+import time
+
 from proxy.channels import Channel
 from proxy.config.model import GatewayConfig
 from proxy.exchange import Exchange
 from proxy.observability import metrics as m
 
-_DOWN_AFTER = 3  # failures in a row before a channel counts as down
-
-
 class Observer:
-    __slots__ = ("enabled", "model_label")
+    __slots__ = ("enabled", "model_label", "resilience")
 
     def __init__(self, config: GatewayConfig) -> None:
         self.enabled = config.observability.metrics.enabled
         self.model_label = m.ModelLabels(config)
+        self.resilience = config.resilience
 
     def started(self, ex: Exchange) -> None:
         if self.enabled:
@@ -59,13 +59,16 @@ class Observer:
         m.STREAM_DURATION.labels(route).observe(now - ex.started)
 
     def upstream_result(self, channel: Channel, failure: str | None) -> None:
-        """Count a failed attempt by kind, and keep the channel's up/down gauge."""
-        if failure is None:
-            channel.failures = 0
-        else:
-            channel.failures += 1
+        """Feed the channel's breaker, count a failed attempt by kind, keep the up/down gauge."""
+        settings = self.resilience
+        channel.record(failure is not None and failure != "status_429", settings.breaker_failures,
+                       settings.breaker_open_s, time.monotonic())
         if not self.enabled:
             return
         if failure is not None:
             m.UPSTREAM_ERRORS.labels(channel.name, failure).inc()
-        m.CHANNEL_UP.labels(channel.name).set(0 if channel.failures >= _DOWN_AFTER else 1)
+        m.CHANNEL_UP.labels(channel.name).set(0 if channel.is_open else 1)
+
+    def retried(self, ex: Exchange, reason: str) -> None:
+        if self.enabled:
+            m.UPSTREAM_RETRIES.labels(ex.route.name, reason).inc()

@@ -60,6 +60,8 @@ class Knobs:
             crlf=h.get("x-sim-crlf") == "1",
             split=h.get("x-sim-split") == "1",
         )
+        if settings.fail_status is not None:
+            knobs.fault_status = settings.fail_status
         fault = h.get("x-sim-fault", "")
         name, _, value = fault.partition("=")
         if name == "status":

@@ -1,0 +1,107 @@
+"""Resilience: failover before the first byte, circuit breakers, graceful drain."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import aiohttp
+import pytest
+
+from proxy.config.model import SimulatorSettings
+
+KEY = "sk-demo-key"
+BEARER = {"Authorization": f"Bearer {KEY}"}
+RESPONSE = {"model": "respmodel-4o", "input": "hi"}
+
+
+def two_channels(first: str, extra: str = "") -> str:
+    return f"""
+channels:
+  - {{name: first, {first}, priority: 0}}
+  - {{name: second, base_url: simulator, priority: 1}}
+{extra}
+"""
+
+
+async def test_an_upstream_500_on_one_channel_succeeds_on_the_other(start_gateway, http):  # noqa: ANN001
+    gw = await start_gateway(two_channels("base_url: simulator, simulator: {fail_status: 500}"))
+    async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
+        assert answer.status == 200
+    assert len(gw.sim("first").requests) == 1 and len(gw.sim("second").requests) == 1
+
+
+async def test_a_refused_connection_fails_over_even_for_a_video_submission(start_gateway, http):  # noqa: ANN001
+    gw = await start_gateway(two_channels("base_url: 'http://127.0.0.1:1'"))
+    async with http.post(gw.url + "/v1/video/generations", headers=BEARER,
+                         json={"model": "videogen-3.0-generate-001", "prompt": "x"}) as answer:
+        assert answer.status == 200  # it provably never reached the first channel
+
+
+async def test_a_video_submission_is_not_sent_twice_after_an_upstream_answered(start_gateway, http):  # noqa: ANN001
+    gw = await start_gateway(two_channels("base_url: simulator, simulator: {fail_status: 500}"))
+    async with http.post(gw.url + "/v1/video/generations", headers=BEARER,
+                         json={"model": "videogen-3.0-generate-001", "prompt": "x"}) as answer:
+        assert answer.status == 500  # the first channel may have started the task: no second one
+    assert len(gw.sim("second").requests) == 0
+
+
+async def test_429_fails_over_only_when_asked(start_gateway, http):  # noqa: ANN001
+    for failover, expected in ((False, 429), (True, 200)):
+        gw = await start_gateway(two_channels("base_url: simulator, simulator: {fail_status: 429}",
+                                              f"resilience: {{failover_on_429: {str(failover).lower()}}}"))
+        async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
+            assert answer.status == expected
+
+
+async def test_the_breaker_opens_after_failures_and_closes_after_recovery(start_gateway, http):  # noqa: ANN001
+    gw = await start_gateway(two_channels("base_url: simulator, simulator: {fail_status: 503}",
+                                          "resilience: {breaker_failures: 2, breaker_open_s: 0.3}"))
+    for _ in range(5):
+        async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
+            assert answer.status == 200  # served by the second channel throughout
+    assert len(gw.sim("first").requests) == 2  # open after two failures: not asked again
+    gw.sim("first").settings = SimulatorSettings()  # the first channel recovers
+    await asyncio.sleep(0.35)
+    async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
+        assert answer.status == 200
+    assert len(gw.sim("first").requests) == 3  # the half-open probe went there, and succeeded
+    for _ in range(3):
+        async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
+            assert answer.status == 200
+    assert len(gw.sim("first").requests) == 6  # closed again: priority 0 serves
+
+
+async def test_every_channel_open_is_a_fast_503(start_gateway, http):  # noqa: ANN001
+    gw = await start_gateway("channels: [{name: only, base_url: simulator, simulator: {fail_status: 500}}]\n"
+                             "resilience: {breaker_failures: 1, breaker_open_s: 30}")
+    async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
+        assert answer.status == 500
+    async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
+        assert answer.status == 503 and answer.headers["Retry-After"] == "5"
+        assert (await answer.json())["error"]["code"] == "no_healthy_channel"
+    assert len(gw.sim("only").requests) == 1
+
+
+async def test_sigterm_lets_fifty_open_streams_finish(spawn):  # noqa: ANN001
+    sim = spawn("simulator", "--chunk-delay-ms", "100")
+    gw = spawn("gateway", config=f"""
+        server: {{listen: "127.0.0.1:{{PORT}}"}}
+        observability: {{logging: {{access_log: false}}}}
+        channels: [{{name: up, base_url: "{sim.url}"}}]
+    """)
+    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    headers = {"x-api-key": KEY, "msgapi-version": "2023-06-01", "x-sim-output-tokens": "15"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100)) as http:
+        streams = await asyncio.gather(*(http.post(gw.url + "/v1/messages", json=body, headers=headers)
+                                         for _ in range(50)))
+        for answer in streams:
+            await answer.content.readuntil(b"\n\n")
+        gw.proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        with pytest.raises(aiohttp.ClientConnectionError):  # no new connections while draining
+            async with aiohttp.ClientSession() as fresh:
+                await fresh.get(gw.url + "/healthz")
+        endings = await asyncio.gather(*(answer.read() for answer in streams))
+    assert all(ending.rstrip().endswith(b'data: {"type":"message_stop"}') for ending in endings)
+    assert gw.proc.wait(timeout=20) == 0
