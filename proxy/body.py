@@ -31,7 +31,7 @@ class BodyError(Exception):
         self.param = param
 
 
-async def read_body(ex: Exchange, limit: int) -> None:
+async def read_body(ex: Exchange, limit: int, upload_limit: int | None = None) -> None:
     """Fill `ex.body` or `ex.body_stream`; raise BodyError for a body the gateway refuses."""
     kind = ex.route.body
     if kind is Body.NONE:
@@ -41,7 +41,11 @@ async def read_body(ex: Exchange, limit: int) -> None:
         observer = MultipartObserver.for_content_type(request.headers.get("content-type", ""))
         if observer is None:
             raise BodyError(400, "multipart/form-data body without a boundary")
-        await _open_multipart(ex, observer)
+        upload_limit = upload_limit or limit
+        declared = request.content_length
+        if declared is not None and declared > upload_limit:  # refused before a byte of it is read
+            raise BodyError(413, f"upload of {declared} bytes is over the {upload_limit}-byte limit")
+        await _open_multipart(ex, observer, upload_limit)
         return
     content_type = request.headers.get("Content-Type")
     if kind is not Body.RAW and content_type is not None and "json" not in content_type.split(";", 1)[0].lower():
@@ -71,9 +75,10 @@ async def _read_whole(request: web.Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _open_multipart(ex: Exchange, observer: MultipartObserver) -> None:
+async def _open_multipart(ex: Exchange, observer: MultipartObserver, limit: int) -> None:
     ex.multipart = observer
     body = MultipartBody(ex.request, observer)
+    body.checks.append(_size_check(limit))
     await body.read_until_field("model")
     stream_flag = observer.field("stream")
     ex.streaming = stream_flag is not None and stream_flag.strip().lower() == "true"
@@ -85,6 +90,15 @@ class BodyRejected(Exception):
 
 
 FormCheck = Callable[[MultipartObserver, bool], "Violation | None"]
+
+
+def _size_check(limit: int) -> FormCheck:
+    def too_large(observer: MultipartObserver, finished: bool) -> Violation | None:
+        if sum(part.size for part in observer.parts) > limit:
+            return Violation("", f"the upload is over the {limit}-byte limit", status=413)
+        return None
+
+    return too_large
 
 
 class MultipartBody:
@@ -118,6 +132,9 @@ class MultipartBody:
                 break
             observer.feed(chunk)
             self._spool.write(chunk)
+            if (violation := self.run_checks(False)) is not None:
+                self._spool.close()
+                raise BodyError(violation.status, str(violation))
         if observer.error:
             self._spool.close()
             raise BodyError(400, f"malformed multipart body: {observer.error}")

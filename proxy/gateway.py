@@ -87,7 +87,8 @@ class Gateway:
     async def _serve(self, ex: Exchange, runtime: Runtime) -> web.StreamResponse:
         id_header = runtime.config.server.request_id_header
         try:
-            await read_body(ex, int(runtime.config.server.max_json_body_mb * 1024 * 1024))
+            server = runtime.config.server
+            await read_body(ex, int(server.max_json_body_mb * 1024 * 1024), int(server.max_upload_mb * 1024 * 1024))
         except BodyError as exc:
             return self._finish_local(ex, ex.error_response(exc.status, str(exc), param=exc.param), id_header)
         refusal = self._resolve_model(ex)
@@ -227,8 +228,8 @@ class Gateway:
         except aiohttp.ClientError as exc:
             if isinstance(data, MultipartBody) and data.rejection is not None:
                 violation = data.rejection  # the body broke a rule while it streamed: the upstream got no whole request
-                return self._finish_local(ex, ex.error_response(400, str(violation), param=violation.path or None),
-                                          id_header)
+                return self._finish_local(ex, ex.error_response(violation.status, str(violation),
+                                                                param=violation.path or None), id_header)
             kind = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "connection"
             observer.upstream_result(channel, kind)
             if (retry := self._retry(ex, runtime, tried, kind)) is not None:

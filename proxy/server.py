@@ -34,7 +34,9 @@ def serve(loaded: LoadedConfig, config_path: str | Path | None) -> None:
 async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: bool) -> None:
     app = build_app(loaded, config_path)
     # A client that goes away cancels its handler, and with it the upstream request.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # SIGTERM: stop listening, let requests in flight (streams too) finish within the drain timeout.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=loaded.config.server.drain_timeout_s)
     await runner.setup()
     server = loaded.config.server
     site = web.TCPSite(runner, server.host, server.port, backlog=1024)

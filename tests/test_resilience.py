@@ -105,3 +105,48 @@ async def test_sigterm_lets_fifty_open_streams_finish(spawn):  # noqa: ANN001
         endings = await asyncio.gather(*(answer.read() for answer in streams))
     assert all(ending.rstrip().endswith(b'data: {"type":"message_stop"}') for ending in endings)
     assert gw.proc.wait(timeout=20) == 0
+
+
+async def test_a_1_gb_upload_is_refused_with_413_before_it_is_read(gateway):  # noqa: ANN001
+    import time
+
+    async def gigabyte():  # noqa: ANN202
+        yield b"--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nimagegen-2\r\n"
+        for _ in range(1024):
+            yield b"\x00" * (1024 * 1024)
+
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as http:
+        try:
+            async with http.post(gateway.url + "/v1/images/edits", data=gigabyte(),
+                                 headers={**BEARER, "Content-Type": "multipart/form-data; boundary=b",
+                                          "Content-Length": str(1024**3)}) as answer:
+                assert answer.status == 413
+                assert "limit" in (await answer.json())["error"]["message"]
+        except aiohttp.ClientOSError:
+            pass  # the gateway answered and closed while the client was still sending: also refused
+    assert time.monotonic() - started < 5  # far less than reading a gigabyte
+    assert len(gateway.sim().requests) == 0
+
+
+async def test_an_undeclared_upload_over_the_limit_is_cut_off_with_413(start_gateway, http):  # noqa: ANN001
+    gw = await start_gateway("server: {max_upload_mb: 1}")
+
+    async def chunks():  # noqa: ANN202
+        yield b"--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nimagegen-2\r\n"
+        yield b"--b\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n\r\n\x89PNG\r\n\x1a\n"
+        for _ in range(4):
+            yield b"\x00" * (512 * 1024)
+        yield b"\r\n--b--\r\n"
+
+    async with http.post(gw.url + "/v1/images/edits", data=chunks(),
+                         headers={**BEARER, "Content-Type": "multipart/form-data; boundary=b"}) as answer:
+        assert answer.status == 413
+    assert all(not r.body_sha256 for r in gw.sim().requests)  # the upstream never got a whole body
+
+
+async def test_a_webhook_with_its_backend_down_is_a_503_so_the_provider_retries(start_gateway, http):  # noqa: ANN001
+    gw = await start_gateway("channels: [{name: accounts, base_url: 'http://127.0.0.1:1', formats: [account]}]")
+    async with http.post(gw.url + "/api/stripe/webhook", data=b'{"event":"paid"}',
+                         headers={"Stripe-Signature": "t=1,v1=abc"}) as answer:
+        assert answer.status == 503

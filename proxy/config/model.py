@@ -44,6 +44,8 @@ class ServerConfig(Strict):
     listen: str = "127.0.0.1:8080"
     public_base_url: str | None = None
     max_json_body_mb: PositiveFloat = 64.0
+    max_upload_mb: PositiveFloat = 512.0        # multipart edits (streamed): 16 images under 25 MB fit
+    drain_timeout_s: PositiveFloat = 60.0       # on SIGTERM: how long in-flight requests may take to finish
     request_id_header: str = "X-Request-Id"
 
     @field_validator("listen")
