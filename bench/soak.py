@@ -1,0 +1,141 @@
+"""A mixed soak: every format, streams, refusals and video polls against one gateway process for
+N minutes; the gateway's RSS is sampled, and any 5xx or broken connection is an error.
+Passes when RSS grows less than 10% after the warm-up and nothing failed.
+
+Usage: python bench/soak.py [--minutes 10] [--concurrency 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).parent.parent))
+from bench.results import update_section  # noqa: E402
+
+KEY = "soak-key-0001"
+BEARER = {"Authorization": f"Bearer {KEY}"}
+MSG = {"x-api-key": KEY, "msgapi-version": "2023-06-01"}
+MESSAGE = {"model": "msgmodel-haiku-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "hello there"}]}
+CALLS = [
+    ("POST", "/v1/messages", MSG, MESSAGE, 200),
+    ("POST", "/v1/messages", MSG, {**MESSAGE, "stream": True}, 200),
+    ("POST", "/v1/responses", BEARER, {"model": "respmodel-4o", "input": "hi", "stream": True}, 200),
+    ("POST", "/v1/responses", BEARER, {"model": "respmodel-4o", "input": "hi"}, 200),
+    ("POST", f"/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key={KEY}", {},
+     {"contents": [{"parts": [{"text": "hi"}]}]}, 200),
+    ("POST", f"/v1beta/models/genmodel-2.5-flash-image:generateContent?key={KEY}", {},
+     {"contents": [{"parts": [{"text": "a fox"}]}], "generationConfig": {"responseFormat": {"image": {"delivery": "URI"}}}}, 200),
+    ("POST", "/v1/images/generations", BEARER, {"model": "imagegen-2", "prompt": "x", "size": "1024x1024",
+                                                 "response_format": "url"}, 200),
+    ("POST", "/v1/messages", MSG, {**MESSAGE, "max_tokens": 0}, 400),
+    ("POST", "/v1/responses", {"Authorization": "Bearer wrong-key-000"}, {"model": "respmodel-4o", "input": "x"}, 401),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+async def worker(url: str, deadline: float, counts: dict[str, int], tasks: list[str]) -> None:
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            method, path, headers, body, expected = random.choice(CALLS)
+            try:
+                async with http.request(method, url + path, json=body, headers=headers) as answer:
+                    data = await answer.read()
+                    if answer.status != expected:
+                        counts["errors"] += 1
+                        counts.setdefault(f"status {answer.status} for {path}", 0)
+                        counts[f"status {answer.status} for {path}"] += 1
+                    counts["requests"] += 1
+                    if path.endswith("/generations") and b"task_id" in data:
+                        tasks.append(data.decode())
+                if random.random() < 0.1:  # a video task's life: submit, poll
+                    async with http.post(url + "/v1/video/generations", headers=BEARER,
+                                         json={"model": "videogen-3.0-generate-001", "prompt": "x"}) as answer:
+                        task_id = (await answer.json())["task_id"]
+                    async with http.get(f"{url}/v1/video/generations/{task_id}", headers=BEARER) as answer:
+                        counts["errors"] += answer.status != 200
+                        counts["requests"] += 2
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                counts["errors"] += 1
+                counts.setdefault(type(exc).__name__, 0)
+                counts[type(exc).__name__] += 1
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--minutes", type=float, default=10)
+    parser.add_argument("--concurrency", type=int, default=16)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="modelgate-soak-"))
+    port = free_port()
+    config = work / "gateway.yaml"
+    config.write_text(f'server: {{listen: "127.0.0.1:{port}"}}\n'
+                      f"keys: [{{name: soak, key: {KEY}, url_delivery: true, limits: {{rpm: 100000000, tpm: 10000000000}}}}]\n"
+                      "channels: [{name: simulator, base_url: simulator, accepts_response_format: false,\n"
+                      "            simulator: {chunk_delay_ms: 2, output_tokens: 16, video_queued_s: 0, video_processing_s: 0}}]\n"
+                      f"plugins: {{url_delivery: {{enabled: true, dir: '{work / 'images'}', ttl_s: 60}}}}\n"
+                      "observability: {logging: {access_log: false}}\n")
+    gateway = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "-c", str(config)],
+                               stdout=(work / "gateway.log").open("wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+        except OSError:
+            time.sleep(0.1)
+    counts: dict[str, int] = {"requests": 0, "errors": 0}
+    samples: list[tuple[float, int]] = []
+    started = time.monotonic()
+    deadline = started + args.minutes * 60
+    load = asyncio.gather(*(worker(url, deadline, counts, []) for _ in range(args.concurrency)))
+    while time.monotonic() < deadline:
+        await asyncio.sleep(5)
+        samples.append((time.monotonic() - started, rss_kb(gateway.pid)))
+    await load
+    gateway.terminate()
+    gateway.wait(timeout=30)
+    warm = min(max(60.0, args.minutes * 60 * 0.1), args.minutes * 60 / 2)
+    after_warmup = [kb for at, kb in samples if at >= warm]
+    base, last, peak = after_warmup[0], after_warmup[-1], max(after_warmup)
+    growth = (peak - base) / base
+    ok = growth < 0.10 and counts["errors"] == 0
+    lines = ["## Soak", "",
+             f"`python bench/soak.py --minutes {args.minutes:g} --concurrency {args.concurrency}`: every format, "
+             "streams, URL delivery, refusals (400, 401) and video polls against one gateway process.", "",
+             f"- requests: {counts['requests']:,} in {args.minutes:g} min; errors (5xx, unexpected status, "
+             f"broken connections): {counts['errors']}",
+             f"- RSS after a {warm:.0f} s warm-up: {base / 1024:.1f} MB; at the end {last / 1024:.1f} MB; "
+             f"peak {peak / 1024:.1f} MB; growth {growth:.1%} (target under 10%) — {'met' if ok else 'NOT met'}",
+             f"- RSS samples (MB, every 5 s): {' '.join(f'{kb / 1024:.0f}' for _, kb in samples[::12])}"]
+    extra = {k: v for k, v in counts.items() if k not in ("requests", "errors")}
+    if extra:
+        lines.append(f"- error kinds: {extra}")
+    update_section("soak", "\n".join(lines))
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(asyncio.run(main()))
