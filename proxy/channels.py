@@ -17,6 +17,8 @@ import aiohttp
 from proxy.config.model import ChannelConfig
 from proxy.routes import Route
 
+_PROBE_LAPSE_S = 30.0
+
 
 class Channel:
     __slots__ = ("config", "name", "base_url", "priority", "weight", "credential", "timeouts",
@@ -37,7 +39,8 @@ class Channel:
         self.session: aiohttp.ClientSession | None = None
         self.failures = 0        # attempts failed in a row
         self.open_until = 0.0    # the breaker is open until then (monotonic time)
-        self.probing = False     # half-open: one request is finding out whether it recovered
+        self.probing = 0.0       # half-open: when the probe left (0: none); a probe that never
+                                 # reports back (its client left) lapses after _PROBE_LAPSE_S
 
     async def open(self) -> None:
         pool = self.config.pool
@@ -65,10 +68,12 @@ class Channel:
 
     def available(self, now: float) -> bool:
         """Closed breaker, or an open one whose pause is over and whose single probe is free."""
-        return self.open_until == 0.0 or (now >= self.open_until and not self.probing)
+        if self.open_until == 0.0:
+            return True
+        return now >= self.open_until and (not self.probing or now - self.probing > _PROBE_LAPSE_S)
 
     def record(self, failure: bool, threshold: int, open_s: float, now: float) -> None:
-        self.probing = False
+        self.probing = 0.0
         if not failure:
             self.failures, self.open_until = 0, 0.0
             return
@@ -120,7 +125,7 @@ class ChannelSet:
         tier = [c for c in found if c.priority == best]
         chosen = tier[0] if len(tier) == 1 else random.choices(tier, weights=[c.weight for c in tier])[0]
         if chosen.open_until:
-            chosen.probing = True  # half-open: this request finds out whether it recovered
+            chosen.probing = now  # half-open: this request finds out whether it recovered
         return chosen
 
     async def open(self) -> None:
