@@ -88,23 +88,27 @@ async def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="modelgate-soak-"))
-    port = free_port()
+    port, sim_port = free_port(), free_port()
+    # The upstream runs as its own process, so the gateway's RSS is the gateway's alone.
+    simulator = subprocess.Popen([sys.executable, "-m", "proxy", "simulate", "--port", str(sim_port),
+                                  "--chunk-delay-ms", "2", "--output-tokens", "16", "--video-queued-s", "0",
+                                  "--video-processing-s", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     config = work / "gateway.yaml"
     config.write_text(f'server: {{listen: "127.0.0.1:{port}"}}\n'
                       f"keys: [{{name: soak, key: {KEY}, url_delivery: true, limits: {{rpm: 100000000, tpm: 10000000000}}}}]\n"
-                      "channels: [{name: simulator, base_url: simulator, accepts_response_format: false,\n"
-                      "            simulator: {chunk_delay_ms: 2, output_tokens: 16, video_queued_s: 0, video_processing_s: 0}}]\n"
+                      f"channels: [{{name: upstream, base_url: 'http://127.0.0.1:{sim_port}', accepts_response_format: false}}]\n"
                       f"plugins: {{url_delivery: {{enabled: true, dir: '{work / 'images'}', ttl_s: 60}}}}\n"
                       "observability: {logging: {access_log: false}}\n")
     gateway = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "-c", str(config)],
                                stdout=(work / "gateway.log").open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
-        except OSError:
-            time.sleep(0.1)
+    for waiting_on in (port, sim_port):
+        for _ in range(100):
+            try:
+                with socket.create_connection(("127.0.0.1", waiting_on), timeout=0.2):
+                    break
+            except OSError:
+                time.sleep(0.1)
     counts: dict[str, int] = {"requests": 0, "errors": 0}
     samples: list[tuple[float, int]] = []
     started = time.monotonic()
@@ -116,6 +120,8 @@ async def main() -> int:
     await load
     gateway.terminate()
     gateway.wait(timeout=30)
+    simulator.terminate()
+    simulator.wait(timeout=30)
     warm = min(max(60.0, args.minutes * 60 * 0.1), args.minutes * 60 / 2)
     after_warmup = [kb for at, kb in samples if at >= warm]
     base, last, peak = after_warmup[0], after_warmup[-1], max(after_warmup)
@@ -123,7 +129,8 @@ async def main() -> int:
     ok = growth < 0.10 and counts["errors"] == 0
     lines = ["## Soak", "",
              f"`python bench/soak.py --minutes {args.minutes:g} --concurrency {args.concurrency}`: every format, "
-             "streams, URL delivery, refusals (400, 401) and video polls against one gateway process.", "",
+             "streams, URL delivery, refusals (400, 401) and video polls against one gateway process "
+             "(the upstream simulator in a process of its own).", "",
              f"- requests: {counts['requests']:,} in {args.minutes:g} min; errors (5xx, unexpected status, "
              f"broken connections): {counts['errors']}",
              f"- RSS after a {warm:.0f} s warm-up: {base / 1024:.1f} MB; at the end {last / 1024:.1f} MB; "

@@ -189,7 +189,7 @@ async def responses(sim: Simulator, request: web.Request) -> web.StreamResponse:
              "total_tokens": input_tokens + knobs.output_tokens}
     final = _response_object(body, response_id, "completed", output, usage)
     if body.get("store", True) is not False:
-        sim.responses[response_id] = {"turn": turn}
+        sim.remember(sim.responses, response_id, {"turn": turn})
     if not body.get("stream"):
         return json_answer(final, request)
 

@@ -35,6 +35,7 @@ from proxy.multipart import MultipartObserver
 _WORDS = ("the quick brown fox jumps over a lazy dog while simulated models answer every "
           "request with plain deterministic words").split()
 _RECORDED_BODY_LIMIT = 1024 * 1024
+_BOOKKEEPING = 10_000  # entries kept per kind (stored responses, tasks, per-request counters)
 
 
 @dataclass(slots=True)
@@ -116,6 +117,12 @@ class Simulator:
         self.videos: dict[str, Any] = {}
         self.files: dict[str, bytes] = {}
         self._ids = itertools.count(1)
+
+    def remember(self, mapping: dict[Any, Any], key: Any, value: Any) -> None:
+        """Keep test bookkeeping bounded: the simulator also runs as a long-lived default upstream."""
+        mapping[key] = value
+        while len(mapping) > _BOOKKEEPING:
+            del mapping[next(iter(mapping))]
 
     def new_id(self, prefix: str) -> str:
         return f"{prefix}_{self.name}_{next(self._ids)}_{uuid.uuid4().hex[:8]}"
@@ -264,9 +271,9 @@ async def stream(sim: Simulator, request: web.Request, knobs: Knobs, events: Ite
                 raw = raw[half:]
             await response.write(raw)
             digest.update(raw)
-            sim.events_sent[request_id] += 1
+            sim.remember(sim.events_sent, request_id, sim.events_sent[request_id] + 1)
         await response.write_eof()
     finally:
         sim.open_streams -= 1
-        sim.stream_digests[request_id] = digest.hexdigest()
+        sim.remember(sim.stream_digests, request_id, digest.hexdigest())
     return response

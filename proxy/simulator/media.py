@@ -80,7 +80,7 @@ async def images(sim: Simulator, request: web.Request) -> web.StreamResponse:
 
 def _store(sim: Simulator, request: web.Request, width: int, height: int) -> str:
     file_id = sim.new_id("img")
-    sim.files[file_id] = png(width, height)
+    sim.remember(sim.files, file_id, png(width, height))
     return f"{request.scheme}://{request.host}/_sim/files/{file_id}.png"
 
 

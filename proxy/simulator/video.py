@@ -60,7 +60,7 @@ async def submit(sim: Simulator, request: web.Request) -> web.Response:
     ending = "filtered" if "[sim:filtered]" in prompt else "failed" if "[sim:fail]" in prompt else "succeeded"
     task = VideoTask(sim.new_id("task"), str(body.get("model", "")), ending, time.monotonic(),
                      sim.settings.video_queued_s, sim.settings.video_processing_s)
-    sim.videos[task.task_id] = task
+    sim.remember(sim.videos, task.task_id, task)
     if request.headers.get("x-sim-video-shape") == "nested":  # another upstream's way of saying it
         return json_answer({"code": "success", "data": {"task_id": task.task_id, "state": "submitted"}}, request)
     return json_answer({"id": task.task_id, "task_id": task.task_id, "object": "video", "model": task.model,
@@ -77,7 +77,7 @@ def _task(sim: Simulator, request: web.Request) -> VideoTask:
 async def status(sim: Simulator, request: web.Request) -> web.Response:
     await sim.receive(request, VIDEO)
     task = _task(sim, request)
-    sim.status_calls[task.task_id] += 1
+    sim.remember(sim.status_calls, task.task_id, sim.status_calls[task.task_id] + 1)
     state = task.status()
     data = {"task_id": task.task_id, "status": state, "format": "mp4", "url": "", "error": None,
             "metadata": None, "progress": task.progress()}

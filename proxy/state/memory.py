@@ -6,13 +6,17 @@ import time
 
 
 class MemoryStore:
-    __slots__ = ("_items", "_sets_since_sweep")
+    """Keys with expiry in a dict. Bounded: past `max_items` the oldest entries go first (an
+    affinity pin lives a week; without a bound a busy gateway would keep every one of them)."""
+
+    __slots__ = ("_items", "_sets_since_sweep", "_max_items")
 
     _SWEEP_EVERY = 1024
 
-    def __init__(self) -> None:
+    def __init__(self, max_items: int = 200_000) -> None:
         self._items: dict[str, tuple[str, float]] = {}
         self._sets_since_sweep = 0
+        self._max_items = max_items
 
     async def get(self, key: str) -> str | None:
         item = self._items.get(key)
@@ -24,10 +28,13 @@ class MemoryStore:
         return item[0]
 
     async def set(self, key: str, value: str, ttl_s: int) -> None:
+        self._items.pop(key, None)  # re-inserted at the end: insertion order is age order
         self._items[key] = (value, time.monotonic() + ttl_s)
         self._sets_since_sweep += 1
         if self._sets_since_sweep >= self._SWEEP_EVERY:
             self._sweep()
+        while len(self._items) > self._max_items:
+            del self._items[next(iter(self._items))]
 
     async def ping(self) -> bool:
         return True
