@@ -12,6 +12,7 @@ they expire) and concurrent polls of one task share one upstream call.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any, Literal
 
@@ -25,6 +26,7 @@ from proxy.observability.metrics import VIDEO_OUTCOMES
 from proxy.pipeline import Plugin
 from proxy.state import StateStore, make_store
 
+log = logging.getLogger("modelgate.video")
 _SUBMIT = ("video_generations", "videos")
 _STATUS = ("video_generation_status", "video_status")
 _CONTENT = "video_content"
@@ -97,7 +99,10 @@ class VideoTasks(Plugin):
                 VIDEO_OUTCOMES.labels("filtered" if normal.get("filtered") else normal["status"]).inc()
             ttl = self.settings.terminal_cache_s if terminal else self.settings.status_cache_s
             if ttl > 0:
-                await self.cache.set(f"video:status:{task_id}", jsonutil.dumps(normal).decode(), max(1, round(ttl)))
+                try:
+                    await self.cache.set(f"video:status:{task_id}", jsonutil.dumps(normal).decode(), max(1, round(ttl)))
+                except Exception as exc:  # state unreachable: the answer is good, only the cache is lost
+                    log.warning("could not cache a video status: %s", exc)
             upstream.set_json(self._present(ex, normal))
 
     async def on_complete(self, ex: Exchange) -> None:
@@ -108,7 +113,11 @@ class VideoTasks(Plugin):
                 waiting.set_result(None)
 
     async def _cached(self, task_id: str) -> dict[str, Any] | None:
-        raw = await self.cache.get(f"video:status:{task_id}")
+        try:
+            raw = await self.cache.get(f"video:status:{task_id}")
+        except Exception as exc:  # state unreachable: a miss, the channel is asked
+            log.warning("could not read the video status cache: %s", exc)
+            return None
         return jsonutil.loads(raw) if raw else None
 
     async def _refuse_download(self, ex: Exchange, task_id: str) -> web.StreamResponse | None:

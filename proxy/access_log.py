@@ -17,6 +17,7 @@ import structlog
 
 from proxy.config.model import LoggingConfig
 from proxy.exchange import Exchange
+from proxy.observability.tracing import ids
 
 
 
@@ -148,8 +149,6 @@ def log_exchange(ex: Exchange, config: LoggingConfig) -> None:
         client_aborted=ex.client_aborted,
         error=ex.error,
     )
-    if ex.span is not None:
-        context = ex.span.get_span_context()
-        event["trace_id"] = format(context.trace_id, "032x")
-        event["span_id"] = format(context.span_id, "016x")
+    if (trace_ids := ids(ex)) is not None:
+        event["trace_id"], event["span_id"] = trace_ids
     _access.write(event)

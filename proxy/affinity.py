@@ -36,7 +36,12 @@ class Affinity:
         ref = followed_id(ex, pin)
         if not ref:
             return None
-        return await self._store.get(_key(pin, ref))
+        try:
+            return await self._store.get(_key(pin, ref))
+        except Exception:
+            # State unreachable: the request still goes to a channel that serves it.
+            log.warning("could not read affinity; choosing a channel afresh", extra={"request_id": ex.request_id})
+            return None
 
     async def remember(self, ex: Exchange, pin: Pin, ref: Any) -> None:
         if not isinstance(ref, str) or not ref or len(ref) > _MAX_ID_LENGTH or ex.channel is None:

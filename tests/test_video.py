@@ -155,3 +155,28 @@ async def test_a_hundred_pollers_cost_about_one_status_call_per_second(start_gat
     print(f"100 pollers, {answers} answers in {elapsed:.1f} s, {calls} upstream status calls")
     assert answers >= 300  # the crowd really polled
     assert calls <= elapsed + 2, (calls, elapsed)  # about one upstream call per second
+
+
+async def test_polls_and_downloads_survive_their_state_store_going_away(start_gateway, http, tmp_path):  # noqa: ANN001
+    import shutil
+    import subprocess
+
+    from tests.conftest import free_port
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                              "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    await asyncio.sleep(0.3)
+    gw = await start_gateway(f"""
+        state: {{backend: redis, url: "redis://127.0.0.1:{port}/0"}}
+        channels: [{{name: simulator, base_url: simulator, simulator: {{video_queued_s: 0, video_processing_s: 0}}}}]
+    """)
+    task = await submit(http, gw.url)
+    redis.terminate()
+    redis.wait(timeout=10)
+    # No pin, no cache: the only channel is asked, and answers; never a 500.
+    assert (await status(http, gw.url, task["task_id"]))["data"]["status"] == "succeeded"
+    async with http.get(f"{gw.url}/v1/videos/{task['task_id']}/content", headers=BEARER) as answer:
+        assert answer.status == 200 and answer.headers["Content-Type"] == "video/mp4"

@@ -71,10 +71,6 @@ class ServerConfig(Strict):
     def port(self) -> int:
         return int(_LISTEN.match(self.listen)["port"])  # type: ignore[index]
 
-    @property
-    def base_url(self) -> str:
-        return self.public_base_url or f"http://{self.listen}"
-
 
 class StateConfig(Strict):
     backend: Literal["memory", "redis"] = "memory"
