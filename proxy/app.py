@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from pathlib import Path
 
 from aiohttp import web
 
 from proxy import jsonutil
 from proxy.affinity import Affinity
+from proxy.channels import Channel
+from proxy.client_limits import ConnectionCount
 from proxy.config import ConfigError, LoadedConfig, load_config
 from proxy.formats import ACCOUNT
 from proxy.formats.base import Format
@@ -40,6 +43,7 @@ class GatewayApp:
         self.simulators = SimulatorFarm()
         self.store: StateStore | None = None
         self.gateway: Gateway | None = None
+        self.connections = ConnectionCount()
         self.reloads = 0
         self._reload_lock = asyncio.Lock()
 
@@ -52,7 +56,8 @@ class GatewayApp:
         config = self.loaded.config
         self.store = make_store(config.state)
         runtime = await Runtime.build(self.loaded, self.simulators, self.resources)
-        self.gateway = Gateway(runtime, Affinity(self.store, config.state.affinity_ttl_s), self.tracing)
+        self.gateway = Gateway(runtime, Affinity(self.store, config.state.affinity_ttl_s), self.tracing,
+                               self.connections)
         set_config_info(self.loaded.digest)
 
     async def stop(self) -> None:
@@ -142,13 +147,30 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 async def _readyz(request: web.Request) -> web.Response:
+    """Ready: started, and the state store answers. Open breakers are reported, not counted
+    against readiness: every instance sees the same upstreams, and pulling them all out of a
+    load balancer would turn a failing upstream into a gateway outage."""
     owner = request.app[APP_KEY]
     store_ok = owner.store is not None and await owner.store.ping()
     ready = owner.gateway is not None and store_ok
+    now = time.monotonic()
     body = {"status": "ready" if ready else "not ready", "state_store": "ok" if store_ok else "unreachable",
-            "config": owner.loaded.digest,
-            "channels": [c.name for c in owner.runtime.channels.channels] if owner.gateway else []}
+            "config": owner.loaded.digest, "connections": owner.connections.open,
+            "channels": [_breaker(c, now) for c in owner.runtime.channels.channels] if owner.gateway else []}
     return web.Response(status=200 if ready else 503, body=jsonutil.dumps(body), content_type="application/json")
+
+
+def _breaker(channel: Channel, now: float) -> dict[str, object]:
+    if not channel.is_open:
+        state = "closed"
+    else:
+        state = "half_open" if now >= channel.open_until else "open"
+    shown: dict[str, object] = {"name": channel.name, "breaker": state, "failures_in_a_row": channel.failures}
+    if channel.config.health_check is not None:
+        shown["health_check"] = "down" if channel.down else "up"
+    if state == "open":
+        shown["retry_in_s"] = round(channel.open_until - now, 3)
+    return shown
 
 
 async def _delivered_image(request: web.Request) -> web.StreamResponse:

@@ -7,11 +7,12 @@ the rest streams to the upstream as it arrives, observed on the way.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 
 from proxy.exchange import Exchange
 from proxy.multipart import MultipartObserver
@@ -31,8 +32,9 @@ class BodyError(Exception):
         self.param = param
 
 
-async def read_body(ex: Exchange, limit: int, upload_limit: int | None = None) -> None:
-    """Fill `ex.body` or `ex.body_stream`; raise BodyError for a body the gateway refuses."""
+async def read_body(ex: Exchange, limit: int, upload_limit: int | None = None, idle_s: float = 30.0) -> None:
+    """Fill `ex.body` or `ex.body_stream`; raise BodyError for a body the gateway refuses,
+    408 for one that stops arriving for `idle_s`."""
     kind = ex.route.body
     if kind is Body.NONE:
         return
@@ -45,7 +47,7 @@ async def read_body(ex: Exchange, limit: int, upload_limit: int | None = None) -
         declared = request.content_length
         if declared is not None and declared > upload_limit:  # refused before a byte of it is read
             raise BodyError(413, f"upload of {declared} bytes is over the {upload_limit}-byte limit")
-        await _open_multipart(ex, observer, upload_limit)
+        await _open_multipart(ex, observer, upload_limit, idle_s)
         return
     content_type = request.headers.get("Content-Type")
     if kind is not Body.RAW and content_type is not None and "json" not in content_type.split(";", 1)[0].lower():
@@ -54,7 +56,7 @@ async def read_body(ex: Exchange, limit: int, upload_limit: int | None = None) -
     declared = request.content_length
     if declared is not None and declared > limit:
         raise BodyError(413, f"request body of {declared} bytes is over the {limit}-byte limit")
-    ex.body = await _read_whole(request, limit)
+    ex.body = await _read_whole(request, limit, idle_s)
     if kind is Body.RAW or not ex.body:
         return
     parsed = ex.json()
@@ -64,10 +66,21 @@ async def read_body(ex: Exchange, limit: int, upload_limit: int | None = None) -
         ex.streaming = True
 
 
-async def _read_whole(request: web.Request, limit: int) -> bytes:
+async def read_chunk(content: StreamReader, idle_s: float) -> bytes:
+    """The next chunk of a client's body; a client silent for `idle_s` is refused (408)."""
+    if content.is_eof():  # all of it is here: no wait, so no timer
+        return await content.read(_READ_SIZE)
+    try:
+        async with asyncio.timeout(idle_s):
+            return await content.read(_READ_SIZE)
+    except TimeoutError:
+        raise BodyError(408, f"the request body stopped arriving: nothing for {idle_s:g}s") from None
+
+
+async def _read_whole(request: web.Request, limit: int, idle_s: float) -> bytes:
     chunks: list[bytes] = []
     size = 0
-    while chunk := await request.content.read(_READ_SIZE):
+    while chunk := await read_chunk(request.content, idle_s):
         size += len(chunk)
         if size > limit:
             raise BodyError(413, f"request body is over the {limit}-byte limit")
@@ -75,9 +88,9 @@ async def _read_whole(request: web.Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _open_multipart(ex: Exchange, observer: MultipartObserver, limit: int) -> None:
+async def _open_multipart(ex: Exchange, observer: MultipartObserver, limit: int, idle_s: float) -> None:
     ex.multipart = observer
-    body = MultipartBody(ex.request, observer)
+    body = MultipartBody(ex.request, observer, idle_s)
     body.checks.append(_size_check(limit))
     await body.read_until_field("model")
     stream_flag = observer.field("stream")
@@ -107,10 +120,11 @@ class MultipartBody:
     Checks (plugins add them) run on the observer after every chunk and at the end; the
     first violation stops the upstream request before its body is complete."""
 
-    __slots__ = ("_content", "observer", "_spool", "declared_length", "checks", "rejection")
+    __slots__ = ("_content", "observer", "_spool", "declared_length", "checks", "rejection", "_idle_s")
 
-    def __init__(self, request: web.Request, observer: MultipartObserver) -> None:
+    def __init__(self, request: web.Request, observer: MultipartObserver, idle_s: float = 30.0) -> None:
         self._content = request.content
+        self._idle_s = idle_s
         self.observer = observer
         self._spool = Spool()
         self.declared_length = request.content_length
@@ -127,7 +141,7 @@ class MultipartBody:
     async def read_until_field(self, name: str) -> None:
         observer = self.observer
         while observer.field(name) is None and not observer.done and not observer.error:
-            chunk = await self._content.read(_READ_SIZE)
+            chunk = await read_chunk(self._content, self._idle_s)
             if not chunk:
                 break
             observer.feed(chunk)
@@ -172,7 +186,7 @@ class MultipartBody:
                 if held:
                     yield held
                 held = chunk
-            while chunk := await self._content.read(_READ_SIZE):
+            while chunk := await self._next_chunk():
                 self.observer.feed(chunk)
                 self._stop_if_rejected(False)
                 if held:
@@ -187,6 +201,13 @@ class MultipartBody:
                 yield held
         finally:
             self._spool.close()
+
+    async def _next_chunk(self) -> bytes:
+        try:
+            return await read_chunk(self._content, self._idle_s)
+        except BodyError as exc:  # the client went quiet mid-upload: the upstream must not wait on it
+            self.rejection = Violation("", str(exc), status=exc.status)
+            raise BodyRejected(str(exc)) from None
 
     def _stop_if_rejected(self, finished: bool) -> None:
         if self.checks and (violation := self.run_checks(finished)) is not None:

@@ -22,7 +22,8 @@ _PROBE_LAPSE_S = 30.0
 
 class Channel:
     __slots__ = ("config", "name", "base_url", "priority", "weight", "credential", "timeouts",
-                 "_models", "_formats", "_endpoints", "_rename", "session", "failures", "open_until", "probing")
+                 "_models", "_formats", "_endpoints", "_rename", "session", "failures", "open_until", "probing",
+                 "down")
 
     def __init__(self, config: ChannelConfig, base_url: str) -> None:
         self.config = config
@@ -41,6 +42,7 @@ class Channel:
         self.open_until = 0.0    # the breaker is open until then (monotonic time)
         self.probing = 0.0       # half-open: when the probe left (0: none); a probe that never
                                  # reports back (its client left) lapses after _PROBE_LAPSE_S
+        self.down = False        # taken out of rotation by its active health check
 
     async def open(self) -> None:
         pool = self.config.pool
@@ -67,7 +69,10 @@ class Channel:
             self.session = None
 
     def available(self, now: float) -> bool:
-        """Closed breaker, or an open one whose pause is over and whose single probe is free."""
+        """Closed breaker, or an open one whose pause is over and whose single probe is free;
+        never while the active health check holds it down."""
+        if self.down:
+            return False
         if self.open_until == 0.0:
             return True
         return now >= self.open_until and (not self.probing or now - self.probing > _PROBE_LAPSE_S)

@@ -1,4 +1,4 @@
-"""The `modelgate` command: serve, check-config, simulate."""
+"""The `modelgate` command: serve, check-config, openapi, simulate, webhooks."""
 
 from __future__ import annotations
 
@@ -33,6 +33,19 @@ def main(argv: list[str] | None = None) -> int:
     simulate.add_argument("--video-queued-s", type=float, default=1.0)
     simulate.add_argument("--video-processing-s", type=float, default=2.0)
 
+    webhooks = commands.add_parser("webhooks", help="inspect and replay the durable webhook queue")
+    webhooks.add_argument("-c", "--config", help="config file (default: $MODELGATE_CONFIG, else the embedded defaults)")
+    actions = webhooks.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", help="print the oldest entries of a shelf, one JSON object a line")
+    listing.add_argument("--shelf", choices=("pending", "delivered", "dead"), default="pending")
+    listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--bodies", action="store_true", help="include each body (else its size and SHA-256)")
+    replay = actions.add_parser("replay", help="queue delivered or dead entries again, at the end, in order")
+    replay.add_argument("--shelf", choices=("delivered", "dead"), default="dead")
+    which = replay.add_mutually_exclusive_group(required=True)
+    which.add_argument("--all", action="store_true", help="every entry of the shelf")
+    which.add_argument("ids", nargs="*", default=[], help="entry ids, as `list` prints them")
+
     args = parser.parse_args(argv)
     if args.command == "check-config":
         return _check_config(args.file)
@@ -49,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         _print_problems(path or "<embedded defaults>", exc.problems)
         return 1
+    if args.command == "webhooks":
+        from proxy.webhooks.command import run_command
+
+        return run_command(loaded.config, args)
     from proxy.server import serve as run
 
     run(loaded, path)

@@ -20,6 +20,8 @@ from proxy.access_log import log_exchange
 from proxy.affinity import Affinity
 from proxy.body import BodyError, MultipartBody, read_body
 from proxy.channels import Channel
+from proxy.client_limits import ConnectionCount, header_problem
+from proxy.config.model import ServerConfig
 from proxy.exchange import Exchange
 from proxy.observability.tracing import Tracing, end_request, inject, start_child
 from proxy.headers import add_forwarding, end_to_end
@@ -45,12 +47,14 @@ def new_request_id() -> str:
 class Gateway:
     """Holds the live Runtime and serves each request against the one current when it arrived."""
 
-    __slots__ = ("runtime", "affinity", "tracing")
+    __slots__ = ("runtime", "affinity", "tracing", "connections")
 
-    def __init__(self, runtime: Runtime, affinity: Affinity, tracing: Tracing) -> None:
+    def __init__(self, runtime: Runtime, affinity: Affinity, tracing: Tracing,
+                 connections: ConnectionCount | None = None) -> None:
         self.runtime = runtime
         self.affinity = affinity
         self.tracing = tracing
+        self.connections = connections or ConnectionCount()
 
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
         runtime = self.runtime
@@ -85,12 +89,19 @@ class Gateway:
             runtime.leave()
 
     async def _serve(self, ex: Exchange, runtime: Runtime) -> web.StreamResponse:
-        id_header = runtime.config.server.request_id_header
+        server = runtime.config.server
+        id_header = server.request_id_header
+        refusal = self._over_client_limits(ex, server)
+        if refusal is not None:
+            return self._finish_local(ex, refusal, id_header)
         try:
-            server = runtime.config.server
-            await read_body(ex, int(server.max_json_body_mb * 1024 * 1024), int(server.max_upload_mb * 1024 * 1024))
+            await read_body(ex, int(server.max_json_body_mb * 1024 * 1024), int(server.max_upload_mb * 1024 * 1024),
+                            server.client_idle_s)
         except BodyError as exc:
-            return self._finish_local(ex, ex.error_response(exc.status, str(exc), param=exc.param), id_header)
+            refusal = ex.error_response(exc.status, str(exc), param=exc.param)
+            if exc.status == 408:
+                refusal.force_close()  # the rest of a stalled body must not be read as the next request
+            return self._finish_local(ex, refusal, id_header)
         refusal = self._resolve_model(ex)
         if refusal is not None:
             return self._finish_local(ex, refusal, id_header)
@@ -103,6 +114,17 @@ class Gateway:
         if refusal is not None:
             return self._finish_local(ex, refusal, id_header)
         return await self._forward(ex, runtime, pipeline)
+
+    def _over_client_limits(self, ex: Exchange, server: ServerConfig) -> web.Response | None:
+        if self.connections.open > server.max_connections:
+            refusal = ex.error_response(503, f"the gateway holds its maximum of {server.max_connections} "
+                                        "connections; retry shortly", "too_many_connections", {"Retry-After": "1"})
+            refusal.force_close()  # this connection goes, so the next one finds room
+            return refusal
+        problem = header_problem(ex.request, server)
+        if problem is not None:
+            return ex.error_response(431, problem, "request_header_fields_too_large")
+        return None
 
     def _resolve_model(self, ex: Exchange) -> web.Response | None:
         source = ex.route.model_from

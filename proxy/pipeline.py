@@ -24,6 +24,7 @@ from proxy.routes import Route
 from proxy.sse import SSEEvent
 
 if TYPE_CHECKING:
+    from proxy.channels import ChannelSet
     from proxy.config import GatewayConfig
 
 log = logging.getLogger("modelgate.pipeline")
@@ -36,6 +37,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "video": "plugins.video:VideoTasks",
     "usage": "plugins.usage:UsageCapture",
     "sse": "plugins.sse:SSEPassthrough",
+    "webhook_queue": "plugins.webhook_queue:WebhookQueuePlugin",
 }
 
 
@@ -47,7 +49,9 @@ def default_plugins(route: Route) -> list[str]:
         return ["auth", "validation", "ratelimit", "usage", "sse"]
     if route.format.name == "video":
         return ["auth", "validation", "ratelimit", "video"]
-    return ["ratelimit"]  # login and the payment webhook take no gateway key; limits go by client IP
+    if route.name == "payment_webhook":
+        return ["ratelimit", "webhook_queue"]  # the queue does nothing until enabled
+    return ["ratelimit"]  # the login takes no gateway key; limits go by client IP
 
 
 class Plugin:
@@ -60,6 +64,8 @@ class Plugin:
         self.settings = settings
         # Objects that outlive a config reload, owned by the running gateway (set before configure).
         self.resources: dict[str, Any] = {}
+        # The running config's channels, for a plugin that talks to upstreams itself (set before start).
+        self.channels: ChannelSet | None = None
 
     def configure(self, config: GatewayConfig) -> None:
         """Called once with the whole config this instance serves (keys, channels ...)."""

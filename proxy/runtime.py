@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from proxy.channels import Channel, ChannelSet
 from proxy.config import LoadedConfig
+from proxy.health_checks import HealthChecks
 from proxy.observability.observer import Observer
 from proxy.pipeline import Pipeline, Plugin, build_plugin, plugin_names
 from proxy.routes import ROUTES
@@ -24,8 +25,8 @@ log = logging.getLogger("modelgate.runtime")
 
 
 class Runtime:
-    __slots__ = ("loaded", "config", "channels", "pipelines", "plugins", "observer", "in_flight", "_retired",
-                 "_closed")
+    __slots__ = ("loaded", "config", "channels", "pipelines", "plugins", "observer", "health", "in_flight",
+                 "_retired", "_closed")
 
     def __init__(self, loaded: LoadedConfig, channels: ChannelSet, pipelines: dict[str, Pipeline],
                  plugins: list[Plugin]) -> None:
@@ -35,6 +36,7 @@ class Runtime:
         self.pipelines = pipelines
         self.plugins = plugins
         self.observer = Observer(loaded.config)
+        self.health = HealthChecks(channels.channels)
         self.in_flight = 0
         self._retired = False
         self._closed = asyncio.Event()
@@ -60,7 +62,9 @@ class Runtime:
         runtime = cls(loaded, ChannelSet(channels), pipelines, list(instances.values()))
         try:
             await runtime.channels.open()
+            runtime.health.start()
             for plugin in runtime.plugins:
+                plugin.channels = runtime.channels
                 await plugin.start()
         except BaseException:
             await runtime._close()  # a half-built runtime must not leak sessions
@@ -93,4 +97,5 @@ class Runtime:
                 await plugin.stop()
             except Exception:
                 log.exception("plugin %s failed to stop", type(plugin).__name__)
+        await self.health.stop()
         await self.channels.close()

@@ -11,7 +11,9 @@ from aiohttp import web
 
 from proxy.access_log import configure_logging
 from proxy.app import APP_KEY, build_app
+from proxy.client_limits import parser_limits
 from proxy.config import LoadedConfig
+from proxy.config.model import ServerConfig
 
 log = logging.getLogger("modelgate.server")
 
@@ -31,13 +33,24 @@ def serve(loaded: LoadedConfig, config_path: str | Path | None) -> None:
     asyncio.run(_serve(loaded, config_path, uvloop))
 
 
-async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: bool) -> None:
-    app = build_app(loaded, config_path)
+async def start_runner(app: web.Application, config: ServerConfig) -> web.AppRunner:
+    """The app's runner, set up with the server's limits (a restart applies changes to them)."""
     # A client that goes away cancels its handler, and with it the upstream request.
     # SIGTERM: stop listening, let requests in flight (streams too) finish within the drain timeout.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=loaded.config.server.drain_timeout_s)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=config.drain_timeout_s,
+                           keepalive_timeout=config.keepalive_timeout_s, **parser_limits(config),
+                           # what is left of a refused body is read and dropped for a while, so the client
+                           # sees the answer rather than a reset; a client silent that long is not waited for
+                           lingering_time=min(10.0, config.client_idle_s))
     await runner.setup()
+    assert runner.server is not None
+    app[APP_KEY].connections.watch(runner.server)
+    return runner
+
+
+async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: bool) -> None:
+    app = build_app(loaded, config_path)
+    runner = await start_runner(app, loaded.config.server)
     server = loaded.config.server
     site = web.TCPSite(runner, server.host, server.port, backlog=1024)
     await site.start()

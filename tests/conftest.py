@@ -19,6 +19,7 @@ from aiohttp import web
 
 from proxy.app import APP_KEY, GatewayApp, build_app
 from proxy.config import load_config
+from proxy.server import start_runner
 from proxy.simulator.core import Simulator
 
 REDIS_URL = os.environ.get("MODELGATE_TEST_REDIS", "redis://127.0.0.1:6379/15")
@@ -57,8 +58,7 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[Callable[..., asyncio.F
             path.write_text(textwrap.dedent(yaml_text))
             loaded = load_config(path, env if env is not None else os.environ)
         app = build_app(loaded, path)
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await runner.setup()
+        runner = await start_runner(app, loaded.config.server)
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         runners.append(runner)

@@ -147,4 +147,4 @@ async def test_health_and_readiness(gw, http):  # noqa: ANN001
         assert answer.status == 200
     async with http.get(gw.url + "/readyz") as answer:
         assert answer.status == 200
-        assert (await answer.json())["channels"] == ["upstream"]
+        assert (await answer.json())["channels"] == [{"name": "upstream", "breaker": "closed", "failures_in_a_row": 0}]

@@ -7,8 +7,12 @@ import signal
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from proxy.config.model import SimulatorSettings
+from proxy.simulator import build_simulator_app
+from proxy.simulator.core import Simulator
+from tests.conftest import free_port
 
 KEY = "sk-demo-key"
 BEARER = {"Authorization": f"Bearer {KEY}"}
@@ -61,8 +65,10 @@ async def test_the_breaker_opens_after_failures_and_closes_after_recovery(start_
         async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
             assert answer.status == 200  # served by the second channel throughout
     assert len(gw.sim("first").requests) == 2  # open after two failures: not asked again
+    assert await breakers(http, gw.url) == {"first": "open", "second": "closed"}
     gw.sim("first").settings = SimulatorSettings()  # the first channel recovers
     await asyncio.sleep(0.35)
+    assert await breakers(http, gw.url) == {"first": "half_open", "second": "closed"}
     async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
         assert answer.status == 200
     assert len(gw.sim("first").requests) == 3  # the half-open probe went there, and succeeded
@@ -70,6 +76,13 @@ async def test_the_breaker_opens_after_failures_and_closes_after_recovery(start_
         async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
             assert answer.status == 200
     assert len(gw.sim("first").requests) == 6  # closed again: priority 0 serves
+    assert await breakers(http, gw.url) == {"first": "closed", "second": "closed"}
+
+
+async def breakers(http: aiohttp.ClientSession, url: str) -> dict[str, str]:
+    async with http.get(url + "/readyz") as answer:
+        assert answer.status == 200  # open breakers are reported, never a reason to leave the load balancer
+        return {c["name"]: c["breaker"] for c in (await answer.json())["channels"]}
 
 
 async def test_every_channel_open_is_a_fast_503(start_gateway, http):  # noqa: ANN001
@@ -150,3 +163,37 @@ async def test_a_webhook_with_its_backend_down_is_a_503_so_the_provider_retries(
     async with http.post(gw.url + "/api/stripe/webhook", data=b'{"event":"paid"}',
                          headers={"Stripe-Signature": "t=1,v1=abc"}) as answer:
         assert answer.status == 503
+
+
+async def test_an_active_health_check_takes_a_channel_out_before_any_request_fails(start_gateway, http):  # noqa: ANN001
+    health = {"status": 503}
+    sim = Simulator("first", SimulatorSettings())
+    app = build_simulator_app(sim)
+    app.router.add_get("/health", lambda _: web.Response(status=health["status"]))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        gw = await start_gateway(two_channels(f"base_url: 'http://127.0.0.1:{port}', "
+                                              "health_check: {path: /health, interval_s: 0.05}"))
+        await until_health(http, gw.url, "down")
+        async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
+            assert answer.status == 200
+        assert len(sim.requests) == 0 and len(gw.sim("second").requests) == 1  # never tried, never failed
+        health["status"] = 200
+        await until_health(http, gw.url, "up")
+        async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
+            assert answer.status == 200
+        assert len(sim.requests) == 1  # back in rotation, and first by priority
+    finally:
+        await runner.cleanup()
+
+
+async def until_health(http: aiohttp.ClientSession, url: str, state: str) -> None:
+    async with asyncio.timeout(5):
+        while True:
+            async with http.get(url + "/readyz") as answer:
+                if (await answer.json())["channels"][0].get("health_check") == state:
+                    return
+            await asyncio.sleep(0.02)

@@ -47,6 +47,11 @@ class ServerConfig(Strict):
     max_upload_mb: PositiveFloat = 512.0        # multipart edits (streamed): 16 images under 25 MB fit
     drain_timeout_s: PositiveFloat = 60.0       # on SIGTERM: how long in-flight requests may take to finish
     request_id_header: str = "X-Request-Id"
+    max_connections: int = Field(default=10_000, ge=1)      # client connections; past it requests get 503
+    max_header_kb: int = Field(default=32, ge=1, le=1024)  # request line and headers together: 431 past it
+    max_headers: int = Field(default=100, ge=8, le=1000)
+    client_idle_s: PositiveFloat = 30.0         # longest silence inside a request body: 408 past it
+    keepalive_timeout_s: PositiveFloat = 75.0   # idle keep-alive connections, and headers slow to arrive, are closed
 
     @field_validator("listen")
     @classmethod
@@ -98,6 +103,19 @@ class Pool(Strict):
     keepalive_s: PositiveFloat = 60.0
 
 
+class HealthCheck(Strict):
+    """An optional active check: GET `path` every `interval_s`; `unhealthy_after` failures in a
+    row take the channel out of rotation until `healthy_after` successes in a row bring it back."""
+
+    path: str = Field(pattern=r"^/")
+    interval_s: PositiveFloat = 10.0
+    timeout_s: PositiveFloat = 2.0
+    unhealthy_after: int = Field(default=2, ge=1)
+    healthy_after: int = Field(default=1, ge=1)
+    expect_status: list[int] = Field(default_factory=lambda: [200], min_length=1)
+    headers: dict[str, str] = Field(default_factory=dict)  # an upstream credential, say
+
+
 class SimulatorSettings(Strict):
     """Defaults of the embedded upstream simulator; each may be overridden per request by a header."""
 
@@ -121,6 +139,7 @@ class ChannelConfig(Strict):
     credential: str | None = None
     timeouts: Timeouts = Field(default_factory=Timeouts)
     pool: Pool = Field(default_factory=Pool)
+    health_check: HealthCheck | None = None
     simulator: SimulatorSettings | None = None
     # Images format: does this upstream take `response_format` itself? If not, the gateway
     # removes it and turns the Base64 answer into URLs when URL delivery was asked for.

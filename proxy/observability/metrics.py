@@ -70,6 +70,12 @@ URL_DELIVERY = Counter("modelgate_url_delivery", "URL-delivery outcomes per answ
                        ["route", "outcome"])
 VIDEO_OUTCOMES = Counter("modelgate_video_tasks_finished", "Video tasks seen finishing, by outcome "
                          "(succeeded, failed, filtered)", ["outcome"])
+WEBHOOK_QUEUED = Counter("modelgate_webhooks_queued", "Payment webhooks offered to the durable queue, by outcome "
+                         "(stored, full, unavailable)", ["outcome"])
+WEBHOOK_DELIVERIES = Counter("modelgate_webhook_deliveries", "Queued webhook delivery attempts, by result "
+                             "(delivered, dead: refused by the backend, retry)", ["result"])
+WEBHOOK_QUEUE_DEPTH = Gauge("modelgate_webhook_queue_depth", "Webhooks stored and not yet delivered",
+                            multiprocess_mode="max")
 CONFIG_RELOADS = Counter("modelgate_config_reloads", "Config reloads by outcome", ["outcome"])
 CONFIG_INFO = Gauge("modelgate_config_info", "The loaded config (its digest); value 1", ["digest"],
                     multiprocess_mode="liveall")

@@ -1,0 +1,88 @@
+"""The durable webhook queue: with `enabled`, a payment webhook is answered once Redis holds it,
+and a deliverer takes it to the account backend later, at least once and in order.
+
+Off (the default), a webhook goes straight to its backend and an unreachable backend is a 503,
+so the payment provider retries. On, the provider's 2xx means "stored": a backend that is down
+delays delivery, nothing more. With Redis unreachable or the queue full the answer is a 503
+again, so the provider keeps the callback. `modelgate webhooks` inspects and replays the queue.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from proxy import jsonutil
+from proxy.config import GatewayConfig
+from proxy.exchange import Exchange
+from proxy.observability import metrics as m
+from proxy.pipeline import Plugin
+from proxy.routes import ROUTES_BY_NAME
+from proxy.webhooks.deliverer import Deliverer
+from proxy.webhooks.queue import QueuedWebhook, QueueFull, RedisError, WebhookQueue
+
+
+class QueueSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    url: str | None = None          # Redis; default: state.url
+    prefix: str | None = None       # default: state.prefix
+    max_pending: int = Field(default=1_000_000, ge=1)
+    keep_delivered: int = Field(default=10_000, ge=0)  # recent deliveries kept for replay
+    accept_status: int = Field(default=200, ge=200, le=299)
+    backoff_s: float = Field(default=0.5, gt=0)
+    max_backoff_s: float = Field(default=30.0, gt=0)
+    lease_s: float = Field(default=15.0, ge=1)
+
+
+def queue_for(config: GatewayConfig, settings: QueueSettings) -> WebhookQueue:
+    return WebhookQueue(settings.url or config.state.url, settings.prefix or config.state.prefix,
+                        settings.max_pending, settings.keep_delivered)
+
+
+class WebhookQueuePlugin(Plugin):
+    name = "webhook_queue"
+    Settings = QueueSettings
+
+    def configure(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.queue: WebhookQueue | None = None
+        self.deliverer: Deliverer | None = None
+
+    async def start(self) -> None:
+        settings: QueueSettings = self.settings
+        if not settings.enabled:
+            return
+        url, prefix = settings.url or self.config.state.url, settings.prefix or self.config.state.prefix
+        # One connection pool per Redis for the gateway's life; a reload keeps it.
+        self.queue = self.resources.setdefault(f"webhooks.queue:{url}:{prefix}", queue_for(self.config, settings))
+        assert self.channels is not None
+        resilience = self.config.resilience
+        self.deliverer = Deliverer(self.queue, self.channels, ROUTES_BY_NAME["payment_webhook"], settings.backoff_s,
+                                   settings.max_backoff_s, settings.lease_s, resilience.breaker_failures,
+                                   resilience.breaker_open_s)
+        self.deliverer.start()
+
+    async def stop(self) -> None:
+        if self.deliverer is not None:
+            await self.deliverer.stop()
+
+    async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
+        if self.queue is None or ex.route.name != "payment_webhook":
+            return None
+        webhook = QueuedWebhook(method=ex.request.method, target=ex.request.raw_path,
+                                headers=list(ex.headers.items()), body=ex.body or b"", request_id=ex.request_id)
+        try:
+            entry_id = await self.queue.put(webhook)
+        except QueueFull as exc:
+            m.WEBHOOK_QUEUED.labels("full").inc()
+            return ex.error_response(503, f"the webhook queue is full ({exc}); retry later", "webhook_queue_full",
+                                     headers={"Retry-After": "60"})
+        except (RedisError, OSError) as exc:
+            m.WEBHOOK_QUEUED.labels("unavailable").inc()
+            return ex.error_response(503, f"the webhook queue is unreachable ({type(exc).__name__}); retry later",
+                                     "webhook_queue_unavailable", headers={"Retry-After": "10"})
+        m.WEBHOOK_QUEUED.labels("stored").inc()
+        return web.Response(status=self.settings.accept_status, content_type="application/json",
+                            body=jsonutil.dumps({"queued": True, "id": entry_id, "request_id": ex.request_id}))

@@ -1,0 +1,58 @@
+"""Limits on what one client may hold or send: connections, header bytes, silence mid-body.
+
+The HTTP parser keeps its own outer fence (no single header line longer than the whole header
+budget, at most twice `max_headers` lines), refused with a bare 400 before any endpoint is
+known. Inside that fence the gateway answers in the endpoint's own error shape: 431 for
+headers over budget, 503 once `max_connections` are open, 408 for a body that stops
+arriving. A connection that never finishes its headers is closed after
+`keepalive_timeout_s`, as an idle keep-alive connection is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from proxy.config.model import ServerConfig
+
+
+class ConnectionCount:
+    """Client connections open right now, counted as aiohttp's server makes and loses them."""
+
+    __slots__ = ("open",)
+
+    def __init__(self) -> None:
+        self.open = 0
+
+    def watch(self, server: web.Server) -> None:
+        made, lost = server.connection_made, server.connection_lost
+
+        def connection_made(handler: Any, transport: asyncio.Transport) -> None:
+            self.open += 1
+            made(handler, transport)
+
+        def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
+            self.open -= 1
+            lost(handler, exc)
+
+        server.connection_made = connection_made  # type: ignore[method-assign]
+        server.connection_lost = connection_lost  # type: ignore[method-assign]
+
+
+def parser_limits(config: ServerConfig) -> dict[str, int]:
+    """The HTTP parser's outer fence, passed to aiohttp's request handler."""
+    budget = config.max_header_kb * 1024
+    return {"max_line_size": budget, "max_field_size": budget, "max_headers": 2 * config.max_headers}
+
+
+def header_problem(request: web.Request, config: ServerConfig) -> str | None:
+    """Why a request's headers are over the budget, or None."""
+    raw = request.raw_headers
+    if len(raw) > config.max_headers:
+        return f"{len(raw)} request headers; the limit is {config.max_headers}"
+    size = len(request.raw_path) + sum(len(name) + len(value) + 4 for name, value in raw)
+    if size > config.max_header_kb * 1024:
+        return f"request headers of {size} bytes; the limit is {config.max_header_kb} KB"
+    return None

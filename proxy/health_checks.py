@@ -1,0 +1,91 @@
+"""Active health checks: channels with `health_check` are probed on a timer, apart from traffic.
+
+Passive breakers learn of an outage only by failing requests; a probe learns of it first, and
+learns of the recovery without risking a client's request. A channel taken down by its probe
+is passed over like one with an open breaker, and `modelgate_channel_up` shows 0 for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+import yarl
+
+from proxy.channels import Channel
+from proxy.config.model import HealthCheck
+from proxy.observability import metrics as m
+
+log = logging.getLogger("modelgate.health")
+
+
+class ChannelProbe:
+    """The health of one channel as its probes see it: counts in a row, and the verdict."""
+
+    __slots__ = ("channel", "check", "failures", "successes")
+
+    def __init__(self, channel: Channel, check: HealthCheck) -> None:
+        self.channel = channel
+        self.check = check
+        self.failures = 0
+        self.successes = 0
+
+    async def probe(self) -> None:
+        ok, detail = await self._ask()
+        if ok:
+            self.failures, self.successes = 0, self.successes + 1
+            if self.channel.down and self.successes >= self.check.healthy_after:
+                self.channel.down = False
+                self.channel.failures, self.channel.open_until = 0, 0.0  # a healthy probe closes the breaker too
+                log.info("channel back in rotation", extra={"channel": self.channel.name})
+        else:
+            self.successes, self.failures = 0, self.failures + 1
+            if not self.channel.down and self.failures >= self.check.unhealthy_after:
+                self.channel.down = True
+                log.warning("channel out of rotation: its health check fails",
+                            extra={"channel": self.channel.name, "detail": detail})
+        m.CHANNEL_UP.labels(self.channel.name).set(0 if self.channel.down or self.channel.is_open else 1)
+
+    async def _ask(self) -> tuple[bool, str]:
+        session = self.channel.session
+        if session is None:
+            return False, "no session"
+        url = yarl.URL(self.channel.base_url + self.check.path)
+        try:
+            async with session.get(url, headers=self.check.headers,
+                                   timeout=aiohttp.ClientTimeout(total=self.check.timeout_s)) as answer:
+                await answer.read()
+                return answer.status in self.check.expect_status, f"status {answer.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return False, type(exc).__name__
+
+
+class HealthChecks:
+    """One task per checked channel, for the life of the config that defines them."""
+
+    __slots__ = ("probes", "_tasks")
+
+    def __init__(self, channels: list[Channel]) -> None:
+        self.probes = [ChannelProbe(c, c.config.health_check) for c in channels if c.config.health_check is not None]
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._every(probe), name=f"health check {probe.channel.name}")
+                       for probe in self.probes]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    @staticmethod
+    async def _every(probe: ChannelProbe) -> None:
+        while True:
+            try:
+                await probe.probe()
+            except Exception:  # a probe must never end the checking
+                log.exception("health check failed to run", extra={"channel": probe.channel.name})
+            await asyncio.sleep(probe.check.interval_s)

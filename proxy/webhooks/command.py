@@ -1,0 +1,59 @@
+"""`modelgate webhooks`: what the durable queue holds, and putting entries through it again."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hashlib
+import json
+import sys
+
+from proxy.config import GatewayConfig
+from proxy.webhooks.queue import QueuedWebhook, RedisError, Shelf
+
+
+def run_command(config: GatewayConfig, args: argparse.Namespace) -> int:
+    return asyncio.run(_run(config, args))
+
+
+async def _run(config: GatewayConfig, args: argparse.Namespace) -> int:
+    from plugins.webhook_queue import QueueSettings, queue_for
+
+    settings = QueueSettings.model_validate(config.plugins.get("webhook_queue", {}))
+    if not settings.enabled:
+        print("the webhook queue is not enabled in this config (plugins.webhook_queue.enabled)", file=sys.stderr)
+        return 1
+    queue = queue_for(config, settings)
+    try:
+        shelf = Shelf(args.shelf)
+        if args.action == "list":
+            for webhook in await queue.entries(shelf, args.limit):
+                print(json.dumps(describe(webhook, args.bodies)))
+            print(f"{shelf.value}: {await queue.depth(shelf)} entries", file=sys.stderr)
+        else:
+            queued = await queue.replay(shelf, None if args.all else list(args.ids))
+            for entry_id in queued:
+                print(entry_id)
+            print(f"queued {len(queued)} webhook(s) again from {shelf.value}", file=sys.stderr)
+        return 0
+    except (RedisError, OSError) as exc:
+        print(f"the webhook queue is unreachable: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await queue.close()
+
+
+def describe(webhook: QueuedWebhook, with_body: bool) -> dict[str, object]:
+    shown: dict[str, object] = {
+        "id": webhook.id, "received_at": webhook.received_at, "method": webhook.method, "target": webhook.target,
+        "request_id": webhook.request_id, "bytes": len(webhook.body),
+        "sha256": hashlib.sha256(webhook.body).hexdigest(), "headers": webhook.headers}
+    if webhook.outcome:
+        shown.update(outcome=webhook.outcome, settled_at=webhook.settled_at)
+    if with_body:
+        try:
+            shown["body"] = webhook.body.decode()
+        except UnicodeDecodeError:
+            shown["body_base64"] = base64.b64encode(webhook.body).decode()
+    return shown

@@ -1,0 +1,119 @@
+"""The deliverer: takes queued webhooks to their backend, oldest first, until each is settled.
+
+A 2xx settles a callback as delivered; a 4xx other than 408 and 429 is the backend's final
+word (a bad signature, say) and puts it on the dead shelf; anything else (no channel, a
+refused connection, a timeout, a 5xx) keeps it at the head of the queue and is tried again
+after a pause that doubles up to `max_backoff_s`. Nothing behind it goes first: order holds.
+A crash between the backend's answer and the settling sends that callback again, so
+delivery is at least once; backends dedupe by the provider's event id, as they must anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+import aiohttp
+import yarl
+from multidict import CIMultiDict
+
+from proxy.channels import ChannelSet
+from proxy.observability import metrics as m
+from proxy.routes import Route
+from proxy.webhooks.queue import QueuedWebhook, RedisError, Shelf, WebhookQueue
+
+log = logging.getLogger("modelgate.webhooks")
+
+
+class Deliverer:
+    """One background task per running config; the lease decides which instance delivers."""
+
+    def __init__(self, queue: WebhookQueue, channels: ChannelSet, route: Route, backoff_s: float,
+                 max_backoff_s: float, lease_s: float, breaker_failures: int, breaker_open_s: float) -> None:
+        self.queue = queue
+        self.channels = channels
+        self.route = route
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.lease_ms = int(lease_s * 1000)
+        self.breaker = (breaker_failures, breaker_open_s)
+        self.token = os.urandom(12).hex()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="webhook deliverer")
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        try:
+            await self.queue.release_lease(self.token)
+        except (RedisError, OSError):
+            pass  # the lease lapses on its own
+
+    async def _run(self) -> None:
+        pause = self.backoff_s
+        while True:
+            try:
+                delivered = await self._turn()
+            except (RedisError, OSError) as exc:
+                log.warning("webhook queue unreachable: %s", exc)
+                delivered = False
+            if delivered:
+                pause = self.backoff_s
+                continue
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, self.max_backoff_s)
+
+    async def _turn(self) -> bool:
+        """Deliver the oldest callback if this instance holds the lease; False means wait."""
+        if not await self.queue.hold_lease(self.token, self.lease_ms):
+            return False
+        webhook = await self.queue.oldest(block_ms=min(1000, self.lease_ms // 3))
+        m.WEBHOOK_QUEUE_DEPTH.set(await self.queue.depth())
+        if webhook is None:
+            return True  # nothing waiting: look again at once, the read itself waited
+        outcome, shelf = await self.deliver(webhook)
+        if shelf is None:
+            m.WEBHOOK_DELIVERIES.labels("retry").inc()
+            log.warning("webhook delivery failed; will retry",
+                        extra={"webhook_id": webhook.id, "request_id": webhook.request_id, "outcome": outcome})
+            return False
+        await self.queue.settle(webhook, outcome, shelf)
+        m.WEBHOOK_DELIVERIES.labels(shelf.value).inc()
+        level = logging.INFO if shelf is Shelf.DELIVERED else logging.ERROR
+        log.log(level, "webhook %s", shelf.value, extra={"webhook_id": webhook.id, "request_id": webhook.request_id,
+                                                       "target": webhook.target, "outcome": outcome})
+        return True
+
+    async def deliver(self, webhook: QueuedWebhook) -> tuple[str, Shelf | None]:
+        """Send one callback; the shelf it belongs on now, or None to try again later."""
+        channel = self.channels.pick(self.route, None)
+        if channel is None or channel.session is None:
+            return "no healthy channel serves the webhook", None
+        headers = CIMultiDict(webhook.headers)
+        if channel.credential:
+            self.route.format.place_credential(channel.credential, headers)
+        url = yarl.URL(channel.base_url + webhook.target, encoded=True)
+        failures, open_s = self.breaker
+        try:
+            async with channel.session.request(webhook.method, url, headers=headers, data=webhook.body,
+                                               allow_redirects=False) as answer:
+                await answer.read()
+                status = answer.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            channel.record(True, failures, open_s, time.monotonic())
+            return f"{channel.name}: {type(exc).__name__}", None
+        channel.record(status >= 500, failures, open_s, time.monotonic())
+        if 200 <= status < 300:
+            return f"{status} from {channel.name}", Shelf.DELIVERED
+        if 400 <= status < 500 and status not in (408, 429):
+            return f"{status} from {channel.name}", Shelf.DEAD
+        return f"{status} from {channel.name}", None
