@@ -53,7 +53,9 @@ class VideoTasks(Plugin):
     Settings = VideoSettings
 
     def configure(self, config: GatewayConfig) -> None:
-        self.cache: StateStore = self.resources.setdefault("video.cache", make_store(config.state))  # type: ignore[assignment]
+        if "video.cache" not in self.resources:  # one store for the gateway's life, not one per reload
+            self.resources["video.cache"] = make_store(config.state)
+        self.cache: StateStore = self.resources["video.cache"]
         self.inflight: dict[str, asyncio.Future[None]] = self.resources.setdefault("video.inflight", {})  # type: ignore[assignment]
         self.public_base = config.server.public_base_url
 

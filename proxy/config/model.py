@@ -82,6 +82,7 @@ class StateConfig(Strict):
     url: str = "redis://127.0.0.1:6379/0"
     prefix: str = "modelgate:"
     affinity_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
+    max_items: int = Field(default=200_000, ge=100)  # memory backend: entries per store, oldest dropped first
 
     @field_validator("url")
     @classmethod
@@ -317,8 +318,8 @@ def _is_http_url(value: str) -> bool:
 def all_field_names() -> set[str]:
     """Every key the schema knows, for 'did you mean' hints."""
     names: set[str] = set()
-    for model in (ServerConfig, StateConfig, Timeouts, Pool, SimulatorSettings, ChannelConfig, KeyConfig, KeyLimits,
-                  RouteConfig, LoggingConfig, MetricsConfig, TracingConfig, ObservabilityConfig, ResilienceConfig,
-                  GatewayConfig):
+    for model in (ServerConfig, StateConfig, Timeouts, Pool, HealthCheck, SimulatorSettings, ChannelConfig,
+                  KeyConfig, KeyLimits, RouteConfig, LoggingConfig, MetricsConfig, TracingConfig, ObservabilityConfig,
+                  ResilienceConfig, GatewayConfig):
         names.update(model.model_fields)
     return names

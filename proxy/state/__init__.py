@@ -25,4 +25,4 @@ def make_store(config: StateConfig) -> StateStore:
         return RedisStore(config.url, config.prefix)
     from proxy.state.memory import MemoryStore
 
-    return MemoryStore()
+    return MemoryStore(config.max_items)
