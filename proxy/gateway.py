@@ -95,8 +95,7 @@ class Gateway:
         if refusal is not None:
             return self._finish_local(ex, refusal, id_header)
         try:
-            await read_body(ex, int(server.max_json_body_mb * 1024 * 1024), int(server.max_upload_mb * 1024 * 1024),
-                            server.client_idle_s)
+            await read_body(ex, *self._body_limits(ex, runtime), server.client_idle_s)
         except BodyError as exc:
             refusal = ex.error_response(exc.status, str(exc), param=exc.param)
             if exc.status == 408:
@@ -114,6 +113,16 @@ class Gateway:
         if refusal is not None:
             return self._finish_local(ex, refusal, id_header)
         return await self._forward(ex, runtime, pipeline)
+
+    @staticmethod
+    def _body_limits(ex: Exchange, runtime: Runtime) -> tuple[int, int]:
+        """Bytes allowed for a whole body and for a streamed upload: the route's own limit, else the server's."""
+        server = runtime.config.server
+        route = runtime.config.routes.get(ex.route.name)  # type: ignore[call-overload]
+        if route is not None and route.max_body_mb is not None:
+            limit = int(route.max_body_mb * 1024 * 1024)
+            return limit, limit
+        return int(server.max_json_body_mb * 1024 * 1024), int(server.max_upload_mb * 1024 * 1024)
 
     def _over_client_limits(self, ex: Exchange, server: ServerConfig) -> web.Response | None:
         if self.connections.open > server.max_connections:

@@ -142,6 +142,17 @@ async def test_a_1_gb_upload_is_refused_with_413_before_it_is_read(gateway):  # 
     assert len(gateway.sim().requests) == 0
 
 
+async def test_a_route_may_have_its_own_body_limit(start_gateway, http):  # noqa: ANN001
+    gw = await start_gateway("routes: {payment_webhook: {max_body_mb: 0.001}}")  # about 1 KB
+    big = b'{"event":"' + b"x" * 2000 + b'"}'
+    async with http.post(gw.url + "/api/stripe/webhook", data=big) as answer:
+        assert answer.status == 413
+        assert "1048-byte limit" in (await answer.json())["error"]["message"]
+    async with http.post(gw.url + "/v1/responses", headers=BEARER,
+                         json={**RESPONSE, "input": "x" * 2000}) as answer:
+        assert answer.status == 200  # other routes keep the server's limit
+
+
 async def test_an_undeclared_upload_over_the_limit_is_cut_off_with_413(start_gateway, http):  # noqa: ANN001
     gw = await start_gateway("server: {max_upload_mb: 1}")
 

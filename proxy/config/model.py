@@ -227,6 +227,7 @@ class KeyConfig(Strict):
 
 class RouteConfig(Strict):
     plugins: list[str] | None = None
+    max_body_mb: PositiveFloat | None = None  # this route's body limit (JSON, raw or multipart); else the server's
 
 
 class LoggingConfig(Strict):
