@@ -1,4 +1,5 @@
-"""Limits on what one client may hold or send: connections, header bytes, silence mid-body.
+"""Limits on what one client may hold or send: connections, header bytes, silence mid-body,
+and a streamed answer it has stopped reading.
 
 The HTTP parser keeps its own outer fence (no single header line longer than the whole header
 budget, at most twice `max_headers` lines), refused with a bare 400 before any endpoint is
@@ -56,3 +57,41 @@ def header_problem(request: web.Request, config: ServerConfig) -> str | None:
     if size > config.max_header_kb * 1024:
         return f"request headers of {size} bytes; the limit is {config.max_header_kb} KB"
     return None
+
+
+class ReaderWatch:
+    """Cuts off a client that has stopped reading a streamed answer.
+
+    A client that keeps its connection open but reads nothing would otherwise hold its handler,
+    and the upstream stream behind it, for as long as it likes. Every `idle_s` one timer looks:
+    bytes waiting in the transport, none of them drained and nothing more written since the
+    last look means the client is not reading; the connection is aborted, which cancels the
+    handler and closes the upstream. A slow reader drains something and is left alone."""
+
+    __slots__ = ("_ex", "_idle_s", "_handle", "_written", "_waiting")
+
+    def __init__(self, ex: Any, idle_s: float) -> None:
+        self._ex = ex
+        self._idle_s = idle_s
+        self._written = -1
+        self._waiting = 0
+        self._handle: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(idle_s, self._look)
+
+    def _look(self) -> None:
+        transport = self._ex.request.transport
+        if transport is None or transport.is_closing():
+            self._handle = None
+            return
+        waiting, written = transport.get_write_buffer_size(), self._ex.bytes_out
+        if waiting > 0 and waiting >= self._waiting and written == self._written:
+            self._ex.error = f"the client stopped reading: nothing drained for {self._idle_s:g}s"
+            self._handle = None
+            transport.abort()
+            return
+        self._waiting, self._written = waiting, written
+        self._handle = asyncio.get_running_loop().call_later(self._idle_s, self._look)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None

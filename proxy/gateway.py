@@ -281,7 +281,8 @@ class Gateway:
         try:
             relay = Relay(ex, upstream, pipeline, self.affinity,
                           buffer_limit=int(runtime.config.server.max_json_body_mb * 1024 * 1024),
-                          request_id_header=id_header, observer=observer)
+                          request_id_header=id_header, observer=observer,
+                          client_idle_s=runtime.config.server.client_idle_s)
             return await relay.send()
         finally:
             upstream.release()

@@ -17,6 +17,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.client_limits import ReaderWatch
 from proxy.exchange import Exchange, UpstreamResponse
 from proxy.headers import end_to_end
 from proxy.observability.observer import Observer
@@ -38,10 +39,13 @@ _UPSTREAM_BROKE = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, as
 class Relay:
     """Writes one upstream answer to the client for one exchange."""
 
-    __slots__ = ("ex", "upstream", "pipeline", "affinity", "buffer_limit", "request_id_header", "observer")
+    __slots__ = ("ex", "upstream", "pipeline", "affinity", "buffer_limit", "request_id_header", "observer",
+                 "client_idle_s")
 
     def __init__(self, ex: Exchange, upstream: aiohttp.ClientResponse, pipeline: Pipeline,
-                 affinity: Affinity, buffer_limit: int, request_id_header: str, observer: Observer) -> None:
+                 affinity: Affinity, buffer_limit: int, request_id_header: str, observer: Observer,
+                 client_idle_s: float = 30.0) -> None:
+        self.client_idle_s = client_idle_s
         self.ex = ex
         self.upstream = upstream
         self.pipeline = pipeline
@@ -122,6 +126,7 @@ class Relay:
         response.content_length = upstream.content_length
         ex.status = upstream.status
         await response.prepare(ex.request)
+        watch = ReaderWatch(ex, self.client_idle_s)
         try:
             if prefix:
                 await response.write(prefix)
@@ -129,6 +134,8 @@ class Relay:
             while chunk := await upstream.content.readany():
                 await response.write(chunk)
                 ex.bytes_out += len(chunk)
+            ex.upstream_finished = time.perf_counter()
+            await response.write_eof()
         except _CLIENT_GONE:
             return self._client_gone(response)
         except Exception as exc:
@@ -140,8 +147,8 @@ class Relay:
             if ex.request.transport is not None:
                 ex.request.transport.close()
             return response
-        ex.upstream_finished = time.perf_counter()
-        await response.write_eof()
+        finally:
+            watch.close()
         return response
 
     async def _send_events(self) -> web.StreamResponse:
@@ -156,9 +163,11 @@ class Relay:
         pin_pending = ex.route.creates is Pin.RESPONSE and upstream.status < 300
         parser = SSEParser() if hooks or pin_pending else None
         stream = StreamWatch(ex, self.observer, pipeline)
+        reader = ReaderWatch(ex, self.client_idle_s)
         try:
             return await self._relay_events(response, parser, hooks, pin_pending, stream)
         finally:
+            reader.close()
             stream.close()
 
     async def _relay_events(self, response: web.StreamResponse, parser: SSEParser | None, hooks: bool,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 
 import aiohttp
 import yarl
@@ -118,3 +119,27 @@ async def test_a_connection_that_never_finishes_its_headers_is_closed(start_gate
     await writer.drain()
     assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the gateway
     writer.close()
+
+
+async def test_a_client_that_stops_reading_a_stream_is_cut_off(start_gateway):  # noqa: ANN001
+    gw = await start_gateway(LIMITS)
+    address = yarl.URL(gw.url)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window, soon full
+    sock.connect((address.host, address.port))
+    sock.setblocking(False)
+    reader, writer = await asyncio.open_connection(sock=sock)
+    body = json.dumps({**MESSAGE, "stream": True}).encode()
+    writer.write((f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: {KEY}\r\nmsgapi-version: 2023-06-01\r\n"
+                  "x-sim-output-tokens: 100000\r\nx-sim-chunk-delay-ms: 0\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+    await writer.drain()
+    await asyncio.sleep(3)  # reading nothing, while the gateway has megabytes to send
+    tail = b""
+    try:
+        while chunk := await asyncio.wait_for(reader.read(65536), 10):
+            tail = (tail + chunk)[-4096:]
+    except ConnectionResetError:
+        pass
+    writer.close()
+    assert b"message_stop" not in tail  # cut off, not finished: the gateway stopped waiting on this client
