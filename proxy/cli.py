@@ -68,8 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_command(loaded.config, args)
     from proxy.server import serve as run
 
-    run(loaded, path)
-    return 0
+    return run(loaded, path)
 
 
 def _openapi(output: str | None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from proxy.app import APP_KEY, build_app
 from proxy.client_limits import parser_limits
 from proxy.config import LoadedConfig
 from proxy.config.model import ServerConfig
+from proxy.workers import Supervisor, is_worker, worker_count
 
 log = logging.getLogger("modelgate.server")
 
@@ -27,10 +29,18 @@ def install_uvloop() -> bool:
     return True
 
 
-def serve(loaded: LoadedConfig, config_path: str | Path | None) -> None:
+def serve(loaded: LoadedConfig, config_path: str | Path | None) -> int:
+    """Run the gateway until SIGTERM: in this process, or as the supervisor of N workers."""
     configure_logging(loaded.config.observability.logging)
+    count = worker_count(loaded.config)
+    if count == 1 and loaded.config.server.workers is None and loaded.config.state.backend == "memory":
+        log.info("one worker process: the memory state backend lives in one process; "
+                 "set state.backend: redis to serve from every core")
+    if count > 1 and not is_worker():
+        return Supervisor(count, config_path, loaded.config.server.drain_timeout_s).run()
     uvloop = install_uvloop()
     asyncio.run(_serve(loaded, config_path, uvloop))
+    return 0
 
 
 async def start_runner(app: web.Application, config: ServerConfig) -> web.AppRunner:
@@ -52,7 +62,8 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
     app = build_app(loaded, config_path)
     runner = await start_runner(app, loaded.config.server)
     server = loaded.config.server
-    site = web.TCPSite(runner, server.host, server.port, backlog=1024)
+    # Workers share the port; a lone process keeps it to itself, so a second one fails loudly.
+    site = web.TCPSite(runner, server.host, server.port, backlog=1024, reuse_port=is_worker())
     await site.start()
     owner = app[APP_KEY]
     loop = asyncio.get_running_loop()
@@ -62,7 +73,7 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
     if config_path is not None:
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(owner.reload()))
     log.info("modelgate listening", extra={"listen": server.listen, "config": loaded.source,
-                                           "digest": loaded.digest, "uvloop": uvloop})
+                                           "digest": loaded.digest, "uvloop": uvloop, "pid": os.getpid()})
     try:
         await stop.wait()
     finally:

@@ -26,6 +26,7 @@ from proxy.config.model import (
     StateConfig,
     Timeouts,
     all_field_names,
+    cross_section_problems,
 )
 
 __all__ = [
@@ -85,6 +86,8 @@ def parse_config(text: str, environ: Mapping[str, str]) -> GatewayConfig:
     from proxy.pipeline import check_plugins  # the pipeline imports config types
 
     problems.extend(check_plugins(tree.get("routes"), tree.get("plugins")))
+    if config is not None:
+        problems.extend(cross_section_problems(config))
     if problems:
         raise ConfigError(problems)
     assert config is not None

@@ -52,6 +52,7 @@ class ServerConfig(Strict):
     max_headers: int = Field(default=100, ge=8, le=1000)
     client_idle_s: PositiveFloat = 30.0         # longest silence inside a request body: 408 past it
     keepalive_timeout_s: PositiveFloat = 75.0   # idle keep-alive connections, and headers slow to arrive, are closed
+    workers: int | None = Field(default=None, ge=1, le=256)  # unset: every core with Redis state, 1 with memory
 
     @field_validator("listen")
     @classmethod
@@ -310,6 +311,16 @@ class GatewayConfig(Strict):
                 raise ValueError(f"channel name {channel.name!r} is used twice")
             seen.add(channel.name)
         return value
+
+
+def cross_section_problems(config: GatewayConfig) -> list[str]:
+    """Problems no single section shows on its own."""
+    workers = config.server.workers
+    if workers is not None and workers > 1 and config.state.backend == "memory":
+        return [f"server.workers: {workers} workers cannot share the memory state backend: each process would keep "
+                f"its own rate limits and affinity pins, so limits would be {workers} times too loose and follow-up "
+                "requests could lose their channel; use state.backend: redis, or workers: 1"]
+    return []
 
 
 def _is_http_url(value: str) -> bool:

@@ -1,0 +1,124 @@
+"""The supervisor: N worker processes sharing one listening port, for every core.
+
+Each worker is a whole gateway on its own event loop, bound to the port with SO_REUSEPORT so
+the kernel spreads connections among them. The supervisor only watches: it passes SIGTERM
+(drain) and SIGHUP (reload) on, starts a worker again when one dies, and gives the workers a
+shared directory for prometheus-client's multiprocess mode, so any worker's /metrics shows
+the sum of all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from proxy.config import GatewayConfig
+
+log = logging.getLogger("modelgate.workers")
+
+WORKER_ENV = "MODELGATE_WORKER"
+_CRASH_LOOP = 5       # workers dying this soon after starting, this many times in a row: give up
+_CRASH_WINDOW_S = 2.0
+
+
+def worker_count(config: GatewayConfig) -> int:
+    """`server.workers`, or when unset: every usable core with shared (Redis) state, one without
+    (the memory backend is per process, so a second worker would split limits and affinity)."""
+    if config.server.workers is not None:
+        return config.server.workers
+    if config.state.backend == "memory":
+        return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def is_worker() -> bool:
+    return os.environ.get(WORKER_ENV) is not None
+
+
+class Supervisor:
+    """Starts the workers, restarts the ones that die, and stops them all on SIGTERM."""
+
+    def __init__(self, count: int, config_path: str | Path | None, drain_timeout_s: float) -> None:
+        self.count = count
+        self.config_path = config_path
+        self.drain_timeout_s = drain_timeout_s
+        self.metrics_dir = tempfile.mkdtemp(prefix="modelgate-metrics-")
+        self.workers: dict[int, subprocess.Popen[bytes]] = {}
+        self.stopping = False
+        self.quick_deaths = 0
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        signal.signal(signal.SIGHUP, self._reload)
+        try:
+            for slot in range(self.count):
+                self._start(slot)
+            log.info("modelgate supervising workers", extra={"workers": self.count,
+                                                             "pids": [p.pid for p in self.workers.values()]})
+            return self._watch()
+        finally:
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)
+
+    def _start(self, slot: int) -> None:
+        command = [sys.executable, "-m", "proxy", "serve"]
+        if self.config_path is not None:
+            command += ["-c", str(self.config_path)]
+        env = {**os.environ, WORKER_ENV: str(slot), "PROMETHEUS_MULTIPROC_DIR": self.metrics_dir}
+        self.workers[slot] = subprocess.Popen(command, env=env)
+
+    def _watch(self) -> int:
+        started = {slot: time.monotonic() for slot in self.workers}
+        while not self.stopping:
+            time.sleep(0.2)
+            for slot, process in list(self.workers.items()):
+                if self.stopping or process.poll() is None:
+                    continue
+                self._mark_dead(process.pid)
+                quick = time.monotonic() - started[slot] < _CRASH_WINDOW_S
+                self.quick_deaths = self.quick_deaths + 1 if quick else 0
+                if self.quick_deaths >= _CRASH_LOOP:
+                    log.error("workers keep dying at start; giving up", extra={"exit_code": process.returncode})
+                    self._stop()
+                    self._wait_all()
+                    return 1
+                log.error("worker died; starting another", extra={"pid": process.pid, "exit_code": process.returncode})
+                self._start(slot)
+                started[slot] = time.monotonic()
+        return self._wait_all()
+
+    def _wait_all(self) -> int:
+        deadline = time.monotonic() + self.drain_timeout_s + 5
+        worst = 0
+        for process in self.workers.values():
+            try:
+                worst = max(worst, process.wait(timeout=max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                worst = max(worst, process.wait())
+            self._mark_dead(process.pid)
+        return worst
+
+    def _stop(self, *_: object) -> None:
+        self.stopping = True
+        for process in self.workers.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+
+    def _reload(self, *_: object) -> None:
+        for process in self.workers.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGHUP)
+
+    def _mark_dead(self, pid: int) -> None:
+        from prometheus_client import multiprocess
+
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir
+        multiprocess.mark_process_dead(pid, self.metrics_dir)

@@ -1,0 +1,80 @@
+"""Worker processes: N gateways sharing one port, one metrics view, limits that stay exact."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from proxy.config import ConfigError, parse_config
+from tests.conftest import REDIS_URL
+
+KEY = "workers-key-0001"
+
+
+def children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()]
+
+
+def worker_config(extra: str = "") -> str:
+    return f"""
+server: {{listen: "127.0.0.1:{{PORT}}", workers: 2}}
+state: {{backend: redis, url: '{REDIS_URL}', prefix: 'workers-{os.getpid()}-{time.monotonic_ns()}:'}}
+keys: [{{name: w, key: {KEY}, limits: {{rpm: 30}}}}]
+channels: [{{name: sim, base_url: simulator}}]
+observability: {{logging: {{access_log: false}}}}
+{extra}
+"""
+
+
+def test_memory_state_with_two_workers_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_config("server: {workers: 2}\n", {})
+    assert any(p.startswith("server.workers: 2 workers cannot share the memory state backend")
+               for p in refused.value.problems)
+
+
+def test_unset_workers_with_memory_state_is_one_process() -> None:
+    from proxy.workers import worker_count
+
+    assert worker_count(parse_config("", {})) == 1
+    assert worker_count(parse_config("state: {backend: redis}\nserver: {workers: 3}", {})) == 3
+
+
+async def test_two_workers_share_the_port_one_metrics_view_and_exact_limits(spawn, redis_url) -> None:  # noqa: ANN001
+    gateway = spawn("gateway", config=worker_config())
+    workers = children(gateway.proc.pid)
+    assert len(workers) == 2
+    statuses = []
+    for _ in range(32):  # a fresh connection each time, so the kernel spreads them over both workers
+        async with aiohttp.ClientSession() as http:
+            async with http.post(gateway.url + "/v1/responses", headers={"Authorization": f"Bearer {KEY}"},
+                                 json={"model": "respmodel-4o", "input": "hi"}) as answer:
+                statuses.append(answer.status)
+    assert statuses.count(200) == 30 and statuses.count(429) == 2  # one limit, whichever worker answered
+    async with aiohttp.ClientSession() as http:
+        async with http.get(gateway.url + "/metrics") as answer:
+            text = await answer.text()
+    served = sum(float(v) for v in re.findall(r'modelgate_requests_total\{[^}]*route="responses"[^}]*\} (\S+)', text))
+    assert served == 32  # every worker's count, from whichever worker answered /metrics
+
+
+async def test_a_worker_that_dies_is_replaced_and_sigterm_stops_them_all(spawn, redis_url) -> None:  # noqa: ANN001
+    gateway = spawn("gateway", config=worker_config())
+    first, second = children(gateway.proc.pid)
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        now = children(gateway.proc.pid)
+        if len(now) == 2 and first not in now:
+            break
+        time.sleep(0.1)
+    assert len(children(gateway.proc.pid)) == 2 and second in children(gateway.proc.pid)
+    gateway.proc.send_signal(signal.SIGTERM)
+    assert gateway.proc.wait(timeout=30) == 0
