@@ -14,8 +14,8 @@ from proxy.access_log import configure_logging
 from proxy.app import APP_KEY, build_app
 from proxy.client_limits import parser_limits
 from proxy.config import LoadedConfig
-from proxy.config.model import ServerConfig
-from proxy.workers import Supervisor, is_worker, worker_count
+from proxy.config.model import ServerConfig, worker_count
+from proxy.workers import Supervisor, is_worker
 
 log = logging.getLogger("modelgate.server")
 

@@ -19,23 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from proxy.config import GatewayConfig
 
 log = logging.getLogger("modelgate.workers")
 
 WORKER_ENV = "MODELGATE_WORKER"
 _CRASH_LOOP = 5       # workers dying this soon after starting, this many times in a row: give up
 _CRASH_WINDOW_S = 2.0
-
-
-def worker_count(config: GatewayConfig) -> int:
-    """`server.workers`, or when unset: every usable core with shared (Redis) state, one without
-    (the memory backend is per process, so a second worker would split limits and affinity)."""
-    if config.server.workers is not None:
-        return config.server.workers
-    if config.state.backend == "memory":
-        return 1
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def is_worker() -> bool:

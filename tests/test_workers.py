@@ -40,8 +40,14 @@ def test_memory_state_with_two_workers_is_a_config_error() -> None:
                for p in refused.value.problems)
 
 
+def test_url_delivery_with_several_workers_needs_shared_signing_keys() -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_config("state: {backend: redis}\nserver: {workers: 2}\nplugins: {url_delivery: {enabled: true}}\n", {})
+    assert any(p.startswith("plugins.url_delivery.signing_keys: required with 2 workers") for p in refused.value.problems)
+
+
 def test_unset_workers_with_memory_state_is_one_process() -> None:
-    from proxy.workers import worker_count
+    from proxy.config.model import worker_count
 
     assert worker_count(parse_config("", {})) == 1
     assert worker_count(parse_config("state: {backend: redis}\nserver: {workers: 3}", {})) == 3

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import os
 import re
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
@@ -313,14 +314,29 @@ class GatewayConfig(Strict):
         return value
 
 
+def worker_count(config: GatewayConfig) -> int:
+    """`server.workers`, or when unset: every usable core with shared (Redis) state, one without
+    (the memory backend is per process, so a second worker would split limits and affinity)."""
+    if config.server.workers is not None:
+        return config.server.workers
+    if config.state.backend == "memory":
+        return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def cross_section_problems(config: GatewayConfig) -> list[str]:
     """Problems no single section shows on its own."""
-    workers = config.server.workers
-    if workers is not None and workers > 1 and config.state.backend == "memory":
-        return [f"server.workers: {workers} workers cannot share the memory state backend: each process would keep "
-                f"its own rate limits and affinity pins, so limits would be {workers} times too loose and follow-up "
-                "requests could lose their channel; use state.backend: redis, or workers: 1"]
-    return []
+    problems = []
+    workers = worker_count(config)
+    if workers > 1 and config.state.backend == "memory":
+        problems.append(f"server.workers: {workers} workers cannot share the memory state backend: each process "
+                        f"would keep its own rate limits and affinity pins, so limits would be {workers} times too "
+                        "loose and follow-up requests could lose their channel; use state.backend: redis, or workers: 1")
+    delivery = config.plugins.get("url_delivery", {})
+    if workers > 1 and delivery.get("enabled") and not delivery.get("signing_keys"):
+        problems.append(f"plugins.url_delivery.signing_keys: required with {workers} workers: without them each "
+                        "process signs with a key of its own, and a URL minted by one worker fails on another")
+    return problems
 
 
 def _is_http_url(value: str) -> bool:
