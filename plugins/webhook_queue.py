@@ -9,6 +9,8 @@ again, so the provider keeps the callback. `modelgate webhooks` inspects and rep
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,8 +20,10 @@ from proxy.exchange import Exchange
 from proxy.observability import metrics as m
 from proxy.pipeline import Plugin
 from proxy.routes import ROUTES_BY_NAME
-from proxy.webhooks.deliverer import Deliverer
-from proxy.webhooks.queue import QueuedWebhook, QueueFull, RedisError, WebhookQueue
+
+if TYPE_CHECKING:
+    from proxy.webhooks.deliverer import Deliverer
+    from proxy.webhooks.queue import WebhookQueue
 
 
 class QueueSettings(BaseModel):
@@ -37,6 +41,8 @@ class QueueSettings(BaseModel):
 
 
 def queue_for(config: GatewayConfig, settings: QueueSettings) -> WebhookQueue:
+    from proxy.webhooks.queue import WebhookQueue  # the Redis client loads only where the queue is on
+
     return WebhookQueue(settings.url or config.state.url, settings.prefix or config.state.prefix,
                         settings.max_pending, settings.keep_delivered)
 
@@ -54,6 +60,8 @@ class WebhookQueuePlugin(Plugin):
         settings: QueueSettings = self.settings
         if not settings.enabled:
             return
+        from proxy.webhooks.deliverer import Deliverer
+
         url, prefix = settings.url or self.config.state.url, settings.prefix or self.config.state.prefix
         # One connection pool per Redis for the gateway's life; a reload keeps it.
         self.queue = self.resources.setdefault(f"webhooks.queue:{url}:{prefix}", queue_for(self.config, settings))
@@ -71,6 +79,8 @@ class WebhookQueuePlugin(Plugin):
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
         if self.queue is None or ex.route.name != "payment_webhook":
             return None
+        from proxy.webhooks.queue import QueuedWebhook, QueueFull, RedisError
+
         webhook = QueuedWebhook(method=ex.request.method, target=ex.request.raw_path,
                                 headers=list(ex.headers.items()), body=ex.body or b"", request_id=ex.request_id)
         try:

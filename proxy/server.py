@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import signal
 from pathlib import Path
 
@@ -38,9 +39,24 @@ def serve(loaded: LoadedConfig, config_path: str | Path | None) -> int:
                  "set state.backend: redis to serve from every core")
     if count > 1 and not is_worker():
         return Supervisor(count, config_path, loaded.config.server.drain_timeout_s).run()
+    raise_descriptor_limit()
     uvloop = install_uvloop()
     asyncio.run(_serve(loaded, config_path, uvloop))
     return 0
+
+
+def raise_descriptor_limit() -> int:
+    """Every open stream holds two descriptors (client and upstream side); the usual soft limit of
+    1,024 would cap a gateway at about 500 streams, so take all the hard limit allows."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1_048_576)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
 
 
 async def start_runner(app: web.Application, config: ServerConfig) -> web.AppRunner:
@@ -73,7 +89,8 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
     if config_path is not None:
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(owner.reload()))
     log.info("modelgate listening", extra={"listen": server.listen, "config": loaded.source,
-                                           "digest": loaded.digest, "uvloop": uvloop, "pid": os.getpid()})
+                                           "digest": loaded.digest, "uvloop": uvloop, "pid": os.getpid(),
+                                           "descriptors": resource.getrlimit(resource.RLIMIT_NOFILE)[0]})
     try:
         await stop.wait()
     finally:

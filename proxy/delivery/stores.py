@@ -19,8 +19,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 log = logging.getLogger("modelgate.delivery")
 
@@ -138,8 +136,13 @@ class RedisBlobStore:
     """Blobs in Redis hashes that expire with their URLs; every instance sharing it can serve them."""
 
     def __init__(self, url: str, prefix: str) -> None:
+        # Imported here: the Redis client costs a gateway that never uses it several MB.
+        import redis.asyncio as aioredis
+        from redis.exceptions import RedisError
+
         self._client = aioredis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
         self._prefix = prefix + "blob:"
+        self._errors = (RedisError, OSError)
 
     async def start(self) -> None:
         return None
@@ -154,13 +157,13 @@ class RedisBlobStore:
                 pipe.hset(key, mapping={"data": blob.data, "type": blob.content_type})
                 pipe.expire(key, ttl_s)
                 await pipe.execute()
-        except (RedisError, OSError) as exc:
+        except self._errors as exc:
             raise StoreError(f"redis store: {exc}") from exc
 
     async def get(self, blob_id: str) -> Blob | None:
         try:
             found = await self._client.hgetall(self._prefix + blob_id)
-        except (RedisError, OSError) as exc:
+        except self._errors as exc:
             raise StoreError(f"redis store: {exc}") from exc
         if not found:
             return None
