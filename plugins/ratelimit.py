@@ -24,7 +24,7 @@ from proxy.config.model import Rates
 from proxy.exchange import Exchange
 from proxy.limits import Check, Decision, Kind, Limiter, LimiterUnavailable
 from proxy.limits.memory import MemoryLimiter
-from proxy.observability.metrics import RATELIMIT_BACKEND_ERRORS, RATELIMIT_DECISIONS
+from proxy.observability.metrics import RATELIMIT_BACKEND_ERRORS, RATELIMIT_DECISIONS, child
 from proxy.pipeline import Plugin
 from proxy.routes import ROUTE_NAMES
 
@@ -101,7 +101,7 @@ class RateLimit(Plugin):
                                      f"({decision.check.limit} per {_describe(decision.check)}); retry in {retry}s",
                                      "rate_limited", headers=headers)
         for check in checks:
-            RATELIMIT_DECISIONS.labels(check.policy, "allowed").inc()
+            child(RATELIMIT_DECISIONS, check.policy, "allowed").inc()
         ex.plugin_state[self.name] = checks
         if decision.check is not None and decision.check.kind is not Kind.CONCURRENT:
             ex.response_headers = {**(ex.response_headers or {}), "RateLimit-Policy": policy,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import multiprocess
@@ -102,6 +103,19 @@ class ModelLabels:
 def rule_label(path: str) -> str:
     """A validation rule as a bounded label: the field path without list indices."""
     return _INDEX.sub("[]", path)[:120] or "body"
+
+
+_CHILDREN: dict[tuple[object, tuple[str, ...]], Any] = {}
+
+
+def child(metric: Any, *labels: str) -> Any:
+    """The labelled child of a metric, looked up once. prometheus-client's `labels()` takes a lock
+    and validates its arguments on every call; label values are bounded (see above), so is this."""
+    key = (metric, labels)
+    found = _CHILDREN.get(key)
+    if found is None:
+        found = _CHILDREN[key] = metric.labels(*labels)
+    return found
 
 
 def status_class(status: int) -> str:

@@ -8,6 +8,8 @@ from proxy.channels import Channel
 from proxy.config.model import GatewayConfig
 from proxy.exchange import Exchange
 from proxy.observability import metrics as m
+from proxy.observability.metrics import child
+
 
 class Observer:
     __slots__ = ("enabled", "model_label", "resilience")
@@ -19,44 +21,44 @@ class Observer:
 
     def started(self, ex: Exchange) -> None:
         if self.enabled:
-            m.IN_FLIGHT.labels(ex.route.name).inc()
+            child(m.IN_FLIGHT, ex.route.name).inc()
 
     def finished(self, ex: Exchange, now: float) -> None:
         if not self.enabled:
             return
         route = ex.route.name
-        m.IN_FLIGHT.labels(route).dec()
+        child(m.IN_FLIGHT, route).dec()
         model = self.model_label(ex.model)
         channel = ex.channel.name if ex.channel is not None else "none"
-        m.REQUESTS.labels(route, ex.format.name, model, channel, m.status_class(ex.status)).inc()
-        m.DURATION.labels(route).observe(now - ex.started)
-        m.OVERHEAD.labels(route).observe(ex.overhead_seconds(now))
+        child(m.REQUESTS, route, ex.format.name, model, channel, m.status_class(ex.status)).inc()
+        child(m.DURATION, route).observe(now - ex.started)
+        child(m.OVERHEAD, route).observe(ex.overhead_seconds(now))
         if ex.upstream_headers_at is not None and ex.upstream_started is not None:
-            m.UPSTREAM_TTFB.labels(route, channel).observe(ex.upstream_headers_at - ex.upstream_started)
+            child(m.UPSTREAM_TTFB, route, channel).observe(ex.upstream_headers_at - ex.upstream_started)
         usage = ex.usage
         if usage.known:
             key = ex.key_name or "anonymous"
             if usage.input_tokens:
-                m.TOKENS.labels(model, key, "input").inc(usage.input_tokens)
+                child(m.TOKENS, model, key, "input").inc(usage.input_tokens)
             if usage.output_tokens:
-                m.TOKENS.labels(model, key, "output").inc(usage.output_tokens)
+                child(m.TOKENS, model, key, "output").inc(usage.output_tokens)
         if ex.client_aborted:
-            m.CLIENT_ABORTS.labels(route, "mid_answer" if ex.bytes_out else "before_first_byte").inc()
+            child(m.CLIENT_ABORTS, route, "mid_answer" if ex.bytes_out else "before_first_byte").inc()
 
     def stream_opened(self, ex: Exchange) -> None:
         if self.enabled:
-            m.STREAMS_OPEN.labels(ex.route.name).inc()
+            child(m.STREAMS_OPEN, ex.route.name).inc()
 
     def stream_closed(self, ex: Exchange, events: int, first_byte_at: float | None, now: float) -> None:
         if not self.enabled:
             return
         route = ex.route.name
-        m.STREAMS_OPEN.labels(route).dec()
+        child(m.STREAMS_OPEN, route).dec()
         if events:
-            m.STREAM_EVENTS.labels(route).inc(events)
+            child(m.STREAM_EVENTS, route).inc(events)
         if first_byte_at is not None:
-            m.STREAM_FIRST_EVENT.labels(route).observe(first_byte_at - ex.started)
-        m.STREAM_DURATION.labels(route).observe(now - ex.started)
+            child(m.STREAM_FIRST_EVENT, route).observe(first_byte_at - ex.started)
+        child(m.STREAM_DURATION, route).observe(now - ex.started)
 
     def upstream_result(self, channel: Channel, failure: str | None) -> None:
         """Feed the channel's breaker, count a failed attempt by kind, keep the up/down gauge."""
@@ -66,9 +68,9 @@ class Observer:
         if not self.enabled:
             return
         if failure is not None:
-            m.UPSTREAM_ERRORS.labels(channel.name, failure).inc()
-        m.CHANNEL_UP.labels(channel.name).set(0 if channel.is_open else 1)
+            child(m.UPSTREAM_ERRORS, channel.name, failure).inc()
+        child(m.CHANNEL_UP, channel.name).set(0 if channel.is_open else 1)
 
     def retried(self, ex: Exchange, reason: str) -> None:
         if self.enabled:
-            m.UPSTREAM_RETRIES.labels(ex.route.name, reason).inc()
+            child(m.UPSTREAM_RETRIES, ex.route.name, reason).inc()
