@@ -16,7 +16,6 @@ import os
 import platform
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
+from bench.procs import free_port, wait_port  # noqa: E402
 from bench.results import update_section  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -41,12 +41,6 @@ GATEWAYS = {
     "modelgate, observability all off": "observability: {logging: {access_log: false}, metrics: {enabled: false}}\n",
 }
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -77,16 +71,6 @@ http {{
 
 def start(cmd: list[str], core: int, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(["taskset", "-c", str(core), *cmd], stdout=log.open("wb"), stderr=subprocess.STDOUT)
-
-
-def wait_port(port: int, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"port {port} never opened")
 
 
 @dataclass

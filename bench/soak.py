@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
+from bench.procs import free_port, rss_kb, wait_port  # noqa: E402
 from bench.results import update_section  # noqa: E402
 
 KEY = "soak-key-0001"
@@ -40,19 +40,6 @@ CALLS = [
     ("POST", "/v1/messages", MSG, {**MESSAGE, "max_tokens": 0}, 400),
     ("POST", "/v1/responses", {"Authorization": "Bearer wrong-key-000"}, {"model": "respmodel-4o", "input": "x"}, 401),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
 
 
 async def worker(url: str, deadline: float, counts: dict[str, int], tasks: list[str]) -> None:
@@ -107,12 +94,7 @@ async def main() -> int:
                                stdout=(work / "gateway.log").open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     for waiting_on in (port, sim_port):
-        for _ in range(100):
-            try:
-                with socket.create_connection(("127.0.0.1", waiting_on), timeout=0.2):
-                    break
-            except OSError:
-                time.sleep(0.1)
+        wait_port(waiting_on)
     counts: dict[str, int] = {"requests": 0, "errors": 0}
     samples: list[tuple[float, int]] = []
     started = time.monotonic()

@@ -24,8 +24,8 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
+from bench.procs import free_port, rss_kb, wait_port  # noqa: E402
 from bench.results import update_section  # noqa: E402
-from bench.soak import free_port, rss_kb  # noqa: E402
 
 KEY = "streams-key-0001"
 HEADERS = {"x-api-key": KEY, "msgapi-version": "2023-06-01"}
@@ -35,18 +35,6 @@ TARGETS_MB = {1_000: 100, 10_000: 1024}
 def raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def wait_port(port: int) -> None:
-    import socket
-
-    for _ in range(200):
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"port {port} never opened")
 
 
 async def hold(url: str, streams: int, events: int) -> tuple[int, int, int]:
