@@ -17,22 +17,33 @@ from typing import Any
 from aiohttp import web
 
 from proxy.config.model import ServerConfig
+from proxy.observability.metrics import CONNECTIONS_REFUSED
 
 
 class ConnectionCount:
-    """Client connections open right now, counted as aiohttp's server makes and loses them."""
+    """Client connections open right now, counted as aiohttp's server makes and loses them.
 
-    __slots__ = ("open",)
+    Past `max_connections` a request gets a 503 in its endpoint's shape and its connection is
+    closed. Connections that never send a request would not meet that check, so past the limit
+    plus some headroom a new connection is closed as it is accepted: descriptors stay bounded."""
+
+    __slots__ = ("open", "refused")
 
     def __init__(self) -> None:
         self.open = 0
+        self.refused = 0
 
-    def watch(self, server: web.Server) -> None:
+    def watch(self, server: web.Server, max_connections: int) -> None:
         made, lost = server.connection_made, server.connection_lost
+        hard_cap = max_connections + max(16, max_connections // 10)
 
         def connection_made(handler: Any, transport: asyncio.Transport) -> None:
             self.open += 1
             made(handler, transport)
+            if self.open > hard_cap:
+                self.refused += 1
+                CONNECTIONS_REFUSED.inc()
+                transport.close()
 
         def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
             self.open -= 1

@@ -70,7 +70,7 @@ async def start_runner(app: web.Application, config: ServerConfig) -> web.AppRun
                            lingering_time=min(10.0, config.client_idle_s))
     await runner.setup()
     assert runner.server is not None
-    app[APP_KEY].connections.watch(runner.server)
+    app[APP_KEY].connections.watch(runner.server, config.max_connections)
     return runner
 
 

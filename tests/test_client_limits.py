@@ -77,6 +77,17 @@ async def test_past_max_connections_a_request_gets_a_503_and_its_connection_clos
         assert answer.status == 200
 
 
+async def test_idle_connections_past_the_limit_and_its_headroom_are_closed_as_accepted(start_gateway):  # noqa: ANN001
+    gw = await start_gateway(LIMITS.replace("keepalive_timeout_s: 0.5", "keepalive_timeout_s: 30"))
+    address = yarl.URL(gw.url)
+    held = [await asyncio.open_connection(address.host, address.port) for _ in range(3 + 16)]  # limit + headroom
+    reader, writer = await asyncio.open_connection(address.host, address.port)
+    assert await asyncio.wait_for(reader.read(), 5) == b""  # one more is closed, request or not
+    assert gw.owner.connections.refused == 1
+    for _, idle in [*held, (reader, writer)]:
+        idle.close()
+
+
 async def test_a_body_that_stops_arriving_is_a_408_in_the_message_format(start_gateway):  # noqa: ANN001
     gw = await start_gateway(LIMITS)
     body = json.dumps(MESSAGE).encode()

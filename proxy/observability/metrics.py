@@ -71,6 +71,8 @@ URL_DELIVERY = Counter("modelgate_url_delivery", "URL-delivery outcomes per answ
                        ["route", "outcome"])
 VIDEO_OUTCOMES = Counter("modelgate_video_tasks_finished", "Video tasks seen finishing, by outcome "
                          "(succeeded, failed, filtered)", ["outcome"])
+CONNECTIONS_REFUSED = Counter("modelgate_connections_refused", "Client connections closed as they were accepted: "
+                              "past server.max_connections and its headroom")
 WEBHOOK_QUEUED = Counter("modelgate_webhooks_queued", "Payment webhooks offered to the durable queue, by outcome "
                          "(stored, full, unavailable)", ["outcome"])
 WEBHOOK_DELIVERIES = Counter("modelgate_webhook_deliveries", "Queued webhook delivery attempts, by result "
