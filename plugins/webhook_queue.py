@@ -63,8 +63,10 @@ class WebhookQueuePlugin(Plugin):
         from proxy.webhooks.deliverer import Deliverer
 
         url, prefix = settings.url or self.config.state.url, settings.prefix or self.config.state.prefix
-        # One connection pool per Redis for the gateway's life; a reload keeps it.
-        self.queue = self.resources.setdefault(f"webhooks.queue:{url}:{prefix}", queue_for(self.config, settings))
+        slot = f"webhooks.queue:{url}:{prefix}"
+        if slot not in self.resources:  # one connection pool per Redis for the gateway's life; a reload keeps it
+            self.resources[slot] = queue_for(self.config, settings)
+        self.queue = self.resources[slot]
         assert self.channels is not None
         resilience = self.config.resilience
         self.deliverer = Deliverer(self.queue, self.channels, ROUTES_BY_NAME["payment_webhook"], settings.backoff_s,

@@ -345,3 +345,13 @@ def test_the_s3_janitor_deletes_expired_objects(s3_server):  # noqa: ANN001
     aio.run(store.put("long", Blob(b"y", "image/png"), 3600))
     assert store.sweep(now=time.time() + 5) == 1
     assert aio.run(store.get("short")) is None and aio.run(store.get("long")) is not None
+
+
+async def test_a_reload_keeps_one_janitor_for_the_local_store(start_gateway, tmp_path):  # noqa: ANN001
+    from proxy.delivery.stores import LocalStore
+
+    gw = await start_gateway(config(tmp_path))
+    store = next(r for r in gw.owner.resources.values() if isinstance(r, LocalStore))
+    janitor = store._janitor
+    assert await gw.owner.reload() and await gw.owner.reload()
+    assert store._janitor is janitor and not janitor.done()

@@ -69,7 +69,8 @@ class LocalStore:
         except OSError as exc:
             # Not fatal: each delivery fails (and falls back, or fails in strict mode) until fixed.
             log.error("image store directory %s is unusable: %s", self.directory, exc.strerror or exc)
-        self._janitor = asyncio.get_running_loop().create_task(self._sweep_forever())
+        if self._janitor is None or self._janitor.done():  # a reload starts the store again: one janitor
+            self._janitor = asyncio.get_running_loop().create_task(self._sweep_forever())
 
     async def close(self) -> None:
         if self._janitor is not None:
@@ -197,7 +198,8 @@ class S3Store:
                                         "Filter": {"Prefix": self.prefix}, "Expiration": {"Days": 1}}]})
         except Exception as exc:  # a bucket policy may forbid it: the janitor still deletes
             log.warning("could not set the bucket's lifecycle rule: %s", exc)
-        self._janitor = asyncio.get_running_loop().create_task(self._sweep_forever())
+        if self._janitor is None or self._janitor.done():  # a reload starts the store again: one janitor
+            self._janitor = asyncio.get_running_loop().create_task(self._sweep_forever())
 
     async def close(self) -> None:
         if self._janitor is not None:
