@@ -352,6 +352,6 @@ async def test_a_reload_keeps_one_janitor_for_the_local_store(start_gateway, tmp
 
     gw = await start_gateway(config(tmp_path))
     store = next(r for r in gw.owner.resources.values() if isinstance(r, LocalStore))
-    janitor = store._janitor
+    janitor = store._janitor.task
     assert await gw.owner.reload() and await gw.owner.reload()
-    assert store._janitor is janitor and not janitor.done()
+    assert store._janitor.task is janitor and not janitor.done()

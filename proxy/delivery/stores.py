@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,14 +41,46 @@ class BlobStore(Protocol):
     async def close(self) -> None: ...
 
 
+class Janitor:
+    """A store's sweep, run in a thread every `every_s` seconds. Started once per store however
+    often the store is started (a reload starts it again); a failed sweep is logged, and the next
+    one runs as planned."""
+
+    __slots__ = ("_sweep", "_every", "_name", "task")
+
+    def __init__(self, sweep: Callable[[], int], every_s: float, name: str) -> None:
+        self._sweep = sweep
+        self._every = every_s
+        self._name = name
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> bool:
+        """Start sweeping; False when it already runs."""
+        if self.task is not None and not self.task.done():
+            return False
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"{self._name} janitor")
+        return True
+
+    def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._every)
+            try:
+                await asyncio.to_thread(self._sweep)
+            except Exception as exc:
+                log.warning("%s janitor: %s", self._name, exc)
+
+
 class LocalStore:
     """Files in a directory, each with a small JSON sidecar holding its type and expiry; the
     sidecar's modification time is set to the expiry too, so the sweep needs no reads."""
 
     def __init__(self, directory: str, janitor_every_s: float = 60.0, min_free_mb: float = 256) -> None:
         self.directory = Path(directory)
-        self._every = janitor_every_s
-        self._janitor: asyncio.Task[None] | None = None
+        self._janitor = Janitor(self.sweep, janitor_every_s, "local store")
         self._min_free = min_free_mb * 1024 * 1024
         self._room_checked = (0.0, True)
 
@@ -69,12 +102,10 @@ class LocalStore:
         except OSError as exc:
             # Not fatal: each delivery fails (and falls back, or fails in strict mode) until fixed.
             log.error("image store directory %s is unusable: %s", self.directory, exc.strerror or exc)
-        if self._janitor is None or self._janitor.done():  # a reload starts the store again: one janitor
-            self._janitor = asyncio.get_running_loop().create_task(self._sweep_forever())
+        self._janitor.start()
 
     async def close(self) -> None:
-        if self._janitor is not None:
-            self._janitor.cancel()
+        self._janitor.stop()
 
     async def put(self, blob_id: str, blob: Blob, ttl_s: int) -> None:
         try:
@@ -126,11 +157,6 @@ class LocalStore:
                 except OSError:
                     continue
         return removed
-
-    async def _sweep_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self._every)
-            await asyncio.to_thread(self.sweep)
 
 
 class RedisBlobStore:
@@ -187,10 +213,11 @@ class S3Store:
                                     aws_access_key_id=access_key_id, aws_secret_access_key=secret_access_key,
                                     config=Config(signature_version="s3v4", retries={"max_attempts": 2},
                                                   connect_timeout=2, read_timeout=5))
-        self._every = janitor_every_s
-        self._janitor: asyncio.Task[None] | None = None
+        self._janitor = Janitor(self.sweep, janitor_every_s, "s3 store")
 
     async def start(self) -> None:
+        if not self._janitor.start():
+            return  # started before: the lifecycle rule is set
         try:
             await asyncio.to_thread(self._client.put_bucket_lifecycle_configuration, Bucket=self.bucket,
                                     LifecycleConfiguration={"Rules": [{
@@ -198,12 +225,9 @@ class S3Store:
                                         "Filter": {"Prefix": self.prefix}, "Expiration": {"Days": 1}}]})
         except Exception as exc:  # a bucket policy may forbid it: the janitor still deletes
             log.warning("could not set the bucket's lifecycle rule: %s", exc)
-        if self._janitor is None or self._janitor.done():  # a reload starts the store again: one janitor
-            self._janitor = asyncio.get_running_loop().create_task(self._sweep_forever())
 
     async def close(self) -> None:
-        if self._janitor is not None:
-            self._janitor.cancel()
+        self._janitor.stop()
 
     async def put(self, blob_id: str, blob: Blob, ttl_s: int) -> None:
         expires = datetime.fromtimestamp(time.time() + ttl_s, timezone.utc)
@@ -240,10 +264,3 @@ class S3Store:
                     removed += 1
         return removed
 
-    async def _sweep_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self._every)
-            try:
-                await asyncio.to_thread(self.sweep)
-            except Exception as exc:
-                log.warning("s3 janitor: %s", exc)
