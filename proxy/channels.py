@@ -1,6 +1,6 @@
 """Channels: the upstreams, what each serves, and how one is picked for a request.
 
-A channel owns one pooled keep-alive client session. Among the channels that serve a
+A channel owns one pool of keep-alive connections (`proxy.upstream`). Among the channels that serve a
 route and model, the lowest `priority` number wins (0 first, as in DNS SRV and Envoy);
 within that tier a channel is drawn in proportion to its `weight`.
 """
@@ -12,17 +12,16 @@ import random
 import re
 import time
 
-import aiohttp
-
 from proxy.config.model import ChannelConfig
 from proxy.routes import Route
+from proxy.upstream import UpstreamPool
 
 _PROBE_LAPSE_S = 30.0
 
 
 class Channel:
     __slots__ = ("config", "name", "base_url", "priority", "weight", "credential", "timeouts",
-                 "_models", "_formats", "_endpoints", "_rename", "session", "failures", "open_until", "probing",
+                 "_models", "_formats", "_endpoints", "_rename", "pool", "failures", "open_until", "probing",
                  "down")
 
     def __init__(self, config: ChannelConfig, base_url: str) -> None:
@@ -37,7 +36,7 @@ class Channel:
         self._formats = frozenset(config.formats)
         self._endpoints = frozenset(config.endpoints) if config.endpoints is not None else None
         self._rename = dict(config.rename)
-        self.session: aiohttp.ClientSession | None = None
+        self.pool: UpstreamPool | None = None
         self.failures = 0        # attempts failed in a row
         self.open_until = 0.0    # the breaker is open until then (monotonic time)
         self.probing = 0.0       # half-open: when the probe left (0: none); a probe that never
@@ -45,28 +44,15 @@ class Channel:
         self.down = False        # taken out of rotation by its active health check
 
     async def open(self) -> None:
-        pool = self.config.pool
-        connector = aiohttp.TCPConnector(limit=pool.max_connections, limit_per_host=0,
-                                         keepalive_timeout=pool.keepalive_s, ttl_dns_cache=60)
-        self.session = aiohttp.ClientSession(
-            connector=connector,
-            # Bodies pass through as the upstream encoded them; decoding is done on demand.
-            auto_decompress=False,
-            # aiohttp's per-read timer serves as the first-byte limit; the relay switches it to the
-            # idle limit once headers are in (no extra timer per request or per chunk).
-            timeout=aiohttp.ClientTimeout(total=self.timeouts.total_s, connect=self.timeouts.connect_s,
-                                          sock_read=self.timeouts.first_byte_s),
-            # Only the client's own headers go upstream, never aiohttp's defaults.
-            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
-            cookie_jar=aiohttp.DummyCookieJar(),
-            max_field_size=65536,
-            read_bufsize=2**16,
-        )
+        timeouts, pool = self.timeouts, self.config.pool
+        self.pool = UpstreamPool(self.base_url, limit=pool.max_connections, keepalive_s=pool.keepalive_s,
+                                 connect_s=timeouts.connect_s, first_byte_s=timeouts.first_byte_s,
+                                 idle_s=timeouts.idle_s, total_s=timeouts.total_s)
 
     async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
-            self.session = None
+        if self.pool is not None:
+            await self.pool.close()
+            self.pool = None
 
     def available(self, now: float) -> bool:
         """Closed breaker, or an open one whose pause is over and whose single probe is free;

@@ -8,9 +8,8 @@ import logging
 import os
 import re
 import time
+from collections.abc import AsyncIterator
 
-import aiohttp
-import yarl
 from aiohttp import web
 from multidict import CIMultiDict
 
@@ -30,6 +29,7 @@ from proxy.relay import Relay
 from proxy.formats import ACCOUNT
 from proxy.routes import ModelFrom, Pin, Route
 from proxy.runtime import Runtime
+from proxy.upstream import ConnectFailed, ConnectTimeout, UpstreamError
 
 log = logging.getLogger("modelgate.gateway")
 
@@ -206,7 +206,7 @@ class Gateway:
     async def _attempt(self, ex: Exchange, runtime: Runtime, pipeline: Pipeline,
                        tried: list[Channel]) -> web.StreamResponse | tuple[Channel, str]:
         channel = ex.channel
-        assert channel is not None and channel.session is not None
+        assert channel is not None and channel.pool is not None
         request = ex.request
         id_header = runtime.config.server.request_id_header
         path = request.raw_path.partition("?")[0]
@@ -224,44 +224,43 @@ class Gateway:
             if isinstance(data, MultipartBody) and data.declared_length is not None:
                 headers["Content-Length"] = str(data.declared_length)
         query = ex.format.upstream_query(request.raw_path.partition("?")[2], channel.credential)
-        url = yarl.URL(f"{channel.base_url}{path}?{query}" if query else channel.base_url + path, encoded=True)
+        target = f"{path}?{query}" if query else path
         span = None
         if ex.span is not None:
             span = start_child(ex, f"{request.method} upstream {channel.name}", SpanKind.CLIENT, {
-                "http.request.method": request.method, "server.address": url.host or "", "url.path": url.path,
+                "http.request.method": request.method, "server.address": channel.pool.host, "url.path": path,
                 "modelgate.channel": channel.name, "gen_ai.request.model": ex.upstream_model or "",
                 "modelgate.attempt": len(tried)})
             inject(span, headers)
         try:
-            return await self._exchange_with(ex, runtime, pipeline, channel, url, data, id_header, tried)
+            return await self._exchange_with(ex, runtime, pipeline, channel, target, data, id_header, tried)
         finally:
             if span is not None:
                 span.set_attribute("http.response.status_code", ex.status)
                 span.end()
 
     async def _exchange_with(self, ex: Exchange, runtime: Runtime, pipeline: Pipeline, channel: Channel,
-                             url: yarl.URL, data: object, id_header: str,
+                             target: str, data: bytes | AsyncIterator[bytes], id_header: str,
                              tried: list[Channel]) -> web.StreamResponse | tuple[Channel, str]:
         observer = runtime.observer
-        assert channel.session is not None
+        assert channel.pool is not None
         ex.upstream_started = time.perf_counter()
         try:
-            upstream = await channel.session.request(ex.request.method, url, headers=ex.headers, data=data,
-                                                     allow_redirects=False)
+            upstream = await channel.pool.request(ex.request.method, target, ex.headers, data)
         except TimeoutError as exc:
-            connecting = isinstance(exc, aiohttp.ConnectionTimeoutError)
+            connecting = isinstance(exc, ConnectTimeout)
             kind = "connect_timeout" if connecting else "first_byte_timeout"
             observer.upstream_result(channel, kind)
             if (retry := self._retry(ex, runtime, tried, kind)) is not None:
                 return retry
             what = "connecting" if connecting else f"waiting {channel.timeouts.first_byte_s:g}s for the first byte"
             return self._finish_local(ex, ex.error_response(504, f"upstream {channel.name} timed out {what}"), id_header)
-        except aiohttp.ClientError as exc:
+        except UpstreamError as exc:
             if isinstance(data, MultipartBody) and data.rejection is not None:
                 violation = data.rejection  # the body broke a rule while it streamed: the upstream got no whole request
                 return self._finish_local(ex, ex.error_response(violation.status, str(violation),
                                                                 param=violation.path or None), id_header)
-            kind = "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "connection"
+            kind = "connect" if isinstance(exc, ConnectFailed) else "connection"
             observer.upstream_result(channel, kind)
             if (retry := self._retry(ex, runtime, tried, kind)) is not None:
                 return retry
@@ -276,8 +275,6 @@ class Gateway:
             if (retry := self._retry(ex, runtime, tried, failure)) is not None:
                 upstream.close()
                 return retry
-        if upstream.connection is not None:
-            upstream.connection.protocol.read_timeout = channel.timeouts.idle_s  # type: ignore[union-attr]
         try:
             relay = Relay(ex, upstream, pipeline, self.affinity,
                           buffer_limit=int(runtime.config.server.max_json_body_mb * 1024 * 1024),

@@ -10,12 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import aiohttp
-import yarl
-
 from proxy.channels import Channel
 from proxy.config.model import HealthCheck
 from proxy.observability import metrics as m
+from proxy.upstream import UpstreamError
 
 log = logging.getLogger("modelgate.health")
 
@@ -48,17 +46,18 @@ class ChannelProbe:
         m.CHANNEL_UP.labels(self.channel.name).set(0 if self.channel.down or self.channel.is_open else 1)
 
     async def _ask(self) -> tuple[bool, str]:
-        session = self.channel.session
-        if session is None:
-            return False, "no session"
-        url = yarl.URL(self.channel.base_url + self.check.path)
+        pool = self.channel.pool
+        if pool is None:
+            return False, "channel closed"
         try:
-            async with session.get(url, headers=self.check.headers,
-                                   timeout=aiohttp.ClientTimeout(total=self.check.timeout_s)) as answer:
-                await answer.read()
-                return answer.status in self.check.expect_status, f"status {answer.status}"
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            return False, type(exc).__name__
+            answer = await pool.request("GET", self.check.path, self.check.headers, total_s=self.check.timeout_s)
+            try:
+                await answer.read(limit=1024 * 1024)
+            finally:
+                answer.release()
+        except (UpstreamError, ValueError) as exc:
+            return False, f"{type(exc).__name__}: {exc}"
+        return answer.status in self.check.expect_status, f"status {answer.status}"
 
 
 class HealthChecks:

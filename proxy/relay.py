@@ -8,12 +8,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
@@ -25,6 +23,7 @@ from proxy.observability.tracing import start_child
 from proxy.pipeline import Pipeline, plugin_name
 from proxy.routes import Pin
 from proxy.sse import SSEParser
+from proxy.upstream import Answer, UpstreamError
 
 if TYPE_CHECKING:
     from proxy.affinity import Affinity
@@ -32,8 +31,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("modelgate.relay")
 
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-_CLIENT_GONE = (ConnectionResetError, ConnectionError, aiohttp.ClientConnectionResetError)
-_UPSTREAM_BROKE = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.IncompleteReadError)
+_CLIENT_GONE = (ConnectionResetError, ConnectionError)
+_UPSTREAM_BROKE = (UpstreamError,)
 
 
 class Relay:
@@ -42,7 +41,7 @@ class Relay:
     __slots__ = ("ex", "upstream", "pipeline", "affinity", "buffer_limit", "request_id_header", "observer",
                  "client_idle_s")
 
-    def __init__(self, ex: Exchange, upstream: aiohttp.ClientResponse, pipeline: Pipeline,
+    def __init__(self, ex: Exchange, upstream: Answer, pipeline: Pipeline,
                  affinity: Affinity, buffer_limit: int, request_id_header: str, observer: Observer,
                  client_idle_s: float = 30.0) -> None:
         self.client_idle_s = client_idle_s
@@ -90,7 +89,7 @@ class Relay:
         chunks: list[bytes] = []
         size = 0
         try:
-            async for chunk in upstream.content.iter_any():
+            while chunk := await upstream.readany():
                 chunks.append(chunk)
                 size += len(chunk)
                 if ex.answer_limit is not None and size > ex.answer_limit:
@@ -131,7 +130,7 @@ class Relay:
             if prefix:
                 await response.write(prefix)
                 ex.bytes_out += len(prefix)
-            while chunk := await upstream.content.readany():
+            while chunk := await upstream.readany():
                 await response.write(chunk)
                 ex.bytes_out += len(chunk)
             ex.upstream_finished = time.perf_counter()
@@ -174,7 +173,7 @@ class Relay:
                             pin_pending: bool, stream: StreamWatch) -> web.StreamResponse:
         ex, upstream, pipeline = self.ex, self.upstream, self.pipeline
         try:
-            while chunk := await upstream.content.readany():
+            while chunk := await upstream.readany():
                 if parser is None:
                     await response.write(chunk)
                     ex.bytes_out += len(chunk)

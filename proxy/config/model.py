@@ -110,7 +110,7 @@ class HealthCheck(Strict):
     """An optional active check: GET `path` every `interval_s`; `unhealthy_after` failures in a
     row take the channel out of rotation until `healthy_after` successes in a row bring it back."""
 
-    path: str = Field(pattern=r"^/")
+    path: str = Field(pattern=r"^/[!-~]*$")  # printable ASCII, as it goes on the request line
     interval_s: PositiveFloat = 10.0
     timeout_s: PositiveFloat = 2.0
     unhealthy_after: int = Field(default=2, ge=1)

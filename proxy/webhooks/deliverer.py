@@ -15,13 +15,12 @@ import logging
 import os
 import time
 
-import aiohttp
-import yarl
 from multidict import CIMultiDict
 
 from proxy.channels import ChannelSet
 from proxy.observability import metrics as m
 from proxy.routes import Route
+from proxy.upstream import UpstreamError
 from proxy.webhooks.queue import QueuedWebhook, RedisError, Shelf, WebhookQueue
 
 log = logging.getLogger("modelgate.webhooks")
@@ -96,19 +95,20 @@ class Deliverer:
     async def deliver(self, webhook: QueuedWebhook) -> tuple[str, Shelf | None]:
         """Send one callback; the shelf it belongs on now, or None to try again later."""
         channel = self.channels.pick(self.route, None)
-        if channel is None or channel.session is None:
+        if channel is None or channel.pool is None:
             return "no healthy channel serves the webhook", None
         headers = CIMultiDict(webhook.headers)
         if channel.credential:
             self.route.format.place_credential(channel.credential, headers)
-        url = yarl.URL(channel.base_url + webhook.target, encoded=True)
         failures, open_s = self.breaker
         try:
-            async with channel.session.request(webhook.method, url, headers=headers, data=webhook.body,
-                                               allow_redirects=False) as answer:
-                await answer.read()
-                status = answer.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            answer = await channel.pool.request(webhook.method, webhook.target, headers, webhook.body)
+            try:
+                await answer.read(limit=1024 * 1024)
+            finally:
+                answer.release()
+            status = answer.status
+        except (UpstreamError, ValueError) as exc:
             channel.record(True, failures, open_s, time.monotonic())
             return f"{channel.name}: {type(exc).__name__}", None
         channel.record(status >= 500, failures, open_s, time.monotonic())

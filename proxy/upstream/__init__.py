@@ -1,0 +1,9 @@
+"""The gateway's HTTP/1.1 client for upstreams: a pool per channel, answers read as they arrive."""
+
+from proxy.upstream.answer import Answer
+from proxy.upstream.errors import (BadAnswer, ConnectFailed, ConnectionLost, ConnectTimeout, InvalidRequest,
+                                   RequestBodyFailed, UpstreamError, UpstreamTimeout)
+from proxy.upstream.pool import UpstreamPool
+
+__all__ = ["Answer", "BadAnswer", "ConnectFailed", "ConnectTimeout", "ConnectionLost", "InvalidRequest",
+           "RequestBodyFailed", "UpstreamError", "UpstreamPool", "UpstreamTimeout"]

@@ -1,0 +1,150 @@
+"""`Answer`: one upstream answer, its head complete, its body read as it arrives."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from multidict import CIMultiDict
+
+from proxy.upstream.errors import UpstreamTimeout
+
+if TYPE_CHECKING:
+    from proxy.upstream.connection import Connection
+
+# Body bytes held unread before the connection stops reading from the socket, so a slow
+# client slows the upstream down instead of filling the gateway's memory.
+_HIGH_WATER = 256 * 1024
+
+
+class Answer:
+    """An upstream's answer. Read the body with `readany`, then `release` (or `close`) it.
+
+    Between reads the body may be silent for `idle_s`; the whole exchange ends at the
+    pool's total deadline. A released answer whose body was read to its end hands its
+    connection back to the pool; anything else closes the connection."""
+
+    __slots__ = ("status", "reason", "headers", "idle_s", "_connection", "_chunks", "_size", "_done",
+                 "_error", "_waiter", "_deadline")
+
+    def __init__(self, connection: Connection, status: int, reason: str, headers: CIMultiDict[str],
+                 idle_s: float, deadline: float) -> None:
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        self.idle_s = idle_s
+        self._connection: Connection | None = connection
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._done = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._deadline = deadline
+
+    @property
+    def content_type(self) -> str:
+        """The media type alone, lower-cased (as aiohttp's `content_type`)."""
+        value = self.headers.get("content-type")
+        if value is None:
+            return "application/octet-stream"
+        return value.partition(";")[0].strip().lower()
+
+    @property
+    def content_length(self) -> int | None:
+        value = self.headers.get("content-length")
+        return int(value) if value is not None and value.isascii() and value.isdigit() else None
+
+    @property
+    def complete(self) -> bool:
+        """The whole body has arrived (it may not all have been read yet)."""
+        return self._done
+
+    async def readany(self) -> bytes:
+        """Whatever body bytes have arrived, waiting for some if none have; b"" at the end."""
+        if not self._chunks:
+            if self._error is not None:
+                raise self._error
+            if self._done:
+                return b""
+            await self._wait()
+            if not self._chunks:
+                if self._error is not None:
+                    raise self._error
+                return b""
+        chunks = self._chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self._chunks = []
+        if self._size > _HIGH_WATER and self._connection is not None:
+            self._connection.resume_reading()
+        self._size = 0
+        return data
+
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole body (for small answers: health checks, webhook deliveries)."""
+        parts: list[bytes] = []
+        size = 0
+        while chunk := await self.readany():
+            parts.append(chunk)
+            size += len(chunk)
+            if limit is not None and size > limit:
+                self.close()
+                raise ValueError(f"the answer is over {limit} bytes")
+        return b"".join(parts)
+
+    def release(self) -> None:
+        """Done with this answer: a complete body returns the connection to the pool."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.finished(reusable=self._done and self._error is None and not self._chunks)
+
+    def close(self) -> None:
+        """Stop reading this answer; its connection is closed, never reused."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.finished(reusable=False)
+        if not self._done and self._error is None:
+            self._error = ConnectionResetError("the answer was closed before its end")
+
+    # -- fed by the connection --
+
+    def feed(self, chunks: list[bytes], size: int) -> None:
+        self._chunks += chunks
+        self._size += size
+        if self._size > _HIGH_WATER and self._connection is not None:
+            self._connection.pause_reading()
+        self._wake()
+
+    def finish(self) -> None:
+        self._done = True
+        self._wake()
+
+    def fail(self, error: BaseException) -> None:
+        if not self._done and self._error is None:  # the first cause is the one worth telling
+            self._error = error
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        now = loop.time()
+        total_left = self._deadline - now
+        quiet = self.idle_s <= total_left
+        timer = loop.call_at(now + (self.idle_s if quiet else total_left), self._time_out, waiter, quiet)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    def _time_out(self, waiter: asyncio.Future[None], quiet: bool) -> None:
+        if waiter.done():
+            return
+        what = f"no data for {self.idle_s:g}s" if quiet else "the total timeout passed"
+        self._error = UpstreamTimeout(f"the upstream's answer stalled: {what}")
+        waiter.set_result(None)
+        self.close()

@@ -1,0 +1,192 @@
+"""`UpstreamPool`: keep-alive HTTP/1.1 connections to one upstream origin.
+
+The gateway's own client, in place of a general-purpose one: it sends the headers it is
+given and no others, leaves bodies encoded as they came, and costs a handful of calls per
+request. At most `limit` connections are open; a request past that waits for one, within
+the connect timeout. Idle connections are reused newest first and closed after
+`keepalive_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+from proxy.upstream.answer import Answer
+from proxy.upstream.connection import Body, Connection
+from proxy.upstream.errors import ConnectFailed, ConnectionLost, ConnectTimeout, InvalidRequest
+
+_NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE"})
+
+
+class UpstreamPool:
+    """Connections to one origin (`base_url`, whose path, if any, prefixes every request)."""
+
+    __slots__ = ("scheme", "host", "port", "prefix", "host_header", "limit", "keepalive_s", "connect_s",
+                 "first_byte_s", "idle_s", "total_s", "_ssl", "_idle", "_open", "_waiters", "_sweeper", "_closed")
+
+    def __init__(self, base_url: str, *, limit: int = 256, keepalive_s: float = 60.0, connect_s: float = 10.0,
+                 first_byte_s: float = 120.0, idle_s: float = 120.0, total_s: float = 900.0) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"an upstream must be an http:// or https:// URL, not {base_url!r}")
+        self.scheme = parts.scheme
+        self.host = parts.hostname
+        default_port = 443 if parts.scheme == "https" else 80
+        self.port = parts.port or default_port
+        self.prefix = parts.path.rstrip("/")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.host_header = host if self.port == default_port else f"{host}:{self.port}"
+        self.limit = limit
+        self.keepalive_s = keepalive_s
+        self.connect_s = connect_s
+        self.first_byte_s = first_byte_s
+        self.idle_s = idle_s
+        self.total_s = total_s
+        self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        self._idle: deque[Connection] = deque()
+        self._open: set[Connection] = set()
+        self._waiters: deque[asyncio.Future[Connection | None]] = deque()
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    @property
+    def connections(self) -> int:
+        return len(self._open)
+
+    async def request(self, method: str, target: str, headers: Mapping[str, str], body: Body | None = None, *,
+                      total_s: float | None = None) -> Answer:
+        """Send a request (`target`: the path and query, already encoded) and return its answer
+        once the head is in. A reused connection the upstream had closed while idle is replaced
+        once, when the body can be sent again."""
+        if body is None:
+            body = b""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (total_s if total_s is not None else self.total_s)
+        head, chunked = self._head(method, target, headers, body)
+        while True:
+            connection = await self._acquire(loop, deadline)
+            try:
+                return await connection.exchange(method, head, body, chunked, self.first_byte_s, self.idle_s, deadline)
+            except ConnectionLost as exc:
+                if connection.uses == 1 or exc.answered or not isinstance(body, bytes | bytearray | memoryview):
+                    raise
+
+    def _head(self, method: str, target: str, headers: Mapping[str, str], body: Body) -> tuple[bytes, bool]:
+        lines = [f"{method} {self.prefix}{target} HTTP/1.1", f"Host: {self.host_header}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        chunked = False
+        if isinstance(body, bytes | bytearray | memoryview):
+            if body or method not in _NO_BODY_METHODS:
+                lines.append(f"Content-Length: {len(body)}")
+        elif "content-length" not in headers and "Content-Length" not in headers:
+            lines.append("Transfer-Encoding: chunked")
+            chunked = True
+        text = "\r\n".join(lines)
+        # A line break inside a name or value would let it write a header (or a request) of its own.
+        if text.count("\n") != len(lines) - 1 or text.count("\r") != len(lines) - 1:
+            raise InvalidRequest("a header name or value holds a line break")
+        return (text + "\r\n\r\n").encode("utf-8", "surrogateescape"), chunked
+
+    async def _acquire(self, loop: asyncio.AbstractEventLoop, deadline: float) -> Connection:
+        idle = self._idle
+        now = loop.time()
+        while idle:
+            connection = idle.pop()
+            if not connection.closed and now - connection.idle_since < self.keepalive_s:
+                return connection
+            connection.close()
+        if self._closed:
+            raise ConnectFailed("the channel's pool is closed")
+        if len(self._open) >= self.limit:
+            found = await self._wait_for_slot(loop, deadline)
+            if found is not None:
+                return found
+        return await self._connect(loop, deadline)
+
+    async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop, deadline: float) -> Connection | None:
+        """A connection handed over on release, or None when a slot frees up for a new one."""
+        waiter: asyncio.Future[Connection | None] = loop.create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout_at(min(loop.time() + self.connect_s, deadline)):
+                return await waiter
+        except TimeoutError:
+            raise ConnectTimeout(f"all {self.limit} connections to the upstream stayed busy "
+                                 f"for {self.connect_s:g}s") from None
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop, deadline: float) -> Connection:
+        connection = Connection(self)
+        self._open.add(connection)  # holds its slot while connecting
+        try:
+            async with asyncio.timeout_at(min(loop.time() + self.connect_s, deadline)):
+                await loop.create_connection(lambda: connection, self.host, self.port, ssl=self._ssl,
+                                             server_hostname=self.host if self._ssl else None)
+        except TimeoutError:
+            self.forget(connection)
+            raise ConnectTimeout(f"no connection to {self.host}:{self.port} within {self.connect_s:g}s") from None
+        except OSError as exc:  # refused, unreachable, unresolvable, TLS (ssl.SSLError is an OSError)
+            self.forget(connection)
+            raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+        except BaseException:
+            self.forget(connection)
+            connection.close()
+            raise
+        return connection
+
+    def put_back(self, connection: Connection) -> None:
+        """A connection whose answer was read to its end: to a waiting request, else idle."""
+        if self._closed:
+            connection.close()
+            return
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(connection)
+                return
+        connection.idle_since = asyncio.get_running_loop().time()
+        self._idle.append(connection)
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().call_later(self.keepalive_s, self._sweep)
+
+    def forget(self, connection: Connection) -> None:
+        """A connection closed: its slot goes to a waiting request, which opens a new one."""
+        if connection not in self._open:
+            return
+        self._open.discard(connection)
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _sweep(self) -> None:
+        """Close connections idle past keepalive_s (the oldest are at the left)."""
+        self._sweeper = None
+        now = asyncio.get_running_loop().time()
+        idle = self._idle
+        while idle and (idle[0].closed or now - idle[0].idle_since >= self.keepalive_s):
+            idle.popleft().close()
+        if idle:
+            wait = self.keepalive_s - (now - idle[0].idle_since)
+            self._sweeper = asyncio.get_running_loop().call_later(max(wait, 0.05), self._sweep)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        while self._idle:
+            self._idle.pop().close()
+        for connection in list(self._open):
+            connection.close()
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_exception(ConnectFailed("the channel's pool is closed"))
+        self._waiters.clear()
