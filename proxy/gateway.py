@@ -156,7 +156,7 @@ class Gateway:
 
     async def _choose_channel(self, ex: Exchange, runtime: Runtime) -> web.Response | None:
         channels = runtime.channels
-        pinned = await self.affinity.channel_for(ex)
+        pinned = await self.affinity.channel_for(ex) if ex.route.follows is not None else None
         if pinned is not None:
             ex.pinned_channel = pinned
             channel = channels.get(pinned)

@@ -479,3 +479,21 @@ async def test_idle_connections_are_closed_after_keepalive() -> None:
         await read_all(pool)
         assert upstream.connections == 2
         await pool.close()
+
+
+async def test_each_waiting_request_times_out_at_its_own_deadline() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await upstream.read_request(reader)
+        await asyncio.sleep(5)
+    async with Scripted(handler) as upstream:
+        pool = UpstreamPool(upstream.url, first_byte_s=10)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+
+        async def timed(total_s: float) -> float:
+            with pytest.raises(UpstreamTimeout):
+                await pool.request("GET", "/", {}, total_s=total_s)
+            return loop.time() - started
+        late, early = await asyncio.gather(timed(0.6), timed(0.2))
+        assert 0.2 <= early < late and late >= 0.6
+        await pool.close()

@@ -129,22 +129,22 @@ class Answer:
             waiter.set_result(None)
 
     async def _wait(self) -> None:
+        connection = self._connection
+        if connection is None:
+            raise ConnectionResetError("the answer was released before its end")
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
-        now = loop.time()
-        total_left = self._deadline - now
-        quiet = self.idle_s <= total_left
-        timer = loop.call_at(now + (self.idle_s if quiet else total_left), self._time_out, waiter, quiet)
+        deadlines = connection.pool.deadlines
+        deadlines.watch(connection, min(loop.time() + self.idle_s, self._deadline))
         try:
             await waiter
         finally:
-            timer.cancel()
+            deadlines.unwatch(connection)
             self._waiter = None
 
-    def _time_out(self, waiter: asyncio.Future[None], quiet: bool) -> None:
-        if waiter.done():
-            return
+    def time_out(self) -> None:
+        """A read waited past the idle gap or the total deadline."""
+        quiet = asyncio.get_running_loop().time() < self._deadline
         what = f"no data for {self.idle_s:g}s" if quiet else "the total timeout passed"
-        self._error = UpstreamTimeout(f"the upstream's answer stalled: {what}")
-        waiter.set_result(None)
+        self.fail(UpstreamTimeout(f"the upstream's answer stalled: {what}"))
         self.close()

@@ -21,10 +21,10 @@ Body = bytes | AsyncIterable[bytes]
 
 
 class Connection(asyncio.Protocol):
-    """A pooled connection. `exchange` sends one request and returns once the answer's head is in."""
+    """A pooled connection. `send` writes one request and gives the future of its answer's head."""
 
     __slots__ = ("pool", "transport", "uses", "idle_since", "closed", "_buffer", "_method", "_deadline", "_head",
-                 "_framing", "_answer", "_keep_alive", "_writing_paused", "_drain", "_writer", "_timer",
+                 "_framing", "_answer", "_keep_alive", "_writing_paused", "_drain", "_writer", "_first_byte_s",
                  "_reading_paused")
 
     def __init__(self, pool: UpstreamPool) -> None:
@@ -43,39 +43,34 @@ class Connection(asyncio.Protocol):
         self._writing_paused = False
         self._drain: asyncio.Future[None] | None = None
         self._writer: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._first_byte_s = 0.0
         self._reading_paused = False
 
     # -- one exchange --
 
-    async def exchange(self, method: str, head: bytes, body: Body, chunked: bool, first_byte_s: float,
-                       idle_s: float, deadline: float) -> Answer:
-        loop = asyncio.get_running_loop()
+    def send(self, loop: asyncio.AbstractEventLoop, method: str, head: bytes, body: Body, chunked: bool,
+             first_byte_s: float, idle_s: float, deadline: float) -> asyncio.Future[Answer]:
+        """Write the request; the future resolves with the answer once its head is in. The caller
+        awaits it directly (no coroutine of its own here: one frame less on every resume)."""
         transport = self.transport
         assert transport is not None and self._head is None
         self.uses += 1
         self._method = method
         self._deadline = deadline
+        self._first_byte_s = first_byte_s
         self._framing = self._answer = None
         waiter = self._head = loop.create_future()
         if isinstance(body, bytes | bytearray | memoryview):
             transport.write(head + body if len(body) < 65536 else head)
             if len(body) >= 65536:
                 transport.write(body)
-            self._arm(loop, first_byte_s, deadline)
+            self._await_head(loop)
         else:
             transport.write(head)
-            self._writer = loop.create_task(self._stream(body, chunked, idle_s, first_byte_s, deadline))
-        try:
-            answer = await waiter
-        except BaseException:
-            self.finished(reusable=False)
-            raise
-        answer.idle_s = idle_s
-        return answer
+            self._writer = loop.create_task(self._stream(body, chunked, idle_s))
+        return waiter
 
-    async def _stream(self, body: AsyncIterable[bytes], chunked: bool, idle_s: float, first_byte_s: float,
-                      deadline: float) -> None:
+    async def _stream(self, body: AsyncIterable[bytes], chunked: bool, idle_s: float) -> None:
         """Write a streamed body, chunked unless its length was declared; the first-byte
         clock starts once the upstream has all of it."""
         transport = self.transport
@@ -96,7 +91,7 @@ class Connection(asyncio.Protocol):
             self.close()
             return
         if self._head is not None and not self._head.done():
-            self._arm(asyncio.get_running_loop(), first_byte_s, deadline)
+            self._await_head(asyncio.get_running_loop())
 
     async def _drained(self, idle_s: float) -> None:
         drain = self._drain = asyncio.get_running_loop().create_future()
@@ -106,13 +101,15 @@ class Connection(asyncio.Protocol):
         except TimeoutError:
             raise UpstreamTimeout(f"the upstream read none of the request body for {idle_s:g}s") from None
 
-    def _arm(self, loop: asyncio.AbstractEventLoop, first_byte_s: float, deadline: float) -> None:
-        now = loop.time()
-        self._timer = loop.call_at(min(now + first_byte_s, deadline), self._head_timed_out, first_byte_s)
+    def _await_head(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.pool.deadlines.watch(self, min(loop.time() + self._first_byte_s, self._deadline))
 
-    def _head_timed_out(self, first_byte_s: float) -> None:
-        self._timer = None
-        self._fail_head(UpstreamTimeout(f"no answer within {first_byte_s:g}s"))
+    def timed_out(self) -> None:
+        """Its deadline passed (`Deadlines` calls this): no head yet, or a read of the body waited too long."""
+        if self._answer is not None:
+            self._answer.time_out()
+            return
+        self._fail_head(UpstreamTimeout(f"no answer within {self._first_byte_s:g}s"))
         self.close()
 
     def _fail_head(self, error: BaseException) -> None:
@@ -135,9 +132,7 @@ class Connection(asyncio.Protocol):
             self.close()
 
     def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self.pool.deadlines.unwatch(self)
         if self.transport is not None and not self.closed:
             self.closed = True
             self.transport.close()
@@ -184,11 +179,9 @@ class Connection(asyncio.Protocol):
             self.close()
             return
         self._buffer = b""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self.pool.deadlines.unwatch(self)
         self._keep_alive = head.keep_alive and not framing.until_close
-        answer = Answer(self, head.status, head.reason, head.headers, 0.0, self._deadline)
+        answer = Answer(self, head.status, head.reason, head.headers, self.pool.idle_s, self._deadline)
         self._framing, self._answer = framing, answer
         if framing.finished:
             answer.finish()
@@ -226,9 +219,7 @@ class Connection(asyncio.Protocol):
         was_closed, self.closed = self.closed, True
         if not was_closed:
             self.pool.forget(self)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self.pool.deadlines.unwatch(self)
         answer = self._answer
         if answer is None:
             self._fail_head(ConnectionLost("the upstream closed the connection before answering",

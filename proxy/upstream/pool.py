@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from proxy.upstream.answer import Answer
 from proxy.upstream.connection import Body, Connection
+from proxy.upstream.deadlines import Deadlines
 from proxy.upstream.errors import ConnectFailed, ConnectionLost, ConnectTimeout, InvalidRequest
 
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE"})
@@ -26,7 +27,8 @@ class UpstreamPool:
     """Connections to one origin (`base_url`, whose path, if any, prefixes every request)."""
 
     __slots__ = ("scheme", "host", "port", "prefix", "host_header", "limit", "keepalive_s", "connect_s",
-                 "first_byte_s", "idle_s", "total_s", "_ssl", "_idle", "_open", "_waiters", "_sweeper", "_closed")
+                 "first_byte_s", "idle_s", "total_s", "deadlines", "_ssl", "_idle", "_open", "_waiters", "_sweeper",
+                 "_closed")
 
     def __init__(self, base_url: str, *, limit: int = 256, keepalive_s: float = 60.0, connect_s: float = 10.0,
                  first_byte_s: float = 120.0, idle_s: float = 120.0, total_s: float = 900.0) -> None:
@@ -46,6 +48,7 @@ class UpstreamPool:
         self.first_byte_s = first_byte_s
         self.idle_s = idle_s
         self.total_s = total_s
+        self.deadlines = Deadlines()
         self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
         self._idle: deque[Connection] = deque()
         self._open: set[Connection] = set()
@@ -68,12 +71,17 @@ class UpstreamPool:
         deadline = loop.time() + (total_s if total_s is not None else self.total_s)
         head, chunked = self._head(method, target, headers, body)
         while True:
-            connection = await self._acquire(loop, deadline)
+            connection = self._reuse(loop) or await self._acquire(loop, deadline)
             try:
-                return await connection.exchange(method, head, body, chunked, self.first_byte_s, self.idle_s, deadline)
+                return await connection.send(loop, method, head, body, chunked, self.first_byte_s, self.idle_s,
+                                             deadline)
             except ConnectionLost as exc:
+                connection.finished(reusable=False)
                 if connection.uses == 1 or exc.answered or not isinstance(body, bytes | bytearray | memoryview):
                     raise
+            except BaseException:
+                connection.finished(reusable=False)
+                raise
 
     def _head(self, method: str, target: str, headers: Mapping[str, str], body: Body) -> tuple[bytes, bool]:
         lines = [f"{method} {self.prefix}{target} HTTP/1.1", f"Host: {self.host_header}"]
@@ -91,7 +99,8 @@ class UpstreamPool:
             raise InvalidRequest("a header name or value holds a line break")
         return (text + "\r\n\r\n").encode("utf-8", "surrogateescape"), chunked
 
-    async def _acquire(self, loop: asyncio.AbstractEventLoop, deadline: float) -> Connection:
+    def _reuse(self, loop: asyncio.AbstractEventLoop) -> Connection | None:
+        """The most recently used idle connection still fit to reuse."""
         idle = self._idle
         now = loop.time()
         while idle:
@@ -99,6 +108,9 @@ class UpstreamPool:
             if not connection.closed and now - connection.idle_since < self.keepalive_s:
                 return connection
             connection.close()
+        return None
+
+    async def _acquire(self, loop: asyncio.AbstractEventLoop, deadline: float) -> Connection:
         if self._closed:
             raise ConnectFailed("the channel's pool is closed")
         if len(self._open) >= self.limit:
@@ -179,6 +191,7 @@ class UpstreamPool:
 
     async def close(self) -> None:
         self._closed = True
+        self.deadlines.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
