@@ -78,6 +78,12 @@ async def read_chunk(content: StreamReader, idle_s: float) -> bytes:
 
 
 async def _read_whole(request: web.Request, limit: int, idle_s: float) -> bytes:
+    content = request.content
+    if content.is_eof():  # the whole body came with the headers, as small JSON bodies do
+        data = content.read_nowait()
+        if len(data) > limit:
+            raise BodyError(413, f"request body is over the {limit}-byte limit")
+        return data
     chunks: list[bytes] = []
     size = 0
     while chunk := await read_chunk(request.content, idle_s):

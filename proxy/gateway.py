@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from multidict import CIMultiDict
 
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import Span, SpanKind
 
 from proxy.access_log import log_exchange
 from proxy.affinity import Affinity
@@ -192,9 +192,21 @@ class Gateway:
         delay = runtime.config.resilience.backoff_s
         body, body_changed = ex.body, ex.body_changed  # before any channel's rename
         while True:
-            assert ex.channel is not None
-            tried.append(ex.channel)
-            result = await self._attempt(ex, runtime, pipeline, tried)
+            channel = ex.channel
+            assert channel is not None and channel.pool is not None
+            tried.append(channel)
+            path = self._path_for(ex, channel)
+            if pipeline.upstream_hooks:
+                await pipeline.run_upstream(ex)
+            target, data = self._request_for(ex, channel, path)
+            span = self._upstream_span(ex, channel, path, len(tried)) if ex.span is not None else None
+            try:
+                result = await self._exchange_with(ex, runtime, pipeline, channel, target, data,
+                                                   runtime.config.server.request_id_header, tried)
+            finally:
+                if span is not None:
+                    span.set_attribute("http.response.status_code", ex.status)
+                    span.end()
             if isinstance(result, web.StreamResponse):
                 return result
             ex.channel, reason = result
@@ -203,44 +215,42 @@ class Gateway:
             delay *= 2
             ex.restore_body(body, body_changed)
 
-    async def _attempt(self, ex: Exchange, runtime: Runtime, pipeline: Pipeline,
-                       tried: list[Channel]) -> web.StreamResponse | tuple[Channel, str]:
-        channel = ex.channel
-        assert channel is not None and channel.pool is not None
-        request = ex.request
-        id_header = runtime.config.server.request_id_header
-        path = request.raw_path.partition("?")[0]
+    def _path_for(self, ex: Exchange, channel: Channel) -> str:
+        """The upstream path, with the model renamed (in the path or the body) where the channel
+        knows it by another name; before the on_upstream hooks, so they see the channel's name."""
+        path = ex.request.raw_path.partition("?")[0]
         if ex.model is not None:
             ex.upstream_model = channel.upstream_model(ex.model)
             if ex.upstream_model != ex.model:
                 path = self._rename(ex, path)
-        await pipeline.run_upstream(ex)
+        return path
+
+    @staticmethod
+    def _request_for(ex: Exchange, channel: Channel, path: str) -> tuple[str, bytes | AsyncIterator[bytes] | None]:
+        """The request target and body for this channel; its credential goes into the headers."""
         headers = ex.headers
         if channel.credential:
             ex.format.place_credential(channel.credential, headers)
-        data = ex.body
+        data: bytes | AsyncIterator[bytes] | None = ex.body
         if ex.body_stream is not None:
             data = ex.body_stream
             if isinstance(data, MultipartBody) and data.declared_length is not None:
                 headers["Content-Length"] = str(data.declared_length)
-        query = ex.format.upstream_query(request.raw_path.partition("?")[2], channel.credential)
-        target = f"{path}?{query}" if query else path
-        span = None
-        if ex.span is not None:
-            span = start_child(ex, f"{request.method} upstream {channel.name}", SpanKind.CLIENT, {
-                "http.request.method": request.method, "server.address": channel.pool.host, "url.path": path,
-                "modelgate.channel": channel.name, "gen_ai.request.model": ex.upstream_model or "",
-                "modelgate.attempt": len(tried)})
-            inject(span, headers)
-        try:
-            return await self._exchange_with(ex, runtime, pipeline, channel, target, data, id_header, tried)
-        finally:
-            if span is not None:
-                span.set_attribute("http.response.status_code", ex.status)
-                span.end()
+        query = ex.format.upstream_query(ex.request.raw_path.partition("?")[2], channel.credential)
+        return (f"{path}?{query}" if query else path), data
+
+    @staticmethod
+    def _upstream_span(ex: Exchange, channel: Channel, path: str, attempt: int) -> Span:
+        method = ex.request.method
+        span = start_child(ex, f"{method} upstream {channel.name}", SpanKind.CLIENT, {
+            "http.request.method": method, "server.address": channel.pool.host if channel.pool else "",
+            "url.path": path, "modelgate.channel": channel.name, "gen_ai.request.model": ex.upstream_model or "",
+            "modelgate.attempt": attempt})
+        inject(span, ex.headers)
+        return span
 
     async def _exchange_with(self, ex: Exchange, runtime: Runtime, pipeline: Pipeline, channel: Channel,
-                             target: str, data: bytes | AsyncIterator[bytes], id_header: str,
+                             target: str, data: bytes | AsyncIterator[bytes] | None, id_header: str,
                              tried: list[Channel]) -> web.StreamResponse | tuple[Channel, str]:
         observer = runtime.observer
         assert channel.pool is not None

@@ -85,7 +85,7 @@ class UpstreamPool:
 
     def _head(self, method: str, target: str, headers: Mapping[str, str], body: Body) -> tuple[bytes, bool]:
         lines = [f"{method} {self.prefix}{target} HTTP/1.1", f"Host: {self.host_header}"]
-        lines += [f"{name}: {value}" for name, value in headers.items()]
+        lines += map(": ".join, headers.items())
         chunked = False
         if isinstance(body, bytes | bytearray | memoryview):
             if body or method not in _NO_BODY_METHODS:
