@@ -248,6 +248,7 @@ def write_results(out: Path, targets: list[Target], args: argparse.Namespace) ->
     added_c1 = med(gateway.p50[1]) - med(direct.p50[1])
     added_c1_p99 = med(gateway.p99[1]) - med(direct.p99[1])
     cpu_64 = med(gateway.cpu_ms[64])
+    cpu_ratio = cpu_64 / med(forwarder.cpu_ms[64])
     lines += [
         "",
         "### Streaming (20 events, 10 ms apart; one stream at a time, then 64 at once)",
@@ -283,7 +284,9 @@ def write_results(out: Path, targets: list[Target], args: argparse.Namespace) ->
         f"- throughput at 64 concurrent: {ratio:.0%} of the minimal forwarder's (target: at least 80%) — "
         f"{'met' if ratio >= 0.8 else 'NOT met'}",
         f"- CPU per request at 64 concurrent: {cpu_64:.3f} ms (target: at most 0.25 ms) — "
-        f"{'met' if cpu_64 <= 0.25 else 'NOT met'}",
+        f"{'met' if cpu_64 <= 0.25 else 'NOT met'}; {cpu_ratio:.2f}x the forwarder's in this run (the issue's "
+        f"0.25 ms is 1.25x the 0.2 ms its reference forwarder took) — {'met' if cpu_ratio <= 1.25 else 'NOT met'} "
+        "relative to the forwarder",
         f"- added latency at concurrency 1: p50 {added_c1:.3f} ms (target: at most 0.6 ms) — "
         f"{'met' if added_c1 <= 0.6 else 'NOT met'}; p99 {added_c1_p99:.3f} ms (target: at most 2 ms) — "
         f"{'met' if added_c1_p99 <= 2 else 'NOT met'}",

@@ -274,7 +274,8 @@ class Gateway:
             observer.upstream_result(channel, kind)
             if (retry := self._retry(ex, runtime, tried, kind)) is not None:
                 return retry
-            message = f"upstream {channel.name} could not be reached ({type(exc).__name__})"
+            what = "could not be reached" if kind == "connect" else "gave no usable answer"
+            message = f"upstream {channel.name} {what} ({type(exc).__name__})"
             status = 503 if ex.route.format is ACCOUNT else 502  # a webhook's sender retries a 503
             return self._finish_local(ex, ex.error_response(status, message), id_header)
         ex.upstream_headers_at = time.perf_counter()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import re
 
 import aiohttp
 import pytest
+
+from tests.scripted_upstream import OK, Scripted, scripted
 
 MSG_HEADERS = {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01", "Content-Type": "application/json"}
 
@@ -127,3 +130,40 @@ async def test_unknown_path_and_wrong_method_are_json_errors(gateway, http):  # 
     async with http.get(gateway.url + "/v1/messages") as answer:
         assert answer.status == 405 and answer.headers["Allow"] == "POST"
         assert (await answer.json())["error"]["type"] == "invalid_request_error"
+
+
+MESSAGE = {"model": "msgmodel-haiku-4-5", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def test_an_idle_connection_the_upstream_dropped_costs_the_client_nothing(start_gateway, http):  # noqa: ANN001
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await upstream.read_request(reader)
+        writer.write(OK)
+        await writer.drain()
+        if number > 1:
+            while True:
+                await upstream.read_request(reader)
+                writer.write(OK)
+                await writer.drain()
+        await upstream.read_request(reader)  # the first connection takes one more request and drops it
+    async with Scripted(handler) as upstream:
+        gw = await start_gateway(f"channels: [{{name: one, base_url: '{upstream.url}'}}]\n"
+                                 "resilience: {max_attempts: 1}")
+        for _ in range(2):
+            async with http.post(gw.url + "/v1/messages", headers=MSG_HEADERS, json=MESSAGE) as answer:
+                assert answer.status == 200
+                assert await answer.json() == {"ok": True}
+        assert upstream.connections == 2
+
+
+@pytest.mark.parametrize("wire", [
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok",
+    b"SMTP ready\r\n\r\n",
+])
+async def test_a_malformed_upstream_answer_is_a_502_in_the_format_shape(start_gateway, http, wire):  # noqa: ANN001
+    async with scripted([wire]) as upstream:
+        gw = await start_gateway(f"channels: [{{name: odd, base_url: '{upstream.url}'}}]")
+        async with http.post(gw.url + "/v1/messages", headers=MSG_HEADERS, json=MESSAGE) as answer:
+            assert answer.status == 502
+            body = await answer.json()
+        assert body["error"]["type"] == "server_error" and "BadAnswer" in body["error"]["message"]

@@ -7,7 +7,7 @@ HTTP/1.1 answer can be framed (or broken) is what the client meets.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 from hypothesis import given, settings
@@ -16,67 +16,7 @@ from hypothesis import strategies as st
 from proxy.upstream import (BadAnswer, ConnectFailed, ConnectionLost, ConnectTimeout, InvalidRequest,
                             RequestBodyFailed, UpstreamPool, UpstreamTimeout)
 from proxy.upstream.framing import Chunked, Fixed
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
-OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}"
-
-
-class Scripted:
-    """A TCP server that calls `handler(reader, writer, connection_number)` for each connection."""
-
-    def __init__(self, handler: Handler) -> None:
-        self.handler = handler
-        self.connections = 0
-        self.requests: list[bytes] = []
-        self.server: asyncio.Server | None = None
-        self._handlers: set[asyncio.Task[None]] = set()
-
-    async def __aenter__(self) -> Scripted:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        assert self.server is not None
-        self.server.close()
-        for task in self._handlers:
-            task.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
-
-    @property
-    def url(self) -> str:
-        assert self.server is not None
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        # Run apart from the server's own callback task, so one cancelled at the end is not an error.
-        task = asyncio.ensure_future(self.handler(reader, writer, self.connections))
-        self._handlers.add(task)
-        try:
-            await asyncio.shield(task)
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
-            pass
-        finally:
-            writer.close()
-
-    async def read_request(self, reader: asyncio.StreamReader) -> bytes:
-        """One request: its head, and a Content-Length or chunked body."""
-        head = await reader.readuntil(b"\r\n\r\n")
-        lower = head.lower()
-        body = b""
-        if b"content-length:" in lower:
-            length = int(lower.split(b"content-length:")[1].split(b"\r\n")[0])
-            body = await reader.readexactly(length)
-        elif b"transfer-encoding: chunked" in lower:
-            while True:
-                size = int((await reader.readuntil(b"\r\n")).strip(), 16)
-                body += (await reader.readexactly(size + 2))[:-2] if size else b""
-                if not size:
-                    await reader.readuntil(b"\r\n")
-                    break
-        self.requests.append(head + body)
-        return head + body
-
+from tests.scripted_upstream import OK, Scripted, scripted
 
 async def read_all(pool: UpstreamPool, method: str = "POST", body: bytes = b"{}") -> tuple[int, bytes]:
     answer = await pool.request(method, "/v1/messages", {"Content-Type": "application/json"}, body)
@@ -84,20 +24,6 @@ async def read_all(pool: UpstreamPool, method: str = "POST", body: bytes = b"{}"
         return answer.status, await answer.read()
     finally:
         answer.release()
-
-
-def scripted(answers: list[bytes]) -> Scripted:
-    upstream: Scripted
-
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
-        index = 0
-        while True:
-            await upstream.read_request(reader)
-            writer.write(answers[min(index, len(answers) - 1)])
-            await writer.drain()
-            index += 1
-    upstream = Scripted(handler)
-    return upstream
 
 
 async def test_content_length_answer_is_read_and_its_connection_reused() -> None:
@@ -496,4 +422,18 @@ async def test_each_waiting_request_times_out_at_its_own_deadline() -> None:
             return loop.time() - started
         late, early = await asyncio.gather(timed(0.6), timed(0.2))
         assert 0.2 <= early < late and late >= 0.6
+        await pool.close()
+
+
+async def test_chunks_override_a_length_and_the_connection_is_not_reused() -> None:
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+              b"5\r\nhello\r\n0\r\n\r\n")
+    async with scripted([answer]) as upstream:
+        pool = UpstreamPool(upstream.url)
+        answer_ = await pool.request("GET", "/", {})
+        assert answer_.content_length is None
+        assert await answer_.read() == b"hello"
+        answer_.release()
+        await read_all(pool)
+        assert upstream.connections == 2
         await pool.close()

@@ -51,6 +51,9 @@ class Answer:
 
     @property
     def content_length(self) -> int | None:
+        """The declared length; None for a chunked body, whose Transfer-Encoding overrides it."""
+        if "transfer-encoding" in self.headers:
+            return None
         value = self.headers.get("content-length")
         return int(value) if value is not None and value.isascii() and value.isdigit() else None
 
