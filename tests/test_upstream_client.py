@@ -7,6 +7,8 @@ HTTP/1.1 answer can be framed (or broken) is what the client meets.
 from __future__ import annotations
 
 import asyncio
+import ssl
+import subprocess
 from collections.abc import AsyncIterator
 
 import pytest
@@ -437,3 +439,28 @@ async def test_chunks_override_a_length_and_the_connection_is_not_reused() -> No
         await read_all(pool)
         assert upstream.connections == 2
         await pool.close()
+
+
+async def test_https_upstream_is_verified_and_reached(tmp_path) -> None:  # noqa: ANN001
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    upstream = scripted([OK])
+    upstream.server = await asyncio.start_server(upstream._serve, "127.0.0.1", 0, ssl=server_tls)
+    url = upstream.url.replace("http://", "https://")
+    try:
+        trusting = ssl.create_default_context(cafile=str(cert))
+        pool = UpstreamPool(url, tls=trusting)
+        assert await read_all(pool) == (200, b'{"ok":true}')
+        assert await read_all(pool) == (200, b'{"ok":true}')
+        assert upstream.connections == 1
+        await pool.close()
+        untrusting = UpstreamPool(url)  # the system's trust store has never heard of this certificate
+        with pytest.raises(ConnectFailed, match="CERTIFICATE_VERIFY_FAILED"):
+            await read_all(untrusting)
+        await untrusting.close()
+    finally:
+        await upstream.__aexit__()

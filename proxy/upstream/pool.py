@@ -31,7 +31,8 @@ class UpstreamPool:
                  "_closed")
 
     def __init__(self, base_url: str, *, limit: int = 256, keepalive_s: float = 60.0, connect_s: float = 10.0,
-                 first_byte_s: float = 120.0, idle_s: float = 120.0, total_s: float = 900.0) -> None:
+                 first_byte_s: float = 120.0, idle_s: float = 120.0, total_s: float = 900.0,
+                 tls: ssl.SSLContext | None = None) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"an upstream must be an http:// or https:// URL, not {base_url!r}")
@@ -49,7 +50,8 @@ class UpstreamPool:
         self.idle_s = idle_s
         self.total_s = total_s
         self.deadlines = Deadlines()
-        self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        # https: the system's trust store and hostname checks, unless a context is given.
+        self._ssl = (tls or ssl.create_default_context()) if parts.scheme == "https" else None
         self._idle: deque[Connection] = deque()
         self._open: set[Connection] = set()
         self._waiters: deque[asyncio.Future[Connection | None]] = deque()
