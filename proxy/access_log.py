@@ -22,13 +22,10 @@ from proxy.observability.tracing import ids
 
 
 class AccessLog:
-    """Writes access lines, rendered in batches: a request only leaves its exchange behind, and
-    once per event-loop pass (at most 50 ms later) every pending line is built, rendered and
-    written in one go. The work leaves the request's own path, and a batch runs with warm
-    caches. structlog's renderer is called directly: the bound-logger layer (context copies,
-    method proxies) and the stdlib bridge cost more than the line itself."""
+    """Writes access lines. It runs structlog's renderer directly: the bound-logger layer
+    (context copies, method proxies) and the stdlib bridge cost more than the line itself."""
 
-    __slots__ = ("_render", "_json", "_second", "_prefix", "_pending", "_scheduled")
+    __slots__ = ("_render", "_sink", "_json", "_second", "_prefix")
 
     def __init__(self, format: str) -> None:
         self._second = -1
@@ -39,13 +36,36 @@ class AccessLog:
                 serializer=lambda obj, **_: orjson.dumps(obj, default=str))
         else:
             self._render = structlog.dev.ConsoleRenderer(colors=False)
-        self._pending: list[tuple[Exchange, float, float]] = []
+        self._sink = BufferedLines()
+
+    def _stamp(self, event: dict[str, object]) -> dict[str, object]:
+        """ISO 8601 UTC with microseconds, as structlog's TimeStamper writes it, formatting
+        the date and time once per second instead of once per line."""
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._second, self._prefix = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        event["timestamp"] = f"{self._prefix}.{int((now - second) * 1e6):06d}Z"
+        return event
+
+    def write(self, event: dict[str, object]) -> None:
+        line = self._render(None, "info", self._stamp(event))
+        self._sink.msg(line if self._json else line.encode())  # type: ignore[union-attr]
+
+
+class BufferedLines:
+    """A structlog sink that writes lines in batches: one write per event-loop pass (at most
+    50 ms later), not one per request. Lines are flushed at exit and when the loop is not running."""
+
+    __slots__ = ("_lines", "_scheduled")
+
+    def __init__(self) -> None:
+        self._lines: list[bytes] = []
         self._scheduled = False
         atexit.register(self.flush)
 
-    def add(self, ex: Exchange, now: float) -> None:
-        """Log `ex`, finished at perf_counter time `now`."""
-        self._pending.append((ex, now, time.time()))
+    def msg(self, message: bytes) -> None:
+        self._lines.append(message)
         if self._scheduled:
             return
         try:
@@ -56,28 +76,13 @@ class AccessLog:
 
     def flush(self) -> None:
         self._scheduled = False
-        if not self._pending:
-            return
-        pending, self._pending = self._pending, []
-        render, json_lines = self._render, self._json
-        lines = []
-        for ex, now, wall in pending:
-            line = render(None, "info", self._stamp(_event(ex, now), wall))
-            lines.append(line if json_lines else line.encode())  # type: ignore[union-attr]
-        try:  # stderr is looked up each time: test runners and daemons swap it
-            sys.stderr.buffer.write(b"\n".join(lines) + b"\n")
-            sys.stderr.flush()
-        except (ValueError, OSError, AttributeError):
-            pass
-
-    def _stamp(self, event: dict[str, object], wall: float) -> dict[str, object]:
-        """ISO 8601 UTC with microseconds, as structlog's TimeStamper writes it, formatting
-        the date and time once per second instead of once per line."""
-        second = int(wall)
-        if second != self._second:
-            self._second, self._prefix = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        event["timestamp"] = f"{self._prefix}.{int((wall - second) * 1e6):06d}Z"
-        return event
+        if self._lines:
+            lines, self._lines = self._lines, []
+            try:  # stderr is looked up each time: test runners and daemons swap it
+                sys.stderr.buffer.write(b"\n".join(lines) + b"\n")
+                sys.stderr.flush()
+            except (ValueError, OSError, AttributeError):
+                pass
 
 
 _access = AccessLog("json")
@@ -115,12 +120,10 @@ def configure_logging(config: LoggingConfig) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # ours replaces it
 
 
-def log_exchange(ex: Exchange, config: LoggingConfig, now: float | None = None) -> None:
-    if config.access_log:
-        _access.add(ex, now if now is not None else time.perf_counter())
-
-
-def _event(ex: Exchange, now: float) -> dict[str, object]:
+def log_exchange(ex: Exchange, config: LoggingConfig) -> None:
+    if not config.access_log:
+        return
+    total = time.perf_counter() - ex.started
     request = ex.request
     event = dict(
         event="request",
@@ -136,9 +139,9 @@ def _event(ex: Exchange, now: float) -> dict[str, object]:
         channel=ex.channel.name if ex.channel else None,
         key_name=ex.key_name,
         streaming=ex.streaming,
-        duration_ms=round((now - ex.started) * 1000, 3),
+        duration_ms=round(total * 1000, 3),
         upstream_ms=round(ex.upstream_seconds() * 1000, 3),
-        overhead_ms=round(ex.overhead_seconds(now) * 1000, 3),
+        overhead_ms=round(ex.overhead_seconds() * 1000, 3),
         input_tokens=ex.usage.input_tokens,
         output_tokens=ex.usage.output_tokens,
         bytes_out=ex.bytes_out,
@@ -148,4 +151,4 @@ def _event(ex: Exchange, now: float) -> dict[str, object]:
     )
     if (trace_ids := ids(ex)) is not None:
         event["trace_id"], event["span_id"] = trace_ids
-    return event
+    _access.write(event)

@@ -22,7 +22,6 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from proxy.delivery.service import PATH as DELIVERY_PATH
 from proxy.gateway import Gateway
 from proxy.observability.metrics import CONFIG_RELOADS, exposition, set_config_info
-from proxy.observability.observer import record_finished
 from proxy.observability.tracing import Tracing
 from proxy.routes import ROUTES, Route
 from proxy.runtime import Runtime
@@ -182,7 +181,6 @@ async def _delivered_image(request: web.Request) -> web.StreamResponse:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    record_finished()
     body, content_type = exposition()
     return web.Response(body=body, headers={"Content-Type": content_type})
 

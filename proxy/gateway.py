@@ -85,7 +85,7 @@ class Gateway:
             now = time.perf_counter()
             runtime.observer.finished(ex, now)
             end_request(ex, ex.overhead_seconds(now))
-            log_exchange(ex, runtime.config.observability.logging, now)
+            log_exchange(ex, runtime.config.observability.logging)
             runtime.leave()
 
     async def _serve(self, ex: Exchange, runtime: Runtime) -> web.StreamResponse:

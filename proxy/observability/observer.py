@@ -1,13 +1,7 @@
-"""`Observer`: turns what an exchange did into metrics, once per request and a few times per stream.
-
-A finished request's counters and histograms are recorded in batches, once per event-loop
-pass (at most 50 ms later) or just before /metrics is read, so that work is off the
-request's own path; the in-flight gauge moves at once.
-"""
+"""`Observer`: turns what an exchange did into metrics, once per request and a few times per stream."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from proxy.channels import Channel
@@ -17,24 +11,13 @@ from proxy.observability import metrics as m
 from proxy.observability.metrics import child
 
 
-_BATCH_S = 0.05
-_waiting: set[Observer] = set()
-
-
-def record_finished() -> None:
-    """Record every finished request still waiting for its batch (before /metrics is read)."""
-    for observer in list(_waiting):
-        observer.record_batch()
-
-
 class Observer:
-    __slots__ = ("enabled", "model_label", "resilience", "_batch")
+    __slots__ = ("enabled", "model_label", "resilience")
 
     def __init__(self, config: GatewayConfig) -> None:
         self.enabled = config.observability.metrics.enabled
         self.model_label = m.ModelLabels(config)
         self.resilience = config.resilience
-        self._batch: list[tuple[Exchange, float]] = []
 
     def started(self, ex: Exchange) -> None:
         if self.enabled:
@@ -43,24 +26,8 @@ class Observer:
     def finished(self, ex: Exchange, now: float) -> None:
         if not self.enabled:
             return
-        child(m.IN_FLIGHT, ex.route.name).dec()
-        self._batch.append((ex, now))
-        if len(self._batch) > 1:
-            return
-        _waiting.add(self)
-        try:
-            asyncio.get_running_loop().call_later(_BATCH_S, self.record_batch)
-        except RuntimeError:
-            self.record_batch()
-
-    def record_batch(self) -> None:
-        _waiting.discard(self)
-        batch, self._batch = self._batch, []
-        for ex, now in batch:
-            self._record(ex, now)
-
-    def _record(self, ex: Exchange, now: float) -> None:
         route = ex.route.name
+        child(m.IN_FLIGHT, route).dec()
         model = self.model_label(ex.model)
         channel = ex.channel.name if ex.channel is not None else "none"
         child(m.REQUESTS, route, ex.format.name, model, channel, m.status_class(ex.status)).inc()
