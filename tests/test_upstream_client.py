@@ -464,3 +464,12 @@ async def test_https_upstream_is_verified_and_reached(tmp_path) -> None:  # noqa
         await untrusting.close()
     finally:
         await upstream.__aexit__()
+
+
+async def test_switching_protocols_answer_is_final_and_its_connection_not_reused() -> None:
+    async with scripted([b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n", OK]) as upstream:
+        pool = UpstreamPool(upstream.url)
+        assert await read_all(pool) == (101, b"")
+        await read_all(pool)
+        assert upstream.connections == 2
+        await pool.close()

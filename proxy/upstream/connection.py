@@ -180,8 +180,9 @@ class Connection(asyncio.Protocol):
             return
         self._buffer = b""
         self.pool.deadlines.unwatch(self)
-        # Both a length and chunks (RFC 9112 6.3: chunks win) is how requests get smuggled: not reused.
-        self._keep_alive = head.keep_alive and not framing.until_close and not (
+        # Both a length and chunks (RFC 9112 6.3: chunks win) is how requests get smuggled, and
+        # after a 101 the connection no longer speaks HTTP: neither is reused.
+        self._keep_alive = head.keep_alive and not framing.until_close and head.status != 101 and not (
             "transfer-encoding" in head.headers and "content-length" in head.headers)
         answer = Answer(self, head.status, head.reason, head.headers, self.pool.idle_s, self._deadline)
         self._framing, self._answer = framing, answer
