@@ -29,7 +29,7 @@ from proxy.relay import Relay
 from proxy.formats import ACCOUNT
 from proxy.routes import ModelFrom, Pin, Route
 from proxy.runtime import Runtime
-from proxy.upstream import ConnectFailed, ConnectTimeout, UpstreamError
+from proxy.upstream import ConnectFailed, ConnectTimeout, InvalidRequest, RequestBodyFailed, UpstreamError
 
 log = logging.getLogger("modelgate.gateway")
 
@@ -270,6 +270,12 @@ class Gateway:
                 violation = data.rejection  # the body broke a rule while it streamed: the upstream got no whole request
                 return self._finish_local(ex, ex.error_response(violation.status, str(violation),
                                                                 param=violation.path or None), id_header)
+            if isinstance(exc, (RequestBodyFailed, InvalidRequest)):
+                # Not the channel's fault: its breaker is left alone, and no other channel would fare better.
+                refusal = ex.error_response(400, "the request body could not be read to its end") \
+                    if isinstance(exc, RequestBodyFailed) else \
+                    ex.error_response(502, f"the request for upstream {channel.name} could not be written: {exc}")
+                return self._finish_local(ex, refusal, id_header)
             kind = "connect" if isinstance(exc, ConnectFailed) else "connection"
             observer.upstream_result(channel, kind)
             if (retry := self._retry(ex, runtime, tried, kind)) is not None:

@@ -167,3 +167,16 @@ async def test_a_malformed_upstream_answer_is_a_502_in_the_format_shape(start_ga
             assert answer.status == 502
             body = await answer.json()
         assert body["error"]["type"] == "server_error" and "BadAnswer" in body["error"]["message"]
+
+
+async def test_a_header_that_cannot_be_written_is_a_502_and_not_the_channels_fault(start_gateway, http):  # noqa: ANN001
+    async with scripted([OK]) as upstream:
+        gw = await start_gateway(f"channels: [{{name: one, base_url: '{upstream.url}', credential: \"key\\r\\nX-Injected: 1\"}}]")
+        for _ in range(3):
+            async with http.post(gw.url + "/v1/messages", headers=MSG_HEADERS, json=MESSAGE) as answer:
+                assert answer.status == 502
+                assert "could not be written" in (await answer.json())["error"]["message"]
+        assert upstream.requests == []
+        async with http.get(gw.url + "/readyz") as answer:
+            channel = (await answer.json())["channels"][0]
+        assert channel["breaker"] == "closed" and channel["failures_in_a_row"] == 0

@@ -49,7 +49,8 @@ class Deadlines:
     def _fire(self) -> None:
         self._timer, self._timer_at = None, inf
         now = asyncio.get_running_loop().time()
-        late = [connection for connection, at in self._due.items() if at <= now + 0.001]  # the loop may run a timer a hair early
+        now += 0.001  # the loop may run a timer a hair early
+        late = [connection for connection, at in self._due.items() if at <= now]
         for connection in late:
             del self._due[connection]
             connection.timed_out()
