@@ -28,3 +28,18 @@ def rss_kb(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return found
+
+
+def tree_rss_kb(pid: int) -> int:
+    """RSS of a process and all its descendants: a supervisor and its workers together."""
+    return rss_kb(pid) + sum(tree_rss_kb(child) for child in children(pid))
