@@ -57,25 +57,27 @@ class BufferedLines:
     """A structlog sink that writes lines in batches: one write per event-loop pass (at most
     50 ms later), not one per request. Lines are flushed at exit and when the loop is not running."""
 
-    __slots__ = ("_lines", "_scheduled")
+    __slots__ = ("_lines", "_flush_on")
 
     def __init__(self) -> None:
         self._lines: list[bytes] = []
-        self._scheduled = False
+        self._flush_on: asyncio.AbstractEventLoop | None = None  # the loop a flush is due on
         atexit.register(self.flush)
 
     def msg(self, message: bytes) -> None:
         self._lines.append(message)
-        if self._scheduled:
+        # A loop that closed before its flush ran (tests run one loop after another) must not
+        # hold the lines back until exit.
+        if self._flush_on is not None and not self._flush_on.is_closed():
             return
         try:
-            asyncio.get_running_loop().call_later(0.05, self.flush)
-            self._scheduled = True
+            self._flush_on = asyncio.get_running_loop()
+            self._flush_on.call_later(0.05, self.flush)
         except RuntimeError:
             self.flush()
 
     def flush(self) -> None:
-        self._scheduled = False
+        self._flush_on = None
         if self._lines:
             lines, self._lines = self._lines, []
             try:  # stderr is looked up each time: test runners and daemons swap it

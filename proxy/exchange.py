@@ -35,7 +35,8 @@ class Exchange:
         "path_params", "body", "body_stream", "multipart", "_json", "body_changed", "model",
         "upstream_model", "channel", "pinned_channel", "key", "key_name", "streaming", "usage",
         "upstream_started", "upstream_headers_at", "upstream_finished", "status", "bytes_out",
-        "client_aborted", "error", "plugin_state", "tracer", "span", "response_headers", "answer_limit",
+        "client_aborted", "error", "plugin_state", "tracer", "span", "unsampled_span", "response_headers",
+        "answer_limit",
     )
 
     def __init__(self, request: web.Request, route: Route, request_id: str) -> None:
@@ -72,6 +73,7 @@ class Exchange:
         self.answer_limit: int | None = None  # a plugin must read the whole answer: larger ones are refused
         self.tracer: Any = None   # the OpenTelemetry tracer, when this request is traced
         self.span: Any = None     # its server span
+        self.unsampled_span: Any = None  # a request traced but not sampled: its ids travel on, nothing is recorded
 
     def json(self) -> Any:
         """The request body as JSON (parsed on first use); None for a body that is not JSON."""

@@ -199,7 +199,11 @@ class Gateway:
             if pipeline.upstream_hooks:
                 await pipeline.run_upstream(ex)
             target, data = self._request_for(ex, channel, path)
-            span = self._upstream_span(ex, channel, path, len(tried)) if ex.span is not None else None
+            span = None
+            if ex.span is not None:
+                span = self._upstream_span(ex, channel, path, len(tried))
+            elif ex.unsampled_span is not None:
+                inject(ex.unsampled_span, ex.headers)
             try:
                 result = await self._exchange_with(ex, runtime, pipeline, channel, target, data,
                                                    runtime.config.server.request_id_header, tried)

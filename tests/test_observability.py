@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
 
 import pytest
@@ -146,6 +148,22 @@ async def test_an_incoming_traceparent_is_honoured(traced, http):  # noqa: ANN00
     server = next(s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER)
     assert f"{server.context.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"
     assert f"{server.parent.span_id:016x}" == "b7ad6b7169203331"
+
+
+async def test_an_unsampled_request_records_nothing_but_passes_its_trace_on(traced, http, capfd):  # noqa: ANN001
+    url, exporter, owner = traced
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"  # the caller did not sample it
+    async with http.post(url + "/v1/messages", json={"model": "msgmodel-haiku-4-5", "max_tokens": 8,
+                                                      "messages": [{"role": "user", "content": "a"}]},
+                         headers={**MSG, "traceparent": parent}) as answer:
+        assert answer.status == 200
+    await asyncio.sleep(0.1)  # access lines are written once per loop pass, at most 50 ms late
+    assert exporter.get_finished_spans() == ()
+    received = owner.simulators.simulators["simulator"].requests[-1].header("traceparent")
+    version, trace_hex, _, flags = received.split("-")
+    assert (version, trace_hex, flags) == ("00", "4bf92f3577b34da6a3ce929d0e0e4736", "00")
+    lines = [json.loads(line) for line in capfd.readouterr().err.splitlines() if '"route"' in line]
+    assert lines[-1]["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
 def test_metric_families_are_registered_once():
