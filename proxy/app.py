@@ -9,17 +9,16 @@ import time
 from pathlib import Path
 
 from aiohttp import web
+from opentelemetry.sdk.trace.export import SpanExporter
 
 from proxy import jsonutil
 from proxy.affinity import Affinity
 from proxy.channels import Channel
 from proxy.client_limits import ConnectionCount
 from proxy.config import ConfigError, LoadedConfig, load_config
+from proxy.delivery.service import PATH as DELIVERY_PATH
 from proxy.formats import ACCOUNT
 from proxy.formats.base import Format
-from opentelemetry.sdk.trace.export import SpanExporter
-
-from proxy.delivery.service import PATH as DELIVERY_PATH
 from proxy.gateway import Gateway
 from proxy.observability.metrics import CONFIG_RELOADS, exposition, set_config_info
 from proxy.observability.tracing import Tracing
@@ -54,6 +53,7 @@ class GatewayApp:
 
     async def start(self) -> None:
         config = self.loaded.config
+        self.tracing.start()
         self.store = make_store(config.state)
         runtime = await Runtime.build(self.loaded, self.simulators, self.resources)
         self.gateway = Gateway(runtime, Affinity(self.store, config.state.affinity_ttl_s), self.tracing,
@@ -72,7 +72,7 @@ class GatewayApp:
                 await close()
         if self.store is not None:
             await self.store.close()
-        self.tracing.shutdown()
+        await self.tracing.close()
 
     async def reload(self) -> bool:
         """Load the config file again; keep the running config when the new one is invalid."""

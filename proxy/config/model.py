@@ -256,6 +256,8 @@ class TracingConfig(Strict):
     endpoint: str = "http://127.0.0.1:4318/v1/traces"
     sample_ratio: float = Field(default=1.0, ge=0, le=1)
     service_name: str = "modelgate"
+    headers: dict[str, str] = Field(default_factory=dict)  # sent with every export (a collector's API key)
+    compression: Literal["none", "gzip"] = "none"
 
     @field_validator("endpoint")
     @classmethod

@@ -79,6 +79,8 @@ WEBHOOK_DELIVERIES = Counter("modelgate_webhook_deliveries", "Queued webhook del
                              "(delivered, dead: refused by the backend, retry)", ["result"])
 WEBHOOK_QUEUE_DEPTH = Gauge("modelgate_webhook_queue_depth", "Webhooks stored and not yet delivered",
                             multiprocess_mode="max")
+TRACE_SPANS = Counter("modelgate_trace_spans", "Finished spans by what became of them: exported, rejected by the "
+                      "collector, dropped (export queue full) or failed (never delivered)", ["outcome"])
 CONFIG_RELOADS = Counter("modelgate_config_reloads", "Config reloads by outcome", ["outcome"])
 CONFIG_INFO = Gauge("modelgate_config_info", "The loaded config (its digest); value 1", ["digest"],
                     multiprocess_mode="liveall")

@@ -23,6 +23,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from proxy import __version__
 from proxy.config.model import TracingConfig
+from proxy.observability.otlp import LoopSpanProcessor
 
 if TYPE_CHECKING:
     from proxy.exchange import Exchange
@@ -38,6 +39,7 @@ class Tracing:
     def __init__(self, config: TracingConfig, exporter: SpanExporter | None = None) -> None:
         self.provider: TracerProvider | None = None
         self.tracer: trace.Tracer | None = None
+        self.exporting: LoopSpanProcessor | None = None
         if exporter is None and config.exporter == "none":
             return
         provider = TracerProvider(resource=Resource.create({"service.name": config.service_name,
@@ -48,13 +50,20 @@ class Tracing:
         elif config.exporter == "console":
             provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
         else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=config.endpoint)))
+            self.exporting = LoopSpanProcessor(config.endpoint, config.headers, gzip=config.compression == "gzip")
+            provider.add_span_processor(self.exporting)
         self.provider = provider
         self.tracer = provider.get_tracer("modelgate", __version__)
 
-    def shutdown(self) -> None:
+    def start(self) -> None:
+        """Start exporting from the running loop."""
+        if self.exporting is not None:
+            self.exporting.start()
+
+    async def close(self) -> None:
+        """Send the spans still waiting, then stop."""
+        if self.exporting is not None:
+            await self.exporting.close()
         if self.provider is not None:
             self.provider.shutdown()
 
