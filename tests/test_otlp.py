@@ -95,6 +95,7 @@ class Collector:
     statuses: list[int] = field(default_factory=list)
     posts: list[tuple[dict[str, str], dict]] = field(default_factory=list)
     reply: bytes = b"{}"
+    answering: asyncio.Event = field(default_factory=asyncio.Event)  # cleared: requests stall until set
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     def spans(self) -> list[dict]:
@@ -105,9 +106,11 @@ class Collector:
 @pytest.fixture
 async def collector() -> AsyncIterator[Collector]:
     found = Collector()
+    found.answering.set()
 
     async def receive(request: web.Request) -> web.Response:
         raw = await request.read()  # aiohttp undoes a Content-Encoding: gzip
+        await found.answering.wait()
         status = found.statuses.pop(0) if found.statuses else 200
         if status == 200:
             found.posts.append((dict(request.headers), json.loads(raw)))
@@ -123,6 +126,7 @@ async def collector() -> AsyncIterator[Collector]:
     await site.start()
     found.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1/traces"  # type: ignore[union-attr]
     yield found
+    found.answering.set()
     await runner.cleanup()
 
 
@@ -194,6 +198,17 @@ async def test_with_the_collector_down_spans_wait_in_a_bounded_queue():
     await processor.close(timeout_s=2)
     assert exported("dropped") - before[0] == 2  # 6 ended, 4 kept
     assert exported("failed") - before[1] == 4
+
+
+async def test_closing_gives_a_stalled_collector_a_bounded_time_and_counts_what_it_lost(collector):  # noqa: ANN001
+    collector.answering.clear()
+    processor = LoopSpanProcessor(collector.url, interval_s=3600)
+    processor.start()
+    before = exported("failed")
+    for span in finished_spans():
+        processor.on_end(span)
+    await asyncio.wait_for(processor.close(timeout_s=0.3), 5)
+    assert exported("failed") - before == 3
 
 
 async def test_a_full_batch_goes_out_without_waiting_for_the_interval(collector):  # noqa: ANN001

@@ -196,14 +196,16 @@ class LoopSpanProcessor(SpanProcessor):
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
             self._queue.extendleft(reversed(self._in_flight))
+        batch: list[ReadableSpan] = []
         try:
             async with asyncio.timeout(timeout_s):
                 while self._queue:
                     batch = self._take()
                     if await self._send(batch) is not None:
                         TRACE_SPANS.labels("failed").inc(len(batch))
+                    batch = []
         except TimeoutError:
-            pass
+            TRACE_SPANS.labels("failed").inc(len(batch))
         if self._queue:
             TRACE_SPANS.labels("failed").inc(len(self._queue))
             self._queue.clear()
@@ -226,7 +228,13 @@ class LoopSpanProcessor(SpanProcessor):
                 pass
             self._wake.clear()
             while self._queue:
-                await self._deliver(self._take())
+                batch = self._take()
+                try:
+                    await self._deliver(batch)
+                except Exception:  # a span that cannot be encoded must not stop every later export
+                    log.exception("spans could not be exported")
+                    self._in_flight = []
+                    TRACE_SPANS.labels("failed").inc(len(batch))
                 if len(self._queue) < self.batch_size:
                     break
 
@@ -280,7 +288,6 @@ class LoopSpanProcessor(SpanProcessor):
         if rejected:
             TRACE_SPANS.labels("rejected").inc(rejected)
         return None
-
 
     def _failing(self, error: str) -> None:
         if self._reachable:
