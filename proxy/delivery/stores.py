@@ -119,23 +119,34 @@ class LocalStore:
         except OSError as exc:
             raise StoreError(f"local store: {exc.strerror or exc}") from exc
 
+    # Plain string paths: pathlib interns every part it parses, and a name per blob grew the
+    # interpreter's table of interned strings by megabytes under sustained traffic.
+    def _path(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
     def _write(self, blob_id: str, blob: Blob, expires: float) -> None:
-        data_path = self.directory / f"{blob_id}.bin"
-        temp = data_path.with_suffix(".tmp")
-        temp.write_bytes(blob.data)
+        data_path, temp = self._path(f"{blob_id}.bin"), self._path(f"{blob_id}.tmp")
+        with open(temp, "wb") as file:
+            file.write(blob.data)
         os.replace(temp, data_path)  # readers never see half a file
-        meta_path = self.directory / f"{blob_id}.json"
-        meta_path.write_text(json.dumps({"type": blob.content_type, "expires": expires}))
+        meta_path = self._path(f"{blob_id}.json")
+        with open(meta_path, "w") as file:
+            file.write(json.dumps({"type": blob.content_type, "expires": expires}))
         os.utime(meta_path, (expires, expires))
 
     def _read(self, blob_id: str) -> Blob | None:
-        meta_path = self.directory / f"{blob_id}.json"
-        if not meta_path.exists():
+        try:
+            with open(self._path(f"{blob_id}.json")) as file:
+                meta = json.loads(file.read())
+        except FileNotFoundError:
             return None
-        meta = json.loads(meta_path.read_text())
         if meta["expires"] <= time.time():
             return None
-        return Blob((self.directory / f"{blob_id}.bin").read_bytes(), meta["type"])
+        try:
+            with open(self._path(f"{blob_id}.bin"), "rb") as file:
+                return Blob(file.read(), meta["type"])
+        except FileNotFoundError:  # swept between the two reads
+            return None
 
     def sweep(self, now: float | None = None) -> int:
         """Delete expired blobs; returns how many. The directory is walked as a stream, and a
