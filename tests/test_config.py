@@ -74,6 +74,11 @@ def test_variables_expand_with_defaults_and_escapes():
     ("plugins: {sse: {anything: 1}}", "plugins.sse.anything: unknown key"),
     ("[1, 2]", "<root>: must be a mapping"),
     ("server: {listen: [}", "not valid YAML"),
+    ("observability: {tracing: {headers: {'x key': v}}}", "observability.tracing.headers: 'x key' is not a header name"),
+    ('observability: {tracing: {headers: {x-key: "a\\r\\nInjected: 1"}}}',
+     "observability.tracing.headers: the value of x-key holds a line break"),
+    ("channels: [{name: a, base_url: 'http://x', health_check: {path: /h, headers: {'a:b': v}}}]",
+     "channels[0].health_check.headers: 'a:b' is not a header name"),
 ])
 def test_config_problems_name_the_key(text, expected):  # noqa: ANN001
     with pytest.raises(ConfigError) as caught:

@@ -20,6 +20,7 @@ from proxy.routes import ROUTE_NAMES
 
 SIMULATOR = "simulator"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token
 _LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:\s]+):(?P<port>\d{1,5})$")
 
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -33,6 +34,17 @@ def _simple_name(value: str) -> str:
 
 # Names of channels and keys: they appear in logs, metrics and URLs, so they stay plain.
 SimpleName = Annotated[str, AfterValidator(_simple_name)]
+
+
+def _header_fields(headers: dict[str, str]) -> dict[str, str]:
+    """Header names that are HTTP tokens and values without line breaks: anything else would
+    be refused at every request, or write a header of its own."""
+    for name, value in headers.items():
+        if not _HEADER_NAME.match(name):
+            raise ValueError(f"{name!r} is not a header name")
+        if any(c in value for c in "\r\n\0"):
+            raise ValueError(f"the value of {name} holds a line break")
+    return headers
 
 
 class Strict(BaseModel):
@@ -117,6 +129,11 @@ class HealthCheck(Strict):
     healthy_after: int = Field(default=1, ge=1)
     expect_status: list[int] = Field(default_factory=lambda: [200], min_length=1)
     headers: dict[str, str] = Field(default_factory=dict)  # an upstream credential, say
+
+    @field_validator("headers")
+    @classmethod
+    def _headers_are_fields(cls, value: dict[str, str]) -> dict[str, str]:
+        return _header_fields(value)
 
 
 class SimulatorSettings(Strict):
@@ -258,6 +275,11 @@ class TracingConfig(Strict):
     service_name: str = "modelgate"
     headers: dict[str, str] = Field(default_factory=dict)  # sent with every export (a collector's API key)
     compression: Literal["none", "gzip"] = "none"
+
+    @field_validator("headers")
+    @classmethod
+    def _headers_are_fields(cls, value: dict[str, str]) -> dict[str, str]:
+        return _header_fields(value)
 
     @field_validator("endpoint")
     @classmethod
