@@ -94,11 +94,9 @@ def parse_count(text: str) -> tuple[int, int]:
 
 
 def gateway_config(port: int, sim_port: int, streams: int, workers: int) -> str:
-    state = (f"state: {{backend: redis, prefix: 'modelgate-streams-{port}:'}}\n"
-             f"server: {{listen: '127.0.0.1:{port}', max_connections: {streams * 2}, workers: {workers}}}\n"
-             if workers > 1 else
-             f"server: {{listen: '127.0.0.1:{port}', max_connections: {streams * 2}, workers: 1}}\n")
+    state = f"state: {{backend: redis, prefix: 'modelgate-streams-{port}:'}}\n" if workers > 1 else ""
     return (state +
+            f"server: {{listen: '127.0.0.1:{port}', max_connections: {streams * 2}, workers: {workers}}}\n"
             f"keys: [{{name: s, key: {KEY}, limits: {{rpm: 100000000, tpm: 10000000000}}}}]\n"
             f"channels: [{{name: upstream, base_url: 'http://127.0.0.1:{sim_port}', "
             f"pool: {{max_connections: {streams * 2}}}}}]\n"
