@@ -187,6 +187,17 @@ async def test_a_partial_success_counts_the_spans_the_collector_turned_away(coll
     assert (exported("exported") - before[0], exported("rejected") - before[1]) == (1, 2)
 
 
+async def test_an_oversized_reply_still_counts_the_batch_as_exported(collector):  # noqa: ANN001
+    collector.reply = b"{" + b" " * (2 * 1024 * 1024) + b"}"
+    processor = LoopSpanProcessor(collector.url, interval_s=60)
+    processor.start()
+    before = exported("exported")
+    for span in finished_spans():
+        processor.on_end(span)
+    await processor.close()
+    assert exported("exported") - before == 3
+
+
 async def test_with_the_collector_down_spans_wait_in_a_bounded_queue():
     processor = LoopSpanProcessor(f"http://127.0.0.1:{free_port()}/v1/traces", max_queue=4, batch_size=2,
                                   interval_s=60, timeout_s=0.5)
