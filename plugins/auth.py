@@ -1,8 +1,13 @@
-"""Auth: the gateway key, read only from the place the endpoint's format names (spec section 5).
+"""Auth: the gateway key, read only from the place the endpoint's format names (spec section 5),
+and the ids a key may follow.
 
 Missing, unknown, disabled or expired keys get 401; a key not allowed for the endpoint
 or the model gets 403; both in the endpoint's own error shape. The key's name, never the
 key, is what the exchange, and so every log line, carries.
+
+A request that follows an id (a video task, a previous response) is served only when the
+gateway handed that id out to the same tenant (proxy.affinity): to every other key, and for
+ids it never handed out, the answer is the format's own 404, as if the id did not exist.
 """
 
 from __future__ import annotations
@@ -17,20 +22,18 @@ from proxy.formats.base import KeyLocation
 from proxy.keys import GatewayKey, KeyRing
 from proxy.observability.metrics import AUTH_REFUSALS
 from proxy.pipeline import Plugin
+from proxy.routes import Pin
 
+# What a tenant is told of an id that is not its own: exactly what it is told of one that never existed.
+_NOT_FOUND = {
+    Pin.VIDEO_TASK: ("no such video task", "task_not_found", None),
+    Pin.RESPONSE: ("previous response not found", "previous_response_not_found", "previous_response_id"),
+}
 _WHERE = {
     KeyLocation.BEARER: "an 'Authorization: Bearer <key>' header",
     KeyLocation.X_API_KEY: "an 'x-api-key' header",
     KeyLocation.QUERY: "the 'key' query parameter",
 }
-
-
-def key_ring(config: GatewayConfig) -> KeyRing:
-    return KeyRing([
-        GatewayKey.build(k.name, bytes.fromhex(k.digest_hex()), enabled=k.enabled, expires_at=k.expires_at,
-                         models=k.models, endpoints=k.endpoints, url_delivery=k.url_delivery, labels=k.labels,
-                         limits=k.limits)
-        for k in config.keys])
 
 
 class Auth(Plugin):
@@ -42,26 +45,32 @@ class Auth(Plugin):
         return ex.error_response(status, message, code)
 
     def configure(self, config: GatewayConfig) -> None:
-        self.keys = key_ring(config)
+        self.keys = KeyRing.from_config(config)
 
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
         location = ex.format.key_location
         if location is KeyLocation.NONE:
             return None
-        presented = ex.format.client_key(ex.request)
+        assert ex.target is not None
+        presented = ex.format.client_key(ex.request.headers, ex.target.key())
         if not presented:
             return self._refuse(ex, 401, f"no API key: send it in {_WHERE[location]}", "missing_api_key")
         key = self.keys.find(presented)
         if key is None:
             return self._refuse(ex, 401, "invalid API key", "invalid_api_key")
-        ex.key, ex.key_name = key, key.name
+        ex.key, ex.key_name, ex.tenant = key, key.name, key.tenant
         if not key.enabled:
             return self._refuse(ex, 401, f"API key '{key.name}' is disabled", "api_key_disabled")
         if key.expired(datetime.now(timezone.utc)):
             return self._refuse(ex, 401, f"API key '{key.name}' has expired", "api_key_expired")
         if not key.allows_route(ex.route.name):
-            return self._refuse(ex, 403, f"API key '{key.name}' may not use {ex.route.method} {ex.request.path}",
+            return self._refuse(ex, 403, f"API key '{key.name}' may not use {ex.route.method} {ex.route.path}",
                                      "endpoint_not_allowed")
         if ex.model is not None and not key.allows_model(ex.model):
             return self._refuse(ex, 403, f"API key '{key.name}' may not use model '{ex.model}'", "model_not_allowed")
+        if ex.followed_id is not None and (ex.followed is None or ex.followed.owner != key.tenant):
+            assert ex.route.follows is not None
+            message, code, param = _NOT_FOUND[ex.route.follows]
+            AUTH_REFUSALS.labels(ex.route.name, "not_owner").inc()
+            return ex.error_response(404, message, code, param=param)
         return None

@@ -83,7 +83,7 @@ class RateLimit(Plugin):
         if not checks:
             return None
         try:
-            decision = await self.limiter.acquire(checks, ex.request_id)
+            decision = await self.limiter.acquire(checks, ex.gateway_id)
         except LimiterUnavailable as exc:
             return self._unavailable(ex, exc)
         if self.unavailable:
@@ -116,7 +116,7 @@ class RateLimit(Plugin):
         reserved = next((c.cost for c in checks if c.kind is Kind.TOKENS), None)
         spent = _tokens_spent(ex, reserved) if reserved is not None else None
         try:
-            await self.limiter.finish(checks, ex.request_id, None if spent == reserved else spent)
+            await self.limiter.finish(checks, ex.gateway_id, None if spent == reserved else spent)
         except LimiterUnavailable as exc:
             RATELIMIT_BACKEND_ERRORS.labels(self.settings.fail).inc()
             log.warning("could not settle rate limits: %s", exc)

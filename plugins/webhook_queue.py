@@ -83,7 +83,9 @@ class WebhookQueuePlugin(Plugin):
             return None
         from proxy.webhooks.queue import QueuedWebhook, QueueFull, RedisError
 
-        webhook = QueuedWebhook(method=ex.request.method, target=ex.request.raw_path,
+        assert ex.target is not None
+        path, query = ex.target.path(), ex.target.query_string()  # built, never the client's raw target
+        webhook = QueuedWebhook(method=ex.request.method, target=f"{path}?{query}" if query else path,
                                 headers=list(ex.headers.items()), body=ex.body or b"", request_id=ex.request_id)
         try:
             entry_id = await self.queue.put(webhook)

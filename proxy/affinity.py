@@ -1,16 +1,20 @@
-"""Affinity: a video task or response id leads back to the channel that created it.
+"""Affinity: a video task or response id leads back to the channel, and the tenant, that made it.
 
 The id the client holds is the upstream's own, unchanged; the gateway remembers which
-channel issued it in the state store (memory, or Redis shared by every instance), so a
-status poll, a download or a `previous_response_id` lands on the same channel from any
-gateway instance.
+channel issued it, and for which tenant (proxy.keys.GatewayKey.tenant), in the state store
+(memory, or Redis shared by every instance). So a status poll, a download or a
+`previous_response_id` lands on the same channel from any gateway instance, and the auth
+plugin can refuse it to any other tenant: every key shares the channel's credential, so the
+upstream alone cannot tell them apart.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
+from proxy import jsonutil
 from proxy.exchange import Exchange
 from proxy.routes import Pin
 from proxy.sse import SSEEvent
@@ -21,6 +25,18 @@ log = logging.getLogger("modelgate.affinity")
 _MAX_ID_LENGTH = 512
 
 
+@dataclass(slots=True, frozen=True)
+class PinRecord:
+    """What the gateway remembers of an id it handed out."""
+
+    channel: str
+    owner: str | None  # the tenant that made it; "" when no key did; None: recorded before owners were
+
+
+class StateUnavailable(Exception):
+    """The state store could not say whether, or where, an id was made."""
+
+
 class Affinity:
     __slots__ = ("_store", "_ttl_s")
 
@@ -28,26 +44,27 @@ class Affinity:
         self._store = store
         self._ttl_s = ttl_s
 
-    async def channel_for(self, ex: Exchange) -> str | None:
-        """The channel that made the id this request follows, if it names one the gateway knows."""
+    async def follow(self, ex: Exchange) -> None:
+        """Find the id this request follows, and what was recorded of it, on the exchange; raises
+        StateUnavailable when the store cannot answer (nobody may then say who owns the id)."""
         pin = ex.route.follows
-        if pin is None:
-            return None
-        ref = followed_id(ex, pin)
-        if not ref:
-            return None
+        ref = followed_id(ex, pin) if pin is not None else None
+        if pin is None or not ref:
+            return
+        ex.followed_id = ref
         try:
-            return await self._store.get(_key(pin, ref))
-        except Exception:
-            # State unreachable: the request still goes to a channel that serves it.
-            log.warning("could not read affinity; choosing a channel afresh", extra={"request_id": ex.request_id})
-            return None
+            raw = await self._store.get(_key(pin, ref))
+        except Exception as exc:
+            log.warning("could not read affinity", extra={"request_id": ex.request_id})
+            raise StateUnavailable(type(exc).__name__) from None
+        ex.followed = _record(raw) if raw else None
 
     async def remember(self, ex: Exchange, pin: Pin, ref: Any) -> None:
         if not isinstance(ref, str) or not ref or len(ref) > _MAX_ID_LENGTH or ex.channel is None:
             return
+        value = jsonutil.dumps({"channel": ex.channel.name, "owner": ex.tenant or ""}).decode()
         try:
-            await self._store.set(_key(pin, ref), ex.channel.name, self._ttl_s)
+            await self._store.set(_key(pin, ref), value, self._ttl_s)
         except Exception:
             # The answer is already good; losing the pin costs a later poll, not this request.
             log.exception("could not record affinity", extra={"request_id": ex.request_id})
@@ -76,6 +93,13 @@ def followed_id(ex: Exchange, pin: Pin) -> str | None:
     body = ex.json()
     ref = body.get("previous_response_id") if isinstance(body, dict) else None
     return ref if isinstance(ref, str) else None
+
+
+def _record(raw: str) -> PinRecord:
+    if not raw.startswith("{"):
+        return PinRecord(raw, None)  # a channel name alone: recorded before ids had owners
+    data = jsonutil.loads(raw)
+    return PinRecord(str(data.get("channel", "")), data.get("owner"))
 
 
 def _key(pin: Pin, ref: str) -> str:

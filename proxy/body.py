@@ -32,12 +32,44 @@ class BodyError(Exception):
         self.param = param
 
 
-async def read_body(ex: Exchange, limit: int, upload_limit: int | None = None, idle_s: float = 30.0) -> None:
+class Pace:
+    """How long a client may take over its body: `idle_s` of silence at most, and `total_s` for
+    all of it, so a body trickled a byte at a time cannot hold a request open for ever."""
+
+    __slots__ = ("idle_s", "total_s", "_deadline")
+
+    def __init__(self, idle_s: float = 30.0, total_s: float = 300.0) -> None:
+        self.idle_s = idle_s
+        self.total_s = total_s
+        self._deadline = asyncio.get_running_loop().time() + total_s
+
+    async def read(self, content: StreamReader) -> bytes:
+        """The next chunk of a client's body; 408 past either limit."""
+        if content.is_eof():  # all of it is here: no wait, so no timer
+            return await content.read(_READ_SIZE)
+        left = self._deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            raise self._late()
+        try:
+            async with asyncio.timeout(min(self.idle_s, left)):
+                return await content.read(_READ_SIZE)
+        except TimeoutError:
+            if self.idle_s < left:
+                raise BodyError(408, f"the request body stopped arriving: nothing for {self.idle_s:g}s") from None
+            raise self._late() from None
+
+    def _late(self) -> BodyError:
+        return BodyError(408, f"the request body did not arrive within {self.total_s:g}s")
+
+
+async def read_body(ex: Exchange, limit: int, upload_limit: int | None = None, idle_s: float = 30.0,
+                    total_s: float = 300.0) -> None:
     """Fill `ex.body` or `ex.body_stream`; raise BodyError for a body the gateway refuses,
-    408 for one that stops arriving for `idle_s`."""
+    408 for one that stops arriving for `idle_s` or is not whole within `total_s`."""
     kind = ex.route.body
     if kind is Body.NONE:
         return
+    pace = Pace(idle_s, total_s)
     request = ex.request
     if kind is Body.JSON_OR_MULTIPART and request.content_type == "multipart/form-data":
         observer = MultipartObserver.for_content_type(request.headers.get("content-type", ""))
@@ -47,16 +79,15 @@ async def read_body(ex: Exchange, limit: int, upload_limit: int | None = None, i
         declared = request.content_length
         if declared is not None and declared > upload_limit:  # refused before a byte of it is read
             raise BodyError(413, f"upload of {declared} bytes is over the {upload_limit}-byte limit")
-        await _open_multipart(ex, observer, upload_limit, idle_s)
+        await _open_multipart(ex, observer, upload_limit, pace)
         return
     content_type = request.headers.get("Content-Type")
     if kind is not Body.RAW and content_type is not None and "json" not in content_type.split(";", 1)[0].lower():
-        raise BodyError(400, f"Content-Type: must be application/json, not {content_type.split(';', 1)[0]}",
-                        "Content-Type")
+        raise BodyError(400, "Content-Type: must be application/json", "Content-Type")
     declared = request.content_length
     if declared is not None and declared > limit:
         raise BodyError(413, f"request body of {declared} bytes is over the {limit}-byte limit")
-    ex.body = await _read_whole(request, limit, idle_s)
+    ex.body = await _read_whole(request, limit, pace)
     if kind is Body.RAW or not ex.body:
         return
     parsed = ex.json()
@@ -66,18 +97,7 @@ async def read_body(ex: Exchange, limit: int, upload_limit: int | None = None, i
         ex.streaming = True
 
 
-async def read_chunk(content: StreamReader, idle_s: float) -> bytes:
-    """The next chunk of a client's body; a client silent for `idle_s` is refused (408)."""
-    if content.is_eof():  # all of it is here: no wait, so no timer
-        return await content.read(_READ_SIZE)
-    try:
-        async with asyncio.timeout(idle_s):
-            return await content.read(_READ_SIZE)
-    except TimeoutError:
-        raise BodyError(408, f"the request body stopped arriving: nothing for {idle_s:g}s") from None
-
-
-async def _read_whole(request: web.Request, limit: int, idle_s: float) -> bytes:
+async def _read_whole(request: web.Request, limit: int, pace: Pace) -> bytes:
     content = request.content
     if content.is_eof():  # the whole body came with the headers, as small JSON bodies do
         data = content.read_nowait()
@@ -86,7 +106,7 @@ async def _read_whole(request: web.Request, limit: int, idle_s: float) -> bytes:
         return data
     chunks: list[bytes] = []
     size = 0
-    while chunk := await read_chunk(request.content, idle_s):
+    while chunk := await pace.read(request.content):
         size += len(chunk)
         if size > limit:
             raise BodyError(413, f"request body is over the {limit}-byte limit")
@@ -94,9 +114,9 @@ async def _read_whole(request: web.Request, limit: int, idle_s: float) -> bytes:
     return b"".join(chunks)
 
 
-async def _open_multipart(ex: Exchange, observer: MultipartObserver, limit: int, idle_s: float) -> None:
+async def _open_multipart(ex: Exchange, observer: MultipartObserver, limit: int, pace: Pace) -> None:
     ex.multipart = observer
-    body = MultipartBody(ex.request, observer, idle_s)
+    body = MultipartBody(ex.request, observer, pace)
     body.checks.append(_size_check(limit))
     await body.read_until_field("model")
     stream_flag = observer.field("stream")
@@ -126,11 +146,11 @@ class MultipartBody:
     Checks (plugins add them) run on the observer after every chunk and at the end; the
     first violation stops the upstream request before its body is complete."""
 
-    __slots__ = ("_content", "observer", "_spool", "declared_length", "checks", "rejection", "_idle_s")
+    __slots__ = ("_content", "observer", "_spool", "declared_length", "checks", "rejection", "_pace")
 
-    def __init__(self, request: web.Request, observer: MultipartObserver, idle_s: float = 30.0) -> None:
+    def __init__(self, request: web.Request, observer: MultipartObserver, pace: Pace) -> None:
         self._content = request.content
-        self._idle_s = idle_s
+        self._pace = pace
         self.observer = observer
         self._spool = Spool()
         self.declared_length = request.content_length
@@ -147,7 +167,7 @@ class MultipartBody:
     async def read_until_field(self, name: str) -> None:
         observer = self.observer
         while observer.field(name) is None and not observer.done and not observer.error:
-            chunk = await read_chunk(self._content, self._idle_s)
+            chunk = await self._pace.read(self._content)
             if not chunk:
                 break
             observer.feed(chunk)
@@ -210,7 +230,7 @@ class MultipartBody:
 
     async def _next_chunk(self) -> bytes:
         try:
-            return await read_chunk(self._content, self._idle_s)
+            return await self._pace.read(self._content)
         except BodyError as exc:  # the client went quiet mid-upload: the upstream must not wait on it
             self.rejection = Violation("", str(exc), status=exc.status)
             raise BodyRejected(str(exc)) from None

@@ -22,7 +22,9 @@ from proxy.multipart import MultipartObserver
 from proxy.routes import Route
 
 if TYPE_CHECKING:
+    from proxy.affinity import PinRecord
     from proxy.channels import Channel
+    from proxy.target import Target
 
 _UNPARSED = object()
 
@@ -36,14 +38,15 @@ class Exchange:
         "upstream_model", "channel", "pinned_channel", "key", "key_name", "streaming", "usage",
         "upstream_started", "upstream_headers_at", "upstream_finished", "status", "bytes_out",
         "client_aborted", "error", "plugin_state", "tracer", "span", "unsampled_span", "response_headers",
-        "answer_limit",
+        "answer_limit", "gateway_id", "target", "tenant", "followed_id", "followed",
     )
 
-    def __init__(self, request: web.Request, route: Route, request_id: str) -> None:
+    def __init__(self, request: web.Request, route: Route, request_id: str, gateway_id: str | None = None) -> None:
         self.request = request
         self.route = route
         self.format: Format = route.format
-        self.request_id = request_id
+        self.request_id = request_id    # for correlation: the caller's own, when it sent a usable one
+        self.gateway_id = gateway_id or request_id  # always the gateway's: what limits and leases count by
         self.started = time.perf_counter()
         self.client_ip: str = request.remote or ""
         self.headers: CIMultiDict[str] = CIMultiDict()   # what goes upstream; set before on_request
@@ -59,6 +62,10 @@ class Exchange:
         self.pinned_channel: str | None = None
         self.key: GatewayKey | None = None      # set by the auth plugin
         self.key_name: str | None = None
+        self.tenant: str | None = None         # who owns what this request makes (set by the auth plugin)
+        self.target: Target | None = None      # the checked request target (set before the body is read)
+        self.followed_id: str | None = None    # the id this request follows (a task, a previous response)
+        self.followed: PinRecord | None = None  # what the gateway recorded of it; None: never handed out
         self.streaming = route.always_streams
         self.usage = Usage()
         self.upstream_started: float | None = None

@@ -16,7 +16,7 @@ from multidict import CIMultiDict
 from opentelemetry.trace import Span, SpanKind
 
 from proxy.access_log import log_exchange
-from proxy.affinity import Affinity
+from proxy.affinity import Affinity, StateUnavailable
 from proxy.body import BodyError, MultipartBody, read_body
 from proxy.channels import Channel
 from proxy.client_limits import ConnectionCount, header_problem
@@ -29,11 +29,13 @@ from proxy.relay import Relay
 from proxy.formats import ACCOUNT
 from proxy.routes import ModelFrom, Pin, Route
 from proxy.runtime import Runtime
+from proxy.target import TargetError, build_target
 from proxy.upstream import ConnectFailed, ConnectTimeout, InvalidRequest, RequestBodyFailed, UpstreamError
 
 log = logging.getLogger("modelgate.gateway")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Request ids: a random per-process prefix and a counter; unique across instances, and far
 # cheaper than a uuid4 (an os.urandom call) per request.
 _ID_PREFIX = os.urandom(8).hex()
@@ -61,8 +63,10 @@ class Gateway:
         runtime.enter()
         config = runtime.config.server
         incoming_id = request.headers.get(config.request_id_header, "")
-        request_id = incoming_id if incoming_id and _REQUEST_ID.match(incoming_id) else new_request_id()
-        ex = Exchange(request, route, request_id)
+        gateway_id = new_request_id()
+        # A caller's id is kept for correlation only; what is counted goes by the gateway's own.
+        request_id = incoming_id if incoming_id and _REQUEST_ID.match(incoming_id) else gateway_id
+        ex = Exchange(request, route, request_id, gateway_id)
         runtime.observer.started(ex)
         self.tracing.start_request(ex)
         response: web.StreamResponse | None = None
@@ -95,7 +99,13 @@ class Gateway:
         if refusal is not None:
             return self._finish_local(ex, refusal, id_header)
         try:
-            await read_body(ex, *self._body_limits(ex, runtime), server.client_idle_s)
+            ex.target = build_target(ex.request.raw_path, ex.route.path, ex.path_params)
+        except TargetError as exc:
+            return self._finish_local(ex, ex.error_response(400, str(exc), "invalid_request_target", param=exc.param),
+                                      id_header)
+        try:
+            await read_body(ex, *self._body_limits(ex, runtime), server.client_idle_s,
+                            self._body_timeout(ex, runtime))
         except BodyError as exc:
             refusal = ex.error_response(exc.status, str(exc), param=exc.param)
             if exc.status == 408:
@@ -104,7 +114,14 @@ class Gateway:
         refusal = self._resolve_model(ex)
         if refusal is not None:
             return self._finish_local(ex, refusal, id_header)
-        ex.headers = self._upstream_headers(ex, id_header)  # before the pipeline: plugins may edit them
+        if ex.route.follows is not None:
+            try:  # before the pipeline: the auth plugin decides whose the id is
+                await self.affinity.follow(ex)
+            except StateUnavailable:
+                return self._finish_local(ex, ex.error_response(
+                    503, "the gateway cannot look up this id right now; retry shortly", "state_unavailable",
+                    headers={"Retry-After": "2"}), id_header)
+        ex.headers = self._upstream_headers(ex, runtime, id_header)  # before the pipeline: plugins may edit them
         pipeline = runtime.pipelines[ex.route.name]
         answer = await pipeline.run_request(ex)
         if answer is not None:
@@ -113,6 +130,14 @@ class Gateway:
         if refusal is not None:
             return self._finish_local(ex, refusal, id_header)
         return await self._forward(ex, runtime, pipeline)
+
+    @staticmethod
+    def _body_timeout(ex: Exchange, runtime: Runtime) -> float:
+        """The longest a whole body may take to arrive: the route's own, else the server's."""
+        route = runtime.config.routes.get(ex.route.name)  # type: ignore[call-overload]
+        if route is not None and route.body_timeout_s is not None:
+            return route.body_timeout_s
+        return runtime.config.server.body_timeout_s
 
     @staticmethod
     def _body_limits(ex: Exchange, runtime: Runtime) -> tuple[int, int]:
@@ -148,15 +173,18 @@ class Gateway:
             model = body.get("model") if isinstance(body, dict) else None
             if not isinstance(model, str):
                 model = ""
-        model = model.strip()
-        if not model:
-            return ex.error_response(400, "the request names no model: 'model' is required")
+        if not model.strip():
+            return ex.error_response(400, "the request names no model: 'model' is required", param="model")
+        if model != model.strip() or _CONTROL.search(model):
+            # Key allow-lists are checked against exactly the name the upstream is sent.
+            return ex.error_response(400, "model: must not have surrounding whitespace or control characters",
+                                     param="model")
         ex.model = model
         return None
 
     async def _choose_channel(self, ex: Exchange, runtime: Runtime) -> web.Response | None:
         channels = runtime.channels
-        pinned = await self.affinity.channel_for(ex) if ex.route.follows is not None else None
+        pinned = ex.followed.channel if ex.followed is not None else None
         if pinned is not None:
             ex.pinned_channel = pinned
             channel = channels.get(pinned)
@@ -172,13 +200,17 @@ class Gateway:
                                      "no_healthy_channel", headers={"Retry-After": "5"})
         if ex.model is not None:
             return ex.error_response(404, f"model {ex.model!r} is not served by this gateway", "model_not_found")
-        return ex.error_response(404, f"no channel serves {ex.route.method} {ex.request.path}", "not_found")
+        return ex.error_response(404, f"no channel serves {ex.route.method} {ex.route.path}", "not_found")
 
     @staticmethod
-    def _upstream_headers(ex: Exchange, id_header: str) -> CIMultiDict[str]:
+    def _upstream_headers(ex: Exchange, runtime: Runtime, id_header: str) -> CIMultiDict[str]:
         request = ex.request
         headers = end_to_end(request.headers)
-        ex.format.strip_client_key(headers)
+        is_key = runtime.keys.is_key
+        ex.format.strip_client_key(headers, is_key)
+        assert ex.target is not None
+        if ex.target.keys:  # a keyless route's own `key` pair passes on; a gateway key never does
+            ex.target.query += [pair for pair in ex.target.keys if ex.format.keeps_query_key(pair[1], is_key)]
         add_forwarding(headers, ex.client_ip, request.scheme, request.host)
         headers[id_header] = ex.request_id
         if ex.streaming:
@@ -220,14 +252,18 @@ class Gateway:
             ex.restore_body(body, body_changed)
 
     def _path_for(self, ex: Exchange, channel: Channel) -> str:
-        """The upstream path, with the model renamed (in the path or the body) where the channel
-        knows it by another name; before the on_upstream hooks, so they see the channel's name."""
-        path = ex.request.raw_path.partition("?")[0]
-        if ex.model is not None:
-            ex.upstream_model = channel.upstream_model(ex.model)
-            if ex.upstream_model != ex.model:
-                path = self._rename(ex, path)
-        return path
+        """The upstream path, built from the route's template, with the model renamed (in the path
+        or the body) where the channel knows it by another name; before the on_upstream hooks, so
+        they see the channel's name."""
+        assert ex.target is not None
+        if ex.model is None:
+            return ex.target.path()
+        ex.upstream_model = channel.upstream_model(ex.model)
+        if ex.route.model_from is ModelFrom.PATH:
+            return ex.target.path(model=ex.upstream_model)
+        if ex.upstream_model != ex.model:
+            self._rename_in_body(ex)
+        return ex.target.path()
 
     @staticmethod
     def _request_for(ex: Exchange, channel: Channel, path: str) -> tuple[str, bytes | AsyncIterator[bytes] | None]:
@@ -240,7 +276,8 @@ class Gateway:
             data = ex.body_stream
             if isinstance(data, MultipartBody) and data.declared_length is not None:
                 headers["Content-Length"] = str(data.declared_length)
-        query = ex.format.upstream_query(ex.request.raw_path.partition("?")[2], channel.credential)
+        assert ex.target is not None
+        query = ex.target.query_string(ex.format.credential_query(channel.credential))
         return (f"{path}?{query}" if query else path), data
 
     @staticmethod
@@ -318,17 +355,15 @@ class Gateway:
         following = runtime.channels.pick(ex.route, ex.model, exclude=tuple(tried))
         return (following, kind) if following is not None else None
 
-    def _rename(self, ex: Exchange, path: str) -> str:
+    @staticmethod
+    def _rename_in_body(ex: Exchange) -> None:
         old, new = ex.model or "", ex.upstream_model or ""
-        if ex.route.model_from is ModelFrom.PATH:
-            return path.replace(f"/models/{old}:", f"/models/{new}:", 1)
         if isinstance(ex.body_stream, MultipartBody):
             ex.body_stream.rename_model(old, new)
         else:
             body = ex.json()
             if isinstance(body, dict):
                 ex.set_json({**body, "model": new})
-        return path
 
     @staticmethod
     def _finish_local(ex: Exchange, response: web.StreamResponse, id_header: str) -> web.StreamResponse:

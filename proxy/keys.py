@@ -20,6 +20,10 @@ def digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
+# The label that puts keys in one tenant: ids made with one of them can be followed by all.
+TENANT_LABEL = "tenant"
+
+
 @dataclass(slots=True, frozen=True)
 class GatewayKey:
     name: str
@@ -51,6 +55,12 @@ class GatewayKey:
     def allows_route(self, route: str) -> bool:
         return self.endpoints is None or route in self.endpoints
 
+    @property
+    def tenant(self) -> str:
+        """Who owns what this key makes: its `tenant` label when it has one, else the key alone."""
+        label = self.labels.get(TENANT_LABEL)
+        return f"tenant:{label}" if label else f"key:{self.name}"
+
 
 class KeyRing:
     """The configured keys, found by the digest of a presented key."""
@@ -60,12 +70,28 @@ class KeyRing:
     def __init__(self, keys: list[GatewayKey]) -> None:
         self._by_digest = {k.sha256: k for k in keys}
 
+    @classmethod
+    def from_config(cls, config: Any) -> KeyRing:
+        """The keys of a GatewayConfig."""
+        return cls([
+            GatewayKey.build(k.name, bytes.fromhex(k.digest_hex()), enabled=k.enabled, expires_at=k.expires_at,
+                             models=k.models, endpoints=k.endpoints, url_delivery=k.url_delivery, labels=k.labels,
+                             limits=k.limits)
+            for k in config.keys])
+
     def find(self, presented: str) -> GatewayKey | None:
-        wanted = digest(presented)
+        """The key presented, or None; a key that is not text (undecodable bytes) is no key."""
+        try:
+            wanted = digest(presented)
+        except UnicodeEncodeError:
+            return None
         found = self._by_digest.get(wanted)
         if found is None or not hmac.compare_digest(found.sha256, wanted):
             return None
         return found
+
+    def is_key(self, presented: str) -> bool:
+        return bool(presented) and self.find(presented) is not None
 
     def __len__(self) -> int:
         return len(self._by_digest)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from proxy.channels import Channel, ChannelSet
 from proxy.config import LoadedConfig
 from proxy.health_checks import HealthChecks
+from proxy.keys import KeyRing
 from proxy.observability.observer import Observer
 from proxy.pipeline import Pipeline, Plugin, build_plugin, plugin_names
 from proxy.routes import ROUTES
@@ -25,8 +26,8 @@ log = logging.getLogger("modelgate.runtime")
 
 
 class Runtime:
-    __slots__ = ("loaded", "config", "channels", "pipelines", "plugins", "observer", "health", "in_flight",
-                 "_retired", "_closed")
+    __slots__ = ("loaded", "config", "channels", "pipelines", "plugins", "observer", "health", "keys",
+                 "in_flight", "_retired", "_closed")
 
     def __init__(self, loaded: LoadedConfig, channels: ChannelSet, pipelines: dict[str, Pipeline],
                  plugins: list[Plugin]) -> None:
@@ -37,6 +38,7 @@ class Runtime:
         self.plugins = plugins
         self.observer = Observer(loaded.config)
         self.health = HealthChecks(channels.channels)
+        self.keys = KeyRing.from_config(loaded.config)  # to know a gateway key wherever it travels
         self.in_flight = 0
         self._retired = False
         self._closed = asyncio.Event()

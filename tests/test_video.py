@@ -121,8 +121,18 @@ async def test_a_download_without_a_video_is_a_clear_4xx(gw, http, prompt, wait,
         assert (await answer.json())["error"]["code"] == code
 
 
-async def test_a_download_the_gateway_knows_nothing_of_is_still_a_clear_json_4xx(gw, http):  # noqa: ANN001
-    async with http.get(f"{gw.url}/v1/videos/task_unknown/content", headers=BEARER) as answer:
+async def test_a_task_the_gateway_never_handed_out_is_a_clear_json_404(gw, http):  # noqa: ANN001
+    for path in ("/v1/videos/task_unknown/content", "/v1/videos/task_unknown", "/v1/video/generations/task_unknown"):
+        async with http.get(gw.url + path, headers=BEARER) as answer:
+            assert answer.status == 404 and answer.headers["Content-Type"].startswith("application/json")
+            assert (await answer.json())["error"]["code"] == "task_not_found"
+    assert not [r for r in gw.sim().requests if "task_unknown" in r.path]  # the channel is never asked
+
+
+async def test_a_channel_error_page_for_a_download_becomes_a_clear_json_4xx(gw, http):  # noqa: ANN001
+    task = await submit(http, gw.url)
+    async with http.get(f"{gw.url}/v1/videos/{task['task_id']}/content",
+                        headers={**BEARER, "x-sim-fault": "status=404"}) as answer:
         assert answer.status == 404 and answer.headers["Content-Type"].startswith("application/json")
         assert (await answer.json())["error"]["code"] == "video_unavailable"
 
@@ -157,7 +167,7 @@ async def test_a_hundred_pollers_cost_about_one_status_call_per_second(start_gat
     assert calls <= elapsed + 2, (calls, elapsed)  # about one upstream call per second
 
 
-async def test_polls_and_downloads_survive_their_state_store_going_away(start_gateway, http, tmp_path):  # noqa: ANN001
+async def test_polls_and_downloads_fail_clearly_while_their_state_store_is_away(start_gateway, http, tmp_path):  # noqa: ANN001
     import shutil
     import subprocess
 
@@ -176,7 +186,20 @@ async def test_polls_and_downloads_survive_their_state_store_going_away(start_ga
     task = await submit(http, gw.url)
     redis.terminate()
     redis.wait(timeout=10)
-    # No pin, no cache: the only channel is asked, and answers; never a 500.
-    assert (await status(http, gw.url, task["task_id"]))["data"]["status"] == "succeeded"
-    async with http.get(f"{gw.url}/v1/videos/{task['task_id']}/content", headers=BEARER) as answer:
-        assert answer.status == 200 and answer.headers["Content-Type"] == "video/mp4"
+    # Whose task it is cannot be told: a 503 to retry, never a 500, never another tenant's video.
+    for path in (f"/v1/video/generations/{task['task_id']}", f"/v1/videos/{task['task_id']}/content"):
+        async with http.get(gw.url + path, headers=BEARER) as answer:
+            assert answer.status == 503 and answer.headers["Retry-After"]
+            assert (await answer.json())["error"]["code"] == "state_unavailable"
+    redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                              "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    try:
+        await asyncio.sleep(0.5)
+        # Back, but empty (no persistence): the pin is gone, so the task is unknown, and says so.
+        async with http.get(f"{gw.url}/v1/video/generations/{task['task_id']}", headers=BEARER) as answer:
+            assert answer.status == 404
+        fresh = await submit(http, gw.url)
+        assert (await status(http, gw.url, fresh["task_id"]))["data"]["status"] in ("queued", "in_progress", "succeeded")
+    finally:
+        redis.terminate()
+        redis.wait(timeout=10)

@@ -64,6 +64,10 @@ class ServerConfig(Strict):
     max_header_kb: int = Field(default=32, ge=1, le=1024)  # request line and headers together: 431 past it
     max_headers: int = Field(default=100, ge=8, le=1000)
     client_idle_s: PositiveFloat = 30.0         # longest silence inside a request body: 408 past it
+    body_timeout_s: PositiveFloat = 300.0       # longest a whole request body may take to arrive: 408 past it
+    # Signed image and video URLs go on public_base_url, else on the address the request came in
+    # on; the client's Host header only when the operator says so (a client must not choose it).
+    base_url_from_host: bool = False
     keepalive_timeout_s: PositiveFloat = 75.0   # idle keep-alive connections, and headers slow to arrive, are closed
     workers: int | None = Field(default=None, ge=1, le=256)  # unset: every core with Redis state, 1 with memory
 
@@ -247,6 +251,7 @@ class KeyConfig(Strict):
 class RouteConfig(Strict):
     plugins: list[str] | None = None
     max_body_mb: PositiveFloat | None = None  # this route's body limit (JSON, raw or multipart); else the server's
+    body_timeout_s: PositiveFloat | None = None  # this route's whole-body deadline; else the server's
 
 
 class LoggingConfig(Strict):

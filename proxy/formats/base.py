@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
-from urllib.parse import quote
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -15,11 +15,11 @@ from proxy import jsonutil
 if TYPE_CHECKING:
     from proxy.sse import SSEEvent
 
-# Every place a client may have put a key: all are removed before a request goes upstream,
-# whichever the route reads, so a key sent in the "wrong" place never leaks either.
-CLIENT_KEY_HEADERS = ("authorization", "x-api-key", "x-goog-api-key")
+# Every header a client may have put a key in: on keyed routes all are removed before a request
+# goes upstream, whichever the route reads, so a key sent in the "wrong" place never leaks either.
+# (`api-key` is where some SDKs put it; query `key` pairs are taken apart in proxy.target.)
+CLIENT_KEY_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "api-key")
 CLIENT_KEY_QUERY = "key"
-_QUERY_KEY_PREFIX = CLIENT_KEY_QUERY + "="
 
 
 class KeyLocation(enum.Enum):
@@ -56,49 +56,52 @@ class Format:
     key_location: ClassVar[KeyLocation]
     json_content_type: ClassVar[str] = "application/json"
 
-    def client_key(self, request: web.BaseRequest) -> str | None:
-        """The gateway key the client sent, read only from this format's place."""
-        headers = request.headers
+    def client_key(self, headers: Mapping[str, str], query_key: str | None) -> str | None:
+        """The gateway key the client sent, read only from this format's place; `query_key` is
+        the decoded `key` query parameter."""
         location = self.key_location
         if location is KeyLocation.BEARER:
-            value = headers.get("authorization", "")
-            scheme, _, token = value.partition(" ")
+            scheme, _, token = headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer":
                 return None
             return token.strip() or None
         if location is KeyLocation.X_API_KEY:
             return headers.get("x-api-key") or None
         if location is KeyLocation.QUERY:
-            return request.query.get(CLIENT_KEY_QUERY) or None
+            return query_key or None
         return None
 
-    def strip_client_key(self, headers: CIMultiDict[str]) -> None:
-        """Remove every header a client key may travel in (the query key is left out by upstream_query)."""
-        if self.key_location is KeyLocation.NONE:
-            return
+    def strip_client_key(self, headers: CIMultiDict[str], is_gateway_key: Callable[[str], bool]) -> None:
+        """Remove every header a client key may travel in. A keyed format removes them all; a
+        keyless one (the account routes) removes only those holding one of the gateway's keys,
+        since anything else there is the account backend's own (a session token, say)."""
         for name in CLIENT_KEY_HEADERS:
+            if self.key_location is not KeyLocation.NONE:
+                headers.popall(name, None)
+                continue
+            kept = [value for value in headers.getall(name, ()) if not is_gateway_key(_bearer(value))]
             headers.popall(name, None)
+            for value in kept:
+                headers.add(name, value)
+
+    def keeps_query_key(self, value: str, is_gateway_key: Callable[[str], bool]) -> bool:
+        """Whether a client's `key` query pair goes upstream: never on a keyed route; on a
+        keyless one unless it is one of the gateway's keys."""
+        return self.key_location is KeyLocation.NONE and not is_gateway_key(value)
 
     def place_credential(self, credential: str, headers: CIMultiDict[str]) -> None:
-        """Put the channel's credential in this format's header (the query key goes by upstream_query)."""
+        """Put the channel's credential in this format's header (the query key: `credential_query`)."""
         location = self.key_location
         if location is KeyLocation.BEARER:
             headers["Authorization"] = f"Bearer {credential}"
         elif location is KeyLocation.X_API_KEY:
             headers["x-api-key"] = credential
 
-    def upstream_query(self, raw_query: str, credential: str | None) -> str:
-        """The client's query string as sent, minus its key, plus the channel's key where this format
-        carries it there. Untouched pairs keep the client's own encoding."""
-        if self.key_location is KeyLocation.NONE:
-            return raw_query
-        if raw_query:
-            pairs = [p for p in raw_query.split("&") if p and not p.startswith(_QUERY_KEY_PREFIX)]
-        else:
-            pairs = []
+    def credential_query(self, credential: str | None) -> tuple[tuple[str, str], ...]:
+        """The query pair carrying the channel's credential, for formats that carry it there."""
         if credential is not None and self.key_location is KeyLocation.QUERY:
-            pairs.append(_QUERY_KEY_PREFIX + quote(credential, safe=""))
-        return "&".join(pairs)
+            return ((CLIENT_KEY_QUERY, credential),)
+        return ()
 
     def error_payload(self, status: int, message: str, code: str | None = None,
                       param: str | None = None) -> dict[str, Any]:
@@ -145,3 +148,9 @@ def generic_error_type(status: int) -> str:
 def token_count(mapping: Any, key: str) -> int | None:
     value = mapping.get(key) if isinstance(mapping, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _bearer(value: str) -> str:
+    """A header value without an `Authorization` scheme word in front of it."""
+    scheme, _, token = value.partition(" ")
+    return token.strip() if token and scheme.lower() == "bearer" else value.strip()
