@@ -8,6 +8,8 @@ embed in text as Markdown data URLs get URLs too. The environment (`enabled`) an
 (`url_delivery`, or a label in `allow_labels`) must both allow it, else 503
 image_url_delivery_unavailable. A store failure falls back to Base64 with
 `X-Image-Delivery-Fallback: base64`, or, in strict mode, is a 502 image_url_delivery_failed.
+Only raster images (PNG, JPEG, WEBP, GIF, known by their bytes, whatever type the upstream
+declared) are stored; anything else stays Base64 in the answer, with the same header.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from proxy.body import MultipartBody
 from proxy.config import GatewayConfig
-from proxy.delivery.service import DeliveryService
+from proxy.delivery.service import DeliveryService, raster_type
 from proxy.delivery.signing import Signer
 from proxy.delivery.stores import BlobStore, LocalStore, RedisBlobStore, StoreError
 from proxy.exchange import Exchange, UpstreamResponse
@@ -31,7 +33,7 @@ from proxy.pipeline import Plugin
 
 _IMAGE_ROUTES = ("image_generations", "image_edits")
 _DATA_URL = re.compile(r"data:(image/[A-Za-z0-9.+-]+);base64,([A-Za-z0-9+/=]+)")
-_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
+_FALLBACK = "X-Image-Delivery-Fallback"
 
 
 class SigningKey(BaseModel):
@@ -85,7 +87,7 @@ class UrlDelivery(Plugin):
             self.resources[slot] = _make_store(settings, config)
         store = self.resources[slot]  # type: ignore[assignment]
         signer = Signer([(k.id, k.secret) for k in settings.signing_keys])
-        self.service = DeliveryService(store, signer, settings.ttl_s, config.server.public_base_url)
+        self.service = DeliveryService(store, signer, settings.ttl_s, config.server)
         self.resources["url_delivery"] = self.service  # what the gateway serves /images/... with
 
     async def start(self) -> None:
@@ -157,7 +159,7 @@ class UrlDelivery(Plugin):
                                                           "image_url_delivery_failed"))
                 return
             URL_DELIVERY.labels(ex.route.name, "fallback").inc()
-            ex.response_headers = {**(ex.response_headers or {}), "X-Image-Delivery-Fallback": "base64"}
+            ex.response_headers = {**(ex.response_headers or {}), _FALLBACK: "base64"}
             return  # the upstream's Base64 answer, untouched
         URL_DELIVERY.labels(ex.route.name, "stored" if changed else "native").inc()
         if changed:
@@ -170,14 +172,25 @@ class UrlDelivery(Plugin):
         return ex.key.url_delivery or bool(self.settings.allow_labels) and all(
             labels.get(k) == v for k, v in self.settings.allow_labels.items())
 
+    async def _mint(self, b64: str, ex: Exchange) -> tuple[str, str] | None:
+        """A signed URL for a Base64 raster image, with its media type; None (and the fallback
+        header) for anything else."""
+        data = _decode(b64)
+        kind = raster_type(data)
+        if kind is None:
+            ex.response_headers = {**(ex.response_headers or {}), _FALLBACK: "base64"}
+            return None
+        return await self.service.mint(data, kind, ex.request), kind
+
     async def _images(self, body: dict[str, Any], ex: Exchange) -> bool:
-        content_type = _TYPES.get(str(body.get("output_format") or "png"), "image/png")
         changed = False
         for item in body.get("data") or []:
             if isinstance(item, dict) and isinstance(item.get("b64_json"), str):
-                url = await self.service.mint(_decode(item["b64_json"]), content_type, ex.request)
+                minted = await self._mint(item["b64_json"], ex)
+                if minted is None:
+                    continue
                 del item["b64_json"]
-                item["url"] = url
+                item["url"] = minted[0]
                 changed = True
         return changed
 
@@ -190,22 +203,27 @@ class UrlDelivery(Plugin):
                     continue
                 inline = part.get("inlineData") or part.get("inline_data")
                 if isinstance(inline, dict) and isinstance(inline.get("data"), str):
-                    mime = inline.get("mimeType") or inline.get("mime_type") or "image/png"
-                    url = await self.service.mint(_decode(inline["data"]), mime, ex.request)
+                    minted = await self._mint(inline["data"], ex)
+                    if minted is None:
+                        continue
                     part.pop("inlineData", None)
                     part.pop("inline_data", None)
-                    part["fileData"] = {"mimeType": mime, "fileUri": url}
+                    part["fileData"] = {"mimeType": minted[1], "fileUri": minted[0]}
                     changed = True
                 elif isinstance(part.get("text"), str) and "data:image/" in part["text"]:
-                    part["text"] = await self._replace_data_urls(part["text"], ex)
-                    changed = True
+                    text = await self._replace_data_urls(part["text"], ex)
+                    changed = changed or text != part["text"]
+                    part["text"] = text
         return changed
 
     async def _replace_data_urls(self, text: str, ex: Exchange) -> str:
         out, last = [], 0
         for match in _DATA_URL.finditer(text):
+            minted = await self._mint(match[2], ex)
+            if minted is None:
+                continue  # not a raster image: the data URL stays as it was
             out.append(text[last:match.start()])
-            out.append(await self.service.mint(_decode(match[2]), match[1], ex.request))
+            out.append(minted[0])
             last = match.end()
         return "".join(out) + text[last:]
 

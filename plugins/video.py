@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from typing import Any, Literal
+from urllib.parse import quote
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,6 +25,7 @@ from proxy.config import GatewayConfig
 from proxy.exchange import Exchange, UpstreamResponse
 from proxy.observability.metrics import VIDEO_OUTCOMES
 from proxy.pipeline import Plugin
+from proxy.public_url import public_base_url
 from proxy.state import StateStore, make_store
 
 log = logging.getLogger("modelgate.video")
@@ -57,7 +59,7 @@ class VideoTasks(Plugin):
             self.resources["video.cache"] = make_store(config.state)
         self.cache: StateStore = self.resources["video.cache"]
         self.inflight: dict[str, asyncio.Future[None]] = self.resources.setdefault("video.inflight", {})  # type: ignore[assignment]
-        self.public_base = config.server.public_base_url
+        self.server = config.server
 
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
         route = ex.route.name
@@ -151,8 +153,7 @@ class VideoTasks(Plugin):
                             metadata={"rai_media_filtered_count": normal.get("count", 1),
                                       "rai_media_filtered_reasons": reasons})
         elif normal["status"] == "succeeded":
-            base = self.public_base or f"{ex.request.scheme}://{ex.request.host}"
-            data["url"] = f"{base}/v1/videos/{task_id}/content"
+            data["url"] = f"{public_base_url(ex.request, self.server)}/v1/videos/{quote(str(task_id), safe='')}/content"
         return {"code": "success", "message": "", "data": data}
 
 

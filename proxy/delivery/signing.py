@@ -41,7 +41,7 @@ class Signer:
         return SignedUrl(blob_id, expires, self._current, self._mac(self._current, blob_id, expires))
 
     def verify(self, blob_id: str, expires: int, key_id: str, signature: str) -> bool:
-        if key_id not in self._keys:
+        if key_id not in self._keys or not signature.isascii():
             return False
         return hmac.compare_digest(self._mac(key_id, blob_id, expires), signature)
 
