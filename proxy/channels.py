@@ -13,6 +13,7 @@ import re
 import time
 
 from proxy.config.model import ChannelConfig
+from proxy.redact import Redactor
 from proxy.routes import Route
 from proxy.upstream import UpstreamPool
 
@@ -20,7 +21,7 @@ _PROBE_LAPSE_S = 30.0
 
 
 class Channel:
-    __slots__ = ("config", "name", "base_url", "priority", "weight", "credential", "timeouts",
+    __slots__ = ("config", "name", "base_url", "priority", "weight", "credential", "redactor", "timeouts",
                  "_models", "_formats", "_endpoints", "_rename", "pool", "failures", "open_until", "probing",
                  "down")
 
@@ -31,6 +32,8 @@ class Channel:
         self.priority = config.priority
         self.weight = config.weight
         self.credential = config.credential
+        # What the upstream echoes of its credential never reaches a client (proxy.relay).
+        self.redactor = Redactor(config.credential) if config.credential else None
         self.timeouts = config.timeouts
         self._models = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in config.models))
         self._formats = frozenset(config.formats)

@@ -4,6 +4,10 @@
   (never buffered, never an event behind); per-event hooks see each event.
 - Buffered: read whole (within a limit) when a plugin or affinity must see the body.
 - Bytes: streamed through untouched (downloads, answers nobody needs to read).
+
+Whichever way, the channel's credential is taken out of every header the upstream sends,
+and out of the body of every answer that is not a success (an error quoting the request, a
+redirect): the upstream is trusted with the credential, the client never is.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from proxy.headers import end_to_end
 from proxy.observability.observer import Observer
 from proxy.observability.tracing import start_child
 from proxy.pipeline import Pipeline, plugin_name
+from proxy.redact import Redactor, StreamRedactor
 from proxy.routes import Pin
 from proxy.sse import SSEParser
 from proxy.upstream import Answer, UpstreamError
@@ -39,7 +44,7 @@ class Relay:
     """Writes one upstream answer to the client for one exchange."""
 
     __slots__ = ("ex", "upstream", "pipeline", "affinity", "buffer_limit", "request_id_header", "observer",
-                 "client_idle_s")
+                 "client_idle_s", "redactor")
 
     def __init__(self, ex: Exchange, upstream: Answer, pipeline: Pipeline,
                  affinity: Affinity, buffer_limit: int, request_id_header: str, observer: Observer,
@@ -52,17 +57,22 @@ class Relay:
         self.buffer_limit = buffer_limit
         self.request_id_header = request_id_header
         self.observer = observer
+        self.redactor: Redactor | None = ex.channel.redactor if ex.channel is not None else None
 
     async def send(self) -> web.StreamResponse:
         upstream = self.upstream
         ex = self.ex
+        length = upstream.content_length
+        if upstream.status >= 300 and self.redactor is not None:
+            # Not a success: read (error answers are small) so the credential can be taken out.
+            return await (self._send_buffered() if length is None or length <= self.buffer_limit
+                          else self._send_bytes())
         encoded = upstream.headers.get("content-encoding", "identity").lower() not in ("", "identity")
         if upstream.content_type == "text/event-stream" and not encoded:
             ex.streaming = True
             return await self._send_events()
         wants_body = bool(self.pipeline.response_hooks) or (
             ex.route.creates is not None and upstream.status < 300)
-        length = upstream.content_length
         if ex.answer_limit is not None and upstream.status < 300:
             if length is not None and length > ex.answer_limit:
                 upstream.close()
@@ -78,6 +88,10 @@ class Relay:
         """The client's response headers: the upstream's end-to-end ones (already filtered when
         given), plus the request id and the timing."""
         headers = filtered if filtered is not None else end_to_end(self.upstream.headers)
+        if self.redactor is not None:
+            redactor = self.redactor
+            if any(redactor.found_in(value) for value in headers.values()):
+                headers = CIMultiDict((name, redactor.text(value)) for name, value in headers.items())
         if self.ex.response_headers:
             headers.update(self.ex.response_headers)
         headers[self.request_id_header] = self.ex.request_id
@@ -106,6 +120,8 @@ class Relay:
         ex.upstream_finished = time.perf_counter()
         answer = UpstreamResponse(upstream.status, end_to_end(upstream.headers), b"".join(chunks))
         await self.pipeline.run_response(ex, answer)
+        if answer.status >= 300 and self.redactor is not None:
+            self._redact(answer)
         if ex.route.creates is not None and answer.status < 300:
             # after the hooks: an id in another upstream's shape has been normalised by then
             await self.affinity.remember_from_body(ex, answer.json())
@@ -114,6 +130,19 @@ class Relay:
         ex.bytes_out = len(answer.body)
         return web.Response(status=answer.status, body=answer.body, headers=headers)
 
+    def _redact(self, answer: UpstreamResponse) -> None:
+        """Take the credential out of a body that is not a success; one whose encoding cannot be
+        undone here is replaced by an error of the gateway's own."""
+        decoded = answer.decoded_body()
+        if decoded is None:
+            answer.set_json(self.ex.format.error_payload(
+                answer.status if answer.status >= 400 else 502, f"upstream answered {answer.status}"))
+            return
+        redacted = self.redactor.bytes(decoded)  # type: ignore[union-attr]
+        if redacted != decoded or decoded is not answer.body:
+            answer.body = redacted
+            answer.headers.popall("content-encoding", None)
+
     def _too_large(self) -> web.Response:
         limit_mb = (self.ex.answer_limit or 0) / (1024 * 1024)
         return self.ex.error_response(502, f"the upstream's answer is over the {limit_mb:g} MB processing limit",
@@ -121,19 +150,22 @@ class Relay:
 
     async def _send_bytes(self, prefix: bytes = b"") -> web.StreamResponse:
         ex, upstream = self.ex, self.upstream
+        scrub: StreamRedactor | None = None
+        if upstream.status >= 300 and self.redactor is not None:
+            scrub = self.redactor.stream()  # the length may change: the answer goes chunked
         response = web.StreamResponse(status=upstream.status, headers=self._headers())
-        response.content_length = upstream.content_length
+        response.content_length = upstream.content_length if scrub is None else None
         ex.status = upstream.status
         await response.prepare(ex.request)
         watch = ReaderWatch(ex, self.client_idle_s)
         try:
             if prefix:
-                await response.write(prefix)
-                ex.bytes_out += len(prefix)
+                await self._write(response, prefix, scrub)
             while chunk := await upstream.readany():
-                await response.write(chunk)
-                ex.bytes_out += len(chunk)
+                await self._write(response, chunk, scrub)
             ex.upstream_finished = time.perf_counter()
+            if scrub is not None:
+                await self._write(response, scrub.flush(), None)
             await response.write_eof()
         except _CLIENT_GONE:
             return self._client_gone(response)
@@ -149,6 +181,13 @@ class Relay:
         finally:
             watch.close()
         return response
+
+    async def _write(self, response: web.StreamResponse, chunk: bytes, scrub: StreamRedactor | None) -> None:
+        if scrub is not None:
+            chunk = scrub.feed(chunk)
+        if chunk:
+            await response.write(chunk)
+            self.ex.bytes_out += len(chunk)
 
     async def _send_events(self) -> web.StreamResponse:
         ex, upstream, pipeline = self.ex, self.upstream, self.pipeline
