@@ -134,7 +134,7 @@ def log_exchange(ex: Exchange, config: LoggingConfig) -> None:
         request_id=ex.request_id,
         route=ex.route.name,
         method=request.method,
-        path=request.path,
+        path=ex.route.path,  # the template: a client's path may hold anything, a key included
         status=ex.status,
         model=ex.model,
         upstream_model=ex.upstream_model,

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.web_urldispatcher import PlainResource
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from proxy import jsonutil
@@ -20,6 +21,7 @@ from proxy.delivery.service import PATH as DELIVERY_PATH
 from proxy.formats import ACCOUNT
 from proxy.formats.base import Format
 from proxy.gateway import Gateway
+from proxy.log_guard import guard_aiohttp_logs
 from proxy.observability.metrics import CONFIG_RELOADS, exposition, set_config_info
 from proxy.observability.tracing import Tracing
 from proxy.routes import ROUTES, Route
@@ -109,6 +111,7 @@ APP_KEY = web.AppKey("modelgate", GatewayApp)
 
 def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
               span_exporter: SpanExporter | None = None) -> web.Application:
+    guard_aiohttp_logs()
     owner = GatewayApp(loaded, config_path, span_exporter)
     app = web.Application(client_max_size=1024**4)  # bodies are read by the gateway, with its own limits
     app[APP_KEY] = owner
@@ -129,8 +132,26 @@ def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get(DELIVERY_PATH, _delivered_image)
+    not_origin_form = _NotOriginForm()
+    app.router.register_resource(not_origin_form)
+    not_origin_form.add_route("*", _not_origin_form)
     app.router.add_route("*", "/{tail:.*}", _unmatched)
     return app
+
+
+class _NotOriginForm(PlainResource):
+    """Matches a target that is no path at all (`OPTIONS *`), which no other resource can. It is
+    consulted only once a path has matched nothing else, so it costs the endpoints nothing."""
+
+    def __init__(self) -> None:
+        super().__init__("/")
+
+    def _match(self, path: str) -> dict[str, str] | None:
+        return None if path.startswith("/") else {}
+
+
+async def _not_origin_form(request: web.Request) -> web.Response:
+    return ACCOUNT.error_response(400, "the request target must be a path (origin-form)", "invalid_request_target")
 
 
 def _route_handler(owner: GatewayApp, route: Route):  # noqa: ANN202
@@ -189,6 +210,10 @@ _TEMPLATES = [(re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", r.path) + "$"), r)
 
 
 async def _unmatched(request: web.Request) -> web.Response:
+    if "#" in request.raw_path:  # aiohttp keeps a fragment in the path; an endpoint's own target has none
+        path = request.raw_path.partition("#")[0].partition("?")[0]
+        fmt = next((r.format for pattern, r in _TEMPLATES if pattern.match(path)), ACCOUNT)
+        return fmt.error_response(400, "the request target must not carry a #fragment", "invalid_request_target")
     allowed = sorted({r.method for pattern, r in _TEMPLATES if pattern.match(request.path)})
     if allowed:
         fmt: Format = next(r.format for pattern, r in _TEMPLATES if pattern.match(request.path))

@@ -75,7 +75,8 @@ class Tracing:
         span = self.tracer.start_span(
             f"{request.method} {ex.route.path}", context=parent, kind=SpanKind.SERVER,
             attributes={"http.request.method": request.method, "http.route": ex.route.path,
-                        "url.path": request.path, "url.scheme": request.scheme, "server.address": request.host,
+                        # the template, not the client's path, which may hold anything (a key, say)
+                        "url.path": ex.route.path, "url.scheme": request.scheme, "server.address": request.host,
                         "client.address": ex.client_ip, "gen_ai.operation.name": _OPERATIONS[ex.format.name],
                         "modelgate.route": ex.route.name, "modelgate.request_id": ex.request_id})
         if span.is_recording():
