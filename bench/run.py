@@ -5,7 +5,10 @@ alike. The proxies (nginx with one worker, the forwarder, the gateway) are pinne
 the load generator (wrk) and the upstream to core 1. nginx joins when it is installed
 (`apt-get install nginx-light`). Results, machine and versions go to bench/RESULTS.md.
 
-Usage: python bench/run.py [--duration S] [--rounds N] [--out FILE]
+With `--baseline REF` the gateway as it was at git REF runs beside the current one, on the same
+defaults and interleaved with it, so a change's cost is measured in one run on one machine.
+
+Usage: python bench/run.py [--duration S] [--rounds N] [--out FILE] [--baseline REF]
 """
 
 from __future__ import annotations
@@ -69,8 +72,22 @@ http {{
 """
 
 
-def start(cmd: list[str], core: int, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(["taskset", "-c", str(core), *cmd], stdout=log.open("wb"), stderr=subprocess.STDOUT)
+def start(cmd: list[str], core: int, log: Path, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["taskset", "-c", str(core), *cmd], stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            cwd=cwd or HERE.parent)
+
+
+def baseline_name(ref: str) -> str:
+    return f"modelgate at {ref}"
+
+
+def checkout(ref: str, work: Path) -> Path:
+    """The tree of `ref`, exported into the work directory (no worktree left behind)."""
+    target = work / "baseline"
+    target.mkdir()
+    archive = subprocess.run(["git", "-C", str(HERE.parent), "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target
 
 
 @dataclass
@@ -147,6 +164,7 @@ def main() -> int:
     parser.add_argument("--duration", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default=str(HERE / "RESULTS.md"))
+    parser.add_argument("--baseline", help="a git ref whose gateway runs beside this one")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is needed: apt-get install -y wrk")
@@ -167,14 +185,19 @@ def main() -> int:
         procs.append(start([nginx, "-c", str(work / "nginx.conf"), "-p", str(work)], 0, work / "nginx.log"))
         targets.append(Target("nginx", f"http://127.0.0.1:{nginx_port}", procs[-1].pid))
     # The upstream also takes the OTLP exporter's posts, so "everything on" pays for exporting, off core 0.
-    for name, observability in GATEWAYS.items():
+    gateways = [(name, observability, None) for name, observability in GATEWAYS.items()]
+    if args.baseline:
+        gateways.append((baseline_name(args.baseline), "", checkout(args.baseline, work)))
+    for name, observability, source in gateways:
         port = free_port()
         config = work / f"{name.replace(' ', '-')}.yaml"
         config.write_text(f'server: {{listen: "127.0.0.1:{port}"}}\n'
                           "keys: [{name: bench, key: bench-key-0123}]\n"
                           f"channels: [{{name: bench, base_url: '{upstream_url}', credential: upstream-key}}]\n"
                           + observability.replace("{UPSTREAM}", upstream_url))
-        procs.append(start([sys.executable, "-m", "proxy", "serve", "-c", str(config)], 0, work / f"{port}.log"))
+        # `python -m` puts its working directory first on the path: a checkout there is what runs.
+        procs.append(start([sys.executable, "-m", "proxy", "serve", "-c", str(config)], 0, work / f"{port}.log",
+                           cwd=source))
         targets.append(Target(name, f"http://127.0.0.1:{port}", procs[-1].pid))
     try:
         for target in targets[1:]:
@@ -296,7 +319,22 @@ def write_results(out: Path, targets: list[Target], args: argparse.Namespace) ->
         f"counts as none) — {'met' if gap_added < 0.5 else 'NOT met'}",
         "",
     ]
+    if args.baseline:
+        lines += baseline_lines(gateway, named[baseline_name(args.baseline)], args.baseline)
     update_section("throughput", "\n".join(lines), out)
+
+
+def baseline_lines(gateway: Target, before: Target, ref: str) -> list[str]:
+    """The current gateway against the one at `ref`, measured in the same run."""
+    med = statistics.median
+    lines = [f"### Against the gateway at `{ref}` (same run, same defaults)", "",
+             "| concurrency | requests/s now | requests/s at ref | CPU ms/request now | CPU ms/request at ref | CPU now / at ref |",
+             "|---|---|---|---|---|---|"]
+    for c in CONCURRENCY:
+        now, then = med(gateway.cpu_ms[c]), med(before.cpu_ms[c])
+        lines.append(f"| {c} | {med(gateway.rps[c]):,.0f} | {med(before.rps[c]):,.0f} | {now:.3f} | {then:.3f} | "
+                     f"{now / then:.2f}x |")
+    return [*lines, ""]
 
 
 if __name__ == "__main__":

@@ -170,7 +170,7 @@ def _status(body: dict[str, Any], task_id: str) -> dict[str, Any]:
     data = body.get("data") if isinstance(body.get("data"), dict) else body
     raw = str(data.get("status") or data.get("state") or "").lower()
     status = _STATES.get(raw, "queued")
-    normal: dict[str, Any] = {"task_id": data.get("task_id") or task_id, "status": status}
+    normal: dict[str, Any] = {"task_id": task_id, "status": status}  # the id the client asked about
     if isinstance(data.get("progress"), int):
         normal["progress"] = data["progress"]
     metadata = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}

@@ -6,11 +6,17 @@ channel issued it, and for which tenant (proxy.keys.GatewayKey.tenant), in the s
 `previous_response_id` lands on the same channel from any gateway instance, and the auth
 plugin can refuse it to any other tenant: every key shares the channel's credential, so the
 upstream alone cannot tell them apart.
+
+A video task id goes into follow-up paths, so it must keep to the task-id grammar
+(proxy/target.py). An upstream id that does not (`models/x/operations/1`) is never handed out:
+the client gets an alias of the gateway's own, and follow-ups send the upstream's id, from the
+record, re-quoted as one path segment.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +25,7 @@ from proxy.exchange import Exchange
 from proxy.routes import Pin
 from proxy.sse import SSEEvent
 from proxy.state import StateStore
+from proxy.target import PARAM_GRAMMAR
 
 log = logging.getLogger("modelgate.affinity")
 
@@ -31,6 +38,7 @@ class PinRecord:
 
     channel: str
     owner: str | None  # the tenant that made it; "" when no key did; None: recorded before owners were
+    upstream_id: str | None = None  # the upstream's own id, when the client holds an alias of it
 
 
 class StateUnavailable(Exception):
@@ -59,22 +67,37 @@ class Affinity:
             raise StateUnavailable(type(exc).__name__) from None
         ex.followed = _record(raw) if raw else None
 
-    async def remember(self, ex: Exchange, pin: Pin, ref: Any) -> None:
+    async def remember(self, ex: Exchange, pin: Pin, ref: Any) -> str | None:
+        """Record who made `ref` and where; the id to hand out (an alias when `ref` could not be
+        followed), or None when there is nothing to record."""
         if not isinstance(ref, str) or not ref or len(ref) > _MAX_ID_LENGTH or ex.channel is None:
-            return
-        value = jsonutil.dumps({"channel": ex.channel.name, "owner": ex.tenant or ""}).decode()
+            return None
+        record = {"channel": ex.channel.name, "owner": ex.tenant or ""}
+        handed_out = ref
+        if pin is Pin.VIDEO_TASK and PARAM_GRAMMAR["task_id"][0].fullmatch(ref) is None:
+            handed_out = "task_mg_" + secrets.token_urlsafe(18)
+            record["upstream"] = ref
         try:
-            await self._store.set(_key(pin, ref), value, self._ttl_s)
+            await self._store.set(_key(pin, handed_out), jsonutil.dumps(record).decode(), self._ttl_s)
         except Exception:
             # The answer is already good; losing the pin costs a later poll, not this request.
             log.exception("could not record affinity", extra={"request_id": ex.request_id})
+        return handed_out
 
-    async def remember_from_body(self, ex: Exchange, body: Any) -> None:
+    async def remember_from_body(self, ex: Exchange, body: Any) -> bool:
+        """Record the id an answer carries; True when the body now carries an alias in its place."""
         pin = ex.route.creates
         if pin is None or not isinstance(body, dict):
-            return
-        ref = body.get("task_id") or body.get("id") if pin is Pin.VIDEO_TASK else body.get("id")
-        await self.remember(ex, pin, ref)
+            return False
+        fields = ("task_id", "id") if pin is Pin.VIDEO_TASK else ("id",)
+        ref = next((body[f] for f in fields if body.get(f)), None)
+        handed_out = await self.remember(ex, pin, ref)
+        if handed_out is None or handed_out == ref:
+            return False
+        for field in fields:
+            if body.get(field) == ref:
+                body[field] = handed_out
+        return True
 
     async def remember_from_event(self, ex: Exchange, event: SSEEvent) -> bool:
         """Record the response id of a `response.created` event; True once done."""
@@ -99,7 +122,7 @@ def _record(raw: str) -> PinRecord:
     if not raw.startswith("{"):
         return PinRecord(raw, None)  # a channel name alone: recorded before ids had owners
     data = jsonutil.loads(raw)
-    return PinRecord(str(data.get("channel", "")), data.get("owner"))
+    return PinRecord(str(data.get("channel", "")), data.get("owner"), data.get("upstream"))
 
 
 def _key(pin: Pin, ref: str) -> str:

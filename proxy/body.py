@@ -20,6 +20,7 @@ from proxy.routes import Body
 from proxy.schemas.common import Violation
 
 _SPOOL_IN_MEMORY = 4 * 1024 * 1024
+_MEDIA_TYPE = re.compile(r"(?:application|text|multipart|image|audio|video|font|model|message)/[A-Za-z0-9.+-]{1,64}")
 _READ_SIZE = 256 * 1024
 
 
@@ -83,7 +84,10 @@ async def read_body(ex: Exchange, limit: int, upload_limit: int | None = None, i
         return
     content_type = request.headers.get("Content-Type")
     if kind is not Body.RAW and content_type is not None and "json" not in content_type.split(";", 1)[0].lower():
-        raise BodyError(400, "Content-Type: must be application/json", "Content-Type")
+        sent = content_type.split(";", 1)[0].strip()
+        # The media type is named back only when it is one: a header may hold anything, a key too.
+        named = f", not {sent}" if _MEDIA_TYPE.fullmatch(sent) else ""
+        raise BodyError(400, f"Content-Type: must be application/json{named}", "Content-Type")
     declared = request.content_length
     if declared is not None and declared > limit:
         raise BodyError(413, f"request body of {declared} bytes is over the {limit}-byte limit")

@@ -256,6 +256,8 @@ class Gateway:
         or the body) where the channel knows it by another name; before the on_upstream hooks, so
         they see the channel's name."""
         assert ex.target is not None
+        if ex.followed is not None and ex.followed.upstream_id is not None:
+            return ex.target.path(task_id=ex.followed.upstream_id)  # the client holds an alias of it
         if ex.model is None:
             return ex.target.path()
         ex.upstream_model = channel.upstream_model(ex.model)

@@ -124,7 +124,9 @@ class Relay:
             self._redact(answer)
         if ex.route.creates is not None and answer.status < 300:
             # after the hooks: an id in another upstream's shape has been normalised by then
-            await self.affinity.remember_from_body(ex, answer.json())
+            body = answer.json()
+            if await self.affinity.remember_from_body(ex, body):
+                answer.set_json(body)  # it now carries the gateway's alias of the upstream's id
         headers = self._headers(answer.headers)
         ex.status = answer.status
         ex.bytes_out = len(answer.body)

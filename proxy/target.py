@@ -27,6 +27,9 @@ PARAM_GRAMMAR: dict[str, tuple[re.Pattern[str], str]] = {
 }
 # Query parameter names that carry a client's key to the gateway (compared decoded, in any case).
 KEY_PARAMS = frozenset({"key"})
+# Left as they are when a query value is encoded again: legal in a query (RFC 3986 3.4) and read
+# the same by every server. `;` (an old separator), `&`, `=`, `+` and `#` are always encoded.
+_QUERY_SAFE = ",:@/!$'()*~"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _TEMPLATE_PARAM = re.compile(r"\{([^}]+)\}")
 
@@ -45,7 +48,7 @@ class Target:
 
     template: str
     params: dict[str, str]
-    query: list[tuple[str, str]] = field(default_factory=list)   # without client-key pairs
+    query: list[tuple[str, str | None]] = field(default_factory=list)  # without client-key pairs; None: no `=`
     keys: list[tuple[str, str]] = field(default_factory=list)    # the client-key pairs taken out
 
     def key(self) -> str | None:
@@ -54,14 +57,16 @@ class Target:
 
     def path(self, **overrides: str) -> str:
         """The template with each parameter re-quoted; `overrides` replace values (a renamed model)."""
+        if not self.params:
+            return self.template
         values = {**self.params, **overrides}
         return _TEMPLATE_PARAM.sub(lambda m: quote(values[m[1]], safe="@+=:~"), self.template)
 
     def query_string(self, extra: tuple[tuple[str, str], ...] = ()) -> str:
-        pairs = [*self.query, *extra]
         # surrogateescape: a keyless route's undecodable `key` pair goes on as the bytes it came as
-        return "&".join(f"{quote(name, safe='')}={quote(value, safe='', errors='surrogateescape')}"
-                        for name, value in pairs)
+        return "&".join(quote(name, safe=_QUERY_SAFE) if value is None else
+                        f"{quote(name, safe=_QUERY_SAFE)}={quote(value, safe=_QUERY_SAFE, errors='surrogateescape')}"
+                        for name, value in [*self.query, *extra])
 
 
 def build_target(raw_target: str, template: str, params: dict[str, str]) -> Target:
@@ -78,24 +83,25 @@ def build_target(raw_target: str, template: str, params: dict[str, str]) -> Targ
     return Target(template, params, query, keys)
 
 
-def parse_query(raw: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """Decoded pairs (`+` is a space, as in forms), and apart from them the client-key pairs.
-    A pair that does not decode to UTF-8, or that holds a control character, is refused."""
-    pairs: list[tuple[str, str]] = []
+def parse_query(raw: str) -> tuple[list[tuple[str, str | None]], list[tuple[str, str]]]:
+    """Decoded pairs (`+` is a space, as in forms; a bare name has the value None), and apart
+    from them the client-key pairs. A pair that does not decode to UTF-8, or that holds a control
+    character, is refused."""
+    pairs: list[tuple[str, str | None]] = []
     keys: list[tuple[str, str]] = []
     if not raw:
         return pairs, keys
     for item in raw.split("&"):
         if not item:
             continue
-        raw_name, _, raw_value = item.partition("=")
+        raw_name, equals, raw_value = item.partition("=")
         name = _decode(raw_name)
         if name.lower() in KEY_PARAMS:
             # A key that is not UTF-8 is kept undecodable: no key matches it, so it is a 401.
             keys.append((name, _decode(raw_value, "surrogateescape")))
             continue
-        value = _decode(raw_value)
-        if _CONTROL.search(name) or _CONTROL.search(value):
+        value = _decode(raw_value) if equals else None
+        if _CONTROL.search(name) or value is not None and _CONTROL.search(value):
             raise TargetError("a query parameter holds a control character")
         pairs.append((name, value))
     return pairs, keys

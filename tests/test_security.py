@@ -567,3 +567,34 @@ async def test_limits_hold_across_three_instances_whatever_request_id_is_repeate
     assert sorted(s.status for s in streams) == [200, 200, 429, 429, 429, 429]
     statuses = [(await send_raw(urls[i % 3], *post(target, same_id, CONTENT))).status for i in range(36)]
     assert statuses.count(200) == 30 - 2 and statuses.count(429) == 8  # the two streams counted too
+
+
+async def test_an_upstream_task_id_no_path_could_hold_is_handed_out_as_an_alias(start_gateway):  # noqa: ANN001
+    operation = "models/videogen-3.0/operations/op 1"
+
+    def google_style(received: Received) -> bytes:
+        if received.method == "POST":
+            return json_answer(200, {"name": operation, "done": False})
+        return json_answer(200, {"name": operation, "done": True, "status": "completed",
+                                 "url": "https://cdn.example/v.mp4"})
+
+    server, received = recording_upstream(google_style)
+    async with server:
+        gw = await start_gateway(config(server.url))
+        made = await send_raw(gw.url, *post("/v1/video/generations", bearer(ALICE), VIDEO))
+        alias = made.json()["task_id"]
+        assert alias != operation and PARAM_GRAMMAR["task_id"][0].fullmatch(alias)
+        assert made.json()["id"] == alias
+        polled = await get(gw.url, f"/v1/video/generations/{alias}", ALICE_TOO)
+        assert polled.status == 200
+        assert polled.json()["data"]["task_id"] == alias
+        assert polled.json()["data"]["url"] == f"{gw.url}/v1/videos/{alias}/content"
+        # The upstream's own id, from the gateway's record, as one segment.
+        assert received[-1].target == "/v1/video/generations/models%2Fvideogen-3.0%2Foperations%2Fop%201"
+        assert (await get(gw.url, f"/v1/video/generations/{alias}", BOB)).status == 404
+
+
+async def test_the_rebuilt_query_reads_as_the_clients_did(gw, upstream):  # noqa: ANN001
+    target = f"/v1beta/models/genmodel-2.0-flash:generateContent?alt=sse&flag&list=a,b:c&q=x+y%2By&key={ALICE}"
+    assert (await send_raw(gw.url, *post(target, "", CONTENT))).status == 200
+    assert upstream[1][-1].query == f"alt=sse&flag&list=a,b:c&q=x%20y%2By&key={SECRET}"
