@@ -27,7 +27,7 @@ from proxy.config import GatewayConfig
 from proxy.delivery.service import DeliveryService, raster_type
 from proxy.delivery.signing import Signer
 from proxy.delivery.stores import BlobStore, LocalStore, RedisBlobStore, StoreError
-from proxy.exchange import Exchange, UpstreamResponse
+from proxy.exchange import DECODED_LIMIT, AnswerTooLarge, Exchange, UpstreamResponse
 from proxy.observability.metrics import URL_DELIVERY
 from proxy.pipeline import Plugin
 
@@ -138,9 +138,10 @@ class UrlDelivery(Plugin):
         mode = ex.plugin_state.get(self.name)
         if mode is None or upstream.status >= 300:
             return
-        decoded = upstream.decoded_body()
         limit = ex.answer_limit or 0
-        if decoded is not None and limit and len(decoded) > limit:  # a small gzip can hide a large answer
+        try:
+            upstream.decoded_body(limit or DECODED_LIMIT)
+        except AnswerTooLarge:  # a small gzip can hide a large answer
             upstream.status = 502
             upstream.set_json(ex.format.error_payload(
                 502, f"the upstream's answer is over the {limit / (1024 * 1024):g} MB processing limit",

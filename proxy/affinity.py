@@ -7,10 +7,12 @@ channel issued it, and for which tenant (proxy.keys.GatewayKey.tenant), in the s
 plugin can refuse it to any other tenant: every key shares the channel's credential, so the
 upstream alone cannot tell them apart.
 
-A video task id goes into follow-up paths, so it must keep to the task-id grammar
-(proxy/target.py). An upstream id that does not (`models/x/operations/1`) is never handed out:
-the client gets an alias of the gateway's own, and follow-ups send the upstream's id, from the
-record, re-quoted as one path segment.
+A record is written only where none is: an id never changes hands. A video task id goes into
+follow-up paths, so it must keep to the task-id grammar (proxy/target.py) and be the gateway's
+to give: an upstream id that breaks the grammar (`models/x/operations/1`), or that another
+channel or request already holds, is never handed out. The client gets an alias of the
+gateway's own, and follow-ups send the upstream's id, from the record, re-quoted as one path
+segment. A response id that is already held stays with its first owner.
 """
 
 from __future__ import annotations
@@ -74,15 +76,24 @@ class Affinity:
             return None
         record = {"channel": ex.channel.name, "owner": ex.tenant or ""}
         handed_out = ref
-        if pin is Pin.VIDEO_TASK and PARAM_GRAMMAR["task_id"][0].fullmatch(ref) is None:
-            handed_out = "task_mg_" + secrets.token_urlsafe(18)
-            record["upstream"] = ref
         try:
-            await self._store.set(_key(pin, handed_out), jsonutil.dumps(record).decode(), self._ttl_s)
+            if pin is Pin.VIDEO_TASK and PARAM_GRAMMAR["task_id"][0].fullmatch(ref) is None:
+                handed_out = await self._alias(record, pin, ref)
+            elif not await self._store.add(_key(pin, ref), jsonutil.dumps(record).decode(), self._ttl_s):
+                if pin is Pin.VIDEO_TASK:
+                    handed_out = await self._alias(record, pin, ref)
+                else:
+                    log.warning("a response id was made twice; it stays with its first owner",
+                                extra={"request_id": ex.request_id})
         except Exception:
             # The answer is already good; losing the pin costs a later poll, not this request.
             log.exception("could not record affinity", extra={"request_id": ex.request_id})
         return handed_out
+
+    async def _alias(self, record: dict[str, str], pin: Pin, ref: str) -> str:
+        alias = "task_mg_" + secrets.token_urlsafe(18)
+        await self._store.set(_key(pin, alias), jsonutil.dumps({**record, "upstream": ref}).decode(), self._ttl_s)
+        return alias
 
     async def remember_from_body(self, ex: Exchange, body: Any) -> bool:
         """Record the id an answer carries; True when the body now carries an alias in its place."""

@@ -72,10 +72,14 @@ async def read_body(ex: Exchange, limit: int, upload_limit: int | None = None, i
         return
     pace = Pace(idle_s, total_s)
     request = ex.request
+    if kind is not Body.RAW and any(c.strip().lower() not in ("", "identity")
+                                    for v in request.headers.getall("Content-Encoding", ()) for c in v.split(",")):
+        # The gateway reads these bodies to check them; an encoded one it would forward unread.
+        raise BodyError(415, "Content-Encoding: send the request body without one", "Content-Encoding")
     if kind is Body.JSON_OR_MULTIPART and request.content_type == "multipart/form-data":
         observer = MultipartObserver.for_content_type(request.headers.get("content-type", ""))
         if observer is None:
-            raise BodyError(400, "multipart/form-data body without a boundary")
+            raise BodyError(400, "multipart/form-data needs exactly one boundary of RFC 2046's characters")
         upload_limit = upload_limit or limit
         declared = request.content_length
         if declared is not None and declared > upload_limit:  # refused before a byte of it is read
@@ -122,6 +126,7 @@ async def _open_multipart(ex: Exchange, observer: MultipartObserver, limit: int,
     ex.multipart = observer
     body = MultipartBody(ex.request, observer, pace)
     body.checks.append(_size_check(limit))
+    body.checks.append(_single_fields)
     await body.read_until_field("model")
     stream_flag = observer.field("stream")
     ex.streaming = stream_flag is not None and stream_flag.strip().lower() == "true"
@@ -142,6 +147,18 @@ def _size_check(limit: int) -> FormCheck:
         return None
 
     return too_large
+
+
+# Form fields the gateway decides by: given twice, a reader that takes the other one would see
+# another request than the one checked.
+_DECIDING_FIELDS = ("model", "stream", "response_format")
+
+
+def _single_fields(observer: MultipartObserver, finished: bool) -> Violation | None:
+    names = [part.name for part in observer.parts if not part.is_file and part.name in _DECIDING_FIELDS]
+    if len(names) != len(set(names)):
+        return Violation("", "a form field the gateway decides by is given twice")
+    return None
 
 
 class MultipartBody:
@@ -240,6 +257,9 @@ class MultipartBody:
             raise BodyRejected(str(exc)) from None
 
     def _stop_if_rejected(self, finished: bool) -> None:
+        if self.observer.error:
+            self.rejection = Violation("", f"malformed multipart body: {self.observer.error}")
+            raise BodyRejected(str(self.rejection))
         if self.checks and (violation := self.run_checks(finished)) is not None:
             self.rejection = violation
             raise BodyRejected(str(violation))

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from proxy.target import Target
 
 _UNPARSED = object()
+DECODED_LIMIT = 64 * 1024 * 1024  # the most of a decoded answer body the gateway will hold
 
 
 class Exchange:
@@ -123,6 +124,10 @@ class Exchange:
         return max(0.0, total - self.upstream_seconds())
 
 
+class AnswerTooLarge(Exception):
+    """An upstream answer larger, once decoded, than the gateway will hold."""
+
+
 class UpstreamResponse:
     """A buffered upstream answer that `on_response` hooks may read and change."""
 
@@ -139,24 +144,32 @@ class UpstreamResponse:
     def is_json(self) -> bool:
         return "json" in self.headers.get("content-type", "")
 
-    def decoded_body(self) -> bytes | None:
-        """The body without its Content-Encoding, or None when it cannot be decoded here."""
-        encoding = self.headers.get("content-encoding", "identity").strip().lower()
-        if encoding in ("", "identity"):
+    def decoded_body(self, limit: int = DECODED_LIMIT) -> bytes | None:
+        """The body without its Content-Encoding, or None when it cannot be decoded here: an
+        unknown coding, more than one (in one header or several), or bytes that do not decode.
+        More than `limit` bytes once decoded (a small gzip can hide a huge body) raise AnswerTooLarge."""
+        codings = [c.strip().lower() for v in self.headers.getall("content-encoding", ()) for c in v.split(",")]
+        codings = [c for c in codings if c not in ("", "identity")]
+        if not codings:
             return self.body
+        if len(codings) > 1 or codings[0] not in ("gzip", "x-gzip", "deflate"):
+            return None
+        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS if codings[0] != "deflate" else zlib.MAX_WBITS)
         try:
-            if encoding in ("gzip", "x-gzip"):
-                return zlib.decompress(self.body, 16 + zlib.MAX_WBITS)
-            if encoding == "deflate":
-                return zlib.decompress(self.body)
+            data = inflate.decompress(self.body, limit + 1)
         except zlib.error:
             return None
-        return None
+        if len(data) > limit:
+            raise AnswerTooLarge(limit)
+        return data if inflate.eof else None
 
     def json(self) -> Any:
         if self._json is _UNPARSED:
             self._json = None
-            raw = self.decoded_body() if self.is_json else None
+            try:
+                raw = self.decoded_body() if self.is_json else None
+            except AnswerTooLarge:
+                raw = None
             if raw:
                 try:
                     self._json = jsonutil.loads(raw)

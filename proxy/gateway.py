@@ -36,6 +36,12 @@ log = logging.getLogger("modelgate.gateway")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Body fields the gateway decides by (a key's model allow-list, whose response is followed, how
+# the answer is read). An upstream's JSON parser may read them otherwise than the gateway's
+# does: the first of two, a name in other letter case, a name spelled with \u escapes.
+_DECIDING_FIELDS = ("model", "previous_response_id", "stream")
+_DECIDING_NAMES = tuple(f'"{name}"'.encode() for name in _DECIDING_FIELDS)
+_ESCAPED_LETTER = re.compile(rb"\\u00[4-7][0-9a-fA-F]")
 # Request ids: a random per-process prefix and a counter; unique across instances, and far
 # cheaper than a uuid4 (an os.urandom call) per request.
 _ID_PREFIX = os.urandom(8).hex()
@@ -111,7 +117,7 @@ class Gateway:
             if exc.status == 408:
                 refusal.force_close()  # the rest of a stalled body must not be read as the next request
             return self._finish_local(ex, refusal, id_header)
-        refusal = self._resolve_model(ex)
+        refusal = self._resolve_model(ex) or self._settle_json(ex)
         if refusal is not None:
             return self._finish_local(ex, refusal, id_header)
         if ex.route.follows is not None:
@@ -180,6 +186,23 @@ class Gateway:
             return ex.error_response(400, "model: must not have surrounding whitespace or control characters",
                                      param="model")
         ex.model = model
+        return None
+
+    @staticmethod
+    def _settle_json(ex: Exchange) -> web.Response | None:
+        """Make sure the upstream reads the fields the gateway decided by as the gateway read them:
+        a field given again in other letter case is a 400; a body where one may be given twice, or
+        spelled with escapes, goes upstream re-encoded from what the gateway parsed."""
+        body = ex.json() if ex.body else None
+        if not isinstance(body, dict):
+            return None
+        for name in body:
+            lower = name.lower()
+            if lower != name and lower in _DECIDING_FIELDS:
+                return ex.error_response(400, f"{lower}: given again in other letter case", param=lower)
+        raw = ex.body or b""
+        if _ESCAPED_LETTER.search(raw) or any(raw.count(name) > 1 for name in _DECIDING_NAMES):
+            ex.set_json(body)
         return None
 
     async def _choose_channel(self, ex: Exchange, runtime: Runtime) -> web.Response | None:
@@ -271,8 +294,7 @@ class Gateway:
     def _request_for(ex: Exchange, channel: Channel, path: str) -> tuple[str, bytes | AsyncIterator[bytes] | None]:
         """The request target and body for this channel; its credential goes into the headers."""
         headers = ex.headers
-        if channel.credential:
-            ex.format.place_credential(channel.credential, headers)
+        ex.format.place_credential(channel.credential, headers)
         data: bytes | AsyncIterator[bytes] | None = ex.body
         if ex.body_stream is not None:
             data = ex.body_stream

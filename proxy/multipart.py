@@ -11,7 +11,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from aiohttp.helpers import parse_mimetype
+
 _HEADER_LIMIT = 16 * 1024
+# RFC 2046 5.1.1: 1-70 characters, none of them a space at the end.
+_BOUNDARY = re.compile(r"[0-9A-Za-z'()+_,\-./:=? ]{0,69}[0-9A-Za-z'()+_,\-./:=?]")
 _DISPOSITION_PARAM = re.compile(r';\s*([A-Za-z0-9_*-]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^;\s]+))')
 
 
@@ -45,8 +49,12 @@ class MultipartObserver:
 
     @classmethod
     def for_content_type(cls, content_type: str) -> MultipartObserver | None:
-        match = re.search(r'boundary="?([^";]+)"?', content_type, re.I)
-        return cls(boundary=match.group(1).encode("latin-1")) if match else None
+        """An observer for the one boundary the Content-Type names; None when it names none, two,
+        or one that is not a boundary (a reader that picked another would see another form)."""
+        boundaries = parse_mimetype(content_type).parameters.getall("boundary", [])
+        if len(boundaries) != 1 or not _BOUNDARY.fullmatch(boundaries[0]):
+            return None
+        return cls(boundary=boundaries[0].encode("ascii"))
 
     def field(self, name: str) -> str | None:
         """The text value of the first non-file part called `name`, once fully read."""
@@ -59,7 +67,10 @@ class MultipartObserver:
         return [p for p in self.parts if p.is_file]
 
     def feed(self, chunk: bytes) -> None:
-        if self.done or self.error:
+        if self.error:
+            return
+        if self.done:
+            self._epilogue(chunk)
             return
         self._buffer += chunk
         while self._step():
@@ -83,7 +94,8 @@ class MultipartObserver:
             if len(self._buffer) < 2:
                 return False
             if self._buffer[:2] == b"--":
-                self.done, self._buffer = True, b""
+                rest, self.done, self._buffer = self._buffer[2:], True, b""
+                self._epilogue(rest)
                 return False
             end = self._buffer.find(b"\r\n")
             if end < 0:
@@ -116,13 +128,24 @@ class MultipartObserver:
         self._state = "after_delimiter"
         return True
 
+    def _epilogue(self, data: bytes) -> None:
+        # Nothing but line ends may follow the close: bytes there go upstream unchecked.
+        if data.strip(b" \t\r\n"):
+            self.error = "data after the closing delimiter"
+
     def _start_part(self, raw_headers: bytes) -> None:
         name, filename, content_type = None, None, None
+        dispositions = 0
         for line in raw_headers.decode("utf-8", "replace").split("\r\n"):
             key, _, value = line.partition(":")
             key = key.strip().lower()
             if key == "content-disposition":
-                params = {m[0].lower(): (m[1] if m[1] or not m[2] else m[2]) for m in _DISPOSITION_PARAM.findall(value)}
+                dispositions += 1
+                found = [(m[0].lower(), m[1] if m[1] or not m[2] else m[2]) for m in _DISPOSITION_PARAM.findall(value)]
+                params = dict(found)
+                if dispositions > 1 or len(params) != len(found):
+                    self.error = "a part names itself twice"  # readers differ on which one counts
+                    return
                 name, filename = params.get("name"), params.get("filename")
             elif key == "content-type":
                 content_type = value.strip()

@@ -20,7 +20,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy.client_limits import ReaderWatch
-from proxy.exchange import Exchange, UpstreamResponse
+from proxy.exchange import AnswerTooLarge, Exchange, UpstreamResponse
 from proxy.headers import end_to_end
 from proxy.observability.observer import Observer
 from proxy.observability.tracing import start_child
@@ -65,10 +65,10 @@ class Relay:
         length = upstream.content_length
         if upstream.status >= 300 and self.redactor is not None:
             # Not a success: read (error answers are small) so the credential can be taken out.
-            return await (self._send_buffered() if length is None or length <= self.buffer_limit
-                          else self._send_bytes())
-        encoded = upstream.headers.get("content-encoding", "identity").lower() not in ("", "identity")
-        if upstream.content_type == "text/event-stream" and not encoded:
+            if length is None or length <= self.buffer_limit:
+                return await self._send_buffered()
+            return self._unredactable() if _encoded(upstream.headers) else await self._send_bytes()
+        if upstream.content_type == "text/event-stream" and not _encoded(upstream.headers):
             ex.streaming = True
             return await self._send_events()
         wants_body = bool(self.pipeline.response_hooks) or (
@@ -90,8 +90,10 @@ class Relay:
         headers = filtered if filtered is not None else end_to_end(self.upstream.headers)
         if self.redactor is not None:
             redactor = self.redactor
-            if any(redactor.found_in(value) for value in headers.values()):
-                headers = CIMultiDict((name, redactor.text(value)) for name, value in headers.items())
+            if any(redactor.found_in(name) or redactor.found_in(value) for name, value in headers.items()):
+                # A value is redacted; a header whose name holds the credential is dropped.
+                headers = CIMultiDict((name, redactor.text(value)) for name, value in headers.items()
+                                      if not redactor.found_in(name))
         if self.ex.response_headers:
             headers.update(self.ex.response_headers)
         headers[self.request_id_header] = self.ex.request_id
@@ -110,6 +112,8 @@ class Relay:
                     upstream.close()
                     return self._too_large()
                 if size > self.buffer_limit:
+                    if upstream.status >= 300 and self.redactor is not None and _encoded(upstream.headers):
+                        return self._unredactable()
                     # Too large to hold: what was read goes first, the rest streams, hooks are skipped.
                     return await self._send_bytes(prefix=b"".join(chunks))
         except (TimeoutError, *_UPSTREAM_BROKE) as exc:
@@ -135,7 +139,10 @@ class Relay:
     def _redact(self, answer: UpstreamResponse) -> None:
         """Take the credential out of a body that is not a success; one whose encoding cannot be
         undone here is replaced by an error of the gateway's own."""
-        decoded = answer.decoded_body()
+        try:
+            decoded = answer.decoded_body(self.buffer_limit)
+        except AnswerTooLarge:
+            decoded = None
         if decoded is None:
             answer.set_json(self.ex.format.error_payload(
                 answer.status if answer.status >= 400 else 502, f"upstream answered {answer.status}"))
@@ -144,6 +151,13 @@ class Relay:
         if redacted != decoded or decoded is not answer.body:
             answer.body = redacted
             answer.headers.popall("content-encoding", None)
+
+    def _unredactable(self) -> web.Response:
+        """An error answer too large to decode here: it cannot be checked, so it is not sent."""
+        self.upstream.close()
+        status = self.upstream.status
+        return self.ex.error_response(status if status >= 400 else 502,
+                                      f"upstream answered {status} with a compressed body too large to check")
 
     def _too_large(self) -> web.Response:
         limit_mb = (self.ex.answer_limit or 0) / (1024 * 1024)
@@ -296,6 +310,11 @@ class StreamWatch:
             span.set_attribute("modelgate.events", self.events)
             span.end()
         self.observer.stream_closed(self.ex, self.events, self.first_byte_at, time.perf_counter())
+
+
+def _encoded(headers: CIMultiDict[str]) -> bool:
+    return any(c.strip().lower() not in ("", "identity") for v in headers.getall("content-encoding", ())
+               for c in v.split(","))
 
 
 def _server_timing(ex: Exchange) -> str:

@@ -64,7 +64,10 @@ async def start_runner(app: web.Application, config: ServerConfig) -> web.AppRun
     """The app's runner, set up with the server's limits (a restart applies changes to them)."""
     # A client that goes away cancels its handler, and with it the upstream request.
     # SIGTERM: stop listening, let requests in flight (streams too) finish within the drain timeout.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=config.drain_timeout_s,
+    # Request bodies are taken as sent, never inflated by the server: a webhook stays byte-exact, and
+    # a body whose coding the gateway does not read is refused by the route (proxy/body.py).
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, auto_decompress=False,
+                           shutdown_timeout=config.drain_timeout_s,
                            keepalive_timeout=config.keepalive_timeout_s, **parser_limits(config),
                            # what is left of a refused body is read and dropped for a while, so the client
                            # sees the answer rather than a reset; a client silent that long is not waited for

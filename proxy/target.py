@@ -96,14 +96,15 @@ def parse_query(raw: str) -> tuple[list[tuple[str, str | None]], list[tuple[str,
             continue
         raw_name, equals, raw_value = item.partition("=")
         name = _decode(raw_name)
-        if name.lower() in KEY_PARAMS:
-            # A key that is not UTF-8 is kept undecodable: no key matches it, so it is a 401.
-            keys.append((name, _decode(raw_value, "surrogateescape")))
-            continue
-        value = _decode(raw_value) if equals else None
+        # A key that is not UTF-8 is kept undecodable: no key matches it, so it is a 401.
+        is_key = name.lower() in KEY_PARAMS
+        value = _decode(raw_value, "surrogateescape" if is_key else "strict") if equals else None
         if _CONTROL.search(name) or value is not None and _CONTROL.search(value):
             raise TargetError("a query parameter holds a control character")
-        pairs.append((name, value))
+        if is_key:
+            keys.append((name, value or ""))
+        else:
+            pairs.append((name, value))
     return pairs, keys
 
 

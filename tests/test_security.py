@@ -19,14 +19,15 @@ from tests.raw_http import Answerer, Received, json_answer, recording_upstream, 
 
 ALICE, ALICE_TOO, BOB, GEN_ONLY = "sk-alice-0000001", "sk-alice-0000002", "sk-bob-00000001", "sk-gen-00000001"
 SECRET = "upstream-secret-9f8e7d"  # the channel's credential
-LIMITED = "sk-limited-000001"
+LIMITED, CHEAP = "sk-limited-000001", "sk-cheap-0000001"
 
 
 TENANTS = f"""
   - {{name: alice, key: {ALICE}, labels: {{tenant: team-a}}, url_delivery: true}}
   - {{name: alice-too, key: {ALICE_TOO}, labels: {{tenant: team-a}}}}
   - {{name: bob, key: {BOB}, url_delivery: true}}
-  - {{name: gen-only, key: {GEN_ONLY}, models: ["genmodel-*"]}}"""
+  - {{name: gen-only, key: {GEN_ONLY}, models: ["genmodel-*"]}}
+  - {{name: cheap, key: {CHEAP}, models: ["imagegen-1"]}}"""
 
 
 def config(upstream_url: str, extra: str = "", keys: str = TENANTS) -> str:
@@ -598,3 +599,139 @@ async def test_the_rebuilt_query_reads_as_the_clients_did(gw, upstream):  # noqa
     target = f"/v1beta/models/genmodel-2.0-flash:generateContent?alt=sse&flag&list=a,b:c&q=x+y%2By&key={ALICE}"
     assert (await send_raw(gw.url, *post(target, "", CONTENT))).status == 200
     assert upstream[1][-1].query == f"alt=sse&flag&list=a,b:c&q=x%20y%2By&key={SECRET}"
+
+
+# Found by review: each of these once got past the guarantees above.
+
+async def test_a_failed_over_request_carries_only_the_next_channels_credential(start_gateway):  # noqa: ANN001
+    paid, paid_seen = recording_upstream(lambda r: json_answer(503, {"error": "busy"}))
+    local, local_seen = recording_upstream(lambda r: json_answer(
+        400, {"echo": r.head.decode("latin-1")}))
+    async with paid, local:
+        gw = await start_gateway(config("unused").replace(
+            f'channels: [{{name: up, base_url: "unused", credential: {SECRET}}}]',
+            f'channels: [{{name: paid, base_url: "{paid.url}", credential: {SECRET}, priority: 0}},'
+            f' {{name: local, base_url: "{local.url}", priority: 1}}]'))
+        for target, headers, body in (
+                ("/v1/responses", bearer(ALICE), b'{"model":"respmodel-4o","input":"x"}'),
+                ("/v1/messages", f"x-api-key: {ALICE}\r\nmsgapi-version: 2023-06-01\r\n",
+                 b'{"model":"msgmodel-haiku-4-5","max_tokens":5,"messages":[{"role":"user","content":"x"}]}')):
+            answer = await send_raw(gw.url, *post(target, headers, body))
+            assert answer.status == 400 and SECRET not in answer.body.decode()
+    assert len(paid_seen) == 2 and all(SECRET in r.head.decode() for r in paid_seen)
+    assert len(local_seen) == 2 and not any(SECRET in r.head.decode() for r in local_seen)
+
+
+def leaky(status: int, extra_headers: str, body: bytes) -> Answerer:
+    def answer(received: Received) -> bytes:
+        return (f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n{extra_headers}"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    return answer
+
+
+LEAK = json.dumps({"error": f"invalid key {SECRET}"}).encode()
+
+
+@pytest.mark.parametrize("answerer", [
+    leaky(401, "Content-Encoding: identity\r\nContent-Encoding: gzip\r\n", gzip.compress(LEAK)),
+    leaky(401, "Content-Encoding:\r\nContent-Encoding: gzip\r\n", gzip.compress(LEAK)),
+    leaky(500, "Content-Encoding: gzip\r\n", gzip.compress(LEAK + b" " * 200_000 + LEAK, mtime=0)),  # past the buffer
+    leaky(500, "Content-Encoding: gzip\r\n", gzip.compress(LEAK + bytes(range(256)) * 600)),         # large, and dense
+    leaky(400, f"X-Key-{SECRET}: 1\r\n", b"{}"),
+], ids=["two-codings", "empty-then-gzip", "inflates-past-limit", "large-compressed", "in-a-header-name"])
+async def test_what_hides_the_credential_from_redaction_does_not_reach_the_client(start_gateway, answerer):  # noqa: ANN001
+    server, _ = recording_upstream(answerer)
+    async with server:
+        gw = await start_gateway(config(server.url, "server: {max_json_body_mb: 0.1}"))
+        answer = await send_raw(gw.url, *post("/v1/responses", bearer(ALICE) + "Accept-Encoding: gzip\r\n",
+                                              b'{"model":"respmodel-4o","input":"x"}'))
+    assert answer.status >= 400
+    body = answer.body
+    if "gzip" in answer.headers.get("content-encoding", ""):
+        body = gzip.decompress(body)
+    assert SECRET.encode() not in body and SECRET not in repr(answer.headers)
+
+
+async def test_account_routes_drop_a_gateway_key_however_it_is_written(gw, upstream):  # noqa: ANN001
+    for header in (f"Authorization: Bearer\t{ALICE}", f"Authorization: Token {ALICE}", f"Authorization: Bearer {ALICE}, Bearer x",
+                   f"api-key: {BOB},{ALICE}", f"x-api-key:  {ALICE}  "):
+        answer = await send_raw(gw.url, *post("/api/user/login/2fa", header + "\r\n", b"{}"))
+        assert answer.status == 200
+    for query in (f"key=+{ALICE}", f"key=%20{ALICE}", f"key={ALICE}%20", f"key={ALICE}%2C{BOB}"):
+        assert (await send_raw(gw.url, *post(f"/api/stripe/webhook?{query}", "", b"{}"))).status == 200
+    assert (await send_raw(gw.url, *post(f"/api/stripe/webhook?key={ALICE}%00", "", b"{}"))).status == 400
+    assert len(upstream[1]) == 9
+    for received in upstream[1]:
+        assert ALICE not in unquote(received.head.decode("latin-1")), received.head
+
+
+async def test_two_channels_naming_the_same_task_never_share_it(start_gateway):  # noqa: ANN001
+    one, one_seen = recording_upstream()
+    two, two_seen = recording_upstream()
+    async with one, two:
+        gw = await start_gateway(config("unused").replace(
+            f'channels: [{{name: up, base_url: "unused", credential: {SECRET}}}]',
+            f'channels: [{{name: one, base_url: "{one.url}", models: ["videogen-3.0*"]}},'
+            f' {{name: two, base_url: "{two.url}", models: ["videogen-3.1*"]}}]'))
+        mine = await send_raw(gw.url, *post("/v1/video/generations", bearer(ALICE), VIDEO))
+        theirs = await send_raw(gw.url, *post("/v1/video/generations", bearer(BOB),
+                                              b'{"model":"videogen-3.1-generate-preview","prompt":"x"}'))
+        assert mine.json()["task_id"] == "task_1"  # both upstreams said task_1
+        alias = theirs.json()["task_id"]
+        assert alias != "task_1"
+        assert (await get(gw.url, "/v1/video/generations/task_1", BOB)).status == 404
+        assert (await get(gw.url, "/v1/video/generations/task_1", ALICE)).status == 200
+        assert (await get(gw.url, f"/v1/video/generations/{alias}", BOB)).status == 200
+    assert one_seen[-1].target == two_seen[-1].target == "/v1/video/generations/task_1"
+
+
+async def test_json_fields_the_gateway_decides_by_reach_the_upstream_as_it_read_them(gw, upstream):  # noqa: ANN001
+    headers = f"x-api-key: {GEN_ONLY}\r\nmsgapi-version: 2023-06-01\r\n"
+    case = b'{"model":"msgmodel-haiku-4-5","MODEL":"x","max_tokens":5,"messages":[{"role":"user","content":"x"}]}'
+    assert (await send_raw(gw.url, *post("/v1/messages", bearer(ALICE) + headers, case))).status == 400
+    made = await send_raw(gw.url, *post("/v1/responses", bearer(ALICE), b'{"model":"respmodel-4o","input":"x"}'))
+    mine = made.json()["id"]
+    for body in (f'{{"model":"respmodel-4o","input":"x","previous_response_id":"resp_other","previous_response_id":"{mine}"}}',
+                 f'{{"model":"respmodel-4o","input":"x","previous_response_\\u0069d":"{mine}"}}'):
+        answer = await send_raw(gw.url, *post("/v1/responses", bearer(ALICE), body.encode()))
+        assert answer.status == 200, answer.body
+        sent = json.loads(upstream[1][-1].body)
+        assert sent["previous_response_id"] == mine and upstream[1][-1].body.count(b"previous_response_id") == 1
+
+
+def form(boundary: bytes, *fields: tuple[str, bytes], tail: bytes = b"") -> bytes:
+    out = b""
+    for name, value in fields:
+        filename = b'; filename="a.png"' if name == "image" else b""
+        out += b"--" + boundary + b'\r\nContent-Disposition: form-data; name="' + name.encode() + b'"' + filename
+        out += b"\r\n\r\n" + value + b"\r\n"
+    return out + b"--" + boundary + b"--\r\n" + tail
+
+
+@pytest.mark.parametrize(("content_type", "body", "status"), [
+    ("multipart/form-data; xboundary=AAA; boundary=BBB",
+     form(b"AAA", ("model", b"imagegen-1"), ("prompt", b"x"), ("image", PNG))
+     + form(b"BBB", ("model", b"imagegen-2"), ("prompt", b"x"), ("image", PNG)), 403),  # BBB's model is checked
+    ("multipart/form-data; boundary=AAA; boundary=BBB", form(b"AAA", ("model", b"imagegen-2"), ("image", PNG)), 400),
+    ("multipart/form-data; boundary=\xff", form(b"AAA", ("model", b"imagegen-2"), ("image", PNG)), 400),
+    ("multipart/form-data; boundary=AAA", form(b"AAA", ("model", b"imagegen-1"), ("prompt", b"x"),
+                                                ("model", b"imagegen-2"), ("image", PNG)), 400),
+    ("multipart/form-data; boundary=AAA", form(b"AAA", ("model", b"imagegen-1"), ("prompt", b"x"), ("image", PNG),
+                                                tail=b"--BBB\r\n" + b"x" * 300_000), 400),
+], ids=["hidden-boundary", "two-boundaries", "not-a-boundary", "model-twice", "data-after-the-close"])
+async def test_a_form_read_two_ways_is_refused(gw, upstream, content_type, body, status):  # noqa: ANN001
+    head = (f"POST /v1/images/edits HTTP/1.1\r\n{bearer(CHEAP)}Content-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}").encode("latin-1")
+    answer = await send_raw(gw.url, head, body)
+    assert answer.status == status, answer.body
+    assert not any(r.path == "/v1/images/edits" and len(r.body) == len(body) for r in upstream[1])
+
+
+async def test_request_bodies_are_taken_as_sent(gw, upstream):  # noqa: ANN001
+    packed = gzip.compress(b'{"model":"respmodel-4o","input":"x"}')
+    head = f"POST /v1/responses HTTP/1.1\r\n{bearer(ALICE)}Content-Type: application/json\r\nContent-Encoding: gzip"
+    assert (await send_raw(gw.url, f"{head}\r\nContent-Length: {len(packed)}".encode(), packed)).status == 415
+    assert (await send_raw(gw.url, f"{head}\r\nContent-Length: 7".encode(), b"notgzip")).status == 415
+    head = "POST /api/stripe/webhook HTTP/1.1\r\nContent-Type: application/json\r\nContent-Encoding: gzip"
+    assert (await send_raw(gw.url, f"{head}\r\nContent-Length: {len(packed)}".encode(), packed)).status == 200
+    assert upstream[1][-1].body == packed and b"content-encoding: gzip" in upstream[1][-1].head.lower()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -79,7 +80,7 @@ class Format:
             if self.key_location is not KeyLocation.NONE:
                 headers.popall(name, None)
                 continue
-            kept = [value for value in headers.getall(name, ()) if not is_gateway_key(_bearer(value))]
+            kept = [value for value in headers.getall(name, ()) if not holds_key(value, is_gateway_key)]
             headers.popall(name, None)
             for value in kept:
                 headers.add(name, value)
@@ -87,11 +88,19 @@ class Format:
     def keeps_query_key(self, value: str, is_gateway_key: Callable[[str], bool]) -> bool:
         """Whether a client's `key` query pair goes upstream: never on a keyed route; on a
         keyless one unless it is one of the gateway's keys."""
-        return self.key_location is KeyLocation.NONE and not is_gateway_key(value)
+        return self.key_location is KeyLocation.NONE and not holds_key(value, is_gateway_key)
 
-    def place_credential(self, credential: str, headers: CIMultiDict[str]) -> None:
-        """Put the channel's credential in this format's header (the query key: `credential_query`)."""
+    def place_credential(self, credential: str | None, headers: CIMultiDict[str]) -> None:
+        """Put the channel's credential in this format's header (the query key: `credential_query`),
+        in place of whatever an earlier attempt put there: a channel failed over from must not
+        hand its credential to the next one."""
         location = self.key_location
+        if location is KeyLocation.NONE:
+            return
+        for name in CLIENT_KEY_HEADERS:
+            headers.popall(name, None)
+        if credential is None:
+            return
         if location is KeyLocation.BEARER:
             headers["Authorization"] = f"Bearer {credential}"
         elif location is KeyLocation.X_API_KEY:
@@ -150,7 +159,10 @@ def token_count(mapping: Any, key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _bearer(value: str) -> str:
-    """A header value without an `Authorization` scheme word in front of it."""
-    scheme, _, token = value.partition(" ")
-    return token.strip() if token and scheme.lower() == "bearer" else value.strip()
+_TOKEN_SEPARATORS = re.compile(r"[\s,]+")
+
+
+def holds_key(value: str, is_gateway_key: Callable[[str], bool]) -> bool:
+    """Whether any word of a header or query value (split at whitespace and commas, so a scheme
+    word like `Bearer` or `Token`, a list, or padding hides nothing) is a gateway key."""
+    return any(is_gateway_key(token) for token in _TOKEN_SEPARATORS.split(value) if token)

@@ -36,6 +36,12 @@ class MemoryStore:
         while len(self._items) > self._max_items:
             del self._items[next(iter(self._items))]
 
+    async def add(self, key: str, value: str, ttl_s: int) -> bool:
+        if await self.get(key) is not None:
+            return False
+        await self.set(key, value, ttl_s)
+        return True
+
     async def ping(self) -> bool:
         return True
 

@@ -20,6 +20,9 @@ class RedisStore:
     async def set(self, key: str, value: str, ttl_s: int) -> None:
         await self._client.set(self._prefix + key, value, ex=ttl_s)
 
+    async def add(self, key: str, value: str, ttl_s: int) -> bool:
+        return bool(await self._client.set(self._prefix + key, value, ex=ttl_s, nx=True))
+
     async def ping(self) -> bool:
         try:
             return bool(await self._client.ping())
