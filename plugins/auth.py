@@ -52,7 +52,8 @@ class Auth(Plugin):
         if location is KeyLocation.NONE:
             return None
         assert ex.target is not None
-        presented = ex.format.client_key(ex.request.headers, ex.target.key())
+        presented = ex.format.client_key(ex.request.headers,
+                                         ex.target.key() if location is KeyLocation.QUERY else None)
         if not presented:
             return self._refuse(ex, 401, f"no API key: send it in {_WHERE[location]}", "missing_api_key")
         key = self.keys.find(presented)

@@ -42,13 +42,16 @@ class Pace:
     def __init__(self, idle_s: float = 30.0, total_s: float = 300.0) -> None:
         self.idle_s = idle_s
         self.total_s = total_s
-        self._deadline = asyncio.get_running_loop().time() + total_s
+        self._deadline = 0.0  # set at the first wait: a body that came whole never reads the clock
 
     async def read(self, content: StreamReader) -> bytes:
         """The next chunk of a client's body; 408 past either limit."""
         if content.is_eof():  # all of it is here: no wait, so no timer
             return await content.read(_READ_SIZE)
-        left = self._deadline - asyncio.get_running_loop().time()
+        now = asyncio.get_running_loop().time()
+        if not self._deadline:
+            self._deadline = now + self.total_s
+        left = self._deadline - now
         if left <= 0:
             raise self._late()
         try:
@@ -70,10 +73,10 @@ async def read_body(ex: Exchange, limit: int, upload_limit: int | None = None, i
     kind = ex.route.body
     if kind is Body.NONE:
         return
-    pace = Pace(idle_s, total_s)
     request = ex.request
-    if kind is not Body.RAW and any(c.strip().lower() not in ("", "identity")
-                                    for v in request.headers.getall("Content-Encoding", ()) for c in v.split(",")):
+    if kind is not Body.RAW and "Content-Encoding" in request.headers and any(
+            c.strip().lower() not in ("", "identity")
+            for v in request.headers.getall("Content-Encoding") for c in v.split(",")):
         # The gateway reads these bodies to check them; an encoded one it would forward unread.
         raise BodyError(415, "Content-Encoding: send the request body without one", "Content-Encoding")
     if kind is Body.JSON_OR_MULTIPART and request.content_type == "multipart/form-data":
@@ -84,7 +87,7 @@ async def read_body(ex: Exchange, limit: int, upload_limit: int | None = None, i
         declared = request.content_length
         if declared is not None and declared > upload_limit:  # refused before a byte of it is read
             raise BodyError(413, f"upload of {declared} bytes is over the {upload_limit}-byte limit")
-        await _open_multipart(ex, observer, upload_limit, pace)
+        await _open_multipart(ex, observer, upload_limit, Pace(idle_s, total_s))
         return
     content_type = request.headers.get("Content-Type")
     if kind is not Body.RAW and content_type is not None and "json" not in content_type.split(";", 1)[0].lower():
@@ -95,7 +98,7 @@ async def read_body(ex: Exchange, limit: int, upload_limit: int | None = None, i
     declared = request.content_length
     if declared is not None and declared > limit:
         raise BodyError(413, f"request body of {declared} bytes is over the {limit}-byte limit")
-    ex.body = await _read_whole(request, limit, pace)
+    ex.body = await _read_whole(request, limit, idle_s, total_s)
     if kind is Body.RAW or not ex.body:
         return
     parsed = ex.json()
@@ -105,7 +108,7 @@ async def read_body(ex: Exchange, limit: int, upload_limit: int | None = None, i
         ex.streaming = True
 
 
-async def _read_whole(request: web.Request, limit: int, pace: Pace) -> bytes:
+async def _read_whole(request: web.Request, limit: int, idle_s: float, total_s: float) -> bytes:
     content = request.content
     if content.is_eof():  # the whole body came with the headers, as small JSON bodies do
         data = content.read_nowait()
@@ -114,6 +117,7 @@ async def _read_whole(request: web.Request, limit: int, pace: Pace) -> bytes:
         return data
     chunks: list[bytes] = []
     size = 0
+    pace = Pace(idle_s, total_s)
     while chunk := await pace.read(request.content):
         size += len(chunk)
         if size > limit:

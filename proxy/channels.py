@@ -94,30 +94,44 @@ class Channel:
         return f"Channel({self.name!r}, {self.base_url!r})"
 
 
+_CANDIDATE_CACHE = 4096  # (route, model) pairs remembered; models are the client's words, so bounded
+
+
 class ChannelSet:
-    __slots__ = ("channels", "_by_name")
+    __slots__ = ("channels", "_by_name", "_candidates")
 
     def __init__(self, channels: list[Channel]) -> None:
         self.channels = channels
         self._by_name = {c.name: c for c in channels}
+        # What serves a route and model follows from config alone, so it is worked out once per pair.
+        self._candidates: dict[tuple[str, str | None], list[Channel]] = {}
 
     def get(self, name: str) -> Channel | None:
         return self._by_name.get(name)
 
     def candidates(self, route: Route, model: str | None) -> list[Channel]:
-        return [c for c in self.channels
-                if c.serves(route) and (model is None or c.serves_model(model))]
+        key = (route.name, model)
+        found = self._candidates.get(key)
+        if found is None:
+            found = [c for c in self.channels if c.serves(route) and (model is None or c.serves_model(model))]
+            if len(self._candidates) >= _CANDIDATE_CACHE:
+                self._candidates.clear()
+            self._candidates[key] = found
+        return found
 
     def pick(self, route: Route, model: str | None, exclude: tuple[Channel, ...] = ()) -> Channel | None:
         """The channel for a request: lowest priority number, then weight; channels whose breaker
         is open, and those already tried, are passed over."""
         now = time.monotonic()
         found = [c for c in self.candidates(route, model) if c not in exclude and c.available(now)]
-        if not found:
+        if len(found) <= 1:
+            chosen = found[0] if found else None  # the usual case: one channel, nothing to weigh
+        else:
+            best = min(c.priority for c in found)
+            tier = [c for c in found if c.priority == best]
+            chosen = tier[0] if len(tier) == 1 else random.choices(tier, weights=[c.weight for c in tier])[0]
+        if chosen is None:
             return None
-        best = min(c.priority for c in found)
-        tier = [c for c in found if c.priority == best]
-        chosen = tier[0] if len(tier) == 1 else random.choices(tier, weights=[c.weight for c in tier])[0]
         if chosen.open_until:
             chosen.probing = now  # half-open: this request finds out whether it recovered
         return chosen

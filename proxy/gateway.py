@@ -40,8 +40,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # the answer is read). An upstream's JSON parser may read them otherwise than the gateway's
 # does: the first of two, a name in other letter case, a name spelled with \u escapes.
 _DECIDING_FIELDS = ("model", "previous_response_id", "stream")
-_DECIDING_NAMES = tuple(f'"{name}"'.encode() for name in _DECIDING_FIELDS)
-_ESCAPED_LETTER = re.compile(rb"\\u00[4-7][0-9a-fA-F]")
+_DECIDING_SPELLINGS = re.compile(rb'"(?i:model|previous_response_id|stream)"|\\u00[4-7][0-9a-fA-F]')
+_DECIDING_NAMES = frozenset(f'"{name}"'.encode() for name in _DECIDING_FIELDS)
 # Request ids: a random per-process prefix and a counter; unique across instances, and far
 # cheaper than a uuid4 (an os.urandom call) per request.
 _ID_PREFIX = os.urandom(8).hex()
@@ -193,16 +193,19 @@ class Gateway:
         """Make sure the upstream reads the fields the gateway decided by as the gateway read them:
         a field given again in other letter case is a 400; a body where one may be given twice, or
         spelled with escapes, goes upstream re-encoded from what the gateway parsed."""
-        body = ex.json() if ex.body else None
+        found = _DECIDING_SPELLINGS.findall(ex.body) if ex.body else None
+        if not found:
+            return None
+        body = ex.json()
         if not isinstance(body, dict):
             return None
-        for name in body:
-            lower = name.lower()
-            if lower != name and lower in _DECIDING_FIELDS:
-                return ex.error_response(400, f"{lower}: given again in other letter case", param=lower)
-        raw = ex.body or b""
-        if _ESCAPED_LETTER.search(raw) or any(raw.count(name) > 1 for name in _DECIDING_NAMES):
-            ex.set_json(body)
+        if not _DECIDING_NAMES.issuperset(found):  # another letter case, or an escape: look closer
+            for name in body:
+                lower = name.lower()
+                if lower != name and lower in _DECIDING_FIELDS:
+                    return ex.error_response(400, f"{lower}: given again in other letter case", param=lower)
+        if len(found) > 1 and (len(set(found)) < len(found) or not _DECIDING_NAMES.issuperset(found)):
+            ex.set_json(body)  # a name given twice, or spelled otherwise: sent as the gateway read it
         return None
 
     async def _choose_channel(self, ex: Exchange, runtime: Runtime) -> web.Response | None:

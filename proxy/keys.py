@@ -36,6 +36,8 @@ class GatewayKey:
     labels: dict[str, str] = field(default_factory=dict)
     _models: re.Pattern[str] | None = None
     limits_config: Any = None  # the key's KeyLimits (rates, concurrency, per-model rates)
+    # Who owns what this key makes: its `tenant` label when it has one, else the key alone.
+    tenant: str = ""
 
     @classmethod
     def build(cls, name: str, sha256: bytes, *, enabled: bool, expires_at: datetime | None,
@@ -44,7 +46,7 @@ class GatewayKey:
         pattern = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in models)) if models != ["*"] else None
         return cls(name, sha256, enabled, expires_at, tuple(models),
                    frozenset(endpoints) if endpoints is not None else None, url_delivery, dict(labels), pattern,
-                   limits)
+                   limits, f"tenant:{labels[TENANT_LABEL]}" if labels.get(TENANT_LABEL) else f"key:{name}")
 
     def expired(self, now: datetime | None = None) -> bool:
         return self.expires_at is not None and (now or datetime.now(timezone.utc)) >= self.expires_at
@@ -55,11 +57,6 @@ class GatewayKey:
     def allows_route(self, route: str) -> bool:
         return self.endpoints is None or route in self.endpoints
 
-    @property
-    def tenant(self) -> str:
-        """Who owns what this key makes: its `tenant` label when it has one, else the key alone."""
-        label = self.labels.get(TENANT_LABEL)
-        return f"tenant:{label}" if label else f"key:{self.name}"
 
 
 class KeyRing:

@@ -5,9 +5,9 @@
 - Buffered: read whole (within a limit) when a plugin or affinity must see the body.
 - Bytes: streamed through untouched (downloads, answers nobody needs to read).
 
-Whichever way, the channel's credential is taken out of every header the upstream sends,
-and out of the body of every answer that is not a success (an error quoting the request, a
-redirect): the upstream is trusted with the credential, the client never is.
+Whichever way, the channel's credential is taken out of the headers and the body of every
+answer that is not a success (an error quoting the request, a redirect), and out of the
+URL-carrying headers of a success: the upstream is trusted with the credential, the client never is.
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ log = logging.getLogger("modelgate.relay")
 
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _CLIENT_GONE = (ConnectionResetError, ConnectionError)
+# Headers of a success that carry a URL, where an upstream may echo the query it was sent (and
+# the credential in it); a success's other headers, and its body, are passed as they are.
+_LINKS = ("location", "content-location", "link", "refresh")
 _UPSTREAM_BROKE = (UpstreamError,)
 
 
@@ -88,7 +91,7 @@ class Relay:
         """The client's response headers: the upstream's end-to-end ones (already filtered when
         given), plus the request id and the timing."""
         headers = filtered if filtered is not None else end_to_end(self.upstream.headers)
-        if self.redactor is not None:
+        if self.redactor is not None and (self.upstream.status >= 300 or _carries_link(headers)):
             redactor = self.redactor
             if any(redactor.found_in(name) or redactor.found_in(value) for name, value in headers.items()):
                 # A value is redacted; a header whose name holds the credential is dropped.
@@ -310,6 +313,13 @@ class StreamWatch:
             span.set_attribute("modelgate.events", self.events)
             span.end()
         self.observer.stream_closed(self.ex, self.events, self.first_byte_at, time.perf_counter())
+
+
+def _carries_link(headers: CIMultiDict[str]) -> bool:
+    for name in _LINKS:
+        if name in headers:
+            return True
+    return False
 
 
 def _encoded(headers: CIMultiDict[str]) -> bool:

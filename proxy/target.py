@@ -53,6 +53,8 @@ class Target:
 
     def key(self) -> str | None:
         """The first value of a `key` parameter (exactly that name, once decoded)."""
+        if not self.keys:
+            return None
         return next((value for name, value in self.keys if name == "key" and value), None)
 
     def path(self, **overrides: str) -> str:
@@ -63,6 +65,8 @@ class Target:
         return _TEMPLATE_PARAM.sub(lambda m: quote(values[m[1]], safe="@+=:~"), self.template)
 
     def query_string(self, extra: tuple[tuple[str, str], ...] = ()) -> str:
+        if not self.query and not extra:
+            return ""
         # surrogateescape: a keyless route's undecodable `key` pair goes on as the bytes it came as
         return "&".join(quote(name, safe=_QUERY_SAFE) if value is None else
                         f"{quote(name, safe=_QUERY_SAFE)}={quote(value, safe=_QUERY_SAFE, errors='surrogateescape')}"

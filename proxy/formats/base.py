@@ -76,11 +76,14 @@ class Format:
         """Remove every header a client key may travel in. A keyed format removes them all; a
         keyless one (the account routes) removes only those holding one of the gateway's keys,
         since anything else there is the account backend's own (a session token, say)."""
+        keyed = self.key_location is not KeyLocation.NONE
         for name in CLIENT_KEY_HEADERS:
-            if self.key_location is not KeyLocation.NONE:
-                headers.popall(name, None)
+            if name not in headers:
                 continue
-            kept = [value for value in headers.getall(name, ()) if not holds_key(value, is_gateway_key)]
+            if keyed:
+                del headers[name]
+                continue
+            kept = [value for value in headers.getall(name) if not holds_key(value, is_gateway_key)]
             headers.popall(name, None)
             for value in kept:
                 headers.add(name, value)
@@ -93,18 +96,19 @@ class Format:
     def place_credential(self, credential: str | None, headers: CIMultiDict[str]) -> None:
         """Put the channel's credential in this format's header (the query key: `credential_query`),
         in place of whatever an earlier attempt put there: a channel failed over from must not
-        hand its credential to the next one."""
+        hand its credential to the next one. (The client's key headers are gone by then:
+        strip_client_key; only this format's own header can hold an earlier credential.)"""
         location = self.key_location
-        if location is KeyLocation.NONE:
-            return
-        for name in CLIENT_KEY_HEADERS:
-            headers.popall(name, None)
-        if credential is None:
-            return
         if location is KeyLocation.BEARER:
-            headers["Authorization"] = f"Bearer {credential}"
+            name, value = "Authorization", f"Bearer {credential}"
         elif location is KeyLocation.X_API_KEY:
-            headers["x-api-key"] = credential
+            name, value = "x-api-key", credential or ""
+        else:
+            return
+        if credential is not None:
+            headers[name] = value
+        elif name in headers:
+            del headers[name]
 
     def credential_query(self, credential: str | None) -> tuple[tuple[str, str], ...]:
         """The query pair carrying the channel's credential, for formats that carry it there."""
