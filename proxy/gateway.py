@@ -20,6 +20,7 @@ from proxy.affinity import Affinity, StateUnavailable
 from proxy.body import BodyError, MultipartBody, read_body
 from proxy.channels import Channel
 from proxy.client_limits import ConnectionCount, header_problem
+from proxy.deciding_fields import resolve_model, settle_json
 from proxy.config.model import ServerConfig
 from proxy.exchange import Exchange
 from proxy.observability.tracing import Tracing, end_request, inject, start_child
@@ -35,25 +36,10 @@ from proxy.upstream import ConnectFailed, ConnectTimeout, InvalidRequest, Reques
 log = logging.getLogger("modelgate.gateway")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-# Body fields the gateway decides by (a key's model allow-list and its channel, whose response is
-# followed). An upstream's JSON parser may read them otherwise than the gateway's does: the first
-# of two, a name in other letter case, a name spelled with \u escapes. (`stream` is not one: the
-# relay follows the answer's own content type.)
-_DECIDING_FIELDS = ("model", "previous_response_id")
-_DECIDING_NAMES = tuple(f'"{name}"'.encode() for name in _DECIDING_FIELDS)
-# A letter spelled as an escape: `"mod\u0065l"` is `"model"` to any JSON parser. A literal prefix,
-# so the search runs at the speed of a byte scan (an alternation in front would not).
-_ESCAPED_LETTER = re.compile(rb"\\u00[4-7][0-9a-fA-F]")
 # Request ids: a random per-process prefix and a counter; unique across instances, and far
 # cheaper than a uuid4 (an os.urandom call) per request.
 _ID_PREFIX = os.urandom(8).hex()
 _ID_COUNTER = itertools.count(1)
-
-
-def _twice(data: bytes, part: bytes) -> bool:
-    first = data.find(part)
-    return first >= 0 and data.find(part, first + 1) >= 0
 
 
 def new_request_id() -> str:
@@ -125,7 +111,7 @@ class Gateway:
             if exc.status == 408:
                 refusal.force_close()  # the rest of a stalled body must not be read as the next request
             return self._finish_local(ex, refusal, id_header)
-        refusal = self._resolve_model(ex) or self._settle_json(ex)
+        refusal = resolve_model(ex) or settle_json(ex)
         if refusal is not None:
             return self._finish_local(ex, refusal, id_header)
         if ex.route.follows is not None:
@@ -172,44 +158,6 @@ class Gateway:
         problem = header_problem(ex.request, server)
         if problem is not None:
             return ex.error_response(431, problem, "request_header_fields_too_large")
-        return None
-
-    def _resolve_model(self, ex: Exchange) -> web.Response | None:
-        source = ex.route.model_from
-        if source is ModelFrom.NONE:
-            return None
-        if source is ModelFrom.PATH:
-            model = ex.path_params.get("model", "")
-        elif ex.multipart is not None:
-            model = ex.multipart.field("model") or ""
-        else:
-            body = ex.json()
-            model = body.get("model") if isinstance(body, dict) else None
-            if not isinstance(model, str):
-                model = ""
-        if not model.strip():
-            return ex.error_response(400, "the request names no model: 'model' is required", param="model")
-        if model != model.strip() or _CONTROL.search(model):
-            # Key allow-lists are checked against exactly the name the upstream is sent.
-            return ex.error_response(400, "model: must not have surrounding whitespace or control characters",
-                                     param="model")
-        ex.model = model
-        return None
-
-    @staticmethod
-    def _settle_json(ex: Exchange) -> web.Response | None:
-        """Make sure the upstream reads the fields the gateway decided by as the gateway read them:
-        a field given again in other letter case is a 400; a body where one may be given twice, or
-        spelled with escapes, goes upstream re-encoded from what the gateway parsed."""
-        raw = ex.body
-        body = ex.json() if raw else None
-        if not isinstance(body, dict):
-            return None
-        for name in body:
-            if name not in _DECIDING_FIELDS and (lower := name.lower()) in _DECIDING_FIELDS:
-                return ex.error_response(400, f"{lower}: given again in other letter case", param=lower)
-        if _ESCAPED_LETTER.search(raw) or any(_twice(raw, name) for name in _DECIDING_NAMES):
-            ex.set_json(body)  # a name given twice, or spelled otherwise: sent as the gateway read it
         return None
 
     async def _choose_channel(self, ex: Exchange, runtime: Runtime) -> web.Response | None:

@@ -1,0 +1,70 @@
+"""The request fields the gateway decides by — the model, and the response a request follows —
+read once, and sent so that the upstream reads them as the gateway did.
+
+A key's model allow-list, the channel chosen and the tenant check all go by these fields. An
+upstream's parser may read a body otherwise than the gateway's: the first of two equal names
+(the gateway's JSON parser keeps the last), a name in other letter case, a name spelled with
+`\\u` escapes, a model with a trailing newline. Each of those is refused, or the body is sent
+re-encoded from what the gateway parsed. (`stream` is not such a field: the relay follows the
+answer's own content type.)
+"""
+
+from __future__ import annotations
+
+import re
+
+from aiohttp import web
+
+from proxy.exchange import Exchange
+from proxy.routes import ModelFrom
+
+FIELDS = ("model", "previous_response_id")
+_NAMES = tuple(f'"{name}"'.encode() for name in FIELDS)
+# A letter spelled as an escape: `"mod\u0065l"` is `"model"` to any JSON parser. A literal prefix,
+# so the search runs at the speed of a byte scan (an alternation in front would not).
+_ESCAPED_LETTER = re.compile(rb"\\u00[4-7][0-9a-fA-F]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def resolve_model(ex: Exchange) -> web.Response | None:
+    """Set `ex.model` from the path, the form or the body; a 400 when there is none, or when the
+    name is not exactly what an upstream would read (surrounding whitespace, control characters)."""
+    source = ex.route.model_from
+    if source is ModelFrom.NONE:
+        return None
+    if source is ModelFrom.PATH:
+        model = ex.path_params.get("model", "")
+    elif ex.multipart is not None:
+        model = ex.multipart.field("model") or ""
+    else:
+        body = ex.json()
+        model = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(model, str):
+            model = ""
+    if not model.strip():
+        return ex.error_response(400, "the request names no model: 'model' is required", param="model")
+    if model != model.strip() or _CONTROL.search(model):
+        return ex.error_response(400, "model: must not have surrounding whitespace or control characters",
+                                 param="model")
+    ex.model = model
+    return None
+
+
+def settle_json(ex: Exchange) -> web.Response | None:
+    """A JSON body's deciding field given again in other letter case is a 400; a body where one
+    may be given twice, or is spelled with escapes, goes upstream re-encoded from what was parsed."""
+    raw = ex.body
+    body = ex.json() if raw else None
+    if not isinstance(body, dict):
+        return None
+    for name in body:
+        if name not in FIELDS and (lower := name.lower()) in FIELDS:
+            return ex.error_response(400, f"{lower}: given again in other letter case", param=lower)
+    if _ESCAPED_LETTER.search(raw) or any(_twice(raw, name) for name in _NAMES):
+        ex.set_json(body)
+    return None
+
+
+def _twice(data: bytes, part: bytes) -> bool:
+    first = data.find(part)
+    return first >= 0 and data.find(part, first + 1) >= 0
