@@ -159,8 +159,10 @@ _DECIDING_FIELDS = ("model", "stream", "response_format")
 
 
 def _single_fields(observer: MultipartObserver, finished: bool) -> Violation | None:
-    names = [part.name for part in observer.parts if not part.is_file and part.name in _DECIDING_FIELDS]
-    if len(names) != len(set(names)):
+    deciding = [part for part in observer.parts if part.name in _DECIDING_FIELDS]
+    if any(part.is_file for part in deciding):  # a reader may still take it for the field
+        return Violation("", "a form field the gateway decides by is sent as a file")
+    if len({part.name for part in deciding}) != len(deciding):
         return Violation("", "a form field the gateway decides by is given twice")
     return None
 
@@ -208,7 +210,7 @@ class MultipartBody:
         """Drop a small text field from the spooled start (where SDKs put their fields)."""
         # A part: its delimiter, header lines (never empty, so the match stays in one part's
         # headers) one of which names the field, the blank line, and a one-line value.
-        pattern = re.compile(rb"(--" + re.escape(self.observer.boundary) + rb"\r\n(?:[^\r\n]+\r\n)*?[^\r\n]*name=\"?"
+        pattern = re.compile(rb"(--" + re.escape(self.observer.boundary) + rb"\r\n(?:[^\r\n]+\r\n)*?[^\r\n]*(?<=[; \t])name=\"?"
                              + re.escape(name.encode()) + rb'"?(?:;[^\r\n]*)?\r\n(?:[^\r\n]+\r\n)*\r\n[^\r\n]*\r\n)')
         delta = self._spool.remove(pattern)
         if delta is None:
@@ -218,8 +220,9 @@ class MultipartBody:
         return True
 
     def rename_model(self, old: str, new: str) -> bool:
-        """Swap the `model` field's value in the spooled start; the declared length follows."""
-        pattern = re.compile(rb'(name="?model"?[^\r\n]*\r\n(?:[^\r\n]+\r\n)*\r\n)'
+        """Swap the `model` field's value in the spooled start; the declared length follows. False
+        when it is not there to swap (it came after a large file): the caller must not send it."""
+        pattern = re.compile(rb'((?<=[; \t])name="?model"?(?:;[^\r\n]*)?\r\n(?:[^\r\n]+\r\n)*\r\n)'
                              + re.escape(old.encode()) + rb"(\r\n--)")
         delta = self._spool.substitute(pattern, new.encode())
         if delta is None:

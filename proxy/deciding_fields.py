@@ -3,15 +3,16 @@ read once, and sent so that the upstream reads them as the gateway did.
 
 A key's model allow-list, the channel chosen and the tenant check all go by these fields. An
 upstream's parser may read a body otherwise than the gateway's: the first of two equal names
-(the gateway's JSON parser keeps the last), a name in other letter case, a name spelled with
-`\\u` escapes, a model with a trailing newline. Each of those is refused, or the body is sent
-re-encoded from what the gateway parsed. (`stream` is not such a field: the relay follows the
-answer's own content type.)
+(the gateway's JSON parser keeps the last), a name in other letter case (Unicode's too: `ſ`
+folds to `s`), a name spelled with `\\u` escapes, a model with a trailing newline. Each of those
+is refused, or the body is sent re-encoded from what the gateway parsed. (`stream` is not such a
+field: the relay follows the answer's own content type.)
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from aiohttp import web
 
@@ -58,11 +59,17 @@ def settle_json(ex: Exchange) -> web.Response | None:
     if not isinstance(body, dict):
         return None
     for name in body:
-        if name not in FIELDS and (lower := name.lower()) in FIELDS:
-            return ex.error_response(400, f"{lower}: given again in other letter case", param=lower)
+        if name not in FIELDS and (folded := _fold(name)) in FIELDS:
+            return ex.error_response(400, f"{folded}: given again in other letter case", param=folded)
     if _ESCAPED_LETTER.search(raw) or any(_twice(raw, name) for name in _NAMES):
         ex.set_json(body)
     return None
+
+
+def _fold(name: str) -> str:
+    """A name as a case-insensitive reader may match it: lower case for ASCII; compatibility-
+    normalised and case-folded otherwise (`previouſ_response_id`, a Kelvin sign for `k`)."""
+    return name.lower() if name.isascii() else unicodedata.normalize("NFKC", name).casefold()
 
 
 def _twice(data: bytes, part: bytes) -> bool:

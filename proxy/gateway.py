@@ -206,6 +206,10 @@ class Gateway:
             assert channel is not None and channel.pool is not None
             tried.append(channel)
             path = self._path_for(ex, channel)
+            if path is None:
+                return self._finish_local(ex, ex.error_response(
+                    400, "model: the form's model field must come before its files, so the gateway can name the "
+                         "model as this channel knows it", param="model"), runtime.config.server.request_id_header)
             if pipeline.upstream_hooks:
                 await pipeline.run_upstream(ex)
             target, data = self._request_for(ex, channel, path)
@@ -229,10 +233,10 @@ class Gateway:
             delay *= 2
             ex.restore_body(body, body_changed)
 
-    def _path_for(self, ex: Exchange, channel: Channel) -> str:
+    def _path_for(self, ex: Exchange, channel: Channel) -> str | None:
         """The upstream path, built from the route's template, with the model renamed (in the path
         or the body) where the channel knows it by another name; before the on_upstream hooks, so
-        they see the channel's name."""
+        they see the channel's name. None when a form's model cannot be renamed (it came late)."""
         assert ex.target is not None
         if ex.followed is not None and ex.followed.upstream_id is not None:
             return ex.target.path(task_id=ex.followed.upstream_id)  # the client holds an alias of it
@@ -241,8 +245,8 @@ class Gateway:
         ex.upstream_model = channel.upstream_model(ex.model)
         if ex.route.model_from is ModelFrom.PATH:
             return ex.target.path(model=ex.upstream_model)
-        if ex.upstream_model != ex.model:
-            self._rename_in_body(ex)
+        if ex.upstream_model != ex.model and not self._rename_in_body(ex):
+            return None
         return ex.target.path()
 
     @staticmethod
@@ -335,14 +339,14 @@ class Gateway:
         return (following, kind) if following is not None else None
 
     @staticmethod
-    def _rename_in_body(ex: Exchange) -> None:
+    def _rename_in_body(ex: Exchange) -> bool:
         old, new = ex.model or "", ex.upstream_model or ""
         if isinstance(ex.body_stream, MultipartBody):
-            ex.body_stream.rename_model(old, new)
-        else:
-            body = ex.json()
-            if isinstance(body, dict):
-                ex.set_json({**body, "model": new})
+            return ex.body_stream.rename_model(old, new)
+        body = ex.json()
+        if isinstance(body, dict):
+            ex.set_json({**body, "model": new})
+        return True
 
     @staticmethod
     def _finish_local(ex: Exchange, response: web.StreamResponse, id_header: str) -> web.StreamResponse:

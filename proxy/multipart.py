@@ -100,6 +100,11 @@ class MultipartObserver:
             end = self._buffer.find(b"\r\n")
             if end < 0:
                 return False
+            if self._buffer[:end].strip(b" \t"):
+                # Only white space may follow a delimiter (RFC 2046 5.1.1): a reader that took a
+                # bare LF for a line end, or `--bX` for a delimiter, would see other parts.
+                self.error = "a delimiter line holds more than the boundary"
+                return False
             self._buffer = self._buffer[end + 2:]
             self._state = "headers"
             return True
@@ -136,6 +141,9 @@ class MultipartObserver:
     def _start_part(self, raw_headers: bytes) -> None:
         name, filename, content_type = None, None, None
         dispositions = 0
+        if b"\n" in raw_headers.replace(b"\r\n", b"") or b"\r" in raw_headers.replace(b"\r\n", b""):
+            self.error = "a part's header lines do not all end in CRLF"
+            return
         for line in raw_headers.decode("utf-8", "replace").split("\r\n"):
             key, _, value = line.partition(":")
             key = key.strip().lower()
@@ -145,6 +153,11 @@ class MultipartObserver:
                 params = dict(found)
                 if dispositions > 1 or len(params) != len(found):
                     self.error = "a part names itself twice"  # readers differ on which one counts
+                    return
+                if any(key.endswith("*") or "\\" in val for key, val in found):
+                    # RFC 2231 `name*=`, and backslash escapes, are read by some parsers and not
+                    # by others: a form must name its parts one way.
+                    self.error = "a part is named with an extended parameter or an escape"
                     return
                 name, filename = params.get("name"), params.get("filename")
             elif key == "content-type":

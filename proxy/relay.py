@@ -39,7 +39,7 @@ STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _CLIENT_GONE = (ConnectionResetError, ConnectionError)
 # Headers of a success that carry a URL, where an upstream may echo the query it was sent (and
 # the credential in it); a success's other headers, and its body, are passed as they are.
-_LINKS = ("location", "content-location", "link", "refresh")
+_LINKS = ("location", "content-location", "link", "refresh", "operation-location", "azure-asyncoperation")
 _UPSTREAM_BROKE = (UpstreamError,)
 
 

@@ -735,3 +735,76 @@ async def test_request_bodies_are_taken_as_sent(gw, upstream):  # noqa: ANN001
     head = "POST /api/stripe/webhook HTTP/1.1\r\nContent-Type: application/json\r\nContent-Encoding: gzip"
     assert (await send_raw(gw.url, f"{head}\r\nContent-Length: {len(packed)}".encode(), packed)).status == 200
     assert upstream[1][-1].body == packed and b"content-encoding: gzip" in upstream[1][-1].head.lower()
+
+
+# Found by a second review: fields read one way by the gateway and another by some upstreams.
+
+@pytest.mark.parametrize("name", ["previou\u017f_response_id", "PREVIOU\u017f_RESPONSE_ID", "previous_response_i\u0064",
+                                  "\uff50revious_response_id"])
+async def test_a_deciding_name_spelled_in_unicode_is_refused(gw, upstream, name):  # noqa: ANN001
+    made = await send_raw(gw.url, *post("/v1/responses", bearer(ALICE), b'{"model":"respmodel-4o","input":"x"}'))
+    theirs = made.json()["id"]
+    body = json.dumps({"model": "respmodel-4o", "input": "x", name: theirs}, ensure_ascii=False).encode()
+    answer = await send_raw(gw.url, *post("/v1/responses", bearer(BOB), body))
+    if name == "previous_response_id":  # \u0064 is plain "d": the real field, checked as such
+        assert answer.status == 404
+    else:
+        assert answer.status == 400 and answer.json()["error"]["param"] == "previous_response_id"
+    assert upstream[1][-1].body != body
+
+
+def part(headers: str, value: bytes) -> bytes:
+    return b"--b\r\n" + headers.encode() + b"\r\n\r\n" + value + b"\r\n"
+
+
+@pytest.mark.parametrize("body", [
+    part('Content-Disposition: form-data; name="model"; filename=""\r\nContent-Type: text/plain', b"imagegen-2")
+    + part('Content-Disposition: form-data; name="model"', b"imagegen-1"),
+    part("Content-Disposition: form-data; name=\"x\"; name*=UTF-8''model", b"imagegen-2")
+    + part('Content-Disposition: form-data; name="model"', b"imagegen-1"),
+    part('Content-Disposition: form-data; name="mod\\el"', b"imagegen-2")
+    + part('Content-Disposition: form-data; name="model"', b"imagegen-1"),
+    b'--b\nContent-Disposition: form-data; name="model"\n\nimagegen-2\n'
+    + part('X-Pad: 1\r\nContent-Disposition: form-data; name="model"', b"imagegen-1"),
+    b"--bX\r\n" + part('Content-Disposition: form-data; name="model"', b"imagegen-1")[5:],
+], ids=["model-as-a-file", "rfc2231-name", "escaped-name", "bare-lf-lines", "text-after-the-boundary"])
+async def test_a_form_some_reader_would_read_otherwise_is_refused(gw, upstream, body):  # noqa: ANN001
+    body += part('Content-Disposition: form-data; name="prompt"', b"x")
+    body += part('Content-Disposition: form-data; name="image"; filename="a.png"\r\nContent-Type: image/png', PNG)
+    body += b"--b--\r\n"
+    head = (f"POST /v1/images/edits HTTP/1.1\r\n{bearer(CHEAP)}Content-Type: multipart/form-data; boundary=b\r\n"
+            f"Content-Length: {len(body)}").encode()
+    answer = await send_raw(gw.url, head, body)
+    assert answer.status == 400, answer.body
+    assert not any(r.path == "/v1/images/edits" and len(r.body) >= len(body) for r in upstream[1])
+
+
+async def test_a_renamed_model_is_renamed_in_the_model_field_or_not_sent(start_gateway, upstream):  # noqa: ANN001
+    gw = await start_gateway(config(upstream[0].url).replace(
+        f"credential: {SECRET}}}", f"credential: {SECRET}, rename: {{imagegen-1: imagegen-1-lowres}}}}"))
+    decoy = part('Content-Disposition: form-data; name="model_note"', b"imagegen-1")
+    for early in (True, False):
+        fields = [part('Content-Disposition: form-data; name="model"', b"imagegen-1"),
+                  part('Content-Disposition: form-data; name="prompt"', b"x")]
+        image = part('Content-Disposition: form-data; name="image"; filename="a.png"\r\nContent-Type: image/png',
+                     PNG + b"\0" * (5 * 1024 * 1024))  # past what the gateway holds in memory
+        body = decoy + (b"".join(fields) + image if early else image + b"".join(fields)) + b"--b--\r\n"
+        head = (f"POST /v1/images/edits HTTP/1.1\r\n{bearer(ALICE)}Content-Type: multipart/form-data; boundary=b\r\n"
+                f"Content-Length: {len(body)}").encode()
+        answer = await send_raw(gw.url, head, body, timeout=30)
+        if early:
+            assert answer.status == 200, answer.body
+            sent = upstream[1][-1].body
+            assert b'name="model"\r\n\r\nimagegen-1-lowres\r\n' in sent
+            assert b'name="model_note"\r\n\r\nimagegen-1\r\n' in sent  # the decoy is left alone
+        else:
+            assert answer.status == 400 and answer.json()["error"]["param"] == "model"
+
+
+async def test_account_routes_drop_a_gateway_key_quoted_or_in_basic_credentials(gw, upstream):  # noqa: ANN001
+    basic = base64.b64encode(f"user:{ALICE}".encode()).decode()
+    for header in (f"Authorization: Basic {basic}", f'Authorization: Bearer "{ALICE}"', f"Authorization: Bearer {ALICE};"):
+        assert (await send_raw(gw.url, *post("/api/user/login/2fa", header + "\r\n", b"{}"))).status == 200
+    assert len(upstream[1]) == 3
+    for received in upstream[1]:
+        assert ALICE not in received.head.decode("latin-1") and basic not in received.head.decode("latin-1")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import enum
 import re
 from dataclasses import dataclass
@@ -163,10 +164,23 @@ def token_count(mapping: Any, key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-_TOKEN_SEPARATORS = re.compile(r"[\s,]+")
+_TOKEN_SEPARATORS = re.compile(r"[\s,;\"']+")
 
 
 def holds_key(value: str, is_gateway_key: Callable[[str], bool]) -> bool:
-    """Whether any word of a header or query value (split at whitespace and commas, so a scheme
-    word like `Bearer` or `Token`, a list, or padding hides nothing) is a gateway key."""
-    return any(is_gateway_key(token) for token in _TOKEN_SEPARATORS.split(value) if token)
+    """Whether any word of a header or query value (split at white space, commas, semicolons and
+    quotes, so a scheme word like `Bearer`, a list, quoting or padding hides nothing), or either
+    half of a Basic credential, is a gateway key."""
+    for token in _TOKEN_SEPARATORS.split(value):
+        if token and (is_gateway_key(token) or any(is_gateway_key(part) for part in _basic(token))):
+            return True
+    return False
+
+
+def _basic(token: str) -> list[str]:
+    """The user and password of a Basic credential (`base64(user:password)`), if the token is one."""
+    try:
+        user, sep, password = base64.b64decode(token, validate=True).decode("utf-8").partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return []
+    return [user, password] if sep else []
