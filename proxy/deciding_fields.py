@@ -20,6 +20,7 @@ from proxy.exchange import Exchange
 from proxy.routes import ModelFrom
 
 FIELDS = ("model", "previous_response_id")
+_LENGTHS = frozenset(len(name) for name in FIELDS)
 _NAMES = tuple(f'"{name}"'.encode() for name in FIELDS)
 # A letter spelled as an escape: `"mod\u0065l"` is `"model"` to any JSON parser. A literal prefix,
 # so the search runs at the speed of a byte scan (an alternation in front would not).
@@ -59,7 +60,9 @@ def settle_json(ex: Exchange) -> web.Response | None:
     if not isinstance(body, dict):
         return None
     for name in body:
-        if name not in FIELDS and (folded := _fold(name)) in FIELDS:
+        if name in FIELDS or name.isascii() and len(name) not in _LENGTHS:
+            continue  # the field itself, or an ASCII name no case could make one
+        if (folded := _fold(name)) in FIELDS:
             return ex.error_response(400, f"{folded}: given again in other letter case", param=folded)
     if _ESCAPED_LETTER.search(raw) or any(_twice(raw, name) for name in _NAMES):
         ex.set_json(body)

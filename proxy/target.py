@@ -75,6 +75,8 @@ class Target:
 
 def build_target(raw_target: str, template: str, params: dict[str, str]) -> Target:
     """Check a client's request target against its route; raise TargetError when it cannot be used."""
+    if raw_target == template:  # the common case: a path without parameters, query or fragment
+        return Target(template, params, [], [])
     if not raw_target.startswith("/") or raw_target.startswith("//"):
         raise TargetError("the request target must be a path (origin-form), not an absolute URL")
     if "#" in raw_target:
