@@ -429,7 +429,6 @@ def variants(template: str) -> list[tuple[str, dict[str, str]]]:
 async def test_sweep_nothing_but_the_template_reaches_the_upstream(gw, upstream):  # noqa: ANN001
     tried, expected = 0, set()
     for route in ROUTES:
-        allowed = clean_path(route.path)
         for path, values in variants(route.path):
             task = unquote(values.get("task_id", ""))
             if task and PARAM_GRAMMAR["task_id"][0].fullmatch(task):
@@ -446,7 +445,6 @@ async def test_sweep_nothing_but_the_template_reaches_the_upstream(gw, upstream)
                 answer = await send_raw(gw.url, *post(target, headers, BODIES[route.name]))
             tried += 1
             assert answer.status < 500, (route.name, path, answer.status, answer.body[:200])
-            assert allowed.pattern  # every route has its template pattern
     assert tried > 13 * len(HOSTILE)
     for received in upstream[1]:
         assert any(r.method == received.method and clean_path(r.path).fullmatch(received.path) for r in ROUTES), \
