@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from aiohttp import StreamReader, web
 
 from proxy.exchange import Exchange
+from proxy.headers import content_codings
 from proxy.multipart import MultipartObserver
 from proxy.routes import Body
 from proxy.schemas.common import Violation
@@ -74,9 +75,7 @@ async def read_body(ex: Exchange, limit: int, upload_limit: int | None = None, i
     if kind is Body.NONE:
         return
     request = ex.request
-    if kind is not Body.RAW and "Content-Encoding" in request.headers and any(
-            c.strip().lower() not in ("", "identity")
-            for v in request.headers.getall("Content-Encoding") for c in v.split(",")):
+    if kind is not Body.RAW and content_codings(request.headers):
         # The gateway reads these bodies to check them; an encoded one it would forward unread.
         raise BodyError(415, "Content-Encoding: send the request body without one", "Content-Encoding")
     if kind is Body.JSON_OR_MULTIPART and request.content_type == "multipart/form-data":

@@ -17,6 +17,7 @@ from multidict import CIMultiDict
 
 from proxy import jsonutil
 from proxy.formats import Format, Usage
+from proxy.headers import content_codings
 from proxy.keys import GatewayKey
 from proxy.multipart import MultipartObserver
 from proxy.routes import Route
@@ -148,8 +149,7 @@ class UpstreamResponse:
         """The body without its Content-Encoding, or None when it cannot be decoded here: an
         unknown coding, more than one (in one header or several), or bytes that do not decode.
         More than `limit` bytes once decoded (a small gzip can hide a huge body) raise AnswerTooLarge."""
-        codings = [c.strip().lower() for v in self.headers.getall("content-encoding", ()) for c in v.split(",")]
-        codings = [c for c in codings if c not in ("", "identity")]
+        codings = content_codings(self.headers)
         if not codings:
             return self.body
         if len(codings) > 1 or codings[0] not in ("gzip", "x-gzip", "deflate"):

@@ -28,6 +28,15 @@ def end_to_end(headers: CIMultiDictProxy[str] | CIMultiDict[str], *, keep_length
     return copy
 
 
+def content_codings(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> list[str]:
+    """The content codings a message declares, across every Content-Encoding header, lower case,
+    `identity` and empty entries left out: [] for a body sent as it is."""
+    if "content-encoding" not in headers:
+        return []
+    return [c for v in headers.getall("content-encoding") for c in (p.strip().lower() for p in v.split(","))
+            if c not in ("", "identity")]
+
+
 def add_forwarding(headers: CIMultiDict[str], client_ip: str, scheme: str, host: str) -> None:
     previous = headers.get("x-forwarded-for")
     headers["X-Forwarded-For"] = f"{previous}, {client_ip}" if previous else client_ip

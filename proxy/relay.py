@@ -21,7 +21,7 @@ from multidict import CIMultiDict
 
 from proxy.client_limits import ReaderWatch
 from proxy.exchange import AnswerTooLarge, Exchange, UpstreamResponse
-from proxy.headers import end_to_end
+from proxy.headers import content_codings, end_to_end
 from proxy.observability.observer import Observer
 from proxy.observability.tracing import start_child
 from proxy.pipeline import Pipeline, plugin_name
@@ -70,8 +70,8 @@ class Relay:
             # Not a success: read (error answers are small) so the credential can be taken out.
             if length is None or length <= self.buffer_limit:
                 return await self._send_buffered()
-            return self._unredactable() if _encoded(upstream.headers) else await self._send_bytes()
-        if upstream.content_type == "text/event-stream" and not _encoded(upstream.headers):
+            return self._unredactable() if content_codings(upstream.headers) else await self._send_bytes()
+        if upstream.content_type == "text/event-stream" and not content_codings(upstream.headers):
             ex.streaming = True
             return await self._send_events()
         wants_body = bool(self.pipeline.response_hooks) or (
@@ -115,7 +115,7 @@ class Relay:
                     upstream.close()
                     return self._too_large()
                 if size > self.buffer_limit:
-                    if upstream.status >= 300 and self.redactor is not None and _encoded(upstream.headers):
+                    if upstream.status >= 300 and self.redactor is not None and content_codings(upstream.headers):
                         return self._unredactable()
                     # Too large to hold: what was read goes first, the rest streams, hooks are skipped.
                     return await self._send_bytes(prefix=b"".join(chunks))
@@ -320,11 +320,6 @@ def _carries_link(headers: CIMultiDict[str]) -> bool:
         if name in headers:
             return True
     return False
-
-
-def _encoded(headers: CIMultiDict[str]) -> bool:
-    return any(c.strip().lower() not in ("", "identity") for v in headers.getall("content-encoding", ())
-               for c in v.split(","))
 
 
 def _server_timing(ex: Exchange) -> str:
