@@ -22,20 +22,16 @@ from proxy.observability.tracing import ids
 
 
 class AccessLog:
-    """Writes access lines. It runs structlog's renderer directly: the bound-logger layer
-    (context copies, method proxies) and the stdlib bridge cost more than the line itself."""
+    """Writes access lines without structlog's bound-logger layer (context copies, method
+    proxies) or the stdlib bridge, which cost more than the line itself: a JSON line is orjson's
+    output, as structlog's JSONRenderer would make it; a console line is structlog's renderer's."""
 
-    __slots__ = ("_render", "_sink", "_json", "_second", "_prefix")
+    __slots__ = ("_render", "_sink", "_second", "_prefix")
 
     def __init__(self, format: str) -> None:
         self._second = -1
         self._prefix = ""
-        self._json = format == "json"
-        if self._json:
-            self._render = structlog.processors.JSONRenderer(
-                serializer=lambda obj, **_: orjson.dumps(obj, default=str))
-        else:
-            self._render = structlog.dev.ConsoleRenderer(colors=False)
+        self._render = None if format == "json" else structlog.dev.ConsoleRenderer(colors=False)
         self._sink = BufferedLines()
 
     def _stamp(self, event: dict[str, object]) -> dict[str, object]:
@@ -49,8 +45,10 @@ class AccessLog:
         return event
 
     def write(self, event: dict[str, object]) -> None:
-        line = self._render(None, "info", self._stamp(event))
-        self._sink.msg(line if self._json else line.encode())  # type: ignore[union-attr]
+        if self._render is None:
+            self._sink.msg(orjson.dumps(self._stamp(event), default=str))
+        else:
+            self._sink.msg(self._render(None, "info", self._stamp(event)).encode())  # type: ignore[union-attr]
 
 
 class BufferedLines:
@@ -122,35 +120,37 @@ def configure_logging(config: LoggingConfig) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # ours replaces it
 
 
-def log_exchange(ex: Exchange, config: LoggingConfig) -> None:
+def log_exchange(ex: Exchange, config: LoggingConfig, now: float, overhead_s: float) -> None:
+    """The request's access line; `now` and `overhead_s` are the ones its metrics recorded."""
     if not config.access_log:
         return
-    total = time.perf_counter() - ex.started
     request = ex.request
-    event = dict(
-        event="request",
-        level="info",
-        logger="modelgate.access",
-        request_id=ex.request_id,
-        route=ex.route.name,
-        method=request.method,
-        path=ex.route.path,  # the template: a client's path may hold anything, a key included
-        status=ex.status,
-        model=ex.model,
-        upstream_model=ex.upstream_model,
-        channel=ex.channel.name if ex.channel else None,
-        key_name=ex.key_name,
-        streaming=ex.streaming,
-        duration_ms=round(total * 1000, 3),
-        upstream_ms=round(ex.upstream_seconds() * 1000, 3),
-        overhead_ms=round(ex.overhead_seconds() * 1000, 3),
-        input_tokens=ex.usage.input_tokens,
-        output_tokens=ex.usage.output_tokens,
-        bytes_out=ex.bytes_out,
-        client_ip=ex.client_ip,
-        client_aborted=ex.client_aborted,
-        error=ex.error,
-    )
+    usage = ex.usage
+    channel = ex.channel
+    event = {
+        "event": "request",
+        "level": "info",
+        "logger": "modelgate.access",
+        "request_id": ex.request_id,
+        "route": ex.route.name,
+        "method": request.method,
+        "path": ex.route.path,  # the template: a client's path may hold anything, a key included
+        "status": ex.status,
+        "model": ex.model,
+        "upstream_model": ex.upstream_model,
+        "channel": channel.name if channel is not None else None,
+        "key_name": ex.key_name,
+        "streaming": ex.streaming,
+        "duration_ms": round((now - ex.started) * 1000, 3),
+        "upstream_ms": round(ex.upstream_seconds() * 1000, 3),
+        "overhead_ms": round(overhead_s * 1000, 3),
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "bytes_out": ex.bytes_out,
+        "client_ip": ex.client_ip,
+        "client_aborted": ex.client_aborted,
+        "error": ex.error,
+    }
     if (trace_ids := ids(ex)) is not None:
         event["trace_id"], event["span_id"] = trace_ids
     _access.write(event)

@@ -87,9 +87,10 @@ class Gateway:
                 ex.status = response.status
             await runtime.pipelines[route.name].run_complete(ex)
             now = time.perf_counter()
-            runtime.observer.finished(ex, now)
-            end_request(ex, ex.overhead_seconds(now))
-            log_exchange(ex, runtime.config.observability.logging)
+            overhead = ex.overhead_seconds(now)  # read once: metrics, trace and access line agree
+            runtime.observer.finished(ex, now, overhead)
+            end_request(ex, overhead)
+            log_exchange(ex, runtime.config.observability.logging, now, overhead)
             runtime.leave()
 
     async def _serve(self, ex: Exchange, runtime: Runtime) -> web.StreamResponse:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 
 import pytest
@@ -12,6 +13,7 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.access_log import AccessLog
 from proxy.observability.metrics import REQUESTS
 
 MSG = {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"}
@@ -170,3 +172,14 @@ def test_metric_families_are_registered_once():
     names = {m.name for m in REGISTRY.collect() if m.name.startswith("modelgate_")}
     assert {"modelgate_requests", "modelgate_overhead_seconds", "modelgate_streams_open", "modelgate_tokens",
             "modelgate_config_reloads", "modelgate_channel_up"} <= names
+
+
+def test_access_lines_render_as_json_or_for_the_console(capfd):  # noqa: ANN001
+    event = {"event": "request", "level": "info", "route": "messages", "status": 200, "duration_ms": 1.5}
+    AccessLog("json").write(dict(event))
+    AccessLog("console").write(dict(event))
+    json_line, console_line = capfd.readouterr().err.splitlines()
+    parsed = json.loads(json_line)
+    assert {k: parsed[k] for k in event} == event
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", parsed["timestamp"])
+    assert "request" in console_line and "route=messages" in console_line and "status=200" in console_line

@@ -23,7 +23,7 @@ class Observer:
         if self.enabled:
             child(m.IN_FLIGHT, ex.route.name).inc()
 
-    def finished(self, ex: Exchange, now: float) -> None:
+    def finished(self, ex: Exchange, now: float, overhead_s: float) -> None:
         if not self.enabled:
             return
         route = ex.route.name
@@ -32,7 +32,7 @@ class Observer:
         channel = ex.channel.name if ex.channel is not None else "none"
         child(m.REQUESTS, route, ex.format.name, model, channel, m.status_class(ex.status)).inc()
         child(m.DURATION, route).observe(now - ex.started)
-        child(m.OVERHEAD, route).observe(ex.overhead_seconds(now))
+        child(m.OVERHEAD, route).observe(overhead_s)
         if ex.upstream_headers_at is not None and ex.upstream_started is not None:
             child(m.UPSTREAM_TTFB, route, channel).observe(ex.upstream_headers_at - ex.upstream_started)
         usage = ex.usage
