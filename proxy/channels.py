@@ -48,7 +48,8 @@ class Channel:
 
     async def open(self) -> None:
         timeouts, pool = self.timeouts, self.config.pool
-        self.pool = UpstreamPool(self.base_url, limit=pool.max_connections, keepalive_s=pool.keepalive_s,
+        self.pool = UpstreamPool(self.base_url, max_connections=pool.max_connections, max_idle=pool.max_idle,
+                                 keepalive_s=pool.keepalive_s,
                                  connect_s=timeouts.connect_s, first_byte_s=timeouts.first_byte_s,
                                  idle_s=timeouts.idle_s, total_s=timeouts.total_s)
 

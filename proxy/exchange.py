@@ -107,6 +107,16 @@ class Exchange:
             self.body, self._json = body, _UNPARSED
         self.body_changed = changed
 
+    def answer_locally(self, response: web.StreamResponse, id_header: str) -> web.StreamResponse:
+        """An answer the gateway makes itself (an error, a plugin's answer), with the headers
+        plugins added and the request id."""
+        if self.response_headers:
+            for name, value in self.response_headers.items():
+                response.headers.setdefault(name, value)
+        response.headers[id_header] = self.request_id
+        self.status = response.status
+        return response
+
     def error_response(self, status: int, message: str, code: str | None = None,
                        headers: dict[str, str] | None = None, param: str | None = None) -> web.Response:
         """An error in this endpoint's own shape (section 7 of the spec)."""

@@ -21,7 +21,7 @@ from multidict import CIMultiDict
 
 from proxy.client_limits import ReaderWatch
 from proxy.exchange import AnswerTooLarge, Exchange, UpstreamResponse
-from proxy.headers import content_codings, end_to_end
+from proxy.headers import content_codings, end_to_end, writable
 from proxy.observability.observer import Observer
 from proxy.observability.tracing import start_child
 from proxy.pipeline import Pipeline, plugin_name
@@ -135,9 +135,27 @@ class Relay:
             if await self.affinity.remember_from_body(ex, body):
                 answer.set_json(body)  # it now carries the gateway's alias of the upstream's id
         headers = self._headers(answer.headers)
+        if not writable(headers):  # aiohttp writes it after the handler returns: too late to tell
+            return self._unwritable()
         ex.status = answer.status
         ex.bytes_out = len(answer.body)
         return web.Response(status=answer.status, body=answer.body, headers=headers)
+
+    async def _prepare(self, response: web.StreamResponse) -> bool:
+        """Write the answer's head to the client; False when it cannot be written (a header
+        aiohttp will not put on the wire), in which case nothing of it was sent."""
+        try:
+            await response.prepare(self.ex.request)
+        except (ValueError, UnicodeError):
+            return False
+        return True
+
+    def _unwritable(self) -> web.Response:
+        """The client's answer in place of one whose head cannot be written: logged, and a 502."""
+        log.error("the answer's head could not be written to the client", extra={"request_id": self.ex.request_id})
+        self.ex.status = 502
+        return self.ex.error_response(502, "the upstream's answer could not be passed on: a header in it cannot "
+                                           "be written")
 
     def _redact(self, answer: UpstreamResponse) -> None:
         """Take the credential out of a body that is not a success; one whose encoding cannot be
@@ -175,7 +193,9 @@ class Relay:
         response = web.StreamResponse(status=upstream.status, headers=self._headers())
         response.content_length = upstream.content_length if scrub is None else None
         ex.status = upstream.status
-        await response.prepare(ex.request)
+        if not await self._prepare(response):
+            upstream.close()
+            return self._unwritable()
         watch = ReaderWatch(ex, self.client_idle_s)
         try:
             if prefix:
@@ -215,7 +235,9 @@ class Relay:
         headers.update(STREAM_HEADERS)
         response = web.StreamResponse(status=upstream.status, headers=headers)
         ex.status = upstream.status
-        await response.prepare(ex.request)
+        if not await self._prepare(response):
+            upstream.close()
+            return self._unwritable()
         hooks = bool(pipeline.event_hooks)
         pin_pending = ex.route.creates is Pin.RESPONSE and upstream.status < 300
         parser = SSEParser() if hooks or pin_pending else None
@@ -257,11 +279,11 @@ class Relay:
         except _CLIENT_GONE:
             return self._client_gone(response)
         except TimeoutError:
-            self.observer.upstream_result(ex.channel, "stream_stalled")  # type: ignore[arg-type]
+            self.observer.upstream_result(ex.channel, "stream_stalled", True)  # type: ignore[arg-type]
             await self._end_stream_with_error(response, 504, "upstream stream stalled: no data within the idle timeout")
             return response
         except _UPSTREAM_BROKE:
-            self.observer.upstream_result(ex.channel, "stream_broken")  # type: ignore[arg-type]
+            self.observer.upstream_result(ex.channel, "stream_broken", True)  # type: ignore[arg-type]
             await self._end_stream_with_error(response, 502, "upstream closed the stream before it finished")
             return response
         except Exception:

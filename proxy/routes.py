@@ -72,4 +72,7 @@ ROUTES: tuple[Route, ...] = (
 )
 
 ROUTE_NAMES = tuple(route.name for route in ROUTES)
+# Routes whose requests may be sent again after an upstream took them, when the operator opts
+# in (`routes.<route>.failover_unanswered`): chat, where a lost answer costs more than a repeat.
+CHAT_ROUTES = frozenset({"messages", "generate_content", "stream_generate_content", "responses"})
 ROUTES_BY_NAME = {route.name: route for route in ROUTES}

@@ -28,6 +28,8 @@ class Recorder(Plugin):
         return None
 
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
+        if ex.request.headers.get("x-test-unwritable-header"):
+            upstream.headers["X-Unwritable"] = "a\r\nInjected: 1"  # aiohttp refuses to write this
         body = upstream.json()
         if isinstance(body, dict):
             upstream.set_json({**body, "tagged_by": "recorder"})

@@ -79,3 +79,28 @@ def scripted(answers: list[bytes]) -> Scripted:
             index += 1
     upstream = Scripted(handler)
     return upstream
+
+
+def numbered(number: int) -> bytes:
+    """An answer that says which request it answers: {"answer": number}."""
+    body = b'{"answer":%d}' % number
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
+
+
+def first_then_numbered(first: bytes, close: bool = False) -> Scripted:
+    """The first request, on whichever connection, gets `first` (and, with `close`, its connection
+    is closed after it); every later request gets `numbered(n)`, n counting all requests."""
+    upstream: Scripted
+    count = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        nonlocal count
+        while True:
+            await upstream.read_request(reader)
+            count += 1
+            writer.write(first if count == 1 else numbered(count))
+            await writer.drain()
+            if count == 1 and close:
+                return
+    upstream = Scripted(handler)
+    return upstream

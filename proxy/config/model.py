@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from proxy.formats import FORMAT_NAMES
-from proxy.routes import ROUTE_NAMES
+from proxy.routes import CHAT_ROUTES, ROUTE_NAMES
 
 SIMULATOR = "simulator"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -118,8 +118,11 @@ class Timeouts(Strict):
 
 
 class Pool(Strict):
-    max_connections: int = Field(default=256, ge=1)
-    keepalive_s: PositiveFloat = 60.0
+    # Open connections to the channel: none by default (each stream holds one for its whole
+    # life); past a cap a request waits up to connect_s for one, then gets a 503.
+    max_connections: int | None = Field(default=None, ge=1)
+    max_idle: int = Field(default=256, ge=0)      # kept open between requests for reuse
+    keepalive_s: PositiveFloat = 60.0             # an idle connection is retired after this
 
 
 class HealthCheck(Strict):
@@ -252,6 +255,9 @@ class RouteConfig(Strict):
     plugins: list[str] | None = None
     max_body_mb: PositiveFloat | None = None  # this route's body limit (JSON, raw or multipart); else the server's
     body_timeout_s: PositiveFloat | None = None  # this route's whole-body deadline; else the server's
+    # Chat routes only: fail over also when an upstream took the request and closed or went
+    # quiet before answering (it may have billed for it). docs/resilience.md.
+    failover_unanswered: bool = False
 
 
 class LoggingConfig(Strict):
@@ -317,6 +323,15 @@ class GatewayConfig(Strict):
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
     observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig)
     resilience: ResilienceConfig = Field(default_factory=ResilienceConfig)
+
+    @field_validator("routes")
+    @classmethod
+    def _failover_unanswered_on_chat_routes(cls, value: dict[str, RouteConfig]) -> dict[str, RouteConfig]:
+        for name, route in value.items():
+            if route.failover_unanswered and name not in CHAT_ROUTES:
+                raise ValueError(f"routes.{name}.failover_unanswered: only chat routes may send a request "
+                                 f"again after an upstream took it ({', '.join(sorted(CHAT_ROUTES))})")
+        return value
 
     @field_validator("keys")
     @classmethod

@@ -55,6 +55,8 @@ CLIENT_ABORTS = Counter("modelgate_client_aborts", "Clients that went away befor
                         ["route", "phase"])
 TOKENS = Counter("modelgate_tokens", "Tokens the upstream reported", ["model", "key", "direction"])
 UPSTREAM_ERRORS = Counter("modelgate_upstream_errors", "Failed upstream attempts", ["channel", "kind"])
+POOL_EXHAUSTED = Counter("modelgate_upstream_pool_exhausted", "Requests that found every connection a channel's "
+                         "pool may open (pool.max_connections) busy past the connect timeout", ["channel"])
 UPSTREAM_RETRIES = Counter("modelgate_upstream_retries", "Requests sent again to another channel, by why",
                            ["route", "reason"])
 CHANNEL_UP = Gauge("modelgate_channel_up", "1 while a channel's breaker is closed; 0 while it is open",

@@ -60,14 +60,18 @@ class Observer:
             child(m.STREAM_FIRST_EVENT, route).observe(first_byte_at - ex.started)
         child(m.STREAM_DURATION, route).observe(now - ex.started)
 
-    def upstream_result(self, channel: Channel, failure: str | None) -> None:
-        """Feed the channel's breaker, count a failed attempt by kind, keep the up/down gauge."""
-        settings = self.resilience
-        channel.record(failure is not None and failure != "status_429", settings.breaker_failures,
-                       settings.breaker_open_s, time.monotonic())
+    def upstream_result(self, channel: Channel, failure: str | None, counts: bool) -> None:
+        """Feed the channel's breaker (`counts`: a failure of the channel's), count a failed
+        attempt by kind, keep the up/down gauge. A full pool is the gateway's own limit: it has
+        its own counter and leaves the breaker alone."""
+        if failure != "pool_exhausted":
+            settings = self.resilience
+            channel.record(counts, settings.breaker_failures, settings.breaker_open_s, time.monotonic())
         if not self.enabled:
             return
-        if failure is not None:
+        if failure == "pool_exhausted":
+            child(m.POOL_EXHAUSTED, channel.name).inc()
+        elif failure is not None:
             child(m.UPSTREAM_ERRORS, channel.name, failure).inc()
         child(m.CHANNEL_UP, channel.name).set(0 if channel.is_open else 1)
 

@@ -155,7 +155,7 @@ class LoopSpanProcessor(SpanProcessor):
         self.endpoint = endpoint
         parts = urlsplit(endpoint)
         self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        self.pool = UpstreamPool(f"{parts.scheme}://{parts.netloc}", limit=1, keepalive_s=30.0, connect_s=timeout_s,
+        self.pool = UpstreamPool(f"{parts.scheme}://{parts.netloc}", max_connections=1, keepalive_s=30.0, connect_s=timeout_s,
                                  first_byte_s=timeout_s, idle_s=timeout_s, total_s=timeout_s)
         self.headers = {"Content-Type": "application/json", **(headers or {})}
         if gzip:

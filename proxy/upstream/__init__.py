@@ -2,8 +2,8 @@
 
 from proxy.upstream.answer import Answer
 from proxy.upstream.errors import (BadAnswer, ConnectFailed, ConnectionLost, ConnectTimeout, InvalidRequest,
-                                   RequestBodyFailed, UpstreamError, UpstreamTimeout)
+                                   PoolExhausted, RequestBodyFailed, UpstreamError, UpstreamTimeout, Written)
 from proxy.upstream.pool import UpstreamPool
 
 __all__ = ["Answer", "BadAnswer", "ConnectFailed", "ConnectTimeout", "ConnectionLost", "InvalidRequest",
-           "RequestBodyFailed", "UpstreamError", "UpstreamPool", "UpstreamTimeout"]
+           "PoolExhausted", "RequestBodyFailed", "UpstreamError", "UpstreamPool", "UpstreamTimeout", "Written"]

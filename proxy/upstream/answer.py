@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from multidict import CIMultiDict
 
 from proxy.upstream.errors import UpstreamTimeout
 
-if TYPE_CHECKING:
-    from proxy.upstream.connection import Connection
+
+class Link(Protocol):
+    """What an answer needs of the connection it arrives on (the connection is one)."""
+
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+    def watch(self, at: float) -> None: ...    # call the answer's time_out at `at` (loop time)
+    def unwatch(self) -> None: ...
+    def finished(self, reusable: bool) -> None: ...  # the answer is done with
 
 # Body bytes held unread before the connection stops reading from the socket, so a slow
 # client slows the upstream down instead of filling the gateway's memory.
@@ -24,16 +31,15 @@ class Answer:
     pool's total deadline. A released answer whose body was read to its end hands its
     connection back to the pool; anything else closes the connection."""
 
-    __slots__ = ("status", "reason", "headers", "idle_s", "_connection", "_chunks", "_size", "_done",
+    __slots__ = ("status", "headers", "idle_s", "_link", "_chunks", "_size", "_done",
                  "_error", "_waiter", "_deadline")
 
-    def __init__(self, connection: Connection, status: int, reason: str, headers: CIMultiDict[str],
+    def __init__(self, link: Link, status: int, headers: CIMultiDict[str],
                  idle_s: float, deadline: float) -> None:
         self.status = status
-        self.reason = reason
         self.headers = headers
         self.idle_s = idle_s
-        self._connection: Connection | None = connection
+        self._link: Link | None = link
         self._chunks: list[bytes] = []
         self._size = 0
         self._done = False
@@ -77,8 +83,8 @@ class Answer:
         chunks = self._chunks
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         self._chunks = []
-        if self._size > _HIGH_WATER and self._connection is not None:
-            self._connection.resume_reading()
+        if self._size > _HIGH_WATER and self._link is not None:
+            self._link.resume_reading()
         self._size = 0
         return data
 
@@ -96,15 +102,15 @@ class Answer:
 
     def release(self) -> None:
         """Done with this answer: a complete body returns the connection to the pool."""
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            connection.finished(reusable=self._done and self._error is None and not self._chunks)
+        link, self._link = self._link, None
+        if link is not None:
+            link.finished(self._done and self._error is None and not self._chunks)
 
     def close(self) -> None:
         """Stop reading this answer; its connection is closed, never reused."""
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            connection.finished(reusable=False)
+        link, self._link = self._link, None
+        if link is not None:
+            link.finished(False)
         if not self._done and self._error is None:
             self._error = ConnectionResetError("the answer was closed before its end")
 
@@ -113,8 +119,8 @@ class Answer:
     def feed(self, chunks: list[bytes], size: int) -> None:
         self._chunks += chunks
         self._size += size
-        if self._size > _HIGH_WATER and self._connection is not None:
-            self._connection.pause_reading()
+        if self._size > _HIGH_WATER and self._link is not None:
+            self._link.pause_reading()
         self._wake()
 
     def finish(self) -> None:
@@ -132,17 +138,16 @@ class Answer:
             waiter.set_result(None)
 
     async def _wait(self) -> None:
-        connection = self._connection
-        if connection is None:
+        link = self._link
+        if link is None:
             raise ConnectionResetError("the answer was released before its end")
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
-        deadlines = connection.pool.deadlines
-        deadlines.watch(connection, min(loop.time() + self.idle_s, self._deadline))
+        link.watch(min(loop.time() + self.idle_s, self._deadline))
         try:
             await waiter
         finally:
-            deadlines.unwatch(connection)
+            link.unwatch()
             self._waiter = None
 
     def time_out(self) -> None:

@@ -1,50 +1,61 @@
 """`Connection`: one keep-alive HTTP/1.1 connection to an upstream, one exchange at a time.
 
-An asyncio Protocol rather than streams: bytes go from the socket callback straight into
-the answer's framing, with no reader task and no extra buffer between them.
+An asyncio Protocol rather than streams: bytes go from the socket callback straight into the
+answer's parser, with no reader task and no extra buffer between them. It never sends a
+request twice and never decides whether one may go again: when an exchange fails, the error
+carries how far the request got (proxy/upstream/errors.py) and the caller decides.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable
-from typing import TYPE_CHECKING
+import re
+import select
+from collections.abc import AsyncIterable, Callable
 
 from proxy.upstream.answer import Answer
-from proxy.upstream.errors import BadAnswer, ConnectionLost, RequestBodyFailed, UpstreamError, UpstreamTimeout
-from proxy.upstream.framing import MAX_HEAD, Framing, framing_for, parse_head
-
-if TYPE_CHECKING:
-    from proxy.upstream.pool import UpstreamPool
+from proxy.upstream.deadlines import Deadlines
+from proxy.upstream.errors import (BadAnswer, ConnectionLost, RequestBodyFailed, UpstreamError, UpstreamTimeout,
+                                   Written)
+from proxy.upstream.flow import FlowControl
+from proxy.upstream.parser import AnswerParser
 
 Body = bytes | AsyncIterable[bytes]
+_KEEP_ALIVE_TIMEOUT = re.compile(r"(?:^|[,;\s])timeout\s*=\s*(\d{1,6})")
 
 
 class Connection(asyncio.Protocol):
-    """A pooled connection. `send` writes one request and gives the future of its answer's head."""
+    """A pooled connection. `send` writes one request and gives the future of its answer's head.
 
-    __slots__ = ("pool", "transport", "uses", "idle_since", "closed", "_buffer", "_method", "_deadline", "_head",
-                 "_framing", "_answer", "_keep_alive", "_writing_paused", "_drain", "_writer", "_first_byte_s",
-                 "_reading_paused")
+    `idle(connection)` is told when it may carry another request; `lost(connection)` when it
+    closes (the pool passes both in: a connection does not know its pool)."""
 
-    def __init__(self, pool: UpstreamPool) -> None:
-        self.pool = pool
+    __slots__ = ("transport", "flow", "uses", "idle_since", "upstream_idle_s", "closed", "_deadlines", "_idle",
+                 "_lost", "_parser", "_head", "_answer", "_written", "_answered", "_writer", "_first_byte_s",
+                 "_idle_s", "_deadline", "_poll", "_spare")
+
+    def __init__(self, deadlines: Deadlines, idle: Callable[[Connection], None],
+                 lost: Callable[[Connection], None]) -> None:
         self.transport: asyncio.Transport | None = None
+        self.flow: FlowControl | None = None
         self.uses = 0
         self.idle_since = 0.0
+        self.upstream_idle_s: float | None = None  # how long the upstream keeps it idle (its Keep-Alive: timeout)
         self.closed = False
-        self._buffer = b""
-        self._method = ""
-        self._deadline = 0.0
+        self._deadlines = deadlines
+        self._idle = idle
+        self._lost = lost
+        self._parser: AnswerParser | None = None
         self._head: asyncio.Future[Answer] | None = None
-        self._framing: Framing | None = None
         self._answer: Answer | None = None
-        self._keep_alive = False
-        self._writing_paused = False
-        self._drain: asyncio.Future[None] | None = None
+        self._written = Written.NOTHING
+        self._answered = False
         self._writer: asyncio.Task[None] | None = None
         self._first_byte_s = 0.0
-        self._reading_paused = False
+        self._idle_s = 0.0
+        self._deadline = 0.0
+        self._poll: select.poll | None = None  # asks the socket, between requests, whether the upstream closed it
+        self._spare: AnswerParser | None = None  # the last answer's parser, to read the next one
 
     # -- one exchange --
 
@@ -55,164 +66,174 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         assert transport is not None and self._head is None
         self.uses += 1
-        self._method = method
+        spare, self._spare = self._spare, None
+        if spare is None:
+            self._parser = AnswerParser(method)
+        else:
+            spare.expect(method)
+            self._parser = spare
+        self._answer = None
+        self._answered = False
         self._deadline = deadline
         self._first_byte_s = first_byte_s
-        self._framing = self._answer = None
+        self._idle_s = idle_s
         waiter = self._head = loop.create_future()
         if isinstance(body, bytes | bytearray | memoryview):
-            transport.write(head + body if len(body) < 65536 else head)
-            if len(body) >= 65536:
+            if len(body) < 65536:
+                transport.write(head + body)
+            else:
+                transport.write(head)
                 transport.write(body)
+            self._written = Written.ALL
             self._await_head(loop)
         else:
             transport.write(head)
+            self._written = Written.PART
             self._writer = loop.create_task(self._stream(body, chunked, idle_s))
         return waiter
+
+    def readable(self) -> bool:
+        """Bytes or an end-of-file wait on the idle socket: the upstream closed it (or talks out of turn)."""
+        transport = self.transport
+        if transport is None or self.closed or transport.is_closing():
+            return True
+        try:
+            return self._poll is not None and bool(self._poll.poll(0))
+        except OSError:
+            return True
 
     async def _stream(self, body: AsyncIterable[bytes], chunked: bool, idle_s: float) -> None:
         """Write a streamed body, chunked unless its length was declared; the first-byte
         clock starts once the upstream has all of it."""
-        transport = self.transport
-        assert transport is not None
+        transport, flow = self.transport, self.flow
+        assert transport is not None and flow is not None
         try:
             async for chunk in body:
                 if not chunk:
                     continue
                 transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
-                if self._writing_paused:
-                    await self._drained(idle_s)
+                await flow.drain(idle_s)
             if chunked:
                 transport.write(b"0\r\n\r\n")
         except Exception as exc:
             # The upstream must never take half a request for a whole one: the connection goes.
-            self._fail_head(exc if isinstance(exc, UpstreamError)
-                            else RequestBodyFailed(f"the request body failed: {exc}"))
+            self._fail(exc if isinstance(exc, UpstreamError)
+                       else RequestBodyFailed(f"the request body failed: {exc}"))
             self.close()
             return
+        self._written = Written.ALL
         if self._head is not None and not self._head.done():
             self._await_head(asyncio.get_running_loop())
 
-    async def _drained(self, idle_s: float) -> None:
-        drain = self._drain = asyncio.get_running_loop().create_future()
-        try:
-            async with asyncio.timeout(idle_s):
-                await drain
-        except TimeoutError:
-            raise UpstreamTimeout(f"the upstream read none of the request body for {idle_s:g}s") from None
-
     def _await_head(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.pool.deadlines.watch(self, min(loop.time() + self._first_byte_s, self._deadline))
+        self._deadlines.watch(self, min(loop.time() + self._first_byte_s, self._deadline))
 
     def timed_out(self) -> None:
         """Its deadline passed (`Deadlines` calls this): no head yet, or a read of the body waited too long."""
         if self._answer is not None:
             self._answer.time_out()
             return
-        self._fail_head(UpstreamTimeout(f"no answer within {self._first_byte_s:g}s"))
+        self._fail(UpstreamTimeout(f"no answer within {self._first_byte_s:g}s"))
         self.close()
 
-    def _fail_head(self, error: BaseException) -> None:
+    def _fail(self, error: UpstreamError) -> None:
+        """The exchange failed: the error learns how far the request got, and whoever waits gets it."""
+        error.written = self._written
+        error.answered = error.answered or self._answered
+        error.reused = self.uses > 1
+        if self._answer is not None:
+            self._answer.fail(error)
+            return
         waiter = self._head
         if waiter is not None and not waiter.done():
             waiter.set_exception(error)
 
     def finished(self, reusable: bool) -> None:
-        """The answer is done with: back to the pool, or closed."""
+        """The caller is done with this exchange: back to the pool, or closed."""
         writer, self._writer = self._writer, None
         if writer is not None and not writer.done():
             writer.cancel()
             reusable = False
+        parser, self._parser = self._parser, None
         self._head = None
         self._answer = None
-        if reusable and self._keep_alive and not self.closed:
-            self.resume_reading()
-            self.pool.put_back(self)
+        if reusable and parser is not None and parser.reusable and not self.closed:
+            if parser.head is not None and (keep_alive := parser.head.headers.get("keep-alive")):
+                self.upstream_idle_s = _upstream_idle_s(keep_alive)
+            # llhttp reads the next answer afresh, except after HEAD: it still awaits that body
+            self._spare = parser if parser.method != "HEAD" else None
+            flow = self.flow
+            assert flow is not None
+            if flow.reading_paused:
+                flow.resume_reading()
+            self._idle(self)
         else:
             self.close()
 
     def close(self) -> None:
-        self.pool.deadlines.unwatch(self)
+        self._deadlines.unwatch(self)
         if self.transport is not None and not self.closed:
             self.closed = True
             self.transport.close()
-            self.pool.forget(self)
+            self._lost(self)
+
+    # -- the answer's link back (proxy/upstream/answer.py) --
 
     def pause_reading(self) -> None:
-        if not self._reading_paused and self.transport is not None and not self.closed:
-            self._reading_paused = True
-            self.transport.pause_reading()
+        if self.flow is not None:
+            self.flow.pause_reading()
 
     def resume_reading(self) -> None:
-        if self._reading_paused and self.transport is not None and not self.closed:
-            self._reading_paused = False
-            self.transport.resume_reading()
+        if self.flow is not None:
+            self.flow.resume_reading()
+
+    def watch(self, at: float) -> None:
+        self._deadlines.watch(self, at)
+
+    def unwatch(self) -> None:
+        self._deadlines.unwatch(self)
 
     # -- asyncio.Protocol --
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.flow = FlowControl(transport)  # type: ignore[arg-type]
+        socket = transport.get_extra_info("socket")
+        if socket is not None:
+            self._poll = select.poll()
+            self._poll.register(socket.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
 
     def data_received(self, data: bytes) -> None:
-        if self._answer is not None:
-            self._body(data)
-            return
-        if self._head is None or self._head.done():
+        parser = self._parser
+        if parser is None:
             self.close()  # bytes nobody asked for: this connection cannot be trusted again
             return
-        buffer = self._buffer + data if self._buffer else data
+        self._answered = True
         try:
-            while True:
-                end = buffer.find(b"\r\n\r\n")
-                if end < 0:
-                    if len(buffer) > MAX_HEAD:
-                        raise BadAnswer(f"the answer's head is over {MAX_HEAD} bytes")
-                    self._buffer = buffer
-                    return
-                head = parse_head(buffer[:end])
-                buffer = buffer[end + 4:]
-                if head.status >= 200 or head.status == 101:
-                    break  # 1xx interim answers (100 Continue, 103 Early Hints) are read past
-            framing = framing_for(head, self._method)
+            parser.feed(data)
         except BadAnswer as exc:
-            self._fail_head(exc)
+            self._fail(exc)
             self.close()
             return
-        self._buffer = b""
-        self.pool.deadlines.unwatch(self)
-        # Both a length and chunks (RFC 9112 6.3: chunks win) is how requests get smuggled, and
-        # after a 101 the connection no longer speaks HTTP: neither is reused.
-        self._keep_alive = head.keep_alive and not framing.until_close and head.status != 101 and not (
-            "transfer-encoding" in head.headers and "content-length" in head.headers)
-        answer = Answer(self, head.status, head.reason, head.headers, self.pool.idle_s, self._deadline)
-        self._framing, self._answer = framing, answer
-        if framing.finished:
-            answer.finish()
-            if buffer:
-                self._keep_alive = False
-        elif buffer:
-            self._body(buffer)
-        self._head.set_result(answer)  # type: ignore[union-attr]
-
-    def _body(self, data: bytes) -> None:
-        answer, framing = self._answer, self._framing
-        assert answer is not None and framing is not None
-        if answer.complete:
-            self._keep_alive = False  # more than the body said: never reuse this connection
+        except Exception as exc:  # fail closed: whatever broke, the answer is not to be trusted
+            self._fail(BadAnswer(f"the answer could not be read: {type(exc).__name__}"))
             self.close()
             return
-        out: list[bytes] = []
-        try:
-            end = framing.feed(data, out)
-        except BadAnswer as exc:
-            answer.fail(exc)
-            self.close()
-            return
-        if out:
-            answer.feed(out, len(data) if end < 0 else end)
-        if end >= 0:
-            if end < len(data):
-                self._keep_alive = False
+        answer = self._answer
+        if answer is None:
+            head = parser.head
+            if head is None:
+                return
+            self._deadlines.unwatch(self)
+            answer = self._answer = Answer(self, head.status, head.headers, self._idle_s, self._deadline)
+            waiter = self._head
+            assert waiter is not None
+            if not waiter.done():
+                waiter.set_result(answer)
+        chunks, size = parser.take()
+        if chunks:
+            answer.feed(chunks, size)
+        if parser.done and not answer.complete:
             answer.finish()
 
     def eof_received(self) -> bool:
@@ -221,26 +242,31 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         was_closed, self.closed = self.closed, True
         if not was_closed:
-            self.pool.forget(self)
-        self.pool.deadlines.unwatch(self)
-        answer = self._answer
+            self._lost(self)
+        self._deadlines.unwatch(self)
+        if self.flow is not None:
+            self.flow.lost()
+        answer, parser = self._answer, self._parser
         if answer is None:
-            self._fail_head(ConnectionLost("the upstream closed the connection before answering",
-                                           answered=bool(self._buffer)))
+            if self._head is not None and not self._head.done():
+                self._fail(ConnectionLost("the upstream closed the connection before answering",
+                                          answered=self._answered))
         elif not answer.complete:
-            if self._framing is not None and self._framing.until_close and exc is None:
+            if exc is None and parser is not None and parser.connection_closed():
                 answer.finish()
             else:
-                answer.fail(ConnectionLost("the upstream closed the connection mid-answer", answered=True))
-        drain = self._drain
-        if drain is not None and not drain.done():
-            drain.set_exception(ConnectionLost("the upstream closed the connection mid-request", answered=False))
+                self._fail(ConnectionLost("the upstream closed the connection mid-answer", answered=True))
 
     def pause_writing(self) -> None:
-        self._writing_paused = True
+        if self.flow is not None:
+            self.flow.pause_writing()
 
     def resume_writing(self) -> None:
-        self._writing_paused = False
-        drain = self._drain
-        if drain is not None and not drain.done():
-            drain.set_result(None)
+        if self.flow is not None:
+            self.flow.resume_writing()
+
+
+def _upstream_idle_s(keep_alive: str) -> float | None:
+    """The idle timeout an upstream announces (`Keep-Alive: timeout=5`), if it does."""
+    found = _KEEP_ALIVE_TIMEOUT.search(keep_alive.lower())
+    return float(found[1]) if found else None

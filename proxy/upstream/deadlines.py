@@ -1,7 +1,7 @@
-"""`Deadlines`: one timer for all the connections of a pool that are waiting on their upstream.
+"""`Deadlines`: one timer for all the waitings of a pool that are waiting on their upstream.
 
 A timer per request (first byte) and per stream read (idle gap) would be created and
-cancelled thousands of times a second, almost never firing. Instead a waiting connection
+cancelled thousands of times a second, almost never firing. Instead a waiting waiting
 records when it gives up, and a single timer is set for the earliest of those times; a
 wait that ends early just drops its entry. Timeouts fire on time, not on a coarse tick.
 """
@@ -10,29 +10,30 @@ from __future__ import annotations
 
 import asyncio
 from math import inf
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from proxy.upstream.connection import Connection
+
+class Waiting(Protocol):
+    def timed_out(self) -> None: ...
 
 
 class Deadlines:
-    """When each waiting connection gives up; `Connection.timed_out` is called at that time."""
+    """When each waiting waiting gives up; its `timed_out` is called at that time."""
 
     __slots__ = ("_due", "_timer", "_timer_at")
 
     def __init__(self) -> None:
-        self._due: dict[Connection, float] = {}
+        self._due: dict[Waiting, float] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = inf
 
-    def watch(self, connection: Connection, at: float) -> None:
-        self._due[connection] = at
+    def watch(self, waiting: Waiting, at: float) -> None:
+        self._due[waiting] = at
         if at < self._timer_at:
             self._set_timer(at)
 
-    def unwatch(self, connection: Connection) -> None:
-        self._due.pop(connection, None)
+    def unwatch(self, waiting: Waiting) -> None:
+        self._due.pop(waiting, None)
 
     def close(self) -> None:
         self._due.clear()
@@ -50,9 +51,9 @@ class Deadlines:
         self._timer, self._timer_at = None, inf
         now = asyncio.get_running_loop().time()
         now += 0.001  # the loop may run a timer a hair early
-        late = [connection for connection, at in self._due.items() if at <= now]
-        for connection in late:
-            del self._due[connection]
-            connection.timed_out()
+        late = [waiting for waiting, at in self._due.items() if at <= now]
+        for waiting in late:
+            del self._due[waiting]
+            waiting.timed_out()
         if self._due:
             self._set_timer(min(self._due.values()))

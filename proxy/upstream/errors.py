@@ -1,22 +1,46 @@
-"""What can go wrong talking to an upstream, sorted by what the gateway may do about it.
+"""What can go wrong talking to an upstream, and the facts the forwarder decides by.
 
-Before the upstream has a request it can act on (`ConnectFailed`, `ConnectTimeout`), sending
-it elsewhere is always safe; after that, only requests that may run twice are.
+The pool never sends a request twice. Every error says how far the request got: how much of
+it was `written` to the connection, whether any byte of an answer came (`answered`), and
+whether the connection had carried requests before (`reused`). A request with nothing written
+never reached the upstream; anything more may have, and only the forwarder (proxy/forwarder.py)
+decides whether such a request may go again.
 """
 
 from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Written(IntEnum):
+    NOTHING = 0  # not a byte left the gateway: the upstream never saw the request
+    PART = 1     # the head and some of a streamed body
+    ALL = 2      # the whole request was handed to the socket
 
 
 class UpstreamError(Exception):
     """The exchange with the upstream failed."""
 
+    written: Written = Written.ALL
+    answered: bool = False
+    reused: bool = False
+
 
 class ConnectFailed(UpstreamError):
     """No connection could be opened (refused, unresolvable, TLS handshake failed)."""
 
+    written = Written.NOTHING
+
 
 class ConnectTimeout(ConnectFailed, TimeoutError):
-    """No connection, or no free slot in the pool, within the connect timeout."""
+    """No connection within the connect timeout."""
+
+
+class PoolExhausted(UpstreamError):
+    """The channel's operator-set cap on open connections was reached and none came free in
+    time. The gateway's own limit, not the upstream's fault: no breaker counts it."""
+
+    written = Written.NOTHING
 
 
 class UpstreamTimeout(UpstreamError, TimeoutError):
@@ -24,10 +48,7 @@ class UpstreamTimeout(UpstreamError, TimeoutError):
 
 
 class ConnectionLost(UpstreamError):
-    """The connection closed or broke before the answer was complete.
-
-    `answered` says whether any of the answer had arrived; a reused keep-alive connection
-    that closes before that never handled the request (the upstream had closed it idle)."""
+    """The connection closed or broke before the answer was complete."""
 
     def __init__(self, message: str, answered: bool) -> None:
         super().__init__(message)
@@ -35,7 +56,9 @@ class ConnectionLost(UpstreamError):
 
 
 class BadAnswer(UpstreamError):
-    """Bytes that are not an HTTP/1.x answer this client can frame."""
+    """Bytes that are not an HTTP/1.1 answer the gateway will frame; the connection is closed."""
+
+    answered = True
 
 
 class RequestBodyFailed(UpstreamError):
@@ -44,3 +67,5 @@ class RequestBodyFailed(UpstreamError):
 
 class InvalidRequest(UpstreamError, ValueError):
     """The request cannot be written: a header name or value holds a line break."""
+
+    written = Written.NOTHING

@@ -2,9 +2,16 @@
 
 The gateway's own client, in place of a general-purpose one: it sends the headers it is
 given and no others, leaves bodies encoded as they came, and costs a handful of calls per
-request. At most `limit` connections are open; a request past that waits for one, within
-the connect timeout. Idle connections are reused newest first and closed after
-`keepalive_s`.
+request. It sends each request once: whether a failed one may go again is the forwarder's
+call, made from the facts the error carries.
+
+Open connections are not capped unless the operator sets `max_connections` (model traffic is
+long streams: each holds its connection for minutes); past a cap a request waits for a free
+connection within the connect timeout, then fails with `PoolExhausted`. Apart from that, at
+most `max_idle` connections are kept for reuse, newest first. An idle connection is retired
+after `keepalive_s`, or a second before the upstream's own announced idle timeout; one idle for
+a second or more is checked before reuse, so one the upstream has closed is dropped, never
+written to.
 """
 
 from __future__ import annotations
@@ -18,21 +25,28 @@ from urllib.parse import urlsplit
 from proxy.upstream.answer import Answer
 from proxy.upstream.connection import Body, Connection
 from proxy.upstream.deadlines import Deadlines
-from proxy.upstream.errors import ConnectFailed, ConnectionLost, ConnectTimeout, InvalidRequest
+from proxy.upstream.errors import ConnectFailed, ConnectTimeout, InvalidRequest, PoolExhausted
 
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE"})
+# Retire an idle connection this long before the upstream said it would close it.
+_IDLE_MARGIN_S = 1.0
+# A connection idle this long is asked (one poll of its socket) whether the upstream closed it.
+# Upstreams close idle connections after seconds, and the event loop sees an end of file that
+# came earlier by itself; a busy pool, whose connections come back within milliseconds, skips
+# the system call.
+_CHECK_AFTER_S = 1.0
 
 
 class UpstreamPool:
     """Connections to one origin (`base_url`, whose path, if any, prefixes every request)."""
 
-    __slots__ = ("scheme", "host", "port", "prefix", "host_header", "limit", "keepalive_s", "connect_s",
-                 "first_byte_s", "idle_s", "total_s", "deadlines", "_ssl", "_idle", "_open", "_waiters", "_sweeper",
-                 "_closed")
+    __slots__ = ("scheme", "host", "port", "prefix", "host_header", "max_connections", "max_idle", "keepalive_s",
+                 "connect_s", "first_byte_s", "idle_s", "total_s", "deadlines", "_ssl", "_idle", "_open", "_waiters",
+                 "_sweeper", "_closed")
 
-    def __init__(self, base_url: str, *, limit: int = 256, keepalive_s: float = 60.0, connect_s: float = 10.0,
-                 first_byte_s: float = 120.0, idle_s: float = 120.0, total_s: float = 900.0,
-                 tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, base_url: str, *, max_connections: int | None = None, max_idle: int = 256,
+                 keepalive_s: float = 60.0, connect_s: float = 10.0, first_byte_s: float = 120.0,
+                 idle_s: float = 120.0, total_s: float = 900.0, tls: ssl.SSLContext | None = None) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"an upstream must be an http:// or https:// URL, not {base_url!r}")
@@ -43,7 +57,8 @@ class UpstreamPool:
         self.prefix = parts.path.rstrip("/")
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.host_header = host if self.port == default_port else f"{host}:{self.port}"
-        self.limit = limit
+        self.max_connections = max_connections
+        self.max_idle = max_idle
         self.keepalive_s = keepalive_s
         self.connect_s = connect_s
         self.first_byte_s = first_byte_s
@@ -64,26 +79,19 @@ class UpstreamPool:
 
     async def request(self, method: str, target: str, headers: Mapping[str, str], body: Body | None = None, *,
                       total_s: float | None = None) -> Answer:
-        """Send a request (`target`: the path and query, already encoded) and return its answer
-        once the head is in. A reused connection the upstream had closed while idle is replaced
-        once, when the body can be sent again."""
+        """Send a request (`target`: the path and query, already encoded) once, and return its
+        answer once the head is in; an UpstreamError says how far the request got."""
         if body is None:
             body = b""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (total_s if total_s is not None else self.total_s)
         head, chunked = self._head(method, target, headers, body)
-        while True:
-            connection = self._reuse(loop) or await self._acquire(loop, deadline)
-            try:
-                return await connection.send(loop, method, head, body, chunked, self.first_byte_s, self.idle_s,
-                                             deadline)
-            except ConnectionLost as exc:
-                connection.finished(reusable=False)
-                if connection.uses == 1 or exc.answered or not isinstance(body, bytes | bytearray | memoryview):
-                    raise
-            except BaseException:
-                connection.finished(reusable=False)
-                raise
+        connection = self._reuse(loop) or await self._acquire(loop, deadline)
+        try:
+            return await connection.send(loop, method, head, body, chunked, self.first_byte_s, self.idle_s, deadline)
+        except BaseException:
+            connection.finished(reusable=False)
+            raise
 
     def _head(self, method: str, target: str, headers: Mapping[str, str], body: Body) -> tuple[bytes, bool]:
         lines = [f"{method} {self.prefix}{target} HTTP/1.1", f"Host: {self.host_header}"]
@@ -102,12 +110,17 @@ class UpstreamPool:
         return (text + "\r\n\r\n").encode("utf-8", "surrogateescape"), chunked
 
     def _reuse(self, loop: asyncio.AbstractEventLoop) -> Connection | None:
-        """The most recently used idle connection still fit to reuse."""
+        """The most recently used idle connection still fit to reuse: not past its idle time, and
+        with nothing to read (an upstream that closed it has sent its end of file)."""
         idle = self._idle
         now = loop.time()
         while idle:
             connection = idle.pop()
-            if not connection.closed and now - connection.idle_since < self.keepalive_s:
+            idle_for = now - connection.idle_since
+            announced = connection.upstream_idle_s
+            limit = self.keepalive_s if announced is None else min(self.keepalive_s, announced - _IDLE_MARGIN_S)
+            if idle_for < limit and not connection.closed and (
+                    idle_for < _CHECK_AFTER_S or not connection.readable()):
                 return connection
             connection.close()
         return None
@@ -115,7 +128,7 @@ class UpstreamPool:
     async def _acquire(self, loop: asyncio.AbstractEventLoop, deadline: float) -> Connection:
         if self._closed:
             raise ConnectFailed("the channel's pool is closed")
-        if len(self._open) >= self.limit:
+        if self.max_connections is not None and len(self._open) >= self.max_connections:
             found = await self._wait_for_slot(loop, deadline)
             if found is not None:
                 return found
@@ -129,14 +142,14 @@ class UpstreamPool:
             async with asyncio.timeout_at(min(loop.time() + self.connect_s, deadline)):
                 return await waiter
         except TimeoutError:
-            raise ConnectTimeout(f"all {self.limit} connections to the upstream stayed busy "
-                                 f"for {self.connect_s:g}s") from None
+            raise PoolExhausted(f"all {self.max_connections} connections the channel may open stayed busy "
+                                f"for {self.connect_s:g}s") from None
         finally:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
 
     async def _connect(self, loop: asyncio.AbstractEventLoop, deadline: float) -> Connection:
-        connection = Connection(self)
+        connection = Connection(self.deadlines, self.put_back, self.forget)
         self._open.add(connection)  # holds its slot while connecting
         try:
             async with asyncio.timeout_at(min(loop.time() + self.connect_s, deadline)):
@@ -166,6 +179,8 @@ class UpstreamPool:
                 return
         connection.idle_since = asyncio.get_running_loop().time()
         self._idle.append(connection)
+        if len(self._idle) > self.max_idle:
+            self._idle.popleft().close()  # the one idle longest
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().call_later(self.keepalive_s, self._sweep)
 

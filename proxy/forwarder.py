@@ -1,0 +1,261 @@
+"""`Forwarder`: sends an exchange to its channel, and alone decides whether a failed attempt goes again.
+
+The pool sends each request once and says how far it got; what follows from each kind of
+failure is one table, `FAILURES`: the client's status when no other attempt is made, whether
+the channel's breaker counts it, and when a resend is safe. By default a request goes again
+(to another channel, never back to one tried) only when it provably never reached an upstream;
+GET requests, and chat routes that opt in with `routes.<route>.failover_unanswered`, also when
+the upstream took it and closed or went quiet before a byte of answer (it may have billed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from enum import Enum
+
+from aiohttp import web
+from opentelemetry.trace import Span, SpanKind
+
+from proxy.affinity import Affinity
+from proxy.body import MultipartBody
+from proxy.channels import Channel
+from proxy.exchange import Exchange
+from proxy.formats import ACCOUNT
+from proxy.observability.tracing import inject, start_child
+from proxy.pipeline import Pipeline
+from proxy.relay import Relay
+from proxy.routes import CHAT_ROUTES, ModelFrom, Pin
+from proxy.runtime import Runtime
+from proxy.upstream import (BadAnswer, ConnectFailed, ConnectionLost, ConnectTimeout, InvalidRequest, PoolExhausted,
+                            RequestBodyFailed, UpstreamError, UpstreamTimeout, Written)
+
+_IDEMPOTENT = frozenset({"GET", "HEAD"})
+
+
+class Resend(Enum):
+    NEVER_REACHED = "never reached"    # nothing was written: any request may go again
+    UNANSWERED = "unanswered"          # written, no byte of answer: GETs, and chat routes that opt in
+    IDEMPOTENT = "idempotent"          # a broken answer: GETs only
+    ERROR_ANSWER = "error answer"      # the upstream answered with an error: not a submission or webhook
+    NEVER = "never"
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    status: int | None  # the client's status when no other attempt is made (None: the answer is relayed)
+    breaker: bool       # counts as a failure of the channel
+    resend: Resend
+    says: str           # how the client's message puts it
+
+
+FAILURES: dict[str, Failure] = {
+    "connect": Failure(502, True, Resend.NEVER_REACHED, "could not be reached"),
+    "connect_timeout": Failure(504, True, Resend.NEVER_REACHED, "timed out connecting"),
+    "pool_exhausted": Failure(503, False, Resend.NEVER_REACHED, "has all the connections its pool may open busy"),
+    "unanswered": Failure(502, True, Resend.UNANSWERED, "closed the connection without answering"),
+    "first_byte_timeout": Failure(504, True, Resend.UNANSWERED, "timed out waiting for the first byte"),
+    "head_timeout": Failure(504, True, Resend.IDEMPOTENT, "did not finish its answer's head in time"),
+    "bad_answer": Failure(502, True, Resend.IDEMPOTENT, "sent an answer the gateway will not relay"),
+    "connection": Failure(502, True, Resend.IDEMPOTENT, "broke off its answer"),
+    "status_5xx": Failure(None, True, Resend.ERROR_ANSWER, "answered with a server error"),
+    "status_429": Failure(None, False, Resend.ERROR_ANSWER, "answered 429"),
+}
+
+
+def failure_kind(exc: UpstreamError) -> str:
+    """The table's name for a transport failure."""
+    if isinstance(exc, PoolExhausted):
+        return "pool_exhausted"
+    if isinstance(exc, ConnectTimeout):
+        return "connect_timeout"
+    if isinstance(exc, ConnectFailed):
+        return "connect"
+    if isinstance(exc, BadAnswer):
+        return "bad_answer"
+    if isinstance(exc, UpstreamTimeout):
+        return "head_timeout" if exc.answered else "first_byte_timeout"
+    if not exc.answered and isinstance(exc, ConnectionLost):
+        return "unanswered"
+    return "connection"
+
+
+class Forwarder:
+    """Runs an exchange's attempts: one per channel, until one answers or none may be tried."""
+
+    __slots__ = ("affinity",)
+
+    def __init__(self, affinity: Affinity) -> None:
+        self.affinity = affinity
+
+    async def forward(self, ex: Exchange, runtime: Runtime, pipeline: Pipeline) -> web.StreamResponse:
+        """Send the request to its channel; before the client has a byte, a failure may move it
+        to another channel (never back to one already tried), with a growing pause."""
+        id_header = runtime.config.server.request_id_header
+        tried: list[Channel] = []
+        delay = runtime.config.resilience.backoff_s
+        body, body_changed = ex.body, ex.body_changed  # before any channel's rename
+        while True:
+            channel = ex.channel
+            assert channel is not None and channel.pool is not None
+            tried.append(channel)
+            path = self._path_for(ex, channel)
+            if path is None:
+                return ex.answer_locally(ex.error_response(
+                    400, "model: the form's model field must come before its files, so the gateway can name the "
+                         "model as this channel knows it", param="model"), id_header)
+            if pipeline.upstream_hooks:
+                await pipeline.run_upstream(ex)
+            target, data = self._request_for(ex, channel, path)
+            span = None
+            if ex.span is not None:
+                span = self._upstream_span(ex, channel, path, len(tried))
+            elif ex.unsampled_span is not None:
+                inject(ex.unsampled_span, ex.headers)
+            try:
+                result = await self._attempt(ex, runtime, pipeline, channel, target, data, id_header, tried)
+            finally:
+                if span is not None:
+                    span.set_attribute("http.response.status_code", ex.status)
+                    span.end()
+            if isinstance(result, web.StreamResponse):
+                return result
+            ex.channel, reason = result
+            runtime.observer.retried(ex, reason)
+            await asyncio.sleep(delay)
+            delay *= 2
+            ex.restore_body(body, body_changed)
+
+    async def _attempt(self, ex: Exchange, runtime: Runtime, pipeline: Pipeline, channel: Channel, target: str,
+                       data: bytes | AsyncIterator[bytes] | None, id_header: str,
+                       tried: list[Channel]) -> web.StreamResponse | tuple[Channel, str]:
+        """One attempt: the client's answer, or the next channel to try and why."""
+        observer = runtime.observer
+        assert channel.pool is not None
+        ex.upstream_started = time.perf_counter()
+        try:
+            upstream = await channel.pool.request(ex.request.method, target, ex.headers, data)
+        except UpstreamError as exc:
+            if isinstance(data, MultipartBody) and data.rejection is not None:
+                violation = data.rejection  # the body broke a rule while it streamed: the upstream got no whole request
+                return ex.answer_locally(ex.error_response(violation.status, str(violation),
+                                                           param=violation.path or None), id_header)
+            if isinstance(exc, RequestBodyFailed):  # the client's body failed: not the channel's fault
+                return ex.answer_locally(ex.error_response(400, "the request body could not be read to its end"),
+                                         id_header)
+            if isinstance(exc, InvalidRequest):
+                return ex.answer_locally(ex.error_response(
+                    502, f"the request for upstream {channel.name} could not be written: {exc}"), id_header)
+            kind = failure_kind(exc)
+            failure = FAILURES[kind]
+            observer.upstream_result(channel, kind, failure.breaker)
+            if (following := self._next_channel(ex, runtime, tried, kind, exc.written)) is not None:
+                return following
+            status = failure.status or 502
+            if status == 502 and ex.route.format is ACCOUNT:
+                status = 503  # a webhook's sender, a login form, retry a 503
+            headers = {"Retry-After": "1"} if kind == "pool_exhausted" else None
+            return ex.answer_locally(ex.error_response(
+                status, f"upstream {channel.name} {failure.says} ({type(exc).__name__})",
+                "upstream_pool_exhausted" if kind == "pool_exhausted" else None, headers=headers), id_header)
+        ex.upstream_headers_at = time.perf_counter()
+        status = upstream.status
+        kind = "status_5xx" if status >= 500 else "status_429" if status == 429 else None
+        if kind is None:
+            observer.upstream_result(channel, None, False)
+        else:
+            observer.upstream_result(channel, kind, FAILURES[kind].breaker)
+            if kind != "status_429" or runtime.config.resilience.failover_on_429:
+                if (following := self._next_channel(ex, runtime, tried, kind, Written.ALL)) is not None:
+                    upstream.close()
+                    return following
+        try:
+            relay = Relay(ex, upstream, pipeline, self.affinity,
+                          buffer_limit=int(runtime.config.server.max_json_body_mb * 1024 * 1024),
+                          request_id_header=id_header, observer=observer,
+                          client_idle_s=runtime.config.server.client_idle_s)
+            return await relay.send()
+        finally:
+            upstream.release()
+
+    @staticmethod
+    def may_resend(ex: Exchange, runtime: Runtime, kind: str, written: Written) -> bool:
+        """Whether a request that failed this way may be sent again at all (to another channel)."""
+        rule = FAILURES[kind].resend
+        if ex.pinned_channel is not None:
+            return False  # the id lives on that channel alone
+        if ex.body_stream is not None:
+            return False  # a streamed body cannot be read twice
+        idempotent = ex.request.method in _IDEMPOTENT
+        if rule is Resend.NEVER_REACHED or written is Written.NOTHING:
+            return True
+        if rule is Resend.UNANSWERED:
+            route = runtime.config.routes.get(ex.route.name)  # type: ignore[call-overload]
+            return idempotent or (ex.route.name in CHAT_ROUTES and route is not None and route.failover_unanswered)
+        if rule is Resend.IDEMPOTENT:
+            return idempotent
+        if rule is Resend.ERROR_ANSWER:
+            return ex.route.creates is not Pin.VIDEO_TASK and ex.route.format is not ACCOUNT
+        return False
+
+    def _next_channel(self, ex: Exchange, runtime: Runtime, tried: list[Channel], kind: str,
+                      written: Written) -> tuple[Channel, str] | None:
+        """The next channel to try, if this request may be sent again and one is left."""
+        if len(tried) >= runtime.config.resilience.max_attempts or not self.may_resend(ex, runtime, kind, written):
+            return None
+        following = runtime.channels.pick(ex.route, ex.model, exclude=tuple(tried))
+        return (following, kind) if following is not None else None
+
+    # -- the request for one channel --
+
+    def _path_for(self, ex: Exchange, channel: Channel) -> str | None:
+        """The upstream path, built from the route's template, with the model renamed (in the path
+        or the body) where the channel knows it by another name; before the on_upstream hooks, so
+        they see the channel's name. None when a form's model cannot be renamed (it came late)."""
+        assert ex.target is not None
+        if ex.followed is not None and ex.followed.upstream_id is not None:
+            return ex.target.path(task_id=ex.followed.upstream_id)  # the client holds an alias of it
+        if ex.model is None:
+            return ex.target.path()
+        ex.upstream_model = channel.upstream_model(ex.model)
+        if ex.route.model_from is ModelFrom.PATH:
+            return ex.target.path(model=ex.upstream_model)
+        if ex.upstream_model != ex.model and not self._rename_in_body(ex):
+            return None
+        return ex.target.path()
+
+    @staticmethod
+    def _request_for(ex: Exchange, channel: Channel, path: str) -> tuple[str, bytes | AsyncIterator[bytes] | None]:
+        """The request target and body for this channel; its credential goes into the headers."""
+        headers = ex.headers
+        ex.format.place_credential(channel.credential, headers)
+        data: bytes | AsyncIterator[bytes] | None = ex.body
+        if ex.body_stream is not None:
+            data = ex.body_stream
+            if isinstance(data, MultipartBody) and data.declared_length is not None:
+                headers["Content-Length"] = str(data.declared_length)
+        assert ex.target is not None
+        query = ex.target.query_string(ex.format.credential_query(channel.credential))
+        return (f"{path}?{query}" if query else path), data
+
+    @staticmethod
+    def _upstream_span(ex: Exchange, channel: Channel, path: str, attempt: int) -> Span:
+        method = ex.request.method
+        span = start_child(ex, f"{method} upstream {channel.name}", SpanKind.CLIENT, {
+            "http.request.method": method, "server.address": channel.pool.host if channel.pool else "",
+            "url.path": path, "modelgate.channel": channel.name, "gen_ai.request.model": ex.upstream_model or "",
+            "modelgate.attempt": attempt})
+        inject(span, ex.headers)
+        return span
+
+    @staticmethod
+    def _rename_in_body(ex: Exchange) -> bool:
+        old, new = ex.model or "", ex.upstream_model or ""
+        if isinstance(ex.body_stream, MultipartBody):
+            return ex.body_stream.rename_model(old, new)
+        body = ex.json()
+        if isinstance(body, dict):
+            ex.set_json({**body, "model": new})
+        return True
