@@ -98,8 +98,8 @@ def gateway_config(port: int, sim_port: int, streams: int, workers: int) -> str:
     return (state +
             f"server: {{listen: '127.0.0.1:{port}', max_connections: {streams * 2}, workers: {workers}}}\n"
             f"keys: [{{name: s, key: {KEY}, limits: {{rpm: 100000000, tpm: 10000000000}}}}]\n"
-            f"channels: [{{name: upstream, base_url: 'http://127.0.0.1:{sim_port}', "
-            f"pool: {{max_connections: {streams * 2}}}}}]\n"
+            # the channel's pool as shipped: no cap on open connections
+            f"channels: [{{name: upstream, base_url: 'http://127.0.0.1:{sim_port}'}}]\n"
             "observability: {logging: {access_log: false}}\n")
 
 
