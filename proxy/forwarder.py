@@ -48,20 +48,24 @@ class Failure:
     status: int | None  # the client's status when no other attempt is made (None: the answer is relayed)
     breaker: bool       # counts as a failure of the channel
     resend: Resend
+    code: str           # the machine code of the client's error
     says: str           # how the client's message puts it
 
 
 FAILURES: dict[str, Failure] = {
-    "connect": Failure(502, True, Resend.NEVER_REACHED, "could not be reached"),
-    "connect_timeout": Failure(504, True, Resend.NEVER_REACHED, "timed out connecting"),
-    "pool_exhausted": Failure(503, False, Resend.NEVER_REACHED, "has all the connections its pool may open busy"),
-    "unanswered": Failure(502, True, Resend.UNANSWERED, "closed the connection without answering"),
-    "first_byte_timeout": Failure(504, True, Resend.UNANSWERED, "timed out waiting for the first byte"),
-    "head_timeout": Failure(504, True, Resend.IDEMPOTENT, "did not finish its answer's head in time"),
-    "bad_answer": Failure(502, True, Resend.IDEMPOTENT, "sent an answer the gateway will not relay"),
-    "connection": Failure(502, True, Resend.IDEMPOTENT, "broke off its answer"),
-    "status_5xx": Failure(None, True, Resend.ERROR_ANSWER, "answered with a server error"),
-    "status_429": Failure(None, False, Resend.ERROR_ANSWER, "answered 429"),
+    "connect": Failure(502, True, Resend.NEVER_REACHED, "upstream_unreachable", "could not be reached"),
+    "connect_timeout": Failure(504, True, Resend.NEVER_REACHED, "upstream_connect_timeout", "timed out connecting"),
+    "pool_exhausted": Failure(503, False, Resend.NEVER_REACHED, "upstream_pool_exhausted",
+                              "has all the connections its pool may open busy"),
+    "unanswered": Failure(502, True, Resend.UNANSWERED, "upstream_unanswered",
+                          "took the request and closed the connection without answering"),
+    "first_byte_timeout": Failure(504, True, Resend.UNANSWERED, "upstream_timeout",
+                                  "took the request and did not answer in time"),
+    "head_timeout": Failure(504, True, Resend.IDEMPOTENT, "upstream_timeout", "did not finish its answer's head in time"),
+    "bad_answer": Failure(502, True, Resend.IDEMPOTENT, "upstream_bad_answer", "sent an answer the gateway will not relay"),
+    "connection": Failure(502, True, Resend.IDEMPOTENT, "upstream_broke_off", "broke off its answer"),
+    "status_5xx": Failure(None, True, Resend.ERROR_ANSWER, "", "answered with a server error"),
+    "status_429": Failure(None, False, Resend.ERROR_ANSWER, "", "answered 429"),
 }
 
 
@@ -153,13 +157,7 @@ class Forwarder:
             observer.upstream_result(channel, kind, failure.breaker)
             if (following := self._next_channel(ex, runtime, tried, kind, exc.written)) is not None:
                 return following
-            status = failure.status or 502
-            if status == 502 and ex.route.format is ACCOUNT:
-                status = 503  # a webhook's sender, a login form, retry a 503
-            headers = {"Retry-After": "1"} if kind == "pool_exhausted" else None
-            return ex.answer_locally(ex.error_response(
-                status, f"upstream {channel.name} {failure.says} ({type(exc).__name__})",
-                "upstream_pool_exhausted" if kind == "pool_exhausted" else None, headers=headers), id_header)
+            return ex.answer_locally(self._failed(ex, channel.name, kind, exc), id_header)
         ex.upstream_headers_at = time.perf_counter()
         status = upstream.status
         kind = "status_5xx" if status >= 500 else "status_429" if status == 429 else None
@@ -179,6 +177,22 @@ class Forwarder:
             return await relay.send()
         finally:
             upstream.release()
+
+    @staticmethod
+    def _failed(ex: Exchange, channel: str, kind: str, exc: UpstreamError) -> web.Response:
+        """The client's error for a failed attempt that goes no further. `x-should-retry` tells
+        the official SDKs, which would otherwise send a 5xx again on their own, whether that is
+        safe: only when the upstream never got the request."""
+        failure = FAILURES[kind]
+        status = failure.status or 502
+        if status == 502 and ex.route.format is ACCOUNT:
+            status = 503  # a webhook's sender, a login form, retry a 503
+        never_reached = exc.written is Written.NOTHING
+        headers = {"x-should-retry": "true" if never_reached else "false"}
+        if kind == "pool_exhausted":
+            headers["Retry-After"] = "1"
+        reused = " on a reused connection" if exc.reused and not exc.answered and not never_reached else ""
+        return ex.error_response(status, f"upstream {channel} {failure.says}{reused}", failure.code, headers=headers)
 
     @staticmethod
     def may_resend(ex: Exchange, runtime: Runtime, kind: str, written: Written) -> bool:

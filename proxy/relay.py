@@ -123,7 +123,10 @@ class Relay:
             upstream.close()
             stalled = isinstance(exc, TimeoutError)
             message = "upstream stalled while sending its answer" if stalled else "upstream broke off its answer"
-            return ex.error_response(504 if stalled else 502, message)
+            # it had the request: the official SDKs must not send it again on their own
+            return ex.error_response(504 if stalled else 502, message,
+                                     "upstream_timeout" if stalled else "upstream_broke_off",
+                                     headers={"x-should-retry": "false"})
         ex.upstream_finished = time.perf_counter()
         answer = UpstreamResponse(upstream.status, end_to_end(upstream.headers), b"".join(chunks))
         await self.pipeline.run_response(ex, answer)

@@ -167,7 +167,7 @@ async def test_a_malformed_upstream_answer_is_a_502_in_the_format_shape(start_ga
         async with http.post(gw.url + "/v1/messages", headers=MSG_HEADERS, json=MESSAGE) as answer:
             assert answer.status == 502
             body = await answer.json()
-        assert body["error"]["type"] == "server_error" and "BadAnswer" in body["error"]["message"]
+        assert body["error"]["type"] == "server_error" and body["error"]["code"] == "upstream_bad_answer"
 
 
 async def test_a_header_that_cannot_be_written_is_a_502_and_not_the_channels_fault(start_gateway, http):  # noqa: ANN001

@@ -85,6 +85,7 @@ async def test_what_must_not_run_twice_reaches_an_upstream_at_most_once(start_ga
                     await answer.read()
             else:
                 assert answer.status in (502, 503, 504)
+                assert answer.headers["x-should-retry"] == "false"  # the official SDKs would send it again
         received = len(upstream.requests) + len(gw.sim("second").requests)
         assert received == 1
 
@@ -116,8 +117,18 @@ async def test_chat_dropped_before_an_answer_is_not_sent_again_by_default(start_
     async with faulty(close_without_answering) as upstream:
         gw = await start_gateway(two_channels(upstream.url))
         async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers=MSG) as answer:
-            assert answer.status == 502
+            assert answer.status == 502 and answer.headers["x-should-retry"] == "false"
+            assert (await answer.json())["error"]["code"] == "upstream_unanswered"
         assert len(upstream.requests) == 1 and len(gw.sim("second").requests) == 0
+
+
+async def test_a_request_that_never_reached_an_upstream_may_be_retried_by_the_client(start_gateway, http):  # noqa: ANN001
+    gw = await start_gateway("channels: [{name: gone, base_url: 'http://127.0.0.1:1'}]\n"
+                             "observability: {logging: {access_log: false}}\n")
+    async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers=MSG) as answer:
+        assert answer.status == 502 and answer.headers["x-should-retry"] == "true"
+        error = (await answer.json())["error"]
+    assert error["code"] == "upstream_unreachable" and "Error" not in error["message"]
 
 
 @pytest.mark.parametrize("fault", ["closed without answering", "no first byte"])
@@ -154,6 +165,7 @@ async def test_a_full_pool_is_a_503_of_its_own_and_never_opens_the_breaker(start
     for _ in range(4):
         async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers=MSG) as answer:
             assert answer.status == 503 and answer.headers["Retry-After"] == "1"
+            assert answer.headers["x-should-retry"] == "true"
             error = (await answer.json())["error"]
             assert error["code"] == "upstream_pool_exhausted" and "connections" in error["message"]
     async with http.get(gw.url + "/readyz") as ready:
