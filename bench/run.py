@@ -5,10 +5,10 @@ alike. The proxies (nginx with one worker, the forwarder, the gateway) are pinne
 the load generator (wrk) and the upstream to core 1. nginx joins when it is installed
 (`apt-get install nginx-light`). Results, machine and versions go to bench/RESULTS.md.
 
-With `--baseline REF` the gateway as it was at git REF runs beside the current one, on the same
-defaults and interleaved with it, so a change's cost is measured in one run on one machine.
+With `--baseline REF [REF ...]` the gateway as it was at each git REF runs beside the current one,
+on the same defaults and interleaved with it, so a change's cost is measured in one run on one machine.
 
-Usage: python bench/run.py [--duration S] [--rounds N] [--out FILE] [--baseline REF]
+Usage: python bench/run.py [--duration S] [--rounds N] [--out FILE] [--baseline REF ...]
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def baseline_name(ref: str) -> str:
 
 def checkout(ref: str, work: Path) -> Path:
     """The tree of `ref`, exported into the work directory (no worktree left behind)."""
-    target = work / "baseline"
+    target = work / f"baseline-{ref}"
     target.mkdir()
     archive = subprocess.run(["git", "-C", str(HERE.parent), "archive", ref], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
@@ -164,7 +164,7 @@ def main() -> int:
     parser.add_argument("--duration", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default=str(HERE / "RESULTS.md"))
-    parser.add_argument("--baseline", help="a git ref whose gateway runs beside this one")
+    parser.add_argument("--baseline", nargs="*", default=[], help="git refs whose gateways run beside this one")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is needed: apt-get install -y wrk")
@@ -186,8 +186,8 @@ def main() -> int:
         targets.append(Target("nginx", f"http://127.0.0.1:{nginx_port}", procs[-1].pid))
     # The upstream also takes the OTLP exporter's posts, so "everything on" pays for exporting, off core 0.
     gateways = [(name, observability, None) for name, observability in GATEWAYS.items()]
-    if args.baseline:
-        gateways.append((baseline_name(args.baseline), "", checkout(args.baseline, work)))
+    for ref in args.baseline:
+        gateways.append((baseline_name(ref), "", checkout(ref, work)))
     for name, observability, source in gateways:
         port = free_port()
         config = work / f"{name.replace(' ', '-')}.yaml"
@@ -244,7 +244,8 @@ def write_results(out: Path, targets: list[Target], args: argparse.Namespace) ->
         "## Throughput and latency",
         "",
         f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python bench/run.py "
-        f"--duration {args.duration} --rounds {args.rounds}`.",
+        f"--duration {args.duration} --rounds {args.rounds}"
+        f"{' --baseline ' + ' '.join(args.baseline) if args.baseline else ''}`.",
         f"Machine: {os.cpu_count()} cores ({cpu}), Linux {platform.release()}; Python {platform.python_version()}, "
         f"aiohttp {aiohttp.__version__}, wrk 4.1{nginx_version()}. One worker process each; nginx, forwarder and "
         "gateway pinned to core 0, wrk and the upstream to core 1. Medians over rounds, targets interleaved.",
@@ -319,12 +320,12 @@ def write_results(out: Path, targets: list[Target], args: argparse.Namespace) ->
         f"counts as none) — {'met' if gap_added < 0.5 else 'NOT met'}",
         "",
     ]
-    if args.baseline:
-        lines += baseline_lines(gateway, named[baseline_name(args.baseline)], args.baseline)
+    for ref in args.baseline:
+        lines += baseline_lines(gateway, named[baseline_name(ref)], ref, direct)
     update_section("throughput", "\n".join(lines), out)
 
 
-def baseline_lines(gateway: Target, before: Target, ref: str) -> list[str]:
+def baseline_lines(gateway: Target, before: Target, ref: str, direct: Target) -> list[str]:
     """The current gateway against the one at `ref`, measured in the same run."""
     med = statistics.median
     lines = [f"### Against the gateway at `{ref}` (same run, same defaults)", "",
@@ -334,6 +335,8 @@ def baseline_lines(gateway: Target, before: Target, ref: str) -> list[str]:
         now, then = med(gateway.cpu_ms[c]), med(before.cpu_ms[c])
         lines.append(f"| {c} | {med(gateway.rps[c]):,.0f} | {med(before.rps[c]):,.0f} | {now:.3f} | {then:.3f} | "
                      f"{now / then:.2f}x |")
+    ttfe_now, ttfe_then = (med(t.ttfe) - med(direct.ttfe) for t in (gateway, before))
+    lines += ["", f"Added time to first stream event: {ttfe_now:.3f} ms now, {ttfe_then:.3f} ms at `{ref}`."]
     return [*lines, ""]
 
 
