@@ -141,7 +141,8 @@ async def main() -> int:
     lines = ["## Slow streams held", "",
              f"`python bench/streams.py --streams {' '.join(args.streams)}`: N message-format streams, "
              "one event a second, opened over a few seconds (250 every quarter second) through the gateway "
-             "(default pipeline, access lines off); its RSS once every stream has had its first event. "
+             "(default pipeline, access lines off, the channel's connection pool as shipped: no cap); its RSS "
+             "once every stream has had its first event. "
              "Upstream simulator and client in processes of their own. Each stream holds two descriptors in "
              f"the gateway; this machine's hard limit of {hard:,} descriptors a process caps one worker "
              f"below {hard // 2:,} streams, so 10,000 are also measured over two workers (Redis state), "
