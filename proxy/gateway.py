@@ -77,15 +77,19 @@ class Gateway:
             response = ex.error_response(500, "the gateway failed to handle this request")
             return ex.answer_locally(response, config.request_id_header)
         finally:
-            if ex.status == 0 and response is not None:
-                ex.status = response.status
-            await runtime.pipelines[route.name].run_complete(ex)
-            now = time.perf_counter()
-            overhead = ex.overhead_seconds(now)  # read once: metrics, trace and access line agree
-            runtime.observer.finished(ex, now, overhead)
-            end_request(ex, overhead)
-            log_exchange(ex, runtime.config.observability.logging, now, overhead)
-            runtime.leave()
+            try:
+                if ex.status == 0 and response is not None:
+                    ex.status = response.status
+                await runtime.pipelines[route.name].run_complete(ex)
+                now = time.perf_counter()
+                overhead = ex.overhead_seconds(now)  # read once: metrics, trace and access line agree
+                runtime.observer.finished(ex, now, overhead)
+                end_request(ex, overhead)
+                log_exchange(ex, runtime.config.observability.logging, now, overhead)
+            except Exception:  # the answer stands; a reload or shutdown must not wait for this request forever
+                log.exception("request bookkeeping failed", extra={"request_id": request_id, "route": route.name})
+            finally:
+                runtime.leave()
 
     async def _serve(self, ex: Exchange, runtime: Runtime) -> web.StreamResponse:
         server = runtime.config.server

@@ -13,7 +13,7 @@ import logging
 from proxy.channels import Channel
 from proxy.config.model import HealthCheck
 from proxy.observability import metrics as m
-from proxy.upstream import UpstreamError
+from proxy.upstream import PoolExhausted, UpstreamError
 
 log = logging.getLogger("modelgate.health")
 
@@ -31,6 +31,8 @@ class ChannelProbe:
 
     async def probe(self) -> None:
         ok, detail = await self._ask()
+        if ok is None:
+            return  # the channel's own pool is full: the gateway's limit says nothing of the upstream
         if ok:
             self.failures, self.successes = 0, self.successes + 1
             if self.channel.down and self.successes >= self.check.healthy_after:
@@ -45,7 +47,7 @@ class ChannelProbe:
                             extra={"channel": self.channel.name, "detail": detail})
         m.CHANNEL_UP.labels(self.channel.name).set(0 if self.channel.down or self.channel.is_open else 1)
 
-    async def _ask(self) -> tuple[bool, str]:
+    async def _ask(self) -> tuple[bool | None, str]:
         pool = self.channel.pool
         if pool is None:
             return False, "channel closed"
@@ -55,6 +57,8 @@ class ChannelProbe:
                 await answer.read(limit=1024 * 1024)
             finally:
                 answer.release()
+        except PoolExhausted:
+            return None, "the pool is full"
         except (UpstreamError, ValueError) as exc:
             return False, f"{type(exc).__name__}: {exc}"
         return answer.status in self.check.expect_status, f"status {answer.status}"

@@ -122,6 +122,8 @@ class Relay:
         except (TimeoutError, *_UPSTREAM_BROKE) as exc:
             upstream.close()
             stalled = isinstance(exc, TimeoutError)
+            if ex.channel is not None:  # the head looked fine; the body's failure is the channel's all the same
+                self.observer.upstream_result(ex.channel, "stream_stalled" if stalled else "stream_broken", True)
             message = "upstream stalled while sending its answer" if stalled else "upstream broke off its answer"
             # it had the request: the official SDKs must not send it again on their own
             return ex.error_response(504 if stalled else 502, message,

@@ -181,3 +181,15 @@ async def test_a_header_that_cannot_be_written_is_a_502_and_not_the_channels_fau
         async with http.get(gw.url + "/readyz") as answer:
             channel = (await answer.json())["channels"][0]
         assert channel["breaker"] == "closed" and channel["failures_in_a_row"] == 0
+
+
+@pytest.mark.parametrize("usage", [b'{"input_tokens": -5}', b'{"input_tokens": 1e400, "output_tokens": 99999999999999999999999}',
+                                   b'{"input_tokens": true}', b'[]'])
+async def test_odd_usage_from_an_upstream_is_no_usage_never_a_500(start_gateway, http, usage):  # noqa: ANN001
+    body = b'{"id":"msg_1","usage":' + usage + b"}"
+    wire = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
+    async with scripted([wire]) as upstream:
+        gw = await start_gateway(f"channels: [{{name: odd, base_url: '{upstream.url}'}}]")
+        async with http.post(gw.url + "/v1/messages", headers=MSG_HEADERS, json=MESSAGE) as answer:
+            assert answer.status == 200
+            assert await answer.read() == body

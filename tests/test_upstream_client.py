@@ -111,14 +111,14 @@ async def test_answer_without_length_runs_until_close_and_is_not_reused() -> Non
 
 async def test_head_answer_has_no_body_even_with_a_length() -> None:
     head = b"HTTP/1.1 200 OK\r\nContent-Type: video/mp4\r\nContent-Length: 1000\r\n\r\n"
-    async with scripted([head, OK]) as upstream:
+    async with first_then_numbered(head) as upstream:
         pool = UpstreamPool(upstream.url)
         answer = await pool.request("HEAD", "/v1/videos/1/content", {})
         assert answer.content_length == 1000
         assert await answer.read() == b""
         answer.release()
-        assert await read_all(pool) == (200, b'{"ok":true}')  # the same connection, framed right
-        assert upstream.connections == 1
+        assert await read_all(pool) == (200, b'{"answer":2}')
+        assert upstream.connections == 2  # a length where no body may come: the connection is retired
         await pool.close()
 
 
@@ -536,4 +536,19 @@ async def test_an_unasked_switching_protocols_answer_is_refused_and_its_connecti
             await read_all(pool)
         assert await read_all(pool) == (200, b'{"answer":2}')
         assert upstream.connections == 2
+        await pool.close()
+
+
+async def test_a_connection_handed_to_a_request_whose_client_just_left_is_not_lost() -> None:
+    async with scripted([OK]) as upstream:
+        pool = UpstreamPool(upstream.url, max_connections=1, connect_s=0.5)
+        first = await pool.request("GET", "/", {})
+        await first.read()
+        waiting = asyncio.ensure_future(read_all(pool))
+        await asyncio.sleep(0.05)
+        first.release()   # hands the connection over ...
+        waiting.cancel()  # ... to a request whose client goes away in the same moment
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert await asyncio.wait_for(read_all(pool), 1) == (200, b'{"ok":true}')  # it went back to the pool
         await pool.close()

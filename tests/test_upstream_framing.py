@@ -157,8 +157,8 @@ async def test_a_head_answer_with_a_body_is_read_as_no_body_and_its_connection_n
         await pool.close()
 
 
-async def test_a_head_answer_alone_leaves_its_connection_fit_for_the_next_request() -> None:
-    async with first_then_numbered(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n", close=False) as upstream:
+async def test_a_head_answer_announcing_no_body_leaves_its_connection_fit_for_the_next_request() -> None:
+    async with first_then_numbered(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", close=False) as upstream:
         pool = UpstreamPool(upstream.url)
         answer = await pool.request("HEAD", "/x", {})
         assert await answer.read() == b""
@@ -191,3 +191,67 @@ async def test_an_answer_that_cannot_be_written_is_a_logged_502_never_a_200(star
         from tests.recording_plugin import Recorder
         assert Recorder.finished[-1].status == 502
         assert any("could not be written to the client" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("method, first", [
+    ("HEAD", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"),
+    ("GET", b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n"),
+    ("GET", b"HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n"),
+])
+async def test_a_body_announced_where_none_may_come_retires_the_connection(method: str, first: bytes) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        while True:
+            await upstream.read_request(reader)
+            if len(upstream.requests) == 1:
+                writer.write(first)
+                await writer.drain()
+                await asyncio.sleep(0.02)
+                writer.write(b"EVIL!")  # the announced body, late: it must not answer the next request
+            else:
+                writer.write(numbered(len(upstream.requests)))
+            await writer.drain()
+    async with Scripted(handler) as upstream:
+        pool = UpstreamPool(upstream.url)
+        answer = await pool.request(method, "/x", {})
+        assert await answer.read() == b""
+        answer.release()
+        follow = await pool.request("GET", "/x", {})
+        assert await follow.read() == b'{"answer":2}'
+        follow.release()
+        assert upstream.connections == 2
+        await pool.close()
+
+
+@pytest.mark.parametrize("wire", [
+    numbered(0) + b"HTTP/1.1 404 NF\r\nSet-Cookie: session=victim\r\nContent-Length: 3\r\n\r\nbad",
+    numbered(0) + b"HTTP/1.1 404 NF\r\nSet-Cookie: session=victim\r\n",
+])
+async def test_a_second_answer_in_the_same_read_never_replaces_the_first(wire: bytes) -> None:
+    async with first_then_numbered(wire) as upstream:
+        pool = UpstreamPool(upstream.url)
+        answer = await pool.request("GET", "/x", {})
+        assert answer.status == 200 and "set-cookie" not in answer.headers
+        assert await answer.read() == b'{"answer":0}'
+        answer.release()
+        follow = await pool.request("GET", "/x", {})
+        assert await follow.read() == b'{"answer":2}'
+        follow.release()
+        assert upstream.connections == 2
+        await pool.close()
+
+
+@pytest.mark.parametrize("interim", [
+    b"HTTP/1.1 199 X\r\nContent-Length: 5\r\n\r\nEVIL!",
+    b"HTTP/1.1 150 X\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nEVIL!\r\n0\r\n\r\n",
+    b"HTTP/1.1 000 X\r\nContent-Length: 5\r\n\r\nEVIL!",
+    b"HTTP/2.0 200 OK\r\nContent-Length: 2\r\n\r\nok",
+])
+async def test_an_interim_answer_with_a_body_or_a_status_out_of_range_is_refused(interim: bytes) -> None:
+    async with first_then_numbered(interim + numbered(0)) as upstream:
+        pool = UpstreamPool(upstream.url)
+        with pytest.raises(BadAnswer):
+            answer = await pool.request("GET", "/x", {})
+            await answer.read()
+        if interim.startswith(b"HTTP/1.1"):
+            assert h11_refuses(interim + numbered(0), method=b"GET")
+        await pool.close()

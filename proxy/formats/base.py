@@ -160,8 +160,12 @@ def generic_error_type(status: int) -> str:
 
 
 def token_count(mapping: Any, key: str) -> int | None:
+    """A token count an upstream reported: a whole number from 0 up to 2**53 (what a metric holds
+    exactly); anything else is no count at all, never an error."""
     value = mapping.get(key) if isinstance(mapping, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**53:
+        return value
+    return None
 
 
 _TOKEN_SEPARATORS = re.compile(r"[\s,;\"']+")

@@ -92,6 +92,11 @@ class Connection(asyncio.Protocol):
             self._writer = loop.create_task(self._stream(body, chunked, idle_s))
         return waiter
 
+    @property
+    def usable(self) -> bool:
+        """Open, and not closing (an end of file read but not yet handled counts as closing)."""
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
+
     def readable(self) -> bool:
         """Bytes or an end-of-file wait on the idle socket: the upstream closed it (or talks out of turn)."""
         transport = self.transport

@@ -138,6 +138,9 @@ class AnswerParser:
             self.extra = True  # a second answer to one request
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.done:
+            self.extra = True  # a second answer's fields: never read into this one
+            return
         if self._in_body:  # a trailer field: read past, within its limit
             self._trailer_bytes += len(name) + len(value) + 4
             if self._trailer_bytes > MAX_TRAILERS:
@@ -148,11 +151,16 @@ class AnswerParser:
         self._fields.append((name, value))
 
     def on_headers_complete(self) -> None:
+        if self.head is not None:
+            self.extra = True  # a second answer to one request: it never replaces the first
+            return
         status = self._parser.get_status_code()
         self._head_bytes += 19  # the status line and the blank line after the fields
         if self._head_bytes > MAX_HEAD:
             raise BadAnswer(f"the answer's head is over {MAX_HEAD} bytes")
         self._progress = True
+        if status < 100 or self._parser.get_http_version() not in ("1.1", "1.0"):
+            raise BadAnswer(f"not an HTTP/1.x answer status: HTTP/{self._parser.get_http_version()} {status}")
         if status == 101:
             raise BadAnswer("the upstream switched protocols unasked (101)")
         if status < 200:  # interim: read past, the final answer follows
@@ -171,16 +179,25 @@ class AnswerParser:
             self._chunked = True
         self.head = Head(status, headers)
         self._keep_alive = self._parser.should_keep_alive()
+        no_body = self.method == "HEAD" or status in (204, 304)
+        if no_body and (self._chunked or headers.get("content-length", "0") != "0"):
+            # No body, whatever the fields announce; but one an upstream sends anyway may come
+            # late and be read as the next answer: the connection is retired.
+            self._keep_alive = False
         if self.method == "HEAD":
             self.done = True  # llhttp would wait for the body the length announces; there is none
             return
         self._in_body = True
-        self.until_close = not self._chunked and "content-length" not in headers and status not in (204, 304)
+        if no_body:
+            return
+        self.until_close = not self._chunked and "content-length" not in headers
 
     def on_body(self, body: bytes) -> None:
         if self.done:
             self.extra = True
             return
+        if self.head is None:
+            raise BadAnswer("an interim (1xx) answer carries a body")
         self._chunks.append(body)
         self._size += len(body)
         self._delivered += len(body)

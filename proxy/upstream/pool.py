@@ -119,7 +119,7 @@ class UpstreamPool:
             idle_for = now - connection.idle_since
             announced = connection.upstream_idle_s
             limit = self.keepalive_s if announced is None else min(self.keepalive_s, announced - _IDLE_MARGIN_S)
-            if idle_for < limit and not connection.closed and (
+            if idle_for < limit and connection.usable and (
                     idle_for < _CHECK_AFTER_S or not connection.readable()):
                 return connection
             connection.close()
@@ -142,11 +142,25 @@ class UpstreamPool:
             async with asyncio.timeout_at(min(loop.time() + self.connect_s, deadline)):
                 return await waiter
         except TimeoutError:
+            self._pass_on(waiter)
             raise PoolExhausted(f"all {self.max_connections} connections the channel may open stayed busy "
                                 f"for {self.connect_s:g}s") from None
+        except BaseException:
+            self._pass_on(waiter)
+            raise
         finally:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
+
+    def _pass_on(self, waiter: asyncio.Future[Connection | None]) -> None:
+        """A wait that ended (timed out, cancelled) just as it was handed a connection or a slot:
+        the next request gets it, or the slot would be held by nobody for good."""
+        if waiter.done() and not waiter.cancelled():
+            handed = waiter.result()
+            if handed is not None:
+                self.put_back(handed)
+            else:
+                self._free_slot()
 
     async def _connect(self, loop: asyncio.AbstractEventLoop, deadline: float) -> Connection:
         connection = Connection(self.deadlines, self.put_back, self.forget)
@@ -169,8 +183,8 @@ class UpstreamPool:
 
     def put_back(self, connection: Connection) -> None:
         """A connection whose answer was read to its end: to a waiting request, else idle."""
-        if self._closed:
-            connection.close()
+        if self._closed or not connection.usable:
+            connection.close()  # closing: the upstream's end of file is in; it frees its slot
             return
         while self._waiters:
             waiter = self._waiters.popleft()
@@ -189,6 +203,10 @@ class UpstreamPool:
         if connection not in self._open:
             return
         self._open.discard(connection)
+        self._free_slot()
+
+    def _free_slot(self) -> None:
+        """A slot came free: the first request still waiting opens a connection in it."""
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():

@@ -20,7 +20,7 @@ from multidict import CIMultiDict
 from proxy.channels import ChannelSet
 from proxy.observability import metrics as m
 from proxy.routes import Route
-from proxy.upstream import UpstreamError
+from proxy.upstream import PoolExhausted, UpstreamError
 from proxy.webhooks.queue import QueuedWebhook, RedisError, Shelf, WebhookQueue
 
 log = logging.getLogger("modelgate.webhooks")
@@ -109,7 +109,8 @@ class Deliverer:
                 answer.release()
             status = answer.status
         except (UpstreamError, ValueError) as exc:
-            channel.record(True, failures, open_s, time.monotonic())
+            if not isinstance(exc, PoolExhausted):  # a full pool is the gateway's limit, not the backend's fault
+                channel.record(True, failures, open_s, time.monotonic())
             return f"{channel.name}: {type(exc).__name__}", None
         channel.record(status >= 500, failures, open_s, time.monotonic())
         if 200 <= status < 300:
