@@ -13,8 +13,10 @@ give h11's verdicts where llhttp's differ (docs/architecture.md has the table):
   line with a huge extension) at most `MAX_LINE`;
 - a `101 Switching Protocols` is refused: the gateway never asks for one. Other 1xx interim
   answers (100 Continue, 103 Early Hints) are read past, as RFC 9110 15.2 asks of a client;
-- an answer to HEAD has no body whatever its length says (httptools cannot tell llhttp so);
-  bytes past it, as past any answer's end, make the connection unfit for reuse.
+- a 1xx with a body, a status under 100 or a version other than 1.0/1.1 is refused;
+- an answer to HEAD has no body whatever its length says (httptools cannot tell llhttp so), and
+  HEAD, 204 and 304 answers announcing one retire their connection (a late body would otherwise
+  be read as the next answer); bytes past any answer's end, or a second answer, do the same.
 """
 
 from __future__ import annotations
