@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from proxy.upstream import UpstreamPool
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}"
@@ -104,3 +108,13 @@ def first_then_numbered(first: bytes, close: bool = False) -> Scripted:
                 return
     upstream = Scripted(handler)
     return upstream
+
+
+async def read_all(pool: UpstreamPool, method: str = "POST", body: bytes = b"{}",
+                   path: str = "/v1/messages") -> tuple[int, bytes]:
+    """One request through `pool`: its answer's status and whole body, the answer released."""
+    answer = await pool.request(method, path, {"Content-Type": "application/json"}, body)
+    try:
+        return answer.status, await answer.read()
+    finally:
+        answer.release()

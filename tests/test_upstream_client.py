@@ -18,15 +18,7 @@ from hypothesis import strategies as st
 from proxy.upstream import (BadAnswer, ConnectFailed, ConnectionLost, InvalidRequest, PoolExhausted,
                             RequestBodyFailed, UpstreamPool, UpstreamTimeout, Written)
 from proxy.upstream.parser import AnswerParser
-from tests.scripted_upstream import OK, Scripted, first_then_numbered, scripted
-
-async def read_all(pool: UpstreamPool, method: str = "POST", body: bytes = b"{}") -> tuple[int, bytes]:
-    answer = await pool.request(method, "/v1/messages", {"Content-Type": "application/json"}, body)
-    try:
-        return answer.status, await answer.read()
-    finally:
-        answer.release()
-
+from tests.scripted_upstream import OK, Scripted, first_then_numbered, read_all, scripted
 
 async def test_content_length_answer_is_read_and_its_connection_reused() -> None:
     async with scripted([OK]) as upstream:
