@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 from multidict import CIMultiDict, CIMultiDictProxy
 
 HOP_BY_HOP = frozenset({
@@ -37,18 +35,6 @@ def content_codings(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> list[s
         return []
     return [c for v in headers.getall("content-encoding") for c in (p.strip().lower() for p in v.split(","))
             if c not in ("", "identity")]
-
-
-# What aiohttp refuses to put in a header it writes (a line break would start a header of its
-# own) or cannot encode (a lone surrogate).
-_UNWRITABLE = re.compile("[\r\n\x00\ud800-\udfff]")
-
-
-def writable(headers: CIMultiDict[str]) -> bool:
-    """Whether every name and value can be written to a client: printable text is, at the cost
-    of two joins; anything else is searched for what aiohttp refuses."""
-    text = "".join(headers.keys()) + "".join(headers.values())
-    return text.isprintable() or _UNWRITABLE.search(text) is None
 
 
 def add_forwarding(headers: CIMultiDict[str], client_ip: str, scheme: str, host: str) -> None:

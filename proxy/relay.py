@@ -21,7 +21,7 @@ from multidict import CIMultiDict
 
 from proxy.client_limits import ReaderWatch
 from proxy.exchange import AnswerTooLarge, Exchange, UpstreamResponse
-from proxy.headers import content_codings, end_to_end, writable
+from proxy.headers import content_codings, end_to_end
 from proxy.observability.observer import Observer
 from proxy.observability.tracing import start_child
 from proxy.pipeline import Pipeline, plugin_name
@@ -139,12 +139,14 @@ class Relay:
             body = answer.json()
             if await self.affinity.remember_from_body(ex, body):
                 answer.set_json(body)  # it now carries the gateway's alias of the upstream's id
-        headers = self._headers(answer.headers)
-        if not writable(headers):  # aiohttp writes it after the handler returns: too late to tell
+        response = web.Response(status=answer.status, body=answer.body, headers=self._headers(answer.headers))
+        # Its head is written here, not after the handler returns, where a header aiohttp will
+        # not write could no longer be answered with a clear 502.
+        if not await self._prepare(response):
             return self._unwritable()
         ex.status = answer.status
         ex.bytes_out = len(answer.body)
-        return web.Response(status=answer.status, body=answer.body, headers=headers)
+        return response
 
     async def _prepare(self, response: web.StreamResponse) -> bool:
         """Write the answer's head to the client; False when it cannot be written (a header

@@ -50,6 +50,7 @@ class AnswerParser:
 
     def __init__(self, method: str) -> None:
         self._parser = httptools.HttpResponseParser(self)
+        self._chunked = True  # so that expect() sets the chunked answer's counters too
         self.expect(method)
 
     def expect(self, method: str) -> None:
@@ -60,19 +61,20 @@ class AnswerParser:
         self.extra = False          # bytes came past the answer's end
         self.until_close = False    # the body ends when the connection does
         self.method = method        # the request's: an answer to HEAD has no body
-        self._fields: list[tuple[bytes, bytes]] = []
+        self._fields: list[tuple[str, str]] = []
         self._fed = 0               # bytes fed while no final head is in
         self._head_bytes = 0        # the head's bytes as its fields came out of the parser
-        self._trailer_bytes = 0
         self._chunks: list[bytes] = []
         self._size = 0
         self._delivered = 0         # body bytes, all told
-        self._chunk_lines = 0       # chunk-size lines read
-        self._progress = False
-        self._quiet = 0
         self._keep_alive = False
         self._in_body = False
-        self._chunked = False
+        if self._chunked:  # only a chunked answer moves these (`_progress` is reset by every feed)
+            self._chunk_lines = 0   # chunk-size lines read
+            self._trailer_bytes = 0
+            self._quiet = 0         # framing bytes since the last sign of progress
+            self._progress = False
+            self._chunked = False
 
     @property
     def reusable(self) -> bool:
@@ -85,7 +87,11 @@ class AnswerParser:
             self.extra = True  # the answer ended: nothing more may come on this connection
             return
         self._progress = False
-        counts = (self._head_bytes, self._trailer_bytes, self._delivered, self._chunk_lines)
+        # Before a head, no body, trailer or chunk line has been counted; after one, only a
+        # chunked body has framing to check.
+        counts = ((self._head_bytes, self._trailer_bytes, self._delivered, self._chunk_lines)
+                  if self._chunked else None)
+        head_bytes = self._head_bytes
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -105,7 +111,7 @@ class AnswerParser:
             if self._fed > MAX_HEAD:
                 raise BadAnswer(f"the answer's head is over {MAX_HEAD} bytes")
         elif self._chunked and not self.extra:  # past an answer's end the bytes are not its framing
-            self._check_framing(len(data), counts)
+            self._check_framing(len(data), counts or (head_bytes, 0, 0, 0))
 
     def _check_framing(self, size: int, before: tuple[int, int, int, int]) -> None:
         """Framing bytes (chunk-size lines, CRLFs) stay within MAX_LINE per line, in one read or
@@ -150,7 +156,9 @@ class AnswerParser:
             self._progress = True
             return
         self._head_bytes += len(name) + len(value) + 4  # checked once the head is whole (one read at most)
-        self._fields.append((name, value))
+        # llhttp has taken the leading whitespace off the value, not the trailing
+        self._fields.append((name.decode("latin-1"),
+                             value.rstrip(b" \t").decode("latin-1") if value.isascii() else _text(value)))
 
     def on_headers_complete(self) -> None:
         if self.head is not None:
@@ -168,10 +176,7 @@ class AnswerParser:
         if status < 200:  # interim: read past, the final answer follows
             self._fields = []
             return
-        # llhttp has taken the leading whitespace off each value, not the trailing
-        headers: CIMultiDict[str] = CIMultiDict([
-            (name.decode("latin-1"), value.rstrip(b" \t").decode("latin-1") if value.isascii() else _text(value))
-            for name, value in self._fields])
+        headers: CIMultiDict[str] = CIMultiDict(self._fields)
         self._fields = []
         encodings = headers.getall("transfer-encoding", None)
         if encodings is not None:

@@ -42,7 +42,7 @@ class UpstreamPool:
 
     __slots__ = ("scheme", "host", "port", "prefix", "host_header", "max_connections", "max_idle", "keepalive_s",
                  "connect_s", "first_byte_s", "idle_s", "total_s", "deadlines", "_ssl", "_idle", "_open", "_waiters",
-                 "_sweeper", "_closed")
+                 "_sweeper", "_closed", "_loop")
 
     def __init__(self, base_url: str, *, max_connections: int | None = None, max_idle: int = 256,
                  keepalive_s: float = 60.0, connect_s: float = 10.0, first_byte_s: float = 120.0,
@@ -72,6 +72,7 @@ class UpstreamPool:
         self._waiters: deque[asyncio.Future[Connection | None]] = deque()
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def connections(self) -> int:
@@ -83,7 +84,9 @@ class UpstreamPool:
         answer once the head is in; an UpstreamError says how far the request got."""
         if body is None:
             body = b""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:  # the pool's loop, asked for once (each ask is a getpid() system call)
+            loop = self._loop = asyncio.get_running_loop()
         deadline = loop.time() + (total_s if total_s is not None else self.total_s)
         head, chunked = self._head(method, target, headers, body)
         connection = self._reuse(loop) or await self._acquire(loop, deadline)
@@ -191,12 +194,13 @@ class UpstreamPool:
             if not waiter.done():
                 waiter.set_result(connection)
                 return
-        connection.idle_since = asyncio.get_running_loop().time()
+        loop = self._loop or asyncio.get_running_loop()
+        connection.idle_since = loop.time()
         self._idle.append(connection)
         if len(self._idle) > self.max_idle:
             self._idle.popleft().close()  # the one idle longest
         if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().call_later(self.keepalive_s, self._sweep)
+            self._sweeper = loop.call_later(self.keepalive_s, self._sweep)
 
     def forget(self, connection: Connection) -> None:
         """A connection closed: its slot goes to a waiting request, which opens a new one."""
