@@ -3,12 +3,34 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Any
 
 from proxy.channels import Channel
 from proxy.config.model import GatewayConfig
 from proxy.exchange import Exchange
 from proxy.observability import metrics as m
 from proxy.observability.metrics import child
+
+
+@dataclass(slots=True, frozen=True)
+class _RouteMetrics:
+    """The children every request of a route touches, found with one lookup instead of three."""
+
+    in_flight: Any
+    duration: Any
+    overhead: Any
+
+
+_BY_ROUTE: dict[str, _RouteMetrics] = {}
+
+
+def _route_metrics(route: str) -> _RouteMetrics:
+    found = _BY_ROUTE.get(route)
+    if found is None:
+        found = _BY_ROUTE[route] = _RouteMetrics(child(m.IN_FLIGHT, route), child(m.DURATION, route),
+                                                 child(m.OVERHEAD, route))
+    return found
 
 
 class Observer:
@@ -21,18 +43,19 @@ class Observer:
 
     def started(self, ex: Exchange) -> None:
         if self.enabled:
-            child(m.IN_FLIGHT, ex.route.name).inc()
+            _route_metrics(ex.route.name).in_flight.inc()
 
     def finished(self, ex: Exchange, now: float, overhead_s: float) -> None:
         if not self.enabled:
             return
         route = ex.route.name
-        child(m.IN_FLIGHT, route).dec()
+        per_route = _route_metrics(route)
+        per_route.in_flight.dec()
         model = self.model_label(ex.model)
         channel = ex.channel.name if ex.channel is not None else "none"
         child(m.REQUESTS, route, ex.format.name, model, channel, m.status_class(ex.status)).inc()
-        child(m.DURATION, route).observe(now - ex.started)
-        child(m.OVERHEAD, route).observe(overhead_s)
+        per_route.duration.observe(now - ex.started)
+        per_route.overhead.observe(overhead_s)
         if ex.upstream_headers_at is not None and ex.upstream_started is not None:
             child(m.UPSTREAM_TTFB, route, channel).observe(ex.upstream_headers_at - ex.upstream_started)
         usage = ex.usage
