@@ -1,5 +1,5 @@
-"""Auth: the gateway key, read only from the place the endpoint's format names (spec section 5),
-and the ids a key may follow.
+"""Auth: the gateway key, read from the place the endpoint's format names (spec section 5) and,
+unless `server.strict_interface`, where the format's official SDK sends it; and the ids a key may follow.
 
 Missing, unknown, disabled or expired keys get 401; a key not allowed for the endpoint
 or the model gets 403; both in the endpoint's own error shape. The key's name, never the
@@ -29,11 +29,6 @@ _NOT_FOUND = {
     Pin.VIDEO_TASK: ("no such video task", "task_not_found", None),
     Pin.RESPONSE: ("previous response not found", "previous_response_not_found", "previous_response_id"),
 }
-_WHERE = {
-    KeyLocation.BEARER: "an 'Authorization: Bearer <key>' header",
-    KeyLocation.X_API_KEY: "an 'x-api-key' header",
-    KeyLocation.QUERY: "the 'key' query parameter",
-}
 
 
 class Auth(Plugin):
@@ -46,17 +41,20 @@ class Auth(Plugin):
 
     def configure(self, config: GatewayConfig) -> None:
         self.keys = KeyRing.from_config(config)
+        self.strict = config.server.strict_interface
 
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
-        location = ex.format.key_location
-        if location is KeyLocation.NONE:
+        fmt = ex.format
+        if fmt.key_location is KeyLocation.NONE:
             return None
         assert ex.target is not None
-        presented = ex.format.client_key(ex.request.headers,
-                                         ex.target.key() if location is KeyLocation.QUERY else None)
+        presented = fmt.client_keys(ex.request.headers, ex.target.key(), self.strict)
         if not presented:
-            return self._refuse(ex, 401, f"no API key: send it in {_WHERE[location]}", "missing_api_key")
-        key = self.keys.find(presented)
+            places = " or ".join(location.described for location in fmt.key_locations(self.strict))
+            return self._refuse(ex, 401, f"no API key: send it in {places}", "missing_api_key")
+        if len(presented) > 1:  # which one would be charged is not the gateway's guess to make
+            return self._refuse(ex, 401, "two different API keys in one request: send one", "ambiguous_api_key")
+        key = self.keys.find(presented[0])
         if key is None:
             return self._refuse(ex, 401, "invalid API key", "invalid_api_key")
         ex.key, ex.key_name, ex.tenant = key, key.name, key.tenant
@@ -72,6 +70,8 @@ class Auth(Plugin):
         if ex.followed_id is not None and (ex.followed is None or ex.followed.owner != key.tenant):
             assert ex.route.follows is not None
             message, code, param = _NOT_FOUND[ex.route.follows]
+            if "response_id" in ex.path_params:
+                message, code, param = "no such response", "response_not_found", None
             AUTH_REFUSALS.labels(ex.route.name, "not_owner").inc()
             return ex.error_response(404, message, code, param=param)
         return None

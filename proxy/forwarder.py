@@ -110,6 +110,7 @@ class Forwarder:
                 return ex.answer_locally(ex.error_response(
                     400, "model: the form's model field must come before its files, so the gateway can name the "
                          "model as this channel knows it", param="model"), id_header)
+            path = ex.format.versioned_path(path, channel.config.content_api_version)
             if pipeline.upstream_hooks:
                 await pipeline.run_upstream(ex)
             target, data = self._request_for(ex, channel, path)
@@ -245,6 +246,7 @@ class Forwarder:
         """The request target and body for this channel; its credential goes into the headers."""
         headers = ex.headers
         ex.format.place_credential(channel.credential, headers)
+        ex.format.place_version(headers, channel.config.version_header)
         data: bytes | AsyncIterator[bytes] | None = ex.body
         if ex.body_stream is not None:
             data = ex.body_stream

@@ -1,4 +1,5 @@
-"""Gateway keys (spec section 5): read only from the endpoint's place; 401 and 403 in the endpoint's shape."""
+"""Gateway keys (spec section 5): read from the endpoint's place and where its official SDK sends it
+(not in strict mode); 401 and 403 in the endpoint's shape."""
 
 from __future__ import annotations
 
@@ -98,14 +99,75 @@ async def test_a_good_key_passes_and_the_upstream_never_sees_it(gw, http, fmt, b
     assert key not in repr(record.headers) + record.query
 
 
+SDK_PLACES = [  # where the official SDKs put the key: read unless server.strict_interface
+    ("/v1/messages", {"Authorization": f"Bearer {GOOD}", "anthropic-version": "2023-06-01"}, MESSAGE),
+    ("/v1beta/models/genmodel-2.0-flash:generateContent", {"x-goog-api-key": GOOD}, CONTENT),
+    ("/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse", {"x-goog-api-key": GOOD}, CONTENT),
+]
 WRONG_PLACES = [
-    ("/v1/messages", {"Authorization": f"Bearer {GOOD}", "msgapi-version": "2023-06-01"}, MESSAGE),
     ("/v1/responses", {"x-api-key": GOOD}, RESPONSE),
     ("/v1/responses?key=" + GOOD, {}, RESPONSE),
-    ("/v1beta/models/genmodel-2.0-flash:generateContent", {"x-goog-api-key": GOOD}, CONTENT),
     ("/v1beta/models/genmodel-2.0-flash:generateContent", {"Authorization": f"Bearer {GOOD}"}, CONTENT),
+    ("/v1beta/models/genmodel-2.0-flash:generateContent", {"x-api-key": GOOD}, CONTENT),
+    ("/v1/messages?key=" + GOOD, {"msgapi-version": "2023-06-01"}, MESSAGE),
     ("/v1/video/generations", {"x-api-key": GOOD}, {"model": "videogen-3.0-generate-001", "prompt": "x"}),
 ]
+
+
+@pytest.mark.parametrize(("path", "headers", "body"), SDK_PLACES)
+async def test_a_key_where_the_formats_sdk_sends_it_is_read_and_never_forwarded(gw, http, path, headers, body):  # noqa: ANN001
+    async with http.post(gw.url + path, json=body, headers=headers) as answer:
+        assert answer.status == 200, await answer.text()
+        await answer.read()
+    record = gw.last_upstream_request("sim")
+    assert GOOD not in repr(record.headers) + record.query
+    assert "upstream-credential" in repr(record.headers) + record.query  # the channel's own, in the spec's place
+
+
+@pytest.mark.parametrize(("path", "headers", "body"), SDK_PLACES)
+async def test_strict_mode_reads_only_the_spec_places(start_gateway, http, path, headers, body):  # noqa: ANN001
+    gw = await start_gateway(CONFIG + "server: {strict_interface: true}\n")
+    spec_version = {"msgapi-version": "2023-06-01"} if path == "/v1/messages" else {}
+    async with http.post(gw.url + path, json=body, headers={**headers, **spec_version}) as answer:
+        assert answer.status == 401, await answer.text()
+        message = (await answer.json())["error"]["message"]
+    assert "x-goog-api-key" not in message and "Bearer" not in message  # only the spec's place is named
+    assert len(gw.sim("sim").requests) == 0
+
+
+async def test_anthropic_version_stands_for_msgapi_version_except_in_strict_mode(start_gateway, http):  # noqa: ANN001
+    lenient = await start_gateway(CONFIG)
+    headers = {"x-api-key": GOOD, "anthropic-version": "2023-06-01"}
+    async with http.post(lenient.url + "/v1/messages", json=MESSAGE, headers=headers) as answer:
+        assert answer.status == 200
+    assert lenient.last_upstream_request("sim").header("anthropic-version") == "2023-06-01"
+    strict = await start_gateway(CONFIG + "server: {strict_interface: true}\n")
+    async with http.post(strict.url + "/v1/messages", json=MESSAGE, headers=headers) as answer:
+        assert answer.status == 400
+        assert (await answer.json())["error"]["message"].startswith("msgapi-version: this header is required")
+
+
+@pytest.mark.parametrize("wanted", ["msgapi-version", "anthropic-version"])
+async def test_a_channel_names_the_version_header_it_is_sent(start_gateway, http, wanted):  # noqa: ANN001
+    gw = await start_gateway(CONFIG.replace("credential: upstream-credential",
+                                            f"credential: upstream-credential, version_header: {wanted}"))
+    for sent in ({"anthropic-version": "2023-06-01"}, {"msgapi-version": "2023-06-01"}):
+        async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers={"x-api-key": GOOD, **sent}) as answer:
+            assert answer.status == 200
+        headers = {name.lower(): value for name, value in gw.last_upstream_request("sim").headers}
+        assert headers[wanted] == "2023-06-01"
+        assert ({"msgapi-version", "anthropic-version"} - {wanted}).isdisjoint(headers)
+
+
+async def test_two_different_keys_in_one_request_are_refused(gw, http):  # noqa: ANN001
+    headers = {"x-api-key": GOOD, "Authorization": f"Bearer {HASHED}", "msgapi-version": "2023-06-01"}
+    async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers=headers) as answer:
+        assert answer.status == 401
+        assert (await answer.json())["error"]["code"] == "ambiguous_api_key"
+    path = f"/v1beta/models/genmodel-2.0-flash:generateContent?key={GOOD}"
+    async with http.post(gw.url + path, json=CONTENT, headers={"x-goog-api-key": HASHED}) as answer:
+        assert answer.status == 401
+    assert len(gw.sim("sim").requests) == 0
 
 
 @pytest.mark.parametrize(("path", "headers", "body"), WRONG_PLACES)

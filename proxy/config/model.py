@@ -70,6 +70,10 @@ class ServerConfig(Strict):
     base_url_from_host: bool = False
     keepalive_timeout_s: PositiveFloat = 75.0   # idle keep-alive connections, and headers slow to arrive, are closed
     workers: int | None = Field(default=None, ge=1, le=256)  # unset: every core with Redis state, 1 with memory
+    # Only the key places and headers the interface names (spec section 5); off, the places the
+    # official SDKs use are read too: `Authorization: Bearer` and `anthropic-version` on endpoint 8,
+    # `x-goog-api-key` on endpoints 9-10.
+    strict_interface: bool = False
 
     @field_validator("listen")
     @classmethod
@@ -171,6 +175,12 @@ class ChannelConfig(Strict):
     # Images format: does this upstream take `response_format` itself? If not, the gateway
     # removes it and turns the Base64 answer into URLs when URL delivery was asked for.
     accepts_response_format: bool = True
+    # Message format: the header the client's API version goes upstream in (the value of
+    # msgapi-version or anthropic-version, whichever came); unset, both go as the client sent them.
+    version_header: Literal["msgapi-version", "anthropic-version"] | None = None
+    # Content generation: the API version in the upstream path (`v1beta/models/...`); unset, the
+    # client's own (`/v1/` or `/v1beta/`).
+    content_api_version: Literal["v1", "v1beta"] | None = None
 
     @field_validator("base_url")
     @classmethod

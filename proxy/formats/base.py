@@ -25,12 +25,27 @@ CLIENT_KEY_QUERY = "key"
 
 
 class KeyLocation(enum.Enum):
-    """Where a format carries its API key (spec section 5)."""
+    """Where a format carries its API key: the spec's place (section 5), or where an official SDK
+    of the format puts it instead."""
 
     BEARER = "authorization"
     X_API_KEY = "x-api-key"
     QUERY = "key"
+    GOOG_API_KEY = "x-goog-api-key"
     NONE = "none"
+
+    @property
+    def described(self) -> str:
+        return _DESCRIBED[self]
+
+
+_DESCRIBED = {
+    KeyLocation.BEARER: "an 'Authorization: Bearer <key>' header",
+    KeyLocation.X_API_KEY: "an 'x-api-key' header",
+    KeyLocation.QUERY: "the 'key' query parameter",
+    KeyLocation.GOOG_API_KEY: "an 'x-goog-api-key' header",
+    KeyLocation.NONE: "nowhere",
+}
 
 
 @dataclass(slots=True)
@@ -56,22 +71,35 @@ class Format:
 
     name: ClassVar[str]
     key_location: ClassVar[KeyLocation]
+    # Where the format's official SDK sends the key when that is not the spec's place: read too,
+    # unless the operator asks for the spec's reading only (`server.strict_interface`).
+    sdk_key_locations: ClassVar[tuple[KeyLocation, ...]] = ()
     json_content_type: ClassVar[str] = "application/json"
 
-    def client_key(self, headers: Mapping[str, str], query_key: str | None) -> str | None:
-        """The gateway key the client sent, read only from this format's place; `query_key` is
-        the decoded `key` query parameter."""
-        location = self.key_location
-        if location is KeyLocation.BEARER:
-            scheme, _, token = headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer":
-                return None
-            return token.strip() or None
-        if location is KeyLocation.X_API_KEY:
-            return headers.get("x-api-key") or None
-        if location is KeyLocation.QUERY:
-            return query_key or None
+    def missing_version(self, headers: Mapping[str, str], strict: bool) -> tuple[str, str] | None:
+        """The version header a request of this format lacks and what to tell the client, or
+        None: only the message format asks for one."""
         return None
+
+    def key_locations(self, strict: bool) -> tuple[KeyLocation, ...]:
+        """The places a key is read from: the spec's first."""
+        return (self.key_location,) if strict else (self.key_location, *self.sdk_key_locations)
+
+    def client_keys(self, headers: Mapping[str, str], query_key: str | None, strict: bool = False) -> list[str]:
+        """The different keys the client sent, in the places this format reads (one, normally;
+        none or two say the request names no single key); `query_key` is the decoded `key`
+        query parameter."""
+        found: list[str] = []
+        for location in self.key_locations(strict):
+            key = _read_key(location, headers, query_key)
+            if key is not None and key not in found:
+                found.append(key)
+        return found
+
+    def client_key(self, headers: Mapping[str, str], query_key: str | None, strict: bool = False) -> str | None:
+        """The one key the client sent, or None (none sent, or two different ones)."""
+        keys = self.client_keys(headers, query_key, strict)
+        return keys[0] if len(keys) == 1 else None
 
     def strip_client_key(self, headers: CIMultiDict[str], is_gateway_key: Callable[[str], bool]) -> None:
         """Remove every header a client key may travel in. A keyed format removes them all; a
@@ -111,11 +139,29 @@ class Format:
         elif name in headers:
             del headers[name]
 
+    def place_version(self, headers: CIMultiDict[str], name: str | None) -> None:
+        """Put the client's API version in the header a channel asks for; only the message
+        format has one."""
+
+    def versioned_path(self, path: str, version: str | None) -> str:
+        """The upstream path with the API version a channel asks for; only content generation
+        has versions in its paths."""
+        return path
+
     def credential_query(self, credential: str | None) -> tuple[tuple[str, str], ...]:
         """The query pair carrying the channel's credential, for formats that carry it there."""
         if credential is not None and self.key_location is KeyLocation.QUERY:
             return ((CLIENT_KEY_QUERY, credential),)
         return ()
+
+    def shape_for(self, headers: Mapping[str, str], query_key: str | None) -> Format:
+        """The format a local answer of this format's route is shaped in: its own."""
+        return self
+
+    def model_list(self, models: list[str]) -> dict[str, Any]:
+        """`GET .../models` in this format's shape: the response SDK's list of model objects."""
+        return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "modelgate"}
+                                           for m in models]}
 
     def error_payload(self, status: int, message: str, code: str | None = None,
                       param: str | None = None) -> dict[str, Any]:
@@ -143,6 +189,19 @@ class Format:
         """An SSE event that tells a streaming client the stream failed, in this format's words."""
         payload = {"type": "error", **self.error_payload(status, message, code)}
         return b"event: error\ndata: " + jsonutil.dumps(payload) + b"\n\n"
+
+
+def _read_key(location: KeyLocation, headers: Mapping[str, str], query_key: str | None) -> str | None:
+    if location is KeyLocation.BEARER:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return None
+        return token.strip() or None
+    if location is KeyLocation.QUERY:
+        return query_key or None
+    if location is KeyLocation.NONE:
+        return None
+    return headers.get(location.value) or None
 
 
 def generic_error_type(status: int) -> str:

@@ -19,6 +19,18 @@ _NAMED = frozenset(STATUS_NAMES.values()) | {"FAILED_PRECONDITION", "OUT_OF_RANG
 class ContentFormat(Format):
     name = "content"
     key_location = KeyLocation.QUERY
+    sdk_key_locations = (KeyLocation.GOOG_API_KEY,)  # the content SDK cannot put its key in the query
+
+    def versioned_path(self, path: str, version: str | None) -> str:
+        if version is None:
+            return path  # the client's own: `/v1/models/...` or `/v1beta/models/...`
+        _, _, rest = path.partition("/models/")
+        return f"/{version}/models/{rest}"
+
+    def model_list(self, models: list[str]) -> dict[str, Any]:
+        return {"models": [{"name": f"models/{m}", "displayName": m,
+                            "supportedGenerationMethods": ["generateContent", "streamGenerateContent", "countTokens"]}
+                           for m in models]}
 
     def error_payload(self, status: int, message: str, code: str | None = None,
                       param: str | None = None) -> dict[str, Any]:

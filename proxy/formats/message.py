@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+from multidict import CIMultiDict
 
 from proxy import jsonutil
 from proxy.formats.base import Format, KeyLocation, Usage, token_count
@@ -15,6 +18,33 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
 class MessageFormat(Format):
     name = "messages"
     key_location = KeyLocation.X_API_KEY
+    sdk_key_locations = (KeyLocation.BEARER,)  # the message SDK's `api_key` travels as a Bearer token
+    # The version header the spec names, and the one the format's SDKs send; either satisfies
+    # endpoint 8 (the second unless `server.strict_interface`).
+    version_header = "msgapi-version"
+    sdk_version_header = "anthropic-version"
+
+    def missing_version(self, headers: Mapping[str, str], strict: bool) -> tuple[str, str] | None:
+        if headers.get(self.version_header) or not strict and headers.get(self.sdk_version_header):
+            return None
+        also = "" if strict else f" ({self.sdk_version_header} is read in its place)"
+        return self.version_header, f"this header is required (for example 2023-06-01){also}"
+
+    def place_version(self, headers: CIMultiDict[str], name: str | None) -> None:
+        """Send the client's API version under the header a channel asks for (`version_header`),
+        and only there; None leaves the headers as the client sent them."""
+        if name is None:
+            return
+        value = headers.get(self.version_header) or headers.get(self.sdk_version_header)
+        headers.popall(self.version_header, None)
+        headers.popall(self.sdk_version_header, None)
+        if value:
+            headers[name] = value
+
+    def model_list(self, models: list[str]) -> dict[str, Any]:
+        return {"data": [{"type": "model", "id": m, "display_name": m, "created_at": "1970-01-01T00:00:00Z"}
+                         for m in models],
+                "has_more": False, "first_id": models[0] if models else None, "last_id": models[-1] if models else None}
 
     def error_payload(self, status: int, message: str, code: str | None = None,
                       param: str | None = None) -> dict[str, Any]:

@@ -20,7 +20,8 @@ from proxy.schemas import JSON_SCHEMAS
 from proxy.schemas.images import ImageEditForm
 
 _REF = "#/components/schemas/{model}"
-_SECURITY = {KeyLocation.BEARER: "bearer", KeyLocation.X_API_KEY: "apiKeyHeader", KeyLocation.QUERY: "apiKeyQuery"}
+_SECURITY = {KeyLocation.BEARER: "bearer", KeyLocation.X_API_KEY: "apiKeyHeader", KeyLocation.QUERY: "apiKeyQuery",
+             KeyLocation.GOOG_API_KEY: "googApiKeyHeader"}
 _ERRORS = {
     "MessageError": {"type": "object", "required": ["error"], "properties": {"error": {
         "type": "object", "required": ["type", "message"],
@@ -56,7 +57,8 @@ def openapi_document() -> dict[str, Any]:
         "components": {"schemas": schemas, "securitySchemes": {
             "bearer": {"type": "http", "scheme": "bearer"},
             "apiKeyHeader": {"type": "apiKey", "in": "header", "name": "x-api-key"},
-            "apiKeyQuery": {"type": "apiKey", "in": "query", "name": "key"}}},
+            "apiKeyQuery": {"type": "apiKey", "in": "query", "name": "key"},
+            "googApiKeyHeader": {"type": "apiKey", "in": "header", "name": "x-goog-api-key"}}},
     }
 
 
@@ -78,12 +80,14 @@ def _operation(route: Route) -> dict[str, Any]:
     }
     if route.name == "messages":
         operation["parameters"] += [
-            {"name": "msgapi-version", "in": "header", "required": True, "schema": {"type": "string", "example": "2023-06-01"}},
+            {"name": "msgapi-version", "in": "header", "required": False, "schema": {"type": "string", "example": "2023-06-01"},
+             "description": "Required, or anthropic-version in its place (not with server.strict_interface)"},
             {"name": "msgapi-beta", "in": "header", "required": False, "schema": {"type": "string"}}]
     if route.always_streams:
         operation["parameters"].append({"name": "alt", "in": "query", "required": False, "schema": {"const": "sse"}})
     if route.format.key_location is not KeyLocation.NONE:
-        operation["security"] = [{_SECURITY[route.format.key_location]: []}]
+        # alternatives: the spec's place, then where the format's SDK sends the key
+        operation["security"] = [{_SECURITY[location]: []} for location in route.format.key_locations(strict=False)]
     schema = JSON_SCHEMAS.get(route.name)
     if schema is not None:
         content: dict[str, Any] = {"application/json": {"schema": {"$ref": _REF.format(model=schema.__name__)}}}
