@@ -88,6 +88,7 @@ class Affinity:
         except Exception:
             # The answer is already good; losing the pin costs a later poll, not this request.
             log.exception("could not record affinity", extra={"request_id": ex.request_id})
+        ex.created_id = handed_out
         return handed_out
 
     async def _alias(self, record: dict[str, str], pin: Pin, ref: str) -> str:
@@ -124,6 +125,8 @@ class Affinity:
 def followed_id(ex: Exchange, pin: Pin) -> str | None:
     if pin is Pin.VIDEO_TASK:
         return ex.path_params.get("task_id")
+    if "response_id" in ex.path_params:  # a stored response, retrieved, deleted or cancelled
+        return ex.path_params["response_id"]
     body = ex.json()
     ref = body.get("previous_response_id") if isinstance(body, dict) else None
     return ref if isinstance(ref, str) else None

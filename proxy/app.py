@@ -18,13 +18,13 @@ from proxy.channels import Channel
 from proxy.client_limits import ConnectionCount
 from proxy.config import ConfigError, LoadedConfig, load_config
 from proxy.delivery.service import PATH as DELIVERY_PATH
-from proxy.formats import ACCOUNT
+from proxy.formats import ACCOUNT, CONTENT, MESSAGES
 from proxy.formats.base import Format
 from proxy.gateway import Gateway
 from proxy.log_guard import guard_aiohttp_logs
 from proxy.observability.metrics import CONFIG_RELOADS, exposition, set_config_info
 from proxy.observability.tracing import Tracing
-from proxy.routes import ROUTES, Route
+from proxy.routes import ALIASES, ROUTES, Route
 from proxy.runtime import Runtime
 from proxy.simulator.farm import SimulatorFarm
 from proxy.state import StateStore, make_store
@@ -122,7 +122,7 @@ def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
         await owner.stop()
 
     app.cleanup_ctx.append(lifecycle)
-    for route in ROUTES:
+    for route in (*ROUTES, *ALIASES):
         handler = _route_handler(owner, route)
         if route.method == "GET":
             app.router.add_get(route.path, handler)  # HEAD too: downloads answer it
@@ -206,7 +206,19 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
-_TEMPLATES = [(re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", r.path) + "$"), r) for r in ROUTES]
+_TEMPLATES = [(re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", r.path) + "$"), r) for r in (*ROUTES, *ALIASES)]
+# What a client that found no endpoint is told exists (each path once, in the spec's order).
+_SERVED = ", ".join(dict.fromkeys(f"{r.method} {r.path}" for r in (*ROUTES, *ALIASES)))
+
+
+def _format_of(path: str) -> Format:
+    """The format a path belongs to, for the shape of its 404 or 405: an SDK shows only errors
+    in its own format's shape."""
+    if path.startswith("/v1beta/") or path.startswith("/v1/models/") and ":" in path:
+        return CONTENT
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return MESSAGES
+    return ACCOUNT  # the generic shape of the images, response and video endpoints
 
 
 async def _unmatched(request: web.Request) -> web.Response:
@@ -219,5 +231,5 @@ async def _unmatched(request: web.Request) -> web.Response:
         fmt: Format = next(r.format for pattern, r in _TEMPLATES if pattern.match(request.path))
         return fmt.error_response(405, f"{request.method} is not allowed on {request.path}",
                                   headers={"Allow": ", ".join(allowed)})
-    # No format claims an unknown path: the generic shape of the images/response/video endpoints.
-    return ACCOUNT.error_response(404, f"no endpoint at {request.method} {request.path}")
+    return _format_of(request.path).error_response(
+        404, f"no endpoint at {request.method} {request.path}; this gateway serves {_SERVED}", "not_found")

@@ -40,7 +40,7 @@ class Exchange:
         "upstream_model", "channel", "pinned_channel", "key", "key_name", "streaming", "usage",
         "upstream_started", "upstream_headers_at", "upstream_finished", "status", "bytes_out",
         "client_aborted", "error", "plugin_state", "tracer", "span", "unsampled_span", "response_headers",
-        "answer_limit", "gateway_id", "target", "tenant", "followed_id", "followed",
+        "answer_limit", "gateway_id", "target", "tenant", "followed_id", "followed", "created_id",
     )
 
     def __init__(self, request: web.Request, route: Route, request_id: str, gateway_id: str | None = None) -> None:
@@ -68,6 +68,7 @@ class Exchange:
         self.target: Target | None = None      # the checked request target (set before the body is read)
         self.followed_id: str | None = None    # the id this request follows (a task, a previous response)
         self.followed: PinRecord | None = None  # what the gateway recorded of it; None: never handed out
+        self.created_id: str | None = None     # the id the answer hands out (set by the affinity, after the hooks)
         self.streaming = route.always_streams
         self.usage = Usage()
         self.upstream_started: float | None = None

@@ -12,9 +12,11 @@ import time
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy import jsonutil
 from proxy.access_log import log_exchange
 from proxy.affinity import Affinity, StateUnavailable
 from proxy.body import BodyError, read_body
+from proxy.catalog import listing
 from proxy.client_limits import ConnectionCount, header_problem
 from proxy.config.model import ServerConfig
 from proxy.deciding_fields import resolve_model, settle_json
@@ -125,10 +127,24 @@ class Gateway:
         answer = await pipeline.run_request(ex)
         if answer is not None:
             return ex.answer_locally(answer, id_header)
+        if ex.route.local:
+            return ex.answer_locally(self._local_answer(ex, runtime), id_header)
         refusal = await self._choose_channel(ex, runtime)
         if refusal is not None:
             return ex.answer_locally(refusal, id_header)
         return await self.forwarder.forward(ex, runtime, pipeline)
+
+    @staticmethod
+    def _local_answer(ex: Exchange, runtime: Runtime) -> web.Response:
+        """A route never forwarded that no plugin answered: the models the caller's key may use,
+        or, for a list only a plugin keeps (the caller's video tasks), a clear 501."""
+        assert ex.target is not None
+        if ex.route.name not in ("models", "content_models"):
+            return ex.error_response(501, f"{ex.route.method} {ex.route.path} is answered by a plugin that is not "
+                                          "in this route's pipeline", "not_implemented")
+        shape = ex.format.shape_for(ex.request.headers, ex.target.key())
+        body = listing(runtime.config, runtime.channels, ex.key, shape)
+        return web.Response(body=jsonutil.dumps(body), content_type="application/json")
 
     @staticmethod
     def _body_timeout(ex: Exchange, runtime: Runtime) -> float:

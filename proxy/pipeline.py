@@ -43,6 +43,9 @@ BUILTIN_PLUGINS: dict[str, str] = {
 
 def default_plugins(route: Route) -> list[str]:
     """The pipeline a route gets when config names none."""
+    if not route.number:  # the calls around the endpoints: no usage to count, no stream to frame
+        chain = ["auth", "ratelimit"] if route.local else ["auth", "validation", "ratelimit"]
+        return chain + ["video"] if route.format.name == "video" else chain
     if route.name in ("image_generations", "image_edits", "generate_content"):
         return ["auth", "validation", "ratelimit", "url_delivery", "usage", "sse"]
     if route.format.name in ("messages", "content", "responses", "images"):

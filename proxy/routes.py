@@ -1,4 +1,5 @@
-"""The 13 endpoints of the spec as data: method, path, format, where the model and body come from.
+"""The 13 endpoints of the spec, and the calls SDKs make around them, as data: method, path,
+format, where the model and body come from.
 
 The pipeline of each route comes from config; everything else about a route is fixed here.
 """
@@ -6,9 +7,9 @@ The pipeline of each route comes from config; everything else about a route is f
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from proxy.formats import ACCOUNT, CONTENT, IMAGES, MESSAGES, RESPONSES, VIDEO, Format
+from proxy.formats import ACCOUNT, CONTENT, IMAGES, MESSAGES, MODELS, RESPONSES, VIDEO, Format
 
 
 class Body(enum.Enum):
@@ -46,6 +47,7 @@ class Route:
     follows: Pin | None = None     # the request names an id made earlier
     always_streams: bool = False
     streams_bytes: bool = False    # large binary answer: never buffered
+    local: bool = False            # answered by the gateway itself, after the pipeline (no channel)
 
 
 ROUTES: tuple[Route, ...] = (
@@ -53,7 +55,7 @@ ROUTES: tuple[Route, ...] = (
           creates=Pin.VIDEO_TASK),
     Route("video_generation_status", 2, "GET", "/v1/video/generations/{task_id}", VIDEO, Body.NONE,
           ModelFrom.NONE, follows=Pin.VIDEO_TASK),
-    Route("videos", 3, "POST", "/v1/videos", VIDEO, Body.JSON, ModelFrom.BODY, creates=Pin.VIDEO_TASK),
+    Route("videos", 3, "POST", "/v1/videos", VIDEO, Body.JSON_OR_MULTIPART, ModelFrom.BODY, creates=Pin.VIDEO_TASK),
     Route("video_status", 4, "GET", "/v1/videos/{task_id}", VIDEO, Body.NONE, ModelFrom.NONE,
           follows=Pin.VIDEO_TASK),
     Route("video_content", 5, "GET", "/v1/videos/{task_id}/content", VIDEO, Body.NONE, ModelFrom.NONE,
@@ -69,7 +71,31 @@ ROUTES: tuple[Route, ...] = (
           creates=Pin.RESPONSE, follows=Pin.RESPONSE),
     Route("login_2fa", 12, "POST", "/api/user/login/2fa", ACCOUNT, Body.RAW, ModelFrom.NONE),
     Route("payment_webhook", 13, "POST", "/api/{provider}/webhook", ACCOUNT, Body.RAW, ModelFrom.NONE),
+    # The calls an official SDK makes around the 13 (number 0: not in the interface), each with its
+    # format's key places, and pinned to the channel that made the object it names.
+    Route("count_tokens", 0, "POST", "/v1/messages/count_tokens", MESSAGES, Body.JSON, ModelFrom.BODY),
+    Route("count_content_tokens", 0, "POST", "/v1beta/models/{model}:countTokens", CONTENT, Body.JSON,
+          ModelFrom.PATH),
+    Route("response_retrieve", 0, "GET", "/v1/responses/{response_id}", RESPONSES, Body.NONE, ModelFrom.NONE,
+          follows=Pin.RESPONSE),
+    Route("response_delete", 0, "DELETE", "/v1/responses/{response_id}", RESPONSES, Body.NONE, ModelFrom.NONE,
+          follows=Pin.RESPONSE),
+    Route("response_input_items", 0, "GET", "/v1/responses/{response_id}/input_items", RESPONSES, Body.NONE,
+          ModelFrom.NONE, follows=Pin.RESPONSE),
+    Route("response_cancel", 0, "POST", "/v1/responses/{response_id}/cancel", RESPONSES, Body.NONE,
+          ModelFrom.NONE, follows=Pin.RESPONSE),
+    Route("video_list", 0, "GET", "/v1/videos", VIDEO, Body.NONE, ModelFrom.NONE, local=True),
+    Route("models", 0, "GET", "/v1/models", MODELS, Body.NONE, ModelFrom.NONE, local=True),
+    Route("content_models", 0, "GET", "/v1beta/models", CONTENT, Body.NONE, ModelFrom.NONE, local=True),
 )
+SPEC_ROUTES = tuple(route for route in ROUTES if route.number)  # the interface's 13
+
+# The same endpoints under the paths an official SDK calls by default: the content-generation
+# SDK's default API version is `v1`. An alias is its route (name, pipeline, limits, metrics) at
+# another path, forwarded under that path unless the channel names a version (`content_api_version`).
+ALIASES: tuple[Route, ...] = tuple(
+    replace(route, path=route.path.replace("/v1beta/", "/v1/", 1))
+    for route in ROUTES if route.name in ("generate_content", "stream_generate_content", "count_content_tokens"))
 
 ROUTE_NAMES = tuple(route.name for route in ROUTES)
 # Routes whose requests may be sent again after an upstream took them, when the operator opts

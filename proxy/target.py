@@ -22,6 +22,8 @@ PARAM_GRAMMAR: dict[str, tuple[re.Pattern[str], str]] = {
               "1-256 letters, digits or . _ - @ + =, starting with a letter or digit"),
     "task_id": (re.compile(r"[A-Za-z0-9][A-Za-z0-9._~:@+=-]{0,511}"),
                 "1-512 letters, digits or . _ ~ : @ + = -, starting with a letter or digit"),
+    "response_id": (re.compile(r"[A-Za-z0-9][A-Za-z0-9._~:@+=-]{0,511}"),
+                    "1-512 letters, digits or . _ ~ : @ + = -, starting with a letter or digit"),
     "provider": (re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}"),
                  "1-64 letters, digits, _ or -, starting with a letter or digit"),
 }

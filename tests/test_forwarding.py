@@ -132,6 +132,48 @@ async def test_unknown_path_and_wrong_method_are_json_errors(gateway, http):  # 
         assert (await answer.json())["error"]["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize(("path", "shape"), [
+    ("/v1/chat/completions", "generic"),
+    ("/v1beta/models/genmodel-2.0-flash:embedContent", "content"),
+    ("/v1/models/genmodel-2.0-flash:embedContent", "content"),
+    ("/v1/messages/batches", "messages"),
+])
+async def test_a_404_is_in_the_shape_of_the_paths_format_and_names_what_is_served(gateway, http, path, shape):  # noqa: ANN001
+    async with http.post(gateway.url + path, json={}) as answer:
+        assert answer.status == 404
+        error = (await answer.json())["error"]
+    if shape == "content":
+        assert error["code"] == 404 and error["status"] == "NOT_FOUND"
+    elif shape == "messages":
+        assert error["type"] == "not_found_error"
+    else:
+        assert error["type"] == "not_found_error" and error["code"] == "not_found"
+    assert "POST /v1/messages" in error["message"] and "POST /v1/models/{model}:generateContent" in error["message"]
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta"])
+async def test_content_generation_is_served_under_v1_as_under_v1beta(start_gateway, http, version):  # noqa: ANN001
+    gw = await start_gateway("channels: [{name: sim, base_url: simulator, credential: up}]")
+    body = {"contents": [{"parts": [{"text": "hi"}]}]}
+    async with http.post(f"{gw.url}/{version}/models/genmodel-2.0-flash:generateContent",
+                         json=body, headers={"x-goog-api-key": "sk-demo-key"}) as answer:
+        assert answer.status == 200
+        assert (await answer.json())["candidates"][0]["content"]["parts"][0]["text"]
+    async with http.post(f"{gw.url}/{version}/models/genmodel-2.0-flash:streamGenerateContent?alt=sse",
+                         json=body, headers={"x-goog-api-key": "sk-demo-key"}) as answer:
+        assert answer.status == 200 and answer.content_type == "text/event-stream"
+        await answer.read()
+    assert gw.last_upstream_request("sim").path == f"/{version}/models/genmodel-2.0-flash:streamGenerateContent"
+
+
+async def test_a_channel_may_name_the_content_api_version_it_is_sent(start_gateway, http):  # noqa: ANN001
+    gw = await start_gateway("channels: [{name: sim, base_url: simulator, content_api_version: v1beta}]")
+    async with http.post(f"{gw.url}/v1/models/genmodel-2.0-flash:generateContent?key=sk-demo-key",
+                         json={"contents": [{"parts": [{"text": "hi"}]}]}) as answer:
+        assert answer.status == 200
+    assert gw.last_upstream_request("sim").path == "/v1beta/models/genmodel-2.0-flash:generateContent"
+
+
 MESSAGE = {"model": "msgmodel-haiku-4-5", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
 
 

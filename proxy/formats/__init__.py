@@ -7,6 +7,7 @@ from proxy.formats.base import Format, KeyLocation, Usage
 from proxy.formats.content import ContentFormat
 from proxy.formats.images import ImagesFormat
 from proxy.formats.message import MessageFormat
+from proxy.formats.models import ModelsFormat
 from proxy.formats.response import ResponseFormat
 from proxy.formats.video import VideoTasks
 
@@ -16,10 +17,11 @@ RESPONSES = ResponseFormat()
 IMAGES = ImagesFormat()
 VIDEO = VideoTasks()
 ACCOUNT = AccountFormat()
+MODELS = ModelsFormat(MESSAGES, CONTENT)  # not a wire format a channel serves: not in FORMATS
 
 FORMATS: dict[str, Format] = {f.name: f for f in (MESSAGES, CONTENT, RESPONSES, IMAGES, VIDEO, ACCOUNT)}
 FORMAT_NAMES = tuple(FORMATS)
 
-__all__ = ["ACCOUNT", "CONTENT", "FORMATS", "FORMAT_NAMES", "IMAGES", "MESSAGES", "RESPONSES", "VIDEO",
+__all__ = ["ACCOUNT", "CONTENT", "FORMATS", "FORMAT_NAMES", "IMAGES", "MESSAGES", "MODELS", "RESPONSES", "VIDEO",
            "AccountFormat", "ContentFormat", "Format", "ImagesFormat", "KeyLocation", "MessageFormat",
-           "ResponseFormat", "Usage", "VideoTasks"]
+           "ModelsFormat", "ResponseFormat", "Usage", "VideoTasks"]

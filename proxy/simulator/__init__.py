@@ -13,7 +13,7 @@ from aiohttp import web
 
 from proxy import jsonutil
 from proxy.config.model import SimulatorSettings
-from proxy.simulator import account, chat, media, video
+from proxy.simulator import account, chat, companions, media, video
 from proxy.simulator.core import Simulator, answer_early
 
 SIMULATOR_KEY = web.AppKey("simulator", Simulator)
@@ -31,9 +31,17 @@ def build_simulator_app(sim: Simulator) -> web.Application:
     add("POST", "/v1/images/generations", partial(media.images, sim))
     add("POST", "/v1/images/edits", partial(media.images, sim))
     add("POST", "/v1/messages", partial(chat.messages, sim))
-    add("POST", "/v1beta/models/{model}:generateContent", partial(chat.generate_content, sim))
-    add("POST", "/v1beta/models/{model}:streamGenerateContent", partial(chat.generate_content, sim))
+    for version in ("v1beta", "v1"):
+        add("POST", f"/{version}/models/{{model}}:generateContent", partial(chat.generate_content, sim))
+        add("POST", f"/{version}/models/{{model}}:streamGenerateContent", partial(chat.generate_content, sim))
     add("POST", "/v1/responses", partial(chat.responses, sim))
+    add("POST", "/v1/messages/count_tokens", partial(companions.count_tokens, sim))
+    for version in ("v1beta", "v1"):
+        add("POST", f"/{version}/models/{{model}}:countTokens", partial(companions.count_content_tokens, sim))
+    app.router.add_get("/v1/responses/{response_id}", partial(companions.stored_response, sim))
+    add("DELETE", "/v1/responses/{response_id}", partial(companions.stored_response, sim))
+    app.router.add_get("/v1/responses/{response_id}/input_items", partial(companions.stored_response, sim))
+    add("POST", "/v1/responses/{response_id}/cancel", partial(companions.stored_response, sim))
     add("POST", "/api/user/login/2fa", partial(account.login, sim))
     add("POST", "/api/{provider}/webhook", partial(account.webhook, sim))
     app.router.add_get("/_sim/files/{file_id}.png", partial(media.file, sim))

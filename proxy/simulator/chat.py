@@ -189,7 +189,11 @@ async def responses(sim: Simulator, request: web.Request) -> web.StreamResponse:
              "total_tokens": input_tokens + knobs.output_tokens}
     final = _response_object(body, response_id, "completed", output, usage)
     if body.get("store", True) is not False:
-        sim.remember(sim.responses, response_id, {"turn": turn})
+        sim.remember(sim.responses, response_id, {"turn": turn, "response": final,
+                                                  "input": input_items(sim, body.get("input")),
+                                                  "background": body.get("background") is True})
+    if body.get("background") is True and not body.get("stream"):
+        return json_answer({**final, "status": "queued", "output": [], "usage": None}, request)
     if not body.get("stream"):
         return json_answer(final, request)
 
@@ -220,6 +224,15 @@ async def responses(sim: Simulator, request: web.Request) -> web.StreamResponse:
         yield event("response.completed", response=final)
 
     return await stream(sim, request, knobs, events())
+
+
+def input_items(sim: Simulator, given: Any) -> list[dict[str, Any]]:
+    """A request's input as the stored items `GET /v1/responses/{id}/input_items` lists."""
+    if isinstance(given, str):
+        given = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": given}]}]
+    items = [item for item in given if isinstance(item, dict)] if isinstance(given, list) else []
+    return [{"id": item.get("id") or sim.new_id("msg"), "status": "completed",
+             **({"type": "message"} if "role" in item else {}), **item} for item in items]
 
 
 def _response_object(body: dict[str, Any], response_id: str, status: str, output: list[Any],

@@ -1,0 +1,31 @@
+"""`GET /v1/models`: one path that three SDKs call, each with its own key place and its own shape.
+
+The response SDK sends its key as a Bearer token, the message SDK in `x-api-key` (with
+`anthropic-version`), the content-generation SDK (API version v1) in `x-goog-api-key`. Every one
+of those places is read, and the list is answered in the shape of the format whose place held
+the key; errors are in the generic shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from proxy.formats.base import Format, KeyLocation
+
+
+class ModelsFormat(Format):
+    name = "models"
+    key_location = KeyLocation.BEARER
+    sdk_key_locations = (KeyLocation.X_API_KEY, KeyLocation.GOOG_API_KEY, KeyLocation.QUERY)
+
+    def __init__(self, messages: Format, content: Format) -> None:
+        self._messages = messages
+        self._content = content
+
+    def shape_for(self, headers: Mapping[str, str], query_key: str | None) -> Format:
+        """The format whose SDK asked: told by where its key (or its version header) came."""
+        if headers.get("x-api-key") or headers.get("anthropic-version") or headers.get("msgapi-version"):
+            return self._messages
+        if headers.get("x-goog-api-key") or query_key:
+            return self._content
+        return self
