@@ -29,6 +29,7 @@ class FormPart:
     size: int = 0
     head: bytes = b""
     value: bytearray | None = None  # text fields only, up to the field limit
+    complete: bool = False          # its closing delimiter has been read: the value is whole
 
     @property
     def is_file(self) -> bool:
@@ -59,9 +60,15 @@ class MultipartObserver:
     def field(self, name: str) -> str | None:
         """The text value of the first non-file part called `name`, once fully read."""
         for part in self.parts:
-            if part.name == name and not part.is_file and part.value is not None and part is not self._current:
+            if part.name == name and not part.is_file and part.value is not None and part.complete:
                 return part.value.decode("utf-8", "replace")
         return None
+
+    def fields(self) -> dict[str, str]:
+        """Every text field read whole so far (a value still arriving is not one yet); of a name
+        given twice, the last (the fields the gateway decides by may not be given twice)."""
+        return {part.name: part.value.decode("utf-8", "replace") for part in self.parts
+                if part.complete and not part.is_file and part.value is not None}
 
     def files(self) -> list[FormPart]:
         return [p for p in self.parts if p.is_file]
@@ -129,6 +136,8 @@ class MultipartObserver:
             return False
         self._take(self._buffer[:at])
         self._buffer = self._buffer[at + len(marker):]
+        if self._current is not None:
+            self._current.complete = True
         self._current = None
         self._state = "after_delimiter"
         return True

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import AsyncIterator
 
 import aiohttp
 
 from proxy.multipart import MultipartObserver
+from tests.raw_http import parse_answer
 
 BOUNDARY = "modelgate-test-boundary"
 MB = 1024 * 1024
@@ -117,3 +119,35 @@ def test_observer_reads_fields_and_file_heads_across_any_chunking():
         files = observer.files()
         assert [(f.filename, f.size) for f in files] == [("a.png", 1008), ("b.jpg", 13)]
         assert files[0].head.startswith(b"\x89PNG") and files[1].head.startswith(b"\xff\xd8\xff")
+
+
+def test_a_field_value_is_read_only_once_its_part_has_ended():
+    body = (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"response_format\"\r\n\r\nb64_json\r\n"
+            f"--{BOUNDARY}--\r\n").encode()
+    split = body.index(b"b64_json") + 1  # the value arrives as "b" and then "64_json"
+    observer = MultipartObserver(BOUNDARY.encode())
+    observer.feed(body[:split])
+    assert observer.field("response_format") is None and observer.fields() == {}
+    observer.feed(body[split:])
+    assert observer.field("response_format") == "b64_json" and observer.fields() == {"response_format": "b64_json"}
+
+
+async def test_an_edit_whose_field_value_arrives_in_two_reads_is_checked_whole(gateway):  # noqa: ANN001
+    body = (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nimagegen-2\r\n"
+            f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nedit it\r\n"
+            f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n"
+            "Content-Type: image/png\r\n\r\n").encode() + PNG_HEADER + (
+            f"\r\n--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"response_format\"\r\n\r\nb64_json\r\n"
+            f"--{BOUNDARY}--\r\n").encode()
+    split = body.index(b"b64_json") + 1
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(gateway.url.rsplit(":", 1)[1]))
+    writer.write((f"POST /v1/images/edits HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer sk-demo-key\r\n"
+                  f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\nContent-Length: {len(body)}\r\n"
+                  "Connection: close\r\n\r\n").encode() + body[:split])
+    await writer.drain()
+    await asyncio.sleep(0.05)  # the first read ends inside the value
+    writer.write(body[split:])
+    answer = parse_answer(await asyncio.wait_for(reader.read(-1), 10))
+    writer.close()
+    assert answer.status == 200, answer.body
+    assert gateway.last_upstream_request().form["response_format"] == "b64_json"

@@ -89,7 +89,7 @@ JSON_CASES = [
     ("top_k above 0", "/v1/messages", MSG, {**MESSAGE, "top_k": 0}, "top_k"),
     ("thinking budget at least 1024", "/v1/messages", MSG, {**MESSAGE, "thinking": {"type": "enabled", "budget_tokens": 1000}}, "thinking.budget_tokens"),
     ("thinking budget below max_tokens", "/v1/messages", MSG, {**MESSAGE, "thinking": {"type": "enabled", "budget_tokens": 2048}}, "thinking.budget_tokens"),
-    ("thinking forms", "/v1/messages", MSG, {**MESSAGE, "thinking": {"type": "sometimes"}}, "thinking"),
+    ("thinking is an object", "/v1/messages", MSG, {**MESSAGE, "thinking": "sometimes"}, "thinking"),
     ("image media types", "/v1/messages", MSG, {**MESSAGE, "messages": [
         {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
         {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/bmp", "data": "AA=="}}]}]},
@@ -202,6 +202,7 @@ VALID = [
                                        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"},
                                                                          {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}]},
                                        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "sunny"}]}]}]}),
+    ("/v1/messages", MSG, {**MESSAGE, "thinking": {"type": "adaptive"}}),  # a thinking type newer than the gateway
     ("/v1beta/models/genmodel-2.0-flash:generateContent", {}, {"contents": {"parts": [{"text": "hi"}]}, "system_instruction": {"parts": [{"text": "be brief"}]},
                                                              "generationConfig": {"temperature": 2.0, "stopSequences": list("abcde"), "responseMimeType": "application/json",
                                                                                   "responseSchema": {"type": "OBJECT", "properties": {"a": {"type": "STRING"}}}},

@@ -145,7 +145,9 @@ class MessageRequest(Model):
     temperature: float | None = Field(default=None, ge=0, le=1)
     top_k: int | None = Field(default=None, ge=1)
     top_p: float | None = Field(default=None, ge=0, le=1)
-    thinking: tagged({"enabled": ThinkingEnabled, "disabled": ThinkingDisabled}) | None = None  # type: ignore[valid-type]
+    # Known thinking types are checked; newer ones ("adaptive" ...) pass to the upstream, as blocks do.
+    thinking: tagged({"enabled": ThinkingEnabled, "disabled": ThinkingDisabled},  # type: ignore[valid-type]
+                     other=AnyObject) | None = None
     tool_choice: tagged({"auto": ToolChoiceAuto, "any": ToolChoiceAny, "tool": ToolChoiceTool,  # type: ignore[valid-type]
                          "none": ToolChoiceNone}) | None = None
     tools: list[Tool] | None = None  # type: ignore[valid-type]
