@@ -11,15 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from proxy.body import MultipartBody
+from proxy.config import GatewayConfig
 from proxy.exchange import Exchange
 from proxy.multipart import MultipartObserver
 from proxy.observability.metrics import VALIDATION_FAILURES, rule_label
 from proxy.pipeline import Plugin
 from proxy.routes import Body
-from proxy.schemas import JSON_SCHEMAS, GenerateContentRequest, ImageEditForm, Violation, check
+from proxy.schemas import JSON_SCHEMAS, GenerateContentRequest, ImageEditForm, Violation, VideosRequest, check
 from proxy.schemas.common import first_violation, violation_of
 from proxy.schemas.imagefiles import sniff
 from proxy.schemas.images import MAX_EDIT_IMAGES, MAX_IMAGE_BYTES, MAX_MASK_BYTES
@@ -30,10 +31,13 @@ _IMAGE_FIELDS = ("image", "image[]")
 class Validation(Plugin):
     name = "validation"
 
+    def configure(self, config: GatewayConfig) -> None:
+        self.strict = config.server.strict_interface
+
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
         route = ex.route
-        if route.name == "messages" and not ex.request.headers.get("msgapi-version"):
-            return refuse(ex, Violation("msgapi-version", "this header is required (for example 2023-06-01)"))
+        if (missing := ex.format.missing_version(ex.request.headers, self.strict)) is not None:
+            return refuse(ex, Violation(*missing))
         if route.body is Body.NONE or route.body is Body.RAW:
             return None
         if isinstance(ex.body_stream, MultipartBody):
@@ -50,8 +54,9 @@ class Validation(Plugin):
         return None
 
     def _check_form(self, ex: Exchange, body: MultipartBody) -> web.StreamResponse | None:
-        body.checks.append(check_edit_form)
-        violation = check_edit_form(body.observer, body.observer.done)
+        check = check_video_form if ex.route.name == "videos" else check_edit_form
+        body.checks.append(check)
+        violation = check(body.observer, body.observer.done)
         return refuse(ex, violation) if violation is not None else None
 
 
@@ -89,13 +94,29 @@ def check_edit_form(observer: MultipartObserver, finished: bool) -> Violation | 
     return _form_fields(observer, finished)
 
 
+def check_video_form(observer: MultipartObserver, finished: bool) -> Violation | None:
+    """Endpoint 3 as the SDK sends it: its text fields, and an optional reference image."""
+    for part in observer.files():
+        if part.name != "input_reference":
+            return Violation(part.name, "is not a file this endpoint takes (only input_reference)")
+        if part.size >= MAX_IMAGE_BYTES:
+            return Violation("input_reference", "must be under 25 MB")
+        if len(part.head) >= 12 or finished:
+            info = sniff(part.head)
+            if info is None or info.kind not in ("png", "webp", "jpeg"):
+                return Violation("input_reference", "must be a PNG, WEBP or JPG image")
+    return _lax_fields(VideosRequest, observer.fields(), finished)
+
+
 def _form_fields(observer: MultipartObserver, finished: bool) -> Violation | None:
-    fields: dict[str, Any] = {p.name: p.value.decode("utf-8", "replace") for p in observer.parts
-                              if not p.is_file and p.value is not None}
     if finished and not any(p.name in _IMAGE_FIELDS for p in observer.files()):
         return Violation("image", "is required: one file, or up to 16 as image[]")
+    return _lax_fields(ImageEditForm, observer.fields(), finished)  # whole values only: one arriving reads short
+
+
+def _lax_fields(schema: type[BaseModel], fields: dict[str, Any], finished: bool) -> Violation | None:
     try:
-        ImageEditForm.model_validate(fields)  # lax: form values are text ("3", "true")
+        schema.model_validate(fields)  # lax: form values are text ("3", "true")
     except ValidationError as exc:
         if finished:
             return first_violation(exc)

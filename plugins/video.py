@@ -1,12 +1,14 @@
 """Video tasks (spec 2.1-2.3, 3, endpoints 1-5): one shape for every channel, and poll protection.
 
-Submissions answer per 2.2 and statuses per 2.3 whatever shape the channel uses. Statuses
-are normalised (queued, in_progress, succeeded, failed), `data.url` always points at the
-gateway's own `/v1/videos/<task_id>/content`, and failures carry `data.error {code, message}`.
-Filtered videos are recognised by any of the signals channels use and shown one way: by
-default exactly 2.3's filtered case; per route, optionally as a failure. A download of a
-task with no video is a clear 4xx. Status answers are cached briefly (terminal ones until
-they expire) and concurrent polls of one task share one upstream call.
+Endpoints 1-2 answer per 2.2 and 2.3 whatever shape the channel uses; endpoints 3-4 answer the
+response SDK's video object (proxy/formats/video.py), and `GET /v1/videos` lists the caller's
+tasks. Statuses are normalised (queued, in_progress, succeeded, failed), `data.url` always points
+at the gateway's own `/v1/videos/<task_id>/content`, and failures carry `data.error {code, message}`.
+Filtered videos are recognised by any of the signals channels use and shown one way: on
+endpoint 2 by default exactly 2.3's filtered case, per route optionally as a failure; to the
+SDK, a failure. A download of a task with no video is a clear 4xx, and one of a task never
+polled asks the channel first (409 `video_not_ready` while it runs). Status answers are cached
+briefly (terminal ones until they expire) and concurrent polls of one task share one upstream call.
 """
 
 from __future__ import annotations
@@ -18,20 +20,25 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 from aiohttp import web
+from multidict import CIMultiDict
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy import jsonutil
 from proxy.config import GatewayConfig
 from proxy.exchange import Exchange, UpstreamResponse
+from proxy.formats import VIDEO
 from proxy.observability.metrics import VIDEO_OUTCOMES
 from proxy.pipeline import Plugin
 from proxy.public_url import public_base_url
 from proxy.state import StateStore, make_store
+from proxy.upstream.errors import UpstreamError
 
 log = logging.getLogger("modelgate.video")
 _SUBMIT = ("video_generations", "videos")
 _STATUS = ("video_generation_status", "video_status")
 _CONTENT = "video_content"
+_LIST = "video_list"
+_SDK_ROUTES = ("videos", "video_status")  # answered with the SDK's video object
 _STATES = {"queued": "queued", "pending": "queued", "submitted": "queued", "waiting": "queued", "": "queued",
            "processing": "in_progress", "running": "in_progress", "in_progress": "in_progress",
            "started": "in_progress", "completed": "succeeded", "succeeded": "succeeded", "success": "succeeded",
@@ -48,6 +55,8 @@ class VideoSettings(BaseModel):
         default_factory=dict)            # how a route shows a filtered video; default "spec" (2.3's shape)
     status_cache_s: float = Field(default=1.0, ge=0)       # running tasks
     terminal_cache_s: float = Field(default=3600.0, ge=0)  # finished tasks
+    task_record_s: int = Field(default=7 * 24 * 3600, ge=60)  # what a submission said, and whose list it is on
+    list_keep: int = Field(default=100, ge=1, le=10_000)   # tasks a tenant's `GET /v1/videos` can show
 
 
 class VideoTasks(Plugin):
@@ -63,6 +72,8 @@ class VideoTasks(Plugin):
 
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
         route = ex.route.name
+        if route == _LIST:
+            return await self._list(ex)
         if route not in _STATUS and route != _CONTENT:
             return None
         task_id = ex.path_params["task_id"]
@@ -76,7 +87,7 @@ class VideoTasks(Plugin):
                 pass
             cached = await self._cached(task_id)
         if cached is not None:
-            return _json(200, self._present(ex, cached))
+            return _json(200, await self._present(ex, cached))
         self.inflight[task_id] = asyncio.get_running_loop().create_future()
         ex.plugin_state[self.name] = task_id  # this request leads; on_complete wakes the others
         return None
@@ -94,22 +105,32 @@ class VideoTasks(Plugin):
         if upstream.status >= 300 or not isinstance(body, dict):
             return
         if route in _SUBMIT:
-            upstream.set_json(_submission(body, ex.model))
+            submission = _submission(body, ex.model)
+            task = _task_facts(ex, body, submission)
+            ex.plugin_state["video.task"] = task  # recorded under the id handed out, once it is known
+            upstream.set_json(VIDEO.video_object(submission["id"], task, None) if route == "videos" else submission)
         elif route in _STATUS:
-            task_id = ex.path_params["task_id"]
-            normal = _status(body, task_id)
-            terminal = normal["status"] in ("succeeded", "failed")
-            if terminal:  # seen once per task and cache lifetime: counted as it finishes
-                VIDEO_OUTCOMES.labels("filtered" if normal.get("filtered") else normal["status"]).inc()
-            ttl = self.settings.terminal_cache_s if terminal else self.settings.status_cache_s
-            if ttl > 0:
-                try:
-                    await self.cache.set(f"video:status:{task_id}", jsonutil.dumps(normal).decode(), max(1, round(ttl)))
-                except Exception as exc:  # state unreachable: the answer is good, only the cache is lost
-                    log.warning("could not cache a video status: %s", exc)
-            upstream.set_json(self._present(ex, normal))
+            normal = await self._remember_status(_status(body, ex.path_params["task_id"]))
+            upstream.set_json(await self._present(ex, normal))
+
+    async def _remember_status(self, normal: dict[str, Any]) -> dict[str, Any]:
+        terminal = normal["status"] in ("succeeded", "failed")
+        if terminal:  # seen once per task and cache lifetime: counted as it finishes
+            VIDEO_OUTCOMES.labels("filtered" if normal.get("filtered") else normal["status"]).inc()
+            normal.setdefault("completed_at", int(time.time()))
+        ttl = self.settings.terminal_cache_s if terminal else self.settings.status_cache_s
+        if ttl > 0:
+            try:
+                await self.cache.set(f"video:status:{normal['task_id']}", jsonutil.dumps(normal).decode(),
+                                     max(1, round(ttl)))
+            except Exception as exc:  # state unreachable: the answer is good, only the cache is lost
+                log.warning("could not cache a video status: %s", exc)
+        return normal
 
     async def on_complete(self, ex: Exchange) -> None:
+        task = ex.plugin_state.get("video.task")
+        if task is not None and ex.created_id and 200 <= ex.status < 300:
+            await self._record_task(ex, ex.created_id, task)
         task_id = ex.plugin_state.get(self.name)
         if task_id is not None:
             waiting = self.inflight.pop(task_id, None)
@@ -124,8 +145,74 @@ class VideoTasks(Plugin):
             return None
         return jsonutil.loads(raw) if raw else None
 
+    async def _record_task(self, ex: Exchange, task_id: str, task: dict[str, Any]) -> None:
+        """What the submission said, for the SDK's object, and the task on its tenant's list."""
+        ttl = self.settings.task_record_s
+        try:
+            await self.cache.set(f"video:task:{task_id}", jsonutil.dumps(task).decode(), ttl)
+            await self.cache.push(f"video:owned:{ex.tenant or ''}", task_id, ttl, self.settings.list_keep)
+        except Exception as exc:  # the task runs all the same; only its listing is lost
+            log.warning("could not record a video task: %s", exc)
+
+    async def _task(self, task_id: str) -> dict[str, Any]:
+        try:
+            raw = await self.cache.get(f"video:task:{task_id}")
+        except Exception as exc:
+            log.warning("could not read a video task record: %s", exc)
+            return {}
+        return jsonutil.loads(raw) if raw else {}
+
+    async def _list(self, ex: Exchange) -> web.Response:
+        """`GET /v1/videos`: the caller's tenant's tasks, newest first (`order=asc` turns it), from
+        what the gateway last saw of each; `limit` (1-100) and `after` page through them."""
+        assert ex.target is not None
+        query = {name: value or "" for name, value in ex.target.query}
+        limit = query.get("limit", "20")
+        if not limit.isdigit() or not 1 <= int(limit) <= 100:
+            return ex.error_response(400, "limit: must be a whole number from 1 to 100", param="limit")
+        if query.get("order", "desc") not in ("asc", "desc"):
+            return ex.error_response(400, "order: must be asc or desc", param="order")
+        try:
+            ids = await self.cache.recent(f"video:owned:{ex.tenant or ''}", self.settings.list_keep)
+        except Exception:
+            return ex.error_response(503, "the gateway cannot read its task list right now; retry shortly",
+                                     "state_unavailable", headers={"Retry-After": "2"})
+        if query.get("order") == "asc":
+            ids.reverse()
+        if (after := query.get("after")) in ids:
+            ids = ids[ids.index(after) + 1:]
+        page = ids[:int(limit)]
+        objects = [VIDEO.video_object(task_id, await self._task(task_id), await self._cached(task_id))
+                   for task_id in page]
+        return _json(200, VIDEO.video_list(objects, has_more=len(ids) > len(page)))
+
+    async def _ask_channel(self, ex: Exchange, task_id: str) -> dict[str, Any] | None:
+        """The status of a task never polled through this gateway, from the channel that holds it;
+        None when it cannot be asked (the download then goes to the channel as it is)."""
+        followed = ex.followed
+        channel = self.channels.get(followed.channel) if self.channels is not None and followed else None
+        if channel is None or channel.pool is None:
+            return None
+        headers: CIMultiDict[str] = CIMultiDict()
+        ex.format.place_credential(channel.credential, headers)
+        upstream_id = followed.upstream_id if followed and followed.upstream_id else task_id
+        try:
+            answer = await channel.pool.request("GET", "/v1/videos/" + quote(upstream_id, safe="@+=:~"), headers,
+                                                total_s=channel.timeouts.first_byte_s)
+            try:
+                body = jsonutil.loads(await answer.read(limit=1024 * 1024))
+            finally:
+                answer.release()
+        except (UpstreamError, ValueError):
+            return None
+        if answer.status >= 300 or not isinstance(body, dict):
+            return None
+        return await self._remember_status(_status(body, task_id))
+
     async def _refuse_download(self, ex: Exchange, task_id: str) -> web.StreamResponse | None:
         known = await self._cached(task_id)
+        if known is None:
+            known = await self._ask_channel(ex, task_id)
         if known is None or known["status"] == "succeeded" and not known.get("filtered"):
             return None  # unknown here, or ready: the channel answers (a refusal there is made clear too)
         if known.get("filtered"):
@@ -136,9 +223,12 @@ class VideoTasks(Plugin):
         return ex.error_response(409, f"task {task_id} is {known['status']}; its video is not ready yet",
                                  "video_not_ready", headers={"Retry-After": "5"})
 
-    def _present(self, ex: Exchange, normal: dict[str, Any]) -> dict[str, Any]:
-        """The 2.3 answer for this request: URLs on this gateway, filtered tasks in the route's mode."""
+    async def _present(self, ex: Exchange, normal: dict[str, Any]) -> dict[str, Any]:
+        """The answer for this request: on endpoint 4 the SDK's video object; on endpoint 2, 2.3's,
+        with URLs on this gateway and filtered tasks in the route's mode."""
         task_id = normal["task_id"]
+        if ex.route.name in _SDK_ROUTES:
+            return VIDEO.video_object(task_id, await self._task(task_id), normal)
         data: dict[str, Any] = {"task_id": task_id, "status": normal["status"], "format": "mp4", "url": "",
                                 "error": normal.get("error"), "metadata": None}
         if normal.get("progress") is not None:
@@ -165,6 +255,18 @@ def _submission(body: dict[str, Any], model: str | None) -> dict[str, Any]:
             "status": "", "progress": 0, "created_at": created if isinstance(created, int) else int(time.time())}
 
 
+def _task_facts(ex: Exchange, body: dict[str, Any], submission: dict[str, Any]) -> dict[str, Any]:
+    """What the SDK's video object tells of a task beyond its status: from the upstream's answer,
+    else from the request (its JSON body, or its form fields)."""
+    sent = ex.json() if ex.multipart is None else ex.multipart.fields()
+    sent = sent if isinstance(sent, dict) else {}
+    facts: dict[str, Any] = {"model": submission["model"], "created_at": submission["created_at"]}
+    for name in ("prompt", "seconds", "size"):
+        value = body.get(name) if body.get(name) is not None else sent.get(name)
+        facts[name] = str(value) if isinstance(value, str | int) and not isinstance(value, bool) else None
+    return facts
+
+
 def _status(body: dict[str, Any], task_id: str) -> dict[str, Any]:
     """What a channel said about a task, in one vocabulary (not yet the 2.3 shape)."""
     data = body.get("data") if isinstance(body.get("data"), dict) else body
@@ -173,6 +275,8 @@ def _status(body: dict[str, Any], task_id: str) -> dict[str, Any]:
     normal: dict[str, Any] = {"task_id": task_id, "status": status}  # the id the client asked about
     if isinstance(data.get("progress"), int):
         normal["progress"] = data["progress"]
+    if isinstance(data.get("completed_at"), int):
+        normal["completed_at"] = data["completed_at"]
     metadata = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
     count = metadata.get("rai_media_filtered_count") or metadata.get("raiMediaFilteredCount") or 0
     reasons = metadata.get("rai_media_filtered_reasons") or metadata.get("raiMediaFilteredReasons") or []

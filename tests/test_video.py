@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -12,6 +13,7 @@ KEY = "sk-demo-key"
 BEARER = {"Authorization": f"Bearer {KEY}"}
 SUBMIT = {"model": "videogen-3.0-generate-001", "prompt": "waves at dusk"}
 FAST = "simulator: {video_queued_s: 0.3, video_processing_s: 0.5}"
+PNG = (Path(__file__).parent.parent / "examples" / "photo.png").read_bytes()
 
 
 async def submit(http: aiohttp.ClientSession, url: str, prompt: str = "waves", headers: dict | None = None) -> dict:
@@ -89,10 +91,13 @@ async def test_a_filtered_video_looks_exactly_like_2_3_by_default(gw, http):  # 
     assert data["url"] == "The video was blocked by content-safety filtering." and data["bytes_base64_encoded"] == ""
 
 
-async def test_a_route_can_show_a_filtered_video_as_a_failure(gw, http):  # noqa: ANN001
+async def test_a_route_can_show_a_filtered_video_as_a_failure(start_gateway, http):  # noqa: ANN001
+    gw = await start_gateway(f"""
+        channels: [{{name: simulator, base_url: simulator, {FAST}}}]
+        plugins: {{video: {{filtered: {{video_generation_status: failure}}}}}}
+    """)
     task = await submit(http, gw.url, "a beach [sim:filtered]")
-    await until_done(http, [gw.url], task["task_id"])
-    data = (await status(http, gw.url, task["task_id"], "/v1/videos"))["data"]
+    data = (await until_done(http, [gw.url], task["task_id"]))[0]["data"]
     assert data["status"] == "failed" and data["url"] == "" and data["metadata"] is None
     assert data["error"] == {"code": "content_filtered", "message": "The video was blocked by content-safety filtering.",
                              "reasons": ["The prompt violates the usage guidelines."]}
@@ -131,6 +136,7 @@ async def test_a_task_the_gateway_never_handed_out_is_a_clear_json_404(gw, http)
 
 async def test_a_channel_error_page_for_a_download_becomes_a_clear_json_4xx(gw, http):  # noqa: ANN001
     task = await submit(http, gw.url)
+    await until_done(http, [gw.url], task["task_id"])
     async with http.get(f"{gw.url}/v1/videos/{task['task_id']}/content",
                         headers={**BEARER, "x-sim-fault": "status=404"}) as answer:
         assert answer.status == 404 and answer.headers["Content-Type"].startswith("application/json")
@@ -203,3 +209,81 @@ async def test_polls_and_downloads_fail_clearly_while_their_state_store_is_away(
     finally:
         redis.terminate()
         redis.wait(timeout=10)
+
+
+# Endpoints 3-5 as the response SDK calls them: its video object, a list, downloads.
+
+async def test_a_submission_by_form_answers_the_sdks_video_object(gw, http):  # noqa: ANN001
+    form = aiohttp.FormData()
+    for name, value in (("prompt", "waves at dusk"), ("model", SUBMIT["model"]), ("seconds", "8"), ("size", "1280x720")):
+        form.add_field(name, value)
+    form.add_field("input_reference", PNG, filename="ref.png", content_type="image/png")
+    async with http.post(gw.url + "/v1/videos", data=form, headers=BEARER) as answer:
+        assert answer.status == 200, await answer.text()
+        video = await answer.json()
+    assert video["object"] == "video" and video["status"] == "queued" and video["progress"] == 0
+    assert (video["model"], video["seconds"], video["size"], video["prompt"]) == (SUBMIT["model"], "8", "1280x720",
+                                                                                 "waves at dusk")
+    assert gw.last_upstream_request().files == 1
+    for _ in range(200):
+        polled = await status(http, gw.url, video["id"], "/v1/videos")
+        if polled["status"] == "completed":
+            break
+        assert polled["status"] in ("queued", "in_progress") and polled["seconds"] == "8"
+        await asyncio.sleep(0.05)
+    assert polled["progress"] == 100 and polled["completed_at"] >= polled["created_at"] and polled["error"] is None
+    async with http.get(f"{gw.url}/v1/videos/{video['id']}/content", headers=BEARER) as answer:
+        assert answer.status == 200 and answer.content_type == "video/mp4"
+
+
+@pytest.mark.parametrize(("form", "param"), [
+    ({"prompt": "x", "model": "not-a-video-model"}, "model"),
+    ({"prompt": "x", "model": SUBMIT["model"], "seconds": "soon"}, "seconds"),
+    ({"prompt": "x", "model": SUBMIT["model"], "size": "big"}, "size"),
+])
+async def test_a_bad_form_field_is_a_400_naming_it(gw, http, form, param):  # noqa: ANN001
+    data = aiohttp.FormData(default_to_multipart=True)
+    for name, value in form.items():
+        data.add_field(name, value)
+    async with http.post(gw.url + "/v1/videos", data=data, headers=BEARER) as answer:
+        assert answer.status == 400
+        assert (await answer.json())["error"]["param"] == param
+
+
+async def test_a_filtered_video_is_a_failure_to_the_sdk(gw, http):  # noqa: ANN001
+    async with http.post(gw.url + "/v1/videos", json={**SUBMIT, "prompt": "x [sim:filtered]"}, headers=BEARER) as answer:
+        video = await answer.json()
+    await until_done(http, [gw.url], video["id"])
+    polled = await status(http, gw.url, video["id"], "/v1/videos")
+    assert polled["status"] == "failed" and polled["error"]["code"] == "content_filtered"
+
+
+async def test_a_download_before_any_poll_asks_the_channel_and_says_not_ready(gw, http):  # noqa: ANN001
+    async with http.post(gw.url + "/v1/videos", json=SUBMIT, headers=BEARER) as answer:
+        video = await answer.json()
+    async with http.get(f"{gw.url}/v1/videos/{video['id']}/content", headers=BEARER) as answer:
+        assert answer.status == 409 and answer.headers["Retry-After"]
+        assert (await answer.json())["error"]["code"] == "video_not_ready"
+    assert not [r for r in gw.sim().requests if r.path.endswith("/content")]  # the download was never sent
+
+
+async def test_the_list_shows_a_tenants_own_tasks_newest_first(start_gateway, http):  # noqa: ANN001
+    gw = await start_gateway(f"""
+        keys: [{{name: alice, key: alice-key-01}}, {{name: bob, key: bob-key-0001}}]
+        channels: [{{name: simulator, base_url: simulator, {FAST}}}]
+    """)
+    made = []
+    for prompt in ("one", "two", "three"):
+        async with http.post(gw.url + "/v1/videos", json={**SUBMIT, "prompt": prompt},
+                             headers={"Authorization": "Bearer alice-key-01"}) as answer:
+            made.append((await answer.json())["id"])
+    async with http.get(gw.url + "/v1/videos?limit=2", headers={"Authorization": "Bearer alice-key-01"}) as answer:
+        page = await answer.json()
+    assert [v["id"] for v in page["data"]] == made[::-1][:2] and page["has_more"] is True
+    assert page["object"] == "list" and page["data"][0]["prompt"] == "three"
+    async with http.get(f"{gw.url}/v1/videos?after={made[1]}", headers={"Authorization": "Bearer alice-key-01"}) as answer:
+        assert [v["id"] for v in (await answer.json())["data"]] == [made[0]]
+    async with http.get(gw.url + "/v1/videos", headers={"Authorization": "Bearer bob-key-0001"}) as answer:
+        assert (await answer.json())["data"] == []  # another key sees none of them
+    async with http.get(gw.url + "/v1/videos?limit=0", headers={"Authorization": "Bearer alice-key-01"}) as answer:
+        assert answer.status == 400

@@ -1,10 +1,46 @@
-"""The video task endpoints (1-5): Bearer; no token usage."""
+"""The video task endpoints (1-5): Bearer; no token usage.
+
+Endpoints 1-2 answer in the interface's shapes (2.2, 2.3). Endpoints 3-5 (`/v1/videos`), whose
+shapes the interface leaves open, speak the video API the response SDK calls: a submission and a
+status are both the SDK's video object, and `GET /v1/videos` lists them.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from proxy.formats.base import Format, KeyLocation
+
+# A normalised status (plugins/video.py) in the SDK's words.
+_SDK_STATUS = {"queued": "queued", "in_progress": "in_progress", "succeeded": "completed", "failed": "failed"}
+# What a submission or an upstream says of a task that the SDK's object carries.
+TASK_FIELDS = ("model", "created_at", "prompt", "seconds", "size")
 
 
 class VideoTasks(Format):
     name = "video"
     key_location = KeyLocation.BEARER
+
+    @staticmethod
+    def video_object(task_id: str, task: dict[str, Any], normal: dict[str, Any] | None,
+                     filtered_message: str | None = None) -> dict[str, Any]:
+        """The SDK's video object for a task: what its submission said (`task`), and its last
+        known status (`normal`, None: never polled, so queued). A filtered video has no content:
+        to the SDK it is a failure, `content_filtered`."""
+        normal = normal or {"status": "queued"}
+        status = _SDK_STATUS.get(normal["status"], "queued")
+        error = normal.get("error")
+        if normal.get("filtered"):
+            status, error = "failed", {"code": "content_filtered", "message": filtered_message or normal["message"]}
+        progress = normal.get("progress")
+        return {"id": task_id, "object": "video", "model": task.get("model"), "status": status,
+                "progress": 100 if status == "completed" else progress if isinstance(progress, int) else 0,
+                "created_at": task.get("created_at"), "completed_at": normal.get("completed_at"),
+                "expires_at": None, "prompt": task.get("prompt"), "seconds": task.get("seconds"),
+                "size": task.get("size"), "remixed_from_video_id": None,
+                "error": error if status == "failed" else None}
+
+    @staticmethod
+    def video_list(objects: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+        return {"object": "list", "data": objects, "has_more": has_more,
+                "first_id": objects[0]["id"] if objects else None, "last_id": objects[-1]["id"] if objects else None}

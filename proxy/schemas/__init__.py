@@ -15,7 +15,7 @@ from proxy.schemas.content import GenerateContentRequest
 from proxy.schemas.images import ImageEditForm, ImageEditRequest, ImageGenerationRequest
 from proxy.schemas.message import MessageRequest
 from proxy.schemas.response import ResponseRequest
-from proxy.schemas.video import VideoRequest
+from proxy.schemas.video import VideoRequest, VideosRequest
 
 JSON_SCHEMAS: dict[str, type[BaseModel]] = {
     "video_generations": VideoRequest,
@@ -38,4 +38,4 @@ def check(schema: type[BaseModel], body: Any, *, strict: bool = True) -> tuple[B
         return None, first_violation(exc)
 
 
-__all__ = ["JSON_SCHEMAS", "GenerateContentRequest", "ImageEditForm", "Violation", "check"]
+__all__ = ["JSON_SCHEMAS", "GenerateContentRequest", "ImageEditForm", "Violation", "VideosRequest", "check"]

@@ -1,4 +1,4 @@
-"""Video task requests (spec 2.1), endpoints 1 and 3."""
+"""Video task requests: spec 2.1 (endpoint 1), and the video API of the response SDK (endpoint 3)."""
 
 from __future__ import annotations
 
@@ -26,3 +26,11 @@ class VideoRequest(Model):
     model: Literal[VIDEO_MODELS]  # type: ignore[valid-type]
     prompt: str = Field(min_length=1)
     metadata: VideoMetadata | None = None
+
+
+class VideosRequest(VideoRequest):
+    """Endpoint 3, whose shape the interface leaves open: 2.1's fields, and the SDK's `seconds`
+    and `size`. Sent as JSON or, as the SDK sends it, as multipart/form-data (values as text)."""
+
+    seconds: str | None = Field(default=None, pattern=r"^[1-9][0-9]{0,2}$")
+    size: str | None = Field(default=None, pattern=r"^[1-9][0-9]{1,4}x[1-9][0-9]{1,4}$")

@@ -16,6 +16,10 @@ class StateStore(Protocol):
     async def set(self, key: str, value: str, ttl_s: int) -> None: ...
     async def add(self, key: str, value: str, ttl_s: int) -> bool:
         """Set `key` only if it holds nothing (or has expired); True when it was set."""
+    async def push(self, key: str, value: str, ttl_s: int, keep: int) -> None:
+        """Put `value` first in the list at `key`, keeping the newest `keep`; the list lives `ttl_s`."""
+    async def recent(self, key: str, count: int) -> list[str]:
+        """The newest `count` values of the list at `key`, newest first."""
     async def ping(self) -> bool: ...
     async def close(self) -> None: ...
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from proxy import jsonutil
+
 
 class MemoryStore:
     """Keys with expiry in a dict. Bounded: past `max_items` the oldest entries go first (an
@@ -41,6 +43,15 @@ class MemoryStore:
             return False
         await self.set(key, value, ttl_s)
         return True
+
+    async def push(self, key: str, value: str, ttl_s: int, keep: int) -> None:
+        held = await self.get(key)
+        values = [value, *(jsonutil.loads(held) if held else [])][:keep]
+        await self.set(key, jsonutil.dumps(values).decode(), ttl_s)
+
+    async def recent(self, key: str, count: int) -> list[str]:
+        held = await self.get(key)
+        return jsonutil.loads(held)[:count] if held else []
 
     async def ping(self) -> bool:
         return True

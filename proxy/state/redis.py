@@ -23,6 +23,14 @@ class RedisStore:
     async def add(self, key: str, value: str, ttl_s: int) -> bool:
         return bool(await self._client.set(self._prefix + key, value, ex=ttl_s, nx=True))
 
+    async def push(self, key: str, value: str, ttl_s: int, keep: int) -> None:
+        async with self._client.pipeline(transaction=True) as pipe:
+            key = self._prefix + key
+            await pipe.lpush(key, value).ltrim(key, 0, keep - 1).expire(key, ttl_s).execute()
+
+    async def recent(self, key: str, count: int) -> list[str]:
+        return await self._client.lrange(self._prefix + key, 0, count - 1)
+
     async def ping(self) -> bool:
         try:
             return bool(await self._client.ping())
