@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from proxy.config import ConfigError, load_config
+from proxy.config import LISTEN_ENV, ConfigError, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,6 +15,7 @@ def main(argv: list[str] | None = None) -> int:
 
     serve = commands.add_parser("serve", help="run the gateway")
     serve.add_argument("-c", "--config", help="config file (default: $MODELGATE_CONFIG, else the embedded defaults)")
+    serve.add_argument("--listen", metavar="HOST:PORT", help="the address to serve on, over the config's server.listen")
 
     check = commands.add_parser("check-config", help="validate a config file and list every problem")
     check.add_argument("file")
@@ -57,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         run_simulator(args)
         return 0
     path = args.config or os.environ.get("MODELGATE_CONFIG") or None
+    if getattr(args, "listen", None):
+        os.environ[LISTEN_ENV] = args.listen  # worker processes and reloads read it too
     try:
         loaded = load_config(path)
     except ConfigError as exc:

@@ -96,11 +96,18 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
         loop.add_signal_handler(sig, stop.set)
     if config_path is not None:
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(owner.reload()))
-    log.info("modelgate listening", extra={"listen": server.listen, "config": loaded.source,
-                                           "digest": loaded.digest, "uvloop": uvloop, "pid": os.getpid(),
-                                           "descriptors": resource.getrlimit(resource.RLIMIT_NOFILE)[0]})
+    base_url = _base_url(server)
+    log.info("modelgate listening on %s", base_url, extra={
+        "listen": server.listen, "base_url": base_url, "config": loaded.source, "digest": loaded.digest,
+        "uvloop": uvloop, "pid": os.getpid(), "descriptors": resource.getrlimit(resource.RLIMIT_NOFILE)[0]})
     try:
         await stop.wait()
     finally:
         log.info("modelgate stopping")
         await runner.cleanup()
+
+
+def _base_url(server: ServerConfig) -> str:
+    """The base URL a client on this machine uses (an any-address listener is reached on loopback)."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(server.host, server.host)
+    return f"http://[{host}]:{server.port}" if ":" in host else f"http://{host}:{server.port}"

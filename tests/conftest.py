@@ -124,6 +124,8 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Process]]:
             cfg = tmp_path / f"gateway-{port}.yaml"
             cfg.write_text(textwrap.dedent(config or "").replace("{PORT}", str(port)))
             cmd += ["serve", "-c", str(cfg)]
+        elif kind == "defaults":  # the gateway on its embedded defaults, as README's first command runs it
+            cmd += ["serve", "--listen", f"127.0.0.1:{port}"]
         else:
             cmd += ["simulate", "--port", str(port), *args]
             ready_path = "/_sim/stats"

@@ -54,10 +54,15 @@ class LoadedConfig:
         self.digest = digest
 
 
+# `modelgate serve --listen` sets it: the address wins over the file's, in workers and reloads too.
+LISTEN_ENV = "MODELGATE_LISTEN"
+
+
 def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> LoadedConfig:
     """Read and validate `path`; None gives the embedded defaults."""
     if path is None:
-        return LoadedConfig(GatewayConfig(), "<embedded defaults>", hashlib.sha256(b"").hexdigest()[:16])
+        config = parse_config("", os.environ if environ is None else environ)
+        return LoadedConfig(config, "<embedded defaults>", hashlib.sha256(b"").hexdigest()[:16])
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -78,6 +83,9 @@ def parse_config(text: str, environ: Mapping[str, str]) -> GatewayConfig:
     if not isinstance(tree, dict):
         raise ConfigError(["<root>: must be a mapping of sections (server, channels, ...)"])
     tree, problems = expand(tree, environ)
+    if environ.get(LISTEN_ENV):
+        server = tree.get("server")
+        tree["server"] = {**(server if isinstance(server, dict) else {}), "listen": environ[LISTEN_ENV]}
     config: GatewayConfig | None = None
     try:
         config = GatewayConfig.model_validate(tree)
