@@ -1,57 +1,84 @@
-"""The official client SDKs work against the gateway with only a base URL, a key and the spec's headers."""
+"""The official SDKs, newest releases, configured with nothing but a base URL and a key: every call
+README's table names, sync, async and streamed, end to end through the gateway to its channel."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import json
+from pathlib import Path
 
 import anthropic
 import openai
 import pytest
+from google import genai
 from google.genai import types as genai_types
 
 KEY = "sk-demo-key"
-# The spec's places for the key (section 5): this SDK release sends Authorization by default,
-# so the message format's x-api-key is named explicitly, as the spec asks.
-MSGAPI = {"msgapi-version": "2023-06-01", "x-api-key": KEY}
+PNG = (Path(__file__).parent.parent / "examples" / "photo.png").read_bytes()
+VIDEO_MODEL = "videogen-3.0-generate-001"
 
 
 @pytest.fixture
 async def gw(start_gateway):  # noqa: ANN001, ANN201
     return await start_gateway("""
         channels:
-          - {name: sim, base_url: simulator, credential: upstream, simulator: {chunk_delay_ms: 0, output_tokens: 6}}
+          - name: sim
+            base_url: simulator
+            credential: upstream
+            simulator: {chunk_delay_ms: 0, output_tokens: 6, video_queued_s: 0.1, video_processing_s: 0.2}
     """)
 
 
-async def test_message_format_sdk_create_and_stream(gw):  # noqa: ANN001
-    client = anthropic.AsyncAnthropic(base_url=gw.url, api_key="sk-demo-key", default_headers=MSGAPI)
+# -- the message SDK: Authorization: Bearer and anthropic-version, as it sends them --
+
+async def test_message_sdk_create_stream_count_and_list(gw):  # noqa: ANN001
+    client = anthropic.AsyncAnthropic(base_url=gw.url, api_key=KEY)
     message = await client.messages.create(model="msgmodel-sonnet-4-5", max_tokens=64,
                                            messages=[{"role": "user", "content": "Hello"}])
     assert message.type == "message" and message.content[0].type == "text"
     assert message.usage.output_tokens == 6 and message.stop_reason == "end_turn"
+    upstream = gw.last_upstream_request("sim")
+    assert upstream.header("x-api-key") == "upstream" and KEY not in repr(upstream.headers)
 
     async with client.messages.stream(model="msgmodel-sonnet-4-5", max_tokens=64,
                                       messages=[{"role": "user", "content": "Hello"}]) as stream:
         text = "".join([chunk async for chunk in stream.text_stream])
         final = await stream.get_final_message()
-    assert text == final.content[0].text and len(text.split()) == 6
-    assert final.usage.output_tokens == 6
-    assert gw.last_upstream_request("sim").header("x-api-key") == "upstream"
+    assert text == final.content[0].text and len(text.split()) == 6 and final.usage.output_tokens == 6
+
+    counted = await client.messages.count_tokens(model="msgmodel-sonnet-4-5",
+                                                 messages=[{"role": "user", "content": "one two three"}])
+    assert counted.input_tokens == 3
+    models = [m.id async for m in client.models.list()]
+    assert "msgmodel-sonnet-4-5" in models and not [m for m in models if not m.startswith("msgmodel-")]
 
 
-async def test_message_format_sdk_tool_use(gw):  # noqa: ANN001
-    client = anthropic.AsyncAnthropic(base_url=gw.url, api_key="sk-demo-key", default_headers=MSGAPI)
+async def test_message_sdk_tool_use_and_thinking_types(gw):  # noqa: ANN001
+    client = anthropic.AsyncAnthropic(base_url=gw.url, api_key=KEY)
     tool = {"name": "get_weather", "description": "weather", "input_schema": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
     message = await client.messages.create(model="msgmodel-opus-4-5", max_tokens=64, tools=[tool],
                                            messages=[{"role": "user", "content": "Weather in Paris?"}])
-    assert message.stop_reason == "tool_use"
     use = next(b for b in message.content if b.type == "tool_use")
-    assert use.name == "get_weather" and use.input == {"city": "simulated"}
+    assert message.stop_reason == "tool_use" and use.input == {"city": "simulated"}
+    adaptive = await client.messages.create(model="msgmodel-opus-4-5", max_tokens=2048,
+                                            thinking={"type": "adaptive"},  # newer than the gateway's schema
+                                            messages=[{"role": "user", "content": "Think"}])
+    assert adaptive.type == "message"
 
 
-async def test_response_format_sdk_create_and_stream(gw):  # noqa: ANN001
-    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-demo-key")
+async def test_message_sdk_sync(gw):  # noqa: ANN001
+    client = anthropic.Anthropic(base_url=gw.url, api_key=KEY)
+    message = await asyncio.to_thread(client.messages.create, model="msgmodel-haiku-4-5", max_tokens=16,
+                                      messages=[{"role": "user", "content": "Hi"}])
+    assert message.content[0].text
+
+
+# -- the response SDK: responses, images, videos, models --
+
+async def test_response_sdk_create_stream_retrieve_items_cancel_delete(gw):  # noqa: ANN001
+    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=KEY)
     first = await client.responses.create(model="respmodel-4o", input="Hello")
     assert first.status == "completed" and first.output_text.startswith("Turn 1:")
     second = await client.responses.create(model="respmodel-4o", input="Again", previous_response_id=first.id)
@@ -67,19 +94,95 @@ async def test_response_format_sdk_create_and_stream(gw):  # noqa: ANN001
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
     assert completed.output_text.startswith("Turn 3:")
 
+    again = await client.responses.retrieve(first.id)
+    assert again.id == first.id and again.output_text == first.output_text
+    items = [item async for item in client.responses.input_items.list(first.id)]
+    assert items[0].type == "message" and items[0].content[0].text == "Hello"
+    background = await client.responses.create(model="respmodel-4o", input="Later", background=True)
+    assert background.status == "queued"
+    assert (await client.responses.cancel(background.id)).status == "cancelled"
+    await client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):  # an id the gateway never handed out: the format's own 404
+        await client.responses.retrieve("resp_never_made")
 
-async def test_images_sdk_generate(gw):  # noqa: ANN001
-    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-demo-key")
+
+async def test_images_sdk_generate_and_edit_with_response_format_20_times(gw):  # noqa: ANN001
+    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=KEY)
     result = await client.images.generate(model="imagegen-2", prompt="a lighthouse", size="1024x1024", n=2)
-    assert len(result.data) == 2
     png = base64.b64decode(result.data[0].b64_json)
-    assert png.startswith(b"\x89PNG\r\n\x1a\n") and int.from_bytes(png[16:20], "big") == 1024
-    assert result.usage.output_tokens == 2112
+    assert len(result.data) == 2 and png.startswith(b"\x89PNG\r\n\x1a\n") and result.usage.output_tokens == 2112
+    for _ in range(20):
+        edited = await client.images.edit(model="imagegen-1", image=("photo.png", PNG, "image/png"),
+                                          prompt="make it blue", response_format="b64_json")
+        assert base64.b64decode(edited.data[0].b64_json).startswith(b"\x89PNG")
+
+
+async def test_video_sdk_create_retrieve_list_and_download(gw):  # noqa: ANN001
+    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=KEY)
+    early = await client.videos.create(model=VIDEO_MODEL, prompt="waves at dusk", seconds="8", size="1280x720")
+    # Before any poll the channel is asked: the task still runs, a 409 (which the SDK would retry
+    # after the Retry-After it carries; here it is asked not to).
+    with pytest.raises(openai.ConflictError):
+        await client.with_options(max_retries=0).videos.download_content(early.id)
+    video = await client.videos.create(model=VIDEO_MODEL, prompt="waves at dusk",
+                                       input_reference=("ref.png", PNG, "image/png"))
+    assert video.object == "video" and video.status == "queued" and video.model == VIDEO_MODEL
+    for _ in range(100):
+        video = await client.videos.retrieve(video.id)
+        if video.status == "completed":
+            break
+        assert video.status in ("queued", "in_progress")
+        await asyncio.sleep(0.05)
+    assert video.status == "completed" and video.progress == 100 and video.completed_at
+    listed = [v.id async for v in client.videos.list()]
+    assert listed[:2] == [video.id, early.id]
+    content = await client.videos.download_content(video.id)
+    assert (await content.aread())[4:8] == b"ftyp"
+
+
+async def test_response_sdk_models_and_sync(gw):  # noqa: ANN001
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY)
+    models = await asyncio.to_thread(lambda: [m.id for m in client.models.list()])
+    assert {"respmodel-4o", "msgmodel-sonnet-4-5", "imagegen-2", VIDEO_MODEL} <= set(models)
+    answer = await asyncio.to_thread(client.responses.create, model="respmodel-4o", input="Hello")
+    assert answer.output_text.startswith("Turn 1:")
+
+
+# -- the content-generation SDK: its default API version (v1) and its x-goog-api-key --
+
+@pytest.mark.parametrize("version", [None, "v1beta"])
+async def test_content_sdk_generate_stream_and_count(gw, version):  # noqa: ANN001
+    options = genai_types.HttpOptions(base_url=gw.url, **({"api_version": version} if version else {}))
+    client = genai.Client(api_key=KEY, http_options=options)
+    answer = await client.aio.models.generate_content(model="genmodel-2.0-flash", contents="Hello")
+    assert answer.text.split()[:2] == ["the", "quick"] and answer.usage_metadata.total_token_count > 0
+    upstream = gw.last_upstream_request("sim")
+    assert upstream.path == f"/{version or 'v1'}/models/genmodel-2.0-flash:generateContent"
+    assert KEY not in repr(upstream.headers) + upstream.query and "key=upstream" in upstream.query
+    chunks = [c async for c in await client.aio.models.generate_content_stream(model="genmodel-2.0-flash",
+                                                                                 contents="Hello")]
+    assert "".join(c.text for c in chunks).split() == ["the", "quick", "brown", "fox", "jumps", "over"]
+    counted = await client.aio.models.count_tokens(model="genmodel-2.0-flash", contents="one two three")
+    assert counted.total_tokens == 3
+    listed = [m.name async for m in await client.aio.models.list()]
+    assert "models/genmodel-2.0-flash" in listed
+
+
+async def test_content_sdk_sync_and_its_errors_in_its_shape(gw):  # noqa: ANN001
+    client = genai.Client(api_key=KEY, http_options=genai_types.HttpOptions(base_url=gw.url))
+    answer = await asyncio.to_thread(client.models.generate_content, model="genmodel-2.0-flash", contents="Hi")
+    assert answer.text
+    bad = genai.Client(api_key="not-a-key", http_options=genai_types.HttpOptions(base_url=gw.url))
+    with pytest.raises(genai.errors.ClientError) as refused:
+        await bad.aio.models.generate_content(model="genmodel-2.0-flash", contents="Hi")
+    assert refused.value.code == 401 and refused.value.status == "UNAUTHENTICATED"
 
 
 @pytest.mark.parametrize("model", ["genmodel-2.0-flash", "genmodel-2.5-flash-image"])
 async def test_content_generation_answers_validate_as_sdk_types(gw, http, model):  # noqa: ANN001
-    url = f"{gw.url}/v1beta/models/{model}:generateContent?key=sk-demo-key"
+    url = f"{gw.url}/v1beta/models/{model}:generateContent?key={KEY}"
     async with http.post(url, json={"contents": [{"role": "user", "parts": [{"text": "Hello"}]}]}) as answer:
         assert answer.status == 200
         parsed = genai_types.GenerateContentResponse.model_validate(await answer.json())
@@ -92,30 +195,9 @@ async def test_content_generation_answers_validate_as_sdk_types(gw, http, model)
 
 
 async def test_content_generation_stream_chunks_validate_as_sdk_types(gw, http):  # noqa: ANN001
-    import json
-
-    url = f"{gw.url}/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key=sk-demo-key"
+    url = f"{gw.url}/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key={KEY}"
     async with http.post(url, json={"contents": [{"parts": [{"text": "Hi"}]}]}) as answer:
         blocks = [b for b in (await answer.text()).split("\r\n\r\n") if b.strip()]
     chunks = [genai_types.GenerateContentResponse.model_validate(json.loads(b.removeprefix("data: "))) for b in blocks]
     assert "".join(c.text for c in chunks).split() == ["the", "quick", "brown", "fox", "jumps", "over"]
     assert chunks[-1].usage_metadata.candidates_token_count == 6
-
-
-async def test_content_generation_sdk_client_against_the_gateway(gw):  # noqa: ANN001
-    from google import genai
-
-    import httpx2
-
-    # The content-generation key travels as ?key= (spec section 5); the SDK's header is not read.
-    async def add_key(request: httpx2.Request) -> None:
-        request.url = request.url.copy_add_param("key", KEY)
-
-    keyed = httpx2.AsyncClient(event_hooks={"request": [add_key]})
-    client = genai.Client(api_key="unused-header-key", http_options=genai_types.HttpOptions(
-        base_url=gw.url, api_version="v1beta", httpx_async_client=keyed))
-    answer = await client.aio.models.generate_content(model="genmodel-2.0-flash", contents="Hello")
-    assert answer.text.split()[:2] == ["the", "quick"]
-    chunks = [c async for c in await client.aio.models.generate_content_stream(model="genmodel-2.0-flash",
-                                                                                 contents="Hello")]
-    assert "".join(c.text for c in chunks).split()[:2] == ["the", "quick"]
