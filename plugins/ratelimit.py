@@ -148,7 +148,7 @@ class RateLimit(Plugin):
         found = []
         if rates.rpm:
             found.append(Check(f"{base}:rpm", f"{scope}-rpm", Kind.REQUESTS, rates.rpm, _WINDOW_S))
-        if rates.tpm:
+        if rates.tpm and ex.route.spends_tokens:  # a token count or a stored response costs none
             reserve = min(rates.tpm, _requested_tokens(ex, self.settings.default_reserve_tokens))
             found.append(Check(f"{base}:tpm", f"{scope}-tpm", Kind.TOKENS, rates.tpm, _WINDOW_S, reserve))
         return found

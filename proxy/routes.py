@@ -48,6 +48,7 @@ class Route:
     always_streams: bool = False
     streams_bytes: bool = False    # large binary answer: never buffered
     local: bool = False            # answered by the gateway itself, after the pipeline (no channel)
+    spends_tokens: bool = True     # its answers cost tokens (token rate limits reserve for it)
 
 
 ROUTES: tuple[Route, ...] = (
@@ -73,20 +74,23 @@ ROUTES: tuple[Route, ...] = (
     Route("payment_webhook", 13, "POST", "/api/{provider}/webhook", ACCOUNT, Body.RAW, ModelFrom.NONE),
     # The calls an official SDK makes around the 13 (number 0: not in the interface), each with its
     # format's key places, and pinned to the channel that made the object it names.
-    Route("count_tokens", 0, "POST", "/v1/messages/count_tokens", MESSAGES, Body.JSON, ModelFrom.BODY),
+    Route("count_tokens", 0, "POST", "/v1/messages/count_tokens", MESSAGES, Body.JSON, ModelFrom.BODY,
+          spends_tokens=False),
     Route("count_content_tokens", 0, "POST", "/v1beta/models/{model}:countTokens", CONTENT, Body.JSON,
-          ModelFrom.PATH),
+          ModelFrom.PATH, spends_tokens=False),
     Route("response_retrieve", 0, "GET", "/v1/responses/{response_id}", RESPONSES, Body.NONE, ModelFrom.NONE,
-          follows=Pin.RESPONSE),
+          follows=Pin.RESPONSE, spends_tokens=False),
     Route("response_delete", 0, "DELETE", "/v1/responses/{response_id}", RESPONSES, Body.NONE, ModelFrom.NONE,
-          follows=Pin.RESPONSE),
+          follows=Pin.RESPONSE, spends_tokens=False),
     Route("response_input_items", 0, "GET", "/v1/responses/{response_id}/input_items", RESPONSES, Body.NONE,
-          ModelFrom.NONE, follows=Pin.RESPONSE),
+          ModelFrom.NONE, follows=Pin.RESPONSE, spends_tokens=False),
     Route("response_cancel", 0, "POST", "/v1/responses/{response_id}/cancel", RESPONSES, Body.NONE,
-          ModelFrom.NONE, follows=Pin.RESPONSE),
-    Route("video_list", 0, "GET", "/v1/videos", VIDEO, Body.NONE, ModelFrom.NONE, local=True),
-    Route("models", 0, "GET", "/v1/models", MODELS, Body.NONE, ModelFrom.NONE, local=True),
-    Route("content_models", 0, "GET", "/v1beta/models", CONTENT, Body.NONE, ModelFrom.NONE, local=True),
+          ModelFrom.NONE, follows=Pin.RESPONSE, spends_tokens=False),
+    Route("video_list", 0, "GET", "/v1/videos", VIDEO, Body.NONE, ModelFrom.NONE, local=True,
+          spends_tokens=False),
+    Route("models", 0, "GET", "/v1/models", MODELS, Body.NONE, ModelFrom.NONE, local=True, spends_tokens=False),
+    Route("content_models", 0, "GET", "/v1beta/models", CONTENT, Body.NONE, ModelFrom.NONE, local=True,
+          spends_tokens=False),
 )
 SPEC_ROUTES = tuple(route for route in ROUTES if route.number)  # the interface's 13
 

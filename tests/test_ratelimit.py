@@ -85,6 +85,17 @@ async def test_tokens_are_reserved_then_charged_from_reported_usage(start_gatewa
     assert status == 429 and headers["RateLimit"].startswith('"key-tpm";r=0;')
 
 
+async def test_calls_that_spend_no_tokens_reserve_none(start_gateway, http):  # noqa: ANN001
+    gw = await start_gateway(config("{tpm: 100}"))
+    count = {"model": "msgmodel-haiku-4-5", "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(5):  # each would reserve the default 4096 were it a generation
+        async with http.post(gw.url + "/v1/messages/count_tokens", json=count, headers=MSG) as answer:
+            assert answer.status == 200 and "key-tpm" not in answer.headers.get("RateLimit", "")
+        async with http.get(gw.url + "/v1/models", headers=BEARER) as answer:
+            assert answer.status == 200
+    assert (await post(http, gw.url, "messages"))[0] == 200  # the budget is whole
+
+
 async def test_per_model_route_and_ip_limits(start_gateway, http):  # noqa: ANN001
     gw = await start_gateway(config("{models: {'msgmodel-opus-*': {rpm: 1}}}",
                                     extra="plugins: {ratelimit: {routes: {responses: {rpm: 1}}, per_ip: {login_2fa: {rpm: 2}},"
