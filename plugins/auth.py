@@ -48,7 +48,7 @@ class Auth(Plugin):
         if fmt.key_location is KeyLocation.NONE:
             return None
         assert ex.target is not None
-        presented = fmt.client_keys(ex.request.headers, ex.target.key(), self.strict)
+        presented = fmt.client_keys(ex.request.headers, ex.target.key_values(), self.strict)
         if not presented:
             places = " or ".join(location.described for location in fmt.key_locations(self.strict))
             return self._refuse(ex, 401, f"no API key: send it in {places}", "missing_api_key")

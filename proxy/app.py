@@ -206,7 +206,9 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
-_TEMPLATES = [(re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", r.path) + "$"), r) for r in (*ROUTES, *ALIASES)]
+# A model is one segment without a colon (`models/x:generateContent` is a method on it).
+_TEMPLATES = [(re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", r.path.replace("{model}", "[^/:]+")) + "$"), r)
+              for r in (*ROUTES, *ALIASES)]
 # What a client that found no endpoint is told exists (each path once, in the spec's order).
 _SERVED = ", ".join(dict.fromkeys(f"{r.method} {r.path}" for r in (*ROUTES, *ALIASES)))
 
@@ -229,7 +231,13 @@ async def _unmatched(request: web.Request) -> web.Response:
     allowed = sorted({r.method for pattern, r in _TEMPLATES if pattern.match(request.path)})
     if allowed:
         fmt: Format = next(r.format for pattern, r in _TEMPLATES if pattern.match(request.path))
-        return fmt.error_response(405, f"{request.method} is not allowed on {request.path}",
+        return fmt.error_response(405, f"{request.method} is not allowed on {_shown(request)}",
                                   headers={"Allow": ", ".join(allowed)})
     return _format_of(request.path).error_response(
-        404, f"no endpoint at {request.method} {request.path}; this gateway serves {_SERVED}", "not_found")
+        404, f"no endpoint at {request.method} {_shown(request)}; this gateway serves {_SERVED}", "not_found")
+
+
+def _shown(request: web.Request) -> str:
+    """The path as sent (still percent-encoded, so no control byte is echoed), and not all of a long one."""
+    sent = request.raw_path.partition("?")[0]
+    return sent if len(sent) <= 200 else sent[:200] + "..."

@@ -55,8 +55,13 @@ def _serves_format(channel: Channel, format_name: str | None) -> bool:
     return format_name is None or format_name in channel.config.formats
 
 
-def listing(config: GatewayConfig, channels: ChannelSet, key: GatewayKey | None, shape: Format) -> dict[str, Any]:
+def listing(config: GatewayConfig, channels: ChannelSet, key: GatewayKey | None, shape: Format,
+            model: str | None = None) -> dict[str, Any] | None:
     """The list in `shape`'s format: only its family's models, unless the shape is the generic
-    one (the response SDK's list, which names every format's models)."""
+    one (the response SDK's list, which names every format's models); with `model`, that one
+    model's entry, or None when it is not among them."""
     format_name = shape.name if shape.name in ("messages", "content") else None
-    return shape.model_list(usable_models(config, channels, key, format_name))
+    models = usable_models(config, channels, key, format_name)
+    if model is None:
+        return shape.model_list(models)
+    return shape.model_entry(model) if model in models else None

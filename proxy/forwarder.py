@@ -246,7 +246,7 @@ class Forwarder:
         """The request target and body for this channel; its credential goes into the headers."""
         headers = ex.headers
         ex.format.place_credential(channel.credential, headers)
-        ex.format.place_version(headers, channel.config.version_header)
+        ex.format.place_version(headers, channel.config.version_header, ex.request.headers)
         data: bytes | AsyncIterator[bytes] | None = ex.body
         if ex.body_stream is not None:
             data = ex.body_stream

@@ -104,6 +104,9 @@ class Gateway:
         except TargetError as exc:
             return ex.answer_locally(ex.error_response(400, str(exc), "invalid_request_target", param=exc.param),
                                       id_header)
+        # A path several SDKs call (`GET /v1/models`) speaks the format of the one asking: its key
+        # places, its error shape, its answer.
+        ex.format = ex.format.shape_for(ex.request.headers, ex.target.key_values())
         try:
             await read_body(ex, *self._body_limits(ex, runtime), server.client_idle_s,
                             self._body_timeout(ex, runtime))
@@ -136,14 +139,16 @@ class Gateway:
 
     @staticmethod
     def _local_answer(ex: Exchange, runtime: Runtime) -> web.Response:
-        """A route never forwarded that no plugin answered: the models the caller's key may use,
-        or, for a list only a plugin keeps (the caller's video tasks), a clear 501."""
+        """A route never forwarded that no plugin answered: the models the caller's key may use
+        (or one of them), or, for a list only a plugin keeps (the caller's video tasks), a clear 501."""
         assert ex.target is not None
-        if ex.route.name not in ("models", "content_models"):
+        if ex.route.name not in ("models", "content_models", "model_retrieve", "content_model"):
             return ex.error_response(501, f"{ex.route.method} {ex.route.path} is answered by a plugin that is not "
                                           "in this route's pipeline", "not_implemented")
-        shape = ex.format.shape_for(ex.request.headers, ex.target.key())
-        body = listing(runtime.config, runtime.channels, ex.key, shape)
+        body = listing(runtime.config, runtime.channels, ex.key, ex.format, ex.path_params.get("model"))
+        if body is None:
+            return ex.error_response(404, f"model {ex.path_params['model']!r} is not one this key may use here",
+                                     "model_not_found")
         return web.Response(body=jsonutil.dumps(body), content_type="application/json")
 
     @staticmethod

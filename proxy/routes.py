@@ -91,6 +91,11 @@ ROUTES: tuple[Route, ...] = (
     Route("models", 0, "GET", "/v1/models", MODELS, Body.NONE, ModelFrom.NONE, local=True, spends_tokens=False),
     Route("content_models", 0, "GET", "/v1beta/models", CONTENT, Body.NONE, ModelFrom.NONE, local=True,
           spends_tokens=False),
+    # one model (its name in the path, not a model the request uses: auth checks no model rule)
+    Route("model_retrieve", 0, "GET", "/v1/models/{model}", MODELS, Body.NONE, ModelFrom.NONE, local=True,
+          spends_tokens=False),
+    Route("content_model", 0, "GET", "/v1beta/models/{model}", CONTENT, Body.NONE, ModelFrom.NONE, local=True,
+          spends_tokens=False),
 )
 SPEC_ROUTES = tuple(route for route in ROUTES if route.number)  # the interface's 13
 

@@ -53,11 +53,9 @@ class Target:
     query: list[tuple[str, str | None]] = field(default_factory=list)  # without client-key pairs; None: no `=`
     keys: list[tuple[str, str]] = field(default_factory=list)    # the client-key pairs taken out
 
-    def key(self) -> str | None:
-        """The first value of a `key` parameter (exactly that name, once decoded)."""
-        if not self.keys:
-            return None
-        return next((value for name, value in self.keys if name == "key" and value), None)
+    def key_values(self) -> list[str]:
+        """The values of the `key` parameters (exactly that name, once decoded), empty ones left out."""
+        return [value for name, value in self.keys if name == "key" and value]
 
     def path(self, **overrides: str) -> str:
         """The template with each parameter re-quoted; `overrides` replace values (a renamed model)."""

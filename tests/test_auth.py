@@ -227,3 +227,22 @@ def test_key_config_problems_name_the_key():
     assert "keys[1].sha256: not a SHA-256 hex digest" in problems
     assert "keys[2]: give exactly one of 'key' and 'sha256'" in problems
     assert "keys[3]: give exactly one of 'key' and 'sha256'" in problems
+
+
+@pytest.mark.parametrize(("path", "headers"), [
+    ("/v1/messages", [("Authorization", f"Bearer {GOOD}"), ("Authorization", f"Bearer {HASHED}")]),
+    ("/v1/messages", [("x-api-key", GOOD), ("x-api-key", HASHED)]),
+    ("/v1beta/models/genmodel-2.0-flash:generateContent", [("x-goog-api-key", GOOD), ("x-goog-api-key", HASHED)]),
+    (f"/v1beta/models/genmodel-2.0-flash:generateContent?key={GOOD}&key={HASHED}", []),
+])
+async def test_a_key_place_given_twice_with_two_keys_is_ambiguous(gw, path, headers):  # noqa: ANN001
+    from tests.raw_http import send_raw
+
+    lines = "".join(f"{name}: {value}\r\n" for name, value in headers)
+    body = b'{"model":"msgmodel-haiku-4-5","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}' \
+        if path == "/v1/messages" else b'{"contents":[{"parts":[{"text":"hi"}]}]}'
+    head = (f"POST {path} HTTP/1.1\r\n{lines}msgapi-version: 2023-06-01\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}").encode()
+    answer = await send_raw(gw.url, head, body)
+    assert answer.status == 401 and b"ambiguous_api_key" in answer.body
+    assert len(gw.sim("sim").requests) == 0

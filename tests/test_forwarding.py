@@ -235,3 +235,40 @@ async def test_odd_usage_from_an_upstream_is_no_usage_never_a_500(start_gateway,
         async with http.post(gw.url + "/v1/messages", headers=MSG_HEADERS, json=MESSAGE) as answer:
             assert answer.status == 200
             assert await answer.read() == body
+
+
+@pytest.mark.parametrize(("headers", "query", "shape"), [
+    ({"Authorization": "Bearer sk-demo-key"}, "", "response"),
+    ({"x-api-key": "sk-demo-key", "anthropic-version": "2023-06-01"}, "", "messages"),
+    ({"x-goog-api-key": "sk-demo-key"}, "", "content"),
+    ({}, "?key=sk-demo-key", "content"),
+])
+async def test_v1_models_answers_in_the_shape_of_the_sdk_asking(gateway, http, headers, query, shape):  # noqa: ANN001
+    async with http.get(f"{gateway.url}/v1/models{query}", headers=headers) as answer:
+        listed = await answer.json()
+    async with http.get(f"{gateway.url}/v1/models/msgmodel-haiku-4-5{query}", headers=headers) as answer:
+        one = await answer.json()
+    wrong = {name: value.replace("sk-demo-key", "wrong") for name, value in headers.items()}
+    async with http.get(f"{gateway.url}/v1/models{query.replace('sk-demo-key', 'wrong')}", headers=wrong) as answer:
+        refused = await answer.json()
+    if shape == "response":
+        assert listed["object"] == "list" and "respmodel-4o" in [m["id"] for m in listed["data"]]
+        assert one == {"id": "msgmodel-haiku-4-5", "object": "model", "created": 0, "owned_by": "modelgate"}
+    elif shape == "messages":
+        assert {m["id"][:9] for m in listed["data"]} == {"msgmodel-"} and one["type"] == "model"
+        assert refused["error"]["type"] == "authentication_error"  # its errors in its shape too
+    else:
+        assert "models/genmodel-2.0-flash" in [m["name"] for m in listed["models"]]
+    if shape == "content":
+        assert one["error"]["status"] == "NOT_FOUND"  # a message model is not a content-generation one
+        assert refused["error"]["status"] == "UNAUTHENTICATED"
+
+
+async def test_a_model_the_key_may_not_use_is_neither_listed_nor_found(start_gateway, http):  # noqa: ANN001
+    gw = await start_gateway("keys: [{name: narrow, key: narrow-key-01, models: ['msgmodel-haiku-*']}]\n"
+                             "channels: [{name: sim, base_url: simulator}]\n")
+    bearer = {"Authorization": "Bearer narrow-key-01"}
+    async with http.get(gw.url + "/v1/models", headers=bearer) as answer:
+        assert [m["id"] for m in (await answer.json())["data"]] == ["msgmodel-haiku-4-5"]
+    async with http.get(gw.url + "/v1/models/msgmodel-opus-4-5", headers=bearer) as answer:
+        assert answer.status == 404

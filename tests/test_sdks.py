@@ -52,6 +52,9 @@ async def test_message_sdk_create_stream_count_and_list(gw):  # noqa: ANN001
     assert counted.input_tokens == 3
     models = [m.id async for m in client.models.list()]
     assert "msgmodel-sonnet-4-5" in models and not [m for m in models if not m.startswith("msgmodel-")]
+    assert (await client.models.retrieve("msgmodel-sonnet-4-5")).id == "msgmodel-sonnet-4-5"
+    with pytest.raises(anthropic.AuthenticationError):  # its errors in its own shape, on the shared path too
+        await anthropic.AsyncAnthropic(base_url=gw.url, api_key="wrong-key").models.list()
 
 
 async def test_message_sdk_tool_use_and_thinking_types(gw):  # noqa: ANN001
@@ -146,6 +149,7 @@ async def test_response_sdk_models_and_sync(gw):  # noqa: ANN001
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY)
     models = await asyncio.to_thread(lambda: [m.id for m in client.models.list()])
     assert {"respmodel-4o", "msgmodel-sonnet-4-5", "imagegen-2", VIDEO_MODEL} <= set(models)
+    assert (await asyncio.to_thread(client.models.retrieve, "respmodel-4o")).id == "respmodel-4o"
     answer = await asyncio.to_thread(client.responses.create, model="respmodel-4o", input="Hello")
     assert answer.output_text.startswith("Turn 1:")
 
@@ -168,6 +172,7 @@ async def test_content_sdk_generate_stream_and_count(gw, version):  # noqa: ANN0
     assert counted.total_tokens == 3
     listed = [m.name async for m in await client.aio.models.list()]
     assert "models/genmodel-2.0-flash" in listed
+    assert (await client.aio.models.get(model="genmodel-2.0-flash")).name == "models/genmodel-2.0-flash"
 
 
 async def test_content_sdk_sync_and_its_errors_in_its_shape(gw):  # noqa: ANN001
@@ -178,6 +183,9 @@ async def test_content_sdk_sync_and_its_errors_in_its_shape(gw):  # noqa: ANN001
     with pytest.raises(genai.errors.ClientError) as refused:
         await bad.aio.models.generate_content(model="genmodel-2.0-flash", contents="Hi")
     assert refused.value.code == 401 and refused.value.status == "UNAUTHENTICATED"
+    with pytest.raises(genai.errors.ClientError) as refused:  # `/v1/models` is shared: answered in its shape
+        await bad.aio.models.list()
+    assert refused.value.status == "UNAUTHENTICATED"
 
 
 @pytest.mark.parametrize("model", ["genmodel-2.0-flash", "genmodel-2.5-flash-image"])

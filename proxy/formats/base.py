@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from aiohttp import web
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy import jsonutil
 
@@ -85,20 +85,22 @@ class Format:
         """The places a key is read from: the spec's first."""
         return (self.key_location,) if strict else (self.key_location, *self.sdk_key_locations)
 
-    def client_keys(self, headers: Mapping[str, str], query_key: str | None, strict: bool = False) -> list[str]:
-        """The different keys the client sent, in the places this format reads (one, normally;
-        none or two say the request names no single key); `query_key` is the decoded `key`
-        query parameter."""
+    def client_keys(self, headers: CIMultiDictProxy[str] | CIMultiDict[str], query_keys: list[str],
+                    strict: bool = False) -> list[str]:
+        """The different keys the client sent, every copy in every place this format reads (one,
+        normally; none, or two that differ, say the request names no single key); `query_keys`
+        are the decoded values of its `key` query pairs."""
         found: list[str] = []
         for location in self.key_locations(strict):
-            key = _read_key(location, headers, query_key)
-            if key is not None and key not in found:
-                found.append(key)
+            for key in _read_keys(location, headers, query_keys):
+                if key not in found:
+                    found.append(key)
         return found
 
-    def client_key(self, headers: Mapping[str, str], query_key: str | None, strict: bool = False) -> str | None:
+    def client_key(self, headers: CIMultiDictProxy[str] | CIMultiDict[str], query_keys: list[str],
+                   strict: bool = False) -> str | None:
         """The one key the client sent, or None (none sent, or two different ones)."""
-        keys = self.client_keys(headers, query_key, strict)
+        keys = self.client_keys(headers, query_keys, strict)
         return keys[0] if len(keys) == 1 else None
 
     def strip_client_key(self, headers: CIMultiDict[str], is_gateway_key: Callable[[str], bool]) -> None:
@@ -139,9 +141,9 @@ class Format:
         elif name in headers:
             del headers[name]
 
-    def place_version(self, headers: CIMultiDict[str], name: str | None) -> None:
-        """Put the client's API version in the header a channel asks for; only the message
-        format has one."""
+    def place_version(self, headers: CIMultiDict[str], name: str | None, sent: CIMultiDictProxy[str]) -> None:
+        """Put the client's API version (from the headers it `sent`) in the header a channel asks
+        for; only the message format has one."""
 
     def versioned_path(self, path: str, version: str | None) -> str:
         """The upstream path with the API version a channel asks for; only content generation
@@ -154,14 +156,17 @@ class Format:
             return ((CLIENT_KEY_QUERY, credential),)
         return ()
 
-    def shape_for(self, headers: Mapping[str, str], query_key: str | None) -> Format:
+    def shape_for(self, headers: Mapping[str, str], query_keys: list[str]) -> Format:
         """The format a local answer of this format's route is shaped in: its own."""
         return self
 
+    def model_entry(self, model: str) -> dict[str, Any]:
+        """One model as `GET .../models/{model}` answers it in this format: the response SDK's object."""
+        return {"id": model, "object": "model", "created": 0, "owned_by": "modelgate"}
+
     def model_list(self, models: list[str]) -> dict[str, Any]:
-        """`GET .../models` in this format's shape: the response SDK's list of model objects."""
-        return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "modelgate"}
-                                           for m in models]}
+        """`GET .../models` in this format's shape."""
+        return {"object": "list", "data": [self.model_entry(m) for m in models]}
 
     def error_payload(self, status: int, message: str, code: str | None = None,
                       param: str | None = None) -> dict[str, Any]:
@@ -191,17 +196,22 @@ class Format:
         return b"event: error\ndata: " + jsonutil.dumps(payload) + b"\n\n"
 
 
-def _read_key(location: KeyLocation, headers: Mapping[str, str], query_key: str | None) -> str | None:
-    if location is KeyLocation.BEARER:
-        scheme, _, token = headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer":
-            return None
-        return token.strip() or None
+def _read_keys(location: KeyLocation, headers: CIMultiDictProxy[str] | CIMultiDict[str],
+               query_keys: list[str]) -> list[str]:
+    """Every non-empty key value in one place (a header or query name given twice gives two)."""
     if location is KeyLocation.QUERY:
-        return query_key or None
+        return [key for key in query_keys if key]
     if location is KeyLocation.NONE:
-        return None
-    return headers.get(location.value) or None
+        return []
+    values = headers.getall(location.value, [])
+    if location is KeyLocation.BEARER:
+        tokens = []
+        for value in values:
+            scheme, _, token = value.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                tokens.append(token.strip())
+        return tokens
+    return [value for value in values if value]
 
 
 def generic_error_type(status: int) -> str:

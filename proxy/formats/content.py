@@ -27,10 +27,12 @@ class ContentFormat(Format):
         _, _, rest = path.partition("/models/")
         return f"/{version}/models/{rest}"
 
+    def model_entry(self, model: str) -> dict[str, Any]:
+        return {"name": f"models/{model}", "displayName": model,
+                "supportedGenerationMethods": ["generateContent", "streamGenerateContent", "countTokens"]}
+
     def model_list(self, models: list[str]) -> dict[str, Any]:
-        return {"models": [{"name": f"models/{m}", "displayName": m,
-                            "supportedGenerationMethods": ["generateContent", "streamGenerateContent", "countTokens"]}
-                           for m in models]}
+        return {"models": [self.model_entry(m) for m in models]}
 
     def error_payload(self, status: int, message: str, code: str | None = None,
                       param: str | None = None) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy import jsonutil
 from proxy.formats.base import Format, KeyLocation, Usage, token_count
@@ -30,21 +30,27 @@ class MessageFormat(Format):
         also = "" if strict else f" ({self.sdk_version_header} is read in its place)"
         return self.version_header, f"this header is required (for example 2023-06-01){also}"
 
-    def place_version(self, headers: CIMultiDict[str], name: str | None) -> None:
+    def place_version(self, headers: CIMultiDict[str], name: str | None, sent: CIMultiDictProxy[str]) -> None:
         """Send the client's API version under the header a channel asks for (`version_header`),
-        and only there; None leaves the headers as the client sent them."""
+        and only there; None: as the client sent it. Set afresh for every attempt, from what the
+        client sent, so a channel failed over from leaves no choice of its own behind."""
+        for header in (self.version_header, self.sdk_version_header):
+            headers.popall(header, None)
         if name is None:
+            for header in (self.version_header, self.sdk_version_header):
+                for value in sent.getall(header, []):
+                    headers.add(header, value)
             return
-        value = headers.get(self.version_header) or headers.get(self.sdk_version_header)
-        headers.popall(self.version_header, None)
-        headers.popall(self.sdk_version_header, None)
+        value = sent.get(self.version_header) or sent.get(self.sdk_version_header)
         if value:
             headers[name] = value
 
+    def model_entry(self, model: str) -> dict[str, Any]:
+        return {"type": "model", "id": model, "display_name": model, "created_at": "1970-01-01T00:00:00Z"}
+
     def model_list(self, models: list[str]) -> dict[str, Any]:
-        return {"data": [{"type": "model", "id": m, "display_name": m, "created_at": "1970-01-01T00:00:00Z"}
-                         for m in models],
-                "has_more": False, "first_id": models[0] if models else None, "last_id": models[-1] if models else None}
+        return {"data": [self.model_entry(m) for m in models], "has_more": False,
+                "first_id": models[0] if models else None, "last_id": models[-1] if models else None}
 
     def error_payload(self, status: int, message: str, code: str | None = None,
                       param: str | None = None) -> dict[str, Any]:

@@ -22,10 +22,10 @@ class ModelsFormat(Format):
         self._messages = messages
         self._content = content
 
-    def shape_for(self, headers: Mapping[str, str], query_key: str | None) -> Format:
+    def shape_for(self, headers: Mapping[str, str], query_keys: list[str]) -> Format:
         """The format whose SDK asked: told by where its key (or its version header) came."""
         if headers.get("x-api-key") or headers.get("anthropic-version") or headers.get("msgapi-version"):
             return self._messages
-        if headers.get("x-goog-api-key") or query_key:
+        if headers.get("x-goog-api-key") or query_keys:
             return self._content
         return self

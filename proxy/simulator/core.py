@@ -171,7 +171,7 @@ class Simulator:
     def _check_key(self, request: web.Request, fmt: Format) -> None:
         if fmt.key_location is KeyLocation.NONE or self.key is None:
             return  # started without a key: an open upstream
-        presented = fmt.client_key(request.headers, request.query.get("key"))  # any place a real upstream reads
+        presented = fmt.client_key(request.headers, request.query.getall("key", []))  # any place a real upstream reads
         if presented != self.key:
             raise Answer(fmt.error_response(401, "simulated upstream: invalid or missing API key"))
 
