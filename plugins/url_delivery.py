@@ -99,8 +99,9 @@ class UrlDelivery(Plugin):
             return None
         if not self._allowed(ex):
             URL_DELIVERY.labels(ex.route.name, "unavailable").inc()
+            # not a passing fault: the official SDKs, which retry a 503 on their own, are told not to
             return ex.error_response(503, "image URL delivery is not enabled for this environment or key",
-                                     "image_url_delivery_unavailable")
+                                     "image_url_delivery_unavailable", headers={"x-should-retry": "false"})
         if not self.service.available:
             URL_DELIVERY.labels(ex.route.name, "unavailable").inc()
             return ex.error_response(503, "the image store is failing; retry shortly",

@@ -105,18 +105,30 @@ def check_video_form(observer: MultipartObserver, finished: bool) -> Violation |
             info = sniff(part.head)
             if info is None or info.kind not in ("png", "webp", "jpeg"):
                 return Violation("input_reference", "must be a PNG, WEBP or JPG image")
-    return _lax_fields(VideosRequest, observer.fields(), finished)
+    return _lax_fields(VideosRequest, observer, finished)
 
 
 def _form_fields(observer: MultipartObserver, finished: bool) -> Violation | None:
     if finished and not any(p.name in _IMAGE_FIELDS for p in observer.files()):
         return Violation("image", "is required: one file, or up to 16 as image[]")
-    return _lax_fields(ImageEditForm, observer.fields(), finished)  # whole values only: one arriving reads short
+    return _lax_fields(ImageEditForm, observer, finished)
 
 
-def _lax_fields(schema: type[BaseModel], fields: dict[str, Any], finished: bool) -> Violation | None:
+def _lax_fields(schema: type[BaseModel], observer: MultipartObserver, finished: bool) -> Violation | None:
+    """A form's text fields against `schema`: each given once (readers differ on which of two
+    counts) and within the field limit (a longer one is no parameter the gateway can check)."""
+    seen: set[str] = set()
+    for part in observer.parts:
+        if part.is_file:
+            continue
+        if part.value is None:
+            return Violation(part.name, f"a form field holds at most {observer.field_limit} bytes")
+        if part.name in seen:
+            return Violation(part.name, "is given twice")
+        seen.add(part.name)
     try:
-        schema.model_validate(fields)  # lax: form values are text ("3", "true")
+        # whole values only (one still arriving reads short); lax: form values are text ("3", "true")
+        schema.model_validate(observer.fields())
     except ValidationError as exc:
         if finished:
             return first_violation(exc)

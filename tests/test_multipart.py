@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 
 from proxy.multipart import MultipartObserver
-from tests.raw_http import parse_answer
+from tests.raw_http import RawAnswer, parse_answer
 
 BOUNDARY = "modelgate-test-boundary"
 MB = 1024 * 1024
@@ -132,22 +132,41 @@ def test_a_field_value_is_read_only_once_its_part_has_ended():
     assert observer.field("response_format") == "b64_json" and observer.fields() == {"response_format": "b64_json"}
 
 
-async def test_an_edit_whose_field_value_arrives_in_two_reads_is_checked_whole(gateway):  # noqa: ANN001
-    body = (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nimagegen-2\r\n"
-            f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nedit it\r\n"
-            f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n"
-            "Content-Type: image/png\r\n\r\n").encode() + PNG_HEADER + (
-            f"\r\n--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"response_format\"\r\n\r\nb64_json\r\n"
-            f"--{BOUNDARY}--\r\n").encode()
-    split = body.index(b"b64_json") + 1
+def edit_form(response_format_first: bool) -> bytes:
+    """model and prompt, then `response_format` before or after the image file (b64_json)."""
+    response_format = (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"response_format\"\r\n\r\n"
+                       "b64_json\r\n").encode()
+    fields = (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nimagegen-2\r\n"
+              f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nedit it\r\n").encode()
+    image = (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n"
+             "Content-Type: image/png\r\n\r\n").encode() + PNG_HEADER + b"\r\n"
+    parts = fields + response_format + image if response_format_first else fields + image + response_format
+    return parts + f"--{BOUNDARY}--\r\n".encode()
+
+
+async def send_in_two(gateway, body: bytes, split: int) -> RawAnswer:  # noqa: ANN001
     reader, writer = await asyncio.open_connection("127.0.0.1", int(gateway.url.rsplit(":", 1)[1]))
     writer.write((f"POST /v1/images/edits HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer sk-demo-key\r\n"
                   f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\nContent-Length: {len(body)}\r\n"
                   "Connection: close\r\n\r\n").encode() + body[:split])
     await writer.drain()
-    await asyncio.sleep(0.05)  # the first read ends inside the value
+    await asyncio.sleep(0.05)  # the first read ends there
     writer.write(body[split:])
     answer = parse_answer(await asyncio.wait_for(reader.read(-1), 10))
     writer.close()
+    return answer
+
+
+async def test_a_field_after_the_files_that_the_gateway_decides_by_is_a_400(gateway):  # noqa: ANN001
+    body = edit_form(response_format_first=False)
+    answer = await send_in_two(gateway, body, body.index(b"b64_json"))  # decided before the field came
+    assert answer.status == 400 and b"must come before the form's files" in answer.body
+
+
+async def test_an_edit_whose_field_value_arrives_in_two_reads_is_checked_whole(gateway):  # noqa: ANN001
+    body = edit_form(response_format_first=True)
+    answer = await send_in_two(gateway, body, body.index(b"b64_json") + 1)
     assert answer.status == 200, answer.body
     assert gateway.last_upstream_request().form["response_format"] == "b64_json"
+
+

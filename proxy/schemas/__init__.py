@@ -19,7 +19,7 @@ from proxy.schemas.video import VideoRequest, VideosRequest
 
 JSON_SCHEMAS: dict[str, type[BaseModel]] = {
     "video_generations": VideoRequest,
-    "videos": VideoRequest,
+    "videos": VideosRequest,
     "image_generations": ImageGenerationRequest,
     "image_edits": ImageEditRequest,
     "messages": MessageRequest,
