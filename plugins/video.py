@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Any, Literal
 from urllib.parse import quote
@@ -31,7 +32,6 @@ from proxy.observability.metrics import VIDEO_OUTCOMES
 from proxy.pipeline import Plugin
 from proxy.public_url import public_base_url
 from proxy.state import StateStore, make_store
-from proxy.upstream.errors import UpstreamError
 
 log = logging.getLogger("modelgate.video")
 _SUBMIT = ("video_generations", "videos")
@@ -39,6 +39,8 @@ _STATUS = ("video_generation_status", "video_status")
 _CONTENT = "video_content"
 _LIST = "video_list"
 _SDK_ROUTES = ("videos", "video_status")  # answered with the SDK's video object
+_ASK_TIMEOUT_S = 10.0  # the longest a download waits on the status it asks its channel for
+_LIMIT = re.compile(r"[0-9]{1,3}")
 _STATES = {"queued": "queued", "pending": "queued", "submitted": "queued", "waiting": "queued", "": "queued",
            "processing": "in_progress", "running": "in_progress", "in_progress": "in_progress",
            "started": "in_progress", "completed": "succeeded", "succeeded": "succeeded", "success": "succeeded",
@@ -168,7 +170,7 @@ class VideoTasks(Plugin):
         assert ex.target is not None
         query = {name: value or "" for name, value in ex.target.query}
         limit = query.get("limit", "20")
-        if not limit.isdigit() or not 1 <= int(limit) <= 100:
+        if not _LIMIT.fullmatch(limit) or not 1 <= int(limit) <= 100:
             return ex.error_response(400, "limit: must be a whole number from 1 to 100", param="limit")
         if query.get("order", "desc") not in ("asc", "desc"):
             return ex.error_response(400, "order: must be asc or desc", param="order")
@@ -198,16 +200,17 @@ class VideoTasks(Plugin):
         upstream_id = followed.upstream_id if followed and followed.upstream_id else task_id
         try:
             answer = await channel.pool.request("GET", "/v1/videos/" + quote(upstream_id, safe="@+=:~"), headers,
-                                                total_s=channel.timeouts.first_byte_s)
+                                                total_s=min(channel.timeouts.first_byte_s, _ASK_TIMEOUT_S))
             try:
                 body = jsonutil.loads(await answer.read(limit=1024 * 1024))
             finally:
                 answer.release()
-        except (UpstreamError, ValueError):
+            if answer.status >= 300 or not isinstance(body, dict):
+                return None
+            normal = _status(body, task_id)
+        except Exception:  # unreachable, slow, or an answer that cannot be read: the channel has the download
             return None
-        if answer.status >= 300 or not isinstance(body, dict):
-            return None
-        return await self._remember_status(_status(body, task_id))
+        return await self._remember_status(normal)
 
     async def _refuse_download(self, ex: Exchange, task_id: str) -> web.StreamResponse | None:
         known = await self._cached(task_id)
@@ -285,7 +288,8 @@ def _status(body: dict[str, Any], task_id: str) -> dict[str, Any]:
                 or status == "succeeded" and isinstance(url, str) and url and not url.startswith(("http://", "https://")))
     if filtered:
         message = url if isinstance(url, str) and url and not url.startswith("http") else _FILTER_MESSAGE
-        normal.update(status="succeeded", filtered=True, count=int(count) or 1, message=message,
+        count = count if isinstance(count, int) and not isinstance(count, bool) and 0 < count < 2**31 else 1
+        normal.update(status="succeeded", filtered=True, count=count, message=message,
                       reasons=[str(r) for r in reasons] if isinstance(reasons, list) else [str(reasons)])
     elif status == "failed":
         error = data.get("error")

@@ -74,6 +74,8 @@ class Affinity:
         followed), or None when there is nothing to record."""
         if not isinstance(ref, str) or not ref or len(ref) > _MAX_ID_LENGTH or ex.channel is None:
             return None
+        if ref in (".", ".."):  # as a path segment it is no id but a step up: never followed, never aliased
+            return None
         record = {"channel": ex.channel.name, "owner": ex.tenant or ""}
         handed_out = ref
         try:

@@ -808,3 +808,54 @@ async def test_account_routes_drop_a_gateway_key_quoted_or_in_basic_credentials(
     assert len(upstream[1]) == 3
     for received in upstream[1]:
         assert ALICE not in received.head.decode("latin-1") and basic not in received.head.decode("latin-1")
+
+
+async def test_an_upstream_id_that_is_a_dot_segment_is_never_followed(start_gateway):  # noqa: ANN001
+    def dots(received: Received) -> bytes:
+        return json_answer(200, {"task_id": "..", "status": "queued"} if received.method == "POST" else {"ok": True})
+
+    server, received = recording_upstream(dots)
+    async with server:
+        gw = await start_gateway(config(server.url))
+        made = await send_raw(gw.url, *post("/v1/videos", bearer(ALICE), VIDEO))
+        assert made.status == 200 and made.json()["id"] == ".."  # not an alias the gateway could follow
+        for path in ("/v1/videos/../content", "/v1/videos/%2E%2E/content", "/v1/videos/%2e%2e"):
+            assert (await get(gw.url, path, ALICE)).status in (400, 404)
+        assert [r.target for r in received if r.method == "GET"] == []
+
+
+async def test_a_status_the_download_asks_for_that_cannot_be_read_is_no_500(start_gateway):  # noqa: ANN001
+    def odd(received: Received) -> bytes:
+        if received.method == "POST":
+            return json_answer(200, {"task_id": "task_odd", "status": "queued"})
+        if received.path.endswith("/content"):
+            return b"HTTP/1.1 200 OK\r\nContent-Type: video/mp4\r\nContent-Length: 4\r\n\r\nmp4!"
+        return json_answer(200, {"data": {"status": "completed", "url": "x",
+                                          "metadata": {"rai_media_filtered_count": "many"}}})
+
+    server, _ = recording_upstream(odd)
+    async with server:
+        gw = await start_gateway(config(server.url))
+        await send_raw(gw.url, *post("/v1/videos", bearer(ALICE), VIDEO))
+        download = await get(gw.url, "/v1/videos/task_odd/content", ALICE)
+        assert download.status == 404 and download.json()["error"]["code"] == "content_filtered"
+        polled = await get(gw.url, "/v1/videos/task_odd", ALICE)
+        assert polled.status == 200 and polled.json()["error"]["code"] == "content_filtered"
+
+
+async def test_the_version_a_channel_failed_over_from_chose_is_not_sent_on(start_gateway):  # noqa: ANN001
+    first, _ = recording_upstream(lambda r: json_answer(503, {"error": "busy"}))
+    second, seen = recording_upstream()
+    async with first, second:
+        gw = await start_gateway(f"""
+keys: [{{name: alice, key: {ALICE}}}]
+channels:
+  - {{name: a, base_url: '{first.url}', priority: 0, version_header: anthropic-version}}
+  - {{name: b, base_url: '{second.url}', priority: 1}}
+""")
+        headers = f"x-api-key: {ALICE}\r\nmsgapi-version: 2023-06-01\r\n"
+        body = b'{"model":"msgmodel-haiku-4-5","max_tokens":5,"messages":[{"role":"user","content":"x"}]}'
+        answer = await send_raw(gw.url, *post("/v1/messages", headers, body))
+        assert answer.status == 200
+        head = seen[-1].head.decode("latin-1").lower()
+        assert "msgapi-version: 2023-06-01" in head and "anthropic-version" not in head

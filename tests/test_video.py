@@ -287,3 +287,32 @@ async def test_the_list_shows_a_tenants_own_tasks_newest_first(start_gateway, ht
         assert (await answer.json())["data"] == []  # another key sees none of them
     async with http.get(gw.url + "/v1/videos?limit=0", headers={"Authorization": "Bearer alice-key-01"}) as answer:
         assert answer.status == 400
+
+
+@pytest.mark.parametrize("limit", ["%C2%B2", "%D9%A3", "9" * 5000, "0", "101", "-1"])
+async def test_a_list_limit_that_is_not_1_to_100_in_ascii_digits_is_a_400(gw, http, limit):  # noqa: ANN001
+    async with http.get(f"{gw.url}/v1/videos?limit={limit}", headers=BEARER) as answer:
+        assert answer.status == 400 and (await answer.json())["error"]["param"] == "limit"
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ([("seconds", "4" + " " * 70_000)], "seconds"),           # over the field limit: not checkable, not sent
+    ([("prompt", "x" * 70_000)], "prompt"),
+    ([("seconds", "abc"), ("seconds", "4")], "seconds"),      # given twice: which one counts is the reader's guess
+])
+async def test_a_video_form_field_too_long_or_given_twice_is_a_400(gw, http, fields, param):  # noqa: ANN001
+    form = aiohttp.FormData(default_to_multipart=True)
+    form.add_field("model", SUBMIT["model"])
+    if param != "prompt":
+        form.add_field("prompt", "waves")
+    for name, value in fields:
+        form.add_field(name, value)
+    async with http.post(gw.url + "/v1/videos", data=form, headers=BEARER) as answer:
+        assert answer.status == 400, await answer.text()
+        assert (await answer.json())["error"]["param"] == param
+    assert not [r for r in gw.sim().requests if r.method == "POST"]
+
+
+async def test_json_submissions_are_checked_like_forms(gw, http):  # noqa: ANN001
+    async with http.post(gw.url + "/v1/videos", json={**SUBMIT, "seconds": "abc"}, headers=BEARER) as answer:
+        assert answer.status == 400 and (await answer.json())["error"]["param"] == "seconds"
