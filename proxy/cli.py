@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     path = args.config or os.environ.get("MODELGATE_CONFIG") or None
     if getattr(args, "listen", None):
+        problem = _listen_problem(args.listen)
+        if problem:
+            print(f"--listen: {problem}", file=sys.stderr)
+            return 1
         os.environ[LISTEN_ENV] = args.listen  # worker processes and reloads read it too
     try:
         loaded = load_config(path)
@@ -88,9 +92,21 @@ def _openapi(output: str | None) -> int:
     return 0
 
 
-def _check_config(path: str) -> int:
+def _listen_problem(listen: str) -> str | None:
+    from pydantic import ValidationError
+
+    from proxy.config.model import ServerConfig
+
     try:
-        loaded = load_config(path)
+        ServerConfig(listen=listen)
+    except ValidationError as exc:
+        return str(exc.errors()[0]["msg"])
+    return None
+
+
+def _check_config(path: str) -> int:
+    try:  # the file as written: a `serve --listen` override is no part of it
+        loaded = load_config(path, {name: value for name, value in os.environ.items() if name != LISTEN_ENV})
     except ConfigError as exc:
         _print_problems(path, exc.problems)
         return 1

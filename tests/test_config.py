@@ -137,3 +137,13 @@ async def wait_for_model(http: aiohttp.ClientSession, url: str, model: str, serv
                 return
         await asyncio.sleep(0.05)
     raise AssertionError(f"{model} never became {'served' if served else 'unserved'}")
+
+
+def test_a_listen_override_is_no_part_of_the_file_check_config_reads(tmp_path):  # noqa: ANN001
+    path = tmp_path / "broken.yaml"
+    path.write_text("server: oops\n")
+    result = check_config(path, {"MODELGATE_LISTEN": "127.0.0.1:1"})
+    assert result.returncode == 1 and "server" in result.stderr
+    refused = subprocess.run([sys.executable, "-m", "proxy", "serve", "--listen", "garbage"], capture_output=True,
+                             text=True, cwd=ROOT, timeout=30)
+    assert refused.returncode == 1 and refused.stderr.startswith("--listen: ")

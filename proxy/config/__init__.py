@@ -83,9 +83,9 @@ def parse_config(text: str, environ: Mapping[str, str]) -> GatewayConfig:
     if not isinstance(tree, dict):
         raise ConfigError(["<root>: must be a mapping of sections (server, channels, ...)"])
     tree, problems = expand(tree, environ)
-    if environ.get(LISTEN_ENV):
-        server = tree.get("server")
-        tree["server"] = {**(server if isinstance(server, dict) else {}), "listen": environ[LISTEN_ENV]}
+    server = tree.get("server", {})
+    if environ.get(LISTEN_ENV) and isinstance(server, dict):  # a broken section is reported as it is
+        tree["server"] = {**server, "listen": environ[LISTEN_ENV]}
     config: GatewayConfig | None = None
     try:
         config = GatewayConfig.model_validate(tree)
