@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import anthropic
@@ -209,3 +212,34 @@ async def test_content_generation_stream_chunks_validate_as_sdk_types(gw, http):
     chunks = [genai_types.GenerateContentResponse.model_validate(json.loads(b.removeprefix("data: "))) for b in blocks]
     assert "".join(c.text for c in chunks).split() == ["the", "quick", "brown", "fox", "jumps", "over"]
     assert chunks[-1].usage_metadata.candidates_token_count == 6
+
+
+# -- litellm as a client: its newest release needs openai<3, so it runs in a Python of its own --
+
+LITELLM_VENV = Path(__file__).parent.parent / ".venv-litellm"
+LITELLM = ("litellm>=1.106", "mcp>=1.0")  # its responses API imports mcp
+
+
+@pytest.fixture(scope="session")
+def litellm_python() -> Path:
+    """.venv-litellm's Python (made here when .ci/run has not made it: about 30 s, once)."""
+    python = LITELLM_VENV / "bin" / "python"
+    if not python.exists() or subprocess.run([str(python), "-c", "import litellm, mcp"]).returncode != 0:
+        subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *LITELLM], check=True, timeout=600)
+    return python
+
+
+async def test_litellm_providers_reach_the_gateway_with_a_base_url_and_a_key(gw, litellm_python):  # noqa: ANN001
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # no fetch of its price list from the network
+    run = await asyncio.create_subprocess_exec(str(litellm_python), str(Path(__file__).parent / "litellm_calls.py"),
+                                               gw.url, KEY, stdout=asyncio.subprocess.PIPE,
+                                               stderr=asyncio.subprocess.PIPE, env=env)
+    out, err = await asyncio.wait_for(run.communicate(), 120)
+    results = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+    assert [r["call"] for r in results] == ["anthropic/", "gemini/", "openai/ responses", "anthropic/ stream",
+                                            "gemini/ stream", "openai/ responses stream"], err.decode()[-2000:]
+    failed = [r for r in results if not r["ok"]]
+    assert not failed, failed
+    for result in results:  # the simulator's words, through each provider's parsing
+        assert result["text"].split()[:2] in (["the", "quick"], ["Turn", "1:"]), result
