@@ -17,7 +17,7 @@ from proxy.app import APP_KEY, build_app
 from proxy.client_limits import parser_limits
 from proxy.config import LoadedConfig
 from proxy.config.model import ServerConfig, worker_count
-from proxy.workers import Supervisor, is_worker
+from proxy.workers import Supervisor, bind_to_supervisor, is_worker, port_taken
 
 log = logging.getLogger("modelgate.server")
 
@@ -38,8 +38,15 @@ def serve(loaded: LoadedConfig, config_path: str | Path | None) -> int:
     if count == 1 and loaded.config.server.workers is None and loaded.config.state.backend == "memory":
         log.info("one worker process: the memory state backend lives in one process; "
                  "set state.backend: redis to serve from every core")
+    server = loaded.config.server
+    if is_worker():
+        bind_to_supervisor()
+    elif port_taken(server.host, server.port):
+        log.error("%s is already served (another modelgate, or its workers): not starting beside it",
+                  server.listen, extra={"listen": server.listen})
+        return 1
     if count > 1 and not is_worker():
-        return Supervisor(count, config_path, loaded.config.server.drain_timeout_s).run()
+        return Supervisor(count, config_path, server.drain_timeout_s).run()
     raise_descriptor_limit()
     uvloop = install_uvloop()
     asyncio.run(_serve(loaded, config_path, uvloop))

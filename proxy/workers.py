@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,12 +24,45 @@ from pathlib import Path
 log = logging.getLogger("modelgate.workers")
 
 WORKER_ENV = "MODELGATE_WORKER"
+SUPERVISOR_ENV = "MODELGATE_SUPERVISOR_PID"
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 _CRASH_LOOP = 5       # workers dying this soon after starting, this many times in a row: give up
 _CRASH_WINDOW_S = 2.0
 
 
 def is_worker() -> bool:
     return os.environ.get(WORKER_ENV) is not None
+
+
+def bind_to_supervisor() -> None:
+    """A worker dies with its supervisor, even one killed with SIGKILL: the kernel kills it too
+    when the parent goes (a supervisor that dies that way drains nothing; its workers, left
+    listening, would take a new gateway's connections). A supervisor already gone before that was
+    asked for is caught by comparing the parent's pid; the worker then exits at once."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the parent check below is all there is
+        log.warning("no parent-death signal on this system: workers outlive a killed supervisor")
+    expected = os.environ.get(SUPERVISOR_ENV)
+    if expected is not None and os.getppid() != int(expected):
+        log.error("the supervisor that started this worker is gone; exiting")
+        raise SystemExit(1)
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether something listens on host:port already: a bind without SO_REUSEPORT fails where any
+    socket holds the address (workers of another gateway included, which would otherwise share it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are no listener
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 class Supervisor:
@@ -60,7 +94,8 @@ class Supervisor:
         command = [sys.executable, "-m", "proxy", "serve"]
         if self.config_path is not None:
             command += ["-c", str(self.config_path)]
-        env = {**os.environ, WORKER_ENV: str(slot), "PROMETHEUS_MULTIPROC_DIR": self.metrics_dir}
+        env = {**os.environ, WORKER_ENV: str(slot), SUPERVISOR_ENV: str(os.getpid()),
+               "PROMETHEUS_MULTIPROC_DIR": self.metrics_dir}
         self.workers[slot] = subprocess.Popen(command, env=env)
 
     def _watch(self) -> int:

@@ -84,3 +84,37 @@ async def test_a_worker_that_dies_is_replaced_and_sigterm_stops_them_all(spawn, 
     assert len(children(gateway.proc.pid)) == 2 and second in children(gateway.proc.pid)
     gateway.proc.send_signal(signal.SIGTERM)
     assert gateway.proc.wait(timeout=30) == 0
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_workers_die_with_a_supervisor_killed_by_sigkill(spawn, redis_url) -> None:  # noqa: ANN001
+    gateway = spawn("gateway", config=worker_config())
+    workers = children(gateway.proc.pid)
+    assert len(workers) == 2
+    gateway.proc.kill()
+    gateway.proc.wait(timeout=5)
+    deadline = time.monotonic() + 1.0  # no worker outlives its supervisor by more than a second
+    while time.monotonic() < deadline and any(alive(pid) for pid in workers):
+        time.sleep(0.02)
+    assert not [pid for pid in workers if alive(pid)]
+
+
+async def test_a_second_gateway_on_a_served_port_refuses_to_start(spawn, redis_url) -> None:  # noqa: ANN001
+    import subprocess
+    import sys
+
+    first = spawn("gateway", config=worker_config())
+    port = first.url.rsplit(":", 1)[1]
+    second = subprocess.run([sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{port}"],
+                            capture_output=True, text=True, timeout=30, cwd=Path(__file__).parent.parent)
+    assert second.returncode == 1 and "already served" in second.stdout + second.stderr
+    async with aiohttp.ClientSession() as http:  # the first still serves every connection
+        for _ in range(20):
+            async with http.get(first.url + "/healthz") as answer:
+                assert answer.status == 200
