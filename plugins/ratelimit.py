@@ -78,6 +78,11 @@ class RateLimit(Plugin):
         if self.owns_limiter:
             await self.limiter.close()
 
+    def unready(self) -> str | None:
+        if self.unavailable and self.settings.fail == "closed":
+            return "rate limits cannot be checked and plugins.ratelimit.fail is closed"
+        return None
+
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
         checks = self._checks(ex)
         if not checks:

@@ -13,17 +13,24 @@ to give: an upstream id that breaks the grammar (`models/x/operations/1`), or th
 channel or request already holds, is never handed out. The client gets an alias of the
 gateway's own, and follow-ups send the upstream's id, from the record, re-quoted as one path
 segment. A response id that is already held stays with its first owner.
+
+While the store is unreachable, a follow-up gets a retryable 503 (never a "not found": the id may
+well exist), and the pins of ids handed out meanwhile are kept in this process (at most
+`state.pending_pins`), followed from there, and written once the store answers again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 from proxy import jsonutil
 from proxy.exchange import Exchange
+from proxy.observability.metrics import PENDING_PINS, PINS_DROPPED
 from proxy.routes import Pin
 from proxy.sse import SSEEvent
 from proxy.state import StateStore
@@ -32,6 +39,7 @@ from proxy.target import PARAM_GRAMMAR
 log = logging.getLogger("modelgate.affinity")
 
 _MAX_ID_LENGTH = 512
+_RETRY_S = 1.0  # between tries to write kept pins
 
 
 @dataclass(slots=True, frozen=True)
@@ -48,11 +56,20 @@ class StateUnavailable(Exception):
 
 
 class Affinity:
-    __slots__ = ("_store", "_ttl_s")
+    __slots__ = ("_store", "_ttl_s", "_pending", "_max_pending", "_flusher")
 
-    def __init__(self, store: StateStore, ttl_s: int) -> None:
+    def __init__(self, store: StateStore, ttl_s: int, max_pending: int = 10_000) -> None:
         self._store = store
         self._ttl_s = ttl_s
+        # Pins of ids handed out while the store was away: followed from here meanwhile, and
+        # written once it answers again (oldest dropped past `max_pending`, and counted).
+        self._pending: OrderedDict[str, tuple[str, bool]] = OrderedDict()  # key -> (record, overwrite)
+        self._max_pending = max_pending
+        self._flusher: asyncio.Task[None] | None = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
 
     async def follow(self, ex: Exchange) -> None:
         """Find the id this request follows, and what was recorded of it, on the exchange; raises
@@ -62,8 +79,12 @@ class Affinity:
         if pin is None or not ref:
             return
         ex.followed_id = ref
+        key = _key(pin, ref)
+        if (held := self._pending.get(key)) is not None:  # made here during an outage, not yet written
+            ex.followed = _record(held[0])
+            return
         try:
-            raw = await self._store.get(_key(pin, ref))
+            raw = await self._store.get(key)
         except Exception as exc:
             log.warning("could not read affinity", extra={"request_id": ex.request_id})
             raise StateUnavailable(type(exc).__name__) from None
@@ -78,25 +99,79 @@ class Affinity:
             return None
         record = {"channel": ex.channel.name, "owner": ex.tenant or ""}
         handed_out = ref
-        try:
-            if pin is Pin.VIDEO_TASK and PARAM_GRAMMAR["task_id"][0].fullmatch(ref) is None:
-                handed_out = await self._alias(record, pin, ref)
-            elif not await self._store.add(_key(pin, ref), jsonutil.dumps(record).decode(), self._ttl_s):
+        if pin is Pin.VIDEO_TASK and PARAM_GRAMMAR["task_id"][0].fullmatch(ref) is None:
+            handed_out = await self._alias(record, pin, ref)
+        else:
+            value = jsonutil.dumps(record).decode()
+            try:
+                added = await self._store.add(_key(pin, ref), value, self._ttl_s)
+            except Exception:
+                # The answer is good; the pin is kept here until the store can take it.
+                self._keep(_key(pin, ref), value, overwrite=False, request_id=ex.request_id)
+                added = True
+            if not added:
                 if pin is Pin.VIDEO_TASK:
                     handed_out = await self._alias(record, pin, ref)
                 else:
                     log.warning("a response id was made twice; it stays with its first owner",
                                 extra={"request_id": ex.request_id})
-        except Exception:
-            # The answer is already good; losing the pin costs a later poll, not this request.
-            log.exception("could not record affinity", extra={"request_id": ex.request_id})
         ex.created_id = handed_out
         return handed_out
 
     async def _alias(self, record: dict[str, str], pin: Pin, ref: str) -> str:
-        alias = "task_mg_" + secrets.token_urlsafe(18)
-        await self._store.set(_key(pin, alias), jsonutil.dumps({**record, "upstream": ref}).decode(), self._ttl_s)
+        alias = "task_mg_" + secrets.token_urlsafe(18)  # unguessable and new: nobody else can hold it
+        value = jsonutil.dumps({**record, "upstream": ref}).decode()
+        try:
+            await self._store.set(_key(pin, alias), value, self._ttl_s)
+        except Exception:
+            self._keep(_key(pin, alias), value, overwrite=True, request_id=None)
         return alias
+
+    def _keep(self, key: str, value: str, overwrite: bool, request_id: str | None) -> None:
+        log.warning("state store unreachable: the id's pin is kept here until it returns",
+                    extra={"request_id": request_id, "pending": len(self._pending) + 1})
+        self._pending[key] = (value, overwrite)
+        while len(self._pending) > self._max_pending:
+            self._pending.popitem(last=False)
+            PINS_DROPPED.inc()
+        PENDING_PINS.set(len(self._pending))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_when_back(), name="affinity pins")
+
+    async def _flush_when_back(self) -> None:
+        """Write the kept pins, oldest first, once the store answers; an id another instance
+        recorded meanwhile keeps that record (`add`), an alias (new by construction) is set."""
+        while self._pending:
+            await asyncio.sleep(_RETRY_S)
+            try:
+                while self._pending:
+                    key, (value, overwrite) = next(iter(self._pending.items()))
+                    if overwrite:
+                        await self._store.set(key, value, self._ttl_s)
+                    else:
+                        await self._store.add(key, value, self._ttl_s)
+                    self._pending.pop(key, None)
+                    PENDING_PINS.set(len(self._pending))
+            except Exception:
+                continue  # still away: try again later
+            log.info("state store back: every kept pin is written")
+
+    async def close(self) -> None:
+        """One last try to write kept pins (on shutdown); what cannot be written is logged."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+        for key, (value, overwrite) in list(self._pending.items()):
+            try:
+                if overwrite:
+                    await self._store.set(key, value, self._ttl_s)
+                else:
+                    await self._store.add(key, value, self._ttl_s)
+                del self._pending[key]
+            except Exception:
+                break
+        if self._pending:
+            log.error("stopping with pins the state store never took: their ids cannot be followed",
+                      extra={"pending": len(self._pending)})
 
     async def remember_from_body(self, ex: Exchange, body: Any) -> bool:
         """Record the id an answer carries; True when the body now carries an alias in its place."""

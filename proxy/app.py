@@ -18,12 +18,14 @@ from proxy.channels import Channel
 from proxy.client_limits import ConnectionCount
 from proxy.config import ConfigError, LoadedConfig, load_config
 from proxy.delivery.service import PATH as DELIVERY_PATH
+from proxy.drain import Drain, close_when_draining
 from proxy.formats import ACCOUNT, CONTENT, MESSAGES
 from proxy.formats.base import Format
 from proxy.gateway import Gateway
 from proxy.log_guard import guard_aiohttp_logs
 from proxy.observability.metrics import CONFIG_RELOADS, exposition, set_config_info
 from proxy.observability.tracing import Tracing
+from proxy.readiness import StoreProbe
 from proxy.routes import ALIASES, ROUTES, Route
 from proxy.runtime import Runtime
 from proxy.simulator.farm import SimulatorFarm
@@ -43,8 +45,11 @@ class GatewayApp:
         self.resources: dict[str, object] = {}  # what plugins keep across reloads
         self.simulators = SimulatorFarm()
         self.store: StateStore | None = None
+        self.probe: StoreProbe | None = None
+        self.affinity: Affinity | None = None
         self.gateway: Gateway | None = None
         self.connections = ConnectionCount()
+        self.drain = Drain()
         self.reloads = 0
         self._reload_lock = asyncio.Lock()
 
@@ -57,9 +62,12 @@ class GatewayApp:
         config = self.loaded.config
         self.tracing.start()
         self.store = make_store(config.state)
+        self.probe = StoreProbe(self.store)
+        await self.probe.check()
+        self.probe.start()
         runtime = await Runtime.build(self.loaded, self.simulators, self.resources)
-        self.gateway = Gateway(runtime, Affinity(self.store, config.state.affinity_ttl_s), self.tracing,
-                               self.connections)
+        self.affinity = Affinity(self.store, config.state.affinity_ttl_s, config.state.pending_pins)
+        self.gateway = Gateway(runtime, self.affinity, self.tracing, self.connections, self.drain)
         set_config_info(self.loaded.digest)
 
     async def stop(self) -> None:
@@ -72,6 +80,10 @@ class GatewayApp:
             close = getattr(resource, "close", None)
             if close is not None:
                 await close()
+        if self.probe is not None:
+            await self.probe.stop()
+        if self.affinity is not None:
+            await self.affinity.close()
         if self.store is not None:
             await self.store.close()
         await self.tracing.close()
@@ -122,6 +134,7 @@ def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
         await owner.stop()
 
     app.cleanup_ctx.append(lifecycle)
+    app.on_response_prepare.append(close_when_draining(owner.drain, loaded.config.server.keepalive_requests))
     for route in (*ROUTES, *ALIASES):
         handler = _route_handler(owner, route)
         if route.method == "GET":
@@ -168,16 +181,26 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 async def _readyz(request: web.Request) -> web.Response:
-    """Ready: started, and the state store answers. Open breakers are reported, not counted
-    against readiness: every instance sees the same upstreams, and pulling them all out of a
-    load balancer would turn a failing upstream into a gateway outage."""
+    """Ready: started, and no plugin says this instance cannot serve. Shared dependencies are
+    reported, not counted: every instance sees the same state store and the same upstreams, and
+    pulling them all out of a load balancer at once would turn a degraded gateway into none. The
+    store's state is the background probe's, so this answers at once, whatever the store does."""
     owner = request.app[APP_KEY]
-    store_ok = owner.store is not None and await owner.store.ping()
-    ready = owner.gateway is not None and store_ok
     now = time.monotonic()
-    body = {"status": "ready" if ready else "not ready", "state_store": "ok" if store_ok else "unreachable",
-            "config": owner.loaded.digest, "connections": owner.connections.open,
-            "channels": [_breaker(c, now) for c in owner.runtime.channels.channels] if owner.gateway else []}
+    reasons = [reason for plugin in owner.runtime.plugins if (reason := plugin.unready())] if owner.gateway else []
+    ready = owner.gateway is not None and not reasons
+    probe = owner.probe
+    body: dict[str, object] = {
+        "status": "ready" if ready else "not ready",
+        "state_store": "ok" if probe is None or probe.ok else "unreachable",
+        "config": owner.loaded.digest, "connections": owner.connections.open,
+        "channels": [_breaker(c, now) for c in owner.runtime.channels.channels] if owner.gateway else []}
+    if probe is not None and not probe.ok:
+        body["state_store_unreachable_s"] = round(now - probe.since, 1)
+    if owner.affinity is not None and owner.affinity.pending:
+        body["pending_pins"] = owner.affinity.pending
+    if reasons:
+        body["reasons"] = reasons
     return web.Response(status=200 if ready else 503, body=jsonutil.dumps(body), content_type="application/json")
 
 

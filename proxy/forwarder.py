@@ -22,6 +22,7 @@ from opentelemetry.trace import Span, SpanKind
 from proxy.affinity import Affinity
 from proxy.body import MultipartBody
 from proxy.channels import Channel
+from proxy.drain import Drain
 from proxy.exchange import Exchange
 from proxy.formats import ACCOUNT
 from proxy.observability.tracing import inject, start_child
@@ -89,10 +90,11 @@ def failure_kind(exc: UpstreamError) -> str:
 class Forwarder:
     """Runs an exchange's attempts: one per channel, until one answers or none may be tried."""
 
-    __slots__ = ("affinity",)
+    __slots__ = ("affinity", "drain")
 
-    def __init__(self, affinity: Affinity) -> None:
+    def __init__(self, affinity: Affinity, drain: Drain | None = None) -> None:
         self.affinity = affinity
+        self.drain = drain
 
     async def forward(self, ex: Exchange, runtime: Runtime, pipeline: Pipeline) -> web.StreamResponse:
         """Send the request to its channel; before the client has a byte, a failure may move it
@@ -174,7 +176,7 @@ class Forwarder:
             relay = Relay(ex, upstream, pipeline, self.affinity,
                           buffer_limit=int(runtime.config.server.max_json_body_mb * 1024 * 1024),
                           request_id_header=id_header, observer=observer,
-                          client_idle_s=runtime.config.server.client_idle_s)
+                          client_idle_s=runtime.config.server.client_idle_s, drain=self.drain)
             return await relay.send()
         finally:
             upstream.release()

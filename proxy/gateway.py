@@ -20,6 +20,7 @@ from proxy.catalog import listing
 from proxy.client_limits import ConnectionCount, header_problem
 from proxy.config.model import ServerConfig
 from proxy.deciding_fields import resolve_model, settle_json
+from proxy.drain import Drain
 from proxy.exchange import Exchange
 from proxy.forwarder import Forwarder
 from proxy.headers import add_forwarding, end_to_end
@@ -47,12 +48,12 @@ class Gateway:
     __slots__ = ("runtime", "affinity", "tracing", "connections", "forwarder")
 
     def __init__(self, runtime: Runtime, affinity: Affinity, tracing: Tracing,
-                 connections: ConnectionCount | None = None) -> None:
+                 connections: ConnectionCount | None = None, drain: Drain | None = None) -> None:
         self.runtime = runtime
         self.affinity = affinity
         self.tracing = tracing
         self.connections = connections or ConnectionCount()
-        self.forwarder = Forwarder(affinity)
+        self.forwarder = Forwarder(affinity, drain)
 
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
         runtime = self.runtime

@@ -20,6 +20,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy.client_limits import ReaderWatch
+from proxy.drain import SHUTTING_DOWN, Drain
 from proxy.exchange import AnswerTooLarge, Exchange, UpstreamResponse
 from proxy.headers import content_codings, end_to_end
 from proxy.observability.observer import Observer
@@ -41,17 +42,20 @@ _CLIENT_GONE = (ConnectionResetError, ConnectionError)
 # the credential in it); a success's other headers, and its body, are passed as they are.
 _LINKS = ("location", "content-location", "link", "refresh", "operation-location", "azure-asyncoperation")
 _UPSTREAM_BROKE = (UpstreamError,)
+_CUT_MESSAGE = "the gateway is shutting down; send the request again"
 
 
 class Relay:
     """Writes one upstream answer to the client for one exchange."""
 
     __slots__ = ("ex", "upstream", "pipeline", "affinity", "buffer_limit", "request_id_header", "observer",
-                 "client_idle_s", "redactor")
+                 "client_idle_s", "redactor", "drain", "was_cut")
 
     def __init__(self, ex: Exchange, upstream: Answer, pipeline: Pipeline,
                  affinity: Affinity, buffer_limit: int, request_id_header: str, observer: Observer,
-                 client_idle_s: float = 30.0) -> None:
+                 client_idle_s: float = 30.0, drain: Drain | None = None) -> None:
+        self.drain = drain
+        self.was_cut = False
         self.client_idle_s = client_idle_s
         self.ex = ex
         self.upstream = upstream
@@ -250,11 +254,20 @@ class Relay:
         parser = SSEParser() if hooks or pin_pending else None
         stream = StreamWatch(ex, self.observer, pipeline)
         reader = ReaderWatch(ex, self.client_idle_s)
+        if self.drain is not None:
+            self.drain.opened(self)
         try:
             return await self._relay_events(response, parser, hooks, pin_pending, stream)
         finally:
+            if self.drain is not None:
+                self.drain.closed(self)
             reader.close()
             stream.close()
+
+    def cut(self) -> None:
+        """The gateway is shutting down: end this stream now, with its format's error event."""
+        self.was_cut = True
+        self.upstream.close()  # the waiting read ends at once
 
     async def _relay_events(self, response: web.StreamResponse, parser: SSEParser | None, hooks: bool,
                             pin_pending: bool, stream: StreamWatch) -> web.StreamResponse:
@@ -283,30 +296,39 @@ class Relay:
             if parser is not None and (rest := parser.flush()):
                 await response.write(rest)
                 ex.bytes_out += len(rest)
-        except _CLIENT_GONE:
-            return self._client_gone(response)
-        except TimeoutError:
-            self.observer.upstream_result(ex.channel, "stream_stalled", True)  # type: ignore[arg-type]
-            await self._end_stream_with_error(response, 504, "upstream stream stalled: no data within the idle timeout")
-            return response
-        except _UPSTREAM_BROKE:
-            self.observer.upstream_result(ex.channel, "stream_broken", True)  # type: ignore[arg-type]
-            await self._end_stream_with_error(response, 502, "upstream closed the stream before it finished")
-            return response
-        except Exception:
+        except Exception as exc:
+            if isinstance(exc, _CLIENT_GONE) and not self.was_cut:  # (a cut upstream reads as a reset too)
+                return self._client_gone(response)
             # Headers are gone already: the client learns of the failure in the stream itself.
-            log.exception("stream relay failed", extra={"request_id": ex.request_id})
-            await self._end_stream_with_error(response, 500, "the gateway failed while relaying the stream")
+            await self._stream_failed(response, exc)
+            return response
+        if self.was_cut:  # the upstream's end raced the cut: the client is told all the same
+            await self._end_stream_with_error(response, 503, _CUT_MESSAGE, SHUTTING_DOWN)
             return response
         ex.upstream_finished = time.perf_counter()
         await response.write_eof()
         return response
 
-    async def _end_stream_with_error(self, response: web.StreamResponse, status: int, message: str) -> None:
+    async def _stream_failed(self, response: web.StreamResponse, exc: Exception) -> None:
+        ex = self.ex
+        if self.was_cut:  # the drain ended it, not the upstream: no fault of the channel's
+            await self._end_stream_with_error(response, 503, _CUT_MESSAGE, SHUTTING_DOWN)
+        elif isinstance(exc, TimeoutError):
+            self.observer.upstream_result(ex.channel, "stream_stalled", True)  # type: ignore[arg-type]
+            await self._end_stream_with_error(response, 504, "upstream stream stalled: no data within the idle timeout")
+        elif isinstance(exc, _UPSTREAM_BROKE):
+            self.observer.upstream_result(ex.channel, "stream_broken", True)  # type: ignore[arg-type]
+            await self._end_stream_with_error(response, 502, "upstream closed the stream before it finished")
+        else:
+            log.exception("stream relay failed", extra={"request_id": ex.request_id})
+            await self._end_stream_with_error(response, 500, "the gateway failed while relaying the stream")
+
+    async def _end_stream_with_error(self, response: web.StreamResponse, status: int, message: str,
+                                     code: str | None = None) -> None:
         self.ex.error = message
         self.upstream.close()
         try:
-            await response.write(self.ex.format.stream_error(status, message))
+            await response.write(self.ex.format.stream_error(status, message, code))
             await response.write_eof()
         except _CLIENT_GONE:
             self.ex.client_aborted = True

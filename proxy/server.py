@@ -21,6 +21,8 @@ from proxy.workers import Supervisor, bind_to_supervisor, is_worker, port_taken
 
 log = logging.getLogger("modelgate.server")
 
+FINAL_GRACE_S = 0.25
+
 
 def install_uvloop() -> bool:
     try:
@@ -70,11 +72,12 @@ def raise_descriptor_limit() -> int:
 async def start_runner(app: web.Application, config: ServerConfig) -> web.AppRunner:
     """The app's runner, set up with the server's limits (a restart applies changes to them)."""
     # A client that goes away cancels its handler, and with it the upstream request.
-    # SIGTERM: stop listening, let requests in flight (streams too) finish within the drain timeout.
+    # SIGTERM: stop listening, let requests in flight (streams too) finish within the drain timeout
+    # (proxy/drain.py); what is left then gets FINAL_GRACE_S before it is cancelled.
     # Request bodies are taken as sent, never inflated by the server: a webhook stays byte-exact, and
     # a body whose coding the gateway does not read is refused by the route (proxy/body.py).
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, auto_decompress=False,
-                           shutdown_timeout=config.drain_timeout_s,
+                           shutdown_timeout=FINAL_GRACE_S,  # the drain itself waits first (proxy/drain.py)
                            keepalive_timeout=config.keepalive_timeout_s, **parser_limits(config),
                            # what is left of a refused body is read and dropped for a while, so the client
                            # sees the answer rather than a reset; a client silent that long is not waited for
@@ -110,8 +113,11 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
     try:
         await stop.wait()
     finally:
-        log.info("modelgate stopping")
-        await runner.cleanup()
+        log.info("modelgate stopping", extra={"drain_timeout_s": server.drain_timeout_s})
+        await site.stop()  # no new connections
+        await owner.drain.run(runner.server, lambda: owner.runtime.in_flight if owner.gateway else 0,
+                              server.drain_timeout_s)
+        await runner.cleanup()  # cancels what is left, within FINAL_GRACE_S
 
 
 def _base_url(server: ServerConfig) -> str:

@@ -69,6 +69,7 @@ class ServerConfig(Strict):
     # on; the client's Host header only when the operator says so (a client must not choose it).
     base_url_from_host: bool = False
     keepalive_timeout_s: PositiveFloat = 75.0   # idle keep-alive connections, and headers slow to arrive, are closed
+    keepalive_requests: int = Field(default=1000, ge=1)  # then `Connection: close`: load spreads to new connections
     workers: int | None = Field(default=None, ge=1, le=256)  # unset: every core with Redis state, 1 with memory
     # Only the key places and headers the interface names (spec section 5); off, the places the
     # official SDKs use are read too: `Authorization: Bearer` and `anthropic-version` on endpoint 8,
@@ -105,6 +106,7 @@ class StateConfig(Strict):
     prefix: str = "modelgate:"
     affinity_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
     max_items: int = Field(default=200_000, ge=100)  # memory backend: entries per store, oldest dropped first
+    pending_pins: int = Field(default=10_000, ge=0)  # ids made while the store is away, kept until it returns
 
     @field_validator("url")
     @classmethod

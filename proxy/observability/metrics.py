@@ -83,6 +83,12 @@ WEBHOOK_QUEUE_DEPTH = Gauge("modelgate_webhook_queue_depth", "Webhooks stored an
                             multiprocess_mode="max")
 TRACE_SPANS = Counter("modelgate_trace_spans", "Finished spans by what became of them: exported, rejected by the "
                       "collector, dropped (export queue full) or failed (never delivered)", ["outcome"])
+STATE_STORE_UP = Gauge("modelgate_state_store_up", "1 while the shared state store answers its probe, 0 while not",
+                       multiprocess_mode="min")
+PENDING_PINS = Gauge("modelgate_affinity_pending_pins", "Ids handed out while the state store was away, kept in "
+                     "this process until it can record them", multiprocess_mode="livesum")
+PINS_DROPPED = Counter("modelgate_affinity_pins_dropped", "Ids handed out during a state-store outage whose "
+                       "record was dropped (the local buffer was full): their follow-ups find no channel")
 CONFIG_RELOADS = Counter("modelgate_config_reloads", "Config reloads by outcome", ["outcome"])
 CONFIG_INFO = Gauge("modelgate_config_info", "The loaded config (its digest); value 1", ["digest"],
                     multiprocess_mode="liveall")

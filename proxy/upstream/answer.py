@@ -113,6 +113,7 @@ class Answer:
             link.finished(False)
         if not self._done and self._error is None:
             self._error = ConnectionResetError("the answer was closed before its end")
+        self._wake()  # a read waiting on it ends now (closed from elsewhere: a drain's cut)
 
     # -- fed by the connection --
 

@@ -1,0 +1,183 @@
+"""Partial failure without collapse: real processes, a real Redis the test stops, hangs and restarts,
+a supervisor killed outright, and a drain shorter than the streams it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from tests.conftest import Process, free_port
+
+KEY = "chaos-key-00001"
+BEARER = {"Authorization": f"Bearer {KEY}"}
+MSG = {"x-api-key": KEY, "msgapi-version": "2023-06-01"}
+
+
+class Redis:
+    """A redis-server of the test's own, which it stops, hangs and starts again (no persistence)."""
+
+    def __init__(self, tmp_path) -> None:  # noqa: ANN001
+        self.port = free_port()
+        self.dir = tmp_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    async def start(self) -> None:
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", str(self.dir)], stdout=subprocess.DEVNULL)
+        for _ in range(100):
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                writer.close()
+                return
+            except OSError:
+                await asyncio.sleep(0.05)
+        raise RuntimeError("redis did not start")
+
+    def hang(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+async def redis(tmp_path) -> AsyncIterator[Redis]:  # noqa: ANN001
+    server = Redis(tmp_path)
+    await server.start()
+    yield server
+    server.stop()
+
+
+def gateway_config(redis_url: str, upstream_url: str) -> str:
+    return f"""
+server: {{listen: "127.0.0.1:{{PORT}}"}}
+state: {{backend: redis, url: '{redis_url}', prefix: 'chaos:'}}
+keys: [{{name: chaos, key: {KEY}, limits: {{rpm: 100000}}}}]
+channels: [{{name: sim, base_url: '{upstream_url}'}}]
+plugins: {{ratelimit: {{fail: open}}}}
+observability: {{logging: {{access_log: false}}}}
+"""
+
+
+async def respond(http: aiohttp.ClientSession, url: str, previous: str | None = None) -> tuple[int, dict]:
+    body = {"model": "respmodel-4o", "input": "hi", **({"previous_response_id": previous} if previous else {})}
+    async with http.post(url + "/v1/responses", json=body, headers=BEARER) as answer:
+        return answer.status, {**(await answer.json()), "retry_after": answer.headers.get("Retry-After")}
+
+
+async def ready(http: aiohttp.ClientSession, url: str) -> tuple[int, dict]:
+    async with http.get(url + "/readyz", timeout=aiohttp.ClientTimeout(total=1)) as answer:  # a probe's default
+        return answer.status, await answer.json()
+
+
+async def until(check, timeout: float = 10.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, "never happened"
+        await asyncio.sleep(0.1)
+
+
+async def test_a_state_store_outage_degrades_clearly_and_heals(spawn, redis):  # noqa: ANN001
+    upstream = spawn("simulator", "--chunk-delay-ms", "0", "--output-tokens", "4")  # one upstream behind both
+    config = gateway_config(redis.url, upstream.url)
+    a, b = spawn("gateway", config=config), spawn("gateway", config=config)
+    async with aiohttp.ClientSession() as http:
+        status, made_before = await respond(http, a.url)
+        assert status == 200
+        for stage in ("hung", "stopped"):
+            redis.hang() if stage == "hung" else redis.stop()
+            # Every instance stays ready, says why it is degraded, and answers at once.
+            for gateway in (a, b):
+                await until(lambda g=gateway: _store_down(http, g.url))
+                status, body = await ready(http, gateway.url)
+                assert status == 200 and body["state_store"] == "unreachable", (stage, body)
+            # Requests keep flowing (limits fail open) ...
+            for gateway in (a, b):
+                assert (await respond(http, gateway.url))[0] == 200
+            # ... a follow-up whose pin cannot be read is a retryable 503, never a "not found" ...
+            status, refused = await respond(http, b.url, made_before["id"])
+            assert status == 503 and refused["retry_after"] and refused["error"]["code"] == "state_unavailable"
+            # ... and an id made now is followed where it was made, its pin kept until the store is back.
+            status, made_during = await respond(http, a.url)
+            assert status == 200
+            assert (await respond(http, a.url, made_during["id"]))[0] == 200
+            _, body = await ready(http, a.url)
+            assert body["pending_pins"] >= 1
+            redis.resume() if stage == "hung" else await redis.start()
+            for gateway in (a, b):
+                await until(lambda g=gateway: _store_up(http, g.url))
+            await until(lambda: _followed(http, b.url, made_during["id"]))  # written once the store answered
+            if stage == "hung":  # the store kept its data: what was made before is followed again
+                assert (await respond(http, b.url, made_before["id"]))[0] == 200
+
+
+async def _store_down(http: aiohttp.ClientSession, url: str) -> bool:
+    return (await ready(http, url))[1]["state_store"] == "unreachable"
+
+
+async def _store_up(http: aiohttp.ClientSession, url: str) -> bool:
+    return (await ready(http, url))[1]["state_store"] == "ok"
+
+
+async def _followed(http: aiohttp.ClientSession, url: str, response_id: str) -> bool:
+    return (await respond(http, url, response_id))[0] == 200
+
+
+async def test_a_drain_ends_within_its_timeout_and_every_cut_stream_says_so(spawn):  # noqa: ANN001
+    gateway: Process = spawn("gateway", config="""
+server: {listen: "127.0.0.1:{PORT}", drain_timeout_s: 2}
+channels: [{name: sim, base_url: simulator, simulator: {chunk_delay_ms: 200, output_tokens: 100}}]
+""")
+    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 200, "stream": True,
+            "messages": [{"role": "user", "content": "a long story"}]}
+    async with aiohttp.ClientSession() as http:
+        async def stream() -> bytes:  # 100 events 200 ms apart: far longer than the drain
+            async with http.post(gateway.url + "/v1/messages", json=body,
+                                 headers={"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"}) as answer:
+                assert answer.status == 200
+                return await answer.read()
+
+        streams = [asyncio.ensure_future(stream()) for _ in range(5)]
+        await asyncio.sleep(1.0)  # all of them under way
+        started = time.monotonic()
+        gateway.proc.send_signal(signal.SIGTERM)
+        bodies = await asyncio.gather(*streams)
+        code = await asyncio.to_thread(gateway.proc.wait, 10)
+        took = time.monotonic() - started
+    assert code == 0 and took < 2 + 1, took
+    for text in bodies:
+        events = [e for e in text.decode().split("\n\n") if e.strip()]
+        assert events[0].startswith("event: message_start")
+        assert events[-1].startswith("event: error") and "server_shutting_down" in events[-1]
+    log = gateway.log.read_text()
+    assert "cutting open streams" in log
+
+
+async def test_a_long_lived_keep_alive_connection_is_told_to_close(spawn):  # noqa: ANN001
+    gateway = spawn("gateway", config='server: {listen: "127.0.0.1:{PORT}", keepalive_requests: 3}\n'
+                                      "channels: [{name: sim, base_url: simulator}]\n")
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http:
+        closes = []
+        for _ in range(4):
+            async with http.get(gateway.url + "/healthz") as answer:
+                closes.append(answer.headers.get("Connection", "").lower())
+    assert closes[:2] == ["", ""] and closes[2] == "close"  # the third answer on one connection says so
