@@ -44,7 +44,7 @@ class Auth(Plugin):
         self.strict = config.server.strict_interface
 
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
-        fmt = ex.format
+        fmt = ex.route.format  # its places, even where the answer speaks another format (`GET /v1/models`)
         if fmt.key_location is KeyLocation.NONE:
             return None
         assert ex.target is not None

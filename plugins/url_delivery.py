@@ -22,14 +22,16 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from proxy.body import MultipartBody
+from proxy.body import FormCheck, MultipartBody
 from proxy.config import GatewayConfig
 from proxy.delivery.service import DeliveryService, raster_type
 from proxy.delivery.signing import Signer
 from proxy.delivery.stores import BlobStore, LocalStore, RedisBlobStore, StoreError
 from proxy.exchange import DECODED_LIMIT, AnswerTooLarge, Exchange, UpstreamResponse
 from proxy.observability.metrics import URL_DELIVERY
+from proxy.multipart import MultipartObserver
 from proxy.pipeline import Plugin
+from proxy.schemas.common import Violation
 
 _IMAGE_ROUTES = ("image_generations", "image_edits")
 _DATA_URL = re.compile(r"data:(image/[A-Za-z0-9.+-]+);base64,([A-Za-z0-9+/=]+)")
@@ -96,21 +98,15 @@ class UrlDelivery(Plugin):
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
         mode = _requested(ex)
         if mode is None:
+            if (ex.route.name in _IMAGE_ROUTES and isinstance(ex.body_stream, MultipartBody)
+                    and ex.multipart is not None and ex.multipart.field("response_format") is None):
+                # The form's response_format may still come, after its files: decided when it does.
+                ex.body_stream.checks.append(self._late_request(ex))
             return None
-        if not self._allowed(ex):
-            URL_DELIVERY.labels(ex.route.name, "unavailable").inc()
-            # not a passing fault: the official SDKs, which retry a 503 on their own, are told not to
-            return ex.error_response(503, "image URL delivery is not enabled for this environment or key",
-                                     "image_url_delivery_unavailable", headers={"x-should-retry": "false"})
-        if not self.service.available:
-            URL_DELIVERY.labels(ex.route.name, "unavailable").inc()
-            return ex.error_response(503, "the image store is failing; retry shortly",
-                                     "image_delivery_store_unavailable", headers={"Retry-After": "10"})
-        has_room = getattr(self.service.store, "has_room", None)
-        if has_room is not None and not has_room():
-            URL_DELIVERY.labels(ex.route.name, "unavailable").inc()
-            return ex.error_response(503, "the image store is out of space; retry later",
-                                     "image_delivery_capacity_exhausted", headers={"Retry-After": "60"})
+        refusal = self._refusal(ex)
+        if refusal is not None:
+            status, message, code, headers = refusal
+            return ex.error_response(status, message, code, headers=headers)
         if mode == "content":
             body = ex.json()
             config = dict(body.get("generationConfig") or body.get("generation_config") or {})
@@ -121,6 +117,39 @@ class UrlDelivery(Plugin):
         ex.plugin_state[self.name] = mode
         ex.answer_limit = int(self.settings.max_response_mb * 1024 * 1024)
         return None
+
+    def _refusal(self, ex: Exchange) -> tuple[int, str, str, dict[str, str]] | None:
+        """Why URL delivery cannot be had for this request (status, message, code, headers), or None."""
+        if not self._allowed(ex):
+            found = (503, "image URL delivery is not enabled for this environment or key",
+                     # not a passing fault: the official SDKs, which retry a 503 on their own, are told not to
+                     "image_url_delivery_unavailable", {"x-should-retry": "false"})
+        elif not self.service.available:
+            found = (503, "the image store is failing; retry shortly", "image_delivery_store_unavailable",
+                     {"Retry-After": "10"})
+        elif (has_room := getattr(self.service.store, "has_room", None)) is not None and not has_room():
+            found = (503, "the image store is out of space; retry later", "image_delivery_capacity_exhausted",
+                     {"Retry-After": "60"})
+        else:
+            return None
+        URL_DELIVERY.labels(ex.route.name, "unavailable").inc()
+        return found
+
+    def _late_request(self, ex: Exchange) -> FormCheck:
+        """A form check: `response_format=url` arriving after the files is honoured (the answer is
+        read after the upload ends), or, where delivery cannot be had, stops the upload."""
+        def check(observer: MultipartObserver, finished: bool) -> Violation | None:
+            if self.name in ex.plugin_state or ex.streaming or observer.field("response_format") != "url":
+                return None
+            refusal = self._refusal(ex)
+            if refusal is not None:
+                status, message, code, _ = refusal
+                return Violation("", message, status, code)
+            ex.plugin_state[self.name] = "images"
+            ex.answer_limit = int(self.settings.max_response_mb * 1024 * 1024)
+            return None
+
+        return check
 
     async def on_upstream(self, ex: Exchange) -> None:
         """A channel that does not take `response_format` gets the request without it; its

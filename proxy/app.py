@@ -263,4 +263,4 @@ async def _unmatched(request: web.Request) -> web.Response:
 def _shown(request: web.Request) -> str:
     """The path as sent (still percent-encoded, so no control byte is echoed), and not all of a long one."""
     sent = request.raw_path.partition("?")[0]
-    return sent if len(sent) <= 200 else sent[:200] + "..."
+    return sent if len(sent) <= 200 else re.sub(r"%[0-9A-Fa-f]?$", "", sent[:200]) + "..."

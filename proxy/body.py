@@ -131,10 +131,8 @@ async def _open_multipart(ex: Exchange, observer: MultipartObserver, limit: int,
     body.checks.append(_size_check(limit))
     body.checks.append(_single_fields)
     await body.read_until_field("model")
-    await body.read_until_files()  # the fields before the files, where SDKs put them, all whole
     stream_flag = observer.field("stream")
     ex.streaming = stream_flag is not None and stream_flag.strip().lower() == "true"
-    body.checks.append(_decided({name: observer.field(name) for name in _DECIDING_FIELDS}))
     ex.body_stream = body
 
 
@@ -157,19 +155,6 @@ def _size_check(limit: int) -> FormCheck:
 # Form fields the gateway decides by: given twice, a reader that takes the other one would see
 # another request than the one checked.
 _DECIDING_FIELDS = ("model", "stream", "response_format")
-
-
-def _decided(decided: dict[str, str | None]) -> FormCheck:
-    """The fields the gateway decided by (routing, streaming, URL delivery) before it forwarded the
-    files: one that arrives only after them would have been decided without, so the upload stops."""
-    def changed(observer: MultipartObserver, finished: bool) -> Violation | None:
-        for name, value in decided.items():
-            if observer.field(name) != value:
-                return Violation(name, "must come before the form's files: the gateway decides by it "
-                                       "before it forwards them")
-        return None
-
-    return changed
 
 
 def _single_fields(observer: MultipartObserver, finished: bool) -> Violation | None:
@@ -207,10 +192,6 @@ class MultipartBody:
 
     async def read_until_field(self, name: str) -> None:
         await self._read_while(lambda observer: observer.field(name) is None)
-
-    async def read_until_files(self) -> None:
-        """Read on until the first file part begins (or the form ends): every field before it is whole."""
-        await self._read_while(lambda observer: not observer.files())
 
     async def _read_while(self, unsettled: Callable[[MultipartObserver], bool]) -> None:
         observer = self.observer

@@ -147,7 +147,7 @@ class Forwarder:
         except UpstreamError as exc:
             if isinstance(data, MultipartBody) and data.rejection is not None:
                 violation = data.rejection  # the body broke a rule while it streamed: the upstream got no whole request
-                return ex.answer_locally(ex.error_response(violation.status, str(violation),
+                return ex.answer_locally(ex.error_response(violation.status, str(violation), violation.code,
                                                            param=violation.path or None), id_header)
             if isinstance(exc, RequestBodyFailed):  # the client's body failed: not the channel's fault
                 return ex.answer_locally(ex.error_response(400, "the request body could not be read to its end"),

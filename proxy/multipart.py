@@ -39,7 +39,8 @@ class FormPart:
 @dataclass(slots=True)
 class MultipartObserver:
     boundary: bytes
-    field_limit: int = 64 * 1024
+    field_limit: int = 128 * 1024   # a text field: 32,000 characters of any script, as UTF-8
+    max_parts: int = 256            # every check looks at every part: their number is bounded
     head_size: int = 64 * 1024  # enough for magic numbers and image headers (a JPEG's SOF may sit past EXIF)
     parts: list[FormPart] = field(default_factory=list)
     done: bool = False
@@ -173,6 +174,9 @@ class MultipartObserver:
                 content_type = value.strip()
         if name is None:
             self.error = "a part has no Content-Disposition name"
+            return
+        if len(self.parts) >= self.max_parts:
+            self.error = f"a form has at most {self.max_parts} parts"
             return
         part = FormPart(name=name, filename=filename, content_type=content_type,
                         value=None if filename is not None else bytearray())

@@ -246,3 +246,10 @@ async def test_a_key_place_given_twice_with_two_keys_is_ambiguous(gw, path, head
     answer = await send_raw(gw.url, head, body)
     assert answer.status == 401 and b"ambiguous_api_key" in answer.body
     assert len(gw.sim("sim").requests) == 0
+
+
+async def test_two_version_headers_that_differ_are_refused(gw, http):  # noqa: ANN001
+    headers = {"x-api-key": GOOD, "msgapi-version": "2023-06-01", "anthropic-version": "2099-01-01"}
+    async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers=headers) as answer:
+        assert answer.status == 400
+        assert "differs from anthropic-version" in (await answer.json())["error"]["message"]

@@ -272,3 +272,13 @@ async def test_a_model_the_key_may_not_use_is_neither_listed_nor_found(start_gat
         assert [m["id"] for m in (await answer.json())["data"]] == ["msgmodel-haiku-4-5"]
     async with http.get(gw.url + "/v1/models/msgmodel-opus-4-5", headers=bearer) as answer:
         assert answer.status == 404
+
+
+@pytest.mark.parametrize("headers", [
+    {"x-api-key": "sk-demo-key", "x-goog-api-key": "another-key"},
+    {"Authorization": "Bearer another-key", "x-goog-api-key": "sk-demo-key"},
+])
+async def test_v1_models_compares_keys_in_every_place_it_reads(gateway, http, headers):  # noqa: ANN001
+    async with http.get(gateway.url + "/v1/models", headers=headers) as answer:
+        assert answer.status == 401
+        assert "two different API keys" in (await answer.json())["error"]["message"]

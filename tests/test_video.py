@@ -296,8 +296,8 @@ async def test_a_list_limit_that_is_not_1_to_100_in_ascii_digits_is_a_400(gw, ht
 
 
 @pytest.mark.parametrize(("fields", "param"), [
-    ([("seconds", "4" + " " * 70_000)], "seconds"),           # over the field limit: not checkable, not sent
-    ([("prompt", "x" * 70_000)], "prompt"),
+    ([("seconds", "4" + " " * 140_000)], "seconds"),          # over the field limit: not checkable, not sent
+    ([("prompt", "x" * 140_000)], "prompt"),
     ([("seconds", "abc"), ("seconds", "4")], "seconds"),      # given twice: which one counts is the reader's guess
 ])
 async def test_a_video_form_field_too_long_or_given_twice_is_a_400(gw, http, fields, param):  # noqa: ANN001

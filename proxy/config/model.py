@@ -21,7 +21,7 @@ from proxy.routes import CHAT_ROUTES, ROUTE_NAMES
 SIMULATOR = "simulator"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token
-_LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:\s]+):(?P<port>\d{1,5})$")
+_LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:\s]+):(?P<port>\d{1,5})\Z")
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 

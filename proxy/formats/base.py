@@ -156,7 +156,7 @@ class Format:
             return ((CLIENT_KEY_QUERY, credential),)
         return ()
 
-    def shape_for(self, headers: Mapping[str, str], query_keys: list[str]) -> Format:
+    def shape_for(self, headers: CIMultiDictProxy[str], query_keys: list[str]) -> Format:
         """The format a local answer of this format's route is shaped in: its own."""
         return self
 

@@ -25,7 +25,10 @@ class MessageFormat(Format):
     sdk_version_header = "anthropic-version"
 
     def missing_version(self, headers: Mapping[str, str], strict: bool) -> tuple[str, str] | None:
-        if headers.get(self.version_header) or not strict and headers.get(self.sdk_version_header):
+        spec, sdk = headers.get(self.version_header), headers.get(self.sdk_version_header)
+        if spec and sdk and spec != sdk and not strict:  # a channel may be sent either: they must agree
+            return self.version_header, f"differs from {self.sdk_version_header} ({spec!r} and {sdk!r}): send one"
+        if spec or not strict and sdk:
             return None
         also = "" if strict else f" ({self.sdk_version_header} is read in its place)"
         return self.version_header, f"this header is required (for example 2023-06-01){also}"

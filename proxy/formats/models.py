@@ -8,7 +8,7 @@ the key; errors are in the generic shape.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from multidict import CIMultiDictProxy
 
 from proxy.formats.base import Format, KeyLocation
 
@@ -22,10 +22,14 @@ class ModelsFormat(Format):
         self._messages = messages
         self._content = content
 
-    def shape_for(self, headers: Mapping[str, str], query_keys: list[str]) -> Format:
-        """The format whose SDK asked: told by where its key (or its version header) came."""
-        if headers.get("x-api-key") or headers.get("anthropic-version") or headers.get("msgapi-version"):
+    def shape_for(self, headers: CIMultiDictProxy[str], query_keys: list[str]) -> Format:
+        """The format whose SDK asked: told by where its key (or its version header) came. (Keys
+        are read, and compared, in every place this route reads: plugins/auth.py.)"""
+        def sent(name: str) -> bool:
+            return any(headers.getall(name, []))
+
+        if sent("x-api-key") or sent("anthropic-version") or sent("msgapi-version"):
             return self._messages
-        if headers.get("x-goog-api-key") or query_keys:
+        if sent("x-goog-api-key") or query_keys:
             return self._content
         return self

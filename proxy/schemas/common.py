@@ -56,6 +56,7 @@ class Violation:
     path: str
     rule: str
     status: int = 400
+    code: str | None = None
 
     def __str__(self) -> str:
         return f"{self.path}: {self.rule}" if self.path else self.rule
