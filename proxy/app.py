@@ -23,7 +23,7 @@ from proxy.formats import ACCOUNT, CONTENT, MESSAGES
 from proxy.formats.base import Format
 from proxy.gateway import Gateway
 from proxy.log_guard import guard_aiohttp_logs
-from proxy.observability.metrics import CONFIG_RELOADS, exposition, set_config_info
+from proxy.observability.metrics import count_reload, exposition, set_config_info
 from proxy.observability.tracing import Tracing
 from proxy.readiness import StoreProbe
 from proxy.routes import ALIASES, ROUTES, Route
@@ -96,7 +96,7 @@ class GatewayApp:
             except ConfigError as exc:
                 log.error("config reload refused; keeping the running config",
                           extra={"problems": exc.problems, "source": str(self.config_path)})
-                CONFIG_RELOADS.labels("refused").inc()
+                count_reload("refused")
                 return False
             if loaded.config.state != self.loaded.config.state or loaded.config.server.listen != self.loaded.config.server.listen:
                 log.warning("state and server.listen changes take effect at the next restart")
@@ -104,12 +104,12 @@ class GatewayApp:
                 runtime = await Runtime.build(loaded, self.simulators, self.resources)
             except Exception:
                 log.exception("config reload failed while starting; keeping the running config")
-                CONFIG_RELOADS.labels("failed").inc()
+                count_reload("failed")
                 return False
             assert self.gateway is not None
             old, self.gateway.runtime = self.gateway.runtime, runtime
             set_config_info(loaded.digest, previous=self.loaded.digest)
-            CONFIG_RELOADS.labels("ok").inc()
+            count_reload("ok")
             self.loaded = loaded
             self.reloads += 1
             old.retire()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -118,3 +119,22 @@ async def test_a_second_gateway_on_a_served_port_refuses_to_start(spawn, redis_u
         for _ in range(20):
             async with http.get(first.url + "/healthz") as answer:
                 assert answer.status == 200
+
+
+async def test_a_reload_is_counted_once_and_the_config_info_names_the_digest_in_use(spawn, redis_url, tmp_path) -> None:  # noqa: ANN001
+    gateway = spawn("gateway", config=worker_config())
+    config = next(tmp_path.glob("gateway-*.yaml"))
+    config.write_text(config.read_text() + "\n# changed\n")
+    gateway.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 15
+    async with aiohttp.ClientSession() as http:
+        while True:
+            async with http.get(gateway.url + "/metrics") as answer:
+                text = await answer.text()
+            reloads = sum(float(v) for v in re.findall(r'modelgate_config_reloads_total\{outcome="ok"\} (\S+)', text))
+            info = {d: float(v) for d, v in re.findall(r'modelgate_config_info\{digest="(\w+)"\} (\S+)', text)}
+            if sorted(info.values()) == [0.0, 1.0] or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+    assert reloads == 1  # one SIGHUP to a gateway of two workers: one reload
+    assert sorted(info.values()) == [0.0, 1.0], info  # the old digest 0, the new 1

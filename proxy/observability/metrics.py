@@ -19,6 +19,7 @@ from prometheus_client import multiprocess
 from proxy.config.model import GatewayConfig
 from proxy.schemas.images import IMAGE_MODELS
 from proxy.schemas.video import VIDEO_MODELS
+from proxy.workers import WORKER_ENV
 
 SPEC_MODELS = frozenset({
     *IMAGE_MODELS, *VIDEO_MODELS,
@@ -84,14 +85,17 @@ WEBHOOK_QUEUE_DEPTH = Gauge("modelgate_webhook_queue_depth", "Webhooks stored an
 TRACE_SPANS = Counter("modelgate_trace_spans", "Finished spans by what became of them: exported, rejected by the "
                       "collector, dropped (export queue full) or failed (never delivered)", ["outcome"])
 STATE_STORE_UP = Gauge("modelgate_state_store_up", "1 while the shared state store answers its probe, 0 while not",
-                       multiprocess_mode="min")
+                       multiprocess_mode="livemin")
 PENDING_PINS = Gauge("modelgate_affinity_pending_pins", "Ids handed out while the state store was away, kept in "
                      "this process until it can record them", multiprocess_mode="livesum")
 PINS_DROPPED = Counter("modelgate_affinity_pins_dropped", "Ids handed out during a state-store outage whose "
                        "record was dropped (the local buffer was full): their follow-ups find no channel")
-CONFIG_RELOADS = Counter("modelgate_config_reloads", "Config reloads by outcome", ["outcome"])
-CONFIG_INFO = Gauge("modelgate_config_info", "The loaded config (its digest); value 1", ["digest"],
-                    multiprocess_mode="liveall")
+# Both describe the gateway, not a worker: a reload is counted once (by the first worker, which
+# reloads like every other), and a digest's info is the highest value among live workers (1 while
+# any still runs it; 0 once every one has moved on), whatever the number of workers.
+CONFIG_RELOADS = Counter("modelgate_config_reloads", "Config reloads by outcome, once per gateway", ["outcome"])
+CONFIG_INFO = Gauge("modelgate_config_info", "The loaded config, by digest: 1 loaded, 0 replaced", ["digest"],
+                    multiprocess_mode="livemax")
 
 
 class ModelLabels:
@@ -136,11 +140,14 @@ def status_class(status: int) -> str:
 
 def set_config_info(digest: str, previous: str | None = None) -> None:
     if previous and previous != digest:
-        try:
-            CONFIG_INFO.remove(previous)
-        except KeyError:
-            pass
+        CONFIG_INFO.labels(previous).set(0)  # (removing a series does not reach the other workers' files)
     CONFIG_INFO.labels(digest).set(1)
+
+
+def count_reload(outcome: str) -> None:
+    """A reload's outcome, counted once per gateway: by its only process, or its first worker."""
+    if os.environ.get(WORKER_ENV, "0") == "0":
+        CONFIG_RELOADS.labels(outcome).inc()
 
 
 def exposition() -> tuple[bytes, str]:
