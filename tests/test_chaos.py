@@ -4,7 +4,7 @@ a supervisor killed outright, and a drain shorter than the streams it ends."""
 from __future__ import annotations
 
 import asyncio
-import os
+import contextlib
 import signal
 import subprocess
 import time
@@ -103,7 +103,9 @@ async def test_a_state_store_outage_degrades_clearly_and_heals(spawn, redis):  #
     async with aiohttp.ClientSession() as http:
         status, made_before = await respond(http, a.url)
         assert status == 200
+        load = Load(http, [a.url, b.url])
         for stage in ("hung", "stopped"):
+            load.start()
             redis.hang() if stage == "hung" else redis.stop()
             # Every instance stays ready, says why it is degraded, and answers at once.
             for gateway in (a, b):
@@ -123,11 +125,38 @@ async def test_a_state_store_outage_degrades_clearly_and_heals(spawn, redis):  #
             _, body = await ready(http, a.url)
             assert body["pending_pins"] >= 1
             redis.resume() if stage == "hung" else await redis.start()
+            statuses = await load.stop()
+            assert statuses and set(statuses) == {200}, (stage, statuses)  # nothing the load sent was refused
             for gateway in (a, b):
                 await until(lambda g=gateway: _store_up(http, g.url))
             await until(lambda: _followed(http, b.url, made_during["id"]))  # written once the store answered
             if stage == "hung":  # the store kept its data: what was made before is followed again
                 assert (await respond(http, b.url, made_before["id"]))[0] == 200
+
+
+class Load:
+    """Requests that follow no id, sent without pause to every instance while the store is away."""
+
+    def __init__(self, http: aiohttp.ClientSession, urls: list[str]) -> None:
+        self.http, self.urls = http, urls
+        self.statuses: list[int] = []
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.statuses = []
+        self.task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            for url in self.urls:
+                self.statuses.append((await respond(self.http, url))[0])
+
+    async def stop(self) -> list[int]:
+        assert self.task is not None
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        return self.statuses
 
 
 async def _store_down(http: aiohttp.ClientSession, url: str) -> bool:
