@@ -128,8 +128,9 @@ class Affinity:
         return alias
 
     def _keep(self, key: str, value: str, overwrite: bool, request_id: str | None) -> None:
-        log.warning("state store unreachable: the id's pin is kept here until it returns",
-                    extra={"request_id": request_id, "pending": len(self._pending) + 1})
+        if not self._pending:  # once an outage, not once an id (the gauge counts them)
+            log.warning("state store unreachable: pins of ids handed out are kept here until it returns",
+                        extra={"request_id": request_id})
         self._pending[key] = (value, overwrite)
         while len(self._pending) > self._max_pending:
             self._pending.popitem(last=False)
