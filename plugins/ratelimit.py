@@ -78,8 +78,8 @@ class RateLimit(Plugin):
         if self.owns_limiter:
             await self.limiter.close()
 
-    def unready(self) -> str | None:
-        if self.unavailable and self.settings.fail == "closed":
+    def unready(self, state_ok: bool) -> str | None:
+        if self.owns_limiter and not state_ok and self.settings.fail == "closed":  # its store is the state store
             return "rate limits cannot be checked and plugins.ratelimit.fail is closed"
         return None
 

@@ -22,9 +22,11 @@ well exist), and the pins of ids handed out meanwhile are kept in this process (
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +42,7 @@ log = logging.getLogger("modelgate.affinity")
 
 _MAX_ID_LENGTH = 512
 _RETRY_S = 1.0  # between tries to write kept pins
+_CLOSE_S = 1.0  # the last try, on shutdown
 
 
 @dataclass(slots=True, frozen=True)
@@ -56,11 +59,15 @@ class StateUnavailable(Exception):
 
 
 class Affinity:
-    __slots__ = ("_store", "_ttl_s", "_pending", "_max_pending", "_flusher")
+    __slots__ = ("_store", "_ttl_s", "_pending", "_max_pending", "_flusher", "_reachable")
 
-    def __init__(self, store: StateStore, ttl_s: int, max_pending: int = 10_000) -> None:
+    def __init__(self, store: StateStore, ttl_s: int, max_pending: int = 10_000,
+                 reachable: Callable[[], bool] = lambda: True) -> None:
         self._store = store
         self._ttl_s = ttl_s
+        # The store's probe: while it says the store is away, no request waits on the store's
+        # timeouts (a hung Redis would hold each one for seconds).
+        self._reachable = reachable
         # Pins of ids handed out while the store was away: followed from here meanwhile, and
         # written once it answers again (oldest dropped past `max_pending`, and counted).
         self._pending: OrderedDict[str, tuple[str, bool]] = OrderedDict()  # key -> (record, overwrite)
@@ -83,6 +90,8 @@ class Affinity:
         if (held := self._pending.get(key)) is not None:  # made here during an outage, not yet written
             ex.followed = _record(held[0])
             return
+        if not self._reachable():
+            raise StateUnavailable("the state store is unreachable")
         try:
             raw = await self._store.get(key)
         except Exception as exc:
@@ -99,16 +108,24 @@ class Affinity:
             return None
         record = {"channel": ex.channel.name, "owner": ex.tenant or ""}
         handed_out = ref
-        if pin is Pin.VIDEO_TASK and PARAM_GRAMMAR["task_id"][0].fullmatch(ref) is None:
+        if pin is Pin.VIDEO_TASK and (PARAM_GRAMMAR["task_id"][0].fullmatch(ref) is None or not self._reachable()):
+            # (while the store is away, whether another request holds this id cannot be asked:
+            # an alias, new by construction, is the task's own)
             handed_out = await self._alias(record, pin, ref)
         else:
             value = jsonutil.dumps(record).decode()
             try:
+                if not self._reachable():
+                    raise StateUnavailable("the state store is unreachable")
                 added = await self._store.add(_key(pin, ref), value, self._ttl_s)
             except Exception:
-                # The answer is good; the pin is kept here until the store can take it.
-                self._keep(_key(pin, ref), value, overwrite=False, request_id=ex.request_id)
-                added = True
+                if pin is Pin.VIDEO_TASK:
+                    handed_out = await self._alias(record, pin, ref)
+                    added = True
+                else:
+                    # The answer is good; the pin is kept here until the store can take it.
+                    self._keep(_key(pin, ref), value, overwrite=False, request_id=ex.request_id)
+                    added = True
             if not added:
                 if pin is Pin.VIDEO_TASK:
                     handed_out = await self._alias(record, pin, ref)
@@ -122,6 +139,8 @@ class Affinity:
         alias = "task_mg_" + secrets.token_urlsafe(18)  # unguessable and new: nobody else can hold it
         value = jsonutil.dumps({**record, "upstream": ref}).decode()
         try:
+            if not self._reachable():
+                raise StateUnavailable("the state store is unreachable")
             await self._store.set(_key(pin, alias), value, self._ttl_s)
         except Exception:
             self._keep(_key(pin, alias), value, overwrite=True, request_id=None)
@@ -144,6 +163,8 @@ class Affinity:
         recorded meanwhile keeps that record (`add`), an alias (new by construction) is set."""
         while self._pending:
             await asyncio.sleep(_RETRY_S)
+            if not self._reachable():
+                continue
             try:
                 while self._pending:
                     key, (value, overwrite) = next(iter(self._pending.items()))
@@ -158,18 +179,19 @@ class Affinity:
             log.info("state store back: every kept pin is written")
 
     async def close(self) -> None:
-        """One last try to write kept pins (on shutdown); what cannot be written is logged."""
+        """One last try to write kept pins (on shutdown, within a second, and only to a store
+        that answers its probe); what cannot be written is logged."""
         if self._flusher is not None:
             self._flusher.cancel()
-        for key, (value, overwrite) in list(self._pending.items()):
-            try:
-                if overwrite:
-                    await self._store.set(key, value, self._ttl_s)
-                else:
-                    await self._store.add(key, value, self._ttl_s)
-                del self._pending[key]
-            except Exception:
-                break
+        if self._pending and self._reachable():
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(_CLOSE_S):
+                    for key, (value, overwrite) in list(self._pending.items()):
+                        if overwrite:
+                            await self._store.set(key, value, self._ttl_s)
+                        else:
+                            await self._store.add(key, value, self._ttl_s)
+                        del self._pending[key]
         if self._pending:
             log.error("stopping with pins the state store never took: their ids cannot be followed",
                       extra={"pending": len(self._pending)})

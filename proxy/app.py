@@ -66,7 +66,9 @@ class GatewayApp:
         await self.probe.check()
         self.probe.start()
         runtime = await Runtime.build(self.loaded, self.simulators, self.resources)
-        self.affinity = Affinity(self.store, config.state.affinity_ttl_s, config.state.pending_pins)
+        probe = self.probe
+        self.affinity = Affinity(self.store, config.state.affinity_ttl_s, config.state.pending_pins,
+                                 reachable=lambda: probe.ok)
         self.gateway = Gateway(runtime, self.affinity, self.tracing, self.connections, self.drain)
         set_config_info(self.loaded.digest)
 
@@ -187,12 +189,14 @@ async def _readyz(request: web.Request) -> web.Response:
     store's state is the background probe's, so this answers at once, whatever the store does."""
     owner = request.app[APP_KEY]
     now = time.monotonic()
-    reasons = [reason for plugin in owner.runtime.plugins if (reason := plugin.unready())] if owner.gateway else []
-    ready = owner.gateway is not None and not reasons
     probe = owner.probe
+    state_ok = probe is None or probe.ok
+    reasons = [reason for plugin in owner.runtime.plugins if (reason := plugin.unready(state_ok))] \
+        if owner.gateway else []
+    ready = owner.gateway is not None and not reasons
     body: dict[str, object] = {
         "status": "ready" if ready else "not ready",
-        "state_store": "ok" if probe is None or probe.ok else "unreachable",
+        "state_store": "ok" if state_ok else "unreachable",
         "config": owner.loaded.digest, "connections": owner.connections.open,
         "channels": [_breaker(c, now) for c in owner.runtime.channels.channels] if owner.gateway else []}
     if probe is not None and not probe.ok:

@@ -1,7 +1,9 @@
 """`Drain`: stopping within `server.drain_timeout_s` in total, and saying so to every client.
 
-On SIGTERM the gateway stops accepting connections, asks every connection to close once its
-answer is done (`Connection: close` on answers from then on), and waits for requests in flight.
+On SIGTERM the gateway stops accepting connections and waits for requests in flight; every
+answer from then on says `Connection: close`. (Connections are not closed under their clients:
+aiohttp would drop the rest of a body still arriving, and an idle keep-alive connection closed
+now races the request its client may be sending on it.)
 Streams still open shortly before the deadline are cut: each ends with its format's error event
 (`server_shutting_down`), so a client knows to retry rather than take a short answer for a whole
 one. What is left at the deadline is cancelled.
@@ -41,13 +43,11 @@ class Drain:
     def closed(self, stream: Cuttable) -> None:
         self._streams.discard(stream)
 
-    async def run(self, server: web.Server | None, in_flight: Callable[[], int], timeout_s: float) -> None:
+    async def run(self, in_flight: Callable[[], int], timeout_s: float) -> None:
         """Wait for requests in flight, cut the streams left near the deadline, and return by it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         self.draining = True
-        for connection in list(server.connections if server is not None else ()):
-            connection.close()  # idle ones now, busy ones once their answer is done
         cut_at = deadline - min(CUT_BEFORE_S, timeout_s / 2)
         while in_flight() and loop.time() < cut_at:
             await asyncio.sleep(0.05)

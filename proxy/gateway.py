@@ -45,7 +45,7 @@ def new_request_id() -> str:
 class Gateway:
     """Holds the live Runtime and serves each request against the one current when it arrived."""
 
-    __slots__ = ("runtime", "affinity", "tracing", "connections", "forwarder")
+    __slots__ = ("runtime", "affinity", "tracing", "connections", "forwarder", "in_flight")
 
     def __init__(self, runtime: Runtime, affinity: Affinity, tracing: Tracing,
                  connections: ConnectionCount | None = None, drain: Drain | None = None) -> None:
@@ -54,10 +54,12 @@ class Gateway:
         self.tracing = tracing
         self.connections = connections or ConnectionCount()
         self.forwarder = Forwarder(affinity, drain)
+        self.in_flight = 0  # every runtime's: a reload swaps the runtime, not the requests running
 
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
         runtime = self.runtime
         runtime.enter()
+        self.in_flight += 1
         config = runtime.config.server
         incoming_id = request.headers.get(config.request_id_header, "")
         gateway_id = new_request_id()
@@ -93,6 +95,7 @@ class Gateway:
                 log.exception("request bookkeeping failed", extra={"request_id": request_id, "route": route.name})
             finally:
                 runtime.leave()
+                self.in_flight -= 1
 
     async def _serve(self, ex: Exchange, runtime: Runtime) -> web.StreamResponse:
         server = runtime.config.server

@@ -79,9 +79,10 @@ class Plugin:
     async def stop(self) -> None:
         """Called once after the last request of the config this instance belongs to."""
 
-    def unready(self) -> str | None:
+    def unready(self, state_ok: bool) -> str | None:
         """Why this instance cannot serve right now, as far as this plugin knows (`/readyz` says
-        so and answers 503), or None. A plugin whose configured fail mode serves on says None."""
+        so and answers 503), or None; `state_ok`: the state store answers its probe. A plugin
+        whose configured fail mode serves on says None."""
         return None
 
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:

@@ -17,7 +17,7 @@ from proxy.app import APP_KEY, build_app
 from proxy.client_limits import parser_limits
 from proxy.config import LoadedConfig
 from proxy.config.model import ServerConfig, worker_count
-from proxy.workers import Supervisor, bind_to_supervisor, is_worker, port_taken
+from proxy.workers import RELOAD_ENV, Supervisor, bind_to_supervisor, is_worker, port_taken
 
 log = logging.getLogger("modelgate.server")
 
@@ -51,7 +51,8 @@ def serve(loaded: LoadedConfig, config_path: str | Path | None) -> int:
         return Supervisor(count, config_path, server.drain_timeout_s).run()
     raise_descriptor_limit()
     uvloop = install_uvloop()
-    asyncio.run(_serve(loaded, config_path, uvloop))
+    # A worker starts from its supervisor's last good copy, and reloads the operator's file.
+    asyncio.run(_serve(loaded, os.environ.get(RELOAD_ENV) or config_path, uvloop))
     return 0
 
 
@@ -115,8 +116,7 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
     finally:
         log.info("modelgate stopping", extra={"drain_timeout_s": server.drain_timeout_s})
         await site.stop()  # no new connections
-        await owner.drain.run(runner.server, lambda: owner.runtime.in_flight if owner.gateway else 0,
-                              server.drain_timeout_s)
+        await owner.drain.run(lambda: owner.gateway.in_flight if owner.gateway else 0, server.drain_timeout_s)
         await runner.cleanup()  # cancels what is left, within FINAL_GRACE_S
 
 

@@ -25,6 +25,7 @@ log = logging.getLogger("modelgate.workers")
 
 WORKER_ENV = "MODELGATE_WORKER"
 SUPERVISOR_ENV = "MODELGATE_SUPERVISOR_PID"
+RELOAD_ENV = "MODELGATE_RELOAD_FROM"  # the config file a worker reloads (it starts from the last good copy)
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 _CRASH_LOOP = 5       # workers dying this soon after starting, this many times in a row: give up
 _CRASH_WINDOW_S = 2.0
@@ -73,6 +74,12 @@ class Supervisor:
         self.config_path = config_path
         self.drain_timeout_s = drain_timeout_s
         self.metrics_dir = tempfile.mkdtemp(prefix="modelgate-metrics-")
+        # The last config the workers accepted: a worker started again (after a crash) starts from
+        # it, not from a file edited since, which might be broken or differ from what the others run.
+        self.good_config: Path | None = None
+        if config_path is not None:
+            self.good_config = Path(self.metrics_dir).with_name(Path(self.metrics_dir).name + ".yaml")
+            self.good_config.write_text(Path(config_path).read_text(encoding="utf-8"), encoding="utf-8")
         self.workers: dict[int, subprocess.Popen[bytes]] = {}
         self.stopping = False
         self.quick_deaths = 0
@@ -89,13 +96,16 @@ class Supervisor:
             return self._watch()
         finally:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
+            if self.good_config is not None:
+                self.good_config.unlink(missing_ok=True)
 
     def _start(self, slot: int) -> None:
         command = [sys.executable, "-m", "proxy", "serve"]
-        if self.config_path is not None:
-            command += ["-c", str(self.config_path)]
         env = {**os.environ, WORKER_ENV: str(slot), SUPERVISOR_ENV: str(os.getpid()),
                "PROMETHEUS_MULTIPROC_DIR": self.metrics_dir}
+        if self.config_path is not None:
+            command += ["-c", str(self.good_config)]
+            env[RELOAD_ENV] = str(self.config_path)
         self.workers[slot] = subprocess.Popen(command, env=env)
 
     def _watch(self) -> int:
@@ -137,6 +147,20 @@ class Supervisor:
                 process.send_signal(signal.SIGTERM)
 
     def _reload(self, *_: object) -> None:
+        """Pass SIGHUP on (each worker reloads the file, and counts the outcome); a file that is
+        valid becomes what a worker started from now on starts from."""
+        if self.config_path is not None and self.good_config is not None:
+            from proxy.config import ConfigError, parse_config
+
+            try:
+                text = Path(self.config_path).read_text(encoding="utf-8")
+                parse_config(text, os.environ)
+            except (OSError, ConfigError):
+                pass  # refused by the workers too, who say why; new workers keep the last good one
+            else:
+                staged = self.good_config.with_suffix(".new")
+                staged.write_text(text, encoding="utf-8")
+                staged.replace(self.good_config)
         for process in self.workers.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGHUP)

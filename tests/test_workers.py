@@ -138,3 +138,23 @@ async def test_a_reload_is_counted_once_and_the_config_info_names_the_digest_in_
             await asyncio.sleep(0.2)
     assert reloads == 1  # one SIGHUP to a gateway of two workers: one reload
     assert sorted(info.values()) == [0.0, 1.0], info  # the old digest 0, the new 1
+
+
+async def test_a_worker_started_again_starts_from_the_last_good_config(spawn, redis_url, tmp_path) -> None:  # noqa: ANN001
+    gateway = spawn("gateway", config=worker_config())
+    config = next(tmp_path.glob("gateway-*.yaml"))
+    config.write_text("server: oops\n")  # broken on disk; a reload is refused, the workers run on
+    gateway.proc.send_signal(signal.SIGHUP)
+    first, second = children(gateway.proc.pid)
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        now = children(gateway.proc.pid)
+        if len(now) == 2 and first not in now:
+            break
+        time.sleep(0.1)
+    time.sleep(3)  # long enough for a replacement that could not start to have died, more than once
+    assert gateway.proc.poll() is None and len(children(gateway.proc.pid)) == 2
+    for _ in range(10):  # fresh connections reach both workers
+        async with aiohttp.ClientSession() as fresh, fresh.get(gateway.url + "/healthz") as answer:
+            assert answer.status == 200
