@@ -83,11 +83,19 @@ class RateLimit(Plugin):
             return "rate limits cannot be checked and plugins.ratelimit.fail is closed"
         return None
 
+    def _store_away(self) -> bool:
+        """The shared store's probe says it is away: a Redis limiter is not waited on (a hung one
+        would hold every request for its timeout); the fail mode decides at once."""
+        reachable = self.resources.get("state.reachable")
+        return self.owns_limiter and reachable is not None and not reachable()  # type: ignore[operator]
+
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
         checks = self._checks(ex)
         if not checks:
             return None
         try:
+            if self._store_away():
+                raise LimiterUnavailable("the state store is unreachable")
             decision = await self.limiter.acquire(checks, ex.gateway_id)
         except LimiterUnavailable as exc:
             return self._unavailable(ex, exc)
@@ -121,6 +129,8 @@ class RateLimit(Plugin):
         reserved = next((c.cost for c in checks if c.kind is Kind.TOKENS), None)
         spent = _tokens_spent(ex, reserved) if reserved is not None else None
         try:
+            if self._store_away():  # its lease and reservation expire on their own
+                raise LimiterUnavailable("the state store is unreachable")
             await self.limiter.finish(checks, ex.gateway_id, None if spent == reserved else spent)
         except LimiterUnavailable as exc:
             RATELIMIT_BACKEND_ERRORS.labels(self.settings.fail).inc()

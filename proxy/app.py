@@ -65,8 +65,10 @@ class GatewayApp:
         self.probe = StoreProbe(self.store)
         await self.probe.check()
         self.probe.start()
-        runtime = await Runtime.build(self.loaded, self.simulators, self.resources)
         probe = self.probe
+        # For plugins that talk to the same store: while its probe calls it away, they need not wait on it.
+        self.resources["state.reachable"] = lambda: probe.ok
+        runtime = await Runtime.build(self.loaded, self.simulators, self.resources)
         self.affinity = Affinity(self.store, config.state.affinity_ttl_s, config.state.pending_pins,
                                  reachable=lambda: probe.ok)
         self.gateway = Gateway(runtime, self.affinity, self.tracing, self.connections, self.drain)

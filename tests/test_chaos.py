@@ -4,7 +4,6 @@ a supervisor killed outright, and a drain shorter than the streams it ends."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import subprocess
 import time
@@ -69,7 +68,7 @@ async def redis(tmp_path) -> AsyncIterator[Redis]:  # noqa: ANN001
 
 def gateway_config(redis_url: str, upstream_url: str) -> str:
     return f"""
-server: {{listen: "127.0.0.1:{{PORT}}"}}
+server: {{listen: "127.0.0.1:{{PORT}}", workers: 1}}  # an instance, one process: pins are kept per process
 state: {{backend: redis, url: '{redis_url}', prefix: 'chaos:'}}
 keys: [{{name: chaos, key: {KEY}, limits: {{rpm: 100000}}}}]
 channels: [{{name: sim, base_url: '{upstream_url}'}}]
@@ -121,7 +120,8 @@ async def test_a_state_store_outage_degrades_clearly_and_heals(spawn, redis):  #
             # ... and an id made now is followed where it was made, its pin kept until the store is back.
             status, made_during = await respond(http, a.url)
             assert status == 200
-            assert (await respond(http, a.url, made_during["id"]))[0] == 200
+            followed = await respond(http, a.url, made_during["id"])
+            assert followed[0] == 200, (stage, followed)
             _, body = await ready(http, a.url)
             assert body["pending_pins"] >= 1
             redis.resume() if stage == "hung" else await redis.start()
@@ -140,22 +140,23 @@ class Load:
     def __init__(self, http: aiohttp.ClientSession, urls: list[str]) -> None:
         self.http, self.urls = http, urls
         self.statuses: list[int] = []
+        self.running = False
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self.statuses = []
+        self.statuses, self.running = [], True
         self.task = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
-        while True:
+        while self.running:
             for url in self.urls:
                 self.statuses.append((await respond(self.http, url))[0])
 
     async def stop(self) -> list[int]:
+        """The statuses of every request sent, the last ones answered too (none is cut short)."""
         assert self.task is not None
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
+        self.running = False
+        await asyncio.wait_for(self.task, 30)
         return self.statuses
 
 
