@@ -15,7 +15,7 @@ from aiohttp import web
 from proxy.access_log import configure_logging
 from proxy.app import APP_KEY, build_app
 from proxy.client_limits import parser_limits
-from proxy.config import LoadedConfig
+from proxy.config import LoadedConfig, text_digest
 from proxy.config.model import ServerConfig, worker_count
 from proxy.workers import RELOAD_ENV, Supervisor, bind_to_supervisor, is_worker, port_taken
 
@@ -52,7 +52,7 @@ def serve(loaded: LoadedConfig, config_path: str | Path | None) -> int:
     raise_descriptor_limit()
     uvloop = install_uvloop()
     # A worker starts from its supervisor's last good copy, and reloads the operator's file.
-    asyncio.run(_serve(loaded, os.environ.get(RELOAD_ENV) or config_path, uvloop))
+    asyncio.run(_serve(loaded, os.environ.get(RELOAD_ENV) or config_path, uvloop, started_from=config_path))
     return 0
 
 
@@ -89,7 +89,8 @@ async def start_runner(app: web.Application, config: ServerConfig) -> web.AppRun
     return runner
 
 
-async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: bool) -> None:
+async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: bool,
+                 started_from: str | Path | None = None) -> None:
     app = build_app(loaded, config_path)
     runner = await start_runner(app, loaded.config.server)
     server = loaded.config.server
@@ -107,6 +108,9 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
         loop.add_signal_handler(sig, stop.set)
     if config_path is not None:
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(owner.reload()))
+        if started_from is not None and _changed_since(started_from, loaded.digest):
+            # A SIGHUP came while this worker started, before it could take one: catch up.
+            loop.create_task(owner.reload())
     base_url = _base_url(server)
     log.info("modelgate listening on %s", base_url, extra={
         "listen": server.listen, "base_url": base_url, "config": loaded.source, "digest": loaded.digest,
@@ -118,6 +122,13 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
         await site.stop()  # no new connections
         await owner.drain.run(lambda: owner.gateway.in_flight if owner.gateway else 0, server.drain_timeout_s)
         await runner.cleanup()  # cancels what is left, within FINAL_GRACE_S
+
+
+def _changed_since(path: str | Path, digest: str) -> bool:
+    try:
+        return text_digest(Path(path).read_text(encoding="utf-8")) != digest
+    except OSError:
+        return False
 
 
 def _base_url(server: ServerConfig) -> str:

@@ -53,6 +53,12 @@ def bind_to_supervisor() -> None:
         raise SystemExit(1)
 
 
+def _ignore_hangups() -> None:
+    """In a worker being started: a SIGHUP before its loop handles them would kill it (the
+    default action). It starts from the config the supervisor kept, so missing one loses nothing."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
 def port_taken(host: str, port: int) -> bool:
     """Whether something listens on host:port already: a bind without SO_REUSEPORT fails where any
     socket holds the address (workers of another gateway included, which would otherwise share it)."""
@@ -106,7 +112,7 @@ class Supervisor:
         if self.config_path is not None:
             command += ["-c", str(self.good_config)]
             env[RELOAD_ENV] = str(self.config_path)
-        self.workers[slot] = subprocess.Popen(command, env=env)
+        self.workers[slot] = subprocess.Popen(command, env=env, preexec_fn=_ignore_hangups)
 
     def _watch(self) -> int:
         started = {slot: time.monotonic() for slot in self.workers}

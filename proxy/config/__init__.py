@@ -68,7 +68,12 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
     except OSError as exc:
         raise ConfigError([f"<file>: cannot read {path}: {exc.strerror or exc}"]) from None
     config = parse_config(text, os.environ if environ is None else environ)
-    return LoadedConfig(config, str(path), hashlib.sha256(text.encode()).hexdigest()[:16])
+    return LoadedConfig(config, str(path), text_digest(text))
+
+
+def text_digest(text: str) -> str:
+    """What names a config: the first 16 hex digits of its text's SHA-256."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def parse_config(text: str, environ: Mapping[str, str]) -> GatewayConfig:
