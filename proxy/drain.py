@@ -1,9 +1,11 @@
 """`Drain`: stopping within `server.drain_timeout_s` in total, and saying so to every client.
 
 On SIGTERM the gateway stops accepting connections and waits for requests in flight; every
-answer from then on says `Connection: close`. (Connections are not closed under their clients:
-aiohttp would drop the rest of a body still arriving, and an idle keep-alive connection closed
-now races the request its client may be sending on it.)
+answer from then on says `Connection: close`, and the connection of one whose head went out
+before (a stream) is closed once it ends, so no client sends its retry to a gateway on its way
+out. (Connections are not closed under their clients: aiohttp would drop the rest of a body
+still arriving, and an idle keep-alive connection closed now races the request its client may
+be sending on it.)
 Streams still open shortly before the deadline are cut: each ends with its format's error event
 (`server_shutting_down`), so a client knows to retry rather than take a short answer for a whole
 one. What is left at the deadline is cancelled.
@@ -31,14 +33,17 @@ class Cuttable(Protocol):
 class Drain:
     """Open streams, and whether the gateway is draining."""
 
-    __slots__ = ("draining", "_streams")
+    __slots__ = ("draining", "cutting", "_streams")
 
     def __init__(self) -> None:
         self.draining = False
+        self.cutting = False  # past the cut point: a stream that opens now ends at once, and says why
         self._streams: set[Cuttable] = set()
 
     def opened(self, stream: Cuttable) -> None:
         self._streams.add(stream)
+        if self.cutting:
+            stream.cut()
 
     def closed(self, stream: Cuttable) -> None:
         self._streams.discard(stream)
@@ -51,6 +56,7 @@ class Drain:
         cut_at = deadline - min(CUT_BEFORE_S, timeout_s / 2)
         while in_flight() and loop.time() < cut_at:
             await asyncio.sleep(0.05)
+        self.cutting = True
         if self._streams:
             log.warning("drain deadline near: cutting open streams", extra={"streams": len(self._streams)})
             for stream in list(self._streams):

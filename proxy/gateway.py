@@ -85,6 +85,8 @@ class Gateway:
             try:
                 if ex.status == 0 and response is not None:
                     ex.status = response.status
+                if response is not None and self.forwarder.drain is not None and self.forwarder.drain.draining:
+                    response.force_close()  # its connection goes when it ends: a retry finds a live gateway
                 await runtime.pipelines[route.name].run_complete(ex)
                 now = time.perf_counter()
                 overhead = ex.overhead_seconds(now)  # read once: metrics, trace and access line agree

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import Process, free_port
+from tests.test_workers import alive, children
 
 KEY = "chaos-key-00001"
 BEARER = {"Authorization": f"Bearer {KEY}"}
@@ -251,3 +252,39 @@ async def test_with_limits_failing_closed_readiness_follows_the_store_without_tr
 
 async def _status_is(http: aiohttp.ClientSession, url: str, status: int) -> bool:
     return (await ready(http, url))[0] == status
+
+
+async def test_workers_die_within_a_second_of_a_supervisor_killed_by_sigkill(spawn, redis):  # noqa: ANN001
+    gateway = spawn("gateway", config=gateway_config(redis.url, "simulator").replace("workers: 1", "workers: 2"))
+    workers = children(gateway.proc.pid)
+    assert len(workers) == 2
+    gateway.proc.kill()
+    gateway.proc.wait(timeout=5)
+    deadline = time.monotonic() + 1.0  # no worker outlives its supervisor by more than a second
+    while time.monotonic() < deadline and any(alive(pid) for pid in workers):
+        await asyncio.sleep(0.02)
+    assert not [pid for pid in workers if alive(pid)]
+    async with aiohttp.ClientSession() as http:  # and nothing listens on the port any more
+        with pytest.raises(aiohttp.ClientConnectionError):
+            await http.get(gateway.url + "/healthz")
+
+
+async def test_after_a_cut_stream_a_retry_never_reaches_the_draining_gateway(spawn):  # noqa: ANN001
+    gateway = spawn("gateway", config="""
+server: {listen: "127.0.0.1:{PORT}", drain_timeout_s: 2}
+channels: [{name: sim, base_url: simulator, simulator: {chunk_delay_ms: 200, output_tokens: 100}}]
+""")
+    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 200, "stream": True,
+            "messages": [{"role": "user", "content": "a long story"}]}
+    headers = {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http:  # one connection, reused
+        async with http.post(gateway.url + "/v1/messages", json=body, headers=headers) as answer:
+            await asyncio.sleep(0.5)
+            gateway.proc.send_signal(signal.SIGTERM)
+            text = (await answer.read()).decode()
+        assert "server_shutting_down" in text.rsplit("\n\n", 2)[-2]
+        # the client retries at once: a new connection is refused, not a stream that dies unannounced
+        with pytest.raises(aiohttp.ClientConnectionError):
+            async with http.post(gateway.url + "/v1/messages", json=body, headers=headers) as retry:
+                await retry.read()
+    assert await asyncio.to_thread(gateway.proc.wait, 10) == 0

@@ -94,18 +94,6 @@ def alive(pid: int) -> bool:
         return False
 
 
-async def test_workers_die_with_a_supervisor_killed_by_sigkill(spawn, redis_url) -> None:  # noqa: ANN001
-    gateway = spawn("gateway", config=worker_config())
-    workers = children(gateway.proc.pid)
-    assert len(workers) == 2
-    gateway.proc.kill()
-    gateway.proc.wait(timeout=5)
-    deadline = time.monotonic() + 1.0  # no worker outlives its supervisor by more than a second
-    while time.monotonic() < deadline and any(alive(pid) for pid in workers):
-        time.sleep(0.02)
-    assert not [pid for pid in workers if alive(pid)]
-
-
 async def test_a_second_gateway_on_a_served_port_refuses_to_start(spawn, redis_url) -> None:  # noqa: ANN001
     import subprocess
     import sys
