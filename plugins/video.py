@@ -121,7 +121,7 @@ class VideoTasks(Plugin):
             VIDEO_OUTCOMES.labels("filtered" if normal.get("filtered") else normal["status"]).inc()
             normal.setdefault("completed_at", int(time.time()))
         ttl = self.settings.terminal_cache_s if terminal else self.settings.status_cache_s
-        if ttl > 0:
+        if ttl > 0 and not self._store_away():
             try:
                 await self.cache.set(f"video:status:{normal['task_id']}", jsonutil.dumps(normal).decode(),
                                      max(1, round(ttl)))
@@ -139,7 +139,14 @@ class VideoTasks(Plugin):
             if waiting is not None and not waiting.done():
                 waiting.set_result(None)
 
+    def _store_away(self) -> bool:
+        """The state store's probe calls it away: its cache is skipped, not waited on."""
+        reachable = self.resources.get("state.reachable")
+        return reachable is not None and not reachable()  # type: ignore[operator]
+
     async def _cached(self, task_id: str) -> dict[str, Any] | None:
+        if self._store_away():
+            return None  # a miss: the channel is asked
         try:
             raw = await self.cache.get(f"video:status:{task_id}")
         except Exception as exc:  # state unreachable: a miss, the channel is asked
@@ -150,6 +157,9 @@ class VideoTasks(Plugin):
     async def _record_task(self, ex: Exchange, task_id: str, task: dict[str, Any]) -> None:
         """What the submission said, for the SDK's object, and the task on its tenant's list."""
         ttl = self.settings.task_record_s
+        if self._store_away():
+            log.warning("state store unreachable: a video task made now is not listed")
+            return
         try:
             await self.cache.set(f"video:task:{task_id}", jsonutil.dumps(task).decode(), ttl)
             await self.cache.push(f"video:owned:{ex.tenant or ''}", task_id, ttl, self.settings.list_keep)
@@ -157,6 +167,8 @@ class VideoTasks(Plugin):
             log.warning("could not record a video task: %s", exc)
 
     async def _task(self, task_id: str) -> dict[str, Any]:
+        if self._store_away():
+            return {}
         try:
             raw = await self.cache.get(f"video:task:{task_id}")
         except Exception as exc:
@@ -175,6 +187,8 @@ class VideoTasks(Plugin):
         if query.get("order", "desc") not in ("asc", "desc"):
             return ex.error_response(400, "order: must be asc or desc", param="order")
         try:
+            if self._store_away():
+                raise ConnectionError("the state store is unreachable")
             ids = await self.cache.recent(f"video:owned:{ex.tenant or ''}", self.settings.list_keep)
         except Exception:
             return ex.error_response(503, "the gateway cannot read its task list right now; retry shortly",

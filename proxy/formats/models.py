@@ -2,8 +2,9 @@
 
 The response SDK sends its key as a Bearer token, the message SDK in `x-api-key` (with
 `anthropic-version`), the content-generation SDK (API version v1) in `x-goog-api-key`. Every one
-of those places is read, and the list is answered in the shape of the format whose place held
-the key; errors are in the generic shape.
+of those places is read (and two different keys refused), and the list, and any error, is
+answered in the shape of the format whose place held the key (proxy/gateway.py sets it before
+the pipeline runs).
 """
 
 from __future__ import annotations
