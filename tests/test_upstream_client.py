@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import ssl
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -20,19 +21,32 @@ from proxy.upstream import (BadAnswer, ConnectFailed, ConnectionLost, InvalidReq
 from proxy.upstream.parser import AnswerParser
 from tests.scripted_upstream import OK, Scripted, first_then_numbered, read_all, scripted
 
-async def test_content_length_answer_is_read_and_its_connection_reused() -> None:
+
+@pytest.fixture
+async def pools() -> AsyncIterator[Callable[..., UpstreamPool]]:
+    """Upstream pools made for one test, every one closed at its end, whatever happened in it."""
+    made: list[UpstreamPool] = []
+
+    def make(*args: Any, **kwargs: Any) -> UpstreamPool:
+        made.append(UpstreamPool(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for pool in made:
+        await pool.close()
+
+async def test_content_length_answer_is_read_and_its_connection_reused(pools) -> None:  # noqa: ANN001
     async with scripted([OK]) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         for _ in range(3):
             assert await read_all(pool) == (200, b'{"ok":true}')
         assert upstream.connections == 1
         assert pool.connections == 1
-        await pool.close()
 
 
-async def test_request_carries_host_length_and_only_the_given_headers() -> None:
+async def test_request_carries_host_length_and_only_the_given_headers(pools) -> None:  # noqa: ANN001
     async with scripted([OK]) as upstream:
-        pool = UpstreamPool(upstream.url + "/base")
+        pool = pools(upstream.url + "/base")
         await read_all(pool, body=b'{"a":1}')
         head = upstream.requests[0].decode()
         port = upstream.url.rsplit(":", 1)[1]
@@ -41,26 +55,23 @@ async def test_request_carries_host_length_and_only_the_given_headers() -> None:
         assert fields == {"Host", "Content-Type", "Content-Length"}
         assert f"Host: 127.0.0.1:{port}\r\n" in head
         assert "Content-Length: 7\r\n" in head
-        await pool.close()
 
 
-async def test_get_without_body_sends_no_length() -> None:
+async def test_get_without_body_sends_no_length(pools) -> None:  # noqa: ANN001
     async with scripted([OK]) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         await read_all(pool, method="GET", body=b"")
         assert b"content-length" not in upstream.requests[0].lower()
-        await pool.close()
 
 
-async def test_chunked_answer_with_extensions_and_trailers() -> None:
+async def test_chunked_answer_with_extensions_and_trailers(pools) -> None:  # noqa: ANN001
     answer = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
               b"5;name=value\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\nX-Trailer: yes\r\n\r\n")
     async with scripted([answer]) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         assert await read_all(pool) == (200, b"hello world")
         assert await read_all(pool) == (200, b"hello world")
         assert upstream.connections == 1
-        await pool.close()
 
 
 @settings(max_examples=200, deadline=None)
@@ -88,69 +99,63 @@ def test_a_length_body_ends_at_its_length_and_bytes_past_it_spoil_the_connection
     assert parser.done and not parser.reusable
 
 
-async def test_answer_without_length_runs_until_close_and_is_not_reused() -> None:
+async def test_answer_without_length_runs_until_close_and_is_not_reused(pools) -> None:  # noqa: ANN001
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await upstream.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it")
         await writer.drain()
     async with Scripted(handler) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         assert await read_all(pool) == (200, b"all of it")
         assert await read_all(pool) == (200, b"all of it")
         assert upstream.connections == 2
-        await pool.close()
 
 
-async def test_head_answer_has_no_body_even_with_a_length() -> None:
+async def test_head_answer_has_no_body_even_with_a_length(pools) -> None:  # noqa: ANN001
     head = b"HTTP/1.1 200 OK\r\nContent-Type: video/mp4\r\nContent-Length: 1000\r\n\r\n"
     async with first_then_numbered(head) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         answer = await pool.request("HEAD", "/v1/videos/1/content", {})
         assert answer.content_length == 1000
         assert await answer.read() == b""
         answer.release()
         assert await read_all(pool) == (200, b'{"answer":2}')
         assert upstream.connections == 2  # a length where no body may come: the connection is retired
-        await pool.close()
 
 
-async def test_no_content_answer_has_no_body() -> None:
+async def test_no_content_answer_has_no_body(pools) -> None:  # noqa: ANN001
     async with scripted([b"HTTP/1.1 204 No Content\r\n\r\n", OK]) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         assert await read_all(pool) == (204, b"")
         assert await read_all(pool) == (200, b'{"ok":true}')
-        await pool.close()
 
 
-async def test_interim_answers_are_read_past() -> None:
+async def test_interim_answers_are_read_past(pools) -> None:  # noqa: ANN001
     answer = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n" + OK
     async with scripted([answer]) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         assert await read_all(pool) == (200, b'{"ok":true}')
-        await pool.close()
 
 
-async def test_connection_close_answer_is_not_reused() -> None:
+async def test_connection_close_answer_is_not_reused(pools) -> None:  # noqa: ANN001
     answer = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"
     async with scripted([answer]) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         await read_all(pool)
         await read_all(pool)
         assert upstream.connections == 2
-        await pool.close()
 
 
-async def test_answer_released_unread_closes_its_connection() -> None:
+async def test_answer_released_unread_closes_its_connection(pools) -> None:  # noqa: ANN001
     async with scripted([OK]) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         answer = await pool.request("GET", "/", {})
         answer.release()
         await read_all(pool)
         assert upstream.connections == 2
-        await pool.close()
 
 
-async def test_an_idle_connection_the_upstream_closed_is_never_written_to() -> None:
+async def test_an_idle_connection_the_upstream_closed_is_never_written_to(pools) -> None:  # noqa: ANN001
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
         await upstream.read_request(reader)
         writer.write(OK)
@@ -162,15 +167,14 @@ async def test_an_idle_connection_the_upstream_closed_is_never_written_to() -> N
             writer.write(OK)
             await writer.drain()
     async with Scripted(handler) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         assert await read_all(pool) == (200, b'{"ok":true}')
         await asyncio.sleep(0.05)  # the end of file reaches the socket
         assert await read_all(pool) == (200, b'{"ok":true}')
         assert upstream.connections == 2 and len(upstream.requests) == 2
-        await pool.close()
 
 
-async def test_a_connection_idle_a_second_is_asked_before_reuse_whether_the_upstream_closed_it() -> None:
+async def test_a_connection_idle_a_second_is_asked_before_reuse_whether_the_upstream_closed_it(pools) -> None:  # noqa: ANN001
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
         while True:
             await upstream.read_request(reader)
@@ -179,7 +183,7 @@ async def test_a_connection_idle_a_second_is_asked_before_reuse_whether_the_upst
             if number == 1:
                 return  # closes the first connection after its answer
     async with Scripted(handler) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         assert await read_all(pool) == (200, b'{"ok":true}')
         kept = pool._idle[-1]
         assert kept.transport is not None
@@ -189,59 +193,54 @@ async def test_a_connection_idle_a_second_is_asked_before_reuse_whether_the_upst
         kept.idle_since -= 2.0  # as if idle two seconds
         assert await read_all(pool) == (200, b'{"ok":true}')
         assert upstream.connections == 2 and len(upstream.requests) == 2 and kept.closed
-        await pool.close()
 
 
-async def test_a_reused_connection_closed_after_the_request_is_not_resent() -> None:
+async def test_a_reused_connection_closed_after_the_request_is_not_resent(pools) -> None:  # noqa: ANN001
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
         await upstream.read_request(reader)
         writer.write(OK)
         await writer.drain()
         await upstream.read_request(reader)  # takes the second request, then drops the connection
     async with Scripted(handler) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         assert await read_all(pool) == (200, b'{"ok":true}')
         with pytest.raises(ConnectionLost) as caught:
             await read_all(pool)
         assert (caught.value.written, caught.value.answered, caught.value.reused) == (Written.ALL, False, True)
         assert len(upstream.requests) == 2  # the pool sent it once; whether it goes again is not its call
-        await pool.close()
 
 
-async def test_an_upstream_keep_alive_timeout_retires_the_connection_before_it() -> None:
+async def test_an_upstream_keep_alive_timeout_retires_the_connection_before_it(pools) -> None:  # noqa: ANN001
     answer = b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=1\r\nContent-Length: 2\r\n\r\nok"
     async with scripted([answer]) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         await read_all(pool)
         await read_all(pool)
         assert upstream.connections == 2  # timeout=1 less the second's margin: never kept idle
-        await pool.close()
 
 
-async def test_fresh_connection_closed_before_answering_is_connection_lost() -> None:
+async def test_fresh_connection_closed_before_answering_is_connection_lost(pools) -> None:  # noqa: ANN001
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await upstream.read_request(reader)
     async with Scripted(handler) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         with pytest.raises(ConnectionLost) as caught:
             await read_all(pool)
         assert not caught.value.answered and not caught.value.reused and caught.value.written is Written.ALL
         assert upstream.connections == 1
-        await pool.close()
 
 
-async def test_answer_cut_short_is_connection_lost() -> None:
+async def test_answer_cut_short_is_connection_lost(pools) -> None:  # noqa: ANN001
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await upstream.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")
         await writer.drain()
     async with Scripted(handler) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         answer = await pool.request("GET", "/", {})
         with pytest.raises(ConnectionLost):
             await answer.read()
         answer.release()
-        await pool.close()
 
 
 @pytest.mark.parametrize("answer", [
@@ -251,15 +250,14 @@ async def test_answer_cut_short_is_connection_lost() -> None:
     b"HTTP/1.1 200 OK\r\nBad Header: x\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nX-A: 1\r\n folded\r\n\r\n",
 ])
-async def test_malformed_answer_is_bad_answer(answer: bytes) -> None:
+async def test_malformed_answer_is_bad_answer(pools, answer: bytes) -> None:  # noqa: ANN001
     async with scripted([answer]) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         with pytest.raises(BadAnswer):
             await read_all(pool)
-        await pool.close()
 
 
-async def test_bad_chunk_size_fails_the_body() -> None:
+async def test_bad_chunk_size_fails_the_body(pools) -> None:  # noqa: ANN001
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await upstream.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -269,43 +267,39 @@ async def test_bad_chunk_size_fails_the_body() -> None:
         await writer.drain()
         await asyncio.sleep(1)
     async with Scripted(handler) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         answer = await pool.request("GET", "/", {})
         with pytest.raises(BadAnswer):
             await answer.read()
         answer.release()
-        await pool.close()
 
 
-async def test_a_bad_body_in_the_same_read_as_its_head_fails_the_request() -> None:
+async def test_a_bad_body_in_the_same_read_as_its_head_fails_the_request(pools) -> None:  # noqa: ANN001
     async with scripted([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"]) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         with pytest.raises(BadAnswer):
             await pool.request("GET", "/", {})
-        await pool.close()
 
 
-async def test_refused_connection_is_connect_failed() -> None:
+async def test_refused_connection_is_connect_failed(pools) -> None:  # noqa: ANN001
     async with scripted([OK]) as upstream:
         url = upstream.url
-    pool = UpstreamPool(url)
+    pool = pools(url)
     with pytest.raises(ConnectFailed) as caught:
         await read_all(pool)
     assert not isinstance(caught.value, TimeoutError) and caught.value.written is Written.NOTHING
-    await pool.close()
 
 
-async def test_tls_to_a_plain_server_is_connect_failed() -> None:
+async def test_tls_to_a_plain_server_is_connect_failed(pools) -> None:  # noqa: ANN001
     async with scripted([OK]) as upstream:
-        pool = UpstreamPool(upstream.url.replace("http://", "https://"), connect_s=2)
+        pool = pools(upstream.url.replace("http://", "https://"), connect_s=2)
         with pytest.raises(ConnectFailed):
             await read_all(pool)
-        await pool.close()
 
 
-async def test_full_pool_makes_a_request_wait_for_a_released_connection() -> None:
+async def test_full_pool_makes_a_request_wait_for_a_released_connection(pools) -> None:  # noqa: ANN001
     async with scripted([OK]) as upstream:
-        pool = UpstreamPool(upstream.url, max_connections=1)
+        pool = pools(upstream.url, max_connections=1)
         first = await pool.request("GET", "/", {})
         second = asyncio.ensure_future(read_all(pool))
         await asyncio.sleep(0.05)
@@ -314,50 +308,46 @@ async def test_full_pool_makes_a_request_wait_for_a_released_connection() -> Non
         first.release()
         assert await second == (200, b'{"ok":true}')
         assert upstream.connections == 1
-        await pool.close()
 
 
-async def test_full_pool_past_the_connect_timeout_is_pool_exhausted() -> None:
+async def test_full_pool_past_the_connect_timeout_is_pool_exhausted(pools) -> None:  # noqa: ANN001
     async with scripted([OK]) as upstream:
-        pool = UpstreamPool(upstream.url, max_connections=1, connect_s=0.1)
+        pool = pools(upstream.url, max_connections=1, connect_s=0.1)
         first = await pool.request("GET", "/", {})
         with pytest.raises(PoolExhausted) as caught:
             await read_all(pool)
         assert caught.value.written is Written.NOTHING
         first.close()
         assert await read_all(pool) == (200, b'{"ok":true}')  # the closed one's slot is free again
-        await pool.close()
 
 
-async def test_silent_upstream_is_a_first_byte_timeout() -> None:
+async def test_silent_upstream_is_a_first_byte_timeout(pools) -> None:  # noqa: ANN001
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await upstream.read_request(reader)
         await asyncio.sleep(5)
     async with Scripted(handler) as upstream:
-        pool = UpstreamPool(upstream.url, first_byte_s=0.1)
+        pool = pools(upstream.url, first_byte_s=0.1)
         with pytest.raises(UpstreamTimeout):
             await read_all(pool)
         assert pool.connections == 0
-        await pool.close()
 
 
-async def test_gap_in_the_body_past_idle_is_a_timeout() -> None:
+async def test_gap_in_the_body_past_idle_is_a_timeout(pools) -> None:  # noqa: ANN001
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await upstream.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
         await writer.drain()
         await asyncio.sleep(5)
     async with Scripted(handler) as upstream:
-        pool = UpstreamPool(upstream.url, idle_s=0.1)
+        pool = pools(upstream.url, idle_s=0.1)
         answer = await pool.request("GET", "/", {})
         assert await answer.readany() == b"abc"
         with pytest.raises(UpstreamTimeout):
             await answer.readany()
         answer.release()
-        await pool.close()
 
 
-async def test_total_timeout_ends_a_stream_that_keeps_talking() -> None:
+async def test_total_timeout_ends_a_stream_that_keeps_talking(pools) -> None:  # noqa: ANN001
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await upstream.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -366,23 +356,21 @@ async def test_total_timeout_ends_a_stream_that_keeps_talking() -> None:
             await writer.drain()
             await asyncio.sleep(0.02)
     async with Scripted(handler) as upstream:
-        pool = UpstreamPool(upstream.url, idle_s=1, total_s=0.3)
+        pool = pools(upstream.url, idle_s=1, total_s=0.3)
         answer = await pool.request("GET", "/", {})
         with pytest.raises(UpstreamTimeout):
             while await answer.readany():
                 pass
         answer.release()
-        await pool.close()
 
 
 @pytest.mark.parametrize("headers", [{"X-Evil": "a\r\nX-Injected: 1"}, {"X-Evil": "a\nb"}, {"X-Evil\r\n": "a"}])
-async def test_header_holding_a_line_break_is_refused(headers: dict[str, str]) -> None:
+async def test_header_holding_a_line_break_is_refused(pools, headers: dict[str, str]) -> None:  # noqa: ANN001
     async with scripted([OK]) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         with pytest.raises(InvalidRequest):
             await pool.request("GET", "/", headers)
         assert upstream.requests == []
-        await pool.close()
 
 
 async def chunks(*parts: bytes) -> AsyncIterator[bytes]:
@@ -391,30 +379,28 @@ async def chunks(*parts: bytes) -> AsyncIterator[bytes]:
         yield part
 
 
-async def test_streamed_body_is_chunked_without_a_declared_length() -> None:
+async def test_streamed_body_is_chunked_without_a_declared_length(pools) -> None:  # noqa: ANN001
     async with scripted([OK]) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         answer = await pool.request("POST", "/v1/images/edits", {}, chunks(b"part one, ", b"part two"))
         await answer.read()
         answer.release()
         request = upstream.requests[0]
         assert b"Transfer-Encoding: chunked\r\n" in request
         assert request.endswith(b"part one, part two")
-        await pool.close()
 
 
-async def test_streamed_body_with_a_declared_length_goes_as_is() -> None:
+async def test_streamed_body_with_a_declared_length_goes_as_is(pools) -> None:  # noqa: ANN001
     async with scripted([OK]) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         answer = await pool.request("POST", "/", {"Content-Length": "6"}, chunks(b"abc", b"def"))
         await answer.read()
         answer.release()
         assert b"chunked" not in upstream.requests[0]
         assert upstream.requests[0].endswith(b"\r\n\r\nabcdef")
-        await pool.close()
 
 
-async def test_body_that_fails_mid_upload_fails_the_request() -> None:
+async def test_body_that_fails_mid_upload_fails_the_request(pools) -> None:  # noqa: ANN001
     async def failing() -> AsyncIterator[bytes]:
         yield b"a start"
         raise ValueError("the form broke a rule")
@@ -423,14 +409,13 @@ async def test_body_that_fails_mid_upload_fails_the_request() -> None:
         await reader.read(1 << 16)
         await asyncio.sleep(5)
     async with Scripted(handler) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         with pytest.raises(RequestBodyFailed, match="broke a rule"):
             await pool.request("POST", "/", {}, failing())
         assert pool.connections == 0
-        await pool.close()
 
 
-async def test_unread_body_pauses_the_socket_instead_of_filling_memory() -> None:
+async def test_unread_body_pauses_the_socket_instead_of_filling_memory(pools) -> None:  # noqa: ANN001
     size = 8 * 1024 * 1024
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
@@ -442,7 +427,7 @@ async def test_unread_body_pauses_the_socket_instead_of_filling_memory() -> None
         sent.set()
     sent = asyncio.Event()
     async with Scripted(handler) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         answer = await pool.request("GET", "/", {})
         await asyncio.sleep(0.3)
         assert not sent.is_set()  # the upstream is held back by the socket, not read into memory
@@ -451,27 +436,25 @@ async def test_unread_body_pauses_the_socket_instead_of_filling_memory() -> None
             total += len(chunk)
         assert total == size
         answer.release()
-        await pool.close()
 
 
-async def test_idle_connections_are_closed_after_keepalive() -> None:
+async def test_idle_connections_are_closed_after_keepalive(pools) -> None:  # noqa: ANN001
     async with scripted([OK]) as upstream:
-        pool = UpstreamPool(upstream.url, keepalive_s=0.1)
+        pool = pools(upstream.url, keepalive_s=0.1)
         await read_all(pool)
         assert pool.connections == 1
         await asyncio.sleep(0.3)
         assert pool.connections == 0
         await read_all(pool)
         assert upstream.connections == 2
-        await pool.close()
 
 
-async def test_each_waiting_request_times_out_at_its_own_deadline() -> None:
+async def test_each_waiting_request_times_out_at_its_own_deadline(pools) -> None:  # noqa: ANN001
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await upstream.read_request(reader)
         await asyncio.sleep(5)
     async with Scripted(handler) as upstream:
-        pool = UpstreamPool(upstream.url, first_byte_s=10)
+        pool = pools(upstream.url, first_byte_s=10)
         loop = asyncio.get_running_loop()
         started = loop.time()
 
@@ -481,22 +464,20 @@ async def test_each_waiting_request_times_out_at_its_own_deadline() -> None:
             return loop.time() - started
         late, early = await asyncio.gather(timed(0.6), timed(0.2))
         assert 0.2 <= early < late and late >= 0.6
-        await pool.close()
 
 
-async def test_a_length_beside_chunks_is_refused_and_the_connection_not_reused() -> None:
+async def test_a_length_beside_chunks_is_refused_and_the_connection_not_reused(pools) -> None:  # noqa: ANN001
     answer = (b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
               b"5\r\nhello\r\n0\r\n\r\n")
     async with first_then_numbered(answer) as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         with pytest.raises(BadAnswer):
             await pool.request("GET", "/", {})  # how requests get smuggled: neither framing is trusted
         assert await read_all(pool) == (200, b'{"answer":2}')
         assert upstream.connections == 2
-        await pool.close()
 
 
-async def test_https_upstream_is_verified_and_reached(tmp_path) -> None:  # noqa: ANN001
+async def test_https_upstream_is_verified_and_reached(pools, tmp_path) -> None:  # noqa: ANN001
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
                     "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
@@ -508,32 +489,29 @@ async def test_https_upstream_is_verified_and_reached(tmp_path) -> None:  # noqa
     url = upstream.url.replace("http://", "https://")
     try:
         trusting = ssl.create_default_context(cafile=str(cert))
-        pool = UpstreamPool(url, tls=trusting)
+        pool = pools(url, tls=trusting)
         assert await read_all(pool) == (200, b'{"ok":true}')
         assert await read_all(pool) == (200, b'{"ok":true}')
         assert upstream.connections == 1
-        await pool.close()
-        untrusting = UpstreamPool(url)  # the system's trust store has never heard of this certificate
+        untrusting = pools(url)  # the system's trust store has never heard of this certificate
         with pytest.raises(ConnectFailed, match="CERTIFICATE_VERIFY_FAILED"):
             await read_all(untrusting)
-        await untrusting.close()
     finally:
         await upstream.__aexit__()
 
 
-async def test_an_unasked_switching_protocols_answer_is_refused_and_its_connection_not_reused() -> None:
+async def test_an_unasked_switching_protocols_answer_is_refused_and_its_connection_not_reused(pools) -> None:  # noqa: ANN001
     async with first_then_numbered(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n") as upstream:
-        pool = UpstreamPool(upstream.url)
+        pool = pools(upstream.url)
         with pytest.raises(BadAnswer):
             await read_all(pool)
         assert await read_all(pool) == (200, b'{"answer":2}')
         assert upstream.connections == 2
-        await pool.close()
 
 
-async def test_a_connection_handed_to_a_request_whose_client_just_left_is_not_lost() -> None:
+async def test_a_connection_handed_to_a_request_whose_client_just_left_is_not_lost(pools) -> None:  # noqa: ANN001
     async with scripted([OK]) as upstream:
-        pool = UpstreamPool(upstream.url, max_connections=1, connect_s=0.5)
+        pool = pools(upstream.url, max_connections=1, connect_s=0.5)
         first = await pool.request("GET", "/", {})
         await first.read()
         waiting = asyncio.ensure_future(read_all(pool))
@@ -543,4 +521,3 @@ async def test_a_connection_handed_to_a_request_whose_client_just_left_is_not_lo
         with pytest.raises(asyncio.CancelledError):
             await waiting
         assert await asyncio.wait_for(read_all(pool), 1) == (200, b'{"ok":true}')  # it went back to the pool
-        await pool.close()
