@@ -60,15 +60,22 @@ def _ignore_hangups() -> None:
 
 
 def port_taken(host: str, port: int) -> bool:
-    """Whether something listens on host:port already: a bind without SO_REUSEPORT fails where any
-    socket holds the address (workers of another gateway included, which would otherwise share it)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are no listener
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return True
+    """Whether something listens on host:port already, on any address the host names (as the
+    server binds each of them): a bind without SO_REUSEPORT fails where any socket holds the
+    address, workers of another gateway included, which would otherwise share it."""
+    try:
+        addresses = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return False  # the server will say why it cannot bind
+    for family, kind, protocol, _, address in addresses:
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are no listener
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as asyncio binds it
+            try:
+                probe.bind(address)
+            except OSError:
+                return True
     return False
 
 
