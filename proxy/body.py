@@ -191,11 +191,8 @@ class MultipartBody:
         return None
 
     async def read_until_field(self, name: str) -> None:
-        await self._read_while(lambda observer: observer.field(name) is None)
-
-    async def _read_while(self, unsettled: Callable[[MultipartObserver], bool]) -> None:
         observer = self.observer
-        while unsettled(observer) and not observer.done and not observer.error:
+        while observer.field(name) is None and not observer.done and not observer.error:
             chunk = await self._pace.read(self._content)
             if not chunk:
                 break

@@ -45,7 +45,7 @@ def new_request_id() -> str:
 class Gateway:
     """Holds the live Runtime and serves each request against the one current when it arrived."""
 
-    __slots__ = ("runtime", "affinity", "tracing", "connections", "forwarder", "in_flight")
+    __slots__ = ("runtime", "affinity", "tracing", "connections", "forwarder", "in_flight", "drain")
 
     def __init__(self, runtime: Runtime, affinity: Affinity, tracing: Tracing,
                  connections: ConnectionCount | None = None, drain: Drain | None = None) -> None:
@@ -54,6 +54,7 @@ class Gateway:
         self.tracing = tracing
         self.connections = connections or ConnectionCount()
         self.forwarder = Forwarder(affinity, drain)
+        self.drain = drain
         self.in_flight = 0  # every runtime's: a reload swaps the runtime, not the requests running
 
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
@@ -85,7 +86,7 @@ class Gateway:
             try:
                 if ex.status == 0 and response is not None:
                     ex.status = response.status
-                if response is not None and self.forwarder.drain is not None and self.forwarder.drain.draining:
+                if response is not None and self.drain is not None and self.drain.draining:
                     response.force_close()  # its connection goes when it ends: a retry finds a live gateway
                 await runtime.pipelines[route.name].run_complete(ex)
                 now = time.perf_counter()
@@ -110,9 +111,8 @@ class Gateway:
         except TargetError as exc:
             return ex.answer_locally(ex.error_response(400, str(exc), "invalid_request_target", param=exc.param),
                                       id_header)
-        # A path several SDKs call (`GET /v1/models`) speaks the format of the one asking: its key
-        # places, its error shape, its answer.
-        ex.format = ex.format.shape_for(ex.request.headers, ex.target.key_values())
+        if ex.route.local:  # `GET /v1/models`, which several SDKs call, speaks the asking one's format
+            ex.format = ex.format.shape_for(ex.request.headers, ex.target.key_values())
         try:
             await read_body(ex, *self._body_limits(ex, runtime), server.client_idle_s,
                             self._body_timeout(ex, runtime))

@@ -23,6 +23,20 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()]
 
 
+def kill_one_worker(supervisor: int) -> tuple[int, int]:
+    """SIGKILL the first worker and wait (10 s at most) for the supervisor to replace it; the pids
+    of the killed one and the one left."""
+    first, second = children(supervisor)
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        now = children(supervisor)
+        if len(now) == 2 and first not in now:
+            break
+        time.sleep(0.1)
+    return first, second
+
+
 def worker_config(extra: str = "") -> str:
     return f"""
 server: {{listen: "127.0.0.1:{{PORT}}", workers: 2}}
@@ -74,14 +88,7 @@ async def test_two_workers_share_the_port_one_metrics_view_and_exact_limits(spaw
 
 async def test_a_worker_that_dies_is_replaced_and_sigterm_stops_them_all(spawn, redis_url) -> None:  # noqa: ANN001
     gateway = spawn("gateway", config=worker_config())
-    first, second = children(gateway.proc.pid)
-    os.kill(first, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        now = children(gateway.proc.pid)
-        if len(now) == 2 and first not in now:
-            break
-        time.sleep(0.1)
+    first, second = kill_one_worker(gateway.proc.pid)
     assert len(children(gateway.proc.pid)) == 2 and second in children(gateway.proc.pid)
     gateway.proc.send_signal(signal.SIGTERM)
     assert gateway.proc.wait(timeout=30) == 0
@@ -133,14 +140,7 @@ async def test_a_worker_started_again_starts_from_the_last_good_config(spawn, re
     config = next(tmp_path.glob("gateway-*.yaml"))
     config.write_text("server: oops\n")  # broken on disk; a reload is refused, the workers run on
     gateway.proc.send_signal(signal.SIGHUP)
-    first, second = children(gateway.proc.pid)
-    os.kill(first, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        now = children(gateway.proc.pid)
-        if len(now) == 2 and first not in now:
-            break
-        time.sleep(0.1)
+    first, second = kill_one_worker(gateway.proc.pid)
     time.sleep(3)  # long enough for a replacement that could not start to have died, more than once
     assert gateway.proc.poll() is None and len(children(gateway.proc.pid)) == 2
     for _ in range(10):  # fresh connections reach both workers
