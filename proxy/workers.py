@@ -119,7 +119,10 @@ class Supervisor:
         if self.config_path is not None:
             command += ["-c", str(self.good_config)]
             env[RELOAD_ENV] = str(self.config_path)
-        self.workers[slot] = subprocess.Popen(command, env=env, preexec_fn=_ignore_hangups)
+        process = subprocess.Popen(command, env=env, preexec_fn=_ignore_hangups)
+        self.workers[slot] = process
+        if self.stopping:  # a SIGTERM handled while Popen ran passed this worker by: it was not listed yet
+            process.send_signal(signal.SIGTERM)
 
     def _watch(self) -> int:
         started = {slot: time.monotonic() for slot in self.workers}

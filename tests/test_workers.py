@@ -94,6 +94,27 @@ async def test_a_worker_that_dies_is_replaced_and_sigterm_stops_them_all(spawn, 
     assert gateway.proc.wait(timeout=30) == 0
 
 
+def test_a_sigterm_handled_while_a_worker_starts_reaches_that_worker_too(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    """The supervisor's handler can run inside Popen, before the new worker is listed (CI saw it
+    wait out the whole drain timeout for a worker that never heard of the stop)."""
+    import subprocess
+    import sys
+
+    from proxy import workers
+
+    supervisor = workers.Supervisor(1, None, drain_timeout_s=30)
+    real_popen = subprocess.Popen
+
+    def popen_interrupted_by_sigterm(*_: object, **__: object) -> subprocess.Popen[bytes]:
+        process = real_popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        supervisor._stop()  # the signal handler, run between Popen's bytecodes
+        return process
+
+    monkeypatch.setattr(workers.subprocess, "Popen", popen_interrupted_by_sigterm)
+    supervisor._start(0)
+    assert supervisor.workers[0].wait(timeout=10) == -signal.SIGTERM
+
+
 def alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
