@@ -16,13 +16,17 @@ from datetime import datetime, timezone
 
 from aiohttp import web
 
+from prometheus_client import Counter
+
 from proxy.config import GatewayConfig
 from proxy.exchange import Exchange
 from proxy.formats.base import KeyLocation
 from proxy.keys import GatewayKey, KeyRing
-from proxy.observability.metrics import AUTH_REFUSALS
-from proxy.pipeline import Plugin
-from proxy.routes import Pin
+
+from proxy.plugin import Plugin
+from proxy.routes import Pin, Route
+
+AUTH_REFUSALS = Counter("modelgate_auth_refusals", "Requests refused by the auth plugin", ["route", "reason"])
 
 # What a tenant is told of an id that is not its own: exactly what it is told of one that never existed.
 _NOT_FOUND = {
@@ -33,6 +37,12 @@ _NOT_FOUND = {
 
 class Auth(Plugin):
     name = "auth"
+    provides = frozenset({"caller"})
+    order = 100
+
+    @classmethod
+    def default(cls, route: Route) -> bool:
+        return route.takes_key
 
     @staticmethod
     def _refuse(ex: Exchange, status: int, message: str, code: str) -> web.Response:

@@ -17,6 +17,7 @@ import math
 from typing import Any, Literal
 
 from aiohttp import web
+from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from proxy.config import GatewayConfig
@@ -24,9 +25,14 @@ from proxy.config.model import Rates
 from proxy.exchange import Exchange
 from proxy.limits import Check, Decision, Kind, Limiter, LimiterUnavailable
 from proxy.limits.memory import MemoryLimiter
-from proxy.observability.metrics import RATELIMIT_BACKEND_ERRORS, RATELIMIT_DECISIONS, child
-from proxy.pipeline import Plugin
-from proxy.routes import ROUTE_NAMES
+from proxy.observability.metrics import child
+from proxy.plugin import Plugin
+from proxy.routes import ROUTE_NAMES, Route
+
+RATELIMIT_DECISIONS = Counter("modelgate_ratelimit_decisions", "Rate-limit decisions by policy",
+                              ["policy", "decision"])
+RATELIMIT_BACKEND_ERRORS = Counter("modelgate_ratelimit_backend_errors", "Limiter checks the shared state could not answer",
+                                   ["mode"])
 
 log = logging.getLogger("modelgate.ratelimit")
 _WINDOW_S = 60.0
@@ -60,6 +66,16 @@ class RateLimitSettings(BaseModel):
 class RateLimit(Plugin):
     name = "ratelimit"
     Settings = RateLimitSettings
+    order = 300
+
+    @classmethod
+    def default(cls, route: Route) -> bool:
+        return True  # the account routes take no key: limits go by client IP there
+
+    @classmethod
+    def requires(cls, route: Route) -> frozenset[str]:
+        # A keyed route counts by key: without the caller, it would count every key as one IP's.
+        return frozenset({"caller"}) if route.takes_key else frozenset()
 
     def configure(self, config: GatewayConfig) -> None:
         settings: RateLimitSettings = self.settings

@@ -11,25 +11,34 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError
 
 from proxy.body import MultipartBody
 from proxy.config import GatewayConfig
 from proxy.exchange import Exchange
 from proxy.multipart import MultipartObserver
-from proxy.observability.metrics import VALIDATION_FAILURES, rule_label
-from proxy.pipeline import Plugin
-from proxy.routes import Body
+from proxy.observability.metrics import rule_label
+from proxy.plugin import Plugin
+from proxy.routes import Body, Route
 from proxy.schemas import JSON_SCHEMAS, GenerateContentRequest, ImageEditForm, Violation, VideosRequest, check
 from proxy.schemas.common import first_violation, violation_of
 from proxy.schemas.imagefiles import sniff
 from proxy.schemas.images import MAX_EDIT_IMAGES, MAX_IMAGE_BYTES, MAX_MASK_BYTES
+
+VALIDATION_FAILURES = Counter("modelgate_validation_failures", "Requests refused by a validation rule",
+                              ["route", "rule"])
 
 _IMAGE_FIELDS = ("image", "image[]")
 
 
 class Validation(Plugin):
     name = "validation"
+    order = 200
+
+    @classmethod
+    def default(cls, route: Route) -> bool:
+        return route.takes_key and not route.local  # a list the gateway answers has no body to check
 
     def configure(self, config: GatewayConfig) -> None:
         self.strict = config.server.strict_interface

@@ -7,6 +7,7 @@ import logging
 import re
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from aiohttp.web_urldispatcher import PlainResource
@@ -17,7 +18,6 @@ from proxy.affinity import Affinity
 from proxy.channels import Channel
 from proxy.client_limits import ConnectionCount
 from proxy.config import ConfigError, LoadedConfig, load_config
-from proxy.delivery.service import PATH as DELIVERY_PATH
 from proxy.drain import Drain, close_when_draining
 from proxy.formats import ACCOUNT, CONTENT, MESSAGES
 from proxy.formats.base import Format
@@ -25,11 +25,16 @@ from proxy.gateway import Gateway
 from proxy.log_guard import guard_aiohttp_logs
 from proxy.observability.metrics import count_reload, exposition, set_config_info
 from proxy.observability.tracing import Tracing
+from proxy.plugin import PluginRoute
 from proxy.readiness import StoreProbe
+from proxy.registry import plugin_routes
 from proxy.routes import ALIASES, ROUTES, Route
 from proxy.runtime import Runtime
-from proxy.simulator.farm import SimulatorFarm
 from proxy.state import StateStore, make_store
+
+if TYPE_CHECKING:
+    from proxy.config.model import ChannelConfig
+    from simulator.farm import SimulatorFarm
 
 log = logging.getLogger("modelgate.app")
 
@@ -43,7 +48,7 @@ class GatewayApp:
         self.config_path = config_path
         self.tracing = Tracing(loaded.config.observability.tracing, span_exporter)
         self.resources: dict[str, object] = {}  # what plugins keep across reloads
-        self.simulators = SimulatorFarm()
+        self._simulators: SimulatorFarm | None = None
         self.store: StateStore | None = None
         self.probe: StoreProbe | None = None
         self.affinity: Affinity | None = None
@@ -52,6 +57,19 @@ class GatewayApp:
         self.drain = Drain()
         self.reloads = 0
         self._reload_lock = asyncio.Lock()
+
+    @property
+    def simulators(self) -> SimulatorFarm:
+        """The in-process upstream simulators; the package is loaded only for a config whose
+        channels use one."""
+        if self._simulators is None:
+            from simulator.farm import SimulatorFarm
+
+            self._simulators = SimulatorFarm()
+        return self._simulators
+
+    async def simulator_url(self, channel: ChannelConfig) -> str:
+        return await self.simulators.url_for(channel)
 
     @property
     def runtime(self) -> Runtime:
@@ -68,7 +86,7 @@ class GatewayApp:
         probe = self.probe
         # For plugins that talk to the same store: while its probe calls it away, they need not wait on it.
         self.resources["state.reachable"] = lambda: probe.ok
-        runtime = await Runtime.build(self.loaded, self.simulators, self.resources)
+        runtime = await Runtime.build(self.loaded, self.simulator_url, self.resources)
         self.affinity = Affinity(self.store, config.state.affinity_ttl_s, config.state.pending_pins,
                                  reachable=lambda: probe.ok)
         self.gateway = Gateway(runtime, self.affinity, self.tracing, self.connections, self.drain)
@@ -79,7 +97,8 @@ class GatewayApp:
             runtime = self.gateway.runtime
             runtime.retire()
             await runtime.wait_closed()
-        await self.simulators.close()
+        if self._simulators is not None:
+            await self._simulators.close()
         for resource in self.resources.values():
             close = getattr(resource, "close", None)
             if close is not None:
@@ -105,7 +124,7 @@ class GatewayApp:
             if loaded.config.state != self.loaded.config.state or loaded.config.server.listen != self.loaded.config.server.listen:
                 log.warning("state and server.listen changes take effect at the next restart")
             try:
-                runtime = await Runtime.build(loaded, self.simulators, self.resources)
+                runtime = await Runtime.build(loaded, self.simulator_url, self.resources)
             except Exception:
                 log.exception("config reload failed while starting; keeping the running config")
                 count_reload("failed")
@@ -148,7 +167,8 @@ def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
-    app.router.add_get(DELIVERY_PATH, _delivered_image)
+    for extra in plugin_routes(loaded.config):
+        app.router.add_route(extra.method, extra.path, _plugin_handler(owner, extra))
     not_origin_form = _NotOriginForm()
     app.router.register_resource(not_origin_form)
     not_origin_form.add_route("*", _not_origin_form)
@@ -223,11 +243,11 @@ def _breaker(channel: Channel, now: float) -> dict[str, object]:
     return shown
 
 
-async def _delivered_image(request: web.Request) -> web.StreamResponse:
-    service = request.app[APP_KEY].resources.get("url_delivery")
-    if service is None:
-        return ACCOUNT.error_response(404, "image URL delivery is not configured", "not_found")
-    return await service.serve(request)  # type: ignore[attr-defined]
+def _plugin_handler(owner: GatewayApp, extra: PluginRoute):  # noqa: ANN202
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await extra.handler(request, owner.resources)
+
+    return handle
 
 
 async def _metrics(request: web.Request) -> web.Response:

@@ -1,4 +1,4 @@
-"""The `modelgate` command: serve, check-config, openapi, simulate, webhooks."""
+"""The `modelgate` command: serve, check-config, openapi, simulate, and the commands plugins add."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import sys
 
 from proxy.config import LISTEN_ENV, ConfigError, load_config
+from proxy.registry import plugin_commands
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,18 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     simulate.add_argument("--video-queued-s", type=float, default=1.0)
     simulate.add_argument("--video-processing-s", type=float, default=2.0)
 
-    webhooks = commands.add_parser("webhooks", help="inspect and replay the durable webhook queue")
-    webhooks.add_argument("-c", "--config", help="config file (default: $MODELGATE_CONFIG, else the embedded defaults)")
-    actions = webhooks.add_subparsers(dest="action", required=True)
-    listing = actions.add_parser("list", help="print the oldest entries of a shelf, one JSON object a line")
-    listing.add_argument("--shelf", choices=("pending", "delivered", "dead"), default="pending")
-    listing.add_argument("--limit", type=int, default=100)
-    listing.add_argument("--bodies", action="store_true", help="include each body (else its size and SHA-256)")
-    replay = actions.add_parser("replay", help="queue delivered or dead entries again, at the end, in order")
-    replay.add_argument("--shelf", choices=("delivered", "dead"), default="dead")
-    which = replay.add_mutually_exclusive_group(required=True)
-    which.add_argument("--all", action="store_true", help="every entry of the shelf")
-    which.add_argument("ids", nargs="*", default=[], help="entry ids, as `list` prints them")
+    extra = {command.name: command for command in plugin_commands()}
+    for command in extra.values():
+        command.arguments(commands.add_parser(command.name, help=command.help))
 
     args = parser.parse_args(argv)
     if args.command == "check-config":
@@ -53,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "openapi":
         return _openapi(args.output)
     if args.command == "simulate":
-        from proxy.simulator.server import run_simulator
+        from simulator.server import run_simulator
 
         run_simulator(args)
         return 0
@@ -69,10 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         _print_problems(path or "<embedded defaults>", exc.problems)
         return 1
-    if args.command == "webhooks":
-        from proxy.webhooks.command import run_command
-
-        return run_command(loaded.config, args)
+    if args.command in extra:
+        return extra[args.command].run(loaded.config, args)
     from proxy.server import serve as run
 
     return run(loaded, path)

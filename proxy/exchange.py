@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import zlib
+from dataclasses import dataclass
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +81,7 @@ class Exchange:
         self.error: str | None = None
         self.plugin_state: dict[str, Any] = {}
         self.response_headers: dict[str, str] | None = None  # plugins' additions to the client's answer
-        self.answer_limit: int | None = None  # a plugin must read the whole answer: larger ones are refused
+        self.answer_limit: AnswerLimit | None = None  # a plugin must read the whole answer
         self.tracer: Any = None   # the OpenTelemetry tracer, when this request is traced
         self.span: Any = None     # its server span
         self.unsampled_span: Any = None  # a request traced but not sampled: its ids travel on, nothing is recorded
@@ -134,6 +135,21 @@ class Exchange:
         """Time the gateway itself spent: total so far minus time waiting on the upstream."""
         total = (now or time.perf_counter()) - self.started
         return max(0.0, total - self.upstream_seconds())
+
+
+@dataclass(slots=True, frozen=True)
+class AnswerLimit:
+    """What a plugin that must read a whole (successful) answer asks of the relay: an answer
+    larger than `size` bytes is refused, as a 502 with the plugin's own error `code`."""
+    size: int
+    code: str
+
+    @property
+    def message(self) -> str:
+        return f"the upstream's answer is over the {self.size / (1024 * 1024):g} MB processing limit"
+
+    def refusal(self, ex: Exchange) -> web.Response:
+        return ex.error_response(502, self.message, self.code)
 
 
 class AnswerTooLarge(Exception):

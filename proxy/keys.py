@@ -32,21 +32,22 @@ class GatewayKey:
     expires_at: datetime | None = None
     models: tuple[str, ...] = ("*",)
     endpoints: frozenset[str] | None = None
-    url_delivery: bool = False
     labels: dict[str, str] = field(default_factory=dict)
     _models: re.Pattern[str] | None = None
     limits_config: Any = None  # the key's KeyLimits (rates, concurrency, per-model rates)
     # Who owns what this key makes: its `tenant` label when it has one, else the key alone.
     tenant: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)  # plugins' own fields on this key (their KeySettings)
 
     @classmethod
     def build(cls, name: str, sha256: bytes, *, enabled: bool, expires_at: datetime | None,
-              models: list[str], endpoints: list[str] | None, url_delivery: bool,
-              labels: dict[str, str], limits: Any = None) -> GatewayKey:
+              models: list[str], endpoints: list[str] | None, labels: dict[str, str],
+              limits: Any = None, settings: dict[str, Any] | None = None) -> GatewayKey:
         pattern = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in models)) if models != ["*"] else None
         return cls(name, sha256, enabled, expires_at, tuple(models),
-                   frozenset(endpoints) if endpoints is not None else None, url_delivery, dict(labels), pattern,
-                   limits, f"tenant:{labels[TENANT_LABEL]}" if labels.get(TENANT_LABEL) else f"key:{name}")
+                   frozenset(endpoints) if endpoints is not None else None, dict(labels), pattern,
+                   limits, f"tenant:{labels[TENANT_LABEL]}" if labels.get(TENANT_LABEL) else f"key:{name}",
+                   dict(settings or {}))
 
     def expired(self, now: datetime | None = None) -> bool:
         return self.expires_at is not None and (now or datetime.now(timezone.utc)) >= self.expires_at
@@ -72,8 +73,8 @@ class KeyRing:
         """The keys of a GatewayConfig."""
         return cls([
             GatewayKey.build(k.name, bytes.fromhex(k.digest_hex()), enabled=k.enabled, expires_at=k.expires_at,
-                             models=k.models, endpoints=k.endpoints, url_delivery=k.url_delivery, labels=k.labels,
-                             limits=k.limits)
+                             models=k.models, endpoints=k.endpoints, labels=k.labels,
+                             limits=k.limits, settings=k.model_extra)
             for k in config.keys])
 
     def find(self, presented: str) -> GatewayKey | None:

@@ -81,9 +81,9 @@ class Relay:
         wants_body = bool(self.pipeline.response_hooks) or (
             ex.route.creates is not None and upstream.status < 300)
         if ex.answer_limit is not None and upstream.status < 300:
-            if length is not None and length > ex.answer_limit:
+            if length is not None and length > ex.answer_limit.size:
                 upstream.close()
-                return self._too_large()
+                return ex.answer_limit.refusal(ex)
             return await self._send_buffered()
         # A download streams; its error answers (small) are buffered so plugins can make them clear.
         readable = not ex.route.streams_bytes or upstream.status >= 400
@@ -115,9 +115,9 @@ class Relay:
             while chunk := await upstream.readany():
                 chunks.append(chunk)
                 size += len(chunk)
-                if ex.answer_limit is not None and size > ex.answer_limit:
+                if ex.answer_limit is not None and size > ex.answer_limit.size:
                     upstream.close()
-                    return self._too_large()
+                    return ex.answer_limit.refusal(ex)
                 if size > self.buffer_limit:
                     if upstream.status >= 300 and self.redactor is not None and content_codings(upstream.headers):
                         return self._unredactable()
@@ -190,11 +190,6 @@ class Relay:
         status = self.upstream.status
         return self.ex.error_response(status if status >= 400 else 502,
                                       f"upstream answered {status} with a compressed body too large to check")
-
-    def _too_large(self) -> web.Response:
-        limit_mb = (self.ex.answer_limit or 0) / (1024 * 1024)
-        return self.ex.error_response(502, f"the upstream's answer is over the {limit_mb:g} MB processing limit",
-                                      "image_response_too_large")
 
     async def _send_bytes(self, prefix: bytes = b"") -> web.StreamResponse:
         ex, upstream = self.ex, self.upstream

@@ -1,7 +1,7 @@
 """The 13 endpoints of the spec, and the calls SDKs make around them, as data: method, path,
 format, where the model and body come from.
 
-The pipeline of each route comes from config; everything else about a route is fixed here.
+The pipeline of each route comes from config or the plugins' defaults; everything else about a route is fixed here.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass, replace
 
 from proxy.formats import ACCOUNT, CONTENT, IMAGES, MESSAGES, MODELS, RESPONSES, VIDEO, Format
+from proxy.formats.base import KeyLocation
 
 
 class Body(enum.Enum):
@@ -49,6 +50,11 @@ class Route:
     streams_bytes: bool = False    # large binary answer: never buffered
     local: bool = False            # answered by the gateway itself, after the pipeline (no channel)
     spends_tokens: bool = True     # its answers cost tokens (token rate limits reserve for it)
+
+    @property
+    def takes_key(self) -> bool:
+        """Whether a gateway key is read on this route (the account routes take none)."""
+        return self.format.key_location is not KeyLocation.NONE
 
 
 ROUTES: tuple[Route, ...] = (

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from proxy.channels import Channel, ChannelSet
@@ -16,11 +17,13 @@ from proxy.config import LoadedConfig
 from proxy.health_checks import HealthChecks
 from proxy.keys import KeyRing
 from proxy.observability.observer import Observer
-from proxy.pipeline import Pipeline, Plugin, build_plugin, plugin_names
+from proxy.pipeline import Pipeline
+from proxy.plugin import Plugin
+from proxy.registry import build_plugin, plugin_names
 from proxy.routes import ROUTES
 
 if TYPE_CHECKING:
-    from proxy.simulator.farm import SimulatorFarm
+    from proxy.config.model import ChannelConfig
 
 log = logging.getLogger("modelgate.runtime")
 
@@ -44,14 +47,14 @@ class Runtime:
         self._closed = asyncio.Event()
 
     @classmethod
-    async def build(cls, loaded: LoadedConfig, simulators: SimulatorFarm,
+    async def build(cls, loaded: LoadedConfig, simulator_url: Callable[[ChannelConfig], Awaitable[str]],
                     resources: dict[str, Any] | None = None) -> Runtime:
         config = loaded.config
         channels = []
         for channel_config in config.channels:
             base_url = channel_config.base_url
             if channel_config.is_simulator:
-                base_url = await simulators.url_for(channel_config)
+                base_url = await simulator_url(channel_config)
             channels.append(Channel(channel_config, base_url))
         instances: dict[str, Plugin] = {}
         pipelines: dict[str, Pipeline] = {}

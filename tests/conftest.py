@@ -20,9 +20,13 @@ from aiohttp import web
 from proxy.app import APP_KEY, GatewayApp, build_app
 from proxy.config import load_config
 from proxy.server import start_runner
-from proxy.simulator.core import Simulator
+from simulator.core import Simulator
 
 REDIS_URL = os.environ.get("MODELGATE_TEST_REDIS", "redis://127.0.0.1:6379/15")
+# The embedded config's key, and the places the spec reads it on the response and message formats.
+DEMO_KEY = "sk-demo-key"
+BEARER = {"Authorization": f"Bearer {DEMO_KEY}"}
+MESSAGE_HEADERS = {"x-api-key": DEMO_KEY, "msgapi-version": "2023-06-01"}
 
 
 def free_port() -> int:

@@ -8,7 +8,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from proxy.exchange import Exchange, UpstreamResponse
-from proxy.pipeline import Plugin
+from proxy.plugin import Plugin
 from proxy.sse import SSEEvent
 
 

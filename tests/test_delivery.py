@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy.simulator.media import png
+from simulator.media import png
 
 KEY, PLAIN = "delivery-key-01", "no-delivery-key"
 BEARER = {"Authorization": f"Bearer {KEY}"}
@@ -275,7 +275,7 @@ plugins: {{url_delivery: {{enabled: true, store: redis, {SIGNING}}}}}
 def test_the_janitor_deletes_expired_blobs(tmp_path):  # noqa: ANN001
     import time
 
-    from proxy.delivery.stores import Blob, LocalStore
+    from plugins.url_delivery.stores import Blob, LocalStore
 
     store = LocalStore(str(tmp_path))
     store.directory.mkdir(exist_ok=True)
@@ -338,7 +338,7 @@ def test_the_s3_janitor_deletes_expired_objects(s3_server):  # noqa: ANN001
     import asyncio as aio
     import time
 
-    from proxy.delivery.stores import Blob, S3Store
+    from plugins.url_delivery.stores import Blob, S3Store
 
     store = S3Store("images", "janitor/", s3_server, "us-east-1", "test", "test")
     aio.run(store.put("short", Blob(b"x", "image/png"), 1))
@@ -348,7 +348,7 @@ def test_the_s3_janitor_deletes_expired_objects(s3_server):  # noqa: ANN001
 
 
 async def test_a_reload_keeps_one_janitor_for_the_local_store(start_gateway, tmp_path):  # noqa: ANN001
-    from proxy.delivery.stores import LocalStore
+    from plugins.url_delivery.stores import LocalStore
 
     gw = await start_gateway(config(tmp_path))
     store = next(r for r in gw.owner.resources.values() if isinstance(r, LocalStore))

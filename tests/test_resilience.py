@@ -10,8 +10,8 @@ import pytest
 from aiohttp import web
 
 from proxy.config.model import SimulatorSettings
-from proxy.simulator import build_simulator_app
-from proxy.simulator.core import Simulator
+from simulator import build_simulator_app
+from simulator.core import Simulator
 from tests.conftest import free_port
 
 KEY = "sk-demo-key"

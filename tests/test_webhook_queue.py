@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.webhooks.queue import Shelf, WebhookQueue
+from plugins.webhook_queue.queue import Shelf, WebhookQueue
 from tests.conftest import free_port
 
 SIGNED = {"Stripe-Signature": "t=1700000000,v1=5257a869e7ecebeda32affa62cdca3fa51cad7e77a0e56ff536d0ce8e108d8bd",

@@ -27,6 +27,7 @@ from proxy.config.model import (
     Timeouts,
     all_field_names,
     cross_section_problems,
+    worker_count,
 )
 
 __all__ = [
@@ -96,11 +97,16 @@ def parse_config(text: str, environ: Mapping[str, str]) -> GatewayConfig:
         config = GatewayConfig.model_validate(tree)
     except ValidationError as exc:
         problems.extend(_describe(error) for error in exc.errors())
-    from proxy.pipeline import check_plugins  # the pipeline imports config types
+    from proxy.registry import check_plugins, key_settings, plugin_config_problems  # plugins import config types
 
-    problems.extend(check_plugins(tree.get("routes"), tree.get("plugins")))
+    problems.extend(check_plugins(tree))
     if config is not None:
         problems.extend(cross_section_problems(config))
+        problems.extend(plugin_config_problems(config, worker_count(config)))
+    if config is not None and not problems:
+        for key in config.keys:  # the plugins' own fields on each key, as their models read them
+            if key.model_extra:
+                key.model_extra.update(key_settings(key.model_extra))
     if problems:
         raise ConfigError(problems)
     assert config is not None

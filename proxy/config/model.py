@@ -224,7 +224,10 @@ class KeyLimits(Rates):
 
 
 class KeyConfig(Strict):
-    """A gateway API key: give the key itself (through ${VAR}) or its SHA-256 hex digest."""
+    """A gateway API key: give the key itself (through ${VAR}) or its SHA-256 hex digest. Plugins
+    may add fields of their own (their `KeySettings`); only those are taken beside these."""
+
+    model_config = ConfigDict(extra="allow")  # checked against the plugins' fields (proxy/registry.py)
 
     name: SimpleName
     key: str | None = Field(default=None, repr=False)
@@ -233,7 +236,6 @@ class KeyConfig(Strict):
     expires_at: datetime | None = None
     models: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
     endpoints: list[Literal[ROUTE_NAMES]] | None = None  # type: ignore[valid-type]
-    url_delivery: bool = False
     labels: dict[str, str] = Field(default_factory=dict)
     limits: KeyLimits = Field(default_factory=KeyLimits)
 
@@ -388,10 +390,6 @@ def cross_section_problems(config: GatewayConfig) -> list[str]:
         problems.append(f"server.workers: {workers} workers cannot share the memory state backend: each process "
                         f"would keep its own rate limits and affinity pins, so limits would be {workers} times too "
                         "loose and follow-up requests could lose their channel; use state.backend: redis, or workers: 1")
-    delivery = config.plugins.get("url_delivery", {})
-    if workers > 1 and delivery.get("enabled") and not delivery.get("signing_keys"):
-        problems.append(f"plugins.url_delivery.signing_keys: required with {workers} workers: without them each "
-                        "process signs with a key of its own, and a URL minted by one worker fails on another")
     return problems
 
 
@@ -402,8 +400,20 @@ def _is_http_url(value: str) -> bool:
 def all_field_names() -> set[str]:
     """Every key the schema knows, for 'did you mean' hints."""
     names: set[str] = set()
-    for model in (ServerConfig, StateConfig, Timeouts, Pool, HealthCheck, SimulatorSettings, ChannelConfig,
-                  KeyConfig, KeyLimits, RouteConfig, LoggingConfig, MetricsConfig, TracingConfig, ObservabilityConfig,
-                  ResilienceConfig, GatewayConfig):
+    seen: set[type[BaseModel]] = set()
+    waiting: list[type[BaseModel]] = [GatewayConfig]
+    while waiting:
+        model = waiting.pop()
+        if model in seen:
+            continue
+        seen.add(model)
         names.update(model.model_fields)
+        waiting.extend(t for field in model.model_fields.values() for t in _model_types(field.annotation))
     return names
+
+
+def _model_types(annotation: Any) -> list[type[BaseModel]]:
+    """The config models an annotation holds (`list[KeyConfig]`, `X | None` ...)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [t for arg in getattr(annotation, "__args__", ()) for t in _model_types(arg)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 import enum
 import re
-from dataclasses import dataclass
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from aiohttp import web
@@ -66,6 +66,13 @@ class Usage:
         return self.input_tokens is not None or self.output_tokens is not None
 
 
+@dataclass(slots=True)
+class EmbeddedImage:
+    """A Base64 image in an answer, and how to put a URL where it was (in the format's own words)."""
+    data: str
+    place: Callable[[str, str], None]  # (url, media type)
+
+
 class Format:
     """One wire format of the spec. Subclasses are stateless singletons."""
 
@@ -75,6 +82,20 @@ class Format:
     # unless the operator asks for the spec's reading only (`server.strict_interface`).
     sdk_key_locations: ClassVar[tuple[KeyLocation, ...]] = ()
     json_content_type: ClassVar[str] = "application/json"
+    reports_usage: ClassVar[bool] = False  # its answers and stream events say how many tokens they cost
+
+    def asks_for_image_urls(self, body: Any) -> bool:
+        """Whether a request body asks for images as temporary URLs rather than Base64."""
+        return False
+
+    def without_delivery_fields(self, body: Any) -> Any:
+        """The request body without the fields that ask for URLs, where those are no field of the
+        upstream's (None: it has none to remove)."""
+        return None
+
+    def embedded_images(self, answer: Any) -> list[EmbeddedImage]:
+        """The Base64 images of a (parsed) answer, each with its place."""
+        return []
 
     def missing_version(self, headers: Mapping[str, str], strict: bool) -> tuple[str, str] | None:
         """The version header a request of this format lacks and what to tell the client, or

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
 
 from proxy import jsonutil
-from proxy.formats.base import Format, KeyLocation, Usage, token_count
+from proxy.formats.base import EmbeddedImage, Format, KeyLocation, Usage, token_count
 from proxy.sse import SSEEvent
 
 STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
                 404: "NOT_FOUND", 409: "ABORTED", 413: "PAYLOAD_TOO_LARGE", 429: "RESOURCE_EXHAUSTED",
                 499: "CANCELLED", 500: "INTERNAL", 501: "UNIMPLEMENTED", 502: "UNAVAILABLE",
                 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+_DATA_URL = re.compile(r"data:(image/[A-Za-z0-9.+-]+);base64,([A-Za-z0-9+/=]+)")
 # Status names a caller may ask for where the HTTP status alone is ambiguous (two 400s in 7.2).
 _NAMED = frozenset(STATUS_NAMES.values()) | {"FAILED_PRECONDITION", "OUT_OF_RANGE", "ALREADY_EXISTS"}
 
 
 class ContentFormat(Format):
     name = "content"
+    reports_usage = True
     key_location = KeyLocation.QUERY
     sdk_key_locations = (KeyLocation.GOOG_API_KEY,)  # the content SDK cannot put its key in the query
 
@@ -44,6 +48,37 @@ class ContentFormat(Format):
                                  "domain": "modelgate"}]
         return {"error": error}
 
+    def asks_for_image_urls(self, body: Any) -> bool:
+        config = _either(body, "generationConfig", "generation_config")
+        response_format = _either(config, "responseFormat", "response_format")
+        image = response_format.get("image") if isinstance(response_format, dict) else None
+        return isinstance(image, dict) and image.get("delivery") == "URI"
+
+    def without_delivery_fields(self, body: Any) -> Any:
+        """`generationConfig.responseFormat` is the gateway's field, never the upstream's."""
+        if not isinstance(body, dict):
+            return None
+        key = "generationConfig" if "generationConfig" in body else "generation_config"
+        config = {k: v for k, v in (_either(body, "generationConfig", "generation_config") or {}).items()
+                  if k not in ("responseFormat", "response_format")}
+        return {**body, key: config}
+
+    def embedded_images(self, answer: Any) -> list[EmbeddedImage]:
+        """Inline image parts, and images some upstreams embed in text as Markdown data URLs."""
+        found = []
+        for candidate in answer.get("candidates") or [] if isinstance(answer, dict) else ():
+            content = candidate.get("content") if isinstance(candidate, dict) else None
+            for part in (content or {}).get("parts") or [] if isinstance(content, dict | None) else ():
+                if not isinstance(part, dict):
+                    continue
+                inline = _either(part, "inlineData", "inline_data")
+                if isinstance(inline, dict) and isinstance(inline.get("data"), str):
+                    found.append(EmbeddedImage(inline["data"], _file_data_into(part)))
+                elif isinstance(part.get("text"), str) and "data:image/" in part["text"]:
+                    found.extend(EmbeddedImage(match[2], _url_for_data_url(part, match[0]))
+                                 for match in _DATA_URL.finditer(part["text"]))
+        return found
+
     def usage_from_body(self, body: Any) -> Usage | None:
         if isinstance(body, list):  # a non-SSE stream answer is a JSON array of chunks
             body = body[-1] if body else None
@@ -63,3 +98,24 @@ class ContentFormat(Format):
 
     def stream_error(self, status: int, message: str, code: str | None = None) -> bytes:
         return b"data: " + jsonutil.dumps(self.error_payload(status, message, code)) + b"\n\n"
+
+
+def _either(mapping: Any, name: str, snake: str) -> Any:
+    """A field by its JSON name or its proto (snake_case) name, both of which the upstream reads."""
+    return (mapping.get(name) or mapping.get(snake)) if isinstance(mapping, dict) else None
+
+
+def _file_data_into(part: dict[str, Any]) -> Callable[[str, str], None]:
+    def place(url: str, media_type: str) -> None:
+        part.pop("inlineData", None)
+        part.pop("inline_data", None)
+        part["fileData"] = {"mimeType": media_type, "fileUri": url}
+
+    return place
+
+
+def _url_for_data_url(part: dict[str, Any], data_url: str) -> Callable[[str, str], None]:
+    def place(url: str, media_type: str) -> None:
+        part["text"] = part["text"].replace(data_url, url, 1)
+
+    return place

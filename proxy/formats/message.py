@@ -17,6 +17,7 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
 
 class MessageFormat(Format):
     name = "messages"
+    reports_usage = True
     key_location = KeyLocation.X_API_KEY
     sdk_key_locations = (KeyLocation.BEARER,)  # the message SDK's `api_key` travels as a Bearer token
     # The version header the spec names, and the one the format's SDKs send; either satisfies

@@ -12,6 +12,7 @@ _TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "resp
 
 class ResponseFormat(Format):
     name = "responses"
+    reports_usage = True
     key_location = KeyLocation.BEARER
 
     def usage_from_event(self, event: SSEEvent) -> Usage | None:

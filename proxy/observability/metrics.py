@@ -62,26 +62,8 @@ UPSTREAM_RETRIES = Counter("modelgate_upstream_retries", "Requests sent again to
                            ["route", "reason"])
 CHANNEL_UP = Gauge("modelgate_channel_up", "1 while a channel's breaker is closed; 0 while it is open",
                    ["channel"], multiprocess_mode="liveall")
-VALIDATION_FAILURES = Counter("modelgate_validation_failures", "Requests refused by a validation rule",
-                              ["route", "rule"])
-AUTH_REFUSALS = Counter("modelgate_auth_refusals", "Requests refused by the auth plugin", ["route", "reason"])
-RATELIMIT_DECISIONS = Counter("modelgate_ratelimit_decisions", "Rate-limit decisions by policy",
-                              ["policy", "decision"])
-RATELIMIT_BACKEND_ERRORS = Counter("modelgate_ratelimit_backend_errors", "Limiter checks the shared state could not answer",
-                                   ["mode"])
-URL_DELIVERY = Counter("modelgate_url_delivery", "URL-delivery outcomes per answer: stored, native (the upstream's "
-                       "own URLs), fallback (Base64), failed (strict), unavailable (refused before the upstream)",
-                       ["route", "outcome"])
-VIDEO_OUTCOMES = Counter("modelgate_video_tasks_finished", "Video tasks seen finishing, by outcome "
-                         "(succeeded, failed, filtered)", ["outcome"])
 CONNECTIONS_REFUSED = Counter("modelgate_connections_refused", "Client connections closed as they were accepted: "
                               "past server.max_connections and its headroom")
-WEBHOOK_QUEUED = Counter("modelgate_webhooks_queued", "Payment webhooks offered to the durable queue, by outcome "
-                         "(stored, full, unavailable)", ["outcome"])
-WEBHOOK_DELIVERIES = Counter("modelgate_webhook_deliveries", "Queued webhook delivery attempts, by result "
-                             "(delivered, dead: refused by the backend, retry)", ["result"])
-WEBHOOK_QUEUE_DEPTH = Gauge("modelgate_webhook_queue_depth", "Webhooks stored and not yet delivered",
-                            multiprocess_mode="max")
 TRACE_SPANS = Counter("modelgate_trace_spans", "Finished spans by what became of them: exported, rejected by the "
                       "collector, dropped (export queue full) or failed (never delivered)", ["outcome"])
 STATE_STORE_UP = Gauge("modelgate_state_store_up", "1 while the shared state store answers its probe, 0 while not",

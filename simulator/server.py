@@ -7,8 +7,8 @@ import argparse
 from aiohttp import web
 
 from proxy.config.model import SimulatorSettings
-from proxy.simulator import build_simulator_app
-from proxy.simulator.core import Simulator
+from simulator import build_simulator_app
+from simulator.core import Simulator
 
 
 def run_simulator(args: argparse.Namespace) -> None:

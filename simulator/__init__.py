@@ -1,7 +1,7 @@
 """An upstream simulator that answers every endpoint of the spec as a real upstream would.
 
 It serves the gateway out of the box (`base_url: simulator`), and the tests and the
-benchmark drive it through its knobs (see proxy.simulator.core). `/_sim/requests` and
+benchmark drive it through its knobs (see simulator.core). `/_sim/requests` and
 `/_sim/stats` show what it received.
 """
 
@@ -13,8 +13,8 @@ from aiohttp import web
 
 from proxy import jsonutil
 from proxy.config.model import SimulatorSettings
-from proxy.simulator import account, chat, companions, media, video
-from proxy.simulator.core import Simulator, answer_early
+from simulator import account, chat, companions, media, video
+from simulator.core import Simulator, answer_early
 
 SIMULATOR_KEY = web.AppKey("simulator", Simulator)
 

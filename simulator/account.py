@@ -7,7 +7,7 @@ import hashlib
 from aiohttp import web
 
 from proxy.formats import ACCOUNT
-from proxy.simulator.core import Simulator, json_answer
+from simulator.core import Simulator, json_answer
 
 
 async def login(sim: Simulator, request: web.Request) -> web.Response:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from proxy.formats import VIDEO
-from proxy.simulator.core import Answer, Simulator, json_answer, now
+from simulator.core import Answer, Simulator, json_answer, now
 
 VIDEO_SIZE = 512 * 1024
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")

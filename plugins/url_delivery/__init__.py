@@ -16,26 +16,32 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from aiohttp import web
+from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from plugins.url_delivery.service import PATH, DeliveryService, raster_type
+from plugins.url_delivery.signing import Signer
+from plugins.url_delivery.stores import BlobStore, LocalStore, RedisBlobStore, StoreError
 from proxy.body import FormCheck, MultipartBody
 from proxy.config import GatewayConfig
-from proxy.delivery.service import DeliveryService, raster_type
-from proxy.delivery.signing import Signer
-from proxy.delivery.stores import BlobStore, LocalStore, RedisBlobStore, StoreError
-from proxy.exchange import DECODED_LIMIT, AnswerTooLarge, Exchange, UpstreamResponse
-from proxy.observability.metrics import URL_DELIVERY
+from proxy.exchange import AnswerLimit, AnswerTooLarge, Exchange, UpstreamResponse
+from proxy.formats import ACCOUNT
 from proxy.multipart import MultipartObserver
-from proxy.pipeline import Plugin
+from proxy.plugin import Plugin, PluginRoute
+from proxy.routes import Route
 from proxy.schemas.common import Violation
 
+URL_DELIVERY = Counter("modelgate_url_delivery", "URL-delivery outcomes per answer: stored, native (the upstream's "
+                       "own URLs), fallback (Base64), failed (strict), unavailable (refused before the upstream)",
+                       ["route", "outcome"])
+
 _IMAGE_ROUTES = ("image_generations", "image_edits")
-_DATA_URL = re.compile(r"data:(image/[A-Za-z0-9.+-]+);base64,([A-Za-z0-9+/=]+)")
 _FALLBACK = "X-Image-Delivery-Fallback"
+_SERVICE = "url_delivery.service"  # the live instance's service, among the gateway's resources
 
 
 class SigningKey(BaseModel):
@@ -75,9 +81,37 @@ class DeliverySettings(BaseModel):
         return self
 
 
+class DeliveryKey(BaseModel):
+    """What a key entry may say: this key may have URL delivery (else a label in `allow_labels` decides)."""
+    model_config = ConfigDict(extra="forbid")
+    url_delivery: bool = False
+
+
 class UrlDelivery(Plugin):
     name = "url_delivery"
     Settings = DeliverySettings
+    KeySettings = DeliveryKey
+    order = 400
+
+    @classmethod
+    def default(cls, route: Route) -> bool:
+        return route.name in (*_IMAGE_ROUTES, "generate_content")
+
+    @classmethod
+    def requires(cls, route: Route) -> frozenset[str]:
+        return frozenset({"caller"})  # allowed per key
+
+    @classmethod
+    def routes(cls) -> Sequence[PluginRoute]:
+        return (PluginRoute("GET", PATH, _serve_image),)
+
+    @classmethod
+    def config_problems(cls, config: GatewayConfig, workers: int) -> list[str]:
+        delivery = config.plugins.get(cls.name, {})
+        if workers > 1 and delivery.get("enabled") and not delivery.get("signing_keys"):
+            return [f"plugins.{cls.name}.signing_keys: required with {workers} workers: without them each "
+                    "process signs with a key of its own, and a URL minted by one worker fails on another"]
+        return []
 
     def configure(self, config: GatewayConfig) -> None:
         settings: DeliverySettings = self.settings
@@ -90,14 +124,14 @@ class UrlDelivery(Plugin):
         store = self.resources[slot]  # type: ignore[assignment]
         signer = Signer([(k.id, k.secret) for k in settings.signing_keys])
         self.service = DeliveryService(store, signer, settings.ttl_s, config.server)
-        self.resources["url_delivery"] = self.service  # what the gateway serves /images/... with
+        self.answer_limit = AnswerLimit(int(settings.max_response_mb * 1024 * 1024), "image_response_too_large")
+        self.resources[_SERVICE] = self.service  # what the gateway serves /images/... with
 
     async def start(self) -> None:
         await self.service.start()
 
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
-        mode = _requested(ex)
-        if mode is None:
+        if not _requested(ex):
             if (ex.route.name in _IMAGE_ROUTES and isinstance(ex.body_stream, MultipartBody)
                     and ex.multipart is not None and ex.multipart.field("response_format") is None):
                 # The form's response_format may still come, after its files: decided when it does.
@@ -107,15 +141,11 @@ class UrlDelivery(Plugin):
         if refusal is not None:
             status, message, code, headers = refusal
             return ex.error_response(status, message, code, headers=headers)
-        if mode == "content":
-            body = ex.json()
-            config = dict(body.get("generationConfig") or body.get("generation_config") or {})
-            config.pop("responseFormat", None)  # a gateway field: never forwarded
-            config.pop("response_format", None)
-            key = "generationConfig" if "generationConfig" in body else "generation_config"
-            ex.set_json({**body, key: config})
-        ex.plugin_state[self.name] = mode
-        ex.answer_limit = int(self.settings.max_response_mb * 1024 * 1024)
+        stripped = ex.format.without_delivery_fields(ex.json())  # a gateway field: never forwarded
+        if stripped is not None:
+            ex.set_json(stripped)
+        ex.plugin_state[self.name] = True
+        ex.answer_limit = self.answer_limit
         return None
 
     def _refusal(self, ex: Exchange) -> tuple[int, str, str, dict[str, str]] | None:
@@ -145,8 +175,8 @@ class UrlDelivery(Plugin):
             if refusal is not None:
                 status, message, code, _ = refusal
                 return Violation("", message, status, code)
-            ex.plugin_state[self.name] = "images"
-            ex.answer_limit = int(self.settings.max_response_mb * 1024 * 1024)
+            ex.plugin_state[self.name] = True
+            ex.answer_limit = self.answer_limit
             return None
 
         return check
@@ -154,7 +184,7 @@ class UrlDelivery(Plugin):
     async def on_upstream(self, ex: Exchange) -> None:
         """A channel that does not take `response_format` gets the request without it; its
         Base64 answer is then turned into URLs here."""
-        if ex.plugin_state.get(self.name) != "images" or ex.channel is None:
+        if self.name not in ex.plugin_state or ex.route.name not in _IMAGE_ROUTES or ex.channel is None:
             return
         if ex.channel.config.accepts_response_format:
             return
@@ -165,23 +195,19 @@ class UrlDelivery(Plugin):
             ex.body_stream.remove_field("response_format")
 
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
-        mode = ex.plugin_state.get(self.name)
-        if mode is None or upstream.status >= 300:
+        if self.name not in ex.plugin_state or upstream.status >= 300:
             return
-        limit = ex.answer_limit or 0
         try:
-            upstream.decoded_body(limit or DECODED_LIMIT)
+            upstream.decoded_body(self.answer_limit.size)
         except AnswerTooLarge:  # a small gzip can hide a large answer
             upstream.status = 502
-            upstream.set_json(ex.format.error_payload(
-                502, f"the upstream's answer is over the {limit / (1024 * 1024):g} MB processing limit",
-                "image_response_too_large"))
+            upstream.set_json(ex.format.error_payload(502, self.answer_limit.message, self.answer_limit.code))
             return
         body = upstream.json()
         if not isinstance(body, dict):
             return
         try:
-            changed = await (self._images(body, ex) if mode == "images" else self._content(body, ex))
+            changed = await self._place_urls(body, ex)
         except StoreError as exc:
             if self.settings.strict:
                 URL_DELIVERY.labels(ex.route.name, "failed").inc()
@@ -200,7 +226,7 @@ class UrlDelivery(Plugin):
         if not self.settings.enabled or ex.key is None:
             return False
         labels = ex.key.labels
-        return ex.key.url_delivery or bool(self.settings.allow_labels) and all(
+        return ex.key.settings.get("url_delivery", False) or bool(self.settings.allow_labels) and all(
             labels.get(k) == v for k, v in self.settings.allow_labels.items())
 
     async def _mint(self, b64: str, ex: Exchange) -> tuple[str, str] | None:
@@ -213,57 +239,29 @@ class UrlDelivery(Plugin):
             return None
         return await self.service.mint(data, kind, ex.request), kind
 
-    async def _images(self, body: dict[str, Any], ex: Exchange) -> bool:
+    async def _place_urls(self, answer: Any, ex: Exchange) -> bool:
+        """Each raster image of the answer stored, and a URL put where it was; whether any was."""
         changed = False
-        for item in body.get("data") or []:
-            if isinstance(item, dict) and isinstance(item.get("b64_json"), str):
-                minted = await self._mint(item["b64_json"], ex)
-                if minted is None:
-                    continue
-                del item["b64_json"]
-                item["url"] = minted[0]
+        for image in ex.format.embedded_images(answer):
+            minted = await self._mint(image.data, ex)
+            if minted is not None:
+                image.place(*minted)
                 changed = True
         return changed
 
-    async def _content(self, body: dict[str, Any], ex: Exchange) -> bool:
-        changed = False
-        for candidate in body.get("candidates") or []:
-            content = candidate.get("content") if isinstance(candidate, dict) else None
-            for part in (content or {}).get("parts") or []:
-                if not isinstance(part, dict):
-                    continue
-                inline = part.get("inlineData") or part.get("inline_data")
-                if isinstance(inline, dict) and isinstance(inline.get("data"), str):
-                    minted = await self._mint(inline["data"], ex)
-                    if minted is None:
-                        continue
-                    part.pop("inlineData", None)
-                    part.pop("inline_data", None)
-                    part["fileData"] = {"mimeType": minted[1], "fileUri": minted[0]}
-                    changed = True
-                elif isinstance(part.get("text"), str) and "data:image/" in part["text"]:
-                    text = await self._replace_data_urls(part["text"], ex)
-                    changed = changed or text != part["text"]
-                    part["text"] = text
-        return changed
 
-    async def _replace_data_urls(self, text: str, ex: Exchange) -> str:
-        out, last = [], 0
-        for match in _DATA_URL.finditer(text):
-            minted = await self._mint(match[2], ex)
-            if minted is None:
-                continue  # not a raster image: the data URL stays as it was
-            out.append(text[last:match.start()])
-            out.append(minted[0])
-            last = match.end()
-        return "".join(out) + text[last:]
+async def _serve_image(request: web.Request, resources: Mapping[str, Any]) -> web.StreamResponse:
+    service: DeliveryService | None = resources.get(_SERVICE)
+    if service is None:
+        return ACCOUNT.error_response(404, "image URL delivery is not configured", "not_found")
+    return await service.serve(request)
 
 
 def _make_store(settings: DeliverySettings, config: GatewayConfig) -> BlobStore:
     if settings.store == "redis":
         return RedisBlobStore(config.state.url, config.state.prefix)
     if settings.store == "s3":
-        from proxy.delivery.stores import S3Store
+        from plugins.url_delivery.stores import S3Store
 
         s3 = settings.s3
         assert s3 is not None  # the settings' validator insists
@@ -271,25 +269,13 @@ def _make_store(settings: DeliverySettings, config: GatewayConfig) -> BlobStore:
     return LocalStore(settings.dir, min_free_mb=settings.min_free_mb)
 
 
-def _requested(ex: Exchange) -> str | None:
-    """'images' or 'content' when this request asks for URL delivery, else None."""
-    if ex.streaming:
-        return None
-    route = ex.route.name
-    if route in _IMAGE_ROUTES:
-        if ex.multipart is not None:
-            wanted = ex.multipart.field("response_format")
-        else:
-            body = ex.json()
-            wanted = body.get("response_format") if isinstance(body, dict) else None
-        return "images" if wanted == "url" else None
-    if route == "generate_content":
-        body = ex.json()
-        config = (body.get("generationConfig") or body.get("generation_config")) if isinstance(body, dict) else None
-        response_format = (config.get("responseFormat") or config.get("response_format")) if isinstance(config, dict) else None
-        image = response_format.get("image") if isinstance(response_format, dict) else None
-        return "content" if isinstance(image, dict) and image.get("delivery") == "URI" else None
-    return None
+def _requested(ex: Exchange) -> bool:
+    """Whether this request asks for URL delivery (never a stream's)."""
+    if ex.streaming or not UrlDelivery.default(ex.route):
+        return False
+    if ex.multipart is not None:
+        return ex.multipart.field("response_format") == "url"
+    return ex.format.asks_for_image_urls(ex.json())
 
 
 def _decode(data: str) -> bytes:

@@ -8,8 +8,8 @@ from aiohttp import web
 
 from proxy import jsonutil
 from proxy.formats import CONTENT, MESSAGES, RESPONSES
-from proxy.simulator.core import Answer, Simulator, count_words, json_answer, now, sse, stream, words
-from proxy.simulator.media import is_image_model, png_base64
+from simulator.core import Answer, Simulator, count_words, json_answer, now, sse, stream, words
+from simulator.media import is_image_model, png_base64
 
 
 def _placeholder_args(schema: Any) -> dict[str, Any]:

@@ -10,7 +10,21 @@ import json
 import sys
 
 from proxy.config import GatewayConfig
-from proxy.webhooks.queue import QueuedWebhook, RedisError, Shelf
+from plugins.webhook_queue.queue import QueuedWebhook, RedisError, Shelf
+
+
+def arguments(webhooks: argparse.ArgumentParser) -> None:
+    webhooks.add_argument("-c", "--config", help="config file (default: $MODELGATE_CONFIG, else the embedded defaults)")
+    actions = webhooks.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", help="print the oldest entries of a shelf, one JSON object a line")
+    listing.add_argument("--shelf", choices=("pending", "delivered", "dead"), default="pending")
+    listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--bodies", action="store_true", help="include each body (else its size and SHA-256)")
+    replay = actions.add_parser("replay", help="queue delivered or dead entries again, at the end, in order")
+    replay.add_argument("--shelf", choices=("delivered", "dead"), default="dead")
+    which = replay.add_mutually_exclusive_group(required=True)
+    which.add_argument("--all", action="store_true", help="every entry of the shelf")
+    which.add_argument("ids", nargs="*", default=[], help="entry ids, as `list` prints them")
 
 
 def run_command(config: GatewayConfig, args: argparse.Namespace) -> int:

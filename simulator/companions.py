@@ -8,7 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.formats import CONTENT, MESSAGES, RESPONSES
-from proxy.simulator.core import Answer, Simulator, count_words, json_answer
+from simulator.core import Answer, Simulator, count_words, json_answer
 
 
 async def count_tokens(sim: Simulator, request: web.Request) -> web.StreamResponse:

@@ -9,21 +9,25 @@ again, so the provider keeps the callback. `modelgate webhooks` inspects and rep
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy import jsonutil
 from proxy.config import GatewayConfig
 from proxy.exchange import Exchange
-from proxy.observability import metrics as m
-from proxy.pipeline import Plugin
-from proxy.routes import ROUTES_BY_NAME
+from proxy.plugin import Plugin, PluginCommand
+from proxy.routes import ROUTES_BY_NAME, Route
+
+WEBHOOK_QUEUED = Counter("modelgate_webhooks_queued", "Payment webhooks offered to the durable queue, by outcome "
+                         "(stored, full, unavailable)", ["outcome"])
 
 if TYPE_CHECKING:
-    from proxy.webhooks.deliverer import Deliverer
-    from proxy.webhooks.queue import WebhookQueue
+    from plugins.webhook_queue.deliverer import Deliverer
+    from plugins.webhook_queue.queue import WebhookQueue
 
 
 class QueueSettings(BaseModel):
@@ -41,7 +45,7 @@ class QueueSettings(BaseModel):
 
 
 def queue_for(config: GatewayConfig, settings: QueueSettings) -> WebhookQueue:
-    from proxy.webhooks.queue import WebhookQueue  # the Redis client loads only where the queue is on
+    from plugins.webhook_queue.queue import WebhookQueue  # the Redis client loads only where the queue is on
 
     return WebhookQueue(settings.url or config.state.url, settings.prefix or config.state.prefix,
                         settings.max_pending, settings.keep_delivered)
@@ -50,6 +54,17 @@ def queue_for(config: GatewayConfig, settings: QueueSettings) -> WebhookQueue:
 class WebhookQueuePlugin(Plugin):
     name = "webhook_queue"
     Settings = QueueSettings
+    order = 800
+
+    @classmethod
+    def default(cls, route: Route) -> bool:
+        return route.name == "payment_webhook"  # it does nothing until enabled
+
+    @classmethod
+    def commands(cls) -> Sequence[PluginCommand]:
+        from plugins.webhook_queue.command import arguments, run_command
+
+        return (PluginCommand("webhooks", "inspect and replay the durable webhook queue", arguments, run_command),)
 
     def configure(self, config: GatewayConfig) -> None:
         self.config = config
@@ -60,7 +75,7 @@ class WebhookQueuePlugin(Plugin):
         settings: QueueSettings = self.settings
         if not settings.enabled:
             return
-        from proxy.webhooks.deliverer import Deliverer
+        from plugins.webhook_queue.deliverer import Deliverer
 
         url, prefix = settings.url or self.config.state.url, settings.prefix or self.config.state.prefix
         slot = f"webhooks.queue:{url}:{prefix}"
@@ -81,7 +96,7 @@ class WebhookQueuePlugin(Plugin):
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
         if self.queue is None or ex.route.name != "payment_webhook":
             return None
-        from proxy.webhooks.queue import QueuedWebhook, QueueFull, RedisError
+        from plugins.webhook_queue.queue import QueuedWebhook, QueueFull, RedisError
 
         assert ex.target is not None
         path, query = ex.target.path(), ex.target.query_string()  # built, never the client's raw target
@@ -90,13 +105,13 @@ class WebhookQueuePlugin(Plugin):
         try:
             entry_id = await self.queue.put(webhook)
         except QueueFull as exc:
-            m.WEBHOOK_QUEUED.labels("full").inc()
+            WEBHOOK_QUEUED.labels("full").inc()
             return ex.error_response(503, f"the webhook queue is full ({exc}); retry later", "webhook_queue_full",
                                      headers={"Retry-After": "60"})
         except (RedisError, OSError) as exc:
-            m.WEBHOOK_QUEUED.labels("unavailable").inc()
+            WEBHOOK_QUEUED.labels("unavailable").inc()
             return ex.error_response(503, f"the webhook queue is unreachable ({type(exc).__name__}); retry later",
                                      "webhook_queue_unavailable", headers={"Retry-After": "10"})
-        m.WEBHOOK_QUEUED.labels("stored").inc()
+        WEBHOOK_QUEUED.labels("stored").inc()
         return web.Response(status=self.settings.accept_status, content_type="application/json",
                             body=jsonutil.dumps({"queued": True, "id": entry_id, "request_id": ex.request_id}))

@@ -20,8 +20,8 @@ from aiohttp import web
 
 from proxy import jsonutil
 from proxy.config.model import ServerConfig
-from proxy.delivery.signing import Signer
-from proxy.delivery.stores import Blob, BlobStore, StoreError
+from plugins.url_delivery.signing import Signer
+from plugins.url_delivery.stores import Blob, BlobStore, StoreError
 from proxy.public_url import public_base_url
 
 PATH = "/images/{blob_id}"

@@ -16,12 +16,17 @@ import os
 import time
 
 from multidict import CIMultiDict
+from prometheus_client import Counter, Gauge
 
+from plugins.webhook_queue.queue import QueuedWebhook, RedisError, Shelf, WebhookQueue
 from proxy.channels import ChannelSet
-from proxy.observability import metrics as m
 from proxy.routes import Route
 from proxy.upstream import PoolExhausted, UpstreamError
-from proxy.webhooks.queue import QueuedWebhook, RedisError, Shelf, WebhookQueue
+
+WEBHOOK_DELIVERIES = Counter("modelgate_webhook_deliveries", "Queued webhook delivery attempts, by result "
+                             "(delivered, dead: refused by the backend, retry)", ["result"])
+WEBHOOK_QUEUE_DEPTH = Gauge("modelgate_webhook_queue_depth", "Webhooks stored and not yet delivered",
+                            multiprocess_mode="max")
 
 log = logging.getLogger("modelgate.webhooks")
 
@@ -76,17 +81,17 @@ class Deliverer:
         if not await self.queue.hold_lease(self.token, self.lease_ms):
             return False
         webhook = await self.queue.oldest(block_ms=min(1000, self.lease_ms // 3))
-        m.WEBHOOK_QUEUE_DEPTH.set(await self.queue.depth())
+        WEBHOOK_QUEUE_DEPTH.set(await self.queue.depth())
         if webhook is None:
             return True  # nothing waiting: look again at once, the read itself waited
         outcome, shelf = await self.deliver(webhook)
         if shelf is None:
-            m.WEBHOOK_DELIVERIES.labels("retry").inc()
+            WEBHOOK_DELIVERIES.labels("retry").inc()
             log.warning("webhook delivery failed; will retry",
                         extra={"webhook_id": webhook.id, "request_id": webhook.request_id, "outcome": outcome})
             return False
         await self.queue.settle(webhook, outcome, shelf)
-        m.WEBHOOK_DELIVERIES.labels(shelf.value).inc()
+        WEBHOOK_DELIVERIES.labels(shelf.value).inc()
         level = logging.INFO if shelf is Shelf.DELIVERED else logging.ERROR
         log.log(level, "webhook %s", shelf.value, extra={"webhook_id": webhook.id, "request_id": webhook.request_id,
                                                        "target": webhook.target, "outcome": outcome})

@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.formats import IMAGES
-from proxy.simulator.core import Answer, Simulator, json_answer, now, sse, stream
+from simulator.core import Answer, Simulator, json_answer, now, sse, stream
 
 _SIZE = re.compile(r"^(\d{2,5})x(\d{2,5})$")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.config.model import ChannelConfig, SimulatorSettings
-from proxy.simulator import build_simulator_app
-from proxy.simulator.core import Simulator
+from simulator import build_simulator_app
+from simulator.core import Simulator
 
 
 class SimulatorFarm:

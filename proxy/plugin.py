@@ -1,0 +1,131 @@
+"""`Plugin`: the contract between the core and every plugin, built-in or third-party.
+
+A plugin implements any of five hooks. `on_request` may answer the request itself
+(an error in the endpoint's shape, say) and so end the pipeline; `on_upstream` runs once the
+channel is chosen, the last chance to shape what that channel is sent; `on_response` sees a
+buffered upstream answer; `on_event` sees each SSE event and returns the event to send
+(the same one, a new one, or None to drop it); `on_complete` runs once at the end,
+whatever happened. Only hooks a plugin really implements are called.
+
+Beside its hooks a plugin declares, as class attributes the core reads without knowing the
+plugin: what it `provides` to the plugins after it and what it `requires` of the ones before it
+(checked whenever a pipeline is built, config or default), which routes it joins by `default`
+and where (`order`), the settings it takes (`Settings`, and `KeySettings` on each key), and
+what it adds to the gateway around the pipeline: `routes` the app serves, `commands` the CLI
+runs, `config_problems` only the whole config shows. The core finds plugins through the
+`modelgate.plugins` entry points (the built-in ones are registered like any other) or a
+dotted path named in config.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from proxy.exchange import Exchange, UpstreamResponse
+from proxy.routes import Route
+from proxy.sse import SSEEvent
+
+if TYPE_CHECKING:
+    from proxy.channels import ChannelSet
+    from proxy.config import GatewayConfig
+
+# What plugins provide one another, in words a check-config problem can use.
+CAPABILITIES: dict[str, str] = {
+    "caller": "the caller's identity (the gateway key, its name and tenant)",
+}
+
+
+@dataclass(slots=True, frozen=True)
+class PluginRoute:
+    """A path the app serves for a plugin, beside the endpoints; the handler gets the running
+    gateway's `resources`, where the plugin's live instance left what it serves with."""
+    method: str
+    path: str
+    handler: Callable[[web.Request, Mapping[str, Any]], Awaitable[web.StreamResponse]]
+
+
+@dataclass(slots=True, frozen=True)
+class PluginCommand:
+    """A `modelgate` subcommand a plugin adds: `arguments` fills its parser; `run` gets the
+    loaded config and the parsed arguments and returns the exit status."""
+    name: str
+    help: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[GatewayConfig, argparse.Namespace], int]
+
+
+class Plugin:
+    """Base class for plugins; every hook and every declaration is optional."""
+
+    name: ClassVar[str] = "plugin"
+    Settings: ClassVar[type[BaseModel] | None] = None     # `plugins.<name>`, validated by check-config
+    KeySettings: ClassVar[type[BaseModel] | None] = None  # fields this plugin reads on each `keys[]` entry
+    provides: ClassVar[frozenset[str]] = frozenset()      # capabilities set on the exchange (CAPABILITIES)
+    order: ClassVar[int] = 500                            # place in a default pipeline: lower runs first
+
+    @classmethod
+    def requires(cls, route: Route) -> frozenset[str]:
+        """The capabilities an earlier plugin of this route's pipeline must provide."""
+        return frozenset()
+
+    @classmethod
+    def default(cls, route: Route) -> bool:
+        """Whether this plugin is in the route's pipeline when config names none."""
+        return False
+
+    @classmethod
+    def routes(cls) -> Sequence[PluginRoute]:
+        return ()
+
+    @classmethod
+    def commands(cls) -> Sequence[PluginCommand]:
+        return ()
+
+    @classmethod
+    def config_problems(cls, config: GatewayConfig, workers: int) -> list[str]:
+        """Problems with this plugin's settings that only the whole config shows (`workers`: how
+        many processes will serve it), each starting with its key path."""
+        return []
+
+    def __init__(self, settings: Any = None) -> None:
+        self.settings = settings
+        # Objects that outlive a config reload, owned by the running gateway (set before configure).
+        self.resources: dict[str, Any] = {}
+        # The running config's channels, for a plugin that talks to upstreams itself (set before start).
+        self.channels: ChannelSet | None = None
+
+    def configure(self, config: GatewayConfig) -> None:
+        """Called once with the whole config this instance serves (keys, channels ...)."""
+
+    async def start(self) -> None:
+        """Called once before the first request (open connections, load state)."""
+
+    async def stop(self) -> None:
+        """Called once after the last request of the config this instance belongs to."""
+
+    def unready(self, state_ok: bool) -> str | None:
+        """Why this instance cannot serve right now, as far as this plugin knows (`/readyz` says
+        so and answers 503), or None; `state_ok`: the state store answers its probe. A plugin
+        whose configured fail mode serves on says None."""
+        return None
+
+    async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
+        return None
+
+    async def on_upstream(self, ex: Exchange) -> None:
+        return None
+
+    async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
+        return None
+
+    def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
+        return event
+
+    async def on_complete(self, ex: Exchange) -> None:
+        return None

@@ -1,0 +1,229 @@
+"""Finding plugins and putting pipelines together, knowing none of them by name.
+
+A name in config is a `modelgate.plugins` entry point (the built-in plugins are registered that
+way, in pyproject.toml) or a dotted path (`package.module:Class`). A route's default pipeline
+is every registered plugin that says it joins that route, in their declared `order`. Any
+pipeline, default or configured, is checked against what its plugins require and provide; each
+problem names its key path.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+
+from proxy.plugin import CAPABILITIES, Plugin, PluginCommand, PluginRoute
+from proxy.routes import ROUTES, Route
+
+if TYPE_CHECKING:
+    from proxy.config import GatewayConfig
+
+ENTRY_POINT_GROUP = "modelgate.plugins"
+
+
+@functools.cache
+def registered() -> dict[str, str]:
+    """Registered plugin names and the `module:Class` each stands for."""
+    return {point.name: point.value for point in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+@functools.cache
+def registered_classes() -> dict[str, type[Plugin]]:
+    """Every registered plugin class by its name (one that cannot be imported is left out;
+    naming it in config is what reports why)."""
+    found = {}
+    for name in registered():
+        try:
+            found[name] = resolve_plugin(name)
+        except LookupError:
+            continue
+    return found
+
+
+def resolve_plugin(name: str) -> type[Plugin]:
+    """A plugin class from a registered name or a dotted path (`package.module:Class` or `package.module.Class`)."""
+    target = registered().get(name, name)
+    module_name, sep, attr = target.partition(":")
+    if not sep:
+        module_name, _, attr = target.rpartition(".")
+    if not module_name or not attr:
+        raise LookupError(f"unknown plugin {name!r} (registered: {', '.join(registered()) or 'none'}; "
+                          "or a dotted path package.module:Class)")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise LookupError(f"plugin {name!r}: cannot import {module_name}: {exc}") from None
+    cls = getattr(module, attr, None)
+    if not isinstance(cls, type) or not issubclass(cls, Plugin):
+        raise LookupError(f"plugin {name!r}: {module_name} has no Plugin class {attr}")
+    return cls
+
+
+def default_plugins(route: Route) -> list[str]:
+    """The pipeline a route gets when config names none."""
+    chosen = [(cls.order, name) for name, cls in registered_classes().items() if cls.default(route)]
+    return [name for _, name in sorted(chosen)]
+
+
+def plugin_names(config: GatewayConfig, route: Route) -> list[str]:
+    override = config.routes.get(route.name)  # type: ignore[call-overload]
+    if override is not None and override.plugins is not None:
+        return list(override.plugins)
+    return default_plugins(route)
+
+
+def order_problems(route: Route, names: list[str], where: str) -> list[str]:
+    """What a pipeline's plugins require of the ones before them and do not get (`where`: the
+    key path of its list); a plugin named twice."""
+    classes: list[type[Plugin] | None] = []
+    for name in names:
+        try:
+            classes.append(resolve_plugin(name))
+        except LookupError:
+            classes.append(None)  # reported as unknown elsewhere
+    problems = []
+    for index, (name, cls) in enumerate(zip(names, classes, strict=True)):
+        if names.index(name) != index:
+            problems.append(f"{where}[{index}]: {name} is already at [{names.index(name)}]: each plugin runs once")
+            continue
+        if cls is None:
+            continue
+        for need in sorted(cls.requires(route)):
+            if any(c is not None and need in c.provides for c in classes[:index]):
+                continue
+            later = next((i for i, c in enumerate(classes) if c is not None and need in c.provides), None)
+            described = CAPABILITIES.get(need, need)
+            if later is not None:
+                problems.append(f"{where}[{index}]: {name} requires {described}, which {names[later]} at "
+                                f"[{later}] provides only after it: put {names[later]} first")
+            else:
+                providers = [n for n, c in registered_classes().items() if need in c.provides]
+                hint = f" (add {' or '.join(providers)} before it)" if providers else ""
+                problems.append(f"{where}[{index}]: {name} requires {described}, which no plugin before it "
+                                f"on route {route.name} provides{hint}")
+    return problems
+
+
+def check_plugins(tree: dict[str, Any]) -> list[str]:
+    """Problems with the plugins a config names, read from the raw tree so they are reported
+    alongside every other problem: unknown names, bad settings (of the plugin and on each key),
+    and pipelines whose plugins do not get what they require."""
+    problems: list[str] = []
+    routes, plugins = tree.get("routes"), tree.get("plugins")
+    configured = routes if isinstance(routes, dict) else {}
+    for route_name, route in configured.items():
+        names = route.get("plugins") if isinstance(route, dict) else None
+        for index, name in enumerate(names if isinstance(names, list) else ()):
+            try:
+                resolve_plugin(str(name))
+            except LookupError as exc:
+                problems.append(f"routes.{route_name}.plugins[{index}]: {exc}")
+    for route in ROUTES:
+        entry = configured.get(route.name)
+        names = entry.get("plugins") if isinstance(entry, dict) else None
+        if isinstance(names, list):
+            problems.extend(order_problems(route, [str(n) for n in names], f"routes.{route.name}.plugins"))
+        else:  # a default pipeline is held to the same contract, so a registered plugin cannot break it unseen
+            problems.extend(order_problems(route, default_plugins(route), f"<default pipeline of {route.name}>"))
+    for name, settings in (plugins or {}).items() if isinstance(plugins, dict) else ():
+        try:
+            cls = resolve_plugin(str(name))
+        except LookupError as exc:
+            problems.append(f"plugins.{name}: {exc}")
+            continue
+        if isinstance(settings, dict):
+            problems.extend(_model_problems(cls.Settings, f"plugins.{name}", settings, f"{name} takes no settings"))
+    keys = tree.get("keys")
+    for index, key in enumerate(keys if isinstance(keys, list) else ()):
+        if isinstance(key, dict):
+            problems.extend(_key_settings_problems(key, f"keys[{index}]"))
+    return problems
+
+
+def _model_problems(model: type[BaseModel] | None, where: str, values: dict[str, Any], why_none: str) -> list[str]:
+    if model is None:
+        return [f"{where}.{key}: unknown key ({why_none})" for key in values]
+    try:
+        model.model_validate(values)
+    except ValidationError as exc:
+        return [f"{where}." + ".".join(str(p) for p in err["loc"]) + f": {err['msg']}" for err in exc.errors()]
+    return []
+
+
+def key_fields() -> dict[str, type[BaseModel]]:
+    """The fields registered plugins add to each key entry, and the settings model of each."""
+    fields: dict[str, type[BaseModel]] = {}
+    for cls in registered_classes().values():
+        if cls.KeySettings is not None:
+            fields.update(dict.fromkeys(cls.KeySettings.model_fields, cls.KeySettings))
+    return fields
+
+
+def _key_settings_problems(key: dict[str, Any], where: str) -> list[str]:
+    from proxy.config.model import KeyConfig
+
+    known = key_fields()
+    problems = []
+    for field in sorted(set(key) - set(KeyConfig.model_fields)):
+        if field not in known:
+            hint = difflib.get_close_matches(field, [*KeyConfig.model_fields, *known], n=1)
+            problems.append(f"{where}.{field}: unknown key" + (f" (did you mean '{hint[0]}'?)" if hint else ""))
+    for model in {known[f] for f in key if f in known}:
+        problems.extend(_model_problems(model, where, {f: key[f] for f in key if f in model.model_fields}, ""))
+    return problems
+
+
+def key_settings(extra: dict[str, Any]) -> dict[str, Any]:
+    """A key entry's plugin fields, as their plugins' models read them (`"false"` is False)."""
+    known = key_fields()
+    out: dict[str, Any] = {}
+    for model in {known[f] for f in extra if f in known}:
+        values = model.model_validate({f: extra[f] for f in extra if f in model.model_fields})
+        out.update({f: getattr(values, f) for f in extra if f in model.model_fields})
+    return out
+
+
+def plugin_config_problems(config: GatewayConfig, workers: int) -> list[str]:
+    """What each plugin configured, or registered, finds wrong with the whole config."""
+    problems: list[str] = []
+    seen: set[type[Plugin]] = set()
+    for name in [*registered(), *config.plugins]:
+        try:
+            cls = resolve_plugin(name)
+        except LookupError:
+            continue
+        if cls not in seen:
+            seen.add(cls)
+            problems.extend(cls.config_problems(config, workers))
+    return problems
+
+
+def plugin_routes(config: GatewayConfig) -> list[PluginRoute]:
+    """The paths the registered plugins, and any other the config names, ask the app to serve
+    (all of them from the start: a reload cannot add a path, and the handler of a plugin not
+    configured says so)."""
+    classes = dict.fromkeys(registered_classes().values())
+    for route in config.routes.values():
+        for name in route.plugins or ():
+            classes.setdefault(resolve_plugin(name))
+    return [extra for cls in classes for extra in cls.routes()]
+
+
+def plugin_commands() -> list[PluginCommand]:
+    """The `modelgate` subcommands the registered plugins add."""
+    return [command for cls in registered_classes().values() for command in cls.commands()]
+
+
+def build_plugin(config: GatewayConfig, name: str, resources: dict[str, Any] | None = None) -> Plugin:
+    cls = resolve_plugin(name)
+    raw = config.plugins.get(name, {})
+    settings = cls.Settings.model_validate(raw) if cls.Settings is not None else None
+    plugin = cls(settings)
+    plugin.resources = resources if resources is not None else {}
+    plugin.configure(config)
+    return plugin

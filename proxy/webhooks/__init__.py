@@ -1,1 +1,0 @@
-"""Payment webhooks held durably in Redis Streams and delivered to their backend in order."""

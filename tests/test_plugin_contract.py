@@ -1,0 +1,179 @@
+"""The plugin contract: the core runs plugins it does not know by name, and a pipeline whose
+plugins do not get what they require is refused with its key path, by `check-config` too."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+import pytest
+
+from proxy.config import ConfigError, parse_config
+from proxy.plugin import Plugin
+from proxy.registry import default_plugins, order_problems, registered
+from proxy.routes import ROUTES, ROUTES_BY_NAME, Route
+from tests.conftest import DEMO_KEY
+
+ROOT = Path(__file__).parent.parent
+
+
+class NeedsCaller(Plugin):
+    """A third-party plugin that reads the caller's identity, as a tenant quota would."""
+
+    @classmethod
+    def requires(cls, route: Route) -> frozenset[str]:
+        return frozenset({"caller"})
+
+
+class Counts(Plugin):
+    """A third-party plugin joining the message route by default, after the built-in ones."""
+
+    order = 999
+
+    @classmethod
+    def default(cls, route: Route) -> bool:
+        return route.name == "messages"
+
+
+def problems(config: str) -> list[str]:
+    with pytest.raises(ConfigError) as refused:
+        parse_config(textwrap.dedent(config), {})
+    return refused.value.problems
+
+
+def test_a_plugin_before_the_one_providing_what_it_requires_is_refused_with_its_key_path() -> None:
+    found = problems("routes: {messages: {plugins: [ratelimit, auth, usage, sse]}}")
+    assert found == ["routes.messages.plugins[0]: ratelimit requires the caller's identity (the gateway key, its "
+                     "name and tenant), which auth at [1] provides only after it: put auth first"]
+
+
+def test_a_plugin_whose_requirement_nobody_provides_is_refused_and_told_who_does() -> None:
+    found = problems("routes: {image_generations: {plugins: [validation, url_delivery, usage]}}")
+    assert found == ["routes.image_generations.plugins[1]: url_delivery requires the caller's identity (the "
+                     "gateway key, its name and tenant), which no plugin before it on route image_generations "
+                     "provides (add auth before it)"]
+
+
+def test_third_party_plugins_declare_requirements_the_same_way() -> None:
+    found = problems("routes: {responses: {plugins: ['tests.test_plugin_contract:NeedsCaller', auth]}}")
+    assert [p.split(":")[0] for p in found] == ["routes.responses.plugins[0]"]
+    parse_config("routes: {responses: {plugins: [auth, 'tests.test_plugin_contract:NeedsCaller']}}", {})
+
+
+def test_a_requirement_can_depend_on_the_route() -> None:
+    # The login takes no key: limits go by client IP there, so ratelimit needs no auth before it.
+    parse_config("routes: {login_2fa: {plugins: [ratelimit]}}", {})
+    assert problems("routes: {messages: {plugins: [ratelimit]}}")[0].startswith("routes.messages.plugins[0]: ratelimit requires")
+
+
+def test_a_plugin_named_twice_is_refused() -> None:
+    assert problems("routes: {messages: {plugins: [auth, usage, auth]}}") == [
+        "routes.messages.plugins[2]: auth is already at [0]: each plugin runs once"]
+
+
+def test_check_config_names_an_ordering_problem(tmp_path: Path) -> None:
+    config = tmp_path / "wrong-order.yaml"
+    config.write_text("routes:\n  responses: {plugins: [url_delivery, auth]}\n")
+    result = subprocess.run([sys.executable, "-m", "proxy", "check-config", str(config)],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 1
+    assert "routes.responses.plugins[0]: url_delivery requires the caller's identity" in result.stderr
+
+
+def test_default_pipelines_come_from_the_plugins_declarations_in_their_order() -> None:
+    assert default_plugins(ROUTES_BY_NAME["messages"]) == ["auth", "validation", "ratelimit", "usage", "sse"]
+    assert default_plugins(ROUTES_BY_NAME["image_generations"]) == [
+        "auth", "validation", "ratelimit", "url_delivery", "usage", "sse"]
+    assert default_plugins(ROUTES_BY_NAME["video_generation_status"]) == ["auth", "validation", "ratelimit", "video"]
+    assert default_plugins(ROUTES_BY_NAME["payment_webhook"]) == ["ratelimit", "webhook_queue"]
+    assert default_plugins(ROUTES_BY_NAME["login_2fa"]) == ["ratelimit"]
+    for route in ROUTES:  # every default pipeline keeps the contract it is held to
+        assert order_problems(route, default_plugins(route), route.name) == []
+
+
+def test_a_third_party_plugin_joins_default_pipelines_by_declaring_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy import registry
+
+    monkeypatch.setitem(registry.registered_classes(), "counts", Counts)
+    assert default_plugins(ROUTES_BY_NAME["messages"]) == ["auth", "validation", "ratelimit", "usage", "sse", "counts"]
+    assert "counts" not in default_plugins(ROUTES_BY_NAME["responses"])
+
+
+def test_plugin_fields_on_a_key_are_read_by_their_plugin_and_checked(tmp_path: Path) -> None:
+    config = parse_config(f"keys: [{{name: k, key: {DEMO_KEY}, url_delivery: 'false'}}]", {})
+    assert config.keys[0].model_extra == {"url_delivery": False}  # as the plugin's model reads it, not the text
+    assert problems(f"keys: [{{name: k, key: {DEMO_KEY}, url_delivry: true}}]") == [
+        "keys[0].url_delivry: unknown key (did you mean 'url_delivery'?)"]
+    assert problems(f"keys: [{{name: k, key: {DEMO_KEY}, url_delivery: maybe}}]")[0].startswith("keys[0].url_delivery:")
+
+
+def _code_of(module: Path) -> ast.Module:
+    return ast.parse(module.read_text(encoding="utf-8"), str(module))
+
+
+def _strings(tree: ast.Module) -> list[str]:
+    """String constants that are not docstrings."""
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+# Plugin names that are also words of the wire formats or libraries, and the modules that use them as such.
+WIRE_WORDS = {
+    "usage": "the usage field of an answer",
+    "video": "the video format's name",
+    "sse": "the content format's alt=sse",
+    "validation": "pydantic's validation mode",
+}
+
+
+def test_no_core_module_imports_or_names_a_plugin() -> None:
+    names = set(registered())
+    assert {"auth", "ratelimit", "url_delivery", "webhook_queue"} <= names  # the built-ins are registered
+    offences = []
+    for module in sorted((ROOT / "proxy").rglob("*.py")):
+        tree = _code_of(module)
+        where = module.relative_to(ROOT)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("plugins", "simulator"):
+                if (node.module or "").startswith("plugins") or not _loaded_on_demand(tree, node):
+                    offences.append(f"{where}:{node.lineno} imports {node.module}")
+            if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "plugins" for a in node.names):
+                offences.append(f"{where}:{node.lineno} imports plugins")
+            if isinstance(node, ast.Name | ast.Attribute):
+                identifier = node.id if isinstance(node, ast.Name) else node.attr
+                if any(n in identifier.lower() for n in ("url_delivery", "ratelimit", "webhook_queue")):
+                    offences.append(f"{where}:{node.lineno} names {identifier}")
+        for text in _strings(tree):
+            if text in names - set(WIRE_WORDS) or any(f"plugins.{n}" in text for n in names):
+                offences.append(f"{where} names {text!r}")
+    assert offences == []
+
+
+def _loaded_on_demand(tree: ast.Module, target: ast.AST) -> bool:
+    """Whether an import runs only when called (the simulator is loaded for a config that uses
+    it), or only for a type checker."""
+    return any(target in ast.walk(node) for node in ast.walk(tree)
+               if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+               or isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+
+
+def test_the_core_loads_the_simulator_only_for_a_config_that_uses_it(tmp_path: Path) -> None:
+    probe = textwrap.dedent("""
+        import asyncio, sys
+        from proxy.app import build_app
+        from proxy.config import LoadedConfig, parse_config
+
+        async def main():
+            config = parse_config("channels: [{name: real, base_url: 'http://127.0.0.1:9'}]", {})
+            app = build_app(LoadedConfig(config, "<test>", "0"))
+            print("simulator" in sys.modules)
+
+        asyncio.run(main())
+    """)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert result.stdout.strip() == "False", result.stderr
