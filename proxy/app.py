@@ -220,7 +220,7 @@ async def _readyz(request: web.Request) -> web.Response:
         "status": "ready" if ready else "not ready",
         "state_store": "ok" if state_ok else "unreachable",
         "config": owner.loaded.digest, "connections": owner.connections.open,
-        "channels": [_breaker(c, now) for c in owner.runtime.channels.channels] if owner.gateway else []}
+        "channels": [_breaker(c) for c in owner.runtime.channels.channels] if owner.gateway else []}
     if probe is not None and not probe.ok:
         body["state_store_unreachable_s"] = round(now - probe.since, 1)
     if owner.affinity is not None and owner.affinity.pending:
@@ -230,16 +230,14 @@ async def _readyz(request: web.Request) -> web.Response:
     return web.Response(status=200 if ready else 503, body=jsonutil.dumps(body), content_type="application/json")
 
 
-def _breaker(channel: Channel, now: float) -> dict[str, object]:
-    if not channel.is_open:
-        state = "closed"
-    else:
-        state = "half_open" if now >= channel.open_until else "open"
-    shown: dict[str, object] = {"name": channel.name, "breaker": state, "failures_in_a_row": channel.failures}
+def _breaker(channel: Channel) -> dict[str, object]:
+    health = channel.health
+    state, left = health.state()
+    shown: dict[str, object] = {"name": channel.name, "breaker": state, "failures_in_a_row": health.failures}
     if channel.config.health_check is not None:
-        shown["health_check"] = "down" if channel.down else "up"
+        shown["health_check"] = "down" if health.down else "up"
     if state == "open":
-        shown["retry_in_s"] = round(channel.open_until - now, 3)
+        shown["retry_in_s"] = round(left, 3)
     return shown
 
 

@@ -10,22 +10,18 @@ from __future__ import annotations
 import fnmatch
 import random
 import re
-import time
 
 from proxy.config.model import ChannelConfig
 from proxy.redact import Redactor
+from proxy.resilience import ChannelHealth
 from proxy.routes import Route
 from proxy.upstream import UpstreamPool
 
-_PROBE_LAPSE_S = 30.0
-
-
 class Channel:
     __slots__ = ("config", "name", "base_url", "priority", "weight", "credential", "redactor", "timeouts",
-                 "_models", "_formats", "_endpoints", "_rename", "pool", "failures", "open_until", "probing",
-                 "down")
+                 "_models", "_formats", "_endpoints", "_rename", "pool", "health")
 
-    def __init__(self, config: ChannelConfig, base_url: str) -> None:
+    def __init__(self, config: ChannelConfig, base_url: str, health: ChannelHealth | None = None) -> None:
         self.config = config
         self.name = config.name
         self.base_url = base_url.rstrip("/")
@@ -40,11 +36,7 @@ class Channel:
         self._endpoints = frozenset(config.endpoints) if config.endpoints is not None else None
         self._rename = dict(config.rename)
         self.pool: UpstreamPool | None = None
-        self.failures = 0        # attempts failed in a row
-        self.open_until = 0.0    # the breaker is open until then (monotonic time)
-        self.probing = 0.0       # half-open: when the probe left (0: none); a probe that never
-                                 # reports back (its client left) lapses after _PROBE_LAPSE_S
-        self.down = False        # taken out of rotation by its active health check
+        self.health = health or ChannelHealth()  # its breaker and health check (proxy/resilience.py)
 
     async def open(self) -> None:
         timeouts, pool = self.timeouts, self.config.pool
@@ -57,28 +49,6 @@ class Channel:
         if self.pool is not None:
             await self.pool.close()
             self.pool = None
-
-    def available(self, now: float) -> bool:
-        """Closed breaker, or an open one whose pause is over and whose single probe is free;
-        never while the active health check holds it down."""
-        if self.down:
-            return False
-        if self.open_until == 0.0:
-            return True
-        return now >= self.open_until and (not self.probing or now - self.probing > _PROBE_LAPSE_S)
-
-    def record(self, failure: bool, threshold: int, open_s: float, now: float) -> None:
-        self.probing = 0.0
-        if not failure:
-            self.failures, self.open_until = 0, 0.0
-            return
-        self.failures += 1
-        if self.failures >= threshold or self.open_until:
-            self.open_until = now + open_s  # opens, or a failed probe opens it again
-
-    @property
-    def is_open(self) -> bool:
-        return self.open_until != 0.0
 
     def serves(self, route: Route) -> bool:
         if self._endpoints is not None:
@@ -123,18 +93,15 @@ class ChannelSet:
     def pick(self, route: Route, model: str | None, exclude: tuple[Channel, ...] = ()) -> Channel | None:
         """The channel for a request: lowest priority number, then weight; channels whose breaker
         is open, and those already tried, are passed over."""
-        now = time.monotonic()
-        found = [c for c in self.candidates(route, model) if c not in exclude and c.available(now)]
+        found = [c for c in self.candidates(route, model) if c not in exclude and c.health.available()]
         if len(found) <= 1:
             chosen = found[0] if found else None  # the usual case: one channel, nothing to weigh
         else:
             best = min(c.priority for c in found)
             tier = [c for c in found if c.priority == best]
             chosen = tier[0] if len(tier) == 1 else random.choices(tier, weights=[c.weight for c in tier])[0]
-        if chosen is None:
-            return None
-        if chosen.open_until:
-            chosen.probing = now  # half-open: this request finds out whether it recovered
+        if chosen is not None:
+            chosen.health.chosen()  # while its breaker is open, this request finds out whether it recovered
         return chosen
 
     async def open(self) -> None:

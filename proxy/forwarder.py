@@ -156,18 +156,18 @@ class Forwarder:
                 return ex.answer_locally(ex.error_response(
                     502, f"the request for upstream {channel.name} could not be written: {exc}"), id_header)
             kind = failure_kind(exc)
-            failure = FAILURES[kind]
-            observer.upstream_result(channel, kind, failure.breaker)
+            if kind != "pool_exhausted":  # a full pool is the gateway's own limit: no fault of the channel's
+                channel.health.record(FAILURES[kind].breaker)
+            observer.upstream_result(channel, kind)
             if (following := self._next_channel(ex, runtime, tried, kind, exc.written)) is not None:
                 return following
             return ex.answer_locally(self._failed(ex, channel.name, kind, exc), id_header)
         ex.upstream_headers_at = time.perf_counter()
         status = upstream.status
         kind = "status_5xx" if status >= 500 else "status_429" if status == 429 else None
-        if kind is None:
-            observer.upstream_result(channel, None, False)
-        else:
-            observer.upstream_result(channel, kind, FAILURES[kind].breaker)
+        channel.health.record(kind is not None and FAILURES[kind].breaker)
+        observer.upstream_result(channel, kind)
+        if kind is not None:
             if kind != "status_429" or runtime.config.resilience.failover_on_429:
                 if (following := self._next_channel(ex, runtime, tried, kind, Written.ALL)) is not None:
                     upstream.close()

@@ -35,17 +35,16 @@ class ChannelProbe:
             return  # the channel's own pool is full: the gateway's limit says nothing of the upstream
         if ok:
             self.failures, self.successes = 0, self.successes + 1
-            if self.channel.down and self.successes >= self.check.healthy_after:
-                self.channel.down = False
-                self.channel.failures, self.channel.open_until = 0, 0.0  # a healthy probe closes the breaker too
+            if self.channel.health.down and self.successes >= self.check.healthy_after:
+                self.channel.health.checked(healthy=True)  # closes the breaker too
                 log.info("channel back in rotation", extra={"channel": self.channel.name})
         else:
             self.successes, self.failures = 0, self.failures + 1
-            if not self.channel.down and self.failures >= self.check.unhealthy_after:
-                self.channel.down = True
+            if not self.channel.health.down and self.failures >= self.check.unhealthy_after:
+                self.channel.health.checked(healthy=False)
                 log.warning("channel out of rotation: its health check fails",
                             extra={"channel": self.channel.name, "detail": detail})
-        m.CHANNEL_UP.labels(self.channel.name).set(0 if self.channel.down or self.channel.is_open else 1)
+        m.CHANNEL_UP.labels(self.channel.name).set(1 if self.channel.health.up else 0)
 
     async def _ask(self) -> tuple[bool | None, str]:
         pool = self.channel.pool

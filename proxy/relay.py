@@ -33,6 +33,7 @@ from proxy.upstream import Answer, UpstreamError
 
 if TYPE_CHECKING:
     from proxy.affinity import Affinity
+    from proxy.channels import Channel
 
 log = logging.getLogger("modelgate.relay")
 
@@ -126,8 +127,8 @@ class Relay:
         except (TimeoutError, *_UPSTREAM_BROKE) as exc:
             upstream.close()
             stalled = isinstance(exc, TimeoutError)
-            if ex.channel is not None:  # the head looked fine; the body's failure is the channel's all the same
-                self.observer.upstream_result(ex.channel, "stream_stalled" if stalled else "stream_broken", True)
+            if ex.channel is not None:
+                self._broke(ex.channel, "stream_stalled" if stalled else "stream_broken")
             message = "upstream stalled while sending its answer" if stalled else "upstream broke off its answer"
             # it had the request: the official SDKs must not send it again on their own
             return ex.error_response(504 if stalled else 502, message,
@@ -183,6 +184,11 @@ class Relay:
         if redacted != decoded or decoded is not answer.body:
             answer.body = redacted
             answer.headers.popall("content-encoding", None)
+
+    def _broke(self, channel: Channel, kind: str) -> None:
+        """The answer's head looked fine; its body's failure is the channel's all the same."""
+        channel.health.record(True)
+        self.observer.upstream_result(channel, kind)
 
     def _unredactable(self) -> web.Response:
         """An error answer too large to decode here: it cannot be checked, so it is not sent."""
@@ -309,10 +315,10 @@ class Relay:
         if self.was_cut:  # the drain ended it, not the upstream: no fault of the channel's
             await self._end_stream_with_error(response, 503, _CUT_MESSAGE, SHUTTING_DOWN)
         elif isinstance(exc, TimeoutError):
-            self.observer.upstream_result(ex.channel, "stream_stalled", True)  # type: ignore[arg-type]
+            self._broke(ex.channel, "stream_stalled")  # type: ignore[arg-type]
             await self._end_stream_with_error(response, 504, "upstream stream stalled: no data within the idle timeout")
         elif isinstance(exc, _UPSTREAM_BROKE):
-            self.observer.upstream_result(ex.channel, "stream_broken", True)  # type: ignore[arg-type]
+            self._broke(ex.channel, "stream_broken")  # type: ignore[arg-type]
             await self._end_stream_with_error(response, 502, "upstream closed the stream before it finished")
         else:
             log.exception("stream relay failed", extra={"request_id": ex.request_id})

@@ -18,6 +18,7 @@ from proxy.health_checks import HealthChecks
 from proxy.keys import KeyRing
 from proxy.observability.observer import Observer
 from proxy.pipeline import Pipeline
+from proxy.resilience import ChannelHealth
 from proxy.plugin import Plugin
 from proxy.registry import build_plugin, plugin_names
 from proxy.routes import ROUTES
@@ -51,11 +52,13 @@ class Runtime:
                     resources: dict[str, Any] | None = None) -> Runtime:
         config = loaded.config
         channels = []
+        resilience = config.resilience
         for channel_config in config.channels:
             base_url = channel_config.base_url
             if channel_config.is_simulator:
                 base_url = await simulator_url(channel_config)
-            channels.append(Channel(channel_config, base_url))
+            channels.append(Channel(channel_config, base_url, ChannelHealth(resilience.breaker_failures,
+                                                                            resilience.breaker_open_s)))
         instances: dict[str, Plugin] = {}
         pipelines: dict[str, Pipeline] = {}
         for route in ROUTES:

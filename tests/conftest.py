@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from proxy.app import APP_KEY, GatewayApp, build_app
+from proxy.channels import Channel
 from proxy.config import load_config
 from proxy.server import start_runner
 from simulator.core import Simulator
@@ -27,6 +28,24 @@ REDIS_URL = os.environ.get("MODELGATE_TEST_REDIS", "redis://127.0.0.1:6379/15")
 DEMO_KEY = "sk-demo-key"
 BEARER = {"Authorization": f"Bearer {DEMO_KEY}"}
 MESSAGE_HEADERS = {"x-api-key": DEMO_KEY, "msgapi-version": "2023-06-01"}
+
+
+class SteppedClock:
+    """A monotonic clock the test moves: `clock.advance(30)` instead of sleeping 30 s."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> SteppedClock:
+    return SteppedClock()
 
 
 def free_port() -> int:
@@ -43,6 +62,11 @@ class RunningGateway:
 
     def sim(self, name: str = "simulator") -> Simulator:
         return self.owner.simulators.simulators[name]
+
+    def channel(self, name: str) -> Channel:
+        found = self.owner.runtime.channels.get(name)
+        assert found is not None, name
+        return found
 
     def last_upstream_request(self, name: str = "simulator"):  # noqa: ANN201
         return self.sim(name).requests[-1]

@@ -10,6 +10,7 @@ import pytest
 from aiohttp import web
 
 from proxy.config.model import SimulatorSettings
+from proxy.resilience import PROBE_LAPSE_S, ChannelHealth
 from simulator import build_simulator_app
 from simulator.core import Simulator
 from tests.conftest import free_port
@@ -58,16 +59,19 @@ async def test_429_fails_over_only_when_asked(start_gateway, http):  # noqa: ANN
             assert answer.status == expected
 
 
-async def test_the_breaker_opens_after_failures_and_closes_after_recovery(start_gateway, http):  # noqa: ANN001
+async def test_the_breaker_opens_after_failures_and_closes_after_recovery(start_gateway, http, clock):  # noqa: ANN001
     gw = await start_gateway(two_channels("base_url: simulator, simulator: {fail_status: 503}",
-                                          "resilience: {breaker_failures: 2, breaker_open_s: 0.3}"))
+                                          "resilience: {breaker_failures: 2, breaker_open_s: 30}"))
+    gw.channel("first").health.clock = clock
     for _ in range(5):
         async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
             assert answer.status == 200  # served by the second channel throughout
     assert len(gw.sim("first").requests) == 2  # open after two failures: not asked again
     assert await breakers(http, gw.url) == {"first": "open", "second": "closed"}
     gw.sim("first").settings = SimulatorSettings()  # the first channel recovers
-    await asyncio.sleep(0.35)
+    clock.advance(29.9)
+    assert await breakers(http, gw.url) == {"first": "open", "second": "closed"}
+    clock.advance(0.1)
     assert await breakers(http, gw.url) == {"first": "half_open", "second": "closed"}
     async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
         assert answer.status == 200
@@ -208,3 +212,23 @@ async def until_health(http: aiohttp.ClientSession, url: str, state: str) -> Non
                 if (await answer.json())["channels"][0].get("health_check") == state:
                     return
             await asyncio.sleep(0.02)
+
+
+def test_one_probe_at_a_time_and_a_probe_that_never_reports_back_lapses(clock) -> None:  # noqa: ANN001
+    health = ChannelHealth(failures_to_open=2, open_s=5, clock=clock)
+    health.record(True)
+    assert health.available()  # one failure in a row: still closed
+    health.record(True)
+    assert not health.available() and health.state() == ("open", 5.0)
+    clock.advance(5)
+    assert health.available() and health.state() == ("half_open", 0.0)
+    health.chosen()
+    assert not health.available()  # the probe is out: nobody else goes
+    clock.advance(PROBE_LAPSE_S + 0.1)
+    assert health.available()  # its client left without a word: another may probe
+    health.chosen()
+    health.record(True)
+    assert health.state() == ("open", 5.0)  # a failed probe opens it again, for the whole pause
+    clock.advance(5)
+    health.record(False)
+    assert health.up and health.state() == ("closed", 0.0)

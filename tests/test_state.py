@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from proxy.state.memory import MemoryStore
 
 
@@ -17,9 +15,10 @@ async def test_past_its_bound_the_oldest_entries_go_first():
     assert [await store.get(k) for k in "bcde"] == ["B2", None, "D", "E"]
 
 
-async def test_entries_expire():
-    store = MemoryStore()
+async def test_entries_expire(clock):  # noqa: ANN001
+    store = MemoryStore(clock=clock)
     await store.set("short", "x", ttl_s=1)
+    clock.advance(0.99)
     assert await store.get("short") == "x"
-    await asyncio.sleep(1.05)
+    clock.advance(0.02)
     assert await store.get("short") is None

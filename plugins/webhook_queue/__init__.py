@@ -83,10 +83,8 @@ class WebhookQueuePlugin(Plugin):
             self.resources[slot] = queue_for(self.config, settings)
         self.queue = self.resources[slot]
         assert self.channels is not None
-        resilience = self.config.resilience
         self.deliverer = Deliverer(self.queue, self.channels, ROUTES_BY_NAME["payment_webhook"], settings.backoff_s,
-                                   settings.max_backoff_s, settings.lease_s, resilience.breaker_failures,
-                                   resilience.breaker_open_s)
+                                   settings.max_backoff_s, settings.lease_s)
         self.deliverer.start()
 
     async def stop(self) -> None:

@@ -35,14 +35,13 @@ class Deliverer:
     """One background task per running config; the lease decides which instance delivers."""
 
     def __init__(self, queue: WebhookQueue, channels: ChannelSet, route: Route, backoff_s: float,
-                 max_backoff_s: float, lease_s: float, breaker_failures: int, breaker_open_s: float) -> None:
+                 max_backoff_s: float, lease_s: float) -> None:
         self.queue = queue
         self.channels = channels
         self.route = route
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.lease_ms = int(lease_s * 1000)
-        self.breaker = (breaker_failures, breaker_open_s)
         self.token = os.urandom(12).hex()
         self._task: asyncio.Task[None] | None = None
 
@@ -105,7 +104,6 @@ class Deliverer:
         headers = CIMultiDict(webhook.headers)
         if channel.credential:
             self.route.format.place_credential(channel.credential, headers)
-        failures, open_s = self.breaker
         try:
             answer = await channel.pool.request(webhook.method, webhook.target, headers, webhook.body)
             try:
@@ -115,9 +113,9 @@ class Deliverer:
             status = answer.status
         except (UpstreamError, ValueError) as exc:
             if not isinstance(exc, PoolExhausted):  # a full pool is the gateway's limit, not the backend's fault
-                channel.record(True, failures, open_s, time.monotonic())
+                channel.health.record(True)
             return f"{channel.name}: {type(exc).__name__}", None
-        channel.record(status >= 500, failures, open_s, time.monotonic())
+        channel.health.record(status >= 500)
         if 200 <= status < 300:
             return f"{status} from {channel.name}", Shelf.DELIVERED
         if 400 <= status < 500 and status not in (408, 429):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,12 +33,11 @@ def _route_metrics(route: str) -> _RouteMetrics:
 
 
 class Observer:
-    __slots__ = ("enabled", "model_label", "resilience")
+    __slots__ = ("enabled", "model_label")
 
     def __init__(self, config: GatewayConfig) -> None:
         self.enabled = config.observability.metrics.enabled
         self.model_label = m.ModelLabels(config)
-        self.resilience = config.resilience
 
     def started(self, ex: Exchange) -> None:
         if self.enabled:
@@ -83,20 +81,16 @@ class Observer:
             child(m.STREAM_FIRST_EVENT, route).observe(first_byte_at - ex.started)
         child(m.STREAM_DURATION, route).observe(now - ex.started)
 
-    def upstream_result(self, channel: Channel, failure: str | None, counts: bool) -> None:
-        """Feed the channel's breaker (`counts`: a failure of the channel's), count a failed
-        attempt by kind, keep the up/down gauge. A full pool is the gateway's own limit: it has
-        its own counter and leaves the breaker alone."""
-        if failure != "pool_exhausted":
-            settings = self.resilience
-            channel.record(counts, settings.breaker_failures, settings.breaker_open_s, time.monotonic())
+    def upstream_result(self, channel: Channel, failure: str | None) -> None:
+        """Count a failed attempt by kind (a full pool, the gateway's own limit, apart), and keep
+        the up/down gauge from the channel's health, which the forwarder has fed."""
         if not self.enabled:
             return
         if failure == "pool_exhausted":
             child(m.POOL_EXHAUSTED, channel.name).inc()
         elif failure is not None:
             child(m.UPSTREAM_ERRORS, channel.name, failure).inc()
-        child(m.CHANNEL_UP, channel.name).set(0 if channel.is_open else 1)
+        child(m.CHANNEL_UP, channel.name).set(1 if channel.health.up else 0)
 
     def retried(self, ex: Exchange, reason: str) -> None:
         if self.enabled:

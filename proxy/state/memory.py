@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from proxy import jsonutil
 
@@ -11,27 +12,28 @@ class MemoryStore:
     """Keys with expiry in a dict. Bounded: past `max_items` the oldest entries go first (an
     affinity pin lives a week; without a bound a busy gateway would keep every one of them)."""
 
-    __slots__ = ("_items", "_sets_since_sweep", "_max_items")
+    __slots__ = ("_items", "_sets_since_sweep", "_max_items", "_clock")
 
     _SWEEP_EVERY = 1024
 
-    def __init__(self, max_items: int = 200_000) -> None:
+    def __init__(self, max_items: int = 200_000, clock: Callable[[], float] = time.monotonic) -> None:
         self._items: dict[str, tuple[str, float]] = {}
         self._sets_since_sweep = 0
         self._max_items = max_items
+        self._clock = clock
 
     async def get(self, key: str) -> str | None:
         item = self._items.get(key)
         if item is None:
             return None
-        if item[1] < time.monotonic():
+        if item[1] < self._clock():
             del self._items[key]
             return None
         return item[0]
 
     async def set(self, key: str, value: str, ttl_s: int) -> None:
         self._items.pop(key, None)  # re-inserted at the end: insertion order is age order
-        self._items[key] = (value, time.monotonic() + ttl_s)
+        self._items[key] = (value, self._clock() + ttl_s)
         self._sets_since_sweep += 1
         if self._sets_since_sweep >= self._SWEEP_EVERY:
             self._sweep()
@@ -61,6 +63,6 @@ class MemoryStore:
 
     def _sweep(self) -> None:
         # Expired keys nobody reads again would otherwise stay forever.
-        now = time.monotonic()
+        now = self._clock()
         self._items = {k: v for k, v in self._items.items() if v[1] >= now}
         self._sets_since_sweep = 0
