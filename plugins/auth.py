@@ -21,7 +21,7 @@ from prometheus_client import Counter
 from proxy.config import GatewayConfig
 from proxy.exchange import Exchange
 from proxy.formats.base import KeyLocation
-from proxy.keys import GatewayKey, KeyRing
+from proxy.keys import KeyRing
 
 from proxy.plugin import Plugin
 from proxy.routes import Pin, Route

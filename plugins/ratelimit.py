@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from proxy.config import GatewayConfig
 from proxy.config.model import Rates
 from proxy.exchange import Exchange
-from proxy.limits import Check, Decision, Kind, Limiter, LimiterUnavailable
+from proxy.limits import Check, Kind, Limiter, LimiterUnavailable
 from proxy.limits.memory import MemoryLimiter
 from proxy.observability.metrics import child
 from proxy.plugin import Plugin

@@ -8,8 +8,6 @@ bytes, mask size and dimensions) as they stream; unknown fields are forwarded.
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError

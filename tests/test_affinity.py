@@ -7,6 +7,8 @@ import asyncio
 import aiohttp
 import pytest
 
+from tests.conftest import BEARER
+
 TWO_UPSTREAMS = """
 server: {{listen: "127.0.0.1:{{PORT}}"}}
 state: {{backend: {backend}, url: "{redis}"}}
@@ -15,7 +17,6 @@ channels:
   - {{name: one, base_url: "{one}", credential: key-one}}
   - {{name: two, base_url: "{two}", credential: key-two}}
 """
-BEARER = {"Authorization": "Bearer sk-demo-key"}
 
 
 @pytest.fixture

@@ -7,13 +7,15 @@ from collections import Counter
 import aiohttp
 import pytest
 
+from tests.conftest import MESSAGE_HEADERS
+
 TWO_CHANNELS = """
 channels:
   - {{name: a, base_url: simulator, credential: key-a, models: ["msgmodel-*"], priority: {pa}, weight: {wa}}}
   - {{name: b, base_url: simulator, credential: key-b, models: ["msgmodel-sonnet-*"], priority: {pb}, weight: {wb}}}
 """
 MESSAGE = {"model": "msgmodel-sonnet-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
-HEADERS = {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01", "x-sim-output-tokens": "1"}
+HEADERS = {**MESSAGE_HEADERS, "x-sim-output-tokens": "1"}
 
 
 async def served_by(gw, http, count: int) -> Counter[str]:  # noqa: ANN001
@@ -44,7 +46,7 @@ async def test_model_globs_choose_the_channel(start_gateway, http):  # noqa: ANN
 
 
 UNSERVED = [
-    ("/v1/messages", {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"}, {**MESSAGE, "model": "nope"},
+    ("/v1/messages", MESSAGE_HEADERS, {**MESSAGE, "model": "nope"},
      {"error": {"type": "not_found_error", "message": "model 'nope' is not served by this gateway",
                 "code": "model_not_found"}}),
     ("/v1beta/models/nope:generateContent?key=sk-demo-key", {}, {"contents": [{"parts": [{"text": "x"}]}]},

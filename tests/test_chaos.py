@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from tests.conftest import Process, free_port
+from tests.conftest import MESSAGE_HEADERS, Process, free_port
 from tests.test_workers import alive, children
 
 KEY = "chaos-key-00001"
@@ -184,7 +184,7 @@ channels: [{name: sim, base_url: simulator, simulator: {chunk_delay_ms: 200, out
     async with aiohttp.ClientSession() as http:
         async def stream() -> bytes:  # 100 events 200 ms apart: far longer than the drain
             async with http.post(gateway.url + "/v1/messages", json=body,
-                                 headers={"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"}) as answer:
+                                 headers=MESSAGE_HEADERS) as answer:
                 assert answer.status == 200
                 return await answer.read()
 
@@ -276,7 +276,7 @@ channels: [{name: sim, base_url: simulator, simulator: {chunk_delay_ms: 200, out
 """)
     body = {"model": "msgmodel-haiku-4-5", "max_tokens": 200, "stream": True,
             "messages": [{"role": "user", "content": "a long story"}]}
-    headers = {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"}
+    headers = MESSAGE_HEADERS
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http:  # one connection, reused
         async with http.post(gateway.url + "/v1/messages", json=body, headers=headers) as answer:
             await asyncio.sleep(0.5)

@@ -7,11 +7,11 @@ import asyncio
 import json
 import socket
 
-import aiohttp
 import yarl
 
-KEY = "sk-demo-key"
-MSG = {"x-api-key": KEY, "msgapi-version": "2023-06-01"}
+from tests.conftest import DEMO_KEY, MESSAGE_HEADERS
+
+MSG = MESSAGE_HEADERS
 MESSAGE = {"model": "msgmodel-haiku-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
 LIMITS = "server: {max_header_kb: 4, max_headers: 20, max_connections: 3, client_idle_s: 0.3, keepalive_timeout_s: 0.5}"
 
@@ -49,7 +49,7 @@ async def test_headers_over_the_budget_are_a_431_in_the_message_format(start_gat
 async def test_too_many_headers_are_a_431_in_the_content_format(start_gateway, http):  # noqa: ANN001
     gw = await start_gateway(LIMITS)
     many = {f"x-extra-{n}": "1" for n in range(25)}
-    url = f"{gw.url}/v1beta/models/genmodel-2.0-flash:generateContent?key={KEY}"
+    url = f"{gw.url}/v1beta/models/genmodel-2.0-flash:generateContent?key={DEMO_KEY}"
     async with http.post(url, json={"contents": [{"parts": [{"text": "hi"}]}]}, headers=many) as answer:
         assert answer.status == 431
         assert (await answer.json())["error"]["code"] == 431
@@ -91,7 +91,7 @@ async def test_idle_connections_past_the_limit_and_its_headroom_are_closed_as_ac
 async def test_a_body_that_stops_arriving_is_a_408_in_the_message_format(start_gateway):  # noqa: ANN001
     gw = await start_gateway(LIMITS)
     body = json.dumps(MESSAGE).encode()
-    head = (f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: {KEY}\r\nmsgapi-version: 2023-06-01\r\n"
+    head = (f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: {DEMO_KEY}\r\nmsgapi-version: 2023-06-01\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
     status, answer = await raw_request(gw.url, head + body[:10])  # and then nothing
     assert status == 408
@@ -107,7 +107,7 @@ async def test_an_upload_that_stalls_midway_is_a_408_and_never_reaches_the_upstr
              b'--b\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n'
              b"Content-Type: image/png\r\n\r\n" + png)
     end = b"\r\n--b--\r\n"
-    head = (f"POST /v1/images/edits HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+    head = (f"POST /v1/images/edits HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {DEMO_KEY}\r\n"
             f"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: {len(start) + len(end)}\r\n\r\n"
             ).encode()
     status, answer = await raw_request(gw.url, head + start)  # and then the client goes quiet
@@ -135,7 +135,7 @@ async def test_a_client_that_stops_reading_a_stream_is_cut_off(start_gateway):  
     sock.setblocking(False)
     reader, writer = await asyncio.open_connection(sock=sock)
     body = json.dumps({**MESSAGE, "stream": True}).encode()
-    writer.write((f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: {KEY}\r\nmsgapi-version: 2023-06-01\r\n"
+    writer.write((f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: {DEMO_KEY}\r\nmsgapi-version: 2023-06-01\r\n"
                   "x-sim-output-tokens: 100000\r\nx-sim-chunk-delay-ms: 0\r\nContent-Type: application/json\r\n"
                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
     await writer.drain()

@@ -10,8 +10,9 @@ import aiohttp
 import pytest
 
 from tests.scripted_upstream import OK, Scripted, scripted
+from tests.conftest import MESSAGE_HEADERS
 
-MSG_HEADERS = {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01", "Content-Type": "application/json"}
+MSG_HEADERS = {**MESSAGE_HEADERS, "Content-Type": "application/json"}
 
 
 async def test_json_body_arrives_byte_identical(gateway, http):  # noqa: ANN001

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.routes import ROUTES
+from tests.conftest import DEMO_KEY
 
-KEY = "sk-demo-key"
 # URL delivery is on for the key, so `response_format: url` gets a URL rather than the spec's 503.
 FUZZ_CONFIG = """
 server: {listen: "127.0.0.1:{PORT}"}
@@ -45,7 +45,7 @@ def test_generated_requests_never_get_a_5xx_or_break_the_document(spawn, tmp_pat
                    cwd=Path(__file__).parent.parent)
     result = subprocess.run(
         [str(Path(sys.executable).with_name("schemathesis")), "run", str(document), "--url", gw.url,
-         "-H", f"Authorization: Bearer {KEY}", "-H", f"x-api-key: {KEY}", "-H", "msgapi-version: 2023-06-01",
+         "-H", f"Authorization: Bearer {DEMO_KEY}", "-H", f"x-api-key: {DEMO_KEY}", "-H", "msgapi-version: 2023-06-01",
          "--checks", "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
          "--max-examples", "8", "--request-timeout", "10", "--seed", "1", "--no-color"],
         capture_output=True, text=True, cwd=tmp_path, timeout=600)
@@ -96,8 +96,8 @@ BODIES = st.one_of(
 @given(route=st.sampled_from(ROUTES), body=BODIES, content_type=st.sampled_from(
     ["application/json", "multipart/form-data; boundary=x", "text/plain", None]))
 def test_random_bodies_never_get_a_5xx_or_hang(fuzz_gateway, route, body, content_type):  # noqa: ANN001
-    url = fuzz_gateway + concrete(route.path) + f"?alt=sse&key={KEY}"
-    headers = {"Authorization": f"Bearer {KEY}", "x-api-key": KEY, "msgapi-version": "2023-06-01"}
+    url = fuzz_gateway + concrete(route.path) + f"?alt=sse&key={DEMO_KEY}"
+    headers = {"Authorization": f"Bearer {DEMO_KEY}", "x-api-key": DEMO_KEY, "msgapi-version": "2023-06-01"}
     if content_type:
         headers["Content-Type"] = content_type
     data = body if route.method == "POST" else None

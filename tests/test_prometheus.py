@@ -16,10 +16,9 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from tests.conftest import DEMO_KEY, free_port
 
 DASHBOARDS = Path(__file__).parent.parent / "dashboards"
-KEY = "sk-demo-key"
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None or shutil.which("promtool") is None,
                                 reason="the prometheus Debian package is not installed (.ci/run installs it)")
 
@@ -47,15 +46,15 @@ def expressions() -> list[tuple[str, str]]:
 
 
 async def mixed_load(url: str, seconds: float) -> None:
-    bearer = {"Authorization": f"Bearer {KEY}"}
-    msg = {"x-api-key": KEY, "msgapi-version": "2023-06-01"}
+    bearer = {"Authorization": f"Bearer {DEMO_KEY}"}
+    msg = {"x-api-key": DEMO_KEY, "msgapi-version": "2023-06-01"}
     message = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
     calls = [
         ("/v1/messages", msg, message),
         ("/v1/messages", msg, {**message, "stream": True}),
         ("/v1/responses", bearer, {"model": "respmodel-4o", "input": "hi", "stream": True}),
-        (f"/v1beta/models/genmodel-2.0-flash:generateContent?key={KEY}", {}, {"contents": [{"parts": [{"text": "x"}]}]}),
-        (f"/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key={KEY}", {}, {"contents": [{"parts": [{"text": "x"}]}]}),
+        (f"/v1beta/models/genmodel-2.0-flash:generateContent?key={DEMO_KEY}", {}, {"contents": [{"parts": [{"text": "x"}]}]}),
+        (f"/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key={DEMO_KEY}", {}, {"contents": [{"parts": [{"text": "x"}]}]}),
         ("/v1/images/generations", bearer, {"model": "imagegen-2", "prompt": "x", "size": "1024x1024"}),
         ("/v1/images/generations", bearer, {"model": "imagegen-2", "prompt": "x", "response_format": "url"}),
         ("/v1/video/generations", bearer, {"model": "videogen-3.0-generate-001", "prompt": "x"}),

@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 
 from tests.scripted_upstream import OK, Scripted
+from tests.conftest import BEARER
 
-BEARER = {"Authorization": "Bearer sk-demo-key"}
 MSG = {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"}
 ONCE_ONLY = {
     "video submission": ("/v1/video/generations", {"model": "videogen-3.0-generate-001", "prompt": "x"}, BEARER),

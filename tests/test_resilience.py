@@ -13,10 +13,8 @@ from proxy.config.model import SimulatorSettings
 from proxy.resilience import PROBE_LAPSE_S, ChannelHealth
 from simulator import build_simulator_app
 from simulator.core import Simulator
-from tests.conftest import free_port
+from tests.conftest import BEARER, DEMO_KEY, free_port
 
-KEY = "sk-demo-key"
-BEARER = {"Authorization": f"Bearer {KEY}"}
 RESPONSE = {"model": "respmodel-4o", "input": "hi"}
 
 
@@ -108,7 +106,7 @@ async def test_sigterm_lets_fifty_open_streams_finish(spawn):  # noqa: ANN001
         channels: [{{name: up, base_url: "{sim.url}"}}]
     """)
     body = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "x"}]}
-    headers = {"x-api-key": KEY, "msgapi-version": "2023-06-01", "x-sim-output-tokens": "15"}
+    headers = {"x-api-key": DEMO_KEY, "msgapi-version": "2023-06-01", "x-sim-output-tokens": "15"}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100)) as http:
         streams = await asyncio.gather(*(http.post(gw.url + "/v1/messages", json=body, headers=headers)
                                          for _ in range(50)))

@@ -17,7 +17,8 @@ import pytest
 from google import genai
 from google.genai import types as genai_types
 
-KEY = "sk-demo-key"
+from tests.conftest import DEMO_KEY
+
 PNG = (Path(__file__).parent.parent / "examples" / "photo.png").read_bytes()
 VIDEO_MODEL = "videogen-3.0-generate-001"
 
@@ -36,13 +37,13 @@ async def gw(start_gateway):  # noqa: ANN001, ANN201
 # -- the message SDK: Authorization: Bearer and anthropic-version, as it sends them --
 
 async def test_message_sdk_create_stream_count_and_list(gw):  # noqa: ANN001
-    client = anthropic.AsyncAnthropic(base_url=gw.url, api_key=KEY)
+    client = anthropic.AsyncAnthropic(base_url=gw.url, api_key=DEMO_KEY)
     message = await client.messages.create(model="msgmodel-sonnet-4-5", max_tokens=64,
                                            messages=[{"role": "user", "content": "Hello"}])
     assert message.type == "message" and message.content[0].type == "text"
     assert message.usage.output_tokens == 6 and message.stop_reason == "end_turn"
     upstream = gw.last_upstream_request("sim")
-    assert upstream.header("x-api-key") == "upstream" and KEY not in repr(upstream.headers)
+    assert upstream.header("x-api-key") == "upstream" and DEMO_KEY not in repr(upstream.headers)
 
     async with client.messages.stream(model="msgmodel-sonnet-4-5", max_tokens=64,
                                       messages=[{"role": "user", "content": "Hello"}]) as stream:
@@ -61,7 +62,7 @@ async def test_message_sdk_create_stream_count_and_list(gw):  # noqa: ANN001
 
 
 async def test_message_sdk_tool_use_and_thinking_types(gw):  # noqa: ANN001
-    client = anthropic.AsyncAnthropic(base_url=gw.url, api_key=KEY)
+    client = anthropic.AsyncAnthropic(base_url=gw.url, api_key=DEMO_KEY)
     tool = {"name": "get_weather", "description": "weather", "input_schema": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
     message = await client.messages.create(model="msgmodel-opus-4-5", max_tokens=64, tools=[tool],
@@ -75,7 +76,7 @@ async def test_message_sdk_tool_use_and_thinking_types(gw):  # noqa: ANN001
 
 
 async def test_message_sdk_sync(gw):  # noqa: ANN001
-    client = anthropic.Anthropic(base_url=gw.url, api_key=KEY)
+    client = anthropic.Anthropic(base_url=gw.url, api_key=DEMO_KEY)
     message = await asyncio.to_thread(client.messages.create, model="msgmodel-haiku-4-5", max_tokens=16,
                                       messages=[{"role": "user", "content": "Hi"}])
     assert message.content[0].text
@@ -84,7 +85,7 @@ async def test_message_sdk_sync(gw):  # noqa: ANN001
 # -- the response SDK: responses, images, videos, models --
 
 async def test_response_sdk_create_stream_retrieve_items_cancel_delete(gw):  # noqa: ANN001
-    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=KEY)
+    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=DEMO_KEY)
     first = await client.responses.create(model="respmodel-4o", input="Hello")
     assert first.status == "completed" and first.output_text.startswith("Turn 1:")
     second = await client.responses.create(model="respmodel-4o", input="Again", previous_response_id=first.id)
@@ -115,7 +116,7 @@ async def test_response_sdk_create_stream_retrieve_items_cancel_delete(gw):  # n
 
 
 async def test_images_sdk_generate_and_edit_with_response_format_20_times(gw):  # noqa: ANN001
-    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=KEY)
+    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=DEMO_KEY)
     result = await client.images.generate(model="imagegen-2", prompt="a lighthouse", size="1024x1024", n=2)
     png = base64.b64decode(result.data[0].b64_json)
     assert len(result.data) == 2 and png.startswith(b"\x89PNG\r\n\x1a\n") and result.usage.output_tokens == 2112
@@ -126,7 +127,7 @@ async def test_images_sdk_generate_and_edit_with_response_format_20_times(gw):  
 
 
 async def test_video_sdk_create_retrieve_list_and_download(gw):  # noqa: ANN001
-    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=KEY)
+    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=DEMO_KEY)
     early = await client.videos.create(model=VIDEO_MODEL, prompt="waves at dusk", seconds="8", size="1280x720")
     # Before any poll the channel is asked: the task still runs, a 409 (which the SDK would retry
     # after the Retry-After it carries; here it is asked not to).
@@ -149,7 +150,7 @@ async def test_video_sdk_create_retrieve_list_and_download(gw):  # noqa: ANN001
 
 
 async def test_response_sdk_models_and_sync(gw):  # noqa: ANN001
-    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY)
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=DEMO_KEY)
     models = await asyncio.to_thread(lambda: [m.id for m in client.models.list()])
     assert {"respmodel-4o", "msgmodel-sonnet-4-5", "imagegen-2", VIDEO_MODEL} <= set(models)
     assert (await asyncio.to_thread(client.models.retrieve, "respmodel-4o")).id == "respmodel-4o"
@@ -162,12 +163,12 @@ async def test_response_sdk_models_and_sync(gw):  # noqa: ANN001
 @pytest.mark.parametrize("version", [None, "v1beta"])
 async def test_content_sdk_generate_stream_and_count(gw, version):  # noqa: ANN001
     options = genai_types.HttpOptions(base_url=gw.url, **({"api_version": version} if version else {}))
-    client = genai.Client(api_key=KEY, http_options=options)
+    client = genai.Client(api_key=DEMO_KEY, http_options=options)
     answer = await client.aio.models.generate_content(model="genmodel-2.0-flash", contents="Hello")
     assert answer.text.split()[:2] == ["the", "quick"] and answer.usage_metadata.total_token_count > 0
     upstream = gw.last_upstream_request("sim")
     assert upstream.path == f"/{version or 'v1'}/models/genmodel-2.0-flash:generateContent"
-    assert KEY not in repr(upstream.headers) + upstream.query and "key=upstream" in upstream.query
+    assert DEMO_KEY not in repr(upstream.headers) + upstream.query and "key=upstream" in upstream.query
     chunks = [c async for c in await client.aio.models.generate_content_stream(model="genmodel-2.0-flash",
                                                                                  contents="Hello")]
     assert "".join(c.text for c in chunks).split() == ["the", "quick", "brown", "fox", "jumps", "over"]
@@ -179,7 +180,7 @@ async def test_content_sdk_generate_stream_and_count(gw, version):  # noqa: ANN0
 
 
 async def test_content_sdk_sync_and_its_errors_in_its_shape(gw):  # noqa: ANN001
-    client = genai.Client(api_key=KEY, http_options=genai_types.HttpOptions(base_url=gw.url))
+    client = genai.Client(api_key=DEMO_KEY, http_options=genai_types.HttpOptions(base_url=gw.url))
     answer = await asyncio.to_thread(client.models.generate_content, model="genmodel-2.0-flash", contents="Hi")
     assert answer.text
     bad = genai.Client(api_key="not-a-key", http_options=genai_types.HttpOptions(base_url=gw.url))
@@ -193,7 +194,7 @@ async def test_content_sdk_sync_and_its_errors_in_its_shape(gw):  # noqa: ANN001
 
 @pytest.mark.parametrize("model", ["genmodel-2.0-flash", "genmodel-2.5-flash-image"])
 async def test_content_generation_answers_validate_as_sdk_types(gw, http, model):  # noqa: ANN001
-    url = f"{gw.url}/v1beta/models/{model}:generateContent?key={KEY}"
+    url = f"{gw.url}/v1beta/models/{model}:generateContent?key={DEMO_KEY}"
     async with http.post(url, json={"contents": [{"role": "user", "parts": [{"text": "Hello"}]}]}) as answer:
         assert answer.status == 200
         parsed = genai_types.GenerateContentResponse.model_validate(await answer.json())
@@ -206,7 +207,7 @@ async def test_content_generation_answers_validate_as_sdk_types(gw, http, model)
 
 
 async def test_content_generation_stream_chunks_validate_as_sdk_types(gw, http):  # noqa: ANN001
-    url = f"{gw.url}/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key={KEY}"
+    url = f"{gw.url}/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key={DEMO_KEY}"
     async with http.post(url, json={"contents": [{"parts": [{"text": "Hi"}]}]}) as answer:
         blocks = [b for b in (await answer.text()).split("\r\n\r\n") if b.strip()]
     chunks = [genai_types.GenerateContentResponse.model_validate(json.loads(b.removeprefix("data: "))) for b in blocks]
@@ -233,7 +234,7 @@ def litellm_python() -> Path:
 async def test_litellm_providers_reach_the_gateway_with_a_base_url_and_a_key(gw, litellm_python):  # noqa: ANN001
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # no fetch of its price list from the network
     run = await asyncio.create_subprocess_exec(str(litellm_python), str(Path(__file__).parent / "litellm_calls.py"),
-                                               gw.url, KEY, stdout=asyncio.subprocess.PIPE,
+                                               gw.url, DEMO_KEY, stdout=asyncio.subprocess.PIPE,
                                                stderr=asyncio.subprocess.PIPE, env=env)
     out, err = await asyncio.wait_for(run.communicate(), 120)
     results = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]

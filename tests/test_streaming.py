@@ -11,10 +11,10 @@ import aiohttp
 import pytest
 
 from tests.sse import read_events
+from tests.conftest import BEARER
 
 GAP_MS = 300
 MSG = {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"}
-BEARER = {"Authorization": "Bearer sk-demo-key"}
 
 
 def edit_form() -> aiohttp.FormData:

@@ -13,9 +13,9 @@ import aiohttp
 import orjson
 import pytest
 
-KEY = "sk-demo-key"
-BEARER = {"Authorization": f"Bearer {KEY}"}
-MSG = {"x-api-key": KEY, "msgapi-version": "2023-06-01"}
+from tests.conftest import BEARER, DEMO_KEY
+
+MSG = {"x-api-key": DEMO_KEY, "msgapi-version": "2023-06-01"}
 IMAGE = {"model": "imagegen-2", "prompt": "a fox"}
 VIDEO = {"model": "videogen-3.0-generate-001", "prompt": "waves"}
 MESSAGE = {"model": "msgmodel-sonnet-4-5", "max_tokens": 2048, "messages": [{"role": "user", "content": "hi"}]}
@@ -108,7 +108,7 @@ JSON_CASES = [
     ("tool_choice forms", "/v1/messages", MSG, {**MESSAGE, "tool_choice": {"type": "sometimes"}}, "tool_choice"),
     ("metadata.user_id at most 256", "/v1/messages", MSG, {**MESSAGE, "metadata": {"user_id": "u" * 257}}, "metadata.user_id"),
     ("cache_control ephemeral", "/v1/messages", MSG, {**MESSAGE, "messages": [{"role": "user", "content": [{"type": "text", "text": "a", "cache_control": {"type": "forever"}}]}]}, "messages[0].content[0].cache_control.type"),
-    ("msgapi-version required", "/v1/messages", {"x-api-key": KEY}, MESSAGE, "msgapi-version"),
+    ("msgapi-version required", "/v1/messages", {"x-api-key": DEMO_KEY}, MESSAGE, "msgapi-version"),
     # content-generation, endpoints 9 and 10 (2.8, 2.11, 4 rule 1, 7.3, 8)
     ("contents required", "/v1beta/models/genmodel-2.0-flash:generateContent", {}, {"generationConfig": {}}, "contents"),
     ("parts required", "/v1beta/models/genmodel-2.0-flash:generateContent", {}, {"contents": [{"role": "user"}]}, "contents[0].parts"),
@@ -159,7 +159,7 @@ JSON_CASES = [
 
 
 def query_key(path: str) -> str:
-    return path + ("&" if "?" in path else "?") + f"key={KEY}" if path.startswith("/v1beta") else path
+    return path + ("&" if "?" in path else "?") + f"key={DEMO_KEY}" if path.startswith("/v1beta") else path
 
 
 def assert_refused(path: str, body: dict, field: str) -> None:
@@ -278,7 +278,7 @@ async def test_a_valid_multipart_edit_with_mask_passes(gateway, http):  # noqa: 
 
 @pytest.mark.parametrize(("path", "headers", "expected"), [
     ("/v1/messages", MSG, {"type": "invalid_request_error"}),
-    (f"/v1beta/models/genmodel-2.0-flash:generateContent?key={KEY}", {}, {"status": "INVALID_ARGUMENT"}),
+    (f"/v1beta/models/genmodel-2.0-flash:generateContent?key={DEMO_KEY}", {}, {"status": "INVALID_ARGUMENT"}),
     ("/v1/responses", BEARER, {"type": "invalid_request_error", "param": "Content-Type"}),
 ])
 async def test_a_wrong_content_type_is_a_400(gateway, http, path, headers, expected):  # noqa: ANN001
@@ -290,7 +290,7 @@ async def test_a_wrong_content_type_is_a_400(gateway, http, path, headers, expec
 
 @pytest.mark.parametrize(("path", "headers", "expected"), [
     ("/v1/messages", MSG, {"type": "invalid_request_error"}),
-    (f"/v1beta/models/genmodel-2.0-flash:generateContent?key={KEY}", {}, {"status": "INVALID_ARGUMENT"}),
+    (f"/v1beta/models/genmodel-2.0-flash:generateContent?key={DEMO_KEY}", {}, {"status": "INVALID_ARGUMENT"}),
     ("/v1/images/generations", BEARER, {"type": "invalid_request_error"}),
 ])
 async def test_malformed_json_is_a_400(gateway, http, path, headers, expected):  # noqa: ANN001
@@ -302,7 +302,7 @@ async def test_malformed_json_is_a_400(gateway, http, path, headers, expected): 
 async def test_an_oversized_body_is_a_413_in_the_format_shape(start_gateway, http):  # noqa: ANN001
     gw = await start_gateway("server: {max_json_body_mb: 0.01}")
     big = {**CONTENT, "padding": "x" * 20000}
-    async with http.post(f"{gw.url}/v1beta/models/genmodel-2.0-flash:generateContent?key={KEY}", json=big) as answer:
+    async with http.post(f"{gw.url}/v1beta/models/genmodel-2.0-flash:generateContent?key={DEMO_KEY}", json=big) as answer:
         assert answer.status == 413
         assert (await answer.json())["error"]["status"] == "PAYLOAD_TOO_LARGE"
     async with http.post(gw.url + "/v1/messages", json={**MESSAGE, "padding": "x" * 20000}, headers=MSG) as answer:

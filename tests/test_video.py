@@ -9,8 +9,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-KEY = "sk-demo-key"
-BEARER = {"Authorization": f"Bearer {KEY}"}
+from tests.conftest import BEARER
+
 SUBMIT = {"model": "videogen-3.0-generate-001", "prompt": "waves at dusk"}
 FAST = "simulator: {video_queued_s: 0.3, video_processing_s: 0.5}"
 PNG = (Path(__file__).parent.parent / "examples" / "photo.png").read_bytes()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 
 from multidict import CIMultiDict
 from prometheus_client import Counter, Gauge
