@@ -67,7 +67,7 @@ class Auth(Plugin):
         key = self.keys.find(presented[0])
         if key is None:
             return self._refuse(ex, 401, "invalid API key", "invalid_api_key")
-        ex.key, ex.key_name, ex.tenant = key, key.name, key.tenant
+        ex.key = key
         if not key.enabled:
             return self._refuse(ex, 401, f"API key '{key.name}' is disabled", "api_key_disabled")
         if key.expired(datetime.now(timezone.utc)):

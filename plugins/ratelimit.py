@@ -238,7 +238,7 @@ def _tokens_spent(ex: Exchange, reserved: int) -> int:
     usage = ex.usage
     if usage.known:
         return (usage.input_tokens or 0) + (usage.output_tokens or 0)
-    if ex.upstream_headers_at is None:
+    if ex.outcome.upstream_headers_at is None:
         return 0  # the upstream never answered: nothing was spent
     return reserved  # an answer without a reported usage keeps its reservation
 

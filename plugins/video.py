@@ -145,7 +145,7 @@ class VideoTasks(Plugin):
 
     async def on_complete(self, ex: Exchange) -> None:
         task = ex.plugin_state.get("video.task")
-        if task is not None and ex.created_id and 200 <= ex.status < 300:
+        if task is not None and ex.created_id and 200 <= ex.outcome.status < 300:
             await self._record_task(ex, ex.created_id, task)
         task_id = ex.plugin_state.get(self.name)
         if task_id is not None:

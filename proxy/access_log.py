@@ -135,21 +135,21 @@ def log_exchange(ex: Exchange, config: LoggingConfig, now: float, overhead_s: fl
         "route": ex.route.name,
         "method": request.method,
         "path": ex.route.path,  # the template: a client's path may hold anything, a key included
-        "status": ex.status,
+        "status": ex.outcome.status,
         "model": ex.model,
         "upstream_model": ex.upstream_model,
         "channel": channel.name if channel is not None else None,
         "key_name": ex.key_name,
-        "streaming": ex.streaming,
+        "streaming": ex.streaming or ex.outcome.streamed,
         "duration_ms": round((now - ex.started) * 1000, 3),
-        "upstream_ms": round(ex.upstream_seconds() * 1000, 3),
+        "upstream_ms": round(ex.outcome.upstream_seconds() * 1000, 3),
         "overhead_ms": round(overhead_s * 1000, 3),
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
-        "bytes_out": ex.bytes_out,
+        "bytes_out": ex.outcome.bytes_out,
         "client_ip": ex.client_ip,
-        "client_aborted": ex.client_aborted,
-        "error": ex.error,
+        "client_aborted": ex.outcome.client_aborted,
+        "error": ex.outcome.error,
     }
     if (trace_ids := ids(ex)) is not None:
         event["trace_id"], event["span_id"] = trace_ids

@@ -93,9 +93,9 @@ class ReaderWatch:
         if transport is None or transport.is_closing():
             self._handle = None
             return
-        waiting, written = transport.get_write_buffer_size(), self._ex.bytes_out
+        waiting, written = transport.get_write_buffer_size(), self._ex.outcome.bytes_out
         if waiting > 0 and waiting >= self._waiting and written == self._written:
-            self._ex.error = f"the client stopped reading: nothing drained for {self._idle_s:g}s"
+            self._ex.outcome.error = f"the client stopped reading: nothing drained for {self._idle_s:g}s"
             self._handle = None
             transport.abort()
             return

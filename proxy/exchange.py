@@ -1,8 +1,14 @@
-"""`Exchange`: everything about one request as it passes through the gateway.
+"""`Exchange`: everything about one request as it passes through the gateway, and `Outcome`,
+what became of it.
 
-A plugin reads and changes the request through it (upstream headers, JSON body) and finds
-what happened upstream on it (channel, usage, timings). The body is parsed at most once,
-and only when something asks; bytes nobody changed are forwarded as the client sent them.
+Each part has one owner. What the client sent (route, target, path parameters, model, stream
+flag, body as read) is set by the gateway and proxy/body.py before the pipeline runs. The request
+to forward (upstream headers, body) starts as the client's and is shaped by plugins; the caller
+(`key`) is set by the plugin that provides it; the routing decision (`channel`, `upstream_model`,
+the followed id's record) by the gateway, the forwarder and proxy/affinity.py. `outcome` (status,
+bytes, timings, error) is written only by the forwarder and the relay, and by the gateway for the
+answers it makes itself; everything after reads it. The body is parsed at most once, and only
+when something asks; bytes nobody changed are forwarded as the client sent them.
 """
 
 from __future__ import annotations
@@ -38,10 +44,9 @@ class Exchange:
     __slots__ = (
         "request", "route", "format", "request_id", "started", "client_ip", "headers",
         "path_params", "body", "body_stream", "multipart", "_json", "body_changed", "model",
-        "upstream_model", "channel", "pinned_channel", "key", "key_name", "streaming", "usage",
-        "upstream_started", "upstream_headers_at", "upstream_finished", "status", "bytes_out",
-        "client_aborted", "error", "plugin_state", "tracer", "span", "unsampled_span", "response_headers",
-        "answer_limit", "gateway_id", "target", "tenant", "followed_id", "followed", "created_id",
+        "upstream_model", "channel", "pinned_channel", "key", "streaming", "usage", "outcome",
+        "plugin_state", "tracer", "span", "unsampled_span", "response_headers",
+        "answer_limit", "gateway_id", "target", "followed_id", "followed", "created_id",
     )
 
     def __init__(self, request: web.Request, route: Route, request_id: str, gateway_id: str | None = None) -> None:
@@ -63,22 +68,14 @@ class Exchange:
         self.upstream_model: str | None = None
         self.channel: Channel | None = None
         self.pinned_channel: str | None = None
-        self.key: GatewayKey | None = None      # set by the auth plugin
-        self.key_name: str | None = None
-        self.tenant: str | None = None         # who owns what this request makes (set by the auth plugin)
+        self.key: GatewayKey | None = None      # the caller: set by the plugin that provides it (auth)
         self.target: Target | None = None      # the checked request target (set before the body is read)
         self.followed_id: str | None = None    # the id this request follows (a task, a previous response)
         self.followed: PinRecord | None = None  # what the gateway recorded of it; None: never handed out
         self.created_id: str | None = None     # the id the answer hands out (set by the affinity, after the hooks)
-        self.streaming = route.always_streams
-        self.usage = Usage()
-        self.upstream_started: float | None = None
-        self.upstream_headers_at: float | None = None
-        self.upstream_finished: float | None = None
-        self.status = 0
-        self.bytes_out = 0
-        self.client_aborted = False
-        self.error: str | None = None
+        self.streaming = route.always_streams  # the client asked for a stream
+        self.usage = Usage()                    # as the upstream reported it (read by the usage plugins)
+        self.outcome = Outcome()
         self.plugin_state: dict[str, Any] = {}
         self.response_headers: dict[str, str] | None = None  # plugins' additions to the client's answer
         self.answer_limit: AnswerLimit | None = None  # a plugin must read the whole answer
@@ -116,25 +113,53 @@ class Exchange:
             for name, value in self.response_headers.items():
                 response.headers.setdefault(name, value)
         response.headers[id_header] = self.request_id
-        self.status = response.status
+        self.outcome.status = response.status
         return response
 
     def error_response(self, status: int, message: str, code: str | None = None,
                        headers: dict[str, str] | None = None, param: str | None = None) -> web.Response:
         """An error in this endpoint's own shape (section 7 of the spec)."""
-        self.error = message
+        self.outcome.error = message
         return self.format.error_response(status, message, code, headers, param)
+
+    @property
+    def key_name(self) -> str | None:
+        return self.key.name if self.key is not None else None
+
+    @property
+    def tenant(self) -> str | None:
+        """Who owns what this request makes (the caller's tenant label, else its key)."""
+        return self.key.tenant if self.key is not None else None
+
+    def overhead_seconds(self, now: float | None = None) -> float:
+        """Time the gateway itself spent: total so far minus time waiting on the upstream."""
+        total = (now or time.perf_counter()) - self.started
+        return max(0.0, total - self.outcome.upstream_seconds())
+
+
+class Outcome:
+    """What became of one exchange: written by the forwarder and the relay (and the gateway, for
+    an answer it makes itself or a client gone), read by the access line, metrics, traces and
+    `on_complete` hooks."""
+
+    __slots__ = ("status", "streamed", "bytes_out", "error", "client_aborted",
+                 "upstream_started", "upstream_headers_at", "upstream_finished")
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.streamed = False        # the answer went out as an event stream
+        self.bytes_out = 0
+        self.error: str | None = None
+        self.client_aborted = False
+        self.upstream_started: float | None = None
+        self.upstream_headers_at: float | None = None
+        self.upstream_finished: float | None = None
 
     def upstream_seconds(self) -> float:
         if self.upstream_started is None:
             return 0.0
         end = self.upstream_finished or self.upstream_headers_at or time.perf_counter()
         return end - self.upstream_started
-
-    def overhead_seconds(self, now: float | None = None) -> float:
-        """Time the gateway itself spent: total so far minus time waiting on the upstream."""
-        total = (now or time.perf_counter()) - self.started
-        return max(0.0, total - self.upstream_seconds())
 
 
 @dataclass(slots=True, frozen=True)

@@ -125,7 +125,7 @@ class Forwarder:
                 result = await self._attempt(ex, runtime, pipeline, channel, target, data, id_header, tried)
             finally:
                 if span is not None:
-                    span.set_attribute("http.response.status_code", ex.status)
+                    span.set_attribute("http.response.status_code", ex.outcome.status)
                     span.end()
             if isinstance(result, web.StreamResponse):
                 return result
@@ -141,7 +141,7 @@ class Forwarder:
         """One attempt: the client's answer, or the next channel to try and why."""
         observer = runtime.observer
         assert channel.pool is not None
-        ex.upstream_started = time.perf_counter()
+        ex.outcome.upstream_started = time.perf_counter()
         try:
             upstream = await channel.pool.request(ex.request.method, target, ex.headers, data)
         except UpstreamError as exc:
@@ -162,7 +162,7 @@ class Forwarder:
             if (following := self._next_channel(ex, runtime, tried, kind, exc.written)) is not None:
                 return following
             return ex.answer_locally(self._failed(ex, channel.name, kind, exc), id_header)
-        ex.upstream_headers_at = time.perf_counter()
+        ex.outcome.upstream_headers_at = time.perf_counter()
         status = upstream.status
         kind = "status_5xx" if status >= 500 else "status_429" if status == 429 else None
         channel.health.record(kind is not None and FAILURES[kind].breaker)

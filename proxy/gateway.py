@@ -74,9 +74,9 @@ class Gateway:
             response = await self._serve(ex, runtime)
             return response
         except asyncio.CancelledError:
-            ex.client_aborted = True  # the client went away; aiohttp cancelled the handler
-            if ex.status == 0:
-                ex.status = 499  # as nginx logs a client that closed before the answer
+            ex.outcome.client_aborted = True  # the client went away; aiohttp cancelled the handler
+            if ex.outcome.status == 0:
+                ex.outcome.status = 499  # as nginx logs a client that closed before the answer
             raise
         except Exception:
             log.exception("unhandled error", extra={"request_id": request_id, "route": route.name})
@@ -84,8 +84,8 @@ class Gateway:
             return ex.answer_locally(response, config.request_id_header)
         finally:
             try:
-                if ex.status == 0 and response is not None:
-                    ex.status = response.status
+                if ex.outcome.status == 0 and response is not None:
+                    ex.outcome.status = response.status
                 if response is not None and self.drain is not None and self.drain.draining:
                     response.force_close()  # its connection goes when it ends: a retry finds a live gateway
                 await runtime.pipelines[route.name].run_complete(ex)

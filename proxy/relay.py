@@ -77,7 +77,7 @@ class Relay:
                 return await self._send_buffered()
             return self._unredactable() if content_codings(upstream.headers) else await self._send_bytes()
         if upstream.content_type == "text/event-stream" and not content_codings(upstream.headers):
-            ex.streaming = True
+            ex.outcome.streamed = True
             return await self._send_events()
         wants_body = bool(self.pipeline.response_hooks) or (
             ex.route.creates is not None and upstream.status < 300)
@@ -134,7 +134,7 @@ class Relay:
             return ex.error_response(504 if stalled else 502, message,
                                      "upstream_timeout" if stalled else "upstream_broke_off",
                                      headers={"x-should-retry": "false"})
-        ex.upstream_finished = time.perf_counter()
+        ex.outcome.upstream_finished = time.perf_counter()
         answer = UpstreamResponse(upstream.status, end_to_end(upstream.headers), b"".join(chunks))
         await self.pipeline.run_response(ex, answer)
         if answer.status >= 300 and self.redactor is not None:
@@ -149,8 +149,8 @@ class Relay:
         # not write could no longer be answered with a clear 502.
         if not await self._prepare(response):
             return self._unwritable()
-        ex.status = answer.status
-        ex.bytes_out = len(answer.body)
+        ex.outcome.status = answer.status
+        ex.outcome.bytes_out = len(answer.body)
         return response
 
     async def _prepare(self, response: web.StreamResponse) -> bool:
@@ -165,7 +165,7 @@ class Relay:
     def _unwritable(self) -> web.Response:
         """The client's answer in place of one whose head cannot be written: logged, and a 502."""
         log.error("the answer's head could not be written to the client", extra={"request_id": self.ex.request_id})
-        self.ex.status = 502
+        self.ex.outcome.status = 502
         return self.ex.error_response(502, "the upstream's answer could not be passed on: a header in it cannot "
                                            "be written")
 
@@ -204,7 +204,7 @@ class Relay:
             scrub = self.redactor.stream()  # the length may change: the answer goes chunked
         response = web.StreamResponse(status=upstream.status, headers=self._headers())
         response.content_length = upstream.content_length if scrub is None else None
-        ex.status = upstream.status
+        ex.outcome.status = upstream.status
         if not await self._prepare(response):
             upstream.close()
             return self._unwritable()
@@ -214,7 +214,7 @@ class Relay:
                 await self._write(response, prefix, scrub)
             while chunk := await upstream.readany():
                 await self._write(response, chunk, scrub)
-            ex.upstream_finished = time.perf_counter()
+            ex.outcome.upstream_finished = time.perf_counter()
             if scrub is not None:
                 await self._write(response, scrub.flush(), None)
             await response.write_eof()
@@ -223,7 +223,7 @@ class Relay:
         except Exception as exc:
             if not isinstance(exc, (TimeoutError, *_UPSTREAM_BROKE)):
                 log.exception("body relay failed", extra={"request_id": ex.request_id})
-            ex.error = f"upstream body broke off: {type(exc).__name__}"
+            ex.outcome.error = f"upstream body broke off: {type(exc).__name__}"
             upstream.close()
             # The client sees a short body on a closed connection: nothing can be appended.
             if ex.request.transport is not None:
@@ -238,7 +238,7 @@ class Relay:
             chunk = scrub.feed(chunk)
         if chunk:
             await response.write(chunk)
-            self.ex.bytes_out += len(chunk)
+            self.ex.outcome.bytes_out += len(chunk)
 
     async def _send_events(self) -> web.StreamResponse:
         ex, upstream, pipeline = self.ex, self.upstream, self.pipeline
@@ -246,7 +246,7 @@ class Relay:
         headers.popall("content-length", None)
         headers.update(STREAM_HEADERS)
         response = web.StreamResponse(status=upstream.status, headers=headers)
-        ex.status = upstream.status
+        ex.outcome.status = upstream.status
         if not await self._prepare(response):
             upstream.close()
             return self._unwritable()
@@ -277,7 +277,7 @@ class Relay:
             while chunk := await upstream.readany():
                 if parser is None:
                     await response.write(chunk)
-                    ex.bytes_out += len(chunk)
+                    ex.outcome.bytes_out += len(chunk)
                     stream.wrote(0)
                     continue
                 out: list[bytes] = []
@@ -292,11 +292,11 @@ class Relay:
                 if out:
                     data = b"".join(out) if len(out) > 1 else out[0]
                     await response.write(data)
-                    ex.bytes_out += len(data)
+                    ex.outcome.bytes_out += len(data)
                     stream.wrote(len(out))
             if parser is not None and (rest := parser.flush()):
                 await response.write(rest)
-                ex.bytes_out += len(rest)
+                ex.outcome.bytes_out += len(rest)
         except Exception as exc:
             if isinstance(exc, _CLIENT_GONE) and not self.was_cut:  # (a cut upstream reads as a reset too)
                 return self._client_gone(response)
@@ -306,7 +306,7 @@ class Relay:
         if self.was_cut:  # the upstream's end raced the cut: the client is told all the same
             await self._end_stream_with_error(response, 503, _CUT_MESSAGE, SHUTTING_DOWN)
             return response
-        ex.upstream_finished = time.perf_counter()
+        ex.outcome.upstream_finished = time.perf_counter()
         await response.write_eof()
         return response
 
@@ -326,16 +326,16 @@ class Relay:
 
     async def _end_stream_with_error(self, response: web.StreamResponse, status: int, message: str,
                                      code: str | None = None) -> None:
-        self.ex.error = message
+        self.ex.outcome.error = message
         self.upstream.close()
         try:
             await response.write(self.ex.format.stream_error(status, message, code))
             await response.write_eof()
         except _CLIENT_GONE:
-            self.ex.client_aborted = True
+            self.ex.outcome.client_aborted = True
 
     def _client_gone(self, response: web.StreamResponse) -> web.StreamResponse:
-        self.ex.client_aborted = True
+        self.ex.outcome.client_aborted = True
         self.upstream.close()  # stop the upstream's work at once; its connection is not reused
         return response
 
@@ -376,6 +376,6 @@ def _carries_link(headers: CIMultiDict[str]) -> bool:
 
 def _server_timing(ex: Exchange) -> str:
     now = time.perf_counter()
-    upstream_ms = ex.upstream_seconds() * 1000
+    upstream_ms = ex.outcome.upstream_seconds() * 1000
     overhead_ms = ex.overhead_seconds(now) * 1000
     return f"gateway;dur={overhead_ms:.3f};desc=\"gateway overhead\", upstream;dur={upstream_ms:.3f}"

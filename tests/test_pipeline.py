@@ -84,4 +84,4 @@ async def test_on_complete_sees_every_exchange_even_refused_ones(gw, http):  # n
     path, headers, body = CASES["messages"]
     async with http.post(gw.url + path, json=body, headers={**headers, "x-test-refuse": "1"}):
         pass
-    assert Recorder.finished[-1].status == 429 and Recorder.finished[-1].channel is None
+    assert Recorder.finished[-1].outcome.status == 429 and Recorder.finished[-1].channel is None

@@ -194,7 +194,7 @@ async def test_an_answer_that_cannot_be_written_is_a_logged_502_never_a_200(star
             assert "cannot be written" in (await answer.json())["error"]["message"]
             assert "Injected" not in answer.headers
         from tests.recording_plugin import Recorder
-        assert Recorder.finished[-1].status == 502
+        assert Recorder.finished[-1].outcome.status == 502
         assert any("could not be written to the client" in r.getMessage() for r in caplog.records)
 
 

@@ -51,11 +51,11 @@ class Observer:
         per_route.in_flight.dec()
         model = self.model_label(ex.model)
         channel = ex.channel.name if ex.channel is not None else "none"
-        child(m.REQUESTS, route, ex.format.name, model, channel, m.status_class(ex.status)).inc()
+        child(m.REQUESTS, route, ex.format.name, model, channel, m.status_class(ex.outcome.status)).inc()
         per_route.duration.observe(now - ex.started)
         per_route.overhead.observe(overhead_s)
-        if ex.upstream_headers_at is not None and ex.upstream_started is not None:
-            child(m.UPSTREAM_TTFB, route, channel).observe(ex.upstream_headers_at - ex.upstream_started)
+        if ex.outcome.upstream_headers_at is not None and ex.outcome.upstream_started is not None:
+            child(m.UPSTREAM_TTFB, route, channel).observe(ex.outcome.upstream_headers_at - ex.outcome.upstream_started)
         usage = ex.usage
         if usage.known:
             key = ex.key_name or "anonymous"
@@ -63,8 +63,8 @@ class Observer:
                 child(m.TOKENS, model, key, "input").inc(usage.input_tokens)
             if usage.output_tokens:
                 child(m.TOKENS, model, key, "output").inc(usage.output_tokens)
-        if ex.client_aborted:
-            child(m.CLIENT_ABORTS, route, "mid_answer" if ex.bytes_out else "before_first_byte").inc()
+        if ex.outcome.client_aborted:
+            child(m.CLIENT_ABORTS, route, "mid_answer" if ex.outcome.bytes_out else "before_first_byte").inc()
 
     def stream_opened(self, ex: Exchange) -> None:
         if self.enabled:

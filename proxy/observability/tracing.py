@@ -89,8 +89,8 @@ def end_request(ex: Exchange, overhead_s: float) -> None:
     span = ex.span
     if span is None:
         return
-    attributes: dict[str, Any] = {"http.response.status_code": ex.status, "modelgate.overhead_ms": overhead_s * 1000,
-                                  "modelgate.client_aborted": ex.client_aborted}
+    attributes: dict[str, Any] = {"http.response.status_code": ex.outcome.status, "modelgate.overhead_ms": overhead_s * 1000,
+                                  "modelgate.client_aborted": ex.outcome.client_aborted}
     if ex.model is not None:
         attributes["gen_ai.request.model"] = ex.model
     if ex.channel is not None:
@@ -102,8 +102,8 @@ def end_request(ex: Exchange, overhead_s: float) -> None:
     if ex.usage.output_tokens is not None:
         attributes["gen_ai.usage.output_tokens"] = ex.usage.output_tokens
     span.set_attributes(attributes)
-    if ex.status >= 500 or ex.error and ex.status >= 400:
-        span.set_status(Status(StatusCode.ERROR if ex.status >= 500 else StatusCode.UNSET, ex.error))
+    if ex.outcome.status >= 500 or ex.outcome.error and ex.outcome.status >= 400:
+        span.set_status(Status(StatusCode.ERROR if ex.outcome.status >= 500 else StatusCode.UNSET, ex.outcome.error))
     span.end()
 
 
