@@ -75,7 +75,7 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    from proxy.server import install_uvloop
+    from proxy.process.server import install_uvloop
 
     install_uvloop()  # as the gateway runs
     raise SystemExit(asyncio.run(main()))

@@ -1,1 +1,2 @@
-"""The gateway's built-in plugins, one module each (see proxy.pipeline.BUILTIN_PLUGINS)."""
+"""The gateway's built-in plugins, one module or package each, registered as `modelgate.plugins`
+entry points in pyproject.toml: the core finds them as it finds any other plugin."""

@@ -6,7 +6,7 @@ or the model gets 403; both in the endpoint's own error shape. The key's name, n
 key, is what the exchange, and so every log line, carries.
 
 A request that follows an id (a video task, a previous response) is served only when the
-gateway handed that id out to the same tenant (proxy.affinity): to every other key, and for
+gateway handed that id out to the same tenant (proxy.request.affinity): to every other key, and for
 ids it never handed out, the answer is the format's own 404, as if the id did not exist.
 """
 
@@ -19,12 +19,12 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from proxy.config import GatewayConfig
-from proxy.exchange import Exchange
+from proxy.request.exchange import Exchange
 from proxy.formats.base import KeyLocation
-from proxy.keys import KeyRing
+from proxy.policy.keys import KeyRing
 
-from proxy.plugin import Plugin
-from proxy.routes import Pin, Route
+from proxy.plugin import Joins, Plugin
+from proxy.wire.routes import Pin
 
 AUTH_REFUSALS = Counter("modelgate_auth_refusals", "Requests refused by the auth plugin", ["route", "reason"])
 
@@ -38,11 +38,8 @@ _NOT_FOUND = {
 class Auth(Plugin):
     name = "auth"
     provides = frozenset({"caller"})
+    joins = Joins(keyed=True)
     order = 100
-
-    @classmethod
-    def default(cls, route: Route) -> bool:
-        return route.takes_key
 
     @staticmethod
     def _refuse(ex: Exchange, status: int, message: str, code: str) -> web.Response:

@@ -22,12 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from proxy.config import GatewayConfig
 from proxy.config.model import Rates
-from proxy.exchange import Exchange
+from proxy.request.exchange import Exchange
 from proxy.limits import Check, Kind, Limiter, LimiterUnavailable
 from proxy.limits.memory import MemoryLimiter
 from proxy.observability.metrics import child
-from proxy.plugin import Plugin
-from proxy.routes import ROUTE_NAMES, Route
+from proxy.plugin import Joins, Plugin
+from proxy.wire.routes import ROUTE_NAMES
 
 RATELIMIT_DECISIONS = Counter("modelgate_ratelimit_decisions", "Rate-limit decisions by policy",
                               ["policy", "decision"])
@@ -66,16 +66,11 @@ class RateLimitSettings(BaseModel):
 class RateLimit(Plugin):
     name = "ratelimit"
     Settings = RateLimitSettings
+    # Every route: the account routes take no key, so limits go by client IP there; elsewhere
+    # they count by key, and without the caller would count every key as one IP's.
+    joins = Joins()
+    requires = frozenset({"caller"})
     order = 300
-
-    @classmethod
-    def default(cls, route: Route) -> bool:
-        return True  # the account routes take no key: limits go by client IP there
-
-    @classmethod
-    def requires(cls, route: Route) -> frozenset[str]:
-        # A keyed route counts by key: without the caller, it would count every key as one IP's.
-        return frozenset({"caller"}) if route.takes_key else frozenset()
 
     def configure(self, config: GatewayConfig) -> None:
         settings: RateLimitSettings = self.settings

@@ -6,19 +6,15 @@ is one substring test, and a JSON parse only for the one or two events with usag
 
 from __future__ import annotations
 
-from proxy.exchange import Exchange
-from proxy.plugin import Plugin
-from proxy.routes import Route
-from proxy.sse import SSEEvent
+from proxy.request.exchange import Exchange
+from proxy.plugin import Joins, Plugin
+from proxy.wire.sse import SSEEvent
 
 
 class SSEPassthrough(Plugin):
     name = "sse"
+    joins = Joins(endpoint=True, usage=True)
     order = 600
-
-    @classmethod
-    def default(cls, route: Route) -> bool:
-        return route.number > 0 and route.format.reports_usage  # an endpoint of the spec, not a call around one
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
         usage = ex.format.usage_from_event(event)

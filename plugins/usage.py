@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from proxy.exchange import Exchange, UpstreamResponse
-from proxy.plugin import Plugin
-from proxy.routes import Route
+from proxy.request.exchange import Exchange, UpstreamResponse
+from proxy.plugin import Joins, Plugin
 
 
 class UsageCapture(Plugin):
     name = "usage"
+    joins = Joins(endpoint=True, usage=True)  # the spec's endpoints, not the calls around them
     order = 500
-
-    @classmethod
-    def default(cls, route: Route) -> bool:
-        return route.number > 0 and route.format.reports_usage  # an endpoint of the spec, not a call around one
 
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
         if upstream.status >= 400 or not upstream.is_json:

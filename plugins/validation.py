@@ -12,13 +12,13 @@ from aiohttp import web
 from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError
 
-from proxy.body import MultipartBody
+from proxy.request.body import MultipartBody
 from proxy.config import GatewayConfig
-from proxy.exchange import Exchange
-from proxy.multipart import MultipartObserver
+from proxy.request.exchange import Exchange
+from proxy.wire.multipart import MultipartObserver
 from proxy.observability.metrics import rule_label
-from proxy.plugin import Plugin
-from proxy.routes import Body, Route
+from proxy.plugin import Joins, Plugin
+from proxy.wire.routes import Body
 from proxy.schemas import JSON_SCHEMAS, GenerateContentRequest, ImageEditForm, Violation, VideosRequest, check
 from proxy.schemas.common import first_violation, violation_of
 from proxy.schemas.imagefiles import sniff
@@ -32,11 +32,8 @@ _IMAGE_FIELDS = ("image", "image[]")
 
 class Validation(Plugin):
     name = "validation"
+    joins = Joins(keyed=True, local=False)  # a list the gateway answers has no body to check
     order = 200
-
-    @classmethod
-    def default(cls, route: Route) -> bool:
-        return route.takes_key and not route.local  # a list the gateway answers has no body to check
 
     def configure(self, config: GatewayConfig) -> None:
         self.strict = config.server.strict_interface

@@ -25,14 +25,13 @@ from multidict import CIMultiDict
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 
-from proxy import jsonutil
+from proxy.wire import jsonutil
 from proxy.config import GatewayConfig
-from proxy.exchange import Exchange, UpstreamResponse
+from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.formats import VIDEO
 
-from proxy.plugin import Plugin
-from proxy.public_url import public_base_url
-from proxy.routes import Route
+from proxy.plugin import Joins, Plugin
+from proxy.request.public_url import public_base_url
 from proxy.state import StateStore, make_store
 
 VIDEO_OUTCOMES = Counter("modelgate_video_tasks_finished", "Video tasks seen finishing, by outcome "
@@ -69,15 +68,9 @@ class VideoSettings(BaseModel):
 class VideoTasks(Plugin):
     name = "video"
     Settings = VideoSettings
+    joins = Joins(formats=frozenset({VIDEO.name}))
+    requires = frozenset({"caller"})  # tasks are listed and cached per tenant
     order = 700
-
-    @classmethod
-    def default(cls, route: Route) -> bool:
-        return route.format is VIDEO
-
-    @classmethod
-    def requires(cls, route: Route) -> frozenset[str]:
-        return frozenset({"caller"})  # tasks are listed and cached per tenant
 
     def configure(self, config: GatewayConfig) -> None:
         if "video.cache" not in self.resources:  # one store for the gateway's life, not one per reload

@@ -1,3 +1,3 @@
-from proxy.cli import main
+from proxy.process.cli import main
 
 raise SystemExit(main())

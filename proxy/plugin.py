@@ -9,7 +9,7 @@ whatever happened. Only hooks a plugin really implements are called.
 
 Beside its hooks a plugin declares, as class attributes the core reads without knowing the
 plugin: what it `provides` to the plugins after it and what it `requires` of the ones before it
-(checked whenever a pipeline is built, config or default), which routes it joins by `default`
+(checked whenever a pipeline is built, config or default), which routes it `joins` by default
 and where (`order`), the settings it takes (`Settings`, and `KeySettings` on each key), and
 what it adds to the gateway around the pipeline: `routes` the app serves, `commands` the CLI
 runs, `config_problems` only the whole config shows. The core finds plugins through the
@@ -27,18 +27,45 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from aiohttp import web
 from pydantic import BaseModel
 
-from proxy.exchange import Exchange, UpstreamResponse
-from proxy.routes import Route
-from proxy.sse import SSEEvent
+from proxy.request.exchange import Exchange, UpstreamResponse
+from proxy.wire.routes import Route
+from proxy.wire.sse import SSEEvent
 
 if TYPE_CHECKING:
-    from proxy.channels import ChannelSet
+    from proxy.policy.channels import ChannelSet
     from proxy.config import GatewayConfig
 
-# What plugins provide one another, in words a check-config problem can use.
-CAPABILITIES: dict[str, str] = {
-    "caller": "the caller's identity (the gateway key, its name and tenant)",
+@dataclass(slots=True, frozen=True)
+class Capability:
+    """What one plugin sets on the exchange for the ones after it, and the routes it can exist on
+    (a requirement is void where it cannot: the account routes have no caller)."""
+    described: str
+    exists_on: Callable[[Route], bool]
+
+
+CAPABILITIES: dict[str, Capability] = {
+    "caller": Capability("the caller's identity (the gateway key, its name and tenant)", lambda route: route.takes_key),
 }
+
+
+@dataclass(slots=True, frozen=True)
+class Joins:
+    """The routes a plugin joins when config names no pipeline: every criterion given must hold
+    (none given: every route)."""
+    routes: frozenset[str] | None = None   # by name
+    formats: frozenset[str] | None = None  # by wire format
+    keyed: bool | None = None              # routes that read a gateway key
+    local: bool | None = None              # routes the gateway answers itself
+    endpoint: bool | None = None           # the spec's 13 endpoints, not the calls SDKs make around them
+    usage: bool | None = None              # formats whose answers report token usage
+
+    def __call__(self, route: Route) -> bool:
+        return ((self.routes is None or route.name in self.routes)
+                and (self.formats is None or route.format.name in self.formats)
+                and (self.keyed is None or route.takes_key == self.keyed)
+                and (self.local is None or route.local == self.local)
+                and (self.endpoint is None or (route.number > 0) == self.endpoint)
+                and (self.usage is None or route.format.reports_usage == self.usage))
 
 
 @dataclass(slots=True, frozen=True)
@@ -67,17 +94,9 @@ class Plugin:
     Settings: ClassVar[type[BaseModel] | None] = None     # `plugins.<name>`, validated by check-config
     KeySettings: ClassVar[type[BaseModel] | None] = None  # fields this plugin reads on each `keys[]` entry
     provides: ClassVar[frozenset[str]] = frozenset()      # capabilities set on the exchange (CAPABILITIES)
-    order: ClassVar[int] = 500                            # place in a default pipeline: lower runs first
-
-    @classmethod
-    def requires(cls, route: Route) -> frozenset[str]:
-        """The capabilities an earlier plugin of this route's pipeline must provide."""
-        return frozenset()
-
-    @classmethod
-    def default(cls, route: Route) -> bool:
-        """Whether this plugin is in the route's pipeline when config names none."""
-        return False
+    requires: ClassVar[frozenset[str]] = frozenset()      # capabilities an earlier plugin must provide
+    joins: ClassVar[Joins | None] = None                  # the default pipelines it is in (None: none)
+    order: ClassVar[int] = 500                            # its place in them: lower runs first
 
     @classmethod
     def routes(cls) -> Sequence[PluginRoute]:

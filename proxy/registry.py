@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from proxy.plugin import CAPABILITIES, Plugin, PluginCommand, PluginRoute
-from proxy.routes import ROUTES, Route
+from proxy.wire.routes import ROUTES, Route
 
 if TYPE_CHECKING:
     from proxy.config import GatewayConfig
@@ -66,7 +66,7 @@ def resolve_plugin(name: str) -> type[Plugin]:
 
 def default_plugins(route: Route) -> list[str]:
     """The pipeline a route gets when config names none."""
-    chosen = [(cls.order, name) for name, cls in registered_classes().items() if cls.default(route)]
+    chosen = [(cls.order, name) for name, cls in registered_classes().items() if cls.joins and cls.joins(route)]
     return [name for _, name in sorted(chosen)]
 
 
@@ -93,11 +93,14 @@ def order_problems(route: Route, names: list[str], where: str) -> list[str]:
             continue
         if cls is None:
             continue
-        for need in sorted(cls.requires(route)):
+        for need in sorted(cls.requires):
+            capability = CAPABILITIES.get(need)
+            if capability is not None and not capability.exists_on(route):
+                continue  # nobody could provide it here (no caller on the account routes): void
             if any(c is not None and need in c.provides for c in classes[:index]):
                 continue
             later = next((i for i, c in enumerate(classes) if c is not None and need in c.provides), None)
-            described = CAPABILITIES.get(need, need)
+            described = capability.described if capability is not None else need
             if later is not None:
                 problems.append(f"{where}[{index}]: {name} requires {described}, which {names[later]} at "
                                 f"[{later}] provides only after it: put {names[later]} first")

@@ -11,7 +11,7 @@ from functools import partial
 
 from aiohttp import web
 
-from proxy import jsonutil
+from proxy.wire import jsonutil
 from proxy.config.model import SimulatorSettings
 from simulator import account, chat, companions, media, video
 from simulator.core import Simulator, answer_early

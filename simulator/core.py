@@ -26,11 +26,11 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy import jsonutil
+from proxy.wire import jsonutil
 from proxy.config.model import SimulatorSettings
 from proxy.formats import Format
 from proxy.formats.base import KeyLocation
-from proxy.multipart import MultipartObserver
+from proxy.wire.multipart import MultipartObserver
 
 _WORDS = ("the quick brown fox jumps over a lazy dog while simulated models answer every "
           "request with plain deterministic words").split()

@@ -12,7 +12,7 @@ from simulator.core import Simulator
 
 
 def run_simulator(args: argparse.Namespace) -> None:
-    from proxy.server import install_uvloop
+    from proxy.process.server import install_uvloop
 
     install_uvloop()
     settings = SimulatorSettings(latency_ms=args.latency_ms, chunk_delay_ms=args.chunk_delay_ms,

@@ -17,10 +17,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.app import APP_KEY, GatewayApp, build_app
-from proxy.channels import Channel
+from proxy.process.app import APP_KEY, GatewayApp, build_app
+from proxy.policy.channels import Channel
 from proxy.config import load_config
-from proxy.server import start_runner
+from proxy.process.server import start_runner
 from simulator.core import Simulator
 
 REDIS_URL = os.environ.get("MODELGATE_TEST_REDIS", "redis://127.0.0.1:6379/15")

@@ -7,9 +7,9 @@ from typing import ClassVar
 from aiohttp import web
 from pydantic import BaseModel
 
-from proxy.exchange import Exchange, UpstreamResponse
+from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.plugin import Plugin
-from proxy.sse import SSEEvent
+from proxy.wire.sse import SSEEvent
 
 
 class Recorder(Plugin):

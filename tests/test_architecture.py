@@ -70,7 +70,7 @@ def _loaded_on_demand(tree: ast.Module, target: ast.AST) -> bool:
 def test_the_core_loads_the_simulator_only_for_a_config_that_uses_it(tmp_path: Path) -> None:
     probe = textwrap.dedent("""
         import asyncio, sys
-        from proxy.app import build_app
+        from proxy.process.app import build_app
         from proxy.config import LoadedConfig, parse_config
 
         async def main():
@@ -84,9 +84,9 @@ def test_the_core_loads_the_simulator_only_for_a_config_that_uses_it(tmp_path: P
     assert result.stdout.strip() == "False", result.stderr
 
 
-# Who writes what became of an exchange (proxy/exchange.py, Outcome).
-OUTCOME_WRITERS = {"proxy/forwarder.py", "proxy/relay.py", "proxy/gateway.py", "proxy/exchange.py",
-                   "proxy/client_limits.py"}  # the relay's watch on a client that stopped reading
+# Who writes what became of an exchange (proxy/request/exchange.py, Outcome).
+OUTCOME_WRITERS = {"proxy/request/forwarder.py", "proxy/request/relay.py", "proxy/request/gateway.py", "proxy/request/exchange.py",
+                   "proxy/request/client_limits.py"}  # the relay's watch on a client that stopped reading
 
 
 def test_only_the_forwarder_the_relay_and_the_gateway_write_the_outcome() -> None:
@@ -99,4 +99,4 @@ def test_only_the_forwarder_the_relay_and_the_gateway_write_the_outcome() -> Non
                 if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Attribute) \
                         and target.value.attr == "outcome":
                     writers.add(str(module.relative_to(ROOT)))
-    assert writers <= OUTCOME_WRITERS and {"proxy/forwarder.py", "proxy/relay.py"} <= writers
+    assert writers <= OUTCOME_WRITERS and {"proxy/request/forwarder.py", "proxy/request/relay.py"} <= writers

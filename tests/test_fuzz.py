@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.routes import ROUTES
+from proxy.wire.routes import ROUTES
 from tests.conftest import DEMO_KEY
 
 # URL delivery is on for the key, so `response_format: url` gets a URL rather than the spec's 503.

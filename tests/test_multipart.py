@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from proxy.multipart import MultipartObserver
+from proxy.wire.multipart import MultipartObserver
 from tests.raw_http import RawAnswer, parse_answer
 
 BOUNDARY = "modelgate-test-boundary"

@@ -13,7 +13,7 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.access_log import AccessLog
+from proxy.observability.access_log import AccessLog
 from proxy.observability.metrics import REQUESTS
 
 MSG = {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"}
@@ -103,7 +103,7 @@ async def test_upstream_failures_are_counted_and_take_a_channel_down(start_gatew
 async def traced():  # noqa: ANN201
     from aiohttp import web
 
-    from proxy.app import APP_KEY, build_app
+    from proxy.process.app import APP_KEY, build_app
     from proxy.config import load_config
 
     exporter = InMemorySpanExporter()

@@ -3,18 +3,20 @@ plugins do not get what they require is refused with its key path, by `check-con
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from proxy.config import ConfigError, parse_config
-from proxy.plugin import Plugin
+from proxy.plugin import Joins, Plugin
 from proxy.registry import default_plugins, order_problems
-from proxy.routes import ROUTES, ROUTES_BY_NAME, Route
-from tests.conftest import DEMO_KEY
+from proxy.wire.routes import ROUTES, ROUTES_BY_NAME
+from tests.conftest import DEMO_KEY, MESSAGE_HEADERS
 
 ROOT = Path(__file__).parent.parent
 
@@ -22,19 +24,14 @@ ROOT = Path(__file__).parent.parent
 class NeedsCaller(Plugin):
     """A third-party plugin that reads the caller's identity, as a tenant quota would."""
 
-    @classmethod
-    def requires(cls, route: Route) -> frozenset[str]:
-        return frozenset({"caller"})
+    requires = frozenset({"caller"})
 
 
 class Counts(Plugin):
     """A third-party plugin joining the message route by default, after the built-in ones."""
 
+    joins = Joins(routes=frozenset({"messages"}))
     order = 999
-
-    @classmethod
-    def default(cls, route: Route) -> bool:
-        return route.name == "messages"
 
 
 def problems(config: str) -> list[str]:
@@ -62,8 +59,8 @@ def test_third_party_plugins_declare_requirements_the_same_way() -> None:
     parse_config("routes: {responses: {plugins: [auth, 'tests.test_plugin_contract:NeedsCaller']}}", {})
 
 
-def test_a_requirement_can_depend_on_the_route() -> None:
-    # The login takes no key: limits go by client IP there, so ratelimit needs no auth before it.
+def test_a_requirement_is_void_where_nothing_could_provide_it() -> None:
+    # The login takes no key, so it has no caller: ratelimit limits by client IP there, needing no auth.
     parse_config("routes: {login_2fa: {plugins: [ratelimit]}}", {})
     assert problems("routes: {messages: {plugins: [ratelimit]}}")[0].startswith("routes.messages.plugins[0]: ratelimit requires")
 
@@ -107,3 +104,33 @@ def test_plugin_fields_on_a_key_are_read_by_their_plugin_and_checked(tmp_path: P
     assert problems(f"keys: [{{name: k, key: {DEMO_KEY}, url_delivry: true}}]") == [
         "keys[0].url_delivry: unknown key (did you mean 'url_delivery'?)"]
     assert problems(f"keys: [{{name: k, key: {DEMO_KEY}, url_delivery: maybe}}]")[0].startswith("keys[0].url_delivery:")
+
+
+async def test_the_readme_plugin_runs_as_it_is(start_gateway, http, tmp_path: Path,  # noqa: ANN001
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    code = re.search(r"```python\n(from datetime .*?)```", readme, re.S)
+    config = re.search(r"```yaml\n(routes:\n  messages: \{plugins: \[auth, mycompany.*?)```", readme, re.S)
+    assert code is not None and config is not None
+    (tmp_path / "mycompany").mkdir()
+    (tmp_path / "mycompany" / "__init__.py").write_text("")
+    (tmp_path / "mycompany" / "gateway.py").write_text(code[1])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tree = yaml.safe_load(config[1])
+    settings = tree["plugins"]["mycompany.gateway:BlockWeekends"]
+    message = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        gw = await start_gateway(yaml.safe_dump({**tree, "plugins": {"mycompany.gateway:BlockWeekends":
+                                                                     {**settings, "days": list(range(7))}}}))
+        async with http.post(gw.url + "/v1/messages", json=message, headers=MESSAGE_HEADERS) as answer:
+            assert answer.status == 403
+            assert (await answer.json())["error"]["message"] == "see you on Monday, demo"
+        gw = await start_gateway(yaml.safe_dump({**tree, "plugins": {"mycompany.gateway:BlockWeekends":
+                                                                     {**settings, "days": []}}}))
+        async with http.post(gw.url + "/v1/messages", json=message, headers=MESSAGE_HEADERS) as answer:
+            assert answer.status == 200
+        wrong = problems("routes: {messages: {plugins: ['mycompany.gateway:BlockWeekends', auth]}}")
+        assert wrong[0].startswith("routes.messages.plugins[0]: mycompany.gateway:BlockWeekends requires the caller's")
+    finally:
+        for name in ("mycompany.gateway", "mycompany"):
+            sys.modules.pop(name, None)

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from proxy.config.model import SimulatorSettings
-from proxy.resilience import PROBE_LAPSE_S, ChannelHealth
+from proxy.policy.resilience import PROBE_LAPSE_S, ChannelHealth
 from simulator import build_simulator_app
 from simulator.core import Simulator
 from tests.conftest import BEARER, DEMO_KEY, free_port

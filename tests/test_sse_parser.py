@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.sse import SSEEvent, SSEParser
+from proxy.wire.sse import SSEEvent, SSEParser
 
 STREAMS = [
     b"event: a\ndata: {\"x\":1}\n\nevent: b\ndata: 2\n\n",

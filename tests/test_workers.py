@@ -100,7 +100,7 @@ def test_a_sigterm_handled_while_a_worker_starts_reaches_that_worker_too(monkeyp
     import subprocess
     import sys
 
-    from proxy import workers
+    from proxy.process import workers
 
     supervisor = workers.Supervisor(1, None, drain_timeout_s=30)
     real_popen = subprocess.Popen

@@ -26,13 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from plugins.url_delivery.service import PATH, DeliveryService, raster_type
 from plugins.url_delivery.signing import Signer
 from plugins.url_delivery.stores import BlobStore, LocalStore, RedisBlobStore, StoreError
-from proxy.body import FormCheck, MultipartBody
+from proxy.request.body import FormCheck, MultipartBody
 from proxy.config import GatewayConfig
-from proxy.exchange import AnswerLimit, AnswerTooLarge, Exchange, UpstreamResponse
+from proxy.request.exchange import AnswerLimit, AnswerTooLarge, Exchange, UpstreamResponse
 from proxy.formats import ACCOUNT
-from proxy.multipart import MultipartObserver
-from proxy.plugin import Plugin, PluginRoute
-from proxy.routes import Route
+from proxy.wire.multipart import MultipartObserver
+from proxy.plugin import Joins, Plugin, PluginRoute
 from proxy.schemas.common import Violation
 
 URL_DELIVERY = Counter("modelgate_url_delivery", "URL-delivery outcomes per answer: stored, native (the upstream's "
@@ -91,15 +90,9 @@ class UrlDelivery(Plugin):
     name = "url_delivery"
     Settings = DeliverySettings
     KeySettings = DeliveryKey
+    joins = Joins(routes=frozenset({*_IMAGE_ROUTES, "generate_content"}))
+    requires = frozenset({"caller"})  # allowed per key
     order = 400
-
-    @classmethod
-    def default(cls, route: Route) -> bool:
-        return route.name in (*_IMAGE_ROUTES, "generate_content")
-
-    @classmethod
-    def requires(cls, route: Route) -> frozenset[str]:
-        return frozenset({"caller"})  # allowed per key
 
     @classmethod
     def routes(cls) -> Sequence[PluginRoute]:
@@ -271,7 +264,7 @@ def _make_store(settings: DeliverySettings, config: GatewayConfig) -> BlobStore:
 
 def _requested(ex: Exchange) -> bool:
     """Whether this request asks for URL delivery (never a stream's)."""
-    if ex.streaming or not UrlDelivery.default(ex.route):
+    if ex.streaming or not UrlDelivery.joins(ex.route):  # type: ignore[misc]
         return False
     if ex.multipart is not None:
         return ex.multipart.field("response_format") == "url"

@@ -18,11 +18,11 @@ from email.utils import formatdate
 
 from aiohttp import web
 
-from proxy import jsonutil
+from proxy.wire import jsonutil
 from proxy.config.model import ServerConfig
 from plugins.url_delivery.signing import Signer
 from plugins.url_delivery.stores import Blob, BlobStore, StoreError
-from proxy.public_url import public_base_url
+from proxy.request.public_url import public_base_url
 
 PATH = "/images/{blob_id}"
 RASTER_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif"})
@@ -61,7 +61,7 @@ class DeliveryService:
         await self.store.close()
 
     async def mint(self, data: bytes, content_type: str, request: web.BaseRequest) -> str:
-        """Store a raster image (`raster_type` says which) and return its signed URL (proxy.public_url);
+        """Store a raster image (`raster_type` says which) and return its signed URL (proxy.request.public_url);
         raises StoreError."""
         if content_type not in RASTER_TYPES:
             raise ValueError(f"only raster images are stored, not {content_type}")

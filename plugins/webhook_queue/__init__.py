@@ -16,11 +16,11 @@ from aiohttp import web
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 
-from proxy import jsonutil
+from proxy.wire import jsonutil
 from proxy.config import GatewayConfig
-from proxy.exchange import Exchange
-from proxy.plugin import Plugin, PluginCommand
-from proxy.routes import ROUTES_BY_NAME, Route
+from proxy.request.exchange import Exchange
+from proxy.plugin import Joins, Plugin, PluginCommand
+from proxy.wire.routes import ROUTES_BY_NAME
 
 WEBHOOK_QUEUED = Counter("modelgate_webhooks_queued", "Payment webhooks offered to the durable queue, by outcome "
                          "(stored, full, unavailable)", ["outcome"])
@@ -54,11 +54,8 @@ def queue_for(config: GatewayConfig, settings: QueueSettings) -> WebhookQueue:
 class WebhookQueuePlugin(Plugin):
     name = "webhook_queue"
     Settings = QueueSettings
+    joins = Joins(routes=frozenset({"payment_webhook"}))  # it does nothing until enabled
     order = 800
-
-    @classmethod
-    def default(cls, route: Route) -> bool:
-        return route.name == "payment_webhook"  # it does nothing until enabled
 
     @classmethod
     def commands(cls) -> Sequence[PluginCommand]:

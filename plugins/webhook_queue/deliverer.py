@@ -18,8 +18,8 @@ from multidict import CIMultiDict
 from prometheus_client import Counter, Gauge
 
 from plugins.webhook_queue.queue import QueuedWebhook, RedisError, Shelf, WebhookQueue
-from proxy.channels import ChannelSet
-from proxy.routes import Route
+from proxy.policy.channels import ChannelSet
+from proxy.wire.routes import Route
 from proxy.upstream import PoolExhausted, UpstreamError
 
 WEBHOOK_DELIVERIES = Counter("modelgate_webhook_deliveries", "Queued webhook delivery attempts, by result "

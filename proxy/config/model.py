@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from proxy.formats import FORMAT_NAMES
-from proxy.routes import CHAT_ROUTES, ROUTE_NAMES
+from proxy.wire.routes import CHAT_ROUTES, ROUTE_NAMES
 
 SIMULATOR = "simulator"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

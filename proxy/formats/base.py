@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy import jsonutil
+from proxy.wire import jsonutil
 
 if TYPE_CHECKING:
-    from proxy.sse import SSEEvent
+    from proxy.wire.sse import SSEEvent
 
 # Every header a client may have put a key in: on keyed routes all are removed before a request
 # goes upstream, whichever the route reads, so a key sent in the "wrong" place never leaks either.
-# (`api-key` is where some SDKs put it; query `key` pairs are taken apart in proxy.target.)
+# (`api-key` is where some SDKs put it; query `key` pairs are taken apart in proxy.request.target.)
 CLIENT_KEY_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "api-key")
 CLIENT_KEY_QUERY = "key"
 

@@ -6,9 +6,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from proxy import jsonutil
+from proxy.wire import jsonutil
 from proxy.formats.base import EmbeddedImage, Format, KeyLocation, Usage, token_count
-from proxy.sse import SSEEvent
+from proxy.wire.sse import SSEEvent
 
 STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
                 404: "NOT_FOUND", 409: "ABORTED", 413: "PAYLOAD_TOO_LARGE", 429: "RESOURCE_EXHAUSTED",

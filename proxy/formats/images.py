@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy.formats.base import EmbeddedImage, Format, KeyLocation, Usage
-from proxy.sse import SSEEvent
+from proxy.wire.sse import SSEEvent
 
 
 class ImagesFormat(Format):

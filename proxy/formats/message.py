@@ -7,9 +7,9 @@ from typing import Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy import jsonutil
+from proxy.wire import jsonutil
 from proxy.formats.base import Format, KeyLocation, Usage, token_count
-from proxy.sse import SSEEvent
+from proxy.wire.sse import SSEEvent
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error"}

@@ -3,7 +3,7 @@
 The response SDK sends its key as a Bearer token, the message SDK in `x-api-key` (with
 `anthropic-version`), the content-generation SDK (API version v1) in `x-goog-api-key`. Every one
 of those places is read (and two different keys refused), and the list, and any error, is
-answered in the shape of the format whose place held the key (proxy/gateway.py sets it before
+answered in the shape of the format whose place held the key (proxy/request/gateway.py sets it before
 the pipeline runs).
 """
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 
-from proxy import jsonutil
+from proxy.wire import jsonutil
 from proxy.formats.base import Format, KeyLocation, Usage
-from proxy.sse import SSEEvent
+from proxy.wire.sse import SSEEvent
 
 _TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 

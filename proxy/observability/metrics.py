@@ -19,7 +19,7 @@ from prometheus_client import multiprocess
 from proxy.config.model import GatewayConfig
 from proxy.schemas.images import IMAGE_MODELS
 from proxy.schemas.video import VIDEO_MODELS
-from proxy.workers import WORKER_ENV
+from proxy.process.workers import WORKER_ENV
 
 SPEC_MODELS = frozenset({
     *IMAGE_MODELS, *VIDEO_MODELS,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.channels import Channel
+from proxy.policy.channels import Channel
 from proxy.config.model import GatewayConfig
-from proxy.exchange import Exchange
+from proxy.request.exchange import Exchange
 from proxy.observability import metrics as m
 from proxy.observability.metrics import child
 

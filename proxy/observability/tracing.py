@@ -26,7 +26,7 @@ from proxy.config.model import TracingConfig
 from proxy.observability.otlp import LoopSpanProcessor
 
 if TYPE_CHECKING:
-    from proxy.exchange import Exchange
+    from proxy.request.exchange import Exchange
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _OPERATIONS = {"messages": "chat", "content": "generate_content", "responses": "chat", "images": "image_generation",

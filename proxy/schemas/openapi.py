@@ -15,7 +15,7 @@ from pydantic.json_schema import models_json_schema
 
 from proxy import __version__
 from proxy.formats.base import KeyLocation
-from proxy.routes import ROUTES, Body, Route
+from proxy.wire.routes import ROUTES, Body, Route
 from proxy.schemas import JSON_SCHEMAS
 from proxy.schemas.images import ImageEditForm
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from proxy import jsonutil
+from proxy.wire import jsonutil
 
 
 class MemoryStore:

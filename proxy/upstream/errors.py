@@ -3,7 +3,7 @@
 The pool never sends a request twice. Every error says how far the request got: how much of
 it was `written` to the connection, whether any byte of an answer came (`answered`), and
 whether the connection had carried requests before (`reused`). A request with nothing written
-never reached the upstream; anything more may have, and only the forwarder (proxy/forwarder.py)
+never reached the upstream; anything more may have, and only the forwarder (proxy/request/forwarder.py)
 decides whether such a request may go again.
 """
 

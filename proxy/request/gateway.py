@@ -12,22 +12,22 @@ import time
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy import jsonutil
-from proxy.access_log import log_exchange
-from proxy.affinity import Affinity, StateUnavailable
-from proxy.body import BodyError, read_body
-from proxy.catalog import listing
-from proxy.client_limits import ConnectionCount, header_problem
+from proxy.wire import jsonutil
+from proxy.observability.access_log import log_exchange
+from proxy.request.affinity import Affinity, StateUnavailable
+from proxy.request.body import BodyError, read_body
+from proxy.policy.catalog import listing
+from proxy.request.client_limits import ConnectionCount, header_problem
 from proxy.config.model import ServerConfig
-from proxy.deciding_fields import resolve_model, settle_json
-from proxy.drain import Drain
-from proxy.exchange import Exchange
-from proxy.forwarder import Forwarder
-from proxy.headers import add_forwarding, end_to_end
+from proxy.request.deciding_fields import resolve_model, settle_json
+from proxy.process.drain import Drain
+from proxy.request.exchange import Exchange
+from proxy.request.forwarder import Forwarder
+from proxy.request.headers import add_forwarding, end_to_end
 from proxy.observability.tracing import Tracing, end_request
-from proxy.routes import Route
-from proxy.runtime import Runtime
-from proxy.target import TargetError, build_target
+from proxy.wire.routes import Route
+from proxy.process.runtime import Runtime
+from proxy.request.target import TargetError, build_target
 
 log = logging.getLogger("modelgate.gateway")
 

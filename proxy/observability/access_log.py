@@ -16,7 +16,7 @@ import orjson
 import structlog
 
 from proxy.config.model import LoggingConfig
-from proxy.exchange import Exchange
+from proxy.request.exchange import Exchange
 from proxy.observability.tracing import ids
 
 

@@ -16,8 +16,8 @@ import unicodedata
 
 from aiohttp import web
 
-from proxy.exchange import Exchange
-from proxy.routes import ModelFrom
+from proxy.request.exchange import Exchange
+from proxy.wire.routes import ModelFrom
 
 FIELDS = ("model", "previous_response_id")
 _LENGTHS = frozenset(len(name) for name in FIELDS)

@@ -12,12 +12,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from proxy.access_log import configure_logging
-from proxy.app import APP_KEY, build_app
-from proxy.client_limits import parser_limits
+from proxy.observability.access_log import configure_logging
+from proxy.process.app import APP_KEY, build_app
+from proxy.request.client_limits import parser_limits
 from proxy.config import LoadedConfig, text_digest
 from proxy.config.model import ServerConfig, worker_count
-from proxy.workers import RELOAD_ENV, Supervisor, bind_to_supervisor, is_worker, port_taken
+from proxy.process.workers import RELOAD_ENV, Supervisor, bind_to_supervisor, is_worker, port_taken
 
 log = logging.getLogger("modelgate.server")
 
@@ -74,11 +74,11 @@ async def start_runner(app: web.Application, config: ServerConfig) -> web.AppRun
     """The app's runner, set up with the server's limits (a restart applies changes to them)."""
     # A client that goes away cancels its handler, and with it the upstream request.
     # SIGTERM: stop listening, let requests in flight (streams too) finish within the drain timeout
-    # (proxy/drain.py); what is left then gets FINAL_GRACE_S before it is cancelled.
+    # (proxy/process/drain.py); what is left then gets FINAL_GRACE_S before it is cancelled.
     # Request bodies are taken as sent, never inflated by the server: a webhook stays byte-exact, and
-    # a body whose coding the gateway does not read is refused by the route (proxy/body.py).
+    # a body whose coding the gateway does not read is refused by the route (proxy/request/body.py).
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, auto_decompress=False,
-                           shutdown_timeout=FINAL_GRACE_S,  # the drain itself waits first (proxy/drain.py)
+                           shutdown_timeout=FINAL_GRACE_S,  # the drain itself waits first (proxy/process/drain.py)
                            keepalive_timeout=config.keepalive_timeout_s, **parser_limits(config),
                            # what is left of a refused body is read and dropped for a while, so the client
                            # sees the answer rather than a reset; a client silent that long is not waited for

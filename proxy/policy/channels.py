@@ -12,9 +12,9 @@ import random
 import re
 
 from proxy.config.model import ChannelConfig
-from proxy.redact import Redactor
-from proxy.resilience import ChannelHealth
-from proxy.routes import Route
+from proxy.request.redact import Redactor
+from proxy.policy.resilience import ChannelHealth
+from proxy.wire.routes import Route
 from proxy.upstream import UpstreamPool
 
 class Channel:
@@ -28,7 +28,7 @@ class Channel:
         self.priority = config.priority
         self.weight = config.weight
         self.credential = config.credential
-        # What the upstream echoes of its credential never reaches a client (proxy.relay).
+        # What the upstream echoes of its credential never reaches a client (proxy.request.relay).
         self.redactor = Redactor(config.credential) if config.credential else None
         self.timeouts = config.timeouts
         self._models = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in config.models))
@@ -36,7 +36,7 @@ class Channel:
         self._endpoints = frozenset(config.endpoints) if config.endpoints is not None else None
         self._rename = dict(config.rename)
         self.pool: UpstreamPool | None = None
-        self.health = health or ChannelHealth()  # its breaker and health check (proxy/resilience.py)
+        self.health = health or ChannelHealth()  # its breaker and health check (proxy/policy/resilience.py)
 
     async def open(self) -> None:
         timeouts, pool = self.timeouts, self.config.pool

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.channels import Channel, ChannelSet
+from proxy.policy.channels import Channel, ChannelSet
 from proxy.config.model import GatewayConfig
 from proxy.formats.base import Format
-from proxy.keys import GatewayKey
+from proxy.policy.keys import GatewayKey
 from proxy.observability.metrics import SPEC_MODELS
 
 _FAMILIES = (("msgmodel-", "messages"), ("genmodel-", "content"), ("picmodel-", "content"),

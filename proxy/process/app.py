@@ -13,23 +13,23 @@ from aiohttp import web
 from aiohttp.web_urldispatcher import PlainResource
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from proxy import jsonutil
-from proxy.affinity import Affinity
-from proxy.channels import Channel
-from proxy.client_limits import ConnectionCount
+from proxy.wire import jsonutil
+from proxy.request.affinity import Affinity
+from proxy.policy.channels import Channel
+from proxy.request.client_limits import ConnectionCount
 from proxy.config import ConfigError, LoadedConfig, load_config
-from proxy.drain import Drain, close_when_draining
+from proxy.process.drain import Drain, close_when_draining
 from proxy.formats import ACCOUNT, CONTENT, MESSAGES
 from proxy.formats.base import Format
-from proxy.gateway import Gateway
-from proxy.log_guard import guard_aiohttp_logs
+from proxy.request.gateway import Gateway
+from proxy.process.log_guard import guard_aiohttp_logs
 from proxy.observability.metrics import count_reload, exposition, set_config_info
 from proxy.observability.tracing import Tracing
 from proxy.plugin import PluginRoute
-from proxy.readiness import StoreProbe
+from proxy.process.readiness import StoreProbe
 from proxy.registry import plugin_routes
-from proxy.routes import ALIASES, ROUTES, Route
-from proxy.runtime import Runtime
+from proxy.wire.routes import ALIASES, ROUTES, Route
+from proxy.process.runtime import Runtime
 from proxy.state import StateStore, make_store
 
 if TYPE_CHECKING:

@@ -2,10 +2,10 @@
 what became of it.
 
 Each part has one owner. What the client sent (route, target, path parameters, model, stream
-flag, body as read) is set by the gateway and proxy/body.py before the pipeline runs. The request
+flag, body as read) is set by the gateway and proxy/request/body.py before the pipeline runs. The request
 to forward (upstream headers, body) starts as the client's and is shaped by plugins; the caller
 (`key`) is set by the plugin that provides it; the routing decision (`channel`, `upstream_model`,
-the followed id's record) by the gateway, the forwarder and proxy/affinity.py. `outcome` (status,
+the followed id's record) by the gateway, the forwarder and proxy/request/affinity.py. `outcome` (status,
 bytes, timings, error) is written only by the forwarder and the relay, and by the gateway for the
 answers it makes itself; everything after reads it. The body is parsed at most once, and only
 when something asks; bytes nobody changed are forwarded as the client sent them.
@@ -22,17 +22,17 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy import jsonutil
+from proxy.wire import jsonutil
 from proxy.formats import Format, Usage
-from proxy.headers import content_codings
-from proxy.keys import GatewayKey
-from proxy.multipart import MultipartObserver
-from proxy.routes import Route
+from proxy.request.headers import content_codings
+from proxy.policy.keys import GatewayKey
+from proxy.wire.multipart import MultipartObserver
+from proxy.wire.routes import Route
 
 if TYPE_CHECKING:
-    from proxy.affinity import PinRecord
-    from proxy.channels import Channel
-    from proxy.target import Target
+    from proxy.request.affinity import PinRecord
+    from proxy.policy.channels import Channel
+    from proxy.request.target import Target
 
 _UNPARSED = object()
 DECODED_LIMIT = 64 * 1024 * 1024  # the most of a decoded answer body the gateway will hold
@@ -86,12 +86,7 @@ class Exchange:
     def json(self) -> Any:
         """The request body as JSON (parsed on first use); None for a body that is not JSON."""
         if self._json is _UNPARSED:
-            self._json = None
-            if self.body:
-                try:
-                    self._json = jsonutil.loads(self.body)
-                except jsonutil.JSONDecodeError:
-                    pass
+            self._json = _parsed(self.body)
         return self._json
 
     def set_json(self, value: Any) -> None:
@@ -217,16 +212,10 @@ class UpstreamResponse:
 
     def json(self) -> Any:
         if self._json is _UNPARSED:
-            self._json = None
             try:
-                raw = self.decoded_body() if self.is_json else None
+                self._json = _parsed(self.decoded_body() if self.is_json else None)
             except AnswerTooLarge:
-                raw = None
-            if raw:
-                try:
-                    self._json = jsonutil.loads(raw)
-                except jsonutil.JSONDecodeError:
-                    pass
+                self._json = None
         return self._json
 
     def set_json(self, value: Any) -> None:
@@ -235,3 +224,13 @@ class UpstreamResponse:
         self.headers.popall("content-encoding", None)
         self.headers["Content-Type"] = "application/json"
         self.changed = True
+
+
+def _parsed(raw: bytes | None) -> Any:
+    """JSON from bytes; None for none, or for bytes that are not JSON."""
+    if not raw:
+        return None
+    try:
+        return jsonutil.loads(raw)
+    except jsonutil.JSONDecodeError:
+        return None

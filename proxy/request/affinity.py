@@ -1,14 +1,14 @@
 """Affinity: a video task or response id leads back to the channel, and the tenant, that made it.
 
 The id the client holds is the upstream's own, unchanged; the gateway remembers which
-channel issued it, and for which tenant (proxy.keys.GatewayKey.tenant), in the state store
+channel issued it, and for which tenant (proxy.policy.keys.GatewayKey.tenant), in the state store
 (memory, or Redis shared by every instance). So a status poll, a download or a
 `previous_response_id` lands on the same channel from any gateway instance, and the auth
 plugin can refuse it to any other tenant: every key shares the channel's credential, so the
 upstream alone cannot tell them apart.
 
 A record is written only where none is: an id never changes hands. A video task id goes into
-follow-up paths, so it must keep to the task-id grammar (proxy/target.py) and be the gateway's
+follow-up paths, so it must keep to the task-id grammar (proxy/request/target.py) and be the gateway's
 to give: an upstream id that breaks the grammar (`models/x/operations/1`), or that another
 channel or request already holds, is never handed out. The client gets an alias of the
 gateway's own, and follow-ups send the upstream's id, from the record, re-quoted as one path
@@ -30,13 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy import jsonutil
-from proxy.exchange import Exchange
+from proxy.wire import jsonutil
+from proxy.request.exchange import Exchange
 from proxy.observability.metrics import PENDING_PINS, PINS_DROPPED
-from proxy.routes import Pin
-from proxy.sse import SSEEvent
+from proxy.wire.routes import Pin
+from proxy.wire.sse import SSEEvent
 from proxy.state import StateStore
-from proxy.target import PARAM_GRAMMAR
+from proxy.request.target import PARAM_GRAMMAR
 
 log = logging.getLogger("modelgate.affinity")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from proxy import jsonutil
+from proxy.wire import jsonutil
 
 # A blank line ends an event; lines end in CRLF, LF or CR (WHATWG HTML, 9.2.6).
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r|\n\r\n|\r\n\n")

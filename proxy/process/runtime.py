@@ -12,16 +12,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from proxy.channels import Channel, ChannelSet
+from proxy.policy.channels import Channel, ChannelSet
 from proxy.config import LoadedConfig
-from proxy.health_checks import HealthChecks
-from proxy.keys import KeyRing
+from proxy.policy.health_checks import HealthChecks
+from proxy.policy.keys import KeyRing
 from proxy.observability.observer import Observer
 from proxy.pipeline import Pipeline
-from proxy.resilience import ChannelHealth
+from proxy.policy.resilience import ChannelHealth
 from proxy.plugin import Plugin
 from proxy.registry import build_plugin, plugin_names
-from proxy.routes import ROUTES
+from proxy.wire.routes import ROUTES
 
 if TYPE_CHECKING:
     from proxy.config.model import ChannelConfig

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.command in extra:
         return extra[args.command].run(loaded.config, args)
-    from proxy.server import serve as run
+    from proxy.process.server import serve as run
 
     return run(loaded, path)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from proxy.channels import Channel
+from proxy.policy.channels import Channel
 from proxy.config.model import HealthCheck
 from proxy.observability import metrics as m
 from proxy.upstream import PoolExhausted, UpstreamError

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 from aiohttp import StreamReader, web
 
-from proxy.exchange import Exchange
-from proxy.headers import content_codings
-from proxy.multipart import MultipartObserver
-from proxy.routes import Body
+from proxy.request.exchange import Exchange
+from proxy.request.headers import content_codings
+from proxy.wire.multipart import MultipartObserver
+from proxy.wire.routes import Body
 from proxy.schemas.common import Violation
 
 _SPOOL_IN_MEMORY = 4 * 1024 * 1024
