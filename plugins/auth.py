@@ -15,15 +15,13 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from aiohttp import web
-
 from prometheus_client import Counter
 
 from proxy.config import GatewayConfig
-from proxy.request.exchange import Exchange
 from proxy.formats.base import KeyLocation
-from proxy.policy.keys import KeyRing
-
 from proxy.plugin import Joins, Plugin
+from proxy.policy.keys import KeyRing
+from proxy.request.exchange import Exchange
 from proxy.wire.routes import Pin
 
 AUTH_REFUSALS = Counter("modelgate_auth_refusals", "Requests refused by the auth plugin", ["route", "reason"])

@@ -22,11 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from proxy.config import GatewayConfig
 from proxy.config.model import Rates
-from proxy.request.exchange import Exchange
 from proxy.limits import Check, Kind, Limiter, LimiterUnavailable
 from proxy.limits.memory import MemoryLimiter
 from proxy.observability.metrics import child
 from proxy.plugin import Joins, Plugin
+from proxy.request.exchange import Exchange
 from proxy.wire.routes import ROUTE_NAMES
 
 RATELIMIT_DECISIONS = Counter("modelgate_ratelimit_decisions", "Rate-limit decisions by policy",

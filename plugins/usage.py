@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.plugin import Joins, Plugin
+from proxy.request.exchange import Exchange, UpstreamResponse
 
 
 class UsageCapture(Plugin):

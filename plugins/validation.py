@@ -12,17 +12,17 @@ from aiohttp import web
 from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError
 
-from proxy.request.body import MultipartBody
 from proxy.config import GatewayConfig
-from proxy.request.exchange import Exchange
-from proxy.wire.multipart import MultipartObserver
 from proxy.observability.metrics import rule_label
 from proxy.plugin import Joins, Plugin
-from proxy.wire.routes import Body
-from proxy.schemas import JSON_SCHEMAS, GenerateContentRequest, ImageEditForm, Violation, VideosRequest, check
+from proxy.request.body import MultipartBody
+from proxy.request.exchange import Exchange
+from proxy.schemas import JSON_SCHEMAS, GenerateContentRequest, ImageEditForm, VideosRequest, Violation, check
 from proxy.schemas.common import first_violation, violation_of
 from proxy.schemas.imagefiles import sniff
 from proxy.schemas.images import MAX_EDIT_IMAGES, MAX_IMAGE_BYTES, MAX_MASK_BYTES
+from proxy.wire.multipart import MultipartObserver
+from proxy.wire.routes import Body
 
 VALIDATION_FAILURES = Counter("modelgate_validation_failures", "Requests refused by a validation rule",
                               ["route", "rule"])

@@ -25,14 +25,13 @@ from multidict import CIMultiDict
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 
-from proxy.wire import jsonutil
 from proxy.config import GatewayConfig
-from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.formats import VIDEO
-
 from proxy.plugin import Joins, Plugin
+from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.request.public_url import public_base_url
 from proxy.state import StateStore, make_store
+from proxy.wire import jsonutil
 
 VIDEO_OUTCOMES = Counter("modelgate_video_tasks_finished", "Video tasks seen finishing, by outcome "
                          "(succeeded, failed, filtered)", ["outcome"])

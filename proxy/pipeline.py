@@ -9,9 +9,9 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.observability.tracing import child_span
 from proxy.plugin import Plugin
+from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.wire.sse import SSEEvent
 
 log = logging.getLogger("modelgate.pipeline")

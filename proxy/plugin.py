@@ -32,8 +32,8 @@ from proxy.wire.routes import Route
 from proxy.wire.sse import SSEEvent
 
 if TYPE_CHECKING:
-    from proxy.policy.channels import ChannelSet
     from proxy.config import GatewayConfig
+    from proxy.policy.channels import ChannelSet
 
 @dataclass(slots=True, frozen=True)
 class Capability:

@@ -11,8 +11,8 @@ from functools import partial
 
 from aiohttp import web
 
-from proxy.wire import jsonutil
 from proxy.config.model import SimulatorSettings
+from proxy.wire import jsonutil
 from simulator import account, chat, companions, media, video
 from simulator.core import Simulator, answer_early
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.wire import jsonutil
 from proxy.formats import CONTENT, MESSAGES, RESPONSES
+from proxy.wire import jsonutil
 from simulator.core import Answer, Simulator, count_words, json_answer, now, sse, stream, words
 from simulator.media import is_image_model, png_base64
 

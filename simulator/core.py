@@ -26,10 +26,10 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.wire import jsonutil
 from proxy.config.model import SimulatorSettings
 from proxy.formats import Format
 from proxy.formats.base import KeyLocation
+from proxy.wire import jsonutil
 from proxy.wire.multipart import MultipartObserver
 
 _WORDS = ("the quick brown fox jumps over a lazy dog while simulated models answer every "

@@ -17,9 +17,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.process.app import APP_KEY, GatewayApp, build_app
-from proxy.policy.channels import Channel
 from proxy.config import load_config
+from proxy.policy.channels import Channel
+from proxy.process.app import APP_KEY, GatewayApp, build_app
 from proxy.process.server import start_runner
 from simulator.core import Simulator
 

@@ -7,8 +7,8 @@ from typing import ClassVar
 from aiohttp import web
 from pydantic import BaseModel
 
-from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.plugin import Plugin
+from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.wire.sse import SSEEvent
 
 

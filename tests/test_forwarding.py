@@ -9,8 +9,8 @@ import re
 import aiohttp
 import pytest
 
-from tests.scripted_upstream import OK, Scripted, scripted
 from tests.conftest import MESSAGE_HEADERS
+from tests.scripted_upstream import OK, Scripted, scripted
 
 MSG_HEADERS = {**MESSAGE_HEADERS, "Content-Type": "application/json"}
 

@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 
-from tests.scripted_upstream import OK, Scripted
 from tests.conftest import BEARER
+from tests.scripted_upstream import OK, Scripted
 
 MSG = {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"}
 ONCE_ONLY = {

@@ -13,8 +13,8 @@ from urllib.parse import quote, unquote
 
 import pytest
 
-from proxy.wire.routes import ROUTES
 from proxy.request.target import PARAM_GRAMMAR
+from proxy.wire.routes import ROUTES
 from tests.raw_http import Answerer, Received, json_answer, recording_upstream, send_raw, spec_answer
 
 ALICE, ALICE_TOO, BOB, GEN_ONLY = "sk-alice-0000001", "sk-alice-0000002", "sk-bob-00000001", "sk-gen-00000001"

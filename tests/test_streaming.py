@@ -10,8 +10,8 @@ import uuid
 import aiohttp
 import pytest
 
-from tests.sse import read_events
 from tests.conftest import BEARER
+from tests.sse import read_events
 
 GAP_MS = 300
 MSG = {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"}

@@ -16,8 +16,8 @@ import pytest
 
 from proxy.upstream import BadAnswer, UpstreamPool
 from proxy.upstream.parser import AnswerParser
-from tests.scripted_upstream import Scripted, first_then_numbered, numbered, read_all
 from tests.conftest import MESSAGE_HEADERS
+from tests.scripted_upstream import Scripted, first_then_numbered, numbered, read_all
 
 MSG_HEADERS = {**MESSAGE_HEADERS, "Content-Type": "application/json"}
 MESSAGE = {"model": "msgmodel-haiku-4-5", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}

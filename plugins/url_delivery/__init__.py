@@ -26,13 +26,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from plugins.url_delivery.service import PATH, DeliveryService, raster_type
 from plugins.url_delivery.signing import Signer
 from plugins.url_delivery.stores import BlobStore, LocalStore, RedisBlobStore, StoreError
-from proxy.request.body import FormCheck, MultipartBody
 from proxy.config import GatewayConfig
-from proxy.request.exchange import AnswerLimit, AnswerTooLarge, Exchange, UpstreamResponse
 from proxy.formats import ACCOUNT
-from proxy.wire.multipart import MultipartObserver
 from proxy.plugin import Joins, Plugin, PluginRoute
+from proxy.request.body import FormCheck, MultipartBody
+from proxy.request.exchange import AnswerLimit, AnswerTooLarge, Exchange, UpstreamResponse
 from proxy.schemas.common import Violation
+from proxy.wire.multipart import MultipartObserver
 
 URL_DELIVERY = Counter("modelgate_url_delivery", "URL-delivery outcomes per answer: stored, native (the upstream's "
                        "own URLs), fallback (Base64), failed (strict), unavailable (refused before the upstream)",

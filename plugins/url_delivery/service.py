@@ -18,11 +18,11 @@ from email.utils import formatdate
 
 from aiohttp import web
 
-from proxy.wire import jsonutil
-from proxy.config.model import ServerConfig
 from plugins.url_delivery.signing import Signer
 from plugins.url_delivery.stores import Blob, BlobStore, StoreError
+from proxy.config.model import ServerConfig
 from proxy.request.public_url import public_base_url
+from proxy.wire import jsonutil
 
 PATH = "/images/{blob_id}"
 RASTER_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif"})

@@ -20,7 +20,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
-
 log = logging.getLogger("modelgate.delivery")
 
 

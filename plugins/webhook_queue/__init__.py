@@ -16,10 +16,10 @@ from aiohttp import web
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 
-from proxy.wire import jsonutil
 from proxy.config import GatewayConfig
-from proxy.request.exchange import Exchange
 from proxy.plugin import Joins, Plugin, PluginCommand
+from proxy.request.exchange import Exchange
+from proxy.wire import jsonutil
 from proxy.wire.routes import ROUTES_BY_NAME
 
 WEBHOOK_QUEUED = Counter("modelgate_webhooks_queued", "Payment webhooks offered to the durable queue, by outcome "

@@ -9,8 +9,8 @@ import hashlib
 import json
 import sys
 
-from proxy.config import GatewayConfig
 from plugins.webhook_queue.queue import QueuedWebhook, RedisError, Shelf
+from proxy.config import GatewayConfig
 
 
 def arguments(webhooks: argparse.ArgumentParser) -> None:

@@ -19,8 +19,8 @@ from prometheus_client import Counter, Gauge
 
 from plugins.webhook_queue.queue import QueuedWebhook, RedisError, Shelf, WebhookQueue
 from proxy.policy.channels import ChannelSet
-from proxy.wire.routes import Route
 from proxy.upstream import PoolExhausted, UpstreamError
+from proxy.wire.routes import Route
 
 WEBHOOK_DELIVERIES = Counter("modelgate_webhook_deliveries", "Queued webhook delivery attempts, by result "
                              "(delivered, dead: refused by the backend, retry)", ["result"])

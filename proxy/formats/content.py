@@ -6,8 +6,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from proxy.wire import jsonutil
 from proxy.formats.base import EmbeddedImage, Format, KeyLocation, Usage, token_count
+from proxy.wire import jsonutil
 from proxy.wire.sse import SSEEvent
 
 STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-
-from proxy.wire import jsonutil
 from proxy.formats.base import Format, KeyLocation, Usage
+from proxy.wire import jsonutil
 from proxy.wire.sse import SSEEvent
 
 _TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})

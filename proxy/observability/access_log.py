@@ -16,9 +16,8 @@ import orjson
 import structlog
 
 from proxy.config.model import LoggingConfig
-from proxy.request.exchange import Exchange
 from proxy.observability.tracing import ids
-
+from proxy.request.exchange import Exchange
 
 
 class AccessLog:

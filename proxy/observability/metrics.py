@@ -13,13 +13,20 @@ import os
 import re
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import multiprocess
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 
 from proxy.config.model import GatewayConfig
+from proxy.process.workers import WORKER_ENV
 from proxy.schemas.images import IMAGE_MODELS
 from proxy.schemas.video import VIDEO_MODELS
-from proxy.process.workers import WORKER_ENV
 
 SPEC_MODELS = frozenset({
     *IMAGE_MODELS, *VIDEO_MODELS,

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.policy.channels import Channel, ChannelSet
 from proxy.config.model import GatewayConfig
 from proxy.formats.base import Format
-from proxy.policy.keys import GatewayKey
 from proxy.observability.metrics import SPEC_MODELS
+from proxy.policy.channels import Channel, ChannelSet
+from proxy.policy.keys import GatewayKey
 
 _FAMILIES = (("msgmodel-", "messages"), ("genmodel-", "content"), ("picmodel-", "content"),
              ("respmodel-", "responses"), ("imagegen-", "images"), ("videogen-", "video"))

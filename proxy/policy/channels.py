@@ -12,10 +12,11 @@ import random
 import re
 
 from proxy.config.model import ChannelConfig
-from proxy.request.redact import Redactor
 from proxy.policy.resilience import ChannelHealth
-from proxy.wire.routes import Route
+from proxy.request.redact import Redactor
 from proxy.upstream import UpstreamPool
+from proxy.wire.routes import Route
+
 
 class Channel:
     __slots__ = ("config", "name", "base_url", "priority", "weight", "credential", "redactor", "timeouts",

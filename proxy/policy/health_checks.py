@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from proxy.policy.channels import Channel
 from proxy.config.model import HealthCheck
 from proxy.observability import metrics as m
+from proxy.policy.channels import Channel
 from proxy.upstream import PoolExhausted, UpstreamError
 
 log = logging.getLogger("modelgate.health")

@@ -13,24 +13,24 @@ from aiohttp import web
 from aiohttp.web_urldispatcher import PlainResource
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from proxy.wire import jsonutil
-from proxy.request.affinity import Affinity
-from proxy.policy.channels import Channel
-from proxy.request.client_limits import ConnectionCount
 from proxy.config import ConfigError, LoadedConfig, load_config
-from proxy.process.drain import Drain, close_when_draining
 from proxy.formats import ACCOUNT, CONTENT, MESSAGES
 from proxy.formats.base import Format
-from proxy.request.gateway import Gateway
-from proxy.process.log_guard import guard_aiohttp_logs
 from proxy.observability.metrics import count_reload, exposition, set_config_info
 from proxy.observability.tracing import Tracing
 from proxy.plugin import PluginRoute
+from proxy.policy.channels import Channel
+from proxy.process.drain import Drain, close_when_draining
+from proxy.process.log_guard import guard_aiohttp_logs
 from proxy.process.readiness import StoreProbe
-from proxy.registry import plugin_routes
-from proxy.wire.routes import ALIASES, ROUTES, Route
 from proxy.process.runtime import Runtime
+from proxy.registry import plugin_routes
+from proxy.request.affinity import Affinity
+from proxy.request.client_limits import ConnectionCount
+from proxy.request.gateway import Gateway
 from proxy.state import StateStore, make_store
+from proxy.wire import jsonutil
+from proxy.wire.routes import ALIASES, ROUTES, Route
 
 if TYPE_CHECKING:
     from proxy.config.model import ChannelConfig

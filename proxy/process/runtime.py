@@ -12,14 +12,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from proxy.policy.channels import Channel, ChannelSet
 from proxy.config import LoadedConfig
-from proxy.policy.health_checks import HealthChecks
-from proxy.policy.keys import KeyRing
 from proxy.observability.observer import Observer
 from proxy.pipeline import Pipeline
-from proxy.policy.resilience import ChannelHealth
 from proxy.plugin import Plugin
+from proxy.policy.channels import Channel, ChannelSet
+from proxy.policy.health_checks import HealthChecks
+from proxy.policy.keys import KeyRing
+from proxy.policy.resilience import ChannelHealth
 from proxy.registry import build_plugin, plugin_names
 from proxy.wire.routes import ROUTES
 

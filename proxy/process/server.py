@@ -12,12 +12,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from proxy.observability.access_log import configure_logging
-from proxy.process.app import APP_KEY, build_app
-from proxy.request.client_limits import parser_limits
 from proxy.config import LoadedConfig, text_digest
 from proxy.config.model import ServerConfig, worker_count
+from proxy.observability.access_log import configure_logging
+from proxy.process.app import APP_KEY, build_app
 from proxy.process.workers import RELOAD_ENV, Supervisor, bind_to_supervisor, is_worker, port_taken
+from proxy.request.client_limits import parser_limits
 
 log = logging.getLogger("modelgate.server")
 

@@ -20,7 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 log = logging.getLogger("modelgate.workers")
 
 WORKER_ENV = "MODELGATE_WORKER"

@@ -30,13 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.wire import jsonutil
-from proxy.request.exchange import Exchange
 from proxy.observability.metrics import PENDING_PINS, PINS_DROPPED
+from proxy.request.exchange import Exchange
+from proxy.request.target import PARAM_GRAMMAR
+from proxy.state import StateStore
+from proxy.wire import jsonutil
 from proxy.wire.routes import Pin
 from proxy.wire.sse import SSEEvent
-from proxy.state import StateStore
-from proxy.request.target import PARAM_GRAMMAR
 
 log = logging.getLogger("modelgate.affinity")
 

@@ -16,9 +16,9 @@ from aiohttp import StreamReader, web
 
 from proxy.request.exchange import Exchange
 from proxy.request.headers import content_codings
+from proxy.schemas.common import Violation
 from proxy.wire.multipart import MultipartObserver
 from proxy.wire.routes import Body
-from proxy.schemas.common import Violation
 
 _SPOOL_IN_MEMORY = 4 * 1024 * 1024
 _MEDIA_TYPE = re.compile(r"(?:application|text|multipart|image|audio|video|font|model|message)/[A-Za-z0-9.+-]{1,64}")

@@ -15,23 +15,23 @@ from __future__ import annotations
 
 import time
 import zlib
-from dataclasses import dataclass
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.wire import jsonutil
 from proxy.formats import Format, Usage
-from proxy.request.headers import content_codings
 from proxy.policy.keys import GatewayKey
+from proxy.request.headers import content_codings
+from proxy.wire import jsonutil
 from proxy.wire.multipart import MultipartObserver
 from proxy.wire.routes import Route
 
 if TYPE_CHECKING:
-    from proxy.request.affinity import PinRecord
     from proxy.policy.channels import Channel
+    from proxy.request.affinity import PinRecord
     from proxy.request.target import Target
 
 _UNPARSED = object()

@@ -19,19 +19,29 @@ from enum import Enum
 from aiohttp import web
 from opentelemetry.trace import Span, SpanKind
 
-from proxy.request.affinity import Affinity
-from proxy.request.body import MultipartBody
-from proxy.policy.channels import Channel
-from proxy.process.drain import Drain
-from proxy.request.exchange import Exchange
 from proxy.formats import ACCOUNT
 from proxy.observability.tracing import inject, start_child
 from proxy.pipeline import Pipeline
-from proxy.request.relay import Relay
-from proxy.wire.routes import CHAT_ROUTES, ModelFrom, Pin
+from proxy.policy.channels import Channel
+from proxy.process.drain import Drain
 from proxy.process.runtime import Runtime
-from proxy.upstream import (BadAnswer, ConnectFailed, ConnectionLost, ConnectTimeout, InvalidRequest, PoolExhausted,
-                            RequestBodyFailed, UpstreamError, UpstreamTimeout, Written)
+from proxy.request.affinity import Affinity
+from proxy.request.body import MultipartBody
+from proxy.request.exchange import Exchange
+from proxy.request.relay import Relay
+from proxy.upstream import (
+    BadAnswer,
+    ConnectFailed,
+    ConnectionLost,
+    ConnectTimeout,
+    InvalidRequest,
+    PoolExhausted,
+    RequestBodyFailed,
+    UpstreamError,
+    UpstreamTimeout,
+    Written,
+)
+from proxy.wire.routes import CHAT_ROUTES, ModelFrom, Pin
 
 _IDEMPOTENT = frozenset({"GET", "HEAD"})
 

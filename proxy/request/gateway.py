@@ -12,22 +12,22 @@ import time
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.wire import jsonutil
+from proxy.config.model import ServerConfig
 from proxy.observability.access_log import log_exchange
+from proxy.observability.tracing import Tracing, end_request
+from proxy.policy.catalog import listing
+from proxy.process.drain import Drain
+from proxy.process.runtime import Runtime
 from proxy.request.affinity import Affinity, StateUnavailable
 from proxy.request.body import BodyError, read_body
-from proxy.policy.catalog import listing
 from proxy.request.client_limits import ConnectionCount, header_problem
-from proxy.config.model import ServerConfig
 from proxy.request.deciding_fields import resolve_model, settle_json
-from proxy.process.drain import Drain
 from proxy.request.exchange import Exchange
 from proxy.request.forwarder import Forwarder
 from proxy.request.headers import add_forwarding, end_to_end
-from proxy.observability.tracing import Tracing, end_request
-from proxy.wire.routes import Route
-from proxy.process.runtime import Runtime
 from proxy.request.target import TargetError, build_target
+from proxy.wire import jsonutil
+from proxy.wire.routes import Route
 
 log = logging.getLogger("modelgate.gateway")
 

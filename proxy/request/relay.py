@@ -19,21 +19,21 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.request.client_limits import ReaderWatch
-from proxy.process.drain import SHUTTING_DOWN, Drain
-from proxy.request.exchange import AnswerTooLarge, Exchange, UpstreamResponse
-from proxy.request.headers import content_codings, end_to_end
 from proxy.observability.observer import Observer
 from proxy.observability.tracing import start_child
 from proxy.pipeline import Pipeline, plugin_name
+from proxy.process.drain import SHUTTING_DOWN, Drain
+from proxy.request.client_limits import ReaderWatch
+from proxy.request.exchange import AnswerTooLarge, Exchange, UpstreamResponse
+from proxy.request.headers import content_codings, end_to_end
 from proxy.request.redact import Redactor, StreamRedactor
+from proxy.upstream import Answer, UpstreamError
 from proxy.wire.routes import Pin
 from proxy.wire.sse import SSEParser
-from proxy.upstream import Answer, UpstreamError
 
 if TYPE_CHECKING:
-    from proxy.request.affinity import Affinity
     from proxy.policy.channels import Channel
+    from proxy.request.affinity import Affinity
 
 log = logging.getLogger("modelgate.relay")
 

@@ -15,9 +15,9 @@ from pydantic.json_schema import models_json_schema
 
 from proxy import __version__
 from proxy.formats.base import KeyLocation
-from proxy.wire.routes import ROUTES, Body, Route
 from proxy.schemas import JSON_SCHEMAS
 from proxy.schemas.images import ImageEditForm
+from proxy.wire.routes import ROUTES, Body, Route
 
 _REF = "#/components/schemas/{model}"
 _SECURITY = {KeyLocation.BEARER: "bearer", KeyLocation.X_API_KEY: "apiKeyHeader", KeyLocation.QUERY: "apiKeyQuery",
