@@ -25,10 +25,9 @@ from proxy.config.model import (
     SimulatorSettings,
     StateConfig,
     Timeouts,
-    all_field_names,
-    cross_section_problems,
     worker_count,
 )
+from proxy.config.problems import all_field_names, cross_section_problems
 
 __all__ = [
     "ChannelConfig", "ConfigError", "GatewayConfig", "LoadedConfig", "RouteConfig", "ServerConfig",
