@@ -84,6 +84,17 @@ class Format:
     json_content_type: ClassVar[str] = "application/json"
     reports_usage: ClassVar[bool] = False  # its answers and stream events say how many tokens they cost
 
+    # Where an answer of this format names the id it creates (a task, a response), in order.
+    id_fields: ClassVar[tuple[str, ...]] = ("id",)
+
+    def created_id_event(self, event: SSEEvent) -> tuple[bool, Any]:
+        """Whether this stream event is the one naming the id the answer creates, and that id."""
+        return False, None
+
+    def followed_in_body(self, body: Any) -> str | None:
+        """The id of an earlier answer a request body follows (None: it follows none)."""
+        return None
+
     def asks_for_image_urls(self, body: Any) -> bool:
         """Whether a request body asks for images as temporary URLs rather than Base64."""
         return False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from proxy.formats.base import Format, KeyLocation, Usage
 from proxy.wire import jsonutil
 from proxy.wire.sse import SSEEvent
@@ -13,6 +15,17 @@ class ResponseFormat(Format):
     name = "responses"
     reports_usage = True
     key_location = KeyLocation.BEARER
+
+    def created_id_event(self, event: SSEEvent) -> tuple[bool, Any]:
+        if event.name != "response.created" and b'"response.created"' not in event.raw:
+            return False, None
+        data = event.json()
+        response = data.get("response") if isinstance(data, dict) else None
+        return True, response.get("id") if isinstance(response, dict) else None
+
+    def followed_in_body(self, body: Any) -> str | None:
+        ref = body.get("previous_response_id") if isinstance(body, dict) else None
+        return ref if isinstance(ref, str) else None
 
     def usage_from_event(self, event: SSEEvent) -> Usage | None:
         if event.name not in _TERMINAL_EVENTS and b'"usage":{' not in event.raw:

@@ -19,6 +19,7 @@ TASK_FIELDS = ("model", "created_at", "prompt", "seconds", "size")
 
 class VideoTasks(Format):
     name = "video"
+    id_fields = ("task_id", "id")  # the spec's task_id, the video SDK's id
     key_location = KeyLocation.BEARER
 
     @staticmethod

@@ -201,7 +201,7 @@ class Affinity:
         pin = ex.route.creates
         if pin is None or not isinstance(body, dict):
             return False
-        fields = ("task_id", "id") if pin is Pin.VIDEO_TASK else ("id",)
+        fields = ex.format.id_fields
         ref = next((body[f] for f in fields if body.get(f)), None)
         handed_out = await self.remember(ex, pin, ref)
         if handed_out is None or handed_out == ref:
@@ -212,14 +212,11 @@ class Affinity:
         return True
 
     async def remember_from_event(self, ex: Exchange, event: SSEEvent) -> bool:
-        """Record the response id of a `response.created` event; True once done."""
-        if event.name != "response.created" and b'"response.created"' not in event.raw:
-            return False
-        data = event.json()
-        response = data.get("response") if isinstance(data, dict) else None
-        if isinstance(response, dict):
-            await self.remember(ex, Pin.RESPONSE, response.get("id"))
-        return True
+        """Record the id the stream's event naming it carries; True once done."""
+        found, ref = ex.format.created_id_event(event)
+        if found and ref is not None and ex.route.creates is not None:
+            await self.remember(ex, ex.route.creates, ref)
+        return found
 
 
 def followed_id(ex: Exchange, pin: Pin) -> str | None:
@@ -227,9 +224,7 @@ def followed_id(ex: Exchange, pin: Pin) -> str | None:
         return ex.path_params.get("task_id")
     if "response_id" in ex.path_params:  # a stored response, retrieved, deleted or cancelled
         return ex.path_params["response_id"]
-    body = ex.json()
-    ref = body.get("previous_response_id") if isinstance(body, dict) else None
-    return ref if isinstance(ref, str) else None
+    return ex.format.followed_in_body(ex.json())
 
 
 def _record(raw: str) -> PinRecord:
