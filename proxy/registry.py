@@ -154,7 +154,8 @@ def _model_problems(model: type[BaseModel] | None, where: str, values: dict[str,
     try:
         model.model_validate(values)
     except ValidationError as exc:
-        return [f"{where}." + ".".join(str(p) for p in err["loc"]) + f": {err['msg']}" for err in exc.errors()]
+        return [f"{where}." + ".".join(str(p) for p in err["loc"]) + f": {err['msg'][:1].lower()}{err['msg'][1:]}"
+                for err in exc.errors()]
     return []
 
 

@@ -110,7 +110,7 @@ async def test_the_readme_plugin_runs_as_it_is(start_gateway, http, tmp_path: Pa
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     code = re.search(r"```python\n(from datetime .*?)```", readme, re.S)
-    config = re.search(r"```yaml\n(routes:\n  messages: \{plugins: \[auth, mycompany.*?)```", readme, re.S)
+    config = re.search(r"```yaml\n(routes:\n  # a configured list.*?)```", readme, re.S)
     assert code is not None and config is not None
     (tmp_path / "mycompany").mkdir()
     (tmp_path / "mycompany" / "__init__.py").write_text("")

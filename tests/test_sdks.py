@@ -221,6 +221,26 @@ LITELLM_VENV = Path(__file__).parent.parent / ".venv-litellm"
 LITELLM = ("litellm>=1.106", "mcp>=1.0")  # its responses API imports mcp
 
 
+async def test_image_urls_through_the_images_and_content_sdks(start_gateway, http, tmp_path):  # noqa: ANN001
+    gw = await start_gateway(f"""
+        keys: [{{name: art, key: {DEMO_KEY}, url_delivery: true}}]
+        channels: [{{name: sim, base_url: simulator, accepts_response_format: false}}]
+        plugins: {{url_delivery: {{enabled: true, dir: '{tmp_path}'}}}}
+    """)
+    images = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=DEMO_KEY)
+    made = await images.images.generate(model="imagegen-2", prompt="a lighthouse", response_format="url")
+    content = genai.Client(api_key=DEMO_KEY, http_options=genai_types.HttpOptions(base_url=gw.url))
+    asked = genai_types.GenerateContentConfig(http_options=genai_types.HttpOptions(
+        extra_body={"generationConfig": {"responseFormat": {"image": {"delivery": "URI"}}}}))  # docs/url-delivery.md
+    answer = await content.aio.models.generate_content(model="genmodel-2.5-flash-image", contents="a lighthouse",
+                                                       config=asked)
+    uri = next(p.file_data.file_uri for p in answer.candidates[0].content.parts if p.file_data)
+    for url in (made.data[0].url, uri):
+        assert url.startswith(gw.url + "/images/")  # the gateway's own signed link, not the upstream's
+        async with http.get(url) as fetched:
+            assert fetched.status == 200 and (await fetched.read()).startswith(b"\x89PNG")
+
+
 @pytest.fixture(scope="session")
 def litellm_python() -> Path:
     """.venv-litellm's Python (made here when .ci/run has not made it: about 30 s, once)."""

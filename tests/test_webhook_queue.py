@@ -134,19 +134,20 @@ async def test_a_refused_webhook_is_kept_dead_and_replays_with_the_command(
 
     path = tmp_path / "queue.yaml"
     path.write_text(config)
-    listed = await run_cli("webhooks", "-c", str(path), "list", "--shelf", "dead", "--bodies")
+    listed = await run_cli("webhooks", "list", "--shelf", "dead", "--bodies", "-c", str(path))  # -c last works too
     assert json.loads(listed)["body"] == '{"id":"evt_refused"}'
+    await run_cli("webhooks", "-c", str(path), "replay", "1-0", expect=1)  # no such entry: said, not silently 0
     await run_cli("webhooks", "-c", str(path), "replay", "--all")
     await backend.wait_for(3)
     assert backend.received[2][2] == b'{"id":"evt_refused"}'
     assert await queue.depth(Shelf.DEAD) == 0
 
 
-async def run_cli(*args: str) -> str:
+async def run_cli(*args: str, expect: int = 0) -> str:
     process = await asyncio.create_subprocess_exec(sys.executable, "-m", "proxy", *args, stdout=subprocess.PIPE,
                                                    stderr=subprocess.PIPE, cwd=Path(__file__).parent.parent)
     out, err = await process.communicate()
-    assert process.returncode == 0, err.decode()
+    assert process.returncode == expect, err.decode()
     return out.decode()
 
 

@@ -13,8 +13,11 @@ from plugins.webhook_queue.queue import QueuedWebhook, RedisError, Shelf
 from proxy.config import GatewayConfig
 
 
+_CONFIG_HELP = "config file (default: $MODELGATE_CONFIG, else the embedded defaults)"
+
+
 def arguments(webhooks: argparse.ArgumentParser) -> None:
-    webhooks.add_argument("-c", "--config", help="config file (default: $MODELGATE_CONFIG, else the embedded defaults)")
+    webhooks.add_argument("-c", "--config", help=_CONFIG_HELP)
     actions = webhooks.add_subparsers(dest="action", required=True)
     listing = actions.add_parser("list", help="print the oldest entries of a shelf, one JSON object a line")
     listing.add_argument("--shelf", choices=("pending", "delivered", "dead"), default="pending")
@@ -25,6 +28,8 @@ def arguments(webhooks: argparse.ArgumentParser) -> None:
     which = replay.add_mutually_exclusive_group(required=True)
     which.add_argument("--all", action="store_true", help="every entry of the shelf")
     which.add_argument("ids", nargs="*", default=[], help="entry ids, as `list` prints them")
+    for action in (listing, replay):  # after the action too, where one would type it last
+        action.add_argument("-c", "--config", help=_CONFIG_HELP, default=argparse.SUPPRESS)
 
 
 def run_command(config: GatewayConfig, args: argparse.Namespace) -> int:
@@ -50,6 +55,10 @@ async def _run(config: GatewayConfig, args: argparse.Namespace) -> int:
             for entry_id in queued:
                 print(entry_id)
             print(f"queued {len(queued)} webhook(s) again from {shelf.value}", file=sys.stderr)
+            if not args.all and len(queued) < len(set(args.ids)):
+                print(f"{len(set(args.ids)) - len(queued)} of the ids named are not on {shelf.value} "
+                      "(ids change as entries move between shelves: take them from `list`)", file=sys.stderr)
+                return 1
         return 0
     except (RedisError, OSError) as exc:
         print(f"the webhook queue is unreachable: {exc}", file=sys.stderr)
