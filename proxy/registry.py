@@ -34,8 +34,8 @@ def registered() -> dict[str, str]:
 
 @functools.cache
 def registered_classes() -> dict[str, type[Plugin]]:
-    """Every registered plugin class by its name (one that cannot be imported is left out;
-    naming it in config is what reports why)."""
+    """Every registered plugin class by its name (one that cannot be imported is left out here;
+    `registration_problems` says so, and no config loads while it does)."""
     found = {}
     for name in registered():
         try:
@@ -43,6 +43,34 @@ def registered_classes() -> dict[str, type[Plugin]]:
         except LookupError:
             continue
     return found
+
+
+def registration_problems() -> list[str]:
+    """What is wrong with the plugins installed, whatever the config: none registered at all (a
+    copy of the code without its package metadata would run every route with no auth), one that
+    cannot be imported (it would silently leave the default pipelines it joins), key fields a
+    plugin cannot have."""
+    if not registered():
+        return [f"<plugins>: no plugin is registered ({ENTRY_POINT_GROUP} entry points): the default pipelines "
+                "would be empty, every route open; install the package (pip install -e .) to register them"]
+    problems = []
+    for name in registered():
+        try:
+            resolve_plugin(name)
+        except LookupError as exc:
+            problems.append(f"<plugins>.{name}: registered but {exc}")
+    from proxy.config.model import KeyConfig
+
+    owners: dict[str, str] = {}
+    for name, cls in registered_classes().items():
+        for field in cls.KeySettings.model_fields if cls.KeySettings is not None else ():
+            if field in KeyConfig.model_fields:
+                problems.append(f"<plugins>.{name}: its key field '{field}' is the gateway's own")
+            elif field in owners:
+                problems.append(f"<plugins>.{name}: its key field '{field}' is {owners[field]}'s already")
+            else:
+                owners[field] = name
+    return problems
 
 
 def resolve_plugin(name: str) -> type[Plugin]:
@@ -116,7 +144,7 @@ def check_plugins(tree: dict[str, Any]) -> list[str]:
     """Problems with the plugins a config names, read from the raw tree so they are reported
     alongside every other problem: unknown names, bad settings (of the plugin and on each key),
     and pipelines whose plugins do not get what they require."""
-    problems: list[str] = []
+    problems = registration_problems()
     routes, plugins = tree.get("routes"), tree.get("plugins")
     configured = routes if isinstance(routes, dict) else {}
     for route_name, route in configured.items():
@@ -132,7 +160,11 @@ def check_plugins(tree: dict[str, Any]) -> list[str]:
         if isinstance(names, list):
             problems.extend(order_problems(route, [str(n) for n in names], f"routes.{route.name}.plugins"))
         else:  # a default pipeline is held to the same contract, so a registered plugin cannot break it unseen
-            problems.extend(order_problems(route, default_plugins(route), f"<default pipeline of {route.name}>"))
+            defaults = default_plugins(route)
+            problems.extend(order_problems(route, defaults, f"<default pipeline of {route.name}>"))
+            if route.takes_key and not any("caller" in registered_classes()[n].provides for n in defaults):
+                problems.append(f"<default pipeline of {route.name}>: no registered plugin provides the caller's "
+                                "identity: the route would serve anyone")
     for name, settings in (plugins or {}).items() if isinstance(plugins, dict) else ():
         try:
             cls = resolve_plugin(str(name))

@@ -54,6 +54,8 @@ async def test_url_replaces_base64_and_is_served_without_authorization(gw, http)
     assert 3590 <= max_age <= 3600 and headers["ETag"]
     async with http.get(body["data"][0]["url"], headers={"If-None-Match": headers["ETag"]}) as again:
         assert again.status == 304
+    async with http.head(body["data"][0]["url"]) as head:  # link checkers and caches ask HEAD first
+        assert head.status == 200 and head.headers["Content-Length"] == str(len(data))
 
 
 async def test_native_upstream_urls_pass_through(start_gateway, http, tmp_path):  # noqa: ANN001
@@ -355,3 +357,23 @@ async def test_a_reload_keeps_one_janitor_for_the_local_store(start_gateway, tmp
     janitor = store._janitor.task
     assert await gw.owner.reload() and await gw.owner.reload()
     assert store._janitor.task is janitor and not janitor.done()
+
+
+@pytest.mark.parametrize("route, body, answer", [
+    ("/v1/images/generations", GENERATE, b'{"data":5}'),
+    ("/v1/images/generations", GENERATE, b'{"data":[5,"x",null,{"b64_json":7}]}'),
+    ("/v1beta/models/genmodel-2.5-flash-image:generateContent", CONTENT, b'{"candidates":5}'),
+    ("/v1beta/models/genmodel-2.5-flash-image:generateContent", CONTENT, b'{"candidates":[{"content":{"parts":5}}]}'),
+    ("/v1beta/models/genmodel-2.5-flash-image:generateContent", CONTENT, b'{"candidates":[{"content":5},7]}'),
+])
+async def test_an_upstream_answer_of_another_shape_passes_through_untouched(start_gateway, http, tmp_path,  # noqa: ANN001
+                                                                             route, body, answer):
+    from tests.scripted_upstream import scripted
+
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(answer)
+    async with scripted([head + answer]) as upstream:
+        gw = await start_gateway(config(tmp_path).replace("base_url: simulator", f"base_url: '{upstream.url}'"))
+        headers = {**BEARER, "x-goog-api-key": KEY} if "generateContent" in route else BEARER
+        payload = {**body, "response_format": "url"} if "images" in route else body
+        async with http.post(gw.url + route, json=payload, headers=headers) as sent:
+            assert sent.status == 200 and await sent.read() == answer  # the upstream's, never a 500

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from proxy.config import ConfigError, parse_config
-from proxy.plugin import Joins, Plugin
+from proxy.plugin import Joins, Plugin, PluginCommand
 from proxy.registry import default_plugins, order_problems
 from proxy.wire.routes import ROUTES, ROUTES_BY_NAME
 from tests.conftest import DEMO_KEY, MESSAGE_HEADERS
@@ -134,3 +135,68 @@ async def test_the_readme_plugin_runs_as_it_is(start_gateway, http, tmp_path: Pa
     finally:
         for name in ("mycompany.gateway", "mycompany"):
             sys.modules.pop(name, None)
+
+
+class Registered:
+    """What is registered, for one test: `install(name, target, cls)` adds a plugin, `(name, None)` takes it away."""
+
+    def __init__(self, names: dict[str, str], classes: dict[str, type[Plugin]]) -> None:
+        self.names, self.classes = names, classes
+
+    def install(self, name: str, target: str | None, cls: type[Plugin] | None = None) -> None:
+        self.names.pop(name, None) if target is None else self.names.__setitem__(name, target)
+        self.classes.pop(name, None) if cls is None else self.classes.__setitem__(name, cls)
+
+
+@pytest.fixture
+def registry(monkeypatch: pytest.MonkeyPatch) -> Registered:
+    from proxy import registry as found
+
+    registered = Registered(dict(found.registered()), dict(found.registered_classes()))
+    monkeypatch.setattr(found, "registered", lambda: registered.names)
+    monkeypatch.setattr(found, "registered_classes", lambda: registered.classes)
+    return registered
+
+
+def test_a_copy_without_registered_plugins_refuses_to_load_rather_than_serve_without_auth(registry) -> None:  # noqa: ANN001
+    for name in list(registry.names):
+        registry.install(name, None)
+    assert problems("")[0].startswith("<plugins>: no plugin is registered (modelgate.plugins entry points)")
+
+
+def test_a_registered_plugin_that_cannot_be_imported_is_a_problem_not_a_gap(registry) -> None:  # noqa: ANN001
+    registry.install("billing", "nowhere.at_all:Billing")
+    assert problems("")[0].startswith("<plugins>.billing: registered but plugin 'billing': cannot import nowhere")
+
+
+def test_a_keyed_route_whose_default_pipeline_lost_its_caller_refuses_to_load(registry) -> None:  # noqa: ANN001
+    registry.install("auth", None)
+    found = problems("")
+    assert "<default pipeline of messages>: no registered plugin provides the caller's identity: the route " \
+           "would serve anyone" in found
+    assert not [p for p in found if p.startswith("<default pipeline of login_2fa>")]  # the account routes take no key
+
+
+class TakesLabels(Plugin):
+    class KeySettings(BaseModel):
+        labels: dict[str, str] = {}
+        url_delivery: int = 0
+
+
+def test_a_plugin_cannot_take_a_key_field_the_gateway_or_another_plugin_has(registry) -> None:  # noqa: ANN001
+    registry.install("takes_labels", "tests.test_plugin_contract:TakesLabels", TakesLabels)
+    found = problems("")
+    assert "<plugins>.takes_labels: its key field 'labels' is the gateway's own" in found
+    assert "<plugins>.takes_labels: its key field 'url_delivery' is url_delivery's already" in found
+
+
+def test_a_plugin_command_never_takes_a_built_in_name(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from proxy.process import cli
+
+    ran = []
+    commands = [PluginCommand("serve", "a clash", lambda parser: None, lambda config, args: 9),
+                PluginCommand("hello", "greets", lambda parser: None, lambda config, args: ran.append(config) or 0)]
+    monkeypatch.setattr(cli, "plugin_commands", lambda: commands)
+    assert cli.main(["hello"]) == 0 and len(ran) == 1  # no --config of its own: the embedded defaults
+    assert "a plugin's command 'serve' is taken; it is left out" in capsys.readouterr().err

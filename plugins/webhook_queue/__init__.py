@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.config import GatewayConfig
@@ -24,6 +24,11 @@ from proxy.wire.routes import ROUTES_BY_NAME
 
 WEBHOOK_QUEUED = Counter("modelgate_webhooks_queued", "Payment webhooks offered to the durable queue, by outcome "
                          "(stored, full, unavailable)", ["outcome"])
+# Listed from the start (the deliverer, which feeds them, loads only where the queue is on).
+WEBHOOK_DELIVERIES = Counter("modelgate_webhook_deliveries", "Queued webhook delivery attempts, by result "
+                             "(delivered, dead: refused by the backend, retry)", ["result"])
+WEBHOOK_QUEUE_DEPTH = Gauge("modelgate_webhook_queue_depth", "Webhooks stored and not yet delivered",
+                            multiprocess_mode="max")
 
 if TYPE_CHECKING:
     from plugins.webhook_queue.deliverer import Deliverer

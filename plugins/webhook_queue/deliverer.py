@@ -15,17 +15,12 @@ import logging
 import os
 
 from multidict import CIMultiDict
-from prometheus_client import Counter, Gauge
 
+from plugins.webhook_queue import WEBHOOK_DELIVERIES, WEBHOOK_QUEUE_DEPTH
 from plugins.webhook_queue.queue import QueuedWebhook, RedisError, Shelf, WebhookQueue
 from proxy.policy.channels import ChannelSet
 from proxy.upstream import PoolExhausted, UpstreamError
 from proxy.wire.routes import Route
-
-WEBHOOK_DELIVERIES = Counter("modelgate_webhook_deliveries", "Queued webhook delivery attempts, by result "
-                             "(delivered, dead: refused by the backend, retry)", ["result"])
-WEBHOOK_QUEUE_DEPTH = Gauge("modelgate_webhook_queue_depth", "Webhooks stored and not yet delivered",
-                            multiprocess_mode="max")
 
 log = logging.getLogger("modelgate.webhooks")
 

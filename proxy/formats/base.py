@@ -73,6 +73,13 @@ class EmbeddedImage:
     place: Callable[[str, str], None]  # (url, media type)
 
 
+def items(mapping: Any, name: str) -> list[Any]:
+    """The list a field of an answer holds; an upstream's answer is input like any other, so a
+    field of another shape (a number, an object) is no list, not a crash."""
+    value = mapping.get(name) if isinstance(mapping, dict) else None
+    return value if isinstance(value, list) else []
+
+
 class Format:
     """One wire format of the spec. Subclasses are stateless singletons."""
 

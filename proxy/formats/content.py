@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from proxy.formats.base import EmbeddedImage, Format, KeyLocation, Usage, token_count
+from proxy.formats.base import EmbeddedImage, Format, KeyLocation, Usage, items, token_count
 from proxy.wire import jsonutil
 from proxy.wire.sse import SSEEvent
 
@@ -66,9 +66,8 @@ class ContentFormat(Format):
     def embedded_images(self, answer: Any) -> list[EmbeddedImage]:
         """Inline image parts, and images some upstreams embed in text as Markdown data URLs."""
         found = []
-        for candidate in answer.get("candidates") or [] if isinstance(answer, dict) else ():
-            content = candidate.get("content") if isinstance(candidate, dict) else None
-            for part in (content or {}).get("parts") or [] if isinstance(content, dict | None) else ():
+        for candidate in items(answer, "candidates"):
+            for part in items(candidate.get("content") if isinstance(candidate, dict) else None, "parts"):
                 if not isinstance(part, dict):
                     continue
                 inline = _either(part, "inlineData", "inline_data")

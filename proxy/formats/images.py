@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from proxy.formats.base import EmbeddedImage, Format, KeyLocation, Usage
+from proxy.formats.base import EmbeddedImage, Format, KeyLocation, Usage, items
 from proxy.wire.sse import SSEEvent
 
 
@@ -19,7 +19,7 @@ class ImagesFormat(Format):
 
     def embedded_images(self, answer: Any) -> list[EmbeddedImage]:
         found = []
-        for item in answer.get("data") or [] if isinstance(answer, dict) else ():
+        for item in items(answer, "data"):
             if isinstance(item, dict) and isinstance(item.get("b64_json"), str):
                 found.append(EmbeddedImage(item["b64_json"], _url_into(item)))
         return found

@@ -168,7 +168,10 @@ def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
     for extra in plugin_routes(loaded.config):
-        app.router.add_route(extra.method, extra.path, _plugin_handler(owner, extra))
+        if extra.method == "GET":  # HEAD too, as for the endpoints: link checkers and caches ask it
+            app.router.add_get(extra.path, _plugin_handler(owner, extra))
+        else:
+            app.router.add_route(extra.method, extra.path, _plugin_handler(owner, extra))
     not_origin_form = _NotOriginForm()
     app.router.register_resource(not_origin_form)
     not_origin_form.add_route("*", _not_origin_form)

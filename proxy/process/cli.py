@@ -7,6 +7,7 @@ import os
 import sys
 
 from proxy.config import LISTEN_ENV, ConfigError, load_config
+from proxy.plugin import PluginCommand
 from proxy.registry import plugin_commands
 
 
@@ -35,8 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     simulate.add_argument("--video-queued-s", type=float, default=1.0)
     simulate.add_argument("--video-processing-s", type=float, default=2.0)
 
-    extra = {command.name: command for command in plugin_commands()}
-    for command in extra.values():
+    extra: dict[str, PluginCommand] = {}
+    for command in plugin_commands():
+        if command.name in commands.choices:  # the gateway's own commands, or a plugin's that came first
+            print(f"a plugin's command '{command.name}' is taken; it is left out", file=sys.stderr)
+            continue
+        extra[command.name] = command
         command.arguments(commands.add_parser(command.name, help=command.help))
 
     args = parser.parse_args(argv)
@@ -49,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
         run_simulator(args)
         return 0
-    path = args.config or os.environ.get("MODELGATE_CONFIG") or None
+    path = getattr(args, "config", None) or os.environ.get("MODELGATE_CONFIG") or None
     if getattr(args, "listen", None):
         problem = _listen_problem(args.listen)
         if problem:

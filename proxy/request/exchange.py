@@ -2,13 +2,15 @@
 what became of it.
 
 Each part has one owner. What the client sent (route, target, path parameters, model, stream
-flag, body as read) is set by the gateway and proxy/request/body.py before the pipeline runs. The request
-to forward (upstream headers, body) starts as the client's and is shaped by plugins; the caller
-(`key`) is set by the plugin that provides it; the routing decision (`channel`, `upstream_model`,
-the followed id's record) by the gateway, the forwarder and proxy/request/affinity.py. `outcome` (status,
-bytes, timings, error) is written only by the forwarder and the relay, and by the gateway for the
-answers it makes itself; everything after reads it. The body is parsed at most once, and only
-when something asks; bytes nobody changed are forwarded as the client sent them.
+flag, body as read) is set by the gateway and proxy/request/body.py before the pipeline runs.
+The request to forward (upstream headers, body) starts as the client's and is shaped by
+plugins; the caller (`key`) is set by the plugin that provides it; the routing decision
+(`channel`, `upstream_model`, the followed id's record) by the gateway, the forwarder and
+proxy/request/affinity.py. `outcome` (status, bytes, timings, error) is written only by the
+forwarder and the relay, and by the gateway for the answers it makes itself; everything after
+reads it. (An error answer made with `error_response`, a plugin's too, records its message
+there: the message is what that answer says.) The body is parsed at most once, and only when
+something asks; bytes nobody changed are forwarded as the client sent them.
 """
 
 from __future__ import annotations
