@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from proxy.config import GatewayConfig
     from proxy.policy.channels import ChannelSet
 
+
 @dataclass(slots=True, frozen=True)
 class Capability:
     """What one plugin sets on the exchange for the ones after it, and the routes it can exist on
