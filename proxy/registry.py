@@ -209,19 +209,27 @@ def _key_settings_problems(key: dict[str, Any], where: str) -> list[str]:
         if field not in known:
             hint = difflib.get_close_matches(field, [*KeyConfig.model_fields, *known], n=1)
             problems.append(f"{where}.{field}: unknown key" + (f" (did you mean '{hint[0]}'?)" if hint else ""))
-    for model in {known[f] for f in key if f in known}:
-        problems.extend(_model_problems(model, where, {f: key[f] for f in key if f in model.model_fields}, ""))
+    for model, values in _per_plugin(key, known):
+        problems.extend(_model_problems(model, where, values, ""))
     return problems
 
 
 def key_settings(extra: dict[str, Any]) -> dict[str, Any]:
     """A key entry's plugin fields, as their plugins' models read them (`"false"` is False)."""
-    known = key_fields()
     out: dict[str, Any] = {}
-    for model in {known[f] for f in extra if f in known}:
-        values = model.model_validate({f: extra[f] for f in extra if f in model.model_fields})
-        out.update({f: getattr(values, f) for f in extra if f in model.model_fields})
+    for model, values in _per_plugin(extra, key_fields()):
+        read = model.model_validate(values)
+        out.update({f: getattr(read, f) for f in values})
     return out
+
+
+def _per_plugin(entry: dict[str, Any], known: dict[str, type[BaseModel]]) -> list[tuple[type[BaseModel], dict[str, Any]]]:
+    """A key entry's plugin fields, grouped by the settings model that declares them."""
+    groups: dict[type[BaseModel], dict[str, Any]] = {}
+    for field, value in entry.items():
+        if field in known:
+            groups.setdefault(known[field], {})[field] = value
+    return list(groups.items())
 
 
 def plugin_config_problems(config: GatewayConfig, workers: int) -> list[str]:
