@@ -97,8 +97,7 @@ class RateLimit(Plugin):
     def _store_away(self) -> bool:
         """The shared store's probe says it is away: a Redis limiter is not waited on (a hung one
         would hold every request for its timeout); the fail mode decides at once."""
-        reachable = self.resources.get("state.reachable")
-        return self.owns_limiter and reachable is not None and not reachable()  # type: ignore[operator]
+        return self.owns_limiter and self.state_away()
 
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
         checks = self._checks(ex)

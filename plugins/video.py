@@ -127,7 +127,7 @@ class VideoTasks(Plugin):
             VIDEO_OUTCOMES.labels("filtered" if normal.get("filtered") else normal["status"]).inc()
             normal.setdefault("completed_at", int(time.time()))
         ttl = self.settings.terminal_cache_s if terminal else self.settings.status_cache_s
-        if ttl > 0 and not self._store_away():
+        if ttl > 0 and not self.state_away():
             try:
                 await self.cache.set(f"video:status:{normal['task_id']}", jsonutil.dumps(normal).decode(),
                                      max(1, round(ttl)))
@@ -145,13 +145,8 @@ class VideoTasks(Plugin):
             if waiting is not None and not waiting.done():
                 waiting.set_result(None)
 
-    def _store_away(self) -> bool:
-        """The state store's probe calls it away: its cache is skipped, not waited on."""
-        reachable = self.resources.get("state.reachable")
-        return reachable is not None and not reachable()  # type: ignore[operator]
-
     async def _cached(self, task_id: str) -> dict[str, Any] | None:
-        if self._store_away():
+        if self.state_away():
             return None  # a miss: the channel is asked
         try:
             raw = await self.cache.get(f"video:status:{task_id}")
@@ -163,7 +158,7 @@ class VideoTasks(Plugin):
     async def _record_task(self, ex: Exchange, task_id: str, task: dict[str, Any]) -> None:
         """What the submission said, for the SDK's object, and the task on its tenant's list."""
         ttl = self.settings.task_record_s
-        if self._store_away():
+        if self.state_away():
             log.warning("state store unreachable: a video task made now is not listed")
             return
         try:
@@ -173,7 +168,7 @@ class VideoTasks(Plugin):
             log.warning("could not record a video task: %s", exc)
 
     async def _task(self, task_id: str) -> dict[str, Any]:
-        if self._store_away():
+        if self.state_away():
             return {}
         try:
             raw = await self.cache.get(f"video:task:{task_id}")
@@ -193,7 +188,7 @@ class VideoTasks(Plugin):
         if query.get("order", "desc") not in ("asc", "desc"):
             return ex.error_response(400, "order: must be asc or desc", param="order")
         try:
-            if self._store_away():
+            if self.state_away():
                 raise ConnectionError("the state store is unreachable")
             ids = await self.cache.recent(f"video:owned:{ex.tenant or ''}", self.settings.list_keep)
         except Exception:

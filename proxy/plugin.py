@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from proxy.policy.channels import ChannelSet
 
 
+# The gateway's resource holding its state store probe's verdict (a callable; absent: no probe).
+STATE_REACHABLE = "state.reachable"
+
+
 @dataclass(slots=True, frozen=True)
 class Capability:
     """What one plugin sets on the exchange for the ones after it, and the routes it can exist on
@@ -128,6 +132,12 @@ class Plugin:
 
     async def stop(self) -> None:
         """Called once after the last request of the config this instance belongs to."""
+
+    def state_away(self) -> bool:
+        """The shared state store's probe calls it away: a plugin that talks to the same store
+        skips it (or its fail mode decides at once) rather than waiting on its timeouts."""
+        reachable = self.resources.get(STATE_REACHABLE)
+        return reachable is not None and not reachable()
 
     def unready(self, state_ok: bool) -> str | None:
         """Why this instance cannot serve right now, as far as this plugin knows (`/readyz` says

@@ -18,7 +18,7 @@ from proxy.formats import ACCOUNT, CONTENT, MESSAGES
 from proxy.formats.base import Format
 from proxy.observability.metrics import count_reload, exposition, set_config_info
 from proxy.observability.tracing import Tracing
-from proxy.plugin import PluginRoute
+from proxy.plugin import STATE_REACHABLE, PluginRoute
 from proxy.policy.channels import Channel
 from proxy.process.drain import Drain, close_when_draining
 from proxy.process.log_guard import guard_aiohttp_logs
@@ -85,7 +85,7 @@ class GatewayApp:
         self.probe.start()
         probe = self.probe
         # For plugins that talk to the same store: while its probe calls it away, they need not wait on it.
-        self.resources["state.reachable"] = lambda: probe.ok
+        self.resources[STATE_REACHABLE] = lambda: probe.ok
         runtime = await Runtime.build(self.loaded, self.simulator_url, self.resources)
         self.affinity = Affinity(self.store, config.state.affinity_ttl_s, config.state.pending_pins,
                                  reachable=lambda: probe.ok)
