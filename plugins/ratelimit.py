@@ -157,7 +157,7 @@ class RateLimit(Plugin):
                 checks += self._rates(f"key:{key.name}", "key", limits, ex)
                 if limits.concurrent:
                     checks.append(Check(f"key:{key.name}:concurrent", "key-concurrent", Kind.CONCURRENT,
-                                        limits.concurrent, 0))
+                                        limits.concurrent, 0, subject=f"key:{key.name}"))
                 if ex.model is not None:
                     for pattern, rates in limits.models.items():
                         if fnmatch.fnmatchcase(ex.model, pattern):
@@ -172,10 +172,10 @@ class RateLimit(Plugin):
     def _rates(self, base: str, scope: str, rates: Rates, ex: Exchange) -> list[Check]:
         found = []
         if rates.rpm:
-            found.append(Check(f"{base}:rpm", f"{scope}-rpm", Kind.REQUESTS, rates.rpm, _WINDOW_S))
+            found.append(Check(f"{base}:rpm", f"{scope}-rpm", Kind.REQUESTS, rates.rpm, _WINDOW_S, subject=base))
         if rates.tpm and ex.route.spends_tokens:  # a token count or a stored response costs none
             reserve = min(rates.tpm, _requested_tokens(ex, self.settings.default_reserve_tokens))
-            found.append(Check(f"{base}:tpm", f"{scope}-tpm", Kind.TOKENS, rates.tpm, _WINDOW_S, reserve))
+            found.append(Check(f"{base}:tpm", f"{scope}-tpm", Kind.TOKENS, rates.tpm, _WINDOW_S, reserve, base))
         return found
 
     def _client_ip(self, ex: Exchange) -> str:

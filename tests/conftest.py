@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,3 +186,38 @@ async def redis_url() -> str:
     await client.flushdb()
     await client.aclose()
     return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Redis Cluster of three primaries on loopback ports, for the session (tests/redis_topologies.py)."""
+    from tests.redis_topologies import Cluster
+
+    cluster = Cluster.start(tmp_path_factory.mktemp("redis-cluster"))
+    yield cluster
+    cluster.processes.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A primary, a replica and three sentinels, for the session; a test that fails it over makes its own."""
+    from tests.redis_topologies import SentinelSetup
+
+    setup = SentinelSetup.start(tmp_path_factory.mktemp("redis-sentinel"))
+    yield setup
+    setup.processes.stop()
+
+
+@pytest.fixture(params=["single", "cluster", "sentinel"])
+async def shared_redis(request: pytest.FixtureRequest) -> str:
+    """state.url for each Redis topology in turn (one server, a Cluster, a Sentinel-named primary), emptied first."""
+    if request.param == "single":
+        import redis.asyncio as aioredis
+
+        client = aioredis.Redis.from_url(REDIS_URL)
+        await client.flushdb()
+        await client.aclose()
+        return REDIS_URL
+    topology = request.getfixturevalue(f"redis_{request.param}")
+    topology.flush()
+    return topology.url

@@ -20,13 +20,13 @@ channels:
 
 
 @pytest.fixture
-def pair(spawn, redis_url):  # noqa: ANN001, ANN201
-    """Gateways A and B sharing one Redis, in front of two upstreams that each know only their own ids."""
+def pair(spawn, shared_redis):  # noqa: ANN001, ANN201
+    """Gateways A and B sharing one Redis (in each topology), in front of two upstreams that each know only their own ids."""
     one = spawn("simulator", "--key", "key-one", "--video-queued-s", "0.2", "--video-processing-s", "0.3",
                 "--chunk-delay-ms", "0", "--name", "one")
     two = spawn("simulator", "--key", "key-two", "--video-queued-s", "0.2", "--video-processing-s", "0.3",
                 "--chunk-delay-ms", "0", "--name", "two")
-    config = TWO_UPSTREAMS.format(backend="redis", redis=redis_url, one=one.url, two=two.url)
+    config = TWO_UPSTREAMS.format(backend="redis", redis=shared_redis, one=one.url, two=two.url)
     return spawn("gateway", config=config), spawn("gateway", config=config), {"one": one, "two": two}
 
 

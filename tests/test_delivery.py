@@ -257,10 +257,10 @@ async def test_signing_keys_rotate_old_urls_live_until_their_key_is_dropped(star
     assert (await fetch(old_url))[0] == 403
 
 
-async def test_a_url_minted_by_one_instance_is_served_by_another_over_redis(spawn, redis_url, tmp_path):  # noqa: ANN001
+async def test_a_url_minted_by_one_instance_is_served_by_another_over_redis(spawn, shared_redis, tmp_path):  # noqa: ANN001
     text = f"""
 server: {{listen: "127.0.0.1:{{PORT}}", public_base_url: "http://placeholder"}}
-state: {{backend: redis, url: "{redis_url}"}}
+state: {{backend: redis, url: "{shared_redis}"}}
 keys: [{{name: images, key: {KEY}, url_delivery: true}}]
 channels: [{{name: simulator, base_url: simulator, accepts_response_format: false}}]
 plugins: {{url_delivery: {{enabled: true, store: redis, {SIGNING}}}}}

@@ -138,11 +138,11 @@ async def test_the_sixth_concurrent_stream_is_refused_and_slots_free_again(start
             answer.close()
 
 
-async def test_three_instances_sharing_redis_let_exactly_the_limit_through(spawn, redis_url):  # noqa: ANN001
+async def test_three_instances_sharing_redis_let_exactly_the_limit_through(spawn, shared_redis):  # noqa: ANN001
     sim = spawn("simulator", "--chunk-delay-ms", "0", "--output-tokens", "2")
     text = f"""
 server: {{listen: "127.0.0.1:{{PORT}}"}}
-state: {{backend: redis, url: "{redis_url}"}}
+state: {{backend: redis, url: "{shared_redis}"}}
 observability: {{logging: {{access_log: false}}}}
 keys: [{{name: limited, key: {KEY}, limits: {{rpm: 60}}}}]
 channels: [{{name: up, base_url: "{sim.url}"}}]

@@ -532,12 +532,12 @@ observability: {{logging: {{level: debug}}}}
 # Tenants and limits across three instances sharing one Redis.
 
 @pytest.fixture
-def three(spawn, redis_url):  # noqa: ANN001, ANN201
+def three(spawn, shared_redis):  # noqa: ANN001, ANN201
     sim = spawn("simulator", "--key", SECRET, "--video-queued-s", "0", "--video-processing-s", "0.2",
                 "--chunk-delay-ms", "0")
     limited = f"{{name: limited, key: {LIMITED}, limits: {{rpm: 30, concurrent: 2}}}}"
     keys = TENANTS + f"\n  - {limited}"
-    text = (f'server: {{listen: "127.0.0.1:{{PORT}}"}}\nstate: {{backend: redis, url: "{redis_url}"}}\n'
+    text = (f'server: {{listen: "127.0.0.1:{{PORT}}"}}\nstate: {{backend: redis, url: "{shared_redis}"}}\n'
             + config(sim.url, keys=keys).replace("observability: {logging: {access_log: false}}", ""))
     return [spawn("gateway", config=text) for _ in range(3)]
 

@@ -85,9 +85,9 @@ async def post_webhook(http: aiohttp.ClientSession, url: str, body: bytes, provi
 
 
 async def test_webhooks_with_the_backend_down_are_delivered_in_order_once_it_returns(
-        start_gateway: Callable, http: aiohttp.ClientSession, backend: Backend, redis_url: str,
-        queue: WebhookQueue) -> None:
-    gw = await start_gateway(queued_config(backend.port, redis_url))
+        start_gateway: Callable, http: aiohttp.ClientSession, backend: Backend, shared_redis: str) -> None:
+    gw = await start_gateway(queued_config(backend.port, shared_redis))
+    queue = WebhookQueue(shared_redis, "test:")
     bodies = [json.dumps({"id": f"evt_{n}", "type": "invoice.paid", "amount": n}).encode() + b" \n" for n in range(5)]
     for body in bodies:
         stored = await post_webhook(http, gw.url, body)
@@ -105,6 +105,7 @@ async def test_webhooks_with_the_backend_down_are_delivered_in_order_once_it_ret
     assert headers["Stripe-Signature"] == SIGNED["Stripe-Signature"] and headers["X-Request-Id"]
     await asyncio.sleep(0.1)
     assert await queue.depth(Shelf.PENDING) == 0 and await queue.depth(Shelf.DELIVERED) == len(bodies)
+    await queue.close()
 
 
 async def test_a_queued_webhook_survives_a_gateway_restart(

@@ -174,10 +174,12 @@ class RedisBlobStore:
 
     def __init__(self, url: str, prefix: str) -> None:
         # Imported here: the Redis client costs a gateway that never uses it several MB.
-        import redis.asyncio as aioredis
         from redis.exceptions import RedisError
 
-        self._client = aioredis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        from proxy.state.connect import connect
+
+        # Any topology: a blob is one hash under one key, so one slot of a Cluster.
+        self._client = connect(url, socket_timeout=2.0, socket_connect_timeout=2.0)
         self._prefix = prefix + "blob:"
         self._errors = (RedisError, OSError)
 

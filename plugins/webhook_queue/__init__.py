@@ -5,30 +5,36 @@ Off (the default), a webhook goes straight to its backend and an unreachable bac
 so the payment provider retries. On, the provider's 2xx means "stored": a backend that is down
 delays delivery, nothing more. With Redis unreachable or the queue full the answer is a 503
 again, so the provider keeps the callback. `modelgate webhooks` inspects and replays the queue.
+Under Sentinel the 2xx also waits for a replica to hold the callback (`replica_acks`), so a
+failover right after it loses nothing; too few replicas in time is a 503 as well.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import Counter, Gauge
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from proxy.config import GatewayConfig
 from proxy.plugin import Joins, Plugin, PluginCommand
 from proxy.request.exchange import Exchange
+from proxy.state import connect as topology
 from proxy.wire import jsonutil
 from proxy.wire.routes import ROUTES_BY_NAME
 
 WEBHOOK_QUEUED = Counter("modelgate_webhooks_queued", "Payment webhooks offered to the durable queue, by outcome "
-                         "(stored, full, unavailable)", ["outcome"])
+                         "(stored, full, unreplicated, unavailable)", ["outcome"])
 # Listed from the start (the deliverer, which feeds them, loads only where the queue is on).
 WEBHOOK_DELIVERIES = Counter("modelgate_webhook_deliveries", "Queued webhook delivery attempts, by result "
                              "(delivered, dead: refused by the backend, retry)", ["result"])
 WEBHOOK_QUEUE_DEPTH = Gauge("modelgate_webhook_queue_depth", "Webhooks stored and not yet delivered",
                             multiprocess_mode="max")
+
+log = logging.getLogger("modelgate.webhooks")
 
 if TYPE_CHECKING:
     from plugins.webhook_queue.deliverer import Deliverer
@@ -47,13 +53,24 @@ class QueueSettings(BaseModel):
     backoff_s: float = Field(default=0.5, gt=0)
     max_backoff_s: float = Field(default=30.0, gt=0)
     lease_s: float = Field(default=15.0, ge=1)
+    # Replicas that must hold a callback before it is answered as stored: default 1 under
+    # Sentinel, 0 on one server. A Cluster takes 0 only (WAIT has no key to route by).
+    replica_acks: int | None = Field(default=None, ge=0)
+    replica_wait_s: float = Field(default=2.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            topology.parse(value)
+        return value
 
 
 def queue_for(config: GatewayConfig, settings: QueueSettings) -> WebhookQueue:
     from plugins.webhook_queue.queue import WebhookQueue  # the Redis client loads only where the queue is on
 
     return WebhookQueue(settings.url or config.state.url, settings.prefix or config.state.prefix,
-                        settings.max_pending, settings.keep_delivered)
+                        settings.max_pending, settings.keep_delivered, settings.replica_acks, settings.replica_wait_s)
 
 
 class WebhookQueuePlugin(Plugin):
@@ -67,6 +84,15 @@ class WebhookQueuePlugin(Plugin):
         from plugins.webhook_queue.command import arguments, run_command
 
         return (PluginCommand("webhooks", "inspect and replay the durable webhook queue", arguments, run_command),)
+
+    @classmethod
+    def config_problems(cls, config: GatewayConfig, workers: int) -> list[str]:
+        queue = config.plugins.get(cls.name, {})
+        url = queue.get("url") or config.state.url
+        if queue.get("replica_acks") and topology.mode_of(url) is topology.Mode.CLUSTER:
+            return [f"plugins.{cls.name}.replica_acks: a Redis Cluster takes 0 only: the wait for replicas cannot "
+                    "be routed to the shard that holds the queue"]
+        return []
 
     def configure(self, config: GatewayConfig) -> None:
         self.config = config
@@ -83,6 +109,10 @@ class WebhookQueuePlugin(Plugin):
         slot = f"webhooks.queue:{url}:{prefix}"
         if slot not in self.resources:  # one connection pool per Redis for the gateway's life; a reload keeps it
             self.resources[slot] = queue_for(self.config, settings)
+            try:
+                await self.resources[slot].adopt_untagged()
+            except Exception as exc:  # Redis away at start: the deliverer waits for it; adopted next start
+                log.warning("could not look for webhook streams to adopt: %s", exc)
         self.queue = self.resources[slot]
         assert self.channels is not None
         self.deliverer = Deliverer(self.queue, self.channels, ROUTES_BY_NAME["payment_webhook"], settings.backoff_s,
@@ -96,7 +126,7 @@ class WebhookQueuePlugin(Plugin):
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
         if self.queue is None or ex.route.name != "payment_webhook":
             return None
-        from plugins.webhook_queue.queue import QueuedWebhook, QueueFull, RedisError
+        from plugins.webhook_queue.queue import QueuedWebhook, QueueFull, QueueUnsafe, RedisError
 
         assert ex.target is not None
         path, query = ex.target.path(), ex.target.query_string()  # built, never the client's raw target
@@ -108,6 +138,10 @@ class WebhookQueuePlugin(Plugin):
             WEBHOOK_QUEUED.labels("full").inc()
             return ex.error_response(503, f"the webhook queue is full ({exc}); retry later", "webhook_queue_full",
                                      headers={"Retry-After": "60"})
+        except QueueUnsafe as exc:
+            WEBHOOK_QUEUED.labels("unreplicated").inc()
+            return ex.error_response(503, f"the webhook queue could not confirm the callback ({exc}); retry later",
+                                     "webhook_queue_unavailable", headers={"Retry-After": "10"})
         except (RedisError, OSError) as exc:
             WEBHOOK_QUEUED.labels("unavailable").inc()
             return ex.error_response(503, f"the webhook queue is unreachable ({type(exc).__name__}); retry later",

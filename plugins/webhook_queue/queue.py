@@ -5,6 +5,11 @@ Three streams under one prefix: `pending` (accepted, not yet delivered, oldest f
 backend refused outright, kept until an operator replays or drops them). A lease key makes
 one deliverer at a time, across every gateway instance, the one that delivers, so the order
 of `pending` is the order of delivery.
+
+The four keys share a hash tag (`{modelgate:webhooks}:pending`), so on a Cluster they live in
+one slot and a move between shelves stays one transaction. Under Sentinel a callback is
+answered as stored only once a replica holds it too (`replica_acks`, WAIT on the connection
+that wrote it): a primary lost right after its 200 must not take the callback with it.
 """
 
 from __future__ import annotations
@@ -14,10 +19,11 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-__all__ = ["QueueFull", "QueuedWebhook", "RedisError", "Shelf", "WebhookQueue"]
+from proxy.state.connect import Mode, connect, mode_of
+
+__all__ = ["QueueFull", "QueueUnsafe", "QueuedWebhook", "RedisError", "Shelf", "WebhookQueue"]
 
 
 class Shelf(Enum):
@@ -28,6 +34,11 @@ class Shelf(Enum):
 
 class QueueFull(Exception):
     """The pending stream holds its maximum; the provider must retry later."""
+
+
+class QueueUnsafe(Exception):
+    """The primary took the callback but too few replicas confirmed it in time; the provider must
+    retry (the stored copy may still be delivered: delivery is at least once)."""
 
 
 @dataclass(slots=True)
@@ -78,23 +89,46 @@ return 0
 class WebhookQueue:
     """The three streams and the lease, over one Redis connection pool."""
 
-    def __init__(self, url: str, prefix: str, max_pending: int = 1_000_000, keep_settled: int = 10_000) -> None:
-        self._client = aioredis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=2.0,
-                                               health_check_interval=30)
+    def __init__(self, url: str, prefix: str, max_pending: int = 1_000_000, keep_settled: int = 10_000,
+                 replica_acks: int | None = None, replica_wait_s: float = 2.0) -> None:
+        self._client = connect(url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=30)
+        self._mode = mode_of(url)
         self._prefix = prefix
+        self._tag = "{" + prefix + "webhooks}"
         self._max_pending = max_pending
         self._keep_settled = keep_settled
+        self.replica_acks = (1 if self._mode is Mode.SENTINEL else 0) if replica_acks is None else replica_acks
+        self._replica_wait_ms = int(replica_wait_s * 1000)
         self._hold = self._client.register_script(_HOLD)
         self._release = self._client.register_script(_RELEASE)
 
     def key(self, shelf: Shelf) -> str:
-        return f"{self._prefix}webhooks:{shelf.value}"
+        return f"{self._tag}:{shelf.value}"
+
+    async def adopt_untagged(self) -> None:
+        """Take over the streams a gateway before hash tags kept (`modelgate:webhooks:pending`): on
+        one server they are renamed, so an upgrade loses no queued callback. (No Cluster ran them.)"""
+        if self._mode is Mode.CLUSTER:
+            return
+        for name in [*(s.value for s in Shelf), "lease"]:
+            old, new = f"{self._prefix}webhooks:{name}", f"{self._tag}:{name}"
+            if await self._client.exists(old):
+                await self._client.renamenx(old, new)
 
     async def put(self, webhook: QueuedWebhook) -> str:
-        """Store a callback at the end of `pending`; its id once Redis has it."""
+        """Store a callback at the end of `pending`; its id once Redis has it (and, where asked,
+        `replica_acks` replicas)."""
         if await self._client.xlen(self.key(Shelf.PENDING)) >= self._max_pending:
             raise QueueFull(f"{self._max_pending} webhooks are waiting for delivery")
-        webhook.id = (await self._client.xadd(self.key(Shelf.PENDING), webhook.fields())).decode()
+        if not self.replica_acks:
+            webhook.id = (await self._client.xadd(self.key(Shelf.PENDING), webhook.fields())).decode()
+            return webhook.id
+        async with self._client.pipeline(transaction=False) as pipe:  # one connection: WAIT covers this XADD
+            entry_id, acks = await pipe.xadd(self.key(Shelf.PENDING), webhook.fields()).wait(
+                self.replica_acks, self._replica_wait_ms).execute()
+        webhook.id = entry_id.decode()
+        if acks < self.replica_acks:
+            raise QueueUnsafe(f"{acks} of {self.replica_acks} replicas confirmed the callback in time")
         return webhook.id
 
     async def oldest(self, block_ms: int) -> QueuedWebhook | None:
@@ -154,7 +188,7 @@ class WebhookQueue:
 
     @property
     def key_lease(self) -> str:
-        return f"{self._prefix}webhooks:lease"
+        return f"{self._tag}:lease"
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from proxy.formats import FORMAT_NAMES
+from proxy.state import connect as topology
 from proxy.wire.routes import CHAT_ROUTES, ROUTE_NAMES
 
 SIMULATOR = "simulator"
@@ -111,8 +112,7 @@ class StateConfig(Strict):
     @field_validator("url")
     @classmethod
     def _redis_url(cls, value: str) -> str:
-        if not re.match(r"^(redis|rediss|unix)://", value):
-            raise ValueError("not a redis:// , rediss:// or unix:// URL")
+        topology.parse(value)  # one server, a Sentinel-named primary or a Cluster (proxy/state/connect.py)
         return value
 
 

@@ -27,6 +27,7 @@ class Check:
     limit: int
     window_s: float
     cost: int = 1     # tokens to reserve (TOKENS); 1 otherwise
+    subject: str = ""  # what is limited, e.g. "key:demo": a shared store keeps a subject's counters together
 
 
 @dataclass(slots=True, frozen=True)

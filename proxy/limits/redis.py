@@ -1,31 +1,53 @@
 """The limiter in Redis: every gateway instance shares the same windows.
 
-One Lua script checks all of a request's limits and records them only if all pass, in
-one round trip, on the Redis server's clock; another settles tokens and releases leases
-after the answer, in one more. Sliding windows are sorted sets of request
-ids by time (tokens keep each request's amount in a hash and the window's total beside it);
-concurrency leases are sorted sets scored by their expiry.
+A Lua script checks a request's limits and records them only if all pass, on the Redis
+server's clock; another settles tokens and releases leases after the answer. Sliding windows
+are sorted sets of request ids by time (tokens keep each request's amount in a hash and the
+window's total beside it); concurrency leases are sorted sets scored by their expiry.
+
+Every key a script touches is passed in KEYS, and a subject's keys (those of one key, one key
+and model, one route, one client IP) share a hash tag, `{key:demo}`, so they live in one
+Cluster slot. On one server, or a Sentinel-named primary, all of a request's limits go in one
+script call: one round trip. On a Cluster, limits of subjects in different slots cannot share
+a script; each slot gets its own call, all sent at once (one round trip's wait), and when any
+refuses, what the others took is given back (UNDO), so a refused request counts nowhere. The
+price: for the moment between the take and the undo, another request of the same subject may
+see that request counted, and be refused where it would otherwise have passed; never the other
+way round.
 """
 
 from __future__ import annotations
 
-import redis.asyncio as aioredis
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.crc import key_slot
 from redis.exceptions import RedisError
 
 from proxy.limits import LEASE_TTL_S, Check, Decision, Kind, LimiterUnavailable
+from proxy.state.connect import Mode, connect, mode_of
 
+# KEYS, check by check: a window's sorted set (REQUESTS), or that and its amounts' hash and
+# total (TOKENS), or a lease set (CONCURRENT). ARGV: the request id, the lease's life, then
+# kind, limit, window and cost of each check. Answers {allowed, check, remaining or retry, reset}.
 ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local rid = ARGV[1]
 local lease = tonumber(ARGV[2])
+local checks = (#ARGV - 2) / 4
 local best_i, best_remaining, best_reset = 0, -1, 0
-for i = 1, #KEYS do
+local k = 1
+for i = 1, checks do
   local a = 2 + (i - 1) * 4
   local kind, limit, window, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  local z = KEYS[i]
+  local z = KEYS[k]
   local remaining, reset
   if kind == 1 then
+    k = k + 1
     redis.call('ZREMRANGEBYSCORE', z, '-inf', now - window)
     local count = redis.call('ZCARD', z)
     local oldest = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
@@ -34,7 +56,8 @@ for i = 1, #KEYS do
     if count + 1 > limit then return {0, i, reset, 0} end
     remaining = limit - count - 1
   elseif kind == 2 then
-    local h, total_key = z .. ':h', z .. ':t'
+    local h, total_key = KEYS[k + 1], KEYS[k + 2]
+    k = k + 3
     local old = redis.call('ZRANGEBYSCORE', z, '-inf', now - window)
     if #old > 0 then
       local amounts = redis.call('HMGET', h, unpack(old))
@@ -60,6 +83,7 @@ for i = 1, #KEYS do
     end
     remaining = limit - total - cost
   else
+    k = k + 1
     redis.call('ZREMRANGEBYSCORE', z, '-inf', now)
     if redis.call('ZCARD', z) + 1 > limit then return {0, i, 1000, 0} end
     remaining = limit - redis.call('ZCARD', z) - 1
@@ -69,19 +93,24 @@ for i = 1, #KEYS do
     best_i, best_remaining, best_reset = i, remaining, reset
   end
 end
-for i = 1, #KEYS do
+k = 1
+for i = 1, checks do
   local a = 2 + (i - 1) * 4
   local kind, window, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  local z = KEYS[i]
+  local z = KEYS[k]
   if kind == 1 then
+    k = k + 1
     redis.call('ZADD', z, now, rid)
     redis.call('PEXPIRE', z, window)
   elseif kind == 2 then
+    local h, total_key = KEYS[k + 1], KEYS[k + 2]
+    k = k + 3
     redis.call('ZADD', z, now, rid)
-    redis.call('HSET', z .. ':h', rid, cost)
-    redis.call('INCRBY', z .. ':t', cost)
-    for _, k in ipairs({z, z .. ':h', z .. ':t'}) do redis.call('PEXPIRE', k, window) end
+    redis.call('HSET', h, rid, cost)
+    redis.call('INCRBY', total_key, cost)
+    for _, key in ipairs({z, h, total_key}) do redis.call('PEXPIRE', key, window) end
   else
+    k = k + 1
     redis.call('ZADD', z, now + lease, rid)
     redis.call('PEXPIRE', z, lease)
   end
@@ -89,20 +118,29 @@ end
 return {1, best_i, best_remaining, best_reset}
 """
 
-# After the answer: KEYS are token windows to settle (ARGV[2] tokens, or '' to keep) and
-# leases to release, told apart by ARGV[3 + i] ('t' or 'c').
+# After the answer, or to give back what a refused request took: KEYS as for ACQUIRE; ARGV the
+# request id, the tokens spent ('' keeps the reservation; 'undo' gives back every entry), and
+# each check's kind. Leases are always released.
 FINISH = """
 local rid, tokens = ARGV[1], ARGV[2]
-for i = 1, #KEYS do
-  local z = KEYS[i]
-  if ARGV[2 + i] == 'c' then
-    redis.call('ZREM', z, rid)
-  elseif tokens ~= '' then
-    local old = redis.call('HGET', z .. ':h', rid)
-    if old then
-      redis.call('HSET', z .. ':h', rid, tokens)
-      redis.call('INCRBY', z .. ':t', tonumber(tokens) - tonumber(old))
+local k = 1
+for i = 3, #ARGV do
+  local kind, z = ARGV[i], KEYS[k]
+  if kind == '2' then
+    local h, total_key = KEYS[k + 1], KEYS[k + 2]
+    k = k + 3
+    local old = redis.call('HGET', h, rid)
+    if old and tokens == 'undo' then
+      redis.call('ZREM', z, rid)
+      redis.call('HDEL', h, rid)
+      redis.call('DECRBY', total_key, tonumber(old))
+    elseif old and tokens ~= '' then
+      redis.call('HSET', h, rid, tokens)
+      redis.call('INCRBY', total_key, tonumber(tokens) - tonumber(old))
     end
+  else
+    k = k + 1
+    if kind == '3' or tokens == 'undo' then redis.call('ZREM', z, rid) end
   end
 end
 return 1
@@ -111,35 +149,76 @@ return 1
 
 class RedisLimiter:
     def __init__(self, url: str, prefix: str) -> None:
-        self._client = aioredis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5,
-                                               retry_on_timeout=False, health_check_interval=5)
+        # Never resent: a script that timed out may have run, and a second run would count the
+        # request's tokens twice. An error is the fail mode's to decide.
+        self._client = connect(url, socket_timeout=0.5, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0),
+                               health_check_interval=5)
         self._prefix = prefix + "rl:"
+        self._by_slot = mode_of(url) is Mode.CLUSTER
         self._acquire = self._client.register_script(ACQUIRE)
         self._finish = self._client.register_script(FINISH)
 
     async def acquire(self, checks: list[Check], request_id: str) -> Decision:
-        args: list[object] = [request_id, int(LEASE_TTL_S * 1000)]
-        for check in checks:
-            args += [check.kind.value, check.limit, int(check.window_s * 1000), check.cost]
+        groups = self._groups(checks)
         try:
-            allowed, index, value, reset = await self._acquire(keys=[self._prefix + c.key for c in checks], args=args)
+            if len(groups) == 1:
+                return await self._acquire_group(checks, request_id)
+            found = await asyncio.gather(*(self._acquire_group(g, request_id) for g in groups),
+                                         return_exceptions=True)
         except (RedisError, OSError) as exc:
             raise LimiterUnavailable(str(exc)) from exc
-        check = checks[index - 1] if index else None
-        if not allowed:
-            return Decision(False, check, 0, value / 1000, value / 1000)
-        return Decision(True, check, max(0, int(value)), 0.0, max(0, reset) / 1000)
+        failed = next((r for r in found if isinstance(r, BaseException)), None)
+        refused = [r for r in found if isinstance(r, Decision) and not r.allowed]
+        if failed is not None or refused:
+            taken = [g for g, r in zip(groups, found) if isinstance(r, Decision) and r.allowed]
+            await asyncio.gather(*(self._call_finish(g, request_id, "undo") for g in taken), return_exceptions=True)
+            if failed is not None:
+                if isinstance(failed, (RedisError, OSError)):
+                    raise LimiterUnavailable(str(failed)) from failed
+                raise failed
+            return min(refused, key=lambda d: checks.index(d.check))  # type: ignore[arg-type]
+        return min(found, key=lambda d: d.remaining)  # type: ignore[arg-type, union-attr]
 
     async def finish(self, checks: list[Check], request_id: str, tokens: int | None) -> None:
         pending = [c for c in checks if c.kind is Kind.CONCURRENT or (c.kind is Kind.TOKENS and tokens is not None)]
         if not pending:
             return
-        kinds = ["c" if c.kind is Kind.CONCURRENT else "t" for c in pending]
+        spent = "" if tokens is None else str(tokens)
         try:
-            await self._finish(keys=[self._prefix + c.key for c in pending],
-                               args=[request_id, "" if tokens is None else tokens, *kinds])
+            await asyncio.gather(*(self._call_finish(g, request_id, spent) for g in self._groups(pending)))
         except (RedisError, OSError) as exc:
             raise LimiterUnavailable(str(exc)) from exc
 
     async def close(self) -> None:
         await self._client.aclose()
+
+    async def _acquire_group(self, checks: Sequence[Check], request_id: str) -> Decision:
+        args: list[Any] = [request_id, int(LEASE_TTL_S * 1000)]
+        for check in checks:
+            args += [check.kind.value, check.limit, int(check.window_s * 1000), check.cost]
+        allowed, index, value, reset = await self._acquire(keys=self._keys(checks), args=args)
+        check = checks[index - 1] if index else None
+        if not allowed:
+            return Decision(False, check, 0, value / 1000, value / 1000)
+        return Decision(True, check, max(0, int(value)), 0.0, max(0, reset) / 1000)
+
+    async def _call_finish(self, checks: Sequence[Check], request_id: str, spent: str) -> None:
+        await self._finish(keys=self._keys(checks), args=[request_id, spent, *(c.kind.value for c in checks)])
+
+    def _keys(self, checks: Sequence[Check]) -> list[str]:
+        keys = []
+        for check in checks:
+            subject = check.subject if check.subject and check.key.startswith(check.subject) else check.key
+            window = f"{self._prefix}{{{subject}}}{check.key[len(subject):]}"
+            keys += (window, window + ":h", window + ":t") if check.kind is Kind.TOKENS else (window,)
+        return keys
+
+    def _groups(self, checks: list[Check]) -> list[list[Check]]:
+        """The checks one script call may take together: all of them, except on a Cluster, where
+        only those whose keys share a slot."""
+        if not self._by_slot or len(checks) == 1:
+            return [checks]
+        by_slot: dict[int, list[Check]] = {}
+        for check in checks:
+            by_slot.setdefault(key_slot(self._keys([check])[0].encode()), []).append(check)
+        return list(by_slot.values())

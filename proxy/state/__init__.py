@@ -6,9 +6,10 @@ sharing one Redis agree on them.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from proxy.config.model import StateConfig
+if TYPE_CHECKING:  # the config checks state URLs with proxy.state.connect
+    from proxy.config.model import StateConfig
 
 
 class StateStore(Protocol):

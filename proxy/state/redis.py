@@ -1,17 +1,21 @@
-"""State in Redis, shared by every gateway instance that points at it."""
+"""State in Redis, shared by every gateway instance that points at it.
+
+Each value lives under one key, so it works unchanged on a Cluster; a list's push is one
+transaction on its own key (one slot)."""
 
 from __future__ import annotations
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+from proxy.state.connect import connect
 
 
 class RedisStore:
     __slots__ = ("_client", "_prefix")
 
     def __init__(self, url: str, prefix: str) -> None:
-        self._client = aioredis.Redis.from_url(url, decode_responses=True, socket_timeout=2.0,
-                                               socket_connect_timeout=2.0, health_check_interval=30)
+        self._client = connect(url, decode_responses=True, socket_timeout=2.0, socket_connect_timeout=2.0,
+                               health_check_interval=30)
         self._prefix = prefix
 
     async def get(self, key: str) -> str | None:

@@ -1,0 +1,183 @@
+"""Reaching Redis in any of its topologies: one server, a primary that Sentinel names, or a Cluster.
+
+`state.url` says which, by its scheme:
+
+    redis://host:6379/0 (rediss://, unix://)         one server
+    redis+sentinel://s1:26379,s2:26379/mymaster/0    the primary the sentinels name `mymaster`, database 0
+    redis+cluster://n1:7000,n2:7001                  a cluster, found from any of these seed nodes
+
+(`rediss+sentinel://` and `rediss+cluster://` speak TLS to the data nodes.) A user and password
+in the URL are the data nodes'; a Sentinel with a password of its own takes `?sentinel_password=`.
+Every user of shared state gets its client here, so all of them follow a failover or a slot
+move the same way: redis-py's Sentinel pool asks the sentinels for the primary on each new
+connection, and its cluster client follows MOVED and ASK answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import functools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Union
+from urllib.parse import parse_qs, unquote
+
+if TYPE_CHECKING:  # the client is imported when one is made: the config check needs only parse()
+    import redis.asyncio as aioredis
+
+RedisClient = Union["aioredis.Redis", "aioredis.RedisCluster"]
+
+
+class Mode(enum.Enum):
+    SINGLE = "single"
+    SENTINEL = "sentinel"
+    CLUSTER = "cluster"
+
+
+@dataclass(slots=True, frozen=True)
+class Topology:
+    """What a `state.url` names; its repr leaves the password out."""
+
+    mode: Mode
+    url: str = field(repr=False)                                  # SINGLE: as given, for redis-py
+    nodes: tuple[tuple[str, int], ...] = ()                       # SENTINEL: the sentinels; CLUSTER: seeds
+    master: str = ""                                              # SENTINEL: the primary's name
+    db: int = 0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    sentinel_password: str | None = field(default=None, repr=False)
+    tls: bool = False
+
+
+def parse(url: str) -> Topology:
+    """The topology `url` names; ValueError (never quoting a password) when it names none."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError("not a URL: expected redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://")
+    scheme = scheme.lower()
+    if scheme in ("redis", "rediss", "unix"):
+        return Topology(Mode.SINGLE, url)
+    base, _, kind = scheme.partition("+")
+    if base not in ("redis", "rediss") or kind not in ("sentinel", "cluster"):
+        raise ValueError(f"unknown scheme {scheme!r}: expected redis://, rediss://, unix://, "
+                         "redis+sentinel:// or redis+cluster://")
+    rest, _, query = rest.partition("?")
+    userinfo, at, hostpart = rest.rpartition("@")
+    if not at:
+        userinfo, hostpart = "", rest
+    hosts, _, path = hostpart.partition("/")
+    username = password = None
+    if userinfo:
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+    nodes = tuple(_node(h, 26379 if kind == "sentinel" else 6379) for h in hosts.split(","))
+    segments = [s for s in path.split("/") if s]
+    options = parse_qs(query)
+    sentinel_password = options.get("sentinel_password", [None])[0]
+    if kind == "cluster":
+        if segments not in ([], ["0"]):
+            raise ValueError("a cluster has only database 0: redis+cluster://host:port[,host:port...]")
+        return Topology(Mode.CLUSTER, url, nodes, username=username, password=password, tls=base == "rediss")
+    if not segments or len(segments) > 2:
+        raise ValueError("a sentinel URL names the primary: redis+sentinel://host:port[,host:port...]/name[/db]")
+    if len(segments) == 2 and not segments[1].isdigit():
+        raise ValueError(f"database {segments[1]!r} is not a number")
+    return Topology(Mode.SENTINEL, url, nodes, unquote(segments[0]), int(segments[1]) if len(segments) == 2 else 0,
+                    username, password, sentinel_password, base == "rediss")
+
+
+def _node(text: str, default_port: int) -> tuple[str, int]:
+    if not text:
+        raise ValueError("an empty host in the node list")
+    if text.startswith("["):  # [::1]:7000
+        host, _, port = text[1:].partition("]")
+        port = port.removeprefix(":")
+    else:
+        host, _, port = text.rpartition(":") if ":" in text else (text, "", "")
+    if port and not port.isdigit():
+        raise ValueError(f"port {port!r} is not a number")
+    return host, int(port) if port else default_port
+
+
+# Commands in flight at once, per client: past it a command waits its turn. redis-py's pools
+# refuse a connection past their size at once (an error the limiter would take for an outage,
+# and fail open on, under a burst); the pools get a few more, for the pipelines that bypass this.
+MAX_IN_FLIGHT = 256
+_POOL_SLACK = 32
+
+
+def connect(url: str, max_in_flight: int = MAX_IN_FLIGHT, **options: Any) -> RedisClient:
+    """A client for the topology `url` names. `options` are redis-py's connection options
+    (socket_timeout, decode_responses, ...), applied to every data node."""
+    topology = parse(url)
+    options["max_connections"] = max_in_flight + _POOL_SLACK
+    classes = _clients()
+    if topology.mode is Mode.SINGLE:
+        client = classes.single.from_url(url, **options)
+    elif topology.mode is Mode.CLUSTER:
+        from redis.asyncio.cluster import ClusterNode
+
+        options.pop("health_check_interval", None)  # the cluster client checks its nodes itself
+        client = classes.cluster(startup_nodes=[ClusterNode(h, p) for h, p in topology.nodes], ssl=topology.tls,
+                                 username=topology.username, password=topology.password, **options)
+    else:
+        from redis.asyncio.sentinel import Sentinel
+
+        sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_")}
+        if topology.sentinel_password:
+            sentinel_options["password"] = topology.sentinel_password
+        sentinel = Sentinel(list(topology.nodes), sentinel_kwargs=sentinel_options)
+        client = sentinel.master_for(topology.master, redis_class=classes.single, db=topology.db, ssl=topology.tls,
+                                     username=topology.username, password=topology.password, **options)
+        client.sentinels = sentinel.sentinels
+    client.gate = asyncio.Semaphore(max_in_flight)
+    return client
+
+
+def mode_of(url: str) -> Mode:
+    return parse(url).mode
+
+
+@dataclass(slots=True, frozen=True)
+class _Classes:
+    single: type
+    cluster: type
+
+
+@functools.cache
+def _clients() -> _Classes:
+    """redis-py's clients, gated (MAX_IN_FLIGHT); built on first use, so only a gateway that
+    talks to Redis imports it."""
+    import redis.asyncio as aioredis
+    from redis.asyncio.cluster import RedisCluster
+
+    class Gated(aioredis.Redis):
+        gate: asyncio.Semaphore
+        sentinels: list[aioredis.Redis] = []  # a Sentinel-named primary's: closed with it
+
+        async def execute_command(self, *args: Any, **options: Any) -> Any:
+            async with self.gate:
+                return await super().execute_command(*args, **options)
+
+        async def aclose(self, close_connection_pool: bool | None = None) -> None:
+            await super().aclose(close_connection_pool)
+            for sentinel in self.sentinels:
+                await sentinel.aclose()
+
+    class GatedCluster(RedisCluster):
+        gate: asyncio.Semaphore
+        found: asyncio.Lock | None = None
+
+        async def execute_command(self, *args: Any, **options: Any) -> Any:
+            if self._initialize:
+                # The nodes are found once, by one command, while the others wait: redis-py lets
+                # a burst of first commands each start finding them, and closes connections that
+                # the others are still using.
+                self.found = self.found or asyncio.Lock()
+                async with self.found:
+                    await self.initialize()
+            async with self.gate:
+                return await super().execute_command(*args, **options)
+
+    return _Classes(Gated, GatedCluster)

@@ -1,0 +1,129 @@
+"""Shared state in every Redis topology: what `state.url` may name, and the pieces that must
+keep to a Cluster's slots (the limiter's scripts, the webhook queue's shelves)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.crc import key_slot
+
+from plugins.webhook_queue.queue import QueuedWebhook, Shelf, WebhookQueue
+from proxy.config import ConfigError, parse_config
+from proxy.config.model import StateConfig
+from proxy.limits import Check, Kind
+from proxy.limits.redis import RedisLimiter
+from proxy.state.connect import Mode, connect, parse
+from proxy.state.redis import RedisStore
+
+
+@pytest.mark.parametrize(("url", "mode", "nodes", "master", "db"), [
+    ("redis://127.0.0.1:6379/2", Mode.SINGLE, (), "", 0),
+    ("unix:///run/redis.sock", Mode.SINGLE, (), "", 0),
+    ("redis+sentinel://s1:26379,s2/main/3", Mode.SENTINEL, (("s1", 26379), ("s2", 26379)), "main", 3),
+    ("rediss+sentinel://:pw@s1:1/main", Mode.SENTINEL, (("s1", 1),), "main", 0),
+    ("redis+cluster://n1:7000,[::1]:7001,n3", Mode.CLUSTER, (("n1", 7000), ("::1", 7001), ("n3", 6379)), "", 0),
+])
+def test_state_url_names_one_topology(url: str, mode: Mode, nodes: tuple, master: str, db: int) -> None:
+    topology = parse(url)
+    assert (topology.mode, topology.nodes, topology.master, topology.db) == (mode, nodes, master, db)
+    assert StateConfig(url=url).url == url
+
+
+@pytest.mark.parametrize("url", [
+    "http://u:s3cret-pass@h:1", "redis+foo://u:s3cret-pass@h:1", "redis+cluster://u:s3cret-pass@h:1/4",
+    "redis+sentinel://u:s3cret-pass@h:1", "redis+sentinel://u:s3cret-pass@h:1/main/x",
+    "redis+cluster://u:s3cret-pass@h:port", "redis+cluster://u:s3cret-pass@h,,k",
+])
+def test_a_state_url_naming_no_topology_is_refused_without_quoting_its_password(url: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_config(f"state: {{backend: redis, url: '{url}'}}\nplugins: {{webhook_queue: {{url: '{url}'}}}}", {})
+    assert [p.split(":")[0] for p in refused.value.problems] == ["state.url", "plugins.webhook_queue.url"]
+    assert "s3cret" not in str(refused.value.problems)
+    assert "s3cret" not in repr(parse("redis+sentinel://u:s3cret-pass@h:1/main"))
+
+
+async def test_a_burst_past_the_pool_waits_its_turn_instead_of_failing(redis_url: str) -> None:
+    """300 checks at once on one client: none is taken for an outage (which would fail open)."""
+    limiter = RedisLimiter(redis_url, "burst:")
+    checks = [Check("key:k:rpm", "key-rpm", Kind.REQUESTS, 100, 60, subject="key:k")]
+    try:
+        found = await asyncio.gather(*(limiter.acquire(checks, f"r{i}") for i in range(300)))
+    finally:
+        await limiter.close()
+    assert [d.allowed for d in found].count(True) == 100
+
+
+# A request's limits of three subjects: on a Cluster each lands in a slot of its own.
+KEY = Check("key:k:rpm", "key-rpm", Kind.REQUESTS, 100, 60, subject="key:k")
+TOKENS = Check("key:k:model:m:tpm", "key-model-tpm", Kind.TOKENS, 2000, 60, cost=400, subject="key:k:model:m")
+ROUTE = Check("route:messages:rpm", "route-rpm", Kind.REQUESTS, 2, 60, subject="route:messages")
+LEASE = Check("key:k:concurrent", "key-concurrent", Kind.CONCURRENT, 5, 0, subject="key:k")
+
+
+def test_a_subjects_counters_share_a_slot_and_subjects_spread() -> None:
+    limiter = RedisLimiter.__new__(RedisLimiter)
+    limiter._prefix = "mg:rl:"
+    slots = {c.subject: {key_slot(k.encode()) for k in limiter._keys([c])} for c in (KEY, TOKENS, ROUTE, LEASE)}
+    assert all(len(s) == 1 for s in slots.values())  # every key of one subject (window, amounts, total)
+    assert slots["key:k"] != slots["route:messages"] != slots["key:k:model:m"]
+
+
+async def test_on_a_cluster_a_refusal_by_one_subject_gives_back_what_the_others_took(redis_cluster) -> None:  # noqa: ANN001
+    redis_cluster.flush()
+    limiter = RedisLimiter(redis_cluster.url, "mg:")
+    client = connect(redis_cluster.url)
+    checks = [KEY, TOKENS, LEASE, ROUTE]
+    try:
+        assert [(await limiter.acquire(checks, f"r{i}")).allowed for i in range(3)] == [True, True, False]
+        refused = await limiter.acquire(checks, "r3")
+        assert not refused.allowed and refused.check == ROUTE
+        # The refused requests hold nothing: two requests' worth in each window, two leases.
+        assert await client.zcard("mg:rl:{key:k}:rpm") == 2
+        assert await client.zcard("mg:rl:{key:k}:concurrent") == 2
+        assert int(await client.get("mg:rl:{key:k:model:m}:tpm:t")) == 800
+        await limiter.finish(checks, "r0", 150)  # settled to what it spent; its lease released
+        assert int(await client.get("mg:rl:{key:k:model:m}:tpm:t")) == 550
+        assert await client.zcard("mg:rl:{key:k}:concurrent") == 1
+    finally:
+        await limiter.close()
+        await client.aclose()
+
+
+async def test_the_state_store_and_the_webhook_shelves_work_on_a_cluster(redis_cluster) -> None:  # noqa: ANN001
+    redis_cluster.flush()
+    store = RedisStore(redis_cluster.url, "mg:")
+    queue = WebhookQueue(redis_cluster.url, "mg:")
+    try:
+        assert await store.add("pin:resp_1", "a", 60) and not await store.add("pin:resp_1", "b", 60)
+        for n in range(3):
+            await store.push("video:tasks:t", f"task{n}", 60, keep=2)
+        assert await store.recent("video:tasks:t", 5) == ["task2", "task1"]
+        assert len({key_slot(queue.key(s).encode()) for s in Shelf} | {key_slot(queue.key_lease.encode())}) == 1
+        for n in range(3):
+            await queue.put(QueuedWebhook("POST", "/api/stripe/webhook", [], f"evt_{n}".encode(), f"r{n}"))
+        first = await queue.oldest(block_ms=10)
+        assert first is not None and first.body == b"evt_0"
+        await queue.settle(first, "200", Shelf.DELIVERED)
+        assert [w.body for w in await queue.entries(Shelf.PENDING)] == [b"evt_1", b"evt_2"]
+        assert await queue.replay(Shelf.DELIVERED, None)
+        assert await queue.depth(Shelf.PENDING) == 3
+    finally:
+        await store.close()
+        await queue.close()
+
+
+async def test_an_upgrade_keeps_the_webhooks_queued_under_the_old_names(redis_url: str) -> None:
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(redis_url)
+    await client.xadd("old:webhooks:pending", {"method": "POST", "target": "/api/stripe/webhook", "headers": "[]",
+                                                "body": b"evt_old", "request_id": "r", "received_at": "1.0"})
+    queue = WebhookQueue(redis_url, "old:")
+    try:
+        await queue.adopt_untagged()
+        assert [w.body for w in await queue.entries(Shelf.PENDING)] == [b"evt_old"]
+        assert not await client.exists("old:webhooks:pending")
+    finally:
+        await queue.close()
+        await client.aclose()
