@@ -110,10 +110,10 @@ class Cluster:
 
 @dataclass
 class SentinelSetup:
-    """One primary, one replica and three sentinels (quorum two) watching it as `main`."""
+    """One primary, its replicas (one unless asked) and three sentinels (quorum two) watching it as `main`."""
 
     primary: int
-    replica: int
+    replicas: list[int]
     sentinels: list[int]
     processes: RedisProcesses
     name: str = "main"
@@ -135,12 +135,14 @@ class SentinelSetup:
         return port
 
     @classmethod
-    def start(cls, directory: Path) -> SentinelSetup:
+    def start(cls, directory: Path, replicas: int = 1) -> SentinelSetup:
         processes = RedisProcesses(directory)
-        primary, replica = free_port(), free_port()
+        primary, copies = free_port(), [free_port() for _ in range(replicas)]
         processes.start(primary)
-        processes.start(replica, "--replicaof", "127.0.0.1", str(primary))
-        _wait(lambda: _client(replica).info("replication")["master_link_status"] == "up", "the replica to sync")
+        for replica in copies:
+            processes.start(replica, "--replicaof", "127.0.0.1", str(primary))
+            _wait(lambda replica=replica: _client(replica).info("replication")["master_link_status"] == "up",
+                  "the replica to sync")
         sentinels = [free_port() for _ in range(3)]
         for port in sentinels:
             conf = directory / f"sentinel-{port}.conf"
@@ -155,4 +157,4 @@ class SentinelSetup:
         for port in sentinels:
             _wait(lambda port=port: _client(port).sentinel_master("main")["num-other-sentinels"] >= 2,
                   f"sentinel {port} to see the others")
-        return cls(primary, replica, sentinels, processes)
+        return cls(primary, copies, sentinels, processes)

@@ -4,7 +4,10 @@ keep to a Cluster's slots (the limiter's scripts, the webhook queue's shelves)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 
+import aiohttp
 import pytest
 from redis.crc import key_slot
 
@@ -15,6 +18,7 @@ from proxy.limits import Check, Kind
 from proxy.limits.redis import RedisLimiter
 from proxy.state.connect import Mode, connect, parse
 from proxy.state.redis import RedisStore
+from tests.conftest import free_port
 
 
 @pytest.mark.parametrize(("url", "mode", "nodes", "master", "db"), [
@@ -127,3 +131,97 @@ async def test_an_upgrade_keeps_the_webhooks_queued_under_the_old_names(redis_ur
     finally:
         await queue.close()
         await client.aclose()
+
+
+FAILOVER_CONFIG = """
+server: {{listen: "127.0.0.1:{{PORT}}", workers: 1}}
+state: {{backend: redis, url: "{url}"}}
+keys:
+  - {{name: busy, key: failover-key-busy, limits: {{rpm: 100000}}}}
+  - {{name: later, key: failover-key-later, limits: {{rpm: 5}}}}
+channels:
+  - {{name: sim, base_url: "{sim}", formats: [messages]}}
+  - {{name: accounts, base_url: "http://127.0.0.1:{accounts}", formats: [account]}}
+plugins:
+  ratelimit: {{fail: open}}
+  webhook_queue: {{enabled: true, backoff_s: 0.05, max_backoff_s: 0.5, lease_s: 2}}
+observability: {{logging: {{access_log: false}}}}
+"""
+CHAT = {"model": "msgmodel-haiku-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def chat_headers(key: str) -> dict[str, str]:
+    return {"x-api-key": key, "msgapi-version": "2023-06-01"}
+
+
+async def test_a_sentinel_failover_mid_load_keeps_serving_and_loses_no_accepted_webhook(spawn, tmp_path) -> None:  # noqa: ANN001
+    """The primary dies under load: chat goes on (limits fail open meanwhile), the gateways find the new
+    primary by themselves, and every webhook answered 200 reaches the backend."""
+    from tests.redis_topologies import SentinelSetup
+    from tests.test_webhook_queue import SIGNED, Backend
+
+    setup = await asyncio.to_thread(SentinelSetup.start, tmp_path / "sentinel", 2)
+    backend = Backend(free_port())
+    await backend.start()
+    try:
+        sim = spawn("simulator", "--chunk-delay-ms", "0")
+        text = FAILOVER_CONFIG.format(url=setup.url, sim=sim.url, accounts=backend.port)
+        gateways = [spawn("gateway", config=text).url for _ in range(2)]
+        chats: list[int] = []
+        accepted: list[bytes] = []
+        refused: list[int] = []
+        stop = asyncio.Event()
+
+        async def load(http: aiohttp.ClientSession, lane: int) -> None:
+            n = 0
+            while not stop.is_set():
+                url = gateways[(lane + n) % 2]
+                async with http.post(url + "/v1/messages", json=CHAT, headers=chat_headers("failover-key-busy")) as a:
+                    await a.read()
+                    chats.append(a.status)
+                body = json.dumps({"id": f"evt_{lane}_{n}", "type": "invoice.paid"}).encode()
+                async with http.post(url + "/api/stripe/webhook", data=body, headers=SIGNED) as a:
+                    await a.read()
+                    (accepted.append(body) if a.status == 200 else refused.append(a.status))
+                n += 1
+                await asyncio.sleep(0.01)
+
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+            lanes = [asyncio.create_task(load(http, lane)) for lane in range(4)]
+            await asyncio.sleep(1.5)
+            before = len(accepted)
+            old = await asyncio.to_thread(setup.kill_primary)
+            async with asyncio.timeout(30):
+                while (await asyncio.to_thread(setup.current_primary)) == old:
+                    await asyncio.sleep(0.1)
+                during = len(accepted)
+                while len(accepted) < during + 20:
+                    await asyncio.sleep(0.1)  # the new primary takes webhooks again
+            stop.set()
+            await asyncio.gather(*lanes)
+
+            assert before > 0 and set(chats) == {200}, sorted(set(chats))  # served all along, limits failing open
+            assert set(refused) <= {503}
+            lost = set(accepted)  # duplicates may come (delivery is at least once); losses may not
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(30):
+                    while lost := lost - {body for _, _, body in backend.received}:
+                        await asyncio.sleep(0.1)
+            assert not lost, f"{len(lost)} of {len(accepted)} webhooks answered 200 never reached the backend"
+
+            async with asyncio.timeout(10):  # each gateway's probe finds the store again by itself
+                for url in gateways:
+                    while (await (await http.get(url + "/readyz")).json())["state_store"] != "ok":
+                        await asyncio.sleep(0.1)
+            later = []
+            for n in range(8):  # the limiter found the new primary: a fresh key's limit holds exactly
+                async with http.post(gateways[n % 2] + "/v1/messages", json=CHAT,
+                                     headers=chat_headers("failover-key-later")) as answer:
+                    later.append(answer.status)
+            assert later.count(200) == 5 and later.count(429) == 3
+            for url in gateways:
+                async with http.get(url + "/readyz") as ready:
+                    assert ready.status == 200
+    finally:
+        await backend.stop()
+        setup.processes.stop()
