@@ -1,0 +1,424 @@
+"""The deployable artefacts are checked, not just written.
+
+No Docker engine or cluster is at hand, so each file is checked against what would read it:
+the Dockerfile statically (its base, user, install step, entrypoint and health check, and that
+what it copies exists and is in the build context) and by running its default command and its
+health check as the image would; docker-compose.yaml against the Compose Specification's JSON
+schema, with the files it mounts checked by their own readers (the gateway's config check,
+promtool, Grafana's provisioning layout); the Kubernetes manifests in deploy/ against the
+Kubernetes API's schemas in strict mode, and against each other and the image."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import posixpath
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from proxy.config import load_config
+from tests.conftest import free_port
+from tests.dockerfile import (
+    copied,
+    dockerfile_stages,
+    healthcheck_command,
+    ignore_patterns,
+    ignored,
+    image,
+    image_port,
+    image_uid,
+    readme_run_it,
+    venv_and_pip,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+COMPOSE = ROOT / "docker-compose.yaml"
+
+# The Kubernetes release the manifests are checked against: the oldest one whose schemas every
+# kubernetes-validate the test extras allow (>=1.30) ships, and still one that has every API
+# used here (autoscaling/v2 and policy/v1 are GA since 1.23 and 1.21).
+KUBERNETES_VERSION = "1.30.0"
+
+
+# --- the Dockerfile -------------------------------------------------------------------------
+
+
+
+def test_the_image_is_slim_python_run_by_a_user_that_is_not_root() -> None:
+    stages = dockerfile_stages()
+    for stage in stages:
+        assert re.fullmatch(r"python:3\.11-slim(-\w+)?", stage.base), stage.base
+    final = stages[-1]
+    assert final.user is not None, "no USER: the image would run as root"
+    user, _, group = final.user.partition(":")
+    assert user.isdigit(), "a numeric uid, so runAsNonRoot can be verified without /etc/passwd"
+    assert int(user) != 0 and group != "0"
+    assert any(f"--uid {user}" in run for run in final.runs), "the uid is created in the image"
+    assert final.entrypoint == ["modelgate", "serve"]
+    assert final.cmd and final.cmd[:2] == ["-c", "/etc/modelgate/config.yaml"]
+
+
+def test_the_image_installs_the_package_as_the_readme_does() -> None:
+    commands = readme_run_it()
+    _, readme_args = venv_and_pip(commands)
+    # The README installs editable for development; the image installs the same target for good.
+    expected = [arg for arg in readme_args if arg not in ("-e", "--editable")]
+    (build,) = [stage for stage in dockerfile_stages() if any("pip install" in run for run in stage.runs)]
+    (run,) = [run for run in build.runs if "pip install" in run]
+    venv, args = venv_and_pip([shlex.split(part) for part in run.split("&&")])
+    assert args == expected, f"the image runs pip install {args}, the README {readme_args}"
+    target = posixpath.normpath(posixpath.join(build.workdir, expected[-1]))
+    assert posixpath.join(target, "pyproject.toml") in copied(build), "pip installs the copied project"
+    final = image()
+    assert venv in copied(final, from_stage=build.name).values(), "the runtime stage takes the build's venv"
+    serve = commands[-1]
+    assert [Path(serve[0]).name, *serve[1:]] == final.entrypoint, "README's last command is the entrypoint"
+
+
+def test_everything_the_dockerfile_copies_exists_and_is_in_the_build_context() -> None:
+    patterns = ignore_patterns()
+    for excluded in (".git", ".venv", ".venv-litellm", "modelgate.egg-info", "proxy/__pycache__/x.pyc"):
+        assert ignored(excluded, patterns), f"{excluded} would be sent with the build context"
+    stages = dockerfile_stages()
+    stage_names = {stage.name for stage in stages}
+    for stage in stages:
+        for source_stage, sources, _ in stage.copies:
+            assert source_stage is None or source_stage in stage_names, f"COPY --from={source_stage}: no such stage"
+            for source in sources if source_stage is None else ():
+                assert (ROOT / source).exists(), f"COPY {source}: no such file in the repository"
+                assert not ignored(source, patterns), f"COPY {source}: left out by .dockerignore"
+    (build,) = [stage for stage in stages if any("pip install" in run for run in stage.runs)]
+    _, args = venv_and_pip([shlex.split(part) for run in build.runs for part in run.split("&&")])
+    target = posixpath.normpath(posixpath.join(build.workdir, args[-1]))
+    in_install_dir = {posixpath.relpath(path, target) for path in copied(build) if path.startswith(target + "/")}
+    # What `pip install .` reads: pyproject.toml, the readme it names, and every package it finds.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    needed = {"pyproject.toml", project["project"]["readme"]}
+    include = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    needed |= {child.name for child in ROOT.iterdir() if (child / "__init__.py").exists()
+               and any(re.fullmatch(pattern.replace("*", ".*"), child.name) for pattern in include)}
+    assert needed <= in_install_dir, f"not copied for the install: {needed - in_install_dir}"
+
+
+def test_the_image_default_command_serves_and_its_healthcheck_passes() -> None:
+    """Run the image's ENTRYPOINT and CMD here, with the copied files at their repository paths
+    and the port moved to a free one, then the HEALTHCHECK command against it."""
+    final = image()
+    command = healthcheck_command()
+    assert command[0] == "python", "the slim image has no curl or wget"
+    assert f"http://127.0.0.1:{image_port()}/readyz" in command[-1]
+    in_image = copied(final)
+    assert final.entrypoint and final.cmd
+    port = free_port()
+    args = [str(ROOT / in_image[arg]) if arg in in_image else arg for arg in final.entrypoint[1:] + final.cmd]
+    listen = args.index("--listen")
+    assert args[listen + 1] == f"0.0.0.0:{image_port()}", "reachable from outside the container"
+    args[listen + 1] = f"127.0.0.1:{port}"
+    binary = Path(sys.executable).with_name(final.entrypoint[0])
+    assert binary.exists(), "the entrypoint is the package's console script"
+    check = [sys.executable, *command[1:-1], command[-1].replace(f":{image_port()}/", f":{port}/")]
+    gateway = subprocess.Popen([str(binary), *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               env={**os.environ, "MODELGATE_DEMO_KEY": "sk-artifacts-test"})
+    try:
+        deadline = time.monotonic() + 30
+        while subprocess.run(check, capture_output=True, timeout=10).returncode != 0:
+            assert gateway.poll() is None, gateway.communicate()[1].decode()[-2000:]
+            assert time.monotonic() < deadline, "the health check never passed"
+            time.sleep(0.2)
+    finally:
+        gateway.send_signal(signal.SIGTERM)
+        gateway.wait(timeout=30)
+    assert subprocess.run(check, capture_output=True, timeout=10).returncode != 0, \
+        "the health check must fail with no gateway"
+
+
+# --- docker-compose.yaml ------------------------------------------------------------------------
+
+
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+
+
+def compose_schema_validator() -> jsonschema.protocols.Validator:
+    # check-jsonschema vendors the Compose Specification's schema (compose-spec/compose-spec,
+    # Apache-2.0), so the check runs offline.
+    text = (files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json").read_text(encoding="utf-8")
+    schema = json.loads(text)
+    validator = jsonschema.validators.validator_for(schema)
+    validator.check_schema(schema)
+    return validator(schema, format_checker=validator.FORMAT_CHECKER)
+
+
+def interpolate(value: str, environ: dict[str, str]) -> str:
+    """Compose's `${VAR}`, `${VAR:-default}` and `${VAR-default}`, in a shell with none of them set."""
+    def replace(match: re.Match[str]) -> str:
+        name, colon, default = match.group(1), match.group(2), match.group(3)
+        if name in environ and (environ[name] or not colon):
+            return environ[name]
+        return default or ""
+
+    return re.sub(r"\$\{(\w+)(?:(:?)-([^}]*))?\}", replace, value)
+
+
+def service_environment(service: dict[str, Any]) -> dict[str, str]:
+    environment = service.get("environment", {})
+    if isinstance(environment, list):
+        environment = dict(item.split("=", 1) for item in environment)
+    return {name: interpolate(str(value), {}) for name, value in environment.items()}
+
+
+def bind_mounts(service: dict[str, Any]) -> dict[str, Path]:
+    """Container path -> repository path, for each bind mount of a service."""
+    mounts: dict[str, Path] = {}
+    for volume in service.get("volumes", []):
+        if isinstance(volume, dict):
+            if volume.get("type") == "bind":
+                mounts[volume["target"]] = (ROOT / volume["source"]).resolve()
+            continue
+        source, target = volume.split(":")[:2]
+        if source.startswith((".", "/")):
+            mounts[target] = (ROOT / source).resolve()
+    return mounts
+
+
+def host_path(service: dict[str, Any], container_path: str) -> Path:
+    """The repository file a path inside a service's container comes from."""
+    for target, source in sorted(bind_mounts(service).items(), key=lambda item: -len(item[0])):
+        if container_path == target or container_path.startswith(target.rstrip("/") + "/"):
+            return source / posixpath.relpath(container_path, target)
+    raise AssertionError(f"{container_path} is not mounted from the repository")
+
+
+def has_healthcheck(service: dict[str, Any]) -> bool:
+    if "healthcheck" in service:
+        return not service["healthcheck"].get("disable", False)
+    return "build" in service and image().healthcheck is not None
+
+
+def gateway_config_path() -> Path:
+    gateway = compose()["services"]["gateway"]
+    args = gateway["command"]
+    assert image().entrypoint == ["modelgate", "serve"] and args[0] == "-c", "the command is serve's arguments"
+    return host_path(gateway, args[1])
+
+
+def test_compose_file_matches_the_compose_specification() -> None:
+    validator = compose_schema_validator()
+    document = compose()
+    problems = [f"{'.'.join(map(str, error.absolute_path))}: {error.message}"
+                for error in validator.iter_errors(document)]
+    assert not problems, "\n".join(problems)
+    broken = copy.deepcopy(document)
+    broken["services"]["gateway"]["helthcheck"] = {}
+    assert not validator.is_valid(broken), "the schema must refuse a misspelt key"
+
+
+def test_compose_services_start_in_order_and_mount_files_that_exist() -> None:
+    document = compose()
+    services = document["services"]
+    assert {"gateway", "redis", "prometheus", "grafana"} <= set(services)
+    assert services["gateway"]["build"] in (".", {"context": "."}) and (ROOT / "Dockerfile").exists()
+    for name, service in services.items():
+        assert has_healthcheck(service), f"{name} has no health check"
+        for needed, condition in service.get("depends_on", {}).items():
+            assert needed in services, f"{name} depends on {needed}, which is not a service"
+            assert condition["condition"] == "service_healthy" and has_healthcheck(services[needed])
+        for target, source in bind_mounts(service).items():
+            assert source.exists(), f"{name} mounts {source} at {target}: no such file"
+            assert source.is_relative_to(ROOT)
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0] if isinstance(volume, str) else volume.get("source", "")
+            if source and not source.startswith((".", "/")):
+                assert source in (document.get("volumes") or {}), f"{name}: volume {source} is not declared"
+    assert [dependency for dependency in services["gateway"]["depends_on"]] == ["redis"]
+
+
+def test_compose_gateway_config_passes_the_gateways_check_and_uses_the_stacks_redis() -> None:
+    gateway = compose()["services"]["gateway"]
+    path = gateway_config_path()
+    assert path.is_relative_to(DEPLOY), "the stack's gateway config lives in deploy/"
+    environment = service_environment(gateway)
+    checked = subprocess.run([sys.executable, "-m", "proxy", "check-config", str(path)], cwd=ROOT,
+                             env={"PATH": os.environ.get("PATH", ""), **environment},
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stderr
+    config = load_config(path, environment).config
+    assert config.state.backend == "redis"
+    redis = urlsplit(config.state.url)
+    assert redis.hostname in compose()["services"] and redis.hostname == "redis" and redis.port == 6379
+    assert config.server.host == "0.0.0.0"
+    listen_port = int(config.server.listen.rsplit(":", 1)[1])
+    assert listen_port == image_port(), "the image's health check asks this port"
+    published = {str(port).rsplit(":", 1)[-1] for port in gateway["ports"]}
+    assert str(listen_port) in published
+    stop_grace = int(gateway["stop_grace_period"].removesuffix("s"))
+    assert stop_grace > config.server.drain_timeout_s, "docker would kill the gateway mid-drain"
+
+
+def prometheus_config() -> tuple[dict[str, Any], dict[str, Any]]:
+    service = compose()["services"]["prometheus"]
+    config_path = host_path(service, "/etc/prometheus/prometheus.yml")  # the image's default --config.file
+    return service, yaml.safe_load(config_path.read_text(encoding="utf-8"))
+
+
+def test_prometheus_scrapes_the_gateway_and_loads_the_alert_rules() -> None:
+    service, config = prometheus_config()
+    (job,) = config["scrape_configs"]
+    assert job.get("metrics_path", "/metrics") == "/metrics"
+    (target,) = [target for group in job["static_configs"] for target in group["targets"]]
+    host, port = target.split(":")
+    assert host == "gateway" and int(port) == image_port()
+    rules = [host_path(service, posixpath.join("/etc/prometheus", rule)) for rule in config["rule_files"]]
+    assert rules == [ROOT / "dashboards" / "alerts.yaml"]
+
+
+def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (.ci/run installs it)")
+    # The container's /etc/prometheus, laid out from the service's mounts, so relative rule
+    # files resolve as they do in the container and promtool checks them too.
+    service, _ = prometheus_config()
+    for target, source in bind_mounts(service).items():
+        if target.startswith("/etc/prometheus/"):
+            place = tmp_path / posixpath.relpath(target, "/etc/prometheus")
+            place.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(source, place)
+    checked = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "rules found" in checked.stdout + checked.stderr and " 0 rules found" not in checked.stdout
+
+
+def test_grafana_provisions_the_prometheus_datasource_and_the_dashboard() -> None:
+    services = compose()["services"]
+    grafana = services["grafana"]
+    provisioning = "/etc/grafana/provisioning"  # the image's GF_PATHS_PROVISIONING
+    sources = [yaml.safe_load(path.read_text(encoding="utf-8"))
+               for path in sorted(host_path(grafana, f"{provisioning}/datasources").glob("*.yaml"))]
+    (datasource,) = [source for file in sources for source in file["datasources"]]
+    url = urlsplit(datasource["url"])
+    assert datasource["type"] == "prometheus" and datasource["isDefault"] is True
+    assert url.hostname == "prometheus" and url.port == 9090 and "prometheus" in services
+    providers = [yaml.safe_load(path.read_text(encoding="utf-8"))
+                 for path in sorted(host_path(grafana, f"{provisioning}/dashboards").glob("*.yaml"))]
+    (provider,) = [provider for file in providers for provider in file["providers"]]
+    assert provider["type"] == "file"
+    folder = provider["options"]["path"]
+    dashboards = [target for target in bind_mounts(grafana) if posixpath.dirname(target) == folder]
+    assert [host_path(grafana, target) for target in dashboards] == [ROOT / "dashboards" / "modelgate.json"]
+    dashboard = json.loads((ROOT / "dashboards" / "modelgate.json").read_text(encoding="utf-8"))
+    variable = next(item for item in dashboard["templating"]["list"] if item["type"] == "datasource")
+    assert variable["query"] == datasource["type"], "the dashboard's datasource variable finds it"
+
+
+# --- Kubernetes -----------------------------------------------------------------------------
+
+
+def manifests() -> list[tuple[str, dict[str, Any]]]:
+    """Every document in deploy/ that is a Kubernetes object: it has an apiVersion and a kind."""
+    found = []
+    for path in sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml")]):
+        for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if isinstance(document, dict) and "apiVersion" in document and "kind" in document:
+                found.append((str(path.relative_to(ROOT)), document))
+    return found
+
+
+def the(kind: str) -> dict[str, Any]:
+    (document,) = [document for _, document in manifests() if document["kind"] == kind]
+    return document
+
+
+def test_the_deploy_folder_has_every_kubernetes_object_the_gateway_needs() -> None:
+    kinds = sorted(document["kind"] for _, document in manifests())
+    assert kinds == sorted(["ConfigMap", "Secret", "Deployment", "Service",
+                            "PodDisruptionBudget", "HorizontalPodAutoscaler"])
+
+
+@pytest.mark.parametrize("where, document", manifests(),
+                         ids=[f"{where}:{d['kind']}/{d['metadata']['name']}" for where, d in manifests()])
+def test_kubernetes_manifest_matches_the_api_schema(where: str, document: dict[str, Any]) -> None:
+    try:
+        kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as error:
+        pytest.fail(f"{where}: {'.'.join(map(str, error.path))}: {error.message}")
+    except kubernetes_validate.utils.SchemaNotFoundError as error:
+        pytest.fail(f"{where}: {error.message}")  # an unknown kind or API version is an error, not a pass
+
+
+def test_the_strict_schemas_refuse_unknown_and_mistyped_fields() -> None:
+    deployment = the("Deployment")
+    for path, value in ((("spec", "template", "spec", "containers", 0, "readinessprobe"), {}),
+                        (("spec", "template", "spec", "terminationGracePeriodSeconds"), "75")):
+        broken = copy.deepcopy(deployment)
+        node = broken
+        for step in path[:-1]:
+            node = node[step]
+        node[path[-1]] = value
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_autoscaler_and_the_disruption_budget_fit_the_deployment() -> None:
+    deployment, hpa, pdb = the("Deployment"), the("HorizontalPodAutoscaler"), the("PodDisruptionBudget")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= labels.items()
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": deployment["apiVersion"], "kind": "Deployment",
+                                             "name": deployment["metadata"]["name"]}
+    assert "replicas" not in deployment["spec"], "the autoscaler owns the count; apply would reset it"
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Resource" and metric["resource"]["name"] == "cpu"
+    assert metric["resource"]["target"]["type"] == "Utilization"
+    for container in deployment["spec"]["template"]["spec"]["containers"]:
+        assert "cpu" in container["resources"]["requests"], "CPU utilization is measured against the request"
+    assert pdb["spec"]["selector"] == {"matchLabels": selector}
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert hpa["spec"]["minReplicas"] - pdb["spec"]["maxUnavailable"] >= 2, "a drain leaves two pods serving"
+    service = the("Service")
+    assert service["spec"]["selector"].items() <= labels.items()
+
+
+def test_the_deployment_runs_the_image_as_built() -> None:
+    deployment = the("Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == image_uid()
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    # The container's args follow the image's entrypoint: `modelgate serve -c <the ConfigMap's file>`.
+    args = container["args"]
+    assert image().entrypoint == ["modelgate", "serve"] and args[0] == "-c"
+    mount_path, key = posixpath.split(args[1])
+    (volume_name,) = [mount["name"] for mount in container["volumeMounts"] if mount["mountPath"] == mount_path]
+    (volume,) = [volume for volume in pod["volumes"] if volume["name"] == volume_name]
+    config_map = the("ConfigMap")
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"] and key in config_map["data"]
+    listen = yaml.safe_load(config_map["data"][key])["server"]["listen"]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert listen == f"0.0.0.0:{image_port()}" and ports["http"] == image_port()
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    volumes = {volume["name"] for volume in pod["volumes"]}
+    assert {mount["name"] for mount in container["volumeMounts"]} <= volumes, "a mount names no volume"
+    if container["securityContext"].get("readOnlyRootFilesystem"):
+        assert "/tmp" in {mount["mountPath"] for mount in container["volumeMounts"]}, \
+            "the workers' metrics files and spooled bodies need a writable /tmp"
