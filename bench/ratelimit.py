@@ -22,9 +22,9 @@ from proxy.limits import Check, Kind  # noqa: E402
 from proxy.limits.memory import MemoryLimiter  # noqa: E402
 from proxy.limits.redis import RedisLimiter  # noqa: E402
 
-CHECKS = [Check("key:bench:rpm", "key-rpm", Kind.REQUESTS, 10**9, 60),
-          Check("key:bench:tpm", "key-tpm", Kind.TOKENS, 10**12, 60, cost=4200),
-          Check("key:bench:concurrent", "key-concurrent", Kind.CONCURRENT, 10**6, 0)]
+CHECKS = [Check("key:bench:rpm", "key-rpm", Kind.REQUESTS, 10**9, 60, subject="key:bench"),
+          Check("key:bench:tpm", "key-tpm", Kind.TOKENS, 10**12, 60, cost=4200, subject="key:bench"),
+          Check("key:bench:concurrent", "key-concurrent", Kind.CONCURRENT, 10**6, 0, subject="key:bench")]
 
 
 async def measure(limiter: object, requests: int) -> tuple[list[float], list[float]]:

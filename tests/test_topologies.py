@@ -37,7 +37,7 @@ def test_state_url_names_one_topology(url: str, mode: Mode, nodes: tuple, master
 @pytest.mark.parametrize("url", [
     "http://u:s3cret-pass@h:1", "redis+foo://u:s3cret-pass@h:1", "redis+cluster://u:s3cret-pass@h:1/4",
     "redis+sentinel://u:s3cret-pass@h:1", "redis+sentinel://u:s3cret-pass@h:1/main/x",
-    "redis+cluster://u:s3cret-pass@h:port", "redis+cluster://u:s3cret-pass@h,,k",
+    "redis+cluster://u:s3cret-pass@h:port", "redis+cluster://u:s3cret-pass@h,,k", "redis+cluster://u:s3cret-pass@h:70000",
 ])
 def test_a_state_url_naming_no_topology_is_refused_without_quoting_its_password(url: str) -> None:
     with pytest.raises(ConfigError) as refused:

@@ -95,8 +95,8 @@ def _node(text: str, default_port: int) -> tuple[str, int]:
         port = port.removeprefix(":")
     else:
         host, _, port = text.rpartition(":") if ":" in text else (text, "", "")
-    if port and not port.isdigit():
-        raise ValueError(f"port {port!r} is not a number")
+    if port and not (port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"port {port!r} is not a port number")
     return host, int(port) if port else default_port
 
 
@@ -107,11 +107,11 @@ MAX_IN_FLIGHT = 256
 _POOL_SLACK = 32
 
 
-def connect(url: str, max_in_flight: int = MAX_IN_FLIGHT, **options: Any) -> RedisClient:
+def connect(url: str, **options: Any) -> RedisClient:
     """A client for the topology `url` names. `options` are redis-py's connection options
     (socket_timeout, decode_responses, ...), applied to every data node."""
     topology = parse(url)
-    options["max_connections"] = max_in_flight + _POOL_SLACK
+    options["max_connections"] = MAX_IN_FLIGHT + _POOL_SLACK
     options.setdefault("retry", _quick_retry())
     classes = _clients()
     if topology.mode is Mode.SINGLE:
@@ -132,7 +132,7 @@ def connect(url: str, max_in_flight: int = MAX_IN_FLIGHT, **options: Any) -> Red
         client = sentinel.master_for(topology.master, redis_class=classes.single, db=topology.db, ssl=topology.tls,
                                      username=topology.username, password=topology.password, **options)
         client.sentinels = sentinel.sentinels
-    client.gate = asyncio.Semaphore(max_in_flight)
+    client.gate = asyncio.Semaphore(MAX_IN_FLIGHT)
     return client
 
 
