@@ -30,6 +30,7 @@ def pair(spawn, shared_redis):  # noqa: ANN001, ANN201
     return spawn("gateway", config=config), spawn("gateway", config=config), {"one": one, "two": two}
 
 
+@pytest.mark.parametrize("shared_redis", ["single"], indirect=True)  # the other topologies: the chain below
 async def test_video_task_made_through_a_is_polled_and_downloaded_through_b(pair):  # noqa: ANN001
     a, b, upstreams = pair
     async with aiohttp.ClientSession() as http:
@@ -69,7 +70,8 @@ async def poll_until_done(http: aiohttp.ClientSession, url: str, task_id: str) -
     raise AssertionError("the task never finished")
 
 
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("shared_redis", "stream"), [("single", False), ("single", True), ("cluster", False),
+                                                     ("sentinel", False)], indirect=["shared_redis"])
 async def test_previous_response_id_chains_across_a_and_b(pair, stream):  # noqa: ANN001
     a, b, _ = pair
     async with aiohttp.ClientSession() as http:

@@ -557,6 +557,7 @@ async def test_tenants_stay_apart_across_three_instances(three):  # noqa: ANN001
         assert (await send_raw(url, *post("/v1/responses", bearer(ALICE_TOO), follow))).status == 200
 
 
+@pytest.mark.parametrize("shared_redis", ["single"], indirect=True)  # across topologies: tests/test_ratelimit.py
 async def test_limits_hold_across_three_instances_whatever_request_id_is_repeated(three):  # noqa: ANN001
     urls = [g.url for g in three]
     same_id = "X-Request-Id: one-id-for-everything\r\n"
