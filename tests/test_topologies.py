@@ -21,6 +21,13 @@ from proxy.state.redis import RedisStore
 from tests.conftest import free_port
 
 
+CHAT = {"model": "msgmodel-haiku-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def chat_headers(key: str) -> dict[str, str]:
+    return {"x-api-key": key, "msgapi-version": "2023-06-01"}
+
+
 @pytest.mark.parametrize(("url", "mode", "nodes", "master", "db"), [
     ("redis://127.0.0.1:6379/2", Mode.SINGLE, (), "", 0),
     ("unix:///run/redis.sock", Mode.SINGLE, (), "", 0),
@@ -38,6 +45,7 @@ def test_state_url_names_one_topology(url: str, mode: Mode, nodes: tuple, master
     "http://u:s3cret-pass@h:1", "redis+foo://u:s3cret-pass@h:1", "redis+cluster://u:s3cret-pass@h:1/4",
     "redis+sentinel://u:s3cret-pass@h:1", "redis+sentinel://u:s3cret-pass@h:1/main/x",
     "redis+cluster://u:s3cret-pass@h:port", "redis+cluster://u:s3cret-pass@h,,k", "redis+cluster://u:s3cret-pass@h:70000",
+    "redis+cluster://u:s3c?ret-pass@h:x", "redis+cluster://u:s3c/ret-pass@h,", "redis+sentinel://u:s3c#ret-pass@h/m/x",
 ])
 def test_a_state_url_naming_no_topology_is_refused_without_quoting_its_password(url: str) -> None:
     with pytest.raises(ConfigError) as refused:
@@ -67,7 +75,7 @@ LEASE = Check("key:k:concurrent", "key-concurrent", Kind.CONCURRENT, 5, 0, subje
 
 def test_a_subjects_counters_share_a_slot_and_subjects_spread() -> None:
     limiter = RedisLimiter.__new__(RedisLimiter)
-    limiter._prefix = "mg:rl:"
+    limiter._prefix, limiter._by_slot = "mg:rl:", True
     slots = {c.subject: {key_slot(k.encode()) for k in limiter._keys([c])} for c in (KEY, TOKENS, ROUTE, LEASE)}
     assert all(len(s) == 1 for s in slots.values())  # every key of one subject (window, amounts, total)
     assert slots["key:k"] != slots["route:messages"] != slots["key:k:model:m"]
@@ -117,20 +125,60 @@ async def test_the_state_store_and_the_webhook_shelves_work_on_a_cluster(redis_c
         await queue.close()
 
 
-async def test_an_upgrade_keeps_the_webhooks_queued_under_the_old_names(redis_url: str) -> None:
+async def test_off_a_cluster_keys_keep_the_names_an_older_release_reads(redis_url: str) -> None:
+    """During an upgrade on one server or under Sentinel, old and new instances count in the same
+    windows and share one webhook queue: the hash tags are a Cluster's alone."""
     import redis.asyncio as aioredis
 
     client = aioredis.Redis.from_url(redis_url)
-    await client.xadd("old:webhooks:pending", {"method": "POST", "target": "/api/stripe/webhook", "headers": "[]",
-                                                "body": b"evt_old", "request_id": "r", "received_at": "1.0"})
+    limiter = RedisLimiter(redis_url, "old:")
     queue = WebhookQueue(redis_url, "old:")
     try:
-        await queue.adopt_untagged()
-        assert [w.body for w in await queue.entries(Shelf.PENDING)] == [b"evt_old"]
-        assert not await client.exists("old:webhooks:pending")
+        await limiter.acquire([KEY, TOKENS], "r1")
+        assert await client.zcard("old:rl:key:k:rpm") == 1 and int(await client.get("old:rl:key:k:model:m:tpm:t")) == 400
+        await queue.put(QueuedWebhook("POST", "/api/stripe/webhook", [], b"evt", "r"))
+        assert await client.xlen("old:webhooks:pending") == 1 and queue.key_lease == "old:webhooks:lease"
     finally:
+        await limiter.close()
         await queue.close()
         await client.aclose()
+
+
+async def test_a_cluster_that_never_answers_leaves_the_gateway_serving_per_the_fail_mode(start_gateway) -> None:  # noqa: ANN001
+    """No node answers from the start: the gateway starts, says so on /readyz, serves chat with limits
+    failing open, and answers webhooks 503: never a 500."""
+    dead = f"redis+cluster://127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
+    gw = await start_gateway(f"""
+state: {{backend: redis, url: "{dead}"}}
+keys: [{{name: k, key: cluster-down-key, limits: {{rpm: 5}}}}]
+channels: [{{name: sim, base_url: simulator}}]
+plugins: {{ratelimit: {{fail: open}}, webhook_queue: {{enabled: true}}}}
+""")
+    async with aiohttp.ClientSession() as http:
+        async with http.get(gw.url + "/readyz") as ready:
+            assert ready.status == 200 and (await ready.json())["state_store"] == "unreachable"
+        chats = []
+        for _ in range(8):
+            async with http.post(gw.url + "/v1/messages", json=CHAT, headers=chat_headers("cluster-down-key")) as a:
+                chats.append(a.status)
+        async with http.post(gw.url + "/api/stripe/webhook", data=b"{}") as answer:
+            webhook = answer.status
+    assert chats == [200] * 8 and webhook == 503
+
+
+@pytest.mark.parametrize(("yaml_text", "problem"), [
+    ("state: {backend: redis, url: 'redis+cluster://h:7000', prefix: 'mg{1}:'}", "state: prefix: no { or }"),
+    ("state: {backend: redis, url: 'redis+cluster://h:7000'}\nplugins: {webhook_queue: {prefix: 'q{'}}",
+     "plugins.webhook_queue.prefix: no { or }"),
+    ("state: {backend: redis, url: 'redis+cluster://h:7000'}\nplugins: {webhook_queue: {replica_acks: 1}}",
+     "plugins.webhook_queue.replica_acks: a Redis Cluster takes 0 only"),
+    ("plugins: {webhook_queue: {url: 'redis+cluster://h:x', replica_acks: 1}}",
+     "plugins.webhook_queue.url: value error, a port that is not a number"),
+])
+def test_a_cluster_config_that_cannot_keep_to_its_slots_is_refused(yaml_text: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_config(yaml_text, {})
+    assert any(p.startswith(problem) for p in refused.value.problems), refused.value.problems
 
 
 FAILOVER_CONFIG = """
@@ -147,13 +195,6 @@ plugins:
   webhook_queue: {{enabled: true, backoff_s: 0.05, max_backoff_s: 0.5, lease_s: 2}}
 observability: {{logging: {{access_log: false}}}}
 """
-CHAT = {"model": "msgmodel-haiku-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
-
-
-def chat_headers(key: str) -> dict[str, str]:
-    return {"x-api-key": key, "msgapi-version": "2023-06-01"}
-
-
 async def test_a_sentinel_failover_mid_load_keeps_serving_and_loses_no_accepted_webhook(spawn, tmp_path) -> None:  # noqa: ANN001
     """The primary dies under load: chat goes on (limits fail open meanwhile), the gateways find the new
     primary by themselves, and every webhook answered 200 reaches the backend."""

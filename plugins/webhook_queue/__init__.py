@@ -11,7 +11,6 @@ failover right after it loses nothing; too few replicas in time is a 503 as well
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -33,8 +32,6 @@ WEBHOOK_DELIVERIES = Counter("modelgate_webhook_deliveries", "Queued webhook del
                              "(delivered, dead: refused by the backend, retry)", ["result"])
 WEBHOOK_QUEUE_DEPTH = Gauge("modelgate_webhook_queue_depth", "Webhooks stored and not yet delivered",
                             multiprocess_mode="max")
-
-log = logging.getLogger("modelgate.webhooks")
 
 if TYPE_CHECKING:
     from plugins.webhook_queue.deliverer import Deliverer
@@ -88,11 +85,21 @@ class WebhookQueuePlugin(Plugin):
     @classmethod
     def config_problems(cls, config: GatewayConfig, workers: int) -> list[str]:
         queue = config.plugins.get(cls.name, {})
-        url = queue.get("url") or config.state.url
-        if queue.get("replica_acks") and topology.mode_of(url) is topology.Mode.CLUSTER:
-            return [f"plugins.{cls.name}.replica_acks: a Redis Cluster takes 0 only: the wait for replicas cannot "
-                    "be routed to the shard that holds the queue"]
-        return []
+        if not isinstance(queue, dict):
+            return []  # the settings' own check says what is wrong with them
+        try:
+            cluster = topology.mode_of(queue.get("url") or config.state.url) is topology.Mode.CLUSTER
+        except (TypeError, ValueError):
+            return []  # ditto: a URL naming no topology
+        problems = []
+        if cluster and queue.get("replica_acks"):
+            problems.append(f"plugins.{cls.name}.replica_acks: a Redis Cluster takes 0 only: the wait for replicas "
+                            "cannot be routed to the shard that holds the queue")
+        prefix = queue.get("prefix")
+        if cluster and isinstance(prefix, str) and ("{" in prefix or "}" in prefix):
+            problems.append(f"plugins.{cls.name}.prefix: no {{ or }} on a Redis Cluster: the queue's keys share "
+                            "a hash tag made of it")
+        return problems
 
     def configure(self, config: GatewayConfig) -> None:
         self.config = config
@@ -109,10 +116,6 @@ class WebhookQueuePlugin(Plugin):
         slot = f"webhooks.queue:{url}:{prefix}"
         if slot not in self.resources:  # one connection pool per Redis for the gateway's life; a reload keeps it
             self.resources[slot] = queue_for(self.config, settings)
-            try:
-                await self.resources[slot].adopt_untagged()
-            except Exception as exc:  # Redis away at start: the deliverer waits for it; adopted next start
-                log.warning("could not look for webhook streams to adopt: %s", exc)
         self.queue = self.resources[slot]
         assert self.channels is not None
         self.deliverer = Deliverer(self.queue, self.channels, ROUTES_BY_NAME["payment_webhook"], settings.backoff_s,

@@ -63,6 +63,9 @@ class Deliverer:
             except (RedisError, OSError) as exc:
                 log.warning("webhook queue unreachable: %s", exc)
                 delivered = False
+            except Exception:  # anything else: logged, and tried again; a dead deliverer strands the queue
+                log.exception("webhook delivery failed unexpectedly")
+                delivered = False
             if delivered:
                 pause = self.backoff_s
                 continue

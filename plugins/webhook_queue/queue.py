@@ -6,8 +6,10 @@ backend refused outright, kept until an operator replays or drops them). A lease
 one deliverer at a time, across every gateway instance, the one that delivers, so the order
 of `pending` is the order of delivery.
 
-The four keys share a hash tag (`{modelgate:webhooks}:pending`), so on a Cluster they live in
-one slot and a move between shelves stays one transaction. Under Sentinel a callback is
+On a Cluster the four keys share a hash tag (`{modelgate:webhooks}:pending`), so they live in
+one slot and a move between shelves stays one transaction; elsewhere they keep the names they
+always had (`modelgate:webhooks:pending`), which instances of an older release, during an
+upgrade, read and write with this one (one lease, one order). Under Sentinel a callback is
 answered as stored only once a replica holds it too (`replica_acks`, WAIT on the connection
 that wrote it): a primary lost right after its 200 must not take the callback with it.
 """
@@ -94,7 +96,7 @@ class WebhookQueue:
         self._client = connect(url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=30)
         self._mode = mode_of(url)
         self._prefix = prefix
-        self._tag = "{" + prefix + "webhooks}"
+        self._tag = "{" + prefix + "webhooks}" if self._mode is Mode.CLUSTER else prefix + "webhooks"
         self._max_pending = max_pending
         self._keep_settled = keep_settled
         self.replica_acks = (1 if self._mode is Mode.SENTINEL else 0) if replica_acks is None else replica_acks
@@ -104,16 +106,6 @@ class WebhookQueue:
 
     def key(self, shelf: Shelf) -> str:
         return f"{self._tag}:{shelf.value}"
-
-    async def adopt_untagged(self) -> None:
-        """Take over the streams a gateway before hash tags kept (`modelgate:webhooks:pending`): on
-        one server they are renamed, so an upgrade loses no queued callback. (No Cluster ran them.)"""
-        if self._mode is Mode.CLUSTER:
-            return
-        for name in [*(s.value for s in Shelf), "lease"]:
-            old, new = f"{self._prefix}webhooks:{name}", f"{self._tag}:{name}"
-            if await self._client.exists(old):
-                await self._client.renamenx(old, new)
 
     async def put(self, webhook: QueuedWebhook) -> str:
         """Store a callback at the end of `pending`; its id once Redis has it (and, where asked,

@@ -115,6 +115,12 @@ class StateConfig(Strict):
         topology.parse(value)  # one server, a Sentinel-named primary or a Cluster (proxy/state/connect.py)
         return value
 
+    @model_validator(mode="after")
+    def _prefix_fits_slots(self) -> StateConfig:
+        if ("{" in self.prefix or "}" in self.prefix) and topology.mode_of(self.url) is topology.Mode.CLUSTER:
+            raise ValueError("prefix: no { or } on a Redis Cluster: keys take their hash tags after it")
+        return self
+
 
 class Timeouts(Strict):
     connect_s: PositiveFloat = 10.0

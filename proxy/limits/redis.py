@@ -5,10 +5,12 @@ server's clock; another settles tokens and releases leases after the answer. Sli
 are sorted sets of request ids by time (tokens keep each request's amount in a hash and the
 window's total beside it); concurrency leases are sorted sets scored by their expiry.
 
-Every key a script touches is passed in KEYS, and a subject's keys (those of one key, one key
-and model, one route, one client IP) share a hash tag, `{key:demo}`, so they live in one
-Cluster slot. On one server, or a Sentinel-named primary, all of a request's limits go in one
-script call: one round trip. On a Cluster, limits of subjects in different slots cannot share
+Every key a script touches is passed in KEYS. On a Cluster a subject's keys (those of one key,
+one key and model, one route, one client IP) share a hash tag, `{key:demo}`, so they live in
+one slot; elsewhere keys keep the names they always had (`modelgate:rl:key:demo:rpm`), so
+instances of an older release, during an upgrade, count in the same windows. On one server,
+or a Sentinel-named primary, all of a request's limits go in one script call: one round trip.
+On a Cluster, limits of subjects in different slots cannot share
 a script; each slot gets its own call, all sent at once (one round trip's wait), and when any
 refuses, what the others took is given back (UNDO), so a refused request counts nowhere. The
 price: for the moment between the take and the undo, another request of the same subject may
@@ -22,13 +24,11 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 
 from proxy.limits import LEASE_TTL_S, Check, Decision, Kind, LimiterUnavailable
-from proxy.state.connect import Mode, connect, mode_of
+from proxy.state.connect import Mode, no_retry, connect, mode_of
 
 # KEYS, check by check: a window's sorted set (REQUESTS), or that and its amounts' hash and
 # total (TOKENS), or a lease set (CONCURRENT). ARGV: the request id, the lease's life, then
@@ -151,7 +151,7 @@ class RedisLimiter:
     def __init__(self, url: str, prefix: str) -> None:
         # Never resent: a script that timed out may have run, and a second run would count the
         # request's tokens twice. An error is the fail mode's to decide.
-        self._client = connect(url, socket_timeout=0.5, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0),
+        self._client = connect(url, socket_timeout=0.5, socket_connect_timeout=0.5, retry=no_retry(),
                                health_check_interval=5)
         self._prefix = prefix + "rl:"
         self._by_slot = mode_of(url) is Mode.CLUSTER
@@ -208,8 +208,10 @@ class RedisLimiter:
     def _keys(self, checks: Sequence[Check]) -> list[str]:
         keys = []
         for check in checks:
-            subject = check.subject if check.subject and check.key.startswith(check.subject) else check.key
-            window = f"{self._prefix}{{{subject}}}{check.key[len(subject):]}"
+            window = self._prefix + check.key
+            if self._by_slot:  # a subject's keys in one slot: {key:demo}:rpm
+                subject = check.subject if check.subject and check.key.startswith(check.subject) else check.key
+                window = f"{self._prefix}{{{subject}}}{check.key[len(subject):]}"
             keys += (window, window + ":h", window + ":t") if check.kind is Kind.TOKENS else (window,)
         return keys
 

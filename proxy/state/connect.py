@@ -20,7 +20,7 @@ import enum
 import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
-from urllib.parse import parse_qs, unquote
+from urllib.parse import unquote, urlsplit
 
 if TYPE_CHECKING:  # the client is imported when one is made: the config check needs only parse()
     import redis.asyncio as aioredis
@@ -56,48 +56,72 @@ def parse(url: str) -> Topology:
         raise ValueError("not a URL: expected redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://")
     scheme = scheme.lower()
     if scheme in ("redis", "rediss", "unix"):
+        _single_port(url)
         return Topology(Mode.SINGLE, url)
     base, _, kind = scheme.partition("+")
     if base not in ("redis", "rediss") or kind not in ("sentinel", "cluster"):
         raise ValueError(f"unknown scheme {scheme!r}: expected redis://, rediss://, unix://, "
                          "redis+sentinel:// or redis+cluster://")
-    rest, _, query = rest.partition("?")
-    userinfo, at, hostpart = rest.rpartition("@")
-    if not at:
-        userinfo, hostpart = "", rest
-    hosts, _, path = hostpart.partition("/")
+    # The user part first, up to the last `@`: a password's own `?`, `/` or `#` stays in it, and no
+    # part of it can be read as a host or a port (and quoted in an error).
+    userinfo, at, rest = rest.rpartition("@")
     username = password = None
-    if userinfo:
+    if at:
         user, colon, secret = userinfo.partition(":")
         username = unquote(user) or None
         password = unquote(secret) if colon else None
+    if "#" in rest:
+        raise ValueError("a state URL has no #fragment")
+    rest, _, query = rest.partition("?")
+    hosts, _, path = rest.partition("/")
     nodes = tuple(_node(h, 26379 if kind == "sentinel" else 6379) for h in hosts.split(","))
-    segments = [s for s in path.split("/") if s]
-    options = parse_qs(query)
-    sentinel_password = options.get("sentinel_password", [None])[0]
+    segments = [unquote(s) for s in path.split("/") if s]
+    sentinel_password = None
+    for pair in filter(None, query.split("&")):
+        name, _, value = pair.partition("=")
+        if name != "sentinel_password" or kind != "sentinel":
+            raise ValueError(f"unknown option {unquote(name)!r}: a sentinel URL takes sentinel_password, "
+                             "a cluster URL none")
+        sentinel_password = unquote(value)  # not form-decoded: a `+` is a `+`, as in the user part
     if kind == "cluster":
         if segments not in ([], ["0"]):
             raise ValueError("a cluster has only database 0: redis+cluster://host:port[,host:port...]")
         return Topology(Mode.CLUSTER, url, nodes, username=username, password=password, tls=base == "rediss")
-    if not segments or len(segments) > 2:
+    if not segments or len(segments) > 2 or not segments[0]:
         raise ValueError("a sentinel URL names the primary: redis+sentinel://host:port[,host:port...]/name[/db]")
-    if len(segments) == 2 and not segments[1].isdigit():
-        raise ValueError(f"database {segments[1]!r} is not a number")
-    return Topology(Mode.SENTINEL, url, nodes, unquote(segments[0]), int(segments[1]) if len(segments) == 2 else 0,
-                    username, password, sentinel_password, base == "rediss")
+    db = segments[1] if len(segments) == 2 else "0"
+    if not (db.isascii() and db.isdigit() and int(db) < 2**31):
+        raise ValueError("the database is not a number")
+    return Topology(Mode.SENTINEL, url, nodes, segments[0], int(db), username, password, sentinel_password,
+                    base == "rediss")
 
 
 def _node(text: str, default_port: int) -> tuple[str, int]:
-    if not text:
-        raise ValueError("an empty host in the node list")
     if text.startswith("["):  # [::1]:7000
-        host, _, port = text[1:].partition("]")
-        port = port.removeprefix(":")
+        host, bracket, after = text[1:].partition("]")
+        if not bracket:
+            raise ValueError("a bracketed address without its ]")
+        if after and not after.startswith(":"):
+            raise ValueError("after a bracketed address comes :port or nothing")
+        port = after.removeprefix(":")
     else:
-        host, _, port = text.rpartition(":") if ":" in text else (text, "", "")
-    if port and not (port.isdigit() and 0 < int(port) < 65536):
-        raise ValueError(f"port {port!r} is not a port number")
+        host, colon, port = text.partition(":")
+        if ":" in port:
+            raise ValueError("an IPv6 address goes in brackets: [::1]:7000")
+        if colon and not port:
+            raise ValueError("a node with an empty port")
+    if not host:
+        raise ValueError("an empty host in the node list")
+    if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError("a port that is not a number from 1 to 65535")
     return host, int(port) if port else default_port
+
+
+def _single_port(url: str) -> None:
+    try:
+        urlsplit(url).port  # noqa: B018 (read for its check: out of range or not a number raises)
+    except ValueError:
+        raise ValueError("a port that is not a number from 1 to 65535") from None
 
 
 # Commands in flight at once, per client: past it a command waits its turn. redis-py's pools
@@ -112,7 +136,8 @@ def connect(url: str, **options: Any) -> RedisClient:
     (socket_timeout, decode_responses, ...), applied to every data node."""
     topology = parse(url)
     options["max_connections"] = MAX_IN_FLIGHT + _POOL_SLACK
-    options.setdefault("retry", _quick_retry())
+    # redis-py's cluster client retries a timed-out command whatever its Retry names: there, none.
+    options.setdefault("retry", no_retry() if topology.mode is Mode.CLUSTER else _quick_retry())
     classes = _clients()
     if topology.mode is Mode.SINGLE:
         client = classes.single.from_url(url, **options)
@@ -125,7 +150,10 @@ def connect(url: str, **options: Any) -> RedisClient:
     else:
         from redis.asyncio.sentinel import Sentinel
 
-        sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_")}
+        # Each sentinel is asked once: the next one is the retry (redis-py's default would back
+        # off for seconds on a dead sentinel before asking another).
+        sentinel_options: dict[str, Any] = {k: v for k, v in options.items() if k.startswith("socket_")}
+        sentinel_options["retry"] = no_retry()
         if topology.sentinel_password:
             sentinel_options["password"] = topology.sentinel_password
         sentinel = Sentinel(list(topology.nodes), sentinel_kwargs=sentinel_options)
@@ -151,6 +179,13 @@ def _quick_retry() -> Any:
     return Retry(ExponentialBackoff(cap=0.05, base=0.01), 2, supported_errors=(ConnectionError,))
 
 
+def no_retry() -> Any:
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    return Retry(NoBackoff(), 0)
+
+
 @dataclass(slots=True, frozen=True)
 class _Classes:
     single: type
@@ -162,7 +197,8 @@ def _clients() -> _Classes:
     """redis-py's clients, gated (MAX_IN_FLIGHT); built on first use, so only a gateway that
     talks to Redis imports it."""
     import redis.asyncio as aioredis
-    from redis.asyncio.cluster import RedisCluster
+    from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+    from redis.exceptions import ConnectionError, RedisClusterException
 
     class Gated(aioredis.Redis):
         gate: asyncio.Semaphore
@@ -177,19 +213,37 @@ def _clients() -> _Classes:
             for sentinel in self.sentinels:
                 await sentinel.aclose()
 
+    # redis-py's cluster client reports some failures of its own (no node answers, a slot no node
+    # serves) as RedisClusterException, which is no RedisError: raised as a ConnectionError
+    # instead, they meet every caller's handling of a store that is away.
+    class CheckedClusterPipeline(ClusterPipeline):
+        async def execute(self, *args: Any, **options: Any) -> Any:
+            try:
+                return await super().execute(*args, **options)
+            except RedisClusterException as exc:
+                raise ConnectionError(str(exc)) from exc
+
     class GatedCluster(RedisCluster):
         gate: asyncio.Semaphore
         found: asyncio.Lock | None = None
 
         async def execute_command(self, *args: Any, **options: Any) -> Any:
-            if self._initialize:
-                # The nodes are found once, by one command, while the others wait: redis-py lets
-                # a burst of first commands each start finding them, and closes connections that
-                # the others are still using.
-                self.found = self.found or asyncio.Lock()
-                async with self.found:
-                    await self.initialize()
-            async with self.gate:
-                return await super().execute_command(*args, **options)
+            try:
+                if self._initialize:
+                    # The nodes are found once, by one command, while the others wait: redis-py lets
+                    # a burst of first commands each start finding them, and closes connections that
+                    # the others are still using.
+                    self.found = self.found or asyncio.Lock()
+                    async with self.found:
+                        await self.initialize()
+                async with self.gate:
+                    return await super().execute_command(*args, **options)
+            except RedisClusterException as exc:
+                raise ConnectionError(str(exc)) from exc
+
+        def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> ClusterPipeline:
+            if shard_hint:
+                raise ValueError("a cluster pipeline takes no shard hint")
+            return CheckedClusterPipeline(self, transaction)
 
     return _Classes(Gated, GatedCluster)
