@@ -91,13 +91,15 @@ class Cluster:
             _command(port, "FLUSHALL")
 
     @classmethod
-    def start(cls, directory: Path) -> Cluster:
+    def start(cls, directory: Path, full_coverage: bool = True) -> Cluster:
+        """`full_coverage` False: the nodes left serve their slots while one is down."""
         processes = RedisProcesses(directory)
         ports = [_port_for_a_cluster_node() for _ in range(3)]
         buses = [free_port() for _ in ports]
         for port, bus in zip(ports, buses):
             processes.start(port, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                            "--cluster-node-timeout", "2000", "--cluster-port", str(bus))
+                            "--cluster-node-timeout", "2000", "--cluster-port", str(bus),
+                            "--cluster-require-full-coverage", "yes" if full_coverage else "no")
         bounds = [0, 5461, 10923, 16384]
         for i, port in enumerate(ports):
             _command(port, "CLUSTER", "ADDSLOTSRANGE", str(bounds[i]), str(bounds[i + 1] - 1))

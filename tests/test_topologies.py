@@ -46,6 +46,8 @@ def test_state_url_names_one_topology(url: str, mode: Mode, nodes: tuple, master
     "redis+sentinel://u:s3cret-pass@h:1", "redis+sentinel://u:s3cret-pass@h:1/main/x",
     "redis+cluster://u:s3cret-pass@h:port", "redis+cluster://u:s3cret-pass@h,,k", "redis+cluster://u:s3cret-pass@h:70000",
     "redis+cluster://u:s3c?ret-pass@h:x", "redis+cluster://u:s3c/ret-pass@h,", "redis+sentinel://u:s3c#ret-pass@h/m/x",
+    "redis://u:s3cret-pass@h:6379/zero", "redis://u:s3cret-pass@h:99999/0", "redis+sentinel://u:s3cret-pass@h/0",
+    "redis+sentinel://u:s3cret-pass@h/m?sentinel_pasword=x", "redis+cluster://u:s3cret-pass@h?sentinel_password=x",
 ])
 def test_a_state_url_naming_no_topology_is_refused_without_quoting_its_password(url: str) -> None:
     with pytest.raises(ConfigError) as refused:
@@ -123,6 +125,30 @@ async def test_the_state_store_and_the_webhook_shelves_work_on_a_cluster(redis_c
     finally:
         await store.close()
         await queue.close()
+
+
+async def test_on_a_cluster_the_queue_delivers_with_its_clients_first_node_gone(tmp_path) -> None:  # noqa: ANN001
+    """A node that is not the queue's fails: callbacks are still stored, read in order and settled,
+    whichever node the client first knew (redis-py asks that one where XREAD's key lives)."""
+    from tests.redis_topologies import Cluster
+
+    cluster = await asyncio.to_thread(Cluster.start, tmp_path / "cluster", False)
+    queue = WebhookQueue(cluster.url, "mg:")
+    try:
+        await queue.put(QueuedWebhook("POST", "/api/stripe/webhook", [], b"evt_0", "r0"))
+        client = queue._client
+        holder = (await client.node_for(queue.key(Shelf.PENDING))).port
+        gone = next(port for port in cluster.ports if port != holder)
+        client.set_default_node(client.get_node("127.0.0.1", gone))
+        await asyncio.to_thread(cluster.processes.kill, gone)
+        await queue.put(QueuedWebhook("POST", "/api/stripe/webhook", [], b"evt_1", "r1"))
+        for expected in (b"evt_0", b"evt_1"):
+            head = await queue.oldest(block_ms=10)
+            assert head is not None and head.body == expected
+            await queue.settle(head, "200", Shelf.DELIVERED)
+    finally:
+        await queue.close()
+        await asyncio.to_thread(cluster.processes.stop)
 
 
 async def test_off_a_cluster_keys_keep_the_names_an_older_release_reads(redis_url: str) -> None:

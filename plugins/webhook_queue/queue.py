@@ -125,7 +125,14 @@ class WebhookQueue:
 
     async def oldest(self, block_ms: int) -> QueuedWebhook | None:
         """The next callback to deliver, waiting up to `block_ms` for one to arrive."""
-        found = await self._client.xread({self.key(Shelf.PENDING): "0-0"}, count=1, block=block_ms)
+        key = self.key(Shelf.PENDING)
+        if self._mode is Mode.CLUSTER:
+            # redis-py finds XREAD's key by asking one fixed node (COMMAND GETKEYS): with that node
+            # failed over, every read would fail. Sent to the node that holds the key's slot instead.
+            found = await self._client.execute_command("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", key, "0-0",
+                                                       target_nodes=await self._client.node_for(key))
+        else:
+            found = await self._client.xread({key: "0-0"}, count=1, block=block_ms)
         if not found:
             return None
         _, entries = found[0]

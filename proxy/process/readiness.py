@@ -43,13 +43,19 @@ class StoreProbe:
                 await self._task
 
     async def check(self) -> bool:
+        why = "it did not answer"
         try:
             ok = await asyncio.wait_for(self._store.ping(), TIMEOUT_S)
-        except Exception:  # whatever the client raises, the probe goes on: it is readiness's only source
-            ok = False
+        except TimeoutError:
+            ok, why = False, f"no answer within {TIMEOUT_S} s"
+        except Exception as exc:  # whatever the client raises, the probe goes on: it is readiness's only source
+            ok, why = False, f"{type(exc).__name__}: {exc}"
         if ok != self.ok:
             self.ok, self.since = ok, time.monotonic()
-            (log.info if ok else log.error)("state store %s", "reachable again" if ok else "unreachable")
+            if ok:
+                log.info("state store reachable again")
+            else:
+                log.error("state store unreachable (%s)", why)
         STATE_STORE_UP.set(1 if ok else 0)
         return ok
 

@@ -21,7 +21,8 @@ class StateStore(Protocol):
         """Put `value` first in the list at `key`, keeping the newest `keep`; the list lives `ttl_s`."""
     async def recent(self, key: str, count: int) -> list[str]:
         """The newest `count` values of the list at `key`, newest first."""
-    async def ping(self) -> bool: ...
+    async def ping(self) -> bool:
+        """True when the store answers; raises (or False) when it does not."""
     async def close(self) -> None: ...
 
 

@@ -56,7 +56,7 @@ def parse(url: str) -> Topology:
         raise ValueError("not a URL: expected redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://")
     scheme = scheme.lower()
     if scheme in ("redis", "rediss", "unix"):
-        _single_port(url)
+        _check_single(url)
         return Topology(Mode.SINGLE, url)
     base, _, kind = scheme.partition("+")
     if base not in ("redis", "rediss") or kind not in ("sentinel", "cluster"):
@@ -87,7 +87,8 @@ def parse(url: str) -> Topology:
         if segments not in ([], ["0"]):
             raise ValueError("a cluster has only database 0: redis+cluster://host:port[,host:port...]")
         return Topology(Mode.CLUSTER, url, nodes, username=username, password=password, tls=base == "rediss")
-    if not segments or len(segments) > 2 or not segments[0]:
+    if not segments or len(segments) > 2 or not segments[0] or (len(segments) == 1 and segments[0].isdigit()):
+        # (a lone number is a database whose primary's name was left out, far likelier than a name)
         raise ValueError("a sentinel URL names the primary: redis+sentinel://host:port[,host:port...]/name[/db]")
     db = segments[1] if len(segments) == 2 else "0"
     if not (db.isascii() and db.isdigit() and int(db) < 2**31):
@@ -117,11 +118,16 @@ def _node(text: str, default_port: int) -> tuple[str, int]:
     return host, int(port) if port else default_port
 
 
-def _single_port(url: str) -> None:
+def _check_single(url: str) -> None:
+    """What redis-py would take silently or fail on only at start: a bad port, a database that is no number."""
     try:
-        urlsplit(url).port  # noqa: B018 (read for its check: out of range or not a number raises)
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (read for its check: out of range or not a number raises)
     except ValueError:
         raise ValueError("a port that is not a number from 1 to 65535") from None
+    db = parts.path.strip("/") if parts.scheme != "unix" else ""
+    if db and not (db.isascii() and db.isdigit()):
+        raise ValueError("the database is not a number")
 
 
 # Commands in flight at once, per client: past it a command waits its turn. redis-py's pools
@@ -229,17 +235,28 @@ def _clients() -> _Classes:
 
         async def execute_command(self, *args: Any, **options: Any) -> Any:
             try:
-                if self._initialize:
-                    # The nodes are found once, by one command, while the others wait: redis-py lets
-                    # a burst of first commands each start finding them, and closes connections that
-                    # the others are still using.
-                    self.found = self.found or asyncio.Lock()
-                    async with self.found:
-                        await self.initialize()
+                await self._find_nodes()
                 async with self.gate:
                     return await super().execute_command(*args, **options)
             except RedisClusterException as exc:
                 raise ConnectionError(str(exc)) from exc
+
+        async def node_for(self, key: str) -> Any:
+            """The primary that holds `key`'s slot now."""
+            try:
+                await self._find_nodes()
+                return self.get_node_from_key(key)
+            except RedisClusterException as exc:
+                raise ConnectionError(str(exc)) from exc
+
+        async def _find_nodes(self) -> None:
+            if self._initialize:
+                # The nodes are found once, by one command, while the others wait: redis-py lets a
+                # burst of first commands each start finding them, and closes connections that the
+                # others are still using.
+                self.found = self.found or asyncio.Lock()
+                async with self.found:
+                    await self.initialize()
 
         def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> ClusterPipeline:
             if shard_hint:
