@@ -14,7 +14,7 @@ from redis.crc import key_slot
 from plugins.webhook_queue.queue import QueuedWebhook, Shelf, WebhookQueue
 from proxy.config import ConfigError, parse_config
 from proxy.config.model import StateConfig
-from proxy.limits import Check, Kind
+from proxy.limits import Check, Kind, LimiterUnavailable
 from proxy.limits.redis import RedisLimiter
 from proxy.state.connect import Mode, connect, parse
 from proxy.state.redis import RedisStore
@@ -66,6 +66,36 @@ async def test_a_burst_past_the_pool_waits_its_turn_instead_of_failing(redis_url
     finally:
         await limiter.close()
     assert [d.allowed for d in found].count(True) == 100
+
+
+async def test_calls_gathered_into_one_pipeline_survive_a_redis_that_forgot_its_scripts(redis_url: str) -> None:
+    """Under load the limiter's calls share pipelines; after a restart or failover Redis knows no
+    script, and the gathered calls are answered all the same (loaded, then sent once more)."""
+    import redis.asyncio as aioredis
+
+    limiter = RedisLimiter(redis_url, "gathered:")
+    client = aioredis.Redis.from_url(redis_url)
+    checks = [Check("key:g:rpm", "key-rpm", Kind.REQUESTS, 150, 60, subject="key:g")]
+    try:
+        first = await asyncio.gather(*(limiter.acquire(checks, f"a{i}") for i in range(100)))
+        await client.script_flush()
+        second = await asyncio.gather(*(limiter.acquire(checks, f"b{i}") for i in range(100)))
+        assert [d.allowed for d in first + second].count(True) == 150
+        assert await client.zcard("gathered:rl:key:g:rpm") == 150
+    finally:
+        await limiter.close()
+        await client.aclose()
+
+
+async def test_gathered_calls_all_hear_that_redis_is_away() -> None:
+    limiter = RedisLimiter(f"redis://127.0.0.1:{free_port()}/0", "away:")
+    checks = [Check("key:a:rpm", "key-rpm", Kind.REQUESTS, 10, 60, subject="key:a")]
+    try:
+        async with asyncio.timeout(5):
+            found = await asyncio.gather(*(limiter.acquire(checks, f"r{i}") for i in range(50)), return_exceptions=True)
+    finally:
+        await limiter.close()
+    assert all(isinstance(f, LimiterUnavailable) for f in found), {type(f).__name__ for f in found}
 
 
 # A request's limits of three subjects: on a Cluster each lands in a slot of its own.
