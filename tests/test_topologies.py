@@ -181,6 +181,26 @@ async def test_on_a_cluster_the_queue_delivers_with_its_clients_first_node_gone(
         await asyncio.to_thread(cluster.processes.stop)
 
 
+async def test_a_callback_no_replica_confirmed_is_refused_but_kept(redis_url: str) -> None:
+    """`replica_acks` on a server without replicas: the add happens (and is delivered, at least once),
+    but the provider is told to retry; so too after Redis forgot the queue's script."""
+    import redis.asyncio as aioredis
+
+    from plugins.webhook_queue.queue import QueueUnsafe
+
+    queue = WebhookQueue(redis_url, "unsafe:", replica_acks=1, replica_wait_s=0.05)
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        for n in range(2):
+            with pytest.raises(QueueUnsafe):
+                await queue.put(QueuedWebhook("POST", "/api/stripe/webhook", [], f"evt_{n}".encode(), "r"))
+            await client.script_flush()
+        assert [w.body for w in await queue.entries(Shelf.PENDING)] == [b"evt_0", b"evt_1"]
+    finally:
+        await queue.close()
+        await client.aclose()
+
+
 async def test_off_a_cluster_keys_keep_the_names_an_older_release_reads(redis_url: str) -> None:
     """During an upgrade on one server or under Sentinel, old and new instances count in the same
     windows and share one webhook queue: the hash tags are a Cluster's alone."""

@@ -20,8 +20,9 @@ import json
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from proxy.state.connect import Mode, connect, mode_of
 
@@ -82,6 +83,12 @@ if holder == false or holder == ARGV[1] then
 end
 return 0
 """
+# At the end of the pending stream, unless it holds its maximum already (then nil): the check
+# and the add in one step, so concurrent callbacks cannot overfill it.
+_ADD = """
+if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then return false end
+return redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
+"""
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -101,6 +108,7 @@ class WebhookQueue:
         self._keep_settled = keep_settled
         self.replica_acks = (1 if self._mode is Mode.SENTINEL else 0) if replica_acks is None else replica_acks
         self._replica_wait_ms = int(replica_wait_s * 1000)
+        self._add = self._client.register_script(_ADD)
         self._hold = self._client.register_script(_HOLD)
         self._release = self._client.register_script(_RELEASE)
 
@@ -108,20 +116,40 @@ class WebhookQueue:
         return f"{self._tag}:{shelf.value}"
 
     async def put(self, webhook: QueuedWebhook) -> str:
-        """Store a callback at the end of `pending`; its id once Redis has it (and, where asked,
-        `replica_acks` replicas)."""
-        if await self._client.xlen(self.key(Shelf.PENDING)) >= self._max_pending:
-            raise QueueFull(f"{self._max_pending} webhooks are waiting for delivery")
+        """Store a callback at the end of `pending`, in one round trip; its id once Redis has it
+        (and, where asked, `replica_acks` replicas)."""
+        args: list[bytes | str | int] = [self._max_pending]
+        for name, value in webhook.fields().items():
+            args += [name, value]
+        keys = [self.key(Shelf.PENDING)]
         if not self.replica_acks:
-            webhook.id = (await self._client.xadd(self.key(Shelf.PENDING), webhook.fields())).decode()
-            return webhook.id
-        async with self._client.pipeline(transaction=False) as pipe:  # one connection: WAIT covers this XADD
-            entry_id, acks = await pipe.xadd(self.key(Shelf.PENDING), webhook.fields()).wait(
-                self.replica_acks, self._replica_wait_ms).execute()
+            entry_id = await self._add(keys=keys, args=args)
+        else:
+            entry_id, acks = await self._add_and_wait(keys, args)
+            if entry_id is not None and acks < self.replica_acks:
+                webhook.id = entry_id.decode()
+                raise QueueUnsafe(f"{acks} of {self.replica_acks} replicas confirmed the callback in time")
+        if entry_id is None:
+            raise QueueFull(f"{self._max_pending} webhooks are waiting for delivery")
         webhook.id = entry_id.decode()
-        if acks < self.replica_acks:
-            raise QueueUnsafe(f"{acks} of {self.replica_acks} replicas confirmed the callback in time")
         return webhook.id
+
+    async def _add_and_wait(self, keys: list[str], args: list[bytes | str | int]) -> tuple[bytes | None, int]:
+        """The add and WAIT on one connection (WAIT covers the writes of its own connection), in one
+        round trip; a script Redis forgot (restart, failover) is loaded and the add sent again."""
+        entry_id, acks = await self._pipelined_add(keys, args)
+        if isinstance(entry_id, NoScriptError):  # refused unrun: safe to send again
+            await self._client.script_load(_ADD)
+            entry_id, acks = await self._pipelined_add(keys, args)
+        for answer in (entry_id, acks):
+            if isinstance(answer, Exception):
+                raise answer
+        return entry_id, int(acks)
+
+    async def _pipelined_add(self, keys: list[str], args: list[bytes | str | int]) -> list[Any]:
+        async with self._client.pipeline(transaction=False) as pipe:
+            return await pipe.evalsha(self._add.sha, len(keys), *keys, *args).wait(
+                self.replica_acks, self._replica_wait_ms).execute(raise_on_error=False)
 
     async def oldest(self, block_ms: int) -> QueuedWebhook | None:
         """The next callback to deliver, waiting up to `block_ms` for one to arrive."""
