@@ -186,6 +186,8 @@ def _quick_retry() -> Any:
 
 
 def no_retry() -> Any:
+    """Never resent: for calls that must not run twice (the limiter's scripts), and for the
+    cluster client, which would resend after a timeout too."""
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
