@@ -147,6 +147,9 @@ class WebhookQueue:
         return entry_id, int(acks)
 
     async def _pipelined_add(self, keys: list[str], args: list[bytes | str | int]) -> list[Any]:
+        # WAIT goes with the add whatever the add answers: one round trip on the common path. When
+        # the add wrote nothing (the queue full, the script forgotten) it waits on the connection's
+        # earlier writes instead, at most replica_wait_s, and only while a replica lags.
         async with self._client.pipeline(transaction=False) as pipe:
             return await pipe.evalsha(self._add.sha, len(keys), *keys, *args).wait(
                 self.replica_acks, self._replica_wait_ms).execute(raise_on_error=False)

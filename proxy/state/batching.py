@@ -58,13 +58,14 @@ class ScriptBatcher:
                 return
             answers = await self._pipeline(calls)
             lost = [i for i, a in enumerate(answers) if isinstance(a, NoScriptError)]
+            for (_, _, _, answer), result in zip(calls, answers):  # first, what ran: whatever happens next,
+                if not isinstance(result, NoScriptError):          # its callers hear its own answer
+                    _settle(answer, result)
             if lost:
                 for script in {calls[i][0] for i in lost}:
                     await self._client.script_load(script.script)
                 for i, again in zip(lost, await self._pipeline([calls[i] for i in lost])):
-                    answers[i] = again
-            for (_, _, _, answer), result in zip(calls, answers):
-                _settle(answer, result)
+                    _settle(calls[i][3], again)
         except BaseException as exc:  # the connection failed, or this task was cancelled: every call hears it
             for *_, answer in calls:
                 if not answer.done():
