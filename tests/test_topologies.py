@@ -34,6 +34,7 @@ def chat_headers(key: str) -> dict[str, str]:
     ("redis+sentinel://s1:26379,s2/main/3", Mode.SENTINEL, (("s1", 26379), ("s2", 26379)), "main", 3),
     ("rediss+sentinel://:pw@s1:1/main", Mode.SENTINEL, (("s1", 1),), "main", 0),
     ("redis+cluster://n1:7000,[::1]:7001,n3", Mode.CLUSTER, (("n1", 7000), ("::1", 7001), ("n3", 6379)), "", 0),
+    ("rediss+cluster://n1:7000?ssl_ca_certs=/etc/ca.pem", Mode.CLUSTER, (("n1", 7000),), "", 0),
 ])
 def test_state_url_names_one_topology(url: str, mode: Mode, nodes: tuple, master: str, db: int) -> None:
     topology = parse(url)
@@ -48,6 +49,7 @@ def test_state_url_names_one_topology(url: str, mode: Mode, nodes: tuple, master
     "redis+cluster://u:s3c?ret-pass@h:x", "redis+cluster://u:s3c/ret-pass@h,", "redis+sentinel://u:s3c#ret-pass@h/m/x",
     "redis://u:s3cret-pass@h:6379/zero", "redis://u:s3cret-pass@h:99999/0", "redis+sentinel://u:s3cret-pass@h/0",
     "redis+sentinel://u:s3cret-pass@h/m?sentinel_pasword=x", "redis+cluster://u:s3cret-pass@h?sentinel_password=x",
+    "redis+cluster://u:s3cret-pass@h?ssl_ca_certs=/etc/ca.pem",
 ])
 def test_a_state_url_naming_no_topology_is_refused_without_quoting_its_password(url: str) -> None:
     with pytest.raises(ConfigError) as refused:

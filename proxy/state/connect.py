@@ -6,7 +6,8 @@
     redis+sentinel://s1:26379,s2:26379/mymaster/0    the primary the sentinels name `mymaster`, database 0
     redis+cluster://n1:7000,n2:7001                  a cluster, found from any of these seed nodes
 
-(`rediss+sentinel://` and `rediss+cluster://` speak TLS to the data nodes.) A user and password
+(`rediss+sentinel://` and `rediss+cluster://` speak TLS to the data nodes, `?ssl_ca_certs=` naming
+their CA where it is not the system's.) A user and password
 in the URL are the data nodes'; a Sentinel with a password of its own takes `?sentinel_password=`.
 Every user of shared state gets its client here, so all of them follow a failover or a slot
 move the same way: redis-py's Sentinel pool asks the sentinels for the primary on each new
@@ -47,6 +48,7 @@ class Topology:
     password: str | None = field(default=None, repr=False)
     sentinel_password: str | None = field(default=None, repr=False)
     tls: bool = False
+    ca_file: str | None = None                                    # TLS: the CA the data nodes' certificates chain to
 
 
 def parse(url: str) -> Topology:
@@ -76,17 +78,20 @@ def parse(url: str) -> Topology:
     hosts, _, path = rest.partition("/")
     nodes = tuple(_node(h, 26379 if kind == "sentinel" else 6379) for h in hosts.split(","))
     segments = [unquote(s) for s in path.split("/") if s]
-    sentinel_password = None
+    options = {"sentinel_password": None, "ssl_ca_certs": None}
     for pair in filter(None, query.split("&")):
         name, _, value = pair.partition("=")
-        if name != "sentinel_password" or kind != "sentinel":
-            raise ValueError(f"unknown option {unquote(name)!r}: a sentinel URL takes sentinel_password, "
-                             "a cluster URL none")
-        sentinel_password = unquote(value)  # not form-decoded: a `+` is a `+`, as in the user part
+        allowed = ("sentinel_password",) * (kind == "sentinel") + ("ssl_ca_certs",) * (base == "rediss")
+        if name not in allowed:
+            raise ValueError(f"unknown option {unquote(name)!r}: a sentinel URL takes sentinel_password, a "
+                             "rediss+ URL ssl_ca_certs, and nothing else")
+        options[name] = unquote(value)  # not form-decoded: a `+` is a `+`, as in the user part
+    sentinel_password, ca_file = options["sentinel_password"], options["ssl_ca_certs"]
     if kind == "cluster":
         if segments not in ([], ["0"]):
             raise ValueError("a cluster has only database 0: redis+cluster://host:port[,host:port...]")
-        return Topology(Mode.CLUSTER, url, nodes, username=username, password=password, tls=base == "rediss")
+        return Topology(Mode.CLUSTER, url, nodes, username=username, password=password, tls=base == "rediss",
+                        ca_file=ca_file)
     if not segments or len(segments) > 2 or not segments[0] or (len(segments) == 1 and segments[0].isdigit()):
         # (a lone number is a database whose primary's name was left out, far likelier than a name)
         raise ValueError("a sentinel URL names the primary: redis+sentinel://host:port[,host:port...]/name[/db]")
@@ -94,7 +99,7 @@ def parse(url: str) -> Topology:
     if not (db.isascii() and db.isdigit() and int(db) < 2**31):
         raise ValueError("the database is not a number")
     return Topology(Mode.SENTINEL, url, nodes, segments[0], int(db), username, password, sentinel_password,
-                    base == "rediss")
+                    base == "rediss", ca_file)
 
 
 def _node(text: str, default_port: int) -> tuple[str, int]:
@@ -145,6 +150,8 @@ def connect(url: str, **options: Any) -> RedisClient:
     # redis-py's cluster client retries a timed-out command whatever its Retry names: there, none.
     options.setdefault("retry", no_retry() if topology.mode is Mode.CLUSTER else _quick_retry())
     classes = _clients()
+    if topology.ca_file:
+        options["ssl_ca_certs"] = topology.ca_file
     if topology.mode is Mode.SINGLE:
         client = classes.single.from_url(url, **options)
     elif topology.mode is Mode.CLUSTER:
