@@ -171,3 +171,34 @@ async def test_a_full_queue_is_a_503_and_keeps_what_it_holds(
         assert answer.status == 503 and answer.headers["Retry-After"]
         assert (await answer.json())["error"]["code"] == "webhook_queue_full"
     assert [w.body for w in await queue.entries(Shelf.PENDING)] == [b'{"id":"evt_1"}']
+
+
+async def test_the_backlog_gauge_counts_a_queue_that_can_be_counted_but_not_read() -> None:
+    """A failed node or a broken stream: the deliverer cannot read the head, but the backlog it
+    reports (and ModelgateWebhookBacklog watches) still grows; a process without the lease says 0."""
+    from prometheus_client import REGISTRY
+
+    from plugins.webhook_queue.deliverer import Deliverer
+    from plugins.webhook_queue.queue import RedisError
+    from proxy.wire.routes import ROUTES_BY_NAME
+
+    class Unreadable:
+        leased = True
+
+        async def hold_lease(self, token: str, ttl_ms: int) -> bool:
+            return self.leased
+
+        async def depth(self) -> int:
+            return 7
+
+        async def oldest(self, block_ms: int) -> None:
+            raise RedisError("the node that holds the queue is gone")
+
+    queue = Unreadable()
+    deliverer = Deliverer(queue, None, ROUTES_BY_NAME["payment_webhook"], 0.05, 0.1, 1)  # type: ignore[arg-type]
+    with pytest.raises(RedisError):
+        await deliverer._turn()
+    assert REGISTRY.get_sample_value("modelgate_webhook_queue_depth") == 7
+    queue.leased = False
+    assert not await deliverer._turn()
+    assert REGISTRY.get_sample_value("modelgate_webhook_queue_depth") == 0

@@ -75,9 +75,12 @@ class Deliverer:
     async def _turn(self) -> bool:
         """Deliver the oldest callback if this instance holds the lease; False means wait."""
         if not await self.queue.hold_lease(self.token, self.lease_ms):
+            WEBHOOK_QUEUE_DEPTH.set(0)  # the gauge is the max over processes: the lease holder's says it
             return False
-        webhook = await self.queue.oldest(block_ms=min(1000, self.lease_ms // 3))
+        # Read before the callback is: a queue that can be counted but not read (a failed node, a
+        # broken stream) still shows its growing backlog, and ModelgateWebhookBacklog fires.
         WEBHOOK_QUEUE_DEPTH.set(await self.queue.depth())
+        webhook = await self.queue.oldest(block_ms=min(1000, self.lease_ms // 3))
         if webhook is None:
             return True  # nothing waiting: look again at once, the read itself waited
         outcome, shelf = await self.deliver(webhook)
