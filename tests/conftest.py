@@ -180,6 +180,10 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Process]]:
 @pytest.fixture
 async def redis_url() -> str:
     """A Redis database for the test, emptied first; skipped nowhere: .ci/run starts Redis."""
+    return await _emptied_test_database()
+
+
+async def _emptied_test_database() -> str:
     import redis.asyncio as aioredis
 
     client = aioredis.Redis.from_url(REDIS_URL)
@@ -212,12 +216,7 @@ def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 async def shared_redis(request: pytest.FixtureRequest) -> str:
     """state.url for each Redis topology in turn (one server, a Cluster, a Sentinel-named primary), emptied first."""
     if request.param == "single":
-        import redis.asyncio as aioredis
-
-        client = aioredis.Redis.from_url(REDIS_URL)
-        await client.flushdb()
-        await client.aclose()
-        return REDIS_URL
+        return await _emptied_test_database()
     topology = request.getfixturevalue(f"redis_{request.param}")
     topology.flush()
     return topology.url

@@ -40,7 +40,6 @@ class Topology:
     """What a `state.url` names; its repr leaves the password out."""
 
     mode: Mode
-    url: str = field(repr=False)                                  # SINGLE: as given, for redis-py
     nodes: tuple[tuple[str, int], ...] = ()                       # SENTINEL: the sentinels; CLUSTER: seeds
     master: str = ""                                              # SENTINEL: the primary's name
     db: int = 0
@@ -59,7 +58,7 @@ def parse(url: str) -> Topology:
     scheme = scheme.lower()
     if scheme in ("redis", "rediss", "unix"):
         _check_single(url)
-        return Topology(Mode.SINGLE, url)
+        return Topology(Mode.SINGLE)
     base, _, kind = scheme.partition("+")
     if base not in ("redis", "rediss") or kind not in ("sentinel", "cluster"):
         raise ValueError(f"unknown scheme {scheme!r}: expected redis://, rediss://, unix://, "
@@ -90,7 +89,7 @@ def parse(url: str) -> Topology:
     if kind == "cluster":
         if segments not in ([], ["0"]):
             raise ValueError("a cluster has only database 0: redis+cluster://host:port[,host:port...]")
-        return Topology(Mode.CLUSTER, url, nodes, username=username, password=password, tls=base == "rediss",
+        return Topology(Mode.CLUSTER, nodes, username=username, password=password, tls=base == "rediss",
                         ca_file=ca_file)
     if not segments or len(segments) > 2 or not segments[0] or (len(segments) == 1 and segments[0].isdigit()):
         # (a lone number is a database whose primary's name was left out, far likelier than a name)
@@ -98,7 +97,7 @@ def parse(url: str) -> Topology:
     db = segments[1] if len(segments) == 2 else "0"
     if not (db.isascii() and db.isdigit() and int(db) < 2**31):
         raise ValueError("the database is not a number")
-    return Topology(Mode.SENTINEL, url, nodes, segments[0], int(db), username, password, sentinel_password,
+    return Topology(Mode.SENTINEL, nodes, segments[0], int(db), username, password, sentinel_password,
                     base == "rediss", ca_file)
 
 
