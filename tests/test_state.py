@@ -33,20 +33,64 @@ async def test_a_gathered_call_that_ran_hears_its_own_answer_though_a_forgotten_
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import NoScriptError
 
-    from proxy.state.batching import ScriptBatcher
+    from proxy.state.gathering import Gatherer
 
     class Script:
         def __init__(self, sha: str) -> None:
             self.sha, self.script = sha, f"-- {sha}"
-            self.alone: asyncio.Future[str] | None = None
-
-        async def __call__(self, keys: list[str], args: list[object]) -> str:
-            self.alone = asyncio.get_running_loop().create_future()
-            return await self.alone  # held, so the calls after it are gathered
 
     class Pipeline:
         def __init__(self, answers: list[object]) -> None:
             self.answers = answers
+            self.sent: list[tuple[object, ...]] = []
+
+        async def __aenter__(self) -> Pipeline:
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+        def evalsha(self, *args: object) -> Pipeline:
+            self.sent.append(("EVALSHA", *args))
+            return self
+
+        def execute_command(self, *args: object) -> Pipeline:
+            self.sent.append(args)
+            return self
+
+        async def execute(self, raise_on_error: bool) -> list[object]:
+            return self.answers
+
+    class Client:
+        gate = asyncio.Semaphore(4)
+        pipelines: list[Pipeline] = []
+
+        def pipeline(self, transaction: bool) -> Pipeline:
+            self.pipelines.append(Pipeline(["ran", NoScriptError("NOSCRIPT"), b"value"]))
+            return self.pipelines[-1]
+
+        async def script_load(self, text: str) -> None:
+            raise RedisConnectionError("the server went away")
+
+    client = Client()
+    calls = Gatherer(client)
+    acquire, finish = Script("acquire"), Script("finish")
+    made_together = [calls.script(acquire, ["k"], [1]), calls.script(finish, ["k"], [2]), calls.command("GET", "x")]
+    results = await asyncio.gather(*made_together, return_exceptions=True)
+    assert results[0] == "ran" and isinstance(results[1], RedisConnectionError) and results[2] == b"value"
+    assert len(client.pipelines) == 1, "calls made in one turn share one pipeline"
+    assert client.pipelines[0].sent == [("EVALSHA", "acquire", 1, "k", 1), ("EVALSHA", "finish", 1, "k", 2),
+                                        ("GET", "x")]
+
+
+async def test_a_pipeline_of_reads_is_sent_again_when_its_connection_failed_but_never_one_with_a_script() -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from proxy.state.gathering import Gatherer
+
+    class Pipeline:
+        def __init__(self, fails: bool) -> None:
+            self.fails = fails
 
         async def __aenter__(self) -> Pipeline:
             return self
@@ -57,25 +101,30 @@ async def test_a_gathered_call_that_ran_hears_its_own_answer_though_a_forgotten_
         def evalsha(self, *args: object) -> Pipeline:
             return self
 
+        def execute_command(self, *args: object) -> Pipeline:
+            return self
+
         async def execute(self, raise_on_error: bool) -> list[object]:
-            return self.answers
+            if self.fails:
+                raise RedisConnectionError("reset by peer")
+            return [b"a", b"b"]
 
     class Client:
         gate = asyncio.Semaphore(4)
+        sent = 0
 
         def pipeline(self, transaction: bool) -> Pipeline:
-            return Pipeline(["ran", NoScriptError("NOSCRIPT")])
+            self.sent += 1
+            return Pipeline(fails=self.sent == 1)
 
-        async def script_load(self, text: str) -> None:
-            raise RedisConnectionError("the server went away")
+    class Script:
+        sha, script = "s", "-- s"
 
-    acquire, finish = Script("acquire"), Script("finish")
-    batcher = ScriptBatcher(Client())
-    alone = asyncio.ensure_future(batcher.run(acquire, ["k"], []))
-    await asyncio.sleep(0)
-    gathered = [asyncio.ensure_future(batcher.run(s, ["k"], [])) for s in (acquire, finish)]
-    results = await asyncio.gather(*gathered, return_exceptions=True)
-    assert results[0] == "ran" and isinstance(results[1], RedisConnectionError)
-    assert acquire.alone is not None
-    acquire.alone.set_result("alone")
-    assert await alone == "alone"
+    reads = Client()
+    calls = Gatherer(reads)
+    assert await asyncio.gather(calls.command("GET", "a"), calls.command("GET", "b")) == [b"a", b"b"]
+    assert reads.sent == 2
+    scripted = Client()
+    calls = Gatherer(scripted)
+    found = await asyncio.gather(calls.command("GET", "a"), calls.script(Script(), ["k"], []), return_exceptions=True)
+    assert all(isinstance(f, RedisConnectionError) for f in found) and scripted.sent == 1

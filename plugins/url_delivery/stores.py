@@ -170,16 +170,21 @@ class LocalStore:
 
 
 class RedisBlobStore:
-    """Blobs in Redis hashes that expire with their URLs; every instance sharing it can serve them."""
+    """Blobs in Redis hashes that expire with their URLs; every instance sharing it can serve them.
+    Through the process's shared client: a blob's write rides with its request's other calls."""
+
+    # The hash and its expiry in one step: a blob is never left to live for ever.
+    _PUT = "redis.call('HSET', KEYS[1], 'data', ARGV[1], 'type', ARGV[2]) redis.call('EXPIRE', KEYS[1], ARGV[3]) return 1"
 
     def __init__(self, url: str, prefix: str) -> None:
         # Imported here: the Redis client costs a gateway that never uses it several MB.
         from redis.exceptions import RedisError
 
-        from proxy.state.connect import connect
+        from proxy.state.shared import share
 
         # Any topology: a blob is one hash under one key, so one slot of a Cluster.
-        self._client = connect(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        self._shared = share(url)
+        self._put = self._shared.client.register_script(self._PUT)
         self._prefix = prefix + "blob:"
         self._errors = (RedisError, OSError)
 
@@ -187,21 +192,21 @@ class RedisBlobStore:
         return None
 
     async def close(self) -> None:
-        await self._client.aclose()
+        from proxy.state.shared import unshare
+
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            await unshare(shared)
 
     async def put(self, blob_id: str, blob: Blob, ttl_s: int) -> None:
-        key = self._prefix + blob_id
         try:
-            async with self._client.pipeline(transaction=True) as pipe:
-                pipe.hset(key, mapping={"data": blob.data, "type": blob.content_type})
-                pipe.expire(key, ttl_s)
-                await pipe.execute()
+            await self._shared.calls.script(self._put, [self._prefix + blob_id], [blob.data, blob.content_type, ttl_s])
         except self._errors as exc:
             raise StoreError(f"redis store: {exc}") from exc
 
     async def get(self, blob_id: str) -> Blob | None:
         try:
-            found = await self._client.hgetall(self._prefix + blob_id)
+            found = await self._shared.calls.command("HGETALL", self._prefix + blob_id)
         except self._errors as exc:
             raise StoreError(f"redis store: {exc}") from exc
         if not found:

@@ -15,8 +15,10 @@ own call, all sent at once (one round trip's wait), and when any
 refuses, what the others took is given back (UNDO), so a refused request counts nowhere. The
 price: for the moment between the take and the undo, another request of the same subject may
 see that request counted, and be refused where it would otherwise have passed; never the other
-way round. Off a Cluster, calls made while others are on their way share one pipeline
-(proxy/state/batching.py): under load a limit check costs the gateway about half the CPU.
+way round. Off a Cluster, the calls go through the process's shared client and are gathered
+with the other calls made in the same turn (proxy/state/gathering.py): with the record of the id
+a request follows, with other requests' checks (under load a limit check then costs the gateway
+about half the CPU), and after the answer with the request's pin or image.
 """
 
 from __future__ import annotations
@@ -29,8 +31,12 @@ from redis.crc import key_slot
 from redis.exceptions import RedisError
 
 from proxy.limits import LEASE_TTL_S, Check, Decision, Kind, LimiterUnavailable
-from proxy.state.batching import ScriptBatcher
-from proxy.state.connect import Mode, no_retry, connect, mode_of
+from proxy.state.connect import Mode, mode_of
+from proxy.state.shared import share, unshare
+
+# The longest a check waits on Redis before the fail mode decides (the shared client's own
+# timeouts are longer, for the image store's writes).
+_WAIT_S = 0.5
 
 # KEYS, check by check: a window's sorted set (REQUESTS), or that and its amounts' hash and
 # total (TOKENS), or a lease set (CONCURRENT). ARGV: the request id, the lease's life, then
@@ -151,17 +157,13 @@ return 1
 
 class RedisLimiter:
     def __init__(self, url: str, prefix: str) -> None:
-        # Never resent: a script that timed out may have run, and a second run would count the
-        # request's tokens twice. An error is the fail mode's to decide.
-        self._client = connect(url, socket_timeout=0.5, socket_connect_timeout=0.5, retry=no_retry(),
-                               health_check_interval=5)
+        # Scripts are never resent: one that timed out may have run, and a second run would count
+        # the request's tokens twice. An error is the fail mode's to decide.
+        self._shared = share(url)
         self._prefix = prefix + "rl:"
         self._by_slot = mode_of(url) is Mode.CLUSTER
-        self._acquire = self._client.register_script(ACQUIRE)
-        self._finish = self._client.register_script(FINISH)
-        # Concurrent requests' calls share a pipeline; not on a Cluster, whose client pipelines no
-        # scripts (its calls to different nodes go out at once all the same).
-        self._calls = None if self._by_slot else ScriptBatcher(self._client)
+        self._acquire = self._shared.client.register_script(ACQUIRE)
+        self._finish = self._shared.client.register_script(FINISH)
 
     async def acquire(self, checks: list[Check], request_id: str) -> Decision:
         groups = self._groups(checks)
@@ -189,13 +191,19 @@ class RedisLimiter:
         if not pending:
             return
         spent = "" if tokens is None else str(tokens)
+        groups = self._groups(pending)
         try:
-            await asyncio.gather(*(self._call_finish(g, request_id, spent) for g in self._groups(pending)))
+            if len(groups) == 1:  # sent in this turn, with whatever else the request writes now
+                await self._call_finish(groups[0], request_id, spent)
+            else:
+                await asyncio.gather(*(self._call_finish(g, request_id, spent) for g in groups))
         except (RedisError, OSError) as exc:
             raise LimiterUnavailable(str(exc)) from exc
 
     async def close(self) -> None:
-        await self._client.aclose()
+        shared, self._shared = self._shared, None  # type: ignore[assignment]
+        if shared is not None:
+            await unshare(shared)
 
     async def _acquire_group(self, checks: Sequence[Check], request_id: str) -> Decision:
         args: list[Any] = [request_id, int(LEASE_TTL_S * 1000)]
@@ -211,9 +219,10 @@ class RedisLimiter:
         await self._run(self._finish, self._keys(checks), [request_id, spent, *(c.kind.value for c in checks)])
 
     async def _run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
-        if self._calls is None:
-            return await script(keys=keys, args=args)
-        return await self._calls.run(script, keys, args)
+        try:
+            return await asyncio.wait_for(self._shared.calls.script(script, keys, args), _WAIT_S)
+        except TimeoutError as exc:
+            raise LimiterUnavailable(f"no answer within {_WAIT_S}s") from exc
 
     def _keys(self, checks: Sequence[Check]) -> list[str]:
         keys = []

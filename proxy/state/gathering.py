@@ -1,0 +1,128 @@
+"""Calls to Redis made in one turn of the event loop go together, as one pipeline.
+
+A request's state work is several small calls: the record of the id it follows, its limit
+check, a cached status; after the answer, its pin, its settlement, an image. Each sent on its
+own costs a round trip's wait, a write, a read and the client's work per command. Made in
+the same turn (started together, not awaited one by one), they share one write and one read;
+under load, the calls of many requests share them too.
+
+A pipeline is never resent when a script is in it (the script may have run); one of plain
+commands that may all run twice (a read, a SET) is sent once more when its connection failed.
+An error reaches exactly the calls it concerns: a script Redis no longer knows (after a restart
+or a failover) is loaded and its calls sent once more, safe because Redis refused them unrun.
+
+On a Cluster nothing is gathered: its client pipelines no scripts, and splits a pipeline by
+node anyway. Each call goes at once, to its own node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError, NoScriptError
+
+
+@dataclass(slots=True)
+class _Call:
+    args: tuple[Any, ...]           # a command and its arguments; for a script, its keys and arguments
+    script: AsyncScript | None
+    resend: bool                    # may run twice
+    answer: asyncio.Future[Any]
+
+
+class Gatherer:
+    __slots__ = ("_client", "_gathers", "_queued", "_sending")
+
+    def __init__(self, client: Any, gathers: bool = True) -> None:
+        self._client = client
+        self._gathers = gathers
+        self._queued: list[_Call] = []
+        self._sending: set[asyncio.Task[None]] = set()  # referenced until done
+
+    def command(self, *args: Any, resend: bool = True) -> asyncio.Future[Any]:
+        """Send `args` (a command name and its arguments) with the calls of this turn; the future
+        holds Redis's answer, or what Redis or the connection raised. `resend`: it may run twice."""
+        return self._queue(_Call(args, None, resend, asyncio.get_running_loop().create_future()))
+
+    def script(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> asyncio.Future[Any]:
+        """Run `script` with the calls of this turn (never twice)."""
+        call = _Call((len(keys), *keys, *args), script, False, asyncio.get_running_loop().create_future())
+        return self._queue(call)
+
+    def _queue(self, call: _Call) -> asyncio.Future[Any]:
+        if not self._gathers:
+            self._start([call])
+        else:
+            if not self._queued:
+                asyncio.get_running_loop().call_soon(self._flush)
+            self._queued.append(call)
+        return call.answer
+
+    def _flush(self) -> None:
+        calls, self._queued = self._queued, []
+        self._start(calls)
+
+    def _start(self, calls: list[_Call]) -> None:
+        task = asyncio.get_running_loop().create_task(self._send(calls))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, calls: list[_Call]) -> None:
+        try:
+            if len(calls) == 1:  # nothing to gather: a script object loads itself if Redis lost it
+                _settle(calls[0].answer, await self._alone(calls[0]))
+                return
+            try:
+                answers = await self._pipeline(calls)
+            except ConnectionError:
+                if not all(c.resend for c in calls):
+                    raise
+                answers = await self._pipeline(calls)  # nothing in it minds running twice
+            lost = [i for i, a in enumerate(answers) if isinstance(a, NoScriptError)]
+            for call, result in zip(calls, answers):  # first, what ran: whatever happens next,
+                if not isinstance(result, NoScriptError):  # its callers hear its own answer
+                    _settle(call.answer, result)
+            if lost:
+                for script in {calls[i].script for i in lost}:
+                    await self._client.script_load(script.script)  # type: ignore[union-attr]
+                for i, again in zip(lost, await self._pipeline([calls[i] for i in lost])):
+                    _settle(calls[i].answer, again)
+        except BaseException as exc:  # the connection failed, or this task was cancelled: every call hears it
+            for call in calls:
+                if not call.answer.done():
+                    call.answer.set_exception(exc if isinstance(exc, Exception) else ConnectionError("cancelled"))
+            if not isinstance(exc, Exception):
+                raise
+
+    async def _alone(self, call: _Call) -> Any:
+        if call.script is not None:
+            count, *rest = call.args
+            return await call.script(keys=rest[:count], args=rest[count:])
+        try:
+            return await self._client.execute_command(*call.args)
+        except ConnectionError:
+            if not call.resend:
+                raise
+            return await self._client.execute_command(*call.args)
+
+    async def _pipeline(self, calls: Sequence[_Call]) -> list[Any]:
+        async with self._client.gate, self._client.pipeline(transaction=False) as pipe:  # one connection's turn
+            for call in calls:
+                if call.script is not None:
+                    pipe.evalsha(call.script.sha, *call.args)
+                else:
+                    pipe.execute_command(*call.args)
+            return await pipe.execute(raise_on_error=False)
+
+
+def _settle(answer: asyncio.Future[Any], result: Any) -> None:
+    if answer.done():  # its caller went away meanwhile
+        return
+    if isinstance(result, Exception):
+        answer.set_exception(result)
+    else:
+        answer.set_result(result)
