@@ -1,13 +1,12 @@
 """Auth: the gateway key, read from the place the endpoint's format names (spec section 5) and,
-unless `server.strict_interface`, where the format's official SDK sends it; and the ids a key may follow.
+unless `server.strict_interface`, where the format's official SDK sends it.
 
 Missing, unknown, disabled or expired keys get 401; a key not allowed for the endpoint
 or the model gets 403; both in the endpoint's own error shape. The key's name, never the
 key, is what the exchange, and so every log line, carries.
 
-A request that follows an id (a video task, a previous response) is served only when the
-gateway handed that id out to the same tenant (proxy.request.affinity): to every other key, and for
-ids it never handed out, the answer is the format's own 404, as if the id did not exist.
+Whether an id a request follows (a video task, a previous response) is its caller's tenant's
+is the core's check, once this plugin has named the caller (proxy.request.affinity).
 """
 
 from __future__ import annotations
@@ -15,22 +14,13 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from aiohttp import web
-from prometheus_client import Counter
 
 from proxy.config import GatewayConfig
 from proxy.formats.base import KeyLocation
+from proxy.observability.metrics import AUTH_REFUSALS
 from proxy.plugin import Joins, Plugin
 from proxy.policy.keys import KeyRing
 from proxy.request.exchange import Exchange
-from proxy.wire.routes import Pin
-
-AUTH_REFUSALS = Counter("modelgate_auth_refusals", "Requests refused by the auth plugin", ["route", "reason"])
-
-# What a tenant is told of an id that is not its own: exactly what it is told of one that never existed.
-_NOT_FOUND = {
-    Pin.VIDEO_TASK: ("no such video task", "task_not_found", None),
-    Pin.RESPONSE: ("previous response not found", "previous_response_not_found", "previous_response_id"),
-}
 
 
 class Auth(Plugin):
@@ -72,11 +62,4 @@ class Auth(Plugin):
                                      "endpoint_not_allowed")
         if ex.model is not None and not key.allows_model(ex.model):
             return self._refuse(ex, 403, f"API key '{key.name}' may not use model '{ex.model}'", "model_not_allowed")
-        if ex.followed_id is not None and (ex.followed is None or ex.followed.owner != key.tenant):
-            assert ex.route.follows is not None
-            message, code, param = _NOT_FOUND[ex.route.follows]
-            if "response_id" in ex.path_params:
-                message, code, param = "no such response", "response_not_found", None
-            AUTH_REFUSALS.labels(ex.route.name, "not_owner").inc()
-            return ex.error_response(404, message, code, param=param)
         return None

@@ -1,15 +1,16 @@
 """Rate limits per key, per key and model, per route, and per client IP on keyless routes.
 
 Requests and tokens are counted over an exact sliding minute; concurrent requests hold a
-lease until their answer ends or their client leaves. Tokens are reserved up front (the
-request's own maximum plus an estimate of its input) and settled from the usage the
-upstream reports. A refusal is a 429 in the endpoint's shape with Retry-After; limited
+lease until their answer ends or their client leaves (a whole answer read at once: until it is
+read, just before it is sent). Tokens are reserved up front (the request's own maximum plus an
+estimate of its input) and settled from the usage the upstream reports. A refusal is a 429 in the endpoint's shape with Retry-After; limited
 routes carry RateLimit-Policy and RateLimit headers. When the shared state is unreachable
 the configured mode holds: fail open (serve, count it) or fail closed (503).
 """
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import ipaddress
 import logging
@@ -26,7 +27,7 @@ from proxy.limits import Check, Kind, Limiter, LimiterUnavailable
 from proxy.limits.memory import MemoryLimiter
 from proxy.observability.metrics import child
 from proxy.plugin import Joins, Plugin
-from proxy.request.exchange import Exchange
+from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.wire.routes import ROUTE_NAMES
 
 RATELIMIT_DECISIONS = Counter("modelgate_ratelimit_decisions", "Rate-limit decisions by policy",
@@ -36,6 +37,7 @@ RATELIMIT_BACKEND_ERRORS = Counter("modelgate_ratelimit_backend_errors", "Limite
 
 log = logging.getLogger("modelgate.ratelimit")
 _WINDOW_S = 60.0
+_SETTLING = "ratelimit.settling"
 
 
 class RateLimitSettings(BaseModel):
@@ -132,10 +134,29 @@ class RateLimit(Plugin):
                                                 f't={math.ceil(decision.reset_s)}'}
         return None
 
-    async def on_complete(self, ex: Exchange) -> None:
+    async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
+        """A whole answer is here, and with it what the request cost: settled now, not once the
+        answer is sent, so the call goes with the answer's other state writes (its pin, its image)."""
         checks: list[Check] | None = ex.plugin_state.get(self.name)
-        if not checks:
+        if not checks or _SETTLING in ex.plugin_state:
             return
+        if not ex.usage.known and upstream.status < 400 and upstream.is_json:
+            usage = ex.format.usage_from_body(upstream.json())  # the usage plugin, if any, reads it later
+            if usage is not None:
+                ex.usage.update(usage)
+        ex.plugin_state[_SETTLING] = asyncio.get_running_loop().create_task(self._settle(ex, checks))
+
+    async def on_complete(self, ex: Exchange) -> None:
+        settling: asyncio.Task[None] | None = ex.plugin_state.get(_SETTLING)
+        if settling is not None:
+            await settling
+            return
+        checks: list[Check] | None = ex.plugin_state.get(self.name)
+        if checks:
+            await self._settle(ex, checks)
+
+    async def _settle(self, ex: Exchange, checks: list[Check]) -> None:
+        """Tokens from what the request really cost, and its lease released; never raises."""
         reserved = next((c.cost for c in checks if c.kind is Kind.TOKENS), None)
         spent = _tokens_spent(ex, reserved) if reserved is not None else None
         try:

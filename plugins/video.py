@@ -68,7 +68,7 @@ class VideoTasks(Plugin):
     name = "video"
     Settings = VideoSettings
     joins = Joins(formats=frozenset({VIDEO.name}))
-    requires = frozenset({"caller"})  # tasks are listed and cached per tenant
+    requires = frozenset({"caller", "followed"})  # tasks are listed per tenant; a task's status is its owner's
     order = 700
 
     def configure(self, config: GatewayConfig) -> None:
@@ -78,6 +78,11 @@ class VideoTasks(Plugin):
         self.inflight: dict[str, asyncio.Future[None]] = self.resources.setdefault("video.inflight", {})  # type: ignore[assignment]
         self.server = config.server
 
+    def prefetch(self, ex: Exchange) -> None:
+        if ex.route.name in _STATUS or ex.route.name == _CONTENT:  # read with the task's record and limits;
+            task_id = ex.path_params["task_id"]                  # used once the core has said it is the caller's
+            ex.plugin_state["video.cached"] = asyncio.get_running_loop().create_task(self._cached(task_id))
+
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
         route = ex.route.name
         if route == _LIST:
@@ -85,9 +90,10 @@ class VideoTasks(Plugin):
         if route not in _STATUS and route != _CONTENT:
             return None
         task_id = ex.path_params["task_id"]
+        prefetched: asyncio.Task[dict[str, Any] | None] = ex.plugin_state.pop("video.cached")
         if route == _CONTENT:
-            return await self._refuse_download(ex, task_id)
-        cached = await self._cached(task_id)
+            return await self._refuse_download(ex, task_id, await prefetched)
+        cached = await prefetched
         if cached is None and (waiting := self.inflight.get(task_id)) is not None:
             try:  # another request is asking the upstream right now: share its answer
                 await asyncio.wait_for(asyncio.shield(waiting), timeout=10)
@@ -162,8 +168,9 @@ class VideoTasks(Plugin):
             log.warning("state store unreachable: a video task made now is not listed")
             return
         try:
-            await self.cache.set(f"video:task:{task_id}", jsonutil.dumps(task).decode(), ttl)
-            await self.cache.push(f"video:owned:{ex.tenant or ''}", task_id, ttl, self.settings.list_keep)
+            await asyncio.gather(  # together: one round trip
+                self.cache.set(f"video:task:{task_id}", jsonutil.dumps(task).decode(), ttl),
+                self.cache.push(f"video:owned:{ex.tenant or ''}", task_id, ttl, self.settings.list_keep))
         except Exception as exc:  # the task runs all the same; only its listing is lost
             log.warning("could not record a video task: %s", exc)
 
@@ -227,8 +234,7 @@ class VideoTasks(Plugin):
             return None
         return await self._remember_status(normal)
 
-    async def _refuse_download(self, ex: Exchange, task_id: str) -> web.StreamResponse | None:
-        known = await self._cached(task_id)
+    async def _refuse_download(self, ex: Exchange, task_id: str, known: dict[str, Any] | None) -> web.StreamResponse | None:
         if known is None:
             known = await self._ask_channel(ex, task_id)
         if known is None or known["status"] == "succeeded" and not known.get("filtered"):

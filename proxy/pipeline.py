@@ -4,13 +4,13 @@ finding plugins and checking a pipeline, proxy/registry.py)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from proxy.observability.tracing import child_span
-from proxy.plugin import Plugin
+from proxy.plugin import FOLLOWED, Plugin
 from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.wire.sse import SSEEvent
 
@@ -20,18 +20,34 @@ log = logging.getLogger("modelgate.pipeline")
 class Pipeline:
     """The plugins of one route, with each hook list holding only real implementations."""
 
-    __slots__ = ("plugins", "request_hooks", "upstream_hooks", "response_hooks", "event_hooks", "complete_hooks")
+    __slots__ = ("plugins", "prefetch_hooks", "request_hooks", "owner_check_at", "upstream_hooks", "response_hooks",
+                 "event_hooks", "complete_hooks")
 
     def __init__(self, plugins: list[Plugin]) -> None:
         self.plugins = plugins
+        self.prefetch_hooks = _implemented(plugins, "prefetch")
         self.request_hooks = _implemented(plugins, "on_request")
+        # Where the core checks that a followed id is the caller's: before the first plugin that
+        # reads what belongs to it, else after them all (and always before a channel is chosen).
+        self.owner_check_at = next((i for i, hook in enumerate(self.request_hooks)
+                                    if FOLLOWED in getattr(hook, "__self__").requires), len(self.request_hooks))
         self.upstream_hooks = _implemented(plugins, "on_upstream")
         self.response_hooks = _implemented(plugins, "on_response")
         self.event_hooks = _implemented(plugins, "on_event")
         self.complete_hooks = _implemented(plugins, "on_complete")
 
-    async def run_request(self, ex: Exchange) -> web.StreamResponse | None:
-        for hook in self.request_hooks:
+    def run_prefetch(self, ex: Exchange) -> None:
+        for hook in self.prefetch_hooks:
+            hook(ex)
+
+    async def run_request(self, ex: Exchange,
+                          check_owner: Callable[[Exchange], Awaitable[web.StreamResponse | None]]
+                          ) -> web.StreamResponse | None:
+        """The plugins' on_request hooks, and the core's `check_owner` at its place among them;
+        the first answer ends it."""
+        for index, hook in enumerate(self.request_hooks):
+            if index == self.owner_check_at and (answer := await check_owner(ex)) is not None:
+                return answer
             if ex.span is None:
                 answer = await hook(ex)
             else:
@@ -41,6 +57,8 @@ class Pipeline:
                         span.set_attribute("modelgate.short_circuit_status", answer.status)
             if answer is not None:
                 return answer
+        if self.owner_check_at == len(self.request_hooks):
+            return await check_owner(ex)
         return None
 
     async def run_upstream(self, ex: Exchange) -> None:

@@ -1,6 +1,9 @@
 """`Plugin`: the contract between the core and every plugin, built-in or third-party.
 
-A plugin implements any of five hooks. `on_request` may answer the request itself
+A plugin implements any of six hooks. `prefetch` runs first, before any `on_request`, and only
+starts (as tasks, never awaited there) the state reads the plugin will need, so they ride the
+request's first round trip to the state store; what it reads of an id the request follows must
+wait, unused, for the core's check that the id is the caller's. `on_request` may answer the request itself
 (an error in the endpoint's shape, say) and so end the pipeline; `on_upstream` runs once the
 channel is chosen, the last chance to shape what that channel is sent; `on_response` sees a
 buffered upstream answer; `on_event` sees each SSE event and returns the event to send
@@ -9,7 +12,8 @@ whatever happened. Only hooks a plugin really implements are called.
 
 Beside its hooks a plugin declares, as class attributes the core reads without knowing the
 plugin: what it `provides` to the plugins after it and what it `requires` of the ones before it
-(checked whenever a pipeline is built, config or default), which routes it `joins` by default
+(checked whenever a pipeline is built, config or default; `followed` the core provides, just
+before the first plugin that requires it), which routes it `joins` by default
 and where (`order`), the settings it takes (`Settings`, and `KeySettings` on each key), and
 what it adds to the gateway around the pipeline: `routes` the app serves, `commands` the CLI
 runs, `config_problems` only the whole config shows. The core finds plugins through the
@@ -42,14 +46,21 @@ STATE_REACHABLE = "state.reachable"
 
 @dataclass(slots=True, frozen=True)
 class Capability:
-    """What one plugin sets on the exchange for the ones after it, and the routes it can exist on
-    (a requirement is void where it cannot: the account routes have no caller)."""
+    """What one plugin (or the core: `by_core`) sets on the exchange for the ones after it, and
+    the routes it can exist on (a requirement is void where it cannot: the account routes have no caller)."""
     described: str
     exists_on: Callable[[Route], bool]
+    by_core: bool = False
 
+
+# The core checks that the id a request follows is its caller's just before the first plugin
+# that requires "followed"; where none does, after every plugin's on_request.
+FOLLOWED = "followed"
 
 CAPABILITIES: dict[str, Capability] = {
     "caller": Capability("the caller's identity (the gateway key, its name and tenant)", lambda route: route.takes_key),
+    FOLLOWED: Capability("the record of the id the request follows, checked to be the caller's tenant's",
+                         lambda route: route.follows is not None, by_core=True),
 }
 
 
@@ -132,6 +143,9 @@ class Plugin:
 
     async def stop(self) -> None:
         """Called once after the last request of the config this instance belongs to."""
+
+    def prefetch(self, ex: Exchange) -> None:
+        """Start the state reads this request will need (see the module's text); never await here."""
 
     def state_away(self) -> bool:
         """The shared state store's probe calls it away: a plugin that talks to the same store

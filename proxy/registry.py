@@ -123,8 +123,8 @@ def order_problems(route: Route, names: list[str], where: str) -> list[str]:
             continue
         for need in sorted(cls.requires):
             capability = CAPABILITIES.get(need)
-            if capability is not None and not capability.exists_on(route):
-                continue  # nobody could provide it here (no caller on the account routes): void
+            if capability is not None and (capability.by_core or not capability.exists_on(route)):
+                continue  # the core's own, or nobody could provide it here (no caller on the account routes): void
             if any(c is not None and need in c.provides for c in classes[:index]):
                 continue
             later = next((i for i, c in enumerate(classes) if c is not None and need in c.provides), None)

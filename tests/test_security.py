@@ -187,6 +187,46 @@ async def test_4_a_video_task_is_its_tenants_alone(gw, upstream):  # noqa: ANN00
     assert len(upstream[1]) > asked  # and the owners' polls did reach it
 
 
+@pytest.fixture(params=["memory", "redis"])
+async def gw_state(request, start_gateway, upstream):  # noqa: ANN001, ANN201
+    """The gateway with state in memory, or in Redis (where lookups are tasks that share round trips)."""
+    if request.param == "memory":
+        return await start_gateway(config(upstream[0].url))
+    url = await _redis_url()
+    return await start_gateway(config(upstream[0].url, f'state: {{backend: redis, url: "{url}"}}'))
+
+
+async def _redis_url() -> str:
+    from tests.conftest import _emptied_test_database
+
+    return await _emptied_test_database()
+
+
+async def test_4_a_status_its_owner_polled_is_not_shown_to_another_tenant(gw_state, upstream):  # noqa: ANN001
+    """The cached status is read with the task's record, before the owner is known; it is used only
+    after the core has said the task is the caller's."""
+    gw = gw_state
+    await submit(gw.url, ALICE, "task_alice_cached")
+    for path in ("/v1/video/generations/{}", "/v1/videos/{}"):
+        assert (await get(gw.url, path.format("task_alice_cached"), ALICE)).status == 200  # now cached
+    asked = len(upstream[1])
+    for path in ("/v1/video/generations/{}", "/v1/videos/{}", "/v1/videos/{}/content"):
+        stolen = await get(gw.url, path.format("task_alice_cached"), BOB)
+        unknown = await get(gw.url, path.format("task_never_made"), BOB)
+        assert stolen.status == unknown.status == 404 and stolen.json() == unknown.json()
+        assert b"task_alice_cached" not in stolen.body
+    assert len(upstream[1]) == asked
+
+
+async def test_4_a_bad_key_following_an_id_hears_of_its_key_first(gw_state, upstream):  # noqa: ANN001
+    gw = gw_state
+    await submit(gw.url, ALICE, "task_alice_2")
+    for key in ("mg-not-a-key", ""):
+        answer = await get(gw.url, "/v1/video/generations/task_alice_2", key) if key else \
+            await send_raw(gw.url, b"GET /v1/video/generations/task_alice_2 HTTP/1.1")
+        assert answer.status == 401, answer.body
+
+
 async def test_4_a_previous_response_is_its_tenants_alone(gw, upstream):  # noqa: ANN001
     made = await send_raw(gw.url, *post("/v1/responses", bearer(ALICE), b'{"model":"respmodel-4o","input":"secret"}'))
     response_id = made.json()["id"]

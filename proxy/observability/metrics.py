@@ -77,6 +77,10 @@ STATE_STORE_UP = Gauge("modelgate_state_store_up", "1 while the shared state sto
                        multiprocess_mode="livemin")
 PENDING_PINS = Gauge("modelgate_affinity_pending_pins", "Ids handed out while the state store was away, kept in "
                      "this process until it can record them", multiprocess_mode="livesum")
+# The auth plugin's refusals (bad or missing keys) and the core's own of an id followed by a tenant
+# that did not make it ("not_owner"): one series, whoever refused.
+AUTH_REFUSALS = Counter("modelgate_auth_refusals", "Requests refused for who sent them: their key, or an id "
+                        "that is not their tenant's", ["route", "reason"])
 PINS_DROPPED = Counter("modelgate_affinity_pins_dropped", "Ids handed out during a state-store outage whose "
                        "record was dropped (the local buffer was full): their follow-ups find no channel")
 # Both describe the gateway, not a worker: a reload is counted once (by the first worker, which

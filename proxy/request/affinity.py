@@ -3,9 +3,12 @@
 The id the client holds is the upstream's own, unchanged; the gateway remembers which
 channel issued it, and for which tenant (proxy.policy.keys.GatewayKey.tenant), in the state store
 (memory, or Redis shared by every instance). So a status poll, a download or a
-`previous_response_id` lands on the same channel from any gateway instance, and the auth
-plugin can refuse it to any other tenant: every key shares the channel's credential, so the
-upstream alone cannot tell them apart.
+`previous_response_id` lands on the same channel from any gateway instance, and is refused to
+any other tenant: every key shares the channel's credential, so the upstream alone cannot tell
+them apart. The lookup starts before the plugins run, so it shares a round trip with the limit
+check; the core checks the owner once the caller is known, before any plugin that reads what
+belongs to the id (`requires = {"followed"}`) and before a channel is chosen. A request refused
+there has been counted by the rate limits, like any other request of its key.
 
 A record is written only where none is: an id never changes hands. A video task id goes into
 follow-up paths, so it must keep to the task-id grammar (proxy/request/target.py) and be the gateway's
@@ -26,11 +29,13 @@ import contextlib
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.observability.metrics import PENDING_PINS, PINS_DROPPED
+from aiohttp import web
+
+from proxy.observability.metrics import AUTH_REFUSALS, PENDING_PINS, PINS_DROPPED
 from proxy.request.exchange import Exchange
 from proxy.request.target import PARAM_GRAMMAR
 from proxy.state import StateStore
@@ -39,6 +44,12 @@ from proxy.wire.routes import Pin
 from proxy.wire.sse import SSEEvent
 
 log = logging.getLogger("modelgate.affinity")
+
+# What a tenant is told of an id that is not its own: exactly what it is told of one that never existed.
+_NOT_FOUND = {
+    Pin.VIDEO_TASK: ("no such video task", "task_not_found", None),
+    Pin.RESPONSE: ("previous response not found", "previous_response_not_found", "previous_response_id"),
+}
 
 _MAX_ID_LENGTH = 512
 _RETRY_S = 1.0  # between tries to write kept pins
@@ -78,26 +89,38 @@ class Affinity:
     def pending(self) -> int:
         return len(self._pending)
 
-    async def follow(self, ex: Exchange) -> None:
-        """Find the id this request follows, and what was recorded of it, on the exchange; raises
-        StateUnavailable when the store cannot answer (nobody may then say who owns the id)."""
+    def follow(self, ex: Exchange) -> None:
+        """Find the id this request follows and start looking up what was recorded of it, as a
+        task: it rides the request's first round trip with the plugins' calls (its limit check).
+        What it finds is the request's only once `check_owner` has said the id is the caller's."""
         pin = ex.route.follows
         ref = followed_id(ex, pin) if pin is not None else None
         if pin is None or not ref:
             return
         ex.followed_id = ref
+        ex.follow_lookup = asyncio.get_running_loop().create_task(self._record_of(pin, ref, ex.request_id))
+
+    def check_owner(self, ex: Exchange) -> Awaitable[web.StreamResponse | None]:
+        """The core's step among the plugins' on_request hooks (proxy/pipeline.py): the id this
+        request follows must have been handed out to its caller's tenant. To every other tenant,
+        and for an id never handed out, the format's own 404, as if it did not exist; a 503
+        when the store cannot say."""
+        return _check_owner(ex)
+
+    async def _record_of(self, pin: Pin, ref: str, request_id: str) -> PinRecord | None:
+        """What was recorded of `ref`; raises StateUnavailable when the store cannot answer
+        (nobody may then say who owns the id)."""
         key = _key(pin, ref)
         if (held := self._pending.get(key)) is not None:  # made here during an outage, not yet written
-            ex.followed = _record(held[0])
-            return
+            return _record(held[0])
         if not self._reachable():
             raise StateUnavailable("the state store is unreachable")
         try:
             raw = await self._store.get(key)
         except Exception as exc:
-            log.warning("could not read affinity", extra={"request_id": ex.request_id})
+            log.warning("could not read affinity", extra={"request_id": request_id})
             raise StateUnavailable(type(exc).__name__) from None
-        ex.followed = _record(raw) if raw else None
+        return _record(raw) if raw else None
 
     async def remember(self, ex: Exchange, pin: Pin, ref: Any) -> str | None:
         """Record who made `ref` and where; the id to hand out (an alias when `ref` could not be
@@ -217,6 +240,28 @@ class Affinity:
         if found and ref is not None and ex.route.creates is not None:
             await self.remember(ex, ex.route.creates, ref)
         return found
+
+
+async def _check_owner(ex: Exchange) -> web.StreamResponse | None:
+    lookup, ex.follow_lookup = ex.follow_lookup, None
+    if lookup is None:
+        return None  # the request follows no id (or the check ran already)
+    try:
+        record = await lookup
+    except StateUnavailable:
+        return ex.error_response(503, "the gateway cannot look up this id right now; retry shortly",
+                                 "state_unavailable", headers={"Retry-After": "2"})
+    # A request without a key (a pipeline without auth) is the tenant "": it follows only ids
+    # made without one. A record without an owner predates owners, and is nobody's to follow.
+    if record is None or record.owner is None or record.owner != (ex.tenant or ""):
+        assert ex.route.follows is not None
+        message, code, param = _NOT_FOUND[ex.route.follows]
+        if "response_id" in ex.path_params:
+            message, code, param = "no such response", "response_not_found", None
+        AUTH_REFUSALS.labels(ex.route.name, "not_owner").inc()
+        return ex.error_response(404, message, code, param=param)
+    ex.followed = record
+    return None
 
 
 def followed_id(ex: Exchange, pin: Pin) -> str | None:

@@ -32,6 +32,8 @@ from proxy.wire.multipart import MultipartObserver
 from proxy.wire.routes import Route
 
 if TYPE_CHECKING:
+    import asyncio
+
     from proxy.policy.channels import Channel
     from proxy.request.affinity import PinRecord
     from proxy.request.target import Target
@@ -48,7 +50,7 @@ class Exchange:
         "path_params", "body", "body_stream", "multipart", "_json", "body_changed", "model",
         "upstream_model", "channel", "pinned_channel", "key", "streaming", "usage", "outcome",
         "plugin_state", "tracer", "span", "unsampled_span", "response_headers",
-        "answer_limit", "gateway_id", "target", "followed_id", "followed", "created_id",
+        "answer_limit", "gateway_id", "target", "followed_id", "follow_lookup", "followed", "created_id",
     )
 
     def __init__(self, request: web.Request, route: Route, request_id: str, gateway_id: str | None = None) -> None:
@@ -73,7 +75,10 @@ class Exchange:
         self.key: GatewayKey | None = None      # the caller: set by the plugin that provides it (auth)
         self.target: Target | None = None      # the checked request target (set before the body is read)
         self.followed_id: str | None = None    # the id this request follows (a task, a previous response)
-        self.followed: PinRecord | None = None  # what the gateway recorded of it; None: never handed out
+        # The lookup of its record, under way; the record is set on `followed` only once the core
+        # has checked that it is the caller's tenant's (None: never handed out, or not yet checked).
+        self.follow_lookup: asyncio.Task[PinRecord | None] | None = None
+        self.followed: PinRecord | None = None
         self.created_id: str | None = None     # the id the answer hands out (set by the affinity, after the hooks)
         self.streaming = route.always_streams  # the client asked for a stream
         self.usage = Usage()                    # as the upstream reported it (read by the usage plugins)

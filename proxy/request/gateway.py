@@ -18,7 +18,7 @@ from proxy.observability.tracing import Tracing, end_request
 from proxy.policy.catalog import listing
 from proxy.process.drain import Drain
 from proxy.process.runtime import Runtime
-from proxy.request.affinity import Affinity, StateUnavailable
+from proxy.request.affinity import Affinity
 from proxy.request.body import BodyError, read_body
 from proxy.request.client_limits import ConnectionCount, header_problem
 from proxy.request.deciding_fields import resolve_model, settle_json
@@ -40,6 +40,15 @@ _ID_COUNTER = itertools.count(1)
 
 def new_request_id() -> str:
     return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
+
+
+def _forget(lookup: asyncio.Task[object]) -> None:
+    """A lookup nobody will read: stopped, or its failure taken, so it is not reported as lost."""
+    if lookup.done():
+        if not lookup.cancelled():
+            lookup.exception()
+    else:
+        lookup.cancel()
 
 
 class Gateway:
@@ -83,6 +92,8 @@ class Gateway:
             response = ex.error_response(500, "the gateway failed to handle this request")
             return ex.answer_locally(response, config.request_id_header)
         finally:
+            if ex.follow_lookup is not None:  # answered before the owner was checked (a 401, a 429)
+                _forget(ex.follow_lookup)
             try:
                 if ex.outcome.status == 0 and response is not None:
                     ex.outcome.status = response.status
@@ -124,16 +135,15 @@ class Gateway:
         refusal = resolve_model(ex) or settle_json(ex)
         if refusal is not None:
             return ex.answer_locally(refusal, id_header)
-        if ex.route.follows is not None:
-            try:  # before the pipeline: the auth plugin decides whose the id is
-                await self.affinity.follow(ex)
-            except StateUnavailable:
-                return ex.answer_locally(ex.error_response(
-                    503, "the gateway cannot look up this id right now; retry shortly", "state_unavailable",
-                    headers={"Retry-After": "2"}), id_header)
         ex.headers = self._upstream_headers(ex, runtime, id_header)  # before the pipeline: plugins may edit them
         pipeline = runtime.pipelines[ex.route.name]
-        answer = await pipeline.run_request(ex)
+        # The lookups start together, so they go to the state store with the first call a plugin
+        # awaits (its limit check): one round trip. Whose the followed id is, the pipeline checks.
+        self.affinity.follow(ex)
+        pipeline.run_prefetch(ex)
+        answer = await pipeline.run_request(ex, self.affinity.check_owner)
+        if answer is None and ex.follow_lookup is not None:  # never forwarded unchecked, whatever a pipeline did
+            answer = await self.affinity.check_owner(ex)
         if answer is not None:
             return ex.answer_locally(answer, id_header)
         if ex.route.local:
