@@ -90,15 +90,29 @@ class Burst:
             return "background"  # the state store's probe, or a health check before a command
         if self.commands and all(c[0].upper() in SETUP for c in self.commands):
             return "background"  # a new connection introducing itself
-        args = [a for c in self.commands for a in c]
-        return next((name for marker, name in OWNERS if any(marker in a for a in args)), "other")
+        return self.owners[0] if self.owners else "other"
+
+    @property
+    def owners(self) -> list[str]:
+        """Whose commands the burst carried, in order (a request's calls share one)."""
+        return list(dict.fromkeys(_owner_of(c) for c in self.commands if c[0].upper() not in (b"MULTI", b"EXEC")))
 
     @property
     def name(self) -> str:
-        words = [(SCRIPTS.get(c[1]) or ("lease" if c[3:] and c[3].endswith(b":lease") else "script"))
-                 if c[0].upper() == b"EVALSHA" else c[0].upper().decode()
-                 for c in self.commands if c[0].upper() not in (b"MULTI", b"EXEC")]
-        return f"{self.owner} {'+'.join(words)}"
+        calls = [(_owner_of(c), _word(c)) for c in self.commands if c[0].upper() not in (b"MULTI", b"EXEC")]
+        if len({owner for owner, _ in calls}) <= 1:
+            return f"{self.owner} {'+'.join(word for _, word in calls)}"
+        return " + ".join(f"{owner} {word}" for owner, word in calls)
+
+
+def _owner_of(command: list[bytes]) -> str:
+    return next((name for marker, name in OWNERS if any(marker in a for a in command)), "other")
+
+
+def _word(command: list[bytes]) -> str:
+    if command[0].upper() != b"EVALSHA":
+        return command[0].upper().decode()
+    return SCRIPTS.get(command[1]) or ("lease" if command[3:] and command[3].endswith(b":lease") else "script")
 
 
 class Relay:
@@ -232,7 +246,7 @@ def tally(case: Case, starts: list[float], bursts: list[Burst], calls: list[Burs
         sequences[" → ".join(words) or "none"] += 1
         counted += window
     n = len(starts) - 1
-    owners = Counter(b.owner for b in counted)
+    owners = Counter(o for b in counted for o in b.owners)  # a shared round trip counts for each
     sequence, seen = sequences.most_common(1)[0]
     return Row(case, len(counted) / n, {k: v / n for k, v in owners.items()}, sum(b.sent for b in counted) / n,
                sum(b.received for b in counted) / n, upstream / n, sequence, seen / n,
