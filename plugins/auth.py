@@ -28,6 +28,7 @@ class Auth(Plugin):
     provides = frozenset({"caller"})
     joins = Joins(keyed=True)
     order = 100
+    before_owner_check = True  # reads nothing that belongs to a followed id
 
     @staticmethod
     def _refuse(ex: Exchange, status: int, message: str, code: str) -> web.Response:

@@ -73,6 +73,8 @@ class RateLimit(Plugin):
     joins = Joins()
     requires = frozenset({"caller"})
     order = 300
+    before_owner_check = True  # reads nothing that belongs to a followed id
+    reads_answers = False  # an answer read whole anyway is settled early; none is held for it
 
     def configure(self, config: GatewayConfig) -> None:
         settings: RateLimitSettings = self.settings

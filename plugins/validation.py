@@ -34,6 +34,7 @@ class Validation(Plugin):
     name = "validation"
     joins = Joins(keyed=True, local=False)  # a list the gateway answers has no body to check
     order = 200
+    before_owner_check = True  # reads nothing that belongs to a followed id
 
     def configure(self, config: GatewayConfig) -> None:
         self.strict = config.server.strict_interface

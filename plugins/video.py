@@ -68,7 +68,7 @@ class VideoTasks(Plugin):
     name = "video"
     Settings = VideoSettings
     joins = Joins(formats=frozenset({VIDEO.name}))
-    requires = frozenset({"caller", "followed"})  # tasks are listed per tenant; a task's status is its owner's
+    requires = frozenset({"caller"})  # tasks are listed and cached per tenant
     order = 700
 
     def configure(self, config: GatewayConfig) -> None:
@@ -206,8 +206,8 @@ class VideoTasks(Plugin):
         if (after := query.get("after")) in ids:
             ids = ids[ids.index(after) + 1:]
         page = ids[:int(limit)]
-        objects = [VIDEO.video_object(task_id, await self._task(task_id), await self._cached(task_id))
-                   for task_id in page]
+        found = await asyncio.gather(*(self._task(t) for t in page), *(self._cached(t) for t in page))  # one round trip
+        objects = [VIDEO.video_object(task_id, found[i], found[len(page) + i]) for i, task_id in enumerate(page)]
         return _json(200, VIDEO.video_list(objects, has_more=len(ids) > len(page)))
 
     async def _ask_channel(self, ex: Exchange, task_id: str) -> dict[str, Any] | None:

@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.observability.tracing import child_span
-from proxy.plugin import FOLLOWED, Plugin
+from proxy.plugin import Plugin
 from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.wire.sse import SSEEvent
 
@@ -21,18 +21,19 @@ class Pipeline:
     """The plugins of one route, with each hook list holding only real implementations."""
 
     __slots__ = ("plugins", "prefetch_hooks", "request_hooks", "owner_check_at", "upstream_hooks", "response_hooks",
-                 "event_hooks", "complete_hooks")
+                 "reads_answers", "event_hooks", "complete_hooks")
 
     def __init__(self, plugins: list[Plugin]) -> None:
         self.plugins = plugins
         self.prefetch_hooks = _implemented(plugins, "prefetch")
         self.request_hooks = _implemented(plugins, "on_request")
         # Where the core checks that a followed id is the caller's: before the first plugin that
-        # reads what belongs to it, else after them all (and always before a channel is chosen).
+        # may read what belongs to it, else after them all (and always before a channel is chosen).
         self.owner_check_at = next((i for i, hook in enumerate(self.request_hooks)
-                                    if FOLLOWED in getattr(hook, "__self__").requires), len(self.request_hooks))
+                                    if not getattr(hook, "__self__").before_owner_check), len(self.request_hooks))
         self.upstream_hooks = _implemented(plugins, "on_upstream")
         self.response_hooks = _implemented(plugins, "on_response")
+        self.reads_answers = any(getattr(hook, "__self__").reads_answers for hook in self.response_hooks)
         self.event_hooks = _implemented(plugins, "on_event")
         self.complete_hooks = _implemented(plugins, "on_complete")
 

@@ -12,8 +12,8 @@ whatever happened. Only hooks a plugin really implements are called.
 
 Beside its hooks a plugin declares, as class attributes the core reads without knowing the
 plugin: what it `provides` to the plugins after it and what it `requires` of the ones before it
-(checked whenever a pipeline is built, config or default; `followed` the core provides, just
-before the first plugin that requires it), which routes it `joins` by default
+(checked whenever a pipeline is built, config or default), whether it may run before the core
+has checked that an id the request follows is its caller's (`before_owner_check`), which routes it `joins` by default
 and where (`order`), the settings it takes (`Settings`, and `KeySettings` on each key), and
 what it adds to the gateway around the pipeline: `routes` the app serves, `commands` the CLI
 runs, `config_problems` only the whole config shows. The core finds plugins through the
@@ -46,21 +46,14 @@ STATE_REACHABLE = "state.reachable"
 
 @dataclass(slots=True, frozen=True)
 class Capability:
-    """What one plugin (or the core: `by_core`) sets on the exchange for the ones after it, and
-    the routes it can exist on (a requirement is void where it cannot: the account routes have no caller)."""
+    """What one plugin sets on the exchange for the ones after it, and the routes it can exist on
+    (a requirement is void where it cannot: the account routes have no caller)."""
     described: str
     exists_on: Callable[[Route], bool]
-    by_core: bool = False
 
-
-# The core checks that the id a request follows is its caller's just before the first plugin
-# that requires "followed"; where none does, after every plugin's on_request.
-FOLLOWED = "followed"
 
 CAPABILITIES: dict[str, Capability] = {
     "caller": Capability("the caller's identity (the gateway key, its name and tenant)", lambda route: route.takes_key),
-    FOLLOWED: Capability("the record of the id the request follows, checked to be the caller's tenant's",
-                         lambda route: route.follows is not None, by_core=True),
 }
 
 
@@ -113,6 +106,14 @@ class Plugin:
     requires: ClassVar[frozenset[str]] = frozenset()      # capabilities an earlier plugin must provide
     joins: ClassVar[Joins | None] = None                  # the default pipelines it is in (None: none)
     order: ClassVar[int] = 500                            # its place in them: lower runs first
+    # The core checks that an id a request follows is its caller's tenant's just before the first
+    # on_request of a plugin not declared `before_owner_check` (else after them all): a plugin
+    # sees another tenant's id only if it says it reads nothing that belongs to the id (auth,
+    # validation, the limits). Running them first lets the id's lookup share their round trip.
+    before_owner_check: ClassVar[bool] = False
+    # Whether its on_response makes the relay read answers whole (False: it sees only the answers
+    # read whole for another reason, and the others pass as bytes, unheld).
+    reads_answers: ClassVar[bool] = True
 
     @classmethod
     def routes(cls) -> Sequence[PluginRoute]:

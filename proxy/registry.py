@@ -123,8 +123,8 @@ def order_problems(route: Route, names: list[str], where: str) -> list[str]:
             continue
         for need in sorted(cls.requires):
             capability = CAPABILITIES.get(need)
-            if capability is not None and (capability.by_core or not capability.exists_on(route)):
-                continue  # the core's own, or nobody could provide it here (no caller on the account routes): void
+            if capability is not None and not capability.exists_on(route):
+                continue  # nobody could provide it here (no caller on the account routes): void
             if any(c is not None and need in c.provides for c in classes[:index]):
                 continue
             later = next((i for i, c in enumerate(classes) if c is not None and need in c.provides), None)
@@ -137,7 +137,24 @@ def order_problems(route: Route, names: list[str], where: str) -> list[str]:
                 hint = f" (add {' or '.join(providers)} before it)" if providers else ""
                 problems.append(f"{where}[{index}]: {name} requires {described}, which no plugin before it "
                                 f"on route {route.name} provides{hint}")
+    problems += _owner_check_problems(route, names, classes, where)
     return problems
+
+
+def _owner_check_problems(route: Route, names: list[str], classes: list[type[Plugin] | None],
+                          where: str) -> list[str]:
+    """On a route that follows ids, the core checks the owner before the first plugin that may
+    read what belongs to the id, and it needs the caller for that: such a plugin before the one
+    that names the caller would make every id look like another tenant's."""
+    if route.follows is None:
+        return []
+    caller = next((i for i, c in enumerate(classes) if c is not None and "caller" in c.provides), None)
+    if caller is None:
+        return []
+    return [f"{where}[{i}]: {names[i]} must come after {names[caller]}: on route {route.name} it sees the id a "
+            f"request follows only once the core has checked it is the caller's, which needs the caller"
+            for i, c in enumerate(classes[:caller])
+            if c is not None and not c.before_owner_check and c.on_request is not Plugin.on_request]
 
 
 def check_plugins(tree: dict[str, Any]) -> list[str]:

@@ -20,8 +20,10 @@ class Recorder(Plugin):
         drop_event: str | None = None
 
     finished: ClassVar[list[Exchange]] = []
+    requested: ClassVar[list[tuple[str | None, str | None]]] = []  # (key name, followed id) of each request seen
 
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
+        self.requested.append((ex.key.name if ex.key is not None else None, ex.followed_id))
         if ex.request.headers.get(self.settings.refuse_header):
             return ex.error_response(429, "refused by the test plugin", "rate_limited")
         ex.headers["X-Added-By-Plugin"] = "recorder"

@@ -227,6 +227,38 @@ async def test_4_a_bad_key_following_an_id_hears_of_its_key_first(gw_state, upst
         assert answer.status == 401, answer.body
 
 
+async def test_4_a_plugin_sees_another_tenants_id_only_if_it_says_it_reads_nothing_of_it(start_gateway, upstream):  # noqa: ANN001
+    """A third-party plugin, written for "runs after auth", runs after the owner check too: only
+    auth, validation and the limits run before it (they declare `before_owner_check`)."""
+    from tests.recording_plugin import Recorder
+
+    recorder = "tests.recording_plugin:Recorder"
+    gw = await start_gateway(config(upstream[0].url, f"""routes:
+  video_generation_status: {{plugins: [auth, validation, ratelimit, {recorder}, video]}}
+  responses: {{plugins: [auth, validation, ratelimit, {recorder}]}}
+"""))
+    await submit(gw.url, ALICE, "task_alice_seen")
+    made = await send_raw(gw.url, *post("/v1/responses", bearer(ALICE), b'{"model":"respmodel-4o","input":"x"}'))
+    follow = json.dumps({"model": "respmodel-4o", "input": "and?", "previous_response_id": made.json()["id"]}).encode()
+    Recorder.requested.clear()
+    assert (await get(gw.url, "/v1/video/generations/task_alice_seen", BOB)).status == 404
+    assert (await send_raw(gw.url, *post("/v1/responses", bearer(BOB), follow))).status == 404
+    assert Recorder.requested == []
+    assert (await get(gw.url, "/v1/video/generations/task_alice_seen", ALICE_TOO)).status == 200
+    assert Recorder.requested == [("alice-too", "task_alice_seen")]
+
+
+def test_4_a_plugin_that_may_read_a_followed_id_cannot_run_before_the_caller_is_known() -> None:
+    from proxy.registry import order_problems
+    from proxy.wire.routes import ROUTES
+
+    route = next(r for r in ROUTES if r.name == "responses")
+    problems = order_problems(route, ["tests.recording_plugin:Recorder", "auth"], "routes.responses.plugins")
+    assert problems and "must come after auth" in problems[0]
+    assert order_problems(route, ["auth", "tests.recording_plugin:Recorder"], "routes.responses.plugins") == []
+    assert order_problems(route, ["validation", "auth"], "routes.responses.plugins") == []  # reads nothing of the id
+
+
 async def test_4_a_previous_response_is_its_tenants_alone(gw, upstream):  # noqa: ANN001
     made = await send_raw(gw.url, *post("/v1/responses", bearer(ALICE), b'{"model":"respmodel-4o","input":"secret"}'))
     response_id = made.json()["id"]

@@ -6,9 +6,9 @@ channel issued it, and for which tenant (proxy.policy.keys.GatewayKey.tenant), i
 `previous_response_id` lands on the same channel from any gateway instance, and is refused to
 any other tenant: every key shares the channel's credential, so the upstream alone cannot tell
 them apart. The lookup starts before the plugins run, so it shares a round trip with the limit
-check; the core checks the owner once the caller is known, before any plugin that reads what
-belongs to the id (`requires = {"followed"}`) and before a channel is chosen. A request refused
-there has been counted by the rate limits, like any other request of its key.
+check; the core checks the owner once the caller is known, before any plugin but those that
+declare they read nothing of the id (`before_owner_check`), and before a channel is chosen. A
+request refused there has been counted by the rate limits, like any other request of its key.
 
 A record is written only where none is: an id never changes hands. A video task id goes into
 follow-up paths, so it must keep to the task-id grammar (proxy/request/target.py) and be the gateway's

@@ -79,7 +79,7 @@ class Relay:
         if upstream.content_type == "text/event-stream" and not content_codings(upstream.headers):
             ex.outcome.streamed = True
             return await self._send_events()
-        wants_body = bool(self.pipeline.response_hooks) or (
+        wants_body = self.pipeline.reads_answers or (
             ex.route.creates is not None and upstream.status < 300)
         if ex.answer_limit is not None and upstream.status < 300:
             if length is not None and length > ex.answer_limit.size:
