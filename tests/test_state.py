@@ -127,4 +127,42 @@ async def test_a_pipeline_of_reads_is_sent_again_when_its_connection_failed_but_
     scripted = Client()
     calls = Gatherer(scripted)
     found = await asyncio.gather(calls.command("GET", "a"), calls.script(Script(), ["k"], []), return_exceptions=True)
-    assert all(isinstance(f, RedisConnectionError) for f in found) and scripted.sent == 1
+    assert found[0] == b"a", "the read is sent again, alone"
+    assert isinstance(found[1], RedisConnectionError), "the script may have run: its caller hears the failure"
+    assert scripted.sent == 2
+
+
+async def test_a_large_write_goes_alone_and_holds_up_no_other_call() -> None:
+    from proxy.state.gathering import Gatherer
+
+    class Pipeline:
+        async def __aenter__(self) -> Pipeline:
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+        def execute_command(self, *args: object) -> Pipeline:
+            return self
+
+        async def execute(self, raise_on_error: bool) -> list[object]:
+            return [b"a", b"b"]
+
+    class Client:
+        gate = asyncio.Semaphore(4)
+        alone: list[object] = []
+
+        def pipeline(self, transaction: bool) -> Pipeline:
+            return Pipeline()
+
+    class Script:
+        sha, script = "s", "-- s"
+
+        async def __call__(self, keys: list[str], args: list[object]) -> str:
+            Client.alone.append(args[0])
+            return "stored"
+
+    calls = Gatherer(Client())
+    found = await asyncio.gather(calls.command("GET", "a"), calls.script(Script(), ["blob"], [b"x" * 10], alone=True),
+                                 calls.command("GET", "b"))
+    assert found == [b"a", "stored", b"b"] and Client.alone == [b"x" * 10]

@@ -89,6 +89,34 @@ async def test_calls_gathered_into_one_pipeline_survive_a_redis_that_forgot_its_
         await client.aclose()
 
 
+async def test_a_check_answered_too_late_is_given_back_once_it_has_run(redis_url: str) -> None:
+    """A check that waits past the limiter's deadline lets the fail mode decide; when Redis then
+    runs it, what it took (a lease held 30 minutes) is given back."""
+    import redis.asyncio as aioredis
+
+    limiter = RedisLimiter(redis_url, "late:")
+    client = aioredis.Redis.from_url(redis_url)
+    busy = "local t0 = redis.call('TIME') repeat local t = redis.call('TIME') " \
+           "until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > 900000 return 1"
+    try:
+        await limiter.acquire([LEASE], "warm")  # connections open, script loaded
+        await limiter.finish([LEASE], "warm", None)
+        blocking = asyncio.ensure_future(client.eval(busy, 0))  # Redis runs nothing else for 0.9 s
+        await asyncio.sleep(0.1)
+        with pytest.raises(LimiterUnavailable):
+            await limiter.acquire([LEASE, KEY], "late")
+        await blocking
+        for _ in range(50):
+            if await client.zcard("late:rl:key:k:concurrent") == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert await client.zcard("late:rl:key:k:concurrent") == 0
+        assert await client.zcard("late:rl:key:k:rpm") == 0
+    finally:
+        await limiter.close()
+        await client.aclose()
+
+
 async def test_gathered_calls_all_hear_that_redis_is_away() -> None:
     limiter = RedisLimiter(f"redis://127.0.0.1:{free_port()}/0", "away:")
     checks = [Check("key:a:rpm", "key-rpm", Kind.REQUESTS, 10, 60, subject="key:a")]

@@ -169,6 +169,9 @@ class LocalStore:
         return removed
 
 
+_SHARED_BYTES = 64 * 1024  # the largest image written in a pipeline shared with other calls
+
+
 class RedisBlobStore:
     """Blobs in Redis hashes that expire with their URLs; every instance sharing it can serve them.
     Through the process's shared client: a blob's write rides with its request's other calls."""
@@ -200,7 +203,10 @@ class RedisBlobStore:
 
     async def put(self, blob_id: str, blob: Blob, ttl_s: int) -> None:
         try:
-            await self._shared.calls.script(self._put, [self._prefix + blob_id], [blob.data, blob.content_type, ttl_s])
+            # A small image rides with its request's settlement; a large one goes on its own, so it
+            # never holds up the limit checks of the requests that would share its pipeline.
+            await self._shared.calls.script(self._put, [self._prefix + blob_id], [blob.data, blob.content_type, ttl_s],
+                                            alone=len(blob.data) > _SHARED_BYTES)
         except self._errors as exc:
             raise StoreError(f"redis store: {exc}") from exc
 

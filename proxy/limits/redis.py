@@ -24,6 +24,7 @@ about half the CPU), and after the answer with the request's pin or image.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +34,8 @@ from redis.exceptions import RedisError
 from proxy.limits import LEASE_TTL_S, Check, Decision, Kind, LimiterUnavailable
 from proxy.state.connect import Mode, mode_of
 from proxy.state.shared import share, unshare
+
+log = logging.getLogger("modelgate.ratelimit")
 
 # The longest a check waits on Redis before the fail mode decides (the shared client's own
 # timeouts are longer, for the image store's writes).
@@ -163,6 +166,7 @@ class RedisLimiter:
         self._prefix = prefix + "rl:"
         self._by_slot = mode_of(url) is Mode.CLUSTER
         self._acquire = self._shared.client.register_script(ACQUIRE)
+        self._undoing: set[asyncio.Task[None]] = set()  # gives back of checks answered too late
         self._finish = self._shared.client.register_script(FINISH)
 
     async def acquire(self, checks: list[Check], request_id: str) -> Decision:
@@ -209,11 +213,30 @@ class RedisLimiter:
         args: list[Any] = [request_id, int(LEASE_TTL_S * 1000)]
         for check in checks:
             args += [check.kind.value, check.limit, int(check.window_s * 1000), check.cost]
-        allowed, index, value, reset = await self._run(self._acquire, self._keys(checks), args)
+        answer = self._shared.calls.script(self._acquire, self._keys(checks), args)
+        try:
+            allowed, index, value, reset = await asyncio.wait_for(asyncio.shield(answer), _WAIT_S)
+        except TimeoutError:
+            # The fail mode decides now; should the check still run and take, what it took is given
+            # back once it has (not before: an undo sent on another connection could run first).
+            answer.add_done_callback(lambda late: self._give_back(late, checks, request_id))
+            raise LimiterUnavailable(f"no answer within {_WAIT_S}s") from None
         check = checks[index - 1] if index else None
         if not allowed:
             return Decision(False, check, 0, value / 1000, value / 1000)
         return Decision(True, check, max(0, int(value)), 0.0, max(0, reset) / 1000)
+
+    def _give_back(self, late: asyncio.Future[Any], checks: Sequence[Check], request_id: str) -> None:
+        if late.cancelled() or late.exception() is not None or not late.result()[0]:
+            return
+        undo = asyncio.get_running_loop().create_task(self._call_finish(checks, request_id, "undo"))
+        self._undoing.add(undo)
+        undo.add_done_callback(self._undone)
+
+    def _undone(self, undo: asyncio.Task[None]) -> None:
+        self._undoing.discard(undo)
+        if not undo.cancelled() and undo.exception() is not None:  # the lease then expires on its own
+            log.warning("could not give back a late limit check: %s", undo.exception())
 
     async def _call_finish(self, checks: Sequence[Check], request_id: str, spent: str) -> None:
         await self._run(self._finish, self._keys(checks), [request_id, spent, *(c.kind.value for c in checks)])

@@ -6,8 +6,8 @@ own costs a round trip's wait, a write, a read and the client's work per command
 the same turn (started together, not awaited one by one), they share one write and one read;
 under load, the calls of many requests share them too.
 
-A pipeline is never resent when a script is in it (the script may have run); one of plain
-commands that may all run twice (a read, a SET) is sent once more when its connection failed.
+When a pipeline's connection fails, its plain commands that may run twice (a read, a SET) are
+sent once more; its scripts are not (one may have run): their callers hear of the failure.
 An error reaches exactly the calls it concerns: a script Redis no longer knows (after a restart
 or a failover) is loaded and its calls sent once more, safe because Redis refused them unrun.
 
@@ -48,13 +48,15 @@ class Gatherer:
         holds Redis's answer, or what Redis or the connection raised. `resend`: it may run twice."""
         return self._queue(_Call(args, None, resend, asyncio.get_running_loop().create_future()))
 
-    def script(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> asyncio.Future[Any]:
-        """Run `script` with the calls of this turn (never twice)."""
+    def script(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
+               alone: bool = False) -> asyncio.Future[Any]:
+        """Run `script` with the calls of this turn (never twice); `alone`: at once, on its own
+        (a large write, which would hold up every call that shared its pipeline)."""
         call = _Call((len(keys), *keys, *args), script, False, asyncio.get_running_loop().create_future())
-        return self._queue(call)
+        return self._queue(call, alone)
 
-    def _queue(self, call: _Call) -> asyncio.Future[Any]:
-        if not self._gathers:
+    def _queue(self, call: _Call, alone: bool = False) -> asyncio.Future[Any]:
+        if alone or not self._gathers:
             self._start([call])
         else:
             if not self._queued:
@@ -78,10 +80,16 @@ class Gatherer:
                 return
             try:
                 answers = await self._pipeline(calls)
-            except ConnectionError:
-                if not all(c.resend for c in calls):
-                    raise
-                answers = await self._pipeline(calls)  # nothing in it minds running twice
+            except ConnectionError as exc:
+                # Those that may run twice are sent once more (a connection found dead after a
+                # restart); a script may have run, and its caller hears of the failure.
+                again = [c for c in calls if c.resend]
+                for call in calls:
+                    if not call.resend:
+                        _settle(call.answer, exc)
+                if not again:
+                    return
+                calls, answers = again, await self._pipeline(again)
             lost = [i for i, a in enumerate(answers) if isinstance(a, NoScriptError)]
             for call, result in zip(calls, answers):  # first, what ran: whatever happens next,
                 if not isinstance(result, NoScriptError):  # its callers hear its own answer

@@ -32,12 +32,15 @@ class SharedRedis:
     users: int = 0
 
 
-_held: dict[tuple[str, int], SharedRedis] = {}
+# By URL and event loop: a client's connections belong to one loop (tests run gateways on several).
+_held: dict[tuple[str, asyncio.AbstractEventLoop | None], SharedRedis] = {}
 
 
 def share(url: str) -> SharedRedis:
     """The client for `url` (made on first use), counted as used once more."""
-    place = (url, id(_loop()))
+    for place in [p for p in _held if p[1] is not None and p[1].is_closed()]:
+        del _held[place]  # its loop is gone, and with it every connection (users that never gave it back)
+    place = (url, _loop())
     shared = _held.get(place)
     if shared is None:
         client = connect(url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S, retry=no_retry(),
@@ -59,7 +62,6 @@ async def unshare(shared: SharedRedis) -> None:
 
 
 def _loop() -> asyncio.AbstractEventLoop | None:
-    # A client's connections belong to one event loop: tests run gateways on several.
     try:
         return asyncio.get_running_loop()
     except RuntimeError:
