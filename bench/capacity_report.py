@@ -61,7 +61,10 @@ def write(out: dict[str, Any]) -> None:
         "that counts each burst written on a connection before its answer comes back as one round trip (so a "
         "pipeline, a MULTI/EXEC transaction or a script call is one), with the bytes both ways. The upstream "
         "simulator sits behind a relay of its own, which places each round trip before or after the upstream call; "
-        "the last column is the most common order and the share of requests that followed it.", "",
+        "the last column is the most common order and the share of requests that followed it (`a + b`: one round "
+        "trip carrying both). A round trip that carries several plugins' calls counts in each of their columns, so "
+        "a row's columns can add up to more than its round trips. A video task's record and its place on its "
+        "tenant's list are written under the id handed out, which its pin decides: one round trip after the pin.", "",
         *route_table(rows), "",
         f"Not counted above, as it does not grow with requests: idle, one gateway process sent Redis "
         f"{sum(idle.values()):.1f} round trips a second ({', '.join(f'{k} {v:.1f}/s' for k, v in sorted(idle.items()))}): "
@@ -143,8 +146,8 @@ def write(out: dict[str, Any]) -> None:
         "- The answers are small and short; a long stream costs the gateway more CPU (per event) but no more Redis "
         f"round trips. Rows with more round trips cost the gateway about {trip_ms:.2f} ms more for each.",
         "- Redis runs on loopback with persistence off. AOF, TLS and replicas add CPU on a shard; a network "
-        "between gateway and Redis adds latency to each round trip (three before the upstream call for a video "
-        "status poll), not CPU.",
+        "between gateway and Redis adds latency to each round trip (one before the upstream call on every route), "
+        "not CPU.",
         f"- A window holds every request of its last minute; the Redis CPU was measured with about "
         f"{out['held']:,} entries in it. Trimming costs grow slowly (logarithmically) with the window.",
         "- Round trips are bursts between answers on one connection: commands sent together without waiting count "

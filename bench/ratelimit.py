@@ -21,6 +21,7 @@ from bench.results import update_section  # noqa: E402
 from proxy.limits import Check, Kind  # noqa: E402
 from proxy.limits.memory import MemoryLimiter  # noqa: E402
 from proxy.limits.redis import RedisLimiter  # noqa: E402
+from proxy.state.redis import RedisStore  # noqa: E402
 
 CHECKS = [Check("key:bench:rpm", "key-rpm", Kind.REQUESTS, 10**9, 60, subject="key:bench"),
           Check("key:bench:tpm", "key-tpm", Kind.TOKENS, 10**12, 60, cost=4200, subject="key:bench"),
@@ -41,6 +42,25 @@ async def measure(limiter: object, requests: int) -> tuple[list[float], list[flo
     return acquire_us, total_us
 
 
+async def measure_follow_up(limiter: RedisLimiter, store: RedisStore, requests: int,
+                            together: bool) -> list[float]:
+    """A follow-up's Redis wait before its upstream call: the record of the id it follows and its
+    limit check, one after the other (as before they shared a round trip) or started together."""
+    waits = []
+    for _ in range(requests):
+        rid = uuid.uuid4().hex
+        started = time.perf_counter()
+        if together:
+            record, decision = await asyncio.gather(store.get("pin:response:resp_bench"), limiter.acquire(CHECKS, rid))
+        else:
+            record = await store.get("pin:response:resp_bench")
+            decision = await limiter.acquire(CHECKS, rid)
+        waits.append((time.perf_counter() - started) * 1e6)
+        assert decision.allowed and record is not None
+        await limiter.finish(CHECKS, rid, 180)
+    return waits
+
+
 async def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=5000)
@@ -59,7 +79,8 @@ async def main() -> int:
             f"A key with rpm, tpm and a concurrency limit: one check of all three, then one call that settles the "
             f"tokens and releases the lease, as the plugin does; {args.requests:,} sequential requests after a warm-up; "
             "Redis 7 on the same machine, uvloop. `python bench/ratelimit.py`. For scale: one PING through the "
-            "same client costs PING_US us here.", "",
+            "same client costs PING_US us here. The last two rows are a follow-up's (a `previous_response_id`, a "
+            "video poll) wait on Redis before its upstream call: the record of the id it follows and the check.", "",
             "| backend | check p50 us | check p99 us | whole request p50 us | round trips |", "|---|---|---|---|---|"]
     for name, limiter, trips in (("memory", MemoryLimiter(), "0"),
                                  ("redis", RedisLimiter("redis://127.0.0.1:6379/13", "bench:"), "1, and 1 after the answer")):
@@ -69,6 +90,17 @@ async def main() -> int:
         rows.append(f"| {name} | {statistics.median(acquire):.1f} | {acquire[int(len(acquire) * 0.99)]:.1f} | "
                     f"{statistics.median(total):.1f} | {trips} |")
         print(rows[-1])
+        if name == "redis":
+            store = RedisStore("redis://127.0.0.1:6379/13", "bench:")
+            await store.set("pin:response:resp_bench", '{"channel":"c","owner":"t"}', 600)
+            for together, label in ((False, "check after the followed id's record"),
+                                    (True, "check with the followed id's record (one pipeline)")):
+                await measure_follow_up(limiter, store, 200, together)
+                waits = sorted(await measure_follow_up(limiter, store, args.requests, together))
+                rows.append(f"| redis, {label} | {statistics.median(waits):.1f} | {waits[int(len(waits) * 0.99)]:.1f} "
+                            f"| - | {'1' if together else '2'} before the upstream call |")
+                print(rows[-1])
+            await store.close()
         await limiter.close()
     update_section("ratelimit", "\n".join(rows).replace("PING_US", f"{statistics.median(pings[200:]):.0f}"))
     return 0
