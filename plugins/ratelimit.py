@@ -161,13 +161,15 @@ class RateLimit(Plugin):
         """Tokens from what the request really cost, and its lease released; never raises."""
         reserved = next((c.cost for c in checks if c.kind is Kind.TOKENS), None)
         spent = _tokens_spent(ex, reserved) if reserved is not None else None
+        tokens = None if spent == reserved else spent
         try:
-            if self._store_away():  # its lease and reservation expire on their own
+            if self._store_away():  # not waited on: the limiter settles it once the store is back
+                self.limiter.finish_later(checks, ex.gateway_id, tokens)
                 raise LimiterUnavailable("the state store is unreachable")
-            await self.limiter.finish(checks, ex.gateway_id, None if spent == reserved else spent)
-        except LimiterUnavailable as exc:
+            await self.limiter.finish(checks, ex.gateway_id, tokens)
+        except LimiterUnavailable as exc:  # kept by the limiter, and made when the store is back
             RATELIMIT_BACKEND_ERRORS.labels(self.settings.fail).inc()
-            log.warning("could not settle rate limits: %s", exc)
+            log.warning("could not settle rate limits now (tried again every second): %s", exc)
 
     def _checks(self, ex: Exchange) -> list[Check]:
         settings: RateLimitSettings = self.settings

@@ -66,6 +66,22 @@ async def test_the_limit_answers_429_in_the_endpoint_shape_with_retry_after(star
     assert len(gw.sim().requests) == 2
 
 
+@pytest.mark.parametrize("state", ["memory", "redis"])
+async def test_the_headers_tell_the_tightest_window_even_when_the_lease_is_tighter(start_gateway, http, state):  # noqa: ANN001
+    """A lease has no window to report: the headers tell the tightest quota there is (rpm here)."""
+    if state == "redis":
+        from tests.conftest import _emptied_test_database
+
+        state = f'state: {{backend: redis, url: "{await _emptied_test_database()}"}}'
+    else:
+        state = ""
+    gw = await start_gateway(config("{rpm: 1000, concurrent: 5}", state=state))
+    status, headers, _ = await post(http, gw.url, "messages")
+    assert status == 200
+    assert headers["RateLimit-Policy"] == '"key-rpm";q=1000;w=60'
+    assert headers["RateLimit"].startswith('"key-rpm";r=999;t=')
+
+
 async def test_an_upstream_429_passes_through_with_its_retry_after(start_gateway, http):  # noqa: ANN001
     gw = await start_gateway(config("{rpm: 100}"))
     status, headers, body = await post(http, gw.url, "messages", headers={"x-sim-fault": "status=429"})

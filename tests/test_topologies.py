@@ -117,6 +117,35 @@ async def test_a_check_answered_too_late_is_given_back_once_it_has_run(redis_url
         await client.aclose()
 
 
+async def test_a_settlement_redis_could_not_take_is_made_once_it_can(redis_url: str) -> None:
+    """A stream that ends while Redis is away must not hold its lease (a concurrency slot) for 30
+    minutes: the limiter tries the settlement again every second until Redis takes it."""
+    import redis.asyncio as aioredis
+
+    limiter = RedisLimiter(redis_url, "unsettled:")
+    client = aioredis.Redis.from_url(redis_url)
+    busy = "local t0 = redis.call('TIME') repeat local t = redis.call('TIME') " \
+           "until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > 700000 return 1"
+    try:
+        assert (await limiter.acquire([LEASE], "streamed")).allowed
+        assert (await limiter.acquire([LEASE], "unsent")).allowed
+        blocking = asyncio.ensure_future(client.eval(busy, 0))
+        await asyncio.sleep(0.1)
+        with pytest.raises(LimiterUnavailable):  # it may still run when Redis is free again
+            await limiter.finish([LEASE], "streamed", None)
+        limiter.finish_later([LEASE], "unsent", None)  # the store's probe said away: never sent but for the retry
+        await blocking
+        for _ in range(100):
+            if await client.zcard("unsettled:rl:key:k:concurrent") == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert await client.zcard("unsettled:rl:key:k:concurrent") == 0
+        assert not limiter._unsettled
+    finally:
+        await limiter.close()
+        await client.aclose()
+
+
 async def test_gathered_calls_all_hear_that_redis_is_away() -> None:
     limiter = RedisLimiter(f"redis://127.0.0.1:{free_port()}/0", "away:")
     checks = [Check("key:a:rpm", "key-rpm", Kind.REQUESTS, 10, 60, subject="key:a")]

@@ -33,7 +33,7 @@ class Check:
 @dataclass(slots=True, frozen=True)
 class Decision:
     allowed: bool
-    check: Check | None = None      # the refusing check, or the tightest one when allowed
+    check: Check | None = None      # the refusing check, or the tightest window when allowed (a lease has none to tell)
     remaining: int = 0
     retry_after_s: float = 0.0
     reset_s: float = 0.0
@@ -47,7 +47,12 @@ class Limiter(Protocol):
     async def acquire(self, checks: list[Check], request_id: str) -> Decision: ...
 
     async def finish(self, checks: list[Check], request_id: str, tokens: int | None) -> None:
-        """After the answer: release leases, and settle token reservations to `tokens` (None: keep them)."""
+        """After the answer: release leases, and settle token reservations to `tokens` (None: keep them).
+        Raises LimiterUnavailable when the shared state cannot take it now; it is then taken later."""
+
+    def finish_later(self, checks: list[Check], request_id: str, tokens: int | None) -> None:
+        """`finish`, once the shared state can take it (it is away now): a lease is never left
+        to hold a slot until it lapses."""
 
     async def close(self) -> None: ...
 

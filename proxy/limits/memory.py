@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 
@@ -42,6 +43,7 @@ class MemoryLimiter:
     def __init__(self) -> None:
         self._windows: dict[str, _Window] = {}
         self._since_sweep = 0
+        self._finishing: set[asyncio.Task[None]] = set()
 
     async def acquire(self, checks: list[Check], request_id: str) -> Decision:
         now = time.monotonic()
@@ -62,7 +64,7 @@ class MemoryLimiter:
                     retry = max(0.0, window.free_at(amount, check.limit, check.window_s) - now)
                 return Decision(False, check, 0, retry, retry)
             reset = (next(iter(window.entries.values()))[0] + check.window_s - now) if window.entries else check.window_s
-            if tightest is None or remaining < tightest.remaining:
+            if check.kind is not Kind.CONCURRENT and (tightest is None or remaining < tightest.remaining):
                 tightest = Decision(True, check, remaining, 0.0, max(0.0, reset))
         for check in checks:
             window = self._windows[check.key]
@@ -71,6 +73,11 @@ class MemoryLimiter:
             window.entries[request_id] = (at, amount)
             window.total += amount
         return tightest or Decision(True)
+
+    def finish_later(self, checks: list[Check], request_id: str, tokens: int | None) -> None:
+        task = asyncio.get_running_loop().create_task(self.finish(checks, request_id, tokens))  # never away
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
 
     async def finish(self, checks: list[Check], request_id: str, tokens: int | None) -> None:
         for check in checks:

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from redis.crc import key_slot
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from proxy.limits import LEASE_TTL_S, Check, Decision, Kind, LimiterUnavailable
 from proxy.state.connect import Mode, mode_of
@@ -40,6 +41,8 @@ log = logging.getLogger("modelgate.ratelimit")
 # The longest a check waits on Redis before the fail mode decides (the shared client's own
 # timeouts are longer, for the image store's writes).
 _WAIT_S = 0.5
+_RETRY_S = 1.0  # between tries of settlements Redis could not take
+_MAX_UNSETTLED = 10_000
 
 # KEYS, check by check: a window's sorted set (REQUESTS), or that and its amounts' hash and
 # total (TOKENS), or a lease set (CONCURRENT). ARGV: the request id, the lease's life, then
@@ -100,7 +103,7 @@ for i = 1, checks do
     remaining = limit - redis.call('ZCARD', z) - 1
     reset = 0
   end
-  if best_remaining < 0 or remaining < best_remaining then
+  if kind ~= 3 and (best_remaining < 0 or remaining < best_remaining) then
     best_i, best_remaining, best_reset = i, remaining, reset
   end
 end
@@ -167,6 +170,8 @@ class RedisLimiter:
         self._by_slot = mode_of(url) is Mode.CLUSTER
         self._acquire = self._shared.client.register_script(ACQUIRE)
         self._undoing: set[asyncio.Task[None]] = set()  # gives back of checks answered too late
+        self._unsettled: OrderedDict[str, tuple[list[Check], str]] = OrderedDict()  # request id -> settlement
+        self._resettling: asyncio.Task[None] | None = None
         self._finish = self._shared.client.register_script(FINISH)
 
     async def acquire(self, checks: list[Check], request_id: str) -> Decision:
@@ -188,23 +193,62 @@ class RedisLimiter:
                     raise LimiterUnavailable(str(failed)) from failed
                 raise failed
             return min(refused, key=lambda d: checks.index(d.check))  # type: ignore[arg-type]
-        return min(found, key=lambda d: d.remaining)  # type: ignore[arg-type, union-attr]
+        windows = [d for d in found if isinstance(d, Decision) and d.check is not None]
+        return min(windows, key=lambda d: d.remaining) if windows else found[0]  # type: ignore[return-value]
 
     async def finish(self, checks: list[Check], request_id: str, tokens: int | None) -> None:
         pending = [c for c in checks if c.kind is Kind.CONCURRENT or (c.kind is Kind.TOKENS and tokens is not None)]
         if not pending:
             return
         spent = "" if tokens is None else str(tokens)
-        groups = self._groups(pending)
         try:
-            if len(groups) == 1:  # sent in this turn, with whatever else the request writes now
-                await self._call_finish(groups[0], request_id, spent)
-            else:
-                await asyncio.gather(*(self._call_finish(g, request_id, spent) for g in groups))
-        except (RedisError, OSError) as exc:
+            await self._settle(pending, request_id, spent)
+        except (RedisError, OSError, LimiterUnavailable) as exc:
+            self._keep(pending, request_id, spent)
             raise LimiterUnavailable(str(exc)) from exc
 
+    def finish_later(self, checks: list[Check], request_id: str, tokens: int | None) -> None:
+        pending = [c for c in checks if c.kind is Kind.CONCURRENT or (c.kind is Kind.TOKENS and tokens is not None)]
+        if pending:
+            self._keep(pending, request_id, "" if tokens is None else str(tokens))
+
+    async def _settle(self, checks: list[Check], request_id: str, spent: str) -> None:
+        groups = self._groups(checks)
+        if len(groups) == 1:  # sent in this turn, with whatever else the request writes now
+            await self._call_finish(groups[0], request_id, spent)
+        else:
+            await asyncio.gather(*(self._call_finish(g, request_id, spent) for g in groups))
+
+    def _keep(self, checks: list[Check], request_id: str, spent: str) -> None:
+        """A settlement Redis could not take now, tried again every second while this limiter
+        lives: a stream that ended during a blip would otherwise hold its lease (a slot of the
+        key's concurrency) for LEASE_TTL_S. Sending one twice is harmless: a settlement sets a
+        request's amount, and a lease goes once. At most _MAX_UNSETTLED wait; past that the
+        oldest are left to lapse."""
+        self._unsettled[request_id] = (checks, spent)
+        while len(self._unsettled) > _MAX_UNSETTLED:
+            self._unsettled.popitem(last=False)
+        if self._resettling is None or self._resettling.done():
+            self._resettling = asyncio.get_running_loop().create_task(self._settle_later(), name="limits unsettled")
+
+    async def _settle_later(self) -> None:
+        while self._unsettled:
+            await asyncio.sleep(_RETRY_S)
+            try:
+                while self._unsettled:
+                    request_id, (checks, spent) = next(iter(self._unsettled.items()))
+                    try:
+                        await self._settle(checks, request_id, spent)
+                    except ResponseError as exc:  # Redis refused it (not away): trying again would not help
+                        log.warning("a settlement Redis refused is left to lapse: %s", exc)
+                    self._unsettled.pop(request_id, None)
+            except (RedisError, OSError, LimiterUnavailable):
+                continue  # still away
+            log.info("rate-limit state back: every settlement left over is made")
+
     async def close(self) -> None:
+        if self._resettling is not None:
+            self._resettling.cancel()
         shared, self._shared = self._shared, None  # type: ignore[assignment]
         if shared is not None:
             await unshare(shared)
