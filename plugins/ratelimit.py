@@ -3,9 +3,10 @@
 Requests and tokens are counted over an exact sliding minute; concurrent requests hold a
 lease until their answer ends or their client leaves (a whole answer read at once: until it is
 read, just before it is sent). Tokens are reserved up front (the request's own maximum plus an
-estimate of its input) and settled from the usage the upstream reports. A refusal is a 429 in the endpoint's shape with Retry-After; limited
-routes carry RateLimit-Policy and RateLimit headers. When the shared state is unreachable
-the configured mode holds: fail open (serve, count it) or fail closed (503).
+estimate of its input) and settled from the usage the upstream reports. A refusal is a 429 in
+the endpoint's shape with Retry-After; limited routes carry RateLimit-Policy and RateLimit
+headers. When the shared state is unreachable the configured mode holds: fail open (serve, count
+it) or fail closed (503); what could not be settled then is settled once it is back.
 """
 
 from __future__ import annotations

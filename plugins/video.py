@@ -234,7 +234,8 @@ class VideoTasks(Plugin):
             return None
         return await self._remember_status(normal)
 
-    async def _refuse_download(self, ex: Exchange, task_id: str, known: dict[str, Any] | None) -> web.StreamResponse | None:
+    async def _refuse_download(self, ex: Exchange, task_id: str,
+                               known: dict[str, Any] | None) -> web.StreamResponse | None:
         if known is None:
             known = await self._ask_channel(ex, task_id)
         if known is None or known["status"] == "succeeded" and not known.get("filtered"):

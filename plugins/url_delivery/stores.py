@@ -177,7 +177,8 @@ class RedisBlobStore:
     Through the process's shared client: a blob's write rides with its request's other calls."""
 
     # The hash and its expiry in one step: a blob is never left to live for ever.
-    _PUT = "redis.call('HSET', KEYS[1], 'data', ARGV[1], 'type', ARGV[2]) redis.call('EXPIRE', KEYS[1], ARGV[3]) return 1"
+    _PUT = ("redis.call('HSET', KEYS[1], 'data', ARGV[1], 'type', ARGV[2]) "
+            "redis.call('EXPIRE', KEYS[1], ARGV[3]) return 1")
 
     def __init__(self, url: str, prefix: str) -> None:
         # Imported here: the Redis client costs a gateway that never uses it several MB.
