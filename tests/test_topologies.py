@@ -89,7 +89,8 @@ async def test_calls_gathered_into_one_pipeline_survive_a_redis_that_forgot_its_
         await client.aclose()
 
 
-async def test_a_check_answered_too_late_is_given_back_once_it_has_run(redis_url: str) -> None:
+@pytest.mark.parametrize("stall_us", [900_000, 2_600_000])  # past the limiter's wait; past the client's timeout too
+async def test_a_check_answered_too_late_is_given_back_once_it_has_run(redis_url: str, stall_us: int) -> None:
     """A check that waits past the limiter's deadline lets the fail mode decide; when Redis then
     runs it, what it took (a lease held 30 minutes) is given back."""
     import redis.asyncio as aioredis
@@ -97,7 +98,7 @@ async def test_a_check_answered_too_late_is_given_back_once_it_has_run(redis_url
     limiter = RedisLimiter(redis_url, "late:")
     client = aioredis.Redis.from_url(redis_url)
     busy = "local t0 = redis.call('TIME') repeat local t = redis.call('TIME') " \
-           "until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > 900000 return 1"
+           f"until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > {stall_us} return 1"
     try:
         await limiter.acquire([LEASE], "warm")  # connections open, script loaded
         await limiter.finish([LEASE], "warm", None)
@@ -106,12 +107,30 @@ async def test_a_check_answered_too_late_is_given_back_once_it_has_run(redis_url
         with pytest.raises(LimiterUnavailable):
             await limiter.acquire([LEASE, KEY], "late")
         await blocking
-        for _ in range(50):
+        for _ in range(150):
             if await client.zcard("late:rl:key:k:concurrent") == 0:
                 break
             await asyncio.sleep(0.02)
         assert await client.zcard("late:rl:key:k:concurrent") == 0
         assert await client.zcard("late:rl:key:k:rpm") == 0
+    finally:
+        await limiter.close()
+        await client.aclose()
+
+
+async def test_a_give_back_that_reaches_redis_first_stops_the_check_that_comes_later(redis_url: str) -> None:
+    """Connections do not keep each other's order: a give-back may run before the check it gives
+    back. Its mark makes that check take nothing."""
+    import redis.asyncio as aioredis
+
+    limiter = RedisLimiter(redis_url, "mark:")
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await limiter._call_finish([LEASE, KEY], "early", "undo")
+        assert not (await limiter.acquire([LEASE, KEY], "early")).allowed
+        assert await client.zcard("mark:rl:key:k:concurrent") == 0 and await client.zcard("mark:rl:key:k:rpm") == 0
+        assert (await limiter.acquire([LEASE, KEY], "another")).allowed  # the mark is the request's alone
+        assert 0 < await client.pttl("mark:rl:undone:early") <= 60_000
     finally:
         await limiter.close()
         await client.aclose()
@@ -167,7 +186,7 @@ LEASE = Check("key:k:concurrent", "key-concurrent", Kind.CONCURRENT, 5, 0, subje
 def test_a_subjects_counters_share_a_slot_and_subjects_spread() -> None:
     limiter = RedisLimiter.__new__(RedisLimiter)
     limiter._prefix, limiter._by_slot = "mg:rl:", True
-    slots = {c.subject: {key_slot(k.encode()) for k in limiter._keys([c])} for c in (KEY, TOKENS, ROUTE, LEASE)}
+    slots = {c.subject: {key_slot(k.encode()) for k in limiter._keys([c], "r1")} for c in (KEY, TOKENS, ROUTE, LEASE)}
     assert all(len(s) == 1 for s in slots.values())  # every key of one subject (window, amounts, total)
     assert slots["key:k"] != slots["route:messages"] != slots["key:k:model:m"]
 

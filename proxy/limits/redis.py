@@ -24,6 +24,7 @@ about half the CPU), and after the answer with the request's pin or image.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -45,9 +46,11 @@ _RETRY_S = 1.0  # between tries of settlements Redis could not take
 _MAX_UNSETTLED = 10_000
 
 # KEYS, check by check: a window's sorted set (REQUESTS), or that and its amounts' hash and
-# total (TOKENS), or a lease set (CONCURRENT). ARGV: the request id, the lease's life, then
-# kind, limit, window and cost of each check. Answers {allowed, check, remaining or retry, reset}.
+# total (TOKENS), or a lease set (CONCURRENT); last, the request's give-back mark. ARGV: the
+# request id, the lease's life, then kind, limit, window and cost of each check. Answers
+# {allowed, check, remaining or retry, reset}; a request already given back takes nothing.
 ACQUIRE = """
+if redis.call('EXISTS', KEYS[#KEYS]) == 1 then return {0, 0, 0, 0} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local rid = ARGV[1]
@@ -132,11 +135,13 @@ end
 return {1, best_i, best_remaining, best_reset}
 """
 
-# After the answer, or to give back what a refused request took: KEYS as for ACQUIRE; ARGV the
-# request id, the tokens spent ('' keeps the reservation; 'undo' gives back every entry), and
-# each check's kind. Leases are always released.
+# After the answer, or to give back what a request took: KEYS as for ACQUIRE; ARGV the request
+# id, the tokens spent ('' keeps the reservation; 'undo' gives back every entry), and each
+# check's kind. Leases are always released. A give-back leaves its mark for a minute, so a check
+# of the same request that reaches Redis after it (a late one, on another connection) takes nothing.
 FINISH = """
 local rid, tokens = ARGV[1], ARGV[2]
+if tokens == 'undo' then redis.call('SET', KEYS[#KEYS], '1', 'PX', 60000) end
 local k = 1
 for i = 3, #ARGV do
   local kind, z = ARGV[i], KEYS[k]
@@ -169,25 +174,35 @@ class RedisLimiter:
         self._prefix = prefix + "rl:"
         self._by_slot = mode_of(url) is Mode.CLUSTER
         self._acquire = self._shared.client.register_script(ACQUIRE)
-        self._undoing: set[asyncio.Task[None]] = set()  # gives back of checks answered too late
-        self._unsettled: OrderedDict[str, tuple[list[Check], str]] = OrderedDict()  # request id -> settlement
+        # Settlements and give-backs Redis could not take yet: (request id, first key) -> (checks, spent).
+        self._unsettled: OrderedDict[tuple[str, str], tuple[Sequence[Check], str]] = OrderedDict()
         self._resettling: asyncio.Task[None] | None = None
         self._finish = self._shared.client.register_script(FINISH)
 
     async def acquire(self, checks: list[Check], request_id: str) -> Decision:
+        """A check that fails or times out may still have run (or run later): it is given back
+        (kept and tried every second until Redis takes it), so a request the fail mode served or
+        refused never holds a lease."""
         groups = self._groups(checks)
-        try:
-            if len(groups) == 1:
+        if len(groups) == 1:
+            try:
                 return await self._acquire_group(checks, request_id)
-            found = await asyncio.gather(*(self._acquire_group(g, request_id) for g in groups),
-                                         return_exceptions=True)
-        except (RedisError, OSError) as exc:
-            raise LimiterUnavailable(str(exc)) from exc
+            except (RedisError, OSError, LimiterUnavailable) as exc:
+                self._keep(checks, request_id, "undo")
+                raise exc if isinstance(exc, LimiterUnavailable) else LimiterUnavailable(str(exc)) from exc
+        found = await asyncio.gather(*(self._acquire_group(g, request_id) for g in groups), return_exceptions=True)
         failed = next((r for r in found if isinstance(r, BaseException)), None)
         refused = [r for r in found if isinstance(r, Decision) and not r.allowed]
         if failed is not None or refused:
+            for group, result in zip(groups, found):
+                if isinstance(result, BaseException):
+                    self._keep(group, request_id, "undo")
             taken = [g for g, r in zip(groups, found) if isinstance(r, Decision) and r.allowed]
-            await asyncio.gather(*(self._call_finish(g, request_id, "undo") for g in taken), return_exceptions=True)
+            undone = await asyncio.gather(*(self._call_finish(g, request_id, "undo") for g in taken),
+                                          return_exceptions=True)
+            for group, result in zip(taken, undone):
+                if isinstance(result, BaseException):
+                    self._keep(group, request_id, "undo")
             if failed is not None:
                 if isinstance(failed, (RedisError, OSError)):
                     raise LimiterUnavailable(str(failed)) from failed
@@ -219,13 +234,14 @@ class RedisLimiter:
         else:
             await asyncio.gather(*(self._call_finish(g, request_id, spent) for g in groups))
 
-    def _keep(self, checks: list[Check], request_id: str, spent: str) -> None:
-        """A settlement Redis could not take now, tried again every second while this limiter
-        lives: a stream that ended during a blip would otherwise hold its lease (a slot of the
-        key's concurrency) for LEASE_TTL_S. Sending one twice is harmless: a settlement sets a
-        request's amount, and a lease goes once. At most _MAX_UNSETTLED wait; past that the
-        oldest are left to lapse."""
-        self._unsettled[request_id] = (checks, spent)
+    def _keep(self, checks: Sequence[Check], request_id: str, spent: str) -> None:
+        """A settlement or give-back Redis could not take now, tried again every second while this
+        limiter lives: a stream that ended during a blip, or a check that timed out but ran, would
+        otherwise hold its lease (a slot of the key's concurrency) for LEASE_TTL_S. Sending one
+        twice is harmless: a settlement sets a request's amount, a lease goes once, and a
+        give-back's mark stops a check that comes later. At most _MAX_UNSETTLED wait; past that
+        the oldest are left to lapse."""
+        self._unsettled[(request_id, checks[0].key)] = (checks, spent)
         while len(self._unsettled) > _MAX_UNSETTLED:
             self._unsettled.popitem(last=False)
         if self._resettling is None or self._resettling.done():
@@ -234,21 +250,37 @@ class RedisLimiter:
     async def _settle_later(self) -> None:
         while self._unsettled:
             await asyncio.sleep(_RETRY_S)
+            if await self._settle_kept():
+                log.info("rate-limit state back: every settlement left over is made")
+
+    async def _settle_kept(self) -> bool:
+        """Send the kept ones, oldest first; True when none is left. One that fails goes last
+        and the round ends (Redis is away, or its node is: the others get their turn next round)."""
+        while self._unsettled:
+            place, (checks, spent) = next(iter(self._unsettled.items()))
             try:
-                while self._unsettled:
-                    request_id, (checks, spent) = next(iter(self._unsettled.items()))
-                    try:
-                        await self._settle(checks, request_id, spent)
-                    except ResponseError as exc:  # Redis refused it (not away): trying again would not help
-                        log.warning("a settlement Redis refused is left to lapse: %s", exc)
-                    self._unsettled.pop(request_id, None)
+                await self._settle(list(checks), place[0], spent)
+            except ResponseError as exc:  # Redis refused it (not away): trying again would not help
+                log.warning("a settlement Redis refused is left to lapse: %s", exc)
             except (RedisError, OSError, LimiterUnavailable):
-                continue  # still away
-            log.info("rate-limit state back: every settlement left over is made")
+                self._unsettled.move_to_end(place)
+                return False
+            self._unsettled.pop(place, None)
+        return True
 
     async def close(self) -> None:
+        """One last try (within a second) for what is kept; a reload or shutdown during an
+        outage leaves the rest to lapse, and says so."""
         if self._resettling is not None:
             self._resettling.cancel()
+        if self._unsettled:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_RETRY_S):
+                    while not await self._settle_kept():
+                        await asyncio.sleep(0.1)
+        if self._unsettled:
+            log.error("stopping with settlements Redis never took: their leases lapse after %.0f s",
+                      LEASE_TTL_S, extra={"pending": len(self._unsettled)})
         shared, self._shared = self._shared, None  # type: ignore[assignment]
         if shared is not None:
             await unshare(shared)
@@ -257,33 +289,15 @@ class RedisLimiter:
         args: list[Any] = [request_id, int(LEASE_TTL_S * 1000)]
         for check in checks:
             args += [check.kind.value, check.limit, int(check.window_s * 1000), check.cost]
-        answer = self._shared.calls.script(self._acquire, self._keys(checks), args)
-        try:
-            allowed, index, value, reset = await asyncio.wait_for(asyncio.shield(answer), _WAIT_S)
-        except TimeoutError:
-            # The fail mode decides now; should the check still run and take, what it took is given
-            # back once it has (not before: an undo sent on another connection could run first).
-            answer.add_done_callback(lambda late: self._give_back(late, checks, request_id))
-            raise LimiterUnavailable(f"no answer within {_WAIT_S}s") from None
+        allowed, index, value, reset = await self._run(self._acquire, self._keys(checks, request_id), args)
         check = checks[index - 1] if index else None
         if not allowed:
             return Decision(False, check, 0, value / 1000, value / 1000)
         return Decision(True, check, max(0, int(value)), 0.0, max(0, reset) / 1000)
 
-    def _give_back(self, late: asyncio.Future[Any], checks: Sequence[Check], request_id: str) -> None:
-        if late.cancelled() or late.exception() is not None or not late.result()[0]:
-            return
-        undo = asyncio.get_running_loop().create_task(self._call_finish(checks, request_id, "undo"))
-        self._undoing.add(undo)
-        undo.add_done_callback(self._undone)
-
-    def _undone(self, undo: asyncio.Task[None]) -> None:
-        self._undoing.discard(undo)
-        if not undo.cancelled() and undo.exception() is not None:  # the lease then expires on its own
-            log.warning("could not give back a late limit check: %s", undo.exception())
-
     async def _call_finish(self, checks: Sequence[Check], request_id: str, spent: str) -> None:
-        await self._run(self._finish, self._keys(checks), [request_id, spent, *(c.kind.value for c in checks)])
+        await self._run(self._finish, self._keys(checks, request_id),
+                        [request_id, spent, *(c.kind.value for c in checks)])
 
     async def _run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         try:
@@ -291,15 +305,19 @@ class RedisLimiter:
         except TimeoutError as exc:
             raise LimiterUnavailable(f"no answer within {_WAIT_S}s") from exc
 
-    def _keys(self, checks: Sequence[Check]) -> list[str]:
+    def _keys(self, checks: Sequence[Check], request_id: str) -> list[str]:
+        """Each check's keys, then the request's give-back mark (in the first check's slot)."""
         keys = []
+        mark = f"{self._prefix}undone:{request_id}"
         for check in checks:
             window = self._prefix + check.key
             if self._by_slot:  # a subject's keys in one slot: {key:demo}:rpm
                 subject = check.subject if check.subject and check.key.startswith(check.subject) else check.key
                 window = f"{self._prefix}{{{subject}}}{check.key[len(subject):]}"
+                if not keys:
+                    mark = f"{self._prefix}{{{subject}}}:undone:{request_id}"
             keys += (window, window + ":h", window + ":t") if check.kind is Kind.TOKENS else (window,)
-        return keys
+        return [*keys, mark]
 
     def _groups(self, checks: list[Check]) -> list[list[Check]]:
         """The checks one script call may take together: all of them, except on a Cluster, where
@@ -308,5 +326,5 @@ class RedisLimiter:
             return [checks]
         by_slot: dict[int, list[Check]] = {}
         for check in checks:
-            by_slot.setdefault(key_slot(self._keys([check])[0].encode()), []).append(check)
+            by_slot.setdefault(key_slot(self._keys([check], "")[0].encode()), []).append(check)
         return list(by_slot.values())
