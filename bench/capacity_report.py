@@ -63,8 +63,8 @@ def write(out: dict[str, Any]) -> None:
         "simulator sits behind a relay of its own, which places each round trip before or after the upstream call; "
         "the last column is the most common order and the share of requests that followed it (`a + b`: one round "
         "trip carrying both). A round trip that carries several plugins' calls counts in each of their columns, so "
-        "a row's columns can add up to more than its round trips. A video task's record and its place on its "
-        "tenant's list are written under the id handed out, which its pin decides: one round trip after the pin.", "",
+        "a row's columns can add up to more than its round trips. A video task's pin, record and place on its "
+        "tenant's list are one script (`pin+record`), which writes the record only if the pin is the request's.", "",
         *route_table(rows), "",
         f"Not counted above, as it does not grow with requests: idle, one gateway process sent Redis "
         f"{sum(idle.values()):.1f} round trips a second ({', '.join(f'{k} {v:.1f}/s' for k, v in sorted(idle.items()))}): "

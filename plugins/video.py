@@ -27,10 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.config import GatewayConfig
 from proxy.formats import VIDEO
-from proxy.plugin import Joins, Plugin
+from proxy.plugin import STATE_STORE, Joins, Plugin
 from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.request.public_url import public_base_url
-from proxy.state import StateStore, make_store
+from proxy.state import StateStore, Write, make_store
 from proxy.wire import jsonutil
 
 VIDEO_OUTCOMES = Counter("modelgate_video_tasks_finished", "Video tasks seen finishing, by outcome "
@@ -72,9 +72,11 @@ class VideoTasks(Plugin):
     order = 700
 
     def configure(self, config: GatewayConfig) -> None:
-        if "video.cache" not in self.resources:  # one store for the gateway's life, not one per reload
+        # The gateway's store, where task ids are pinned: a task's record goes with its pin.
+        gateways = self.resources.get(STATE_STORE)
+        if gateways is None and "video.cache" not in self.resources:  # a gateway without one (tests)
             self.resources["video.cache"] = make_store(config.state)
-        self.cache: StateStore = self.resources["video.cache"]
+        self.cache: StateStore = gateways() if gateways is not None else self.resources["video.cache"]
         self.inflight: dict[str, asyncio.Future[None]] = self.resources.setdefault("video.inflight", {})  # type: ignore[assignment]
         self.server = config.server
 
@@ -122,6 +124,12 @@ class VideoTasks(Plugin):
             submission = _submission(body, ex.model)
             task = _task_facts(ex, body, submission)
             ex.plugin_state["video.task"] = task  # recorded under the id handed out, once it is known
+            if isinstance(submission["id"], str) and not self.state_away():
+                # ... with the task's pin when that is the upstream's id: one step, one round trip,
+                # and made only if the pin is this request's (an id another holds gets an alias).
+                ttl = self.settings.task_record_s
+                ex.with_pin += [Write(f"video:task:{submission['id']}", jsonutil.dumps(task).decode(), ttl),
+                                Write(f"video:owned:{ex.tenant or ''}", submission["id"], ttl, self.settings.list_keep)]
             upstream.set_json(VIDEO.video_object(submission["id"], task, None) if route == "videos" else submission)
         elif route in _STATUS:
             normal = await self._remember_status(_status(body, ex.path_params["task_id"]))
@@ -143,8 +151,8 @@ class VideoTasks(Plugin):
 
     async def on_complete(self, ex: Exchange) -> None:
         task = ex.plugin_state.get("video.task")
-        if task is not None and ex.created_id and 200 <= ex.outcome.status < 300:
-            await self._record_task(ex, ex.created_id, task)
+        if task is not None and ex.created_id and 200 <= ex.outcome.status < 300 and not ex.pinned_with:
+            await self._record_task(ex, ex.created_id, task)  # an alias, or a pin kept while the store was away
         task_id = ex.plugin_state.get(self.name)
         if task_id is not None:
             waiting = self.inflight.pop(task_id, None)

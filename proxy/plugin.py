@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 
 # The gateway's resource holding its state store probe's verdict (a callable; absent: no probe).
 STATE_REACHABLE = "state.reachable"
+# The gateway's own state store, the one its affinity pins ids in (a callable returning it: the
+# gateway closes it, after the plugins). A plugin keeping state beside the pins uses it, so its
+# writes can go with a pin (`Exchange.with_pin`).
+STATE_STORE = "state.store"
 
 
 @dataclass(slots=True, frozen=True)

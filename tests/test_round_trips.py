@@ -1,6 +1,6 @@
 """Few round trips: with Redis state, a request on the default pipeline makes one round trip to
 Redis before its upstream call (its limit check, with the record of the id it follows and the
-status it may have cached) and one after it (its settlement, with its pin or its image).
+status it may have cached) and one after it (its settlement, with its pin, its task's record or its image).
 
 Counted as docs/capacity.md counts them: Redis and the upstream are each reached through a relay
 (bench/capacity.py) that records every burst a connection writes before its answer comes back.
@@ -18,10 +18,10 @@ import pytest
 from bench.capacity import LIMITS, Relay, cases, measure
 from bench.procs import free_port, wait_port
 
-# A video task's record is written under the id handed out, which its pin decides: after the pin.
-AFTER = {"video task create": 2}
+# What the settlement shares its round trip with: a pin; a task's pin and record, in one script
+# that writes the record only if the pin is the request's; a cached status; an image.
 WRITES_AFTER = {"responses create (stored)": "affinity SET", "responses with previous_response_id": "affinity SET",
-                "video task create": "affinity SET", "video status poll (cache miss)": "video SET",
+                "video task create": "affinity pin+record", "video status poll (cache miss)": "video SET",
                 "image generation, URL delivery": "url_delivery script"}
 
 
@@ -61,8 +61,8 @@ async def test_each_keyed_request_makes_one_round_trip_to_redis_before_its_upstr
             before, _, after = row.sequence.partition("[upstream]")
             assert row.upstream == 1.0, case.name
             assert before.count("→") == 1, f"{case.name}: {row.sequence}"  # one round trip, then the upstream
-            assert after.count("→") == AFTER.get(case.name, 1), f"{case.name}: {row.sequence}"
-            assert row.trips == 1 + AFTER.get(case.name, 1), f"{case.name}: {row.sequence} ({row.share:.0%})"
+            assert after.count("→") == 1, f"{case.name}: {row.sequence}"
+            assert row.trips == 2, f"{case.name}: {row.sequence} ({row.share:.0%})"
             if case.name.startswith(("responses with", "video status")):  # the follow rides with the check
                 assert "ratelimit check + affinity GET" in before, row.sequence
             if case.name in WRITES_AFTER:  # the settlement rides with the pin, the image or the status

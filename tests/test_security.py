@@ -218,6 +218,24 @@ async def test_4_a_status_its_owner_polled_is_not_shown_to_another_tenant(gw_sta
     assert len(upstream[1]) == asked
 
 
+async def test_4_an_upstream_id_made_twice_keeps_its_first_tenants_record(gw_state, upstream):  # noqa: ANN001
+    """A task's record is written with its pin, and only if the pin is the request's: the second
+    tenant to be handed the same upstream id gets an alias, and the first one's record stands."""
+    gw = gw_state
+    mine = await send_raw(gw.url, *post("/v1/videos", f"{bearer(ALICE)}X-Test-Task: task_twice\r\n",
+                                        b'{"model":"videogen-3.0-generate-001","prompt":"alice-prompt"}'))
+    theirs = await send_raw(gw.url, *post("/v1/videos", f"{bearer(BOB)}X-Test-Task: task_twice\r\n",
+                                          b'{"model":"videogen-3.0-generate-001","prompt":"bob-secret"}'))
+    assert mine.status == theirs.status == 200, (mine.body, theirs.body)
+    assert mine.json()["id"] == "task_twice" and theirs.json()["id"].startswith("task_mg_")
+    seen = await get(gw.url, "/v1/videos/task_twice", ALICE)
+    assert seen.status == 200 and seen.json()["prompt"] == "alice-prompt", seen.body
+    listed = await get(gw.url, "/v1/videos", ALICE)
+    assert [v["id"] for v in listed.json()["data"]] == ["task_twice"] and b"bob-secret" not in listed.body
+    bobs = await get(gw.url, "/v1/videos", BOB)
+    assert [(v["id"], v["prompt"]) for v in bobs.json()["data"]] == [(theirs.json()["id"], "bob-secret")]
+
+
 async def test_4_a_bad_key_following_an_id_hears_of_its_key_first(gw_state, upstream):  # noqa: ANN001
     gw = gw_state
     await submit(gw.url, ALICE, "task_alice_2")

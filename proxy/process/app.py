@@ -18,7 +18,7 @@ from proxy.formats import ACCOUNT, CONTENT, MESSAGES
 from proxy.formats.base import Format
 from proxy.observability.metrics import count_reload, exposition, set_config_info
 from proxy.observability.tracing import Tracing
-from proxy.plugin import STATE_REACHABLE, PluginRoute
+from proxy.plugin import STATE_REACHABLE, STATE_STORE, PluginRoute
 from proxy.policy.channels import Channel
 from proxy.process.drain import Drain, close_when_draining
 from proxy.process.log_guard import guard_aiohttp_logs
@@ -86,6 +86,8 @@ class GatewayApp:
         probe = self.probe
         # For plugins that talk to the same store: while its probe calls it away, they need not wait on it.
         self.resources[STATE_REACHABLE] = lambda: probe.ok
+        store = self.store
+        self.resources[STATE_STORE] = lambda: store
         runtime = await Runtime.build(self.loaded, self.simulator_url, self.resources)
         self.affinity = Affinity(self.store, config.state.affinity_ttl_s, config.state.pending_pins,
                                  reachable=lambda: probe.ok)

@@ -140,7 +140,8 @@ class Affinity:
             try:
                 if not self._reachable():
                     raise StateUnavailable("the state store is unreachable")
-                added = await self._store.add(_key(pin, ref), value, self._ttl_s)
+                added = await self._store.add(_key(pin, ref), value, self._ttl_s, then=ex.with_pin)
+                ex.pinned_with = added and bool(ex.with_pin)
             except Exception:
                 if pin is Pin.VIDEO_TASK:
                     handed_out = await self._alias(record, pin, ref)

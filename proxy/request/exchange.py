@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from proxy.policy.channels import Channel
     from proxy.request.affinity import PinRecord
+    from proxy.state import Write
     from proxy.request.target import Target
 
 _UNPARSED = object()
@@ -51,6 +52,7 @@ class Exchange:
         "upstream_model", "channel", "pinned_channel", "key", "streaming", "usage", "outcome",
         "plugin_state", "tracer", "span", "unsampled_span", "response_headers",
         "answer_limit", "gateway_id", "target", "followed_id", "follow_lookup", "followed", "created_id",
+        "with_pin", "pinned_with",
     )
 
     def __init__(self, request: web.Request, route: Route, request_id: str, gateway_id: str | None = None) -> None:
@@ -80,6 +82,10 @@ class Exchange:
         self.follow_lookup: asyncio.Task[PinRecord | None] | None = None
         self.followed: PinRecord | None = None
         self.created_id: str | None = None     # the id the answer hands out (set by the affinity, after the hooks)
+        # Writes a plugin wants made with the pin of the id the answer hands out, in the same step
+        # and only if that pin is taken for the id as the upstream gave it; `pinned_with`: they were.
+        self.with_pin: list[Write] = []
+        self.pinned_with = False
         self.streaming = route.always_streams  # the client asked for a stream
         self.usage = Usage()                    # as the upstream reported it (read by the usage plugins)
         self.outcome = Outcome()

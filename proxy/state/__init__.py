@@ -6,17 +6,30 @@ sharing one Redis agree on them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # the config checks state URLs with proxy.state.connect
     from proxy.config.model import StateConfig
 
 
+@dataclass(slots=True, frozen=True)
+class Write:
+    """A value to set, or (`keep`) to put first in a list keeping the newest `keep`, for `ttl_s`."""
+
+    key: str
+    value: str
+    ttl_s: int
+    keep: int | None = None
+
+
 class StateStore(Protocol):
     async def get(self, key: str) -> str | None: ...
     async def set(self, key: str, value: str, ttl_s: int) -> None: ...
-    async def add(self, key: str, value: str, ttl_s: int) -> bool:
-        """Set `key` only if it holds nothing (or has expired); True when it was set."""
+    async def add(self, key: str, value: str, ttl_s: int, then: Sequence[Write] = ()) -> bool:
+        """Set `key` only if it holds nothing (or has expired); True when it was set, and then
+        `then` was written too, in the same step (one round trip on Redis off a Cluster)."""
     async def push(self, key: str, value: str, ttl_s: int, keep: int) -> None:
         """Put `value` first in the list at `key`, keeping the newest `keep`; the list lives `ttl_s`."""
     async def recent(self, key: str, count: int) -> list[str]:

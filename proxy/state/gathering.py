@@ -43,6 +43,11 @@ class Gatherer:
         self._queued: list[_Call] = []
         self._sending: set[asyncio.Task[None]] = set()  # referenced until done
 
+    @property
+    def gathers(self) -> bool:
+        """Whether calls of one turn share a pipeline (not on a Cluster)."""
+        return self._gathers
+
     def command(self, *args: Any, resend: bool = True) -> asyncio.Future[Any]:
         """Send `args` (a command name and its arguments) with the calls of this turn; the future
         holds Redis's answer, or what Redis or the connection raised. `resend`: it may run twice."""

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from proxy.wire import jsonutil
+
+if TYPE_CHECKING:
+    from proxy.state import Write
 
 
 class MemoryStore:
@@ -40,10 +44,15 @@ class MemoryStore:
         while len(self._items) > self._max_items:
             del self._items[next(iter(self._items))]
 
-    async def add(self, key: str, value: str, ttl_s: int) -> bool:
+    async def add(self, key: str, value: str, ttl_s: int, then: Sequence[Write] = ()) -> bool:
         if await self.get(key) is not None:
             return False
         await self.set(key, value, ttl_s)
+        for write in then:
+            if write.keep is None:
+                await self.set(write.key, write.value, write.ttl_s)
+            else:
+                await self.push(write.key, write.value, write.ttl_s, write.keep)
         return True
 
     async def push(self, key: str, value: str, ttl_s: int, keep: int) -> None:

@@ -6,7 +6,14 @@ script on its own key (one slot). Calls go through the process's shared client f
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from proxy.state.shared import share, unshare
+
+if TYPE_CHECKING:
+    from proxy.state import Write
 
 # LPUSH, then keep the newest ARGV[2] and let the list live ARGV[3] seconds: as one step, so a
 # list is never left without its expiry.
@@ -17,15 +24,34 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 return 1
 """
 
+# SET NX KEYS[1] (ARGV[1] for ARGV[2] seconds); only if it was set, the writes that go with it:
+# for each further key, its value, seconds, and 0 to set it or N to push it keeping the newest N.
+_ADD_THEN = """
+if not redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2], 'NX') then return 0 end
+for i = 2, #KEYS do
+  local a = 3 + (i - 2) * 3
+  local value, ttl, keep = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
+  if keep == 0 then
+    redis.call('SET', KEYS[i], value, 'EX', ttl)
+  else
+    redis.call('LPUSH', KEYS[i], value)
+    redis.call('LTRIM', KEYS[i], 0, keep - 1)
+    redis.call('EXPIRE', KEYS[i], ttl)
+  end
+end
+return 1
+"""
+
 
 class RedisStore:
-    __slots__ = ("_shared", "_calls", "_prefix", "_push")
+    __slots__ = ("_shared", "_calls", "_prefix", "_push", "_add_then")
 
     def __init__(self, url: str, prefix: str) -> None:
         self._shared = share(url)
         self._calls = self._shared.calls
         self._prefix = prefix
         self._push = self._shared.client.register_script(_PUSH)
+        self._add_then = self._shared.client.register_script(_ADD_THEN)
 
     async def get(self, key: str) -> str | None:
         found = await self._calls.command("GET", self._prefix + key)
@@ -34,10 +60,23 @@ class RedisStore:
     async def set(self, key: str, value: str, ttl_s: int) -> None:
         await self._calls.command("SET", self._prefix + key, value, "EX", ttl_s)
 
-    async def add(self, key: str, value: str, ttl_s: int) -> bool:
-        # Sent again after a failed connection, a SET NX that had landed reads as taken: the id
-        # is then treated as held by another (an alias, or a warning), never given to two owners.
-        return bool(await self._calls.command("SET", self._prefix + key, value, "EX", ttl_s, "NX"))
+    async def add(self, key: str, value: str, ttl_s: int, then: Sequence[Write] = ()) -> bool:
+        if not then:
+            # Sent again after a failed connection, a SET NX that had landed reads as taken: the id
+            # is then treated as held by another (an alias, or a warning), never given to two owners.
+            return bool(await self._calls.command("SET", self._prefix + key, value, "EX", ttl_s, "NX"))
+        if self._calls.gathers:  # one script: the writes are made only if the key was free
+            args: list[str | int] = [value, ttl_s]
+            for write in then:
+                args += [write.value, write.ttl_s, write.keep or 0]
+            keys = [self._prefix + key, *(self._prefix + write.key for write in then)]
+            return bool(await self._calls.script(self._add_then, keys, args))
+        # A Cluster runs no script over keys of several slots: the writes follow the add.
+        if not await self.add(key, value, ttl_s):
+            return False
+        await asyncio.gather(*(self.set(w.key, w.value, w.ttl_s) if w.keep is None
+                               else self.push(w.key, w.value, w.ttl_s, w.keep) for w in then))
+        return True
 
     async def push(self, key: str, value: str, ttl_s: int, keep: int) -> None:
         await self._calls.script(self._push, [self._prefix + key], [value, keep, ttl_s])
