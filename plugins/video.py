@@ -72,11 +72,14 @@ class VideoTasks(Plugin):
     order = 700
 
     def configure(self, config: GatewayConfig) -> None:
-        # The gateway's store, where task ids are pinned: a task's record goes with its pin.
+        # With Redis, the gateway's own store, where task ids are pinned: a task's record goes in
+        # its pin's step (one round trip). In memory, where steps cost no round trip, a store of
+        # its own, so its records and statuses never push pins out of the pins' bound.
         gateways = self.resources.get(STATE_STORE)
-        if gateways is None and "video.cache" not in self.resources:  # a gateway without one (tests)
+        self.with_pin = config.state.backend == "redis" and gateways is not None
+        if not self.with_pin and "video.cache" not in self.resources:  # one for the gateway's life
             self.resources["video.cache"] = make_store(config.state)
-        self.cache: StateStore = gateways() if gateways is not None else self.resources["video.cache"]
+        self.cache: StateStore = gateways() if self.with_pin else self.resources["video.cache"]
         self.inflight: dict[str, asyncio.Future[None]] = self.resources.setdefault("video.inflight", {})  # type: ignore[assignment]
         self.server = config.server
 
@@ -123,8 +126,9 @@ class VideoTasks(Plugin):
         if route in _SUBMIT:
             submission = _submission(body, ex.model)
             task = _task_facts(ex, body, submission)
+            task["owner"] = ex.tenant or ""  # a list shows a task only to the tenant its record names
             ex.plugin_state["video.task"] = task  # recorded under the id handed out, once it is known
-            if isinstance(submission["id"], str) and not self.state_away():
+            if self.with_pin and isinstance(submission["id"], str) and not self.state_away():
                 # ... with the task's pin when that is the upstream's id: one step, one round trip,
                 # and made only if the pin is this request's (an id another holds gets an alias).
                 ttl = self.settings.task_record_s
@@ -215,7 +219,11 @@ class VideoTasks(Plugin):
             ids = ids[ids.index(after) + 1:]
         page = ids[:int(limit)]
         found = await asyncio.gather(*(self._task(t) for t in page), *(self._cached(t) for t in page))  # one round trip
-        objects = [VIDEO.video_object(task_id, found[i], found[len(page) + i]) for i, task_id in enumerate(page)]
+        # An id on this list whose record names another tenant was handed to that one since (its
+        # pin lapsed and the upstream gave the id again): it is no longer this tenant's to show.
+        tenant = ex.tenant or ""
+        objects = [VIDEO.video_object(task_id, found[i], found[len(page) + i]) for i, task_id in enumerate(page)
+                   if found[i].get("owner", tenant) == tenant]
         return _json(200, VIDEO.video_list(objects, has_more=len(ids) > len(page)))
 
     async def _ask_channel(self, ex: Exchange, task_id: str) -> dict[str, Any] | None:

@@ -236,6 +236,32 @@ async def test_4_an_upstream_id_made_twice_keeps_its_first_tenants_record(gw_sta
     assert [(v["id"], v["prompt"]) for v in bobs.json()["data"]] == [(theirs.json()["id"], "bob-secret")]
 
 
+async def test_4_an_id_handed_to_another_tenant_after_its_pin_lapsed_leaves_the_first_ones_list(
+        start_gateway, upstream):  # noqa: ANN001
+    """The list is the tenant's own, but an id on it may be handed to another tenant once its pin
+    has lapsed and the upstream gives the id again: the record names its owner, and the list
+    shows only the caller's."""
+    import redis.asyncio as aioredis
+
+    url = await _redis_url()
+    gw = await start_gateway(config(upstream[0].url, f'state: {{backend: redis, url: "{url}"}}'))
+    first = await send_raw(gw.url, *post("/v1/videos", f"{bearer(ALICE)}X-Test-Task: task_again\r\n",
+                                         b'{"model":"videogen-3.0-generate-001","prompt":"alice-prompt"}'))
+    assert first.status == 200 and first.json()["id"] == "task_again"
+    client = aioredis.Redis.from_url(url)
+    try:
+        assert await client.delete("modelgate:pin:video:task_again") == 1  # its week is over
+    finally:
+        await client.aclose()
+    again = await send_raw(gw.url, *post("/v1/videos", f"{bearer(BOB)}X-Test-Task: task_again\r\n",
+                                         b'{"model":"videogen-3.0-generate-001","prompt":"bob-secret"}'))
+    assert again.status == 200 and again.json()["id"] == "task_again"  # free again: handed out as it is
+    alices = await get(gw.url, "/v1/videos", ALICE)
+    assert alices.status == 200 and alices.json()["data"] == [] and b"bob-secret" not in alices.body
+    bobs = await get(gw.url, "/v1/videos", BOB)
+    assert [(v["id"], v["prompt"]) for v in bobs.json()["data"]] == [("task_again", "bob-secret")]
+
+
 async def test_4_a_bad_key_following_an_id_hears_of_its_key_first(gw_state, upstream):  # noqa: ANN001
     gw = gw_state
     await submit(gw.url, ALICE, "task_alice_2")
