@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -420,3 +422,55 @@ async def test_a_sentinel_failover_mid_load_keeps_serving_and_loses_no_accepted_
     finally:
         await backend.stop()
         setup.processes.stop()
+
+
+def _certificates(work: Path) -> None:
+    """A CA of its own and a certificate it signed for 127.0.0.1, as a managed Redis has."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=work, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+            "-subj", "/CN=modelgate-test-ca")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "redis.key", "-out", "redis.csr", "-subj", "/CN=127.0.0.1")
+    (work / "san").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "redis.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "redis.crt", "-days", "2", "-extfile", "san")
+
+
+async def test_state_over_tls_with_a_ca_of_its_own(start_gateway, http, tmp_path) -> None:  # noqa: ANN001
+    """`rediss://...?ssl_ca_certs=`: limits and a response chain kept in a Redis reached over TLS
+    whose certificate chains to a private CA; without that CA the store is away, never trusted."""
+    _certificates(tmp_path)
+    port = free_port()
+    redis = subprocess.Popen(["redis-server", "--port", "0", "--tls-port", str(port), "--tls-cert-file", "redis.crt",
+                              "--tls-key-file", "redis.key", "--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no",
+                              "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        base = f"rediss://127.0.0.1:{port}/0"
+        channels = "channels: [{name: simulator, base_url: simulator, simulator: {chunk_delay_ms: 0}}]"
+        keys = "keys: [{name: tls, key: tls-key-0123, limits: {rpm: 3}}]"
+        gw = await start_gateway(f'state: {{backend: redis, url: "{base}?ssl_ca_certs={tmp_path}/ca.crt"}}\n'
+                                 f"{keys}\n{channels}\n")
+        bearer = {"Authorization": "Bearer tls-key-0123"}
+        async with http.get(gw.url + "/readyz") as ready:
+            assert ready.status == 200, await ready.text()
+        async with http.post(gw.url + "/v1/responses", json={"model": "respmodel-4o", "input": "hi"},
+                             headers=bearer) as made:
+            assert made.status == 200, await made.text()
+            first = (await made.json())["id"]
+        follow = {"model": "respmodel-4o", "input": "and?", "previous_response_id": first}
+        statuses = []
+        for _ in range(3):
+            async with http.post(gw.url + "/v1/responses", json=follow, headers=bearer) as answer:
+                statuses.append(answer.status)
+        assert statuses == [200, 200, 429]  # the chain followed, and the window counted, in the TLS Redis
+        untrusting = await start_gateway(f'state: {{backend: redis, url: "{base}"}}\n{keys}\n{channels}\n')
+        assert not untrusting.owner.probe.ok  # the server's certificate is not trusted: the store is away
+        for _ in range(2):  # and the fail mode (open) serves, counting nothing in it
+            async with http.post(untrusting.url + "/v1/responses", json={"model": "respmodel-4o", "input": "hi"},
+                                 headers=bearer) as answer:
+                assert answer.status == 200
+    finally:
+        redis.terminate()
+        redis.wait(timeout=10)
