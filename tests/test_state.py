@@ -8,6 +8,33 @@ import asyncio
 from proxy.state.memory import MemoryStore
 
 
+class FakePipeline:
+    """A redis-py pipeline that records what it is sent, then answers `answers` (or raises `fails`)."""
+
+    def __init__(self, answers: list[object], fails: Exception | None = None) -> None:
+        self.answers, self.fails = answers, fails
+        self.sent: list[tuple[object, ...]] = []
+
+    async def __aenter__(self) -> FakePipeline:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    def evalsha(self, *args: object) -> FakePipeline:
+        self.sent.append(("EVALSHA", *args))
+        return self
+
+    def execute_command(self, *args: object) -> FakePipeline:
+        self.sent.append(args)
+        return self
+
+    async def execute(self, raise_on_error: bool) -> list[object]:
+        if self.fails is not None:
+            raise self.fails
+        return self.answers
+
+
 async def test_past_its_bound_the_oldest_entries_go_first():
     store = MemoryStore(max_items=3)
     for key in "abcd":
@@ -39,34 +66,12 @@ async def test_a_gathered_call_that_ran_hears_its_own_answer_though_a_forgotten_
         def __init__(self, sha: str) -> None:
             self.sha, self.script = sha, f"-- {sha}"
 
-    class Pipeline:
-        def __init__(self, answers: list[object]) -> None:
-            self.answers = answers
-            self.sent: list[tuple[object, ...]] = []
-
-        async def __aenter__(self) -> Pipeline:
-            return self
-
-        async def __aexit__(self, *exc: object) -> None:
-            return None
-
-        def evalsha(self, *args: object) -> Pipeline:
-            self.sent.append(("EVALSHA", *args))
-            return self
-
-        def execute_command(self, *args: object) -> Pipeline:
-            self.sent.append(args)
-            return self
-
-        async def execute(self, raise_on_error: bool) -> list[object]:
-            return self.answers
-
     class Client:
         gate = asyncio.Semaphore(4)
-        pipelines: list[Pipeline] = []
+        pipelines: list[FakePipeline] = []
 
-        def pipeline(self, transaction: bool) -> Pipeline:
-            self.pipelines.append(Pipeline(["ran", NoScriptError("NOSCRIPT"), b"value"]))
+        def pipeline(self, transaction: bool) -> FakePipeline:
+            self.pipelines.append(FakePipeline(["ran", NoScriptError("NOSCRIPT"), b"value"]))
             return self.pipelines[-1]
 
         async def script_load(self, text: str) -> None:
@@ -88,34 +93,13 @@ async def test_a_pipeline_of_reads_is_sent_again_when_its_connection_failed_but_
 
     from proxy.state.gathering import Gatherer
 
-    class Pipeline:
-        def __init__(self, fails: bool) -> None:
-            self.fails = fails
-
-        async def __aenter__(self) -> Pipeline:
-            return self
-
-        async def __aexit__(self, *exc: object) -> None:
-            return None
-
-        def evalsha(self, *args: object) -> Pipeline:
-            return self
-
-        def execute_command(self, *args: object) -> Pipeline:
-            return self
-
-        async def execute(self, raise_on_error: bool) -> list[object]:
-            if self.fails:
-                raise RedisConnectionError("reset by peer")
-            return [b"a", b"b"]
-
     class Client:
         gate = asyncio.Semaphore(4)
         sent = 0
 
-        def pipeline(self, transaction: bool) -> Pipeline:
+        def pipeline(self, transaction: bool) -> FakePipeline:
             self.sent += 1
-            return Pipeline(fails=self.sent == 1)
+            return FakePipeline([b"a", b"b"], RedisConnectionError("reset by peer") if self.sent == 1 else None)
 
     class Script:
         sha, script = "s", "-- s"
@@ -135,25 +119,12 @@ async def test_a_pipeline_of_reads_is_sent_again_when_its_connection_failed_but_
 async def test_a_large_write_goes_alone_and_holds_up_no_other_call() -> None:
     from proxy.state.gathering import Gatherer
 
-    class Pipeline:
-        async def __aenter__(self) -> Pipeline:
-            return self
-
-        async def __aexit__(self, *exc: object) -> None:
-            return None
-
-        def execute_command(self, *args: object) -> Pipeline:
-            return self
-
-        async def execute(self, raise_on_error: bool) -> list[object]:
-            return [b"a", b"b"]
-
     class Client:
         gate = asyncio.Semaphore(4)
         alone: list[object] = []
 
-        def pipeline(self, transaction: bool) -> Pipeline:
-            return Pipeline()
+        def pipeline(self, transaction: bool) -> FakePipeline:
+            return FakePipeline([b"a", b"b"])
 
     class Script:
         sha, script = "s", "-- s"

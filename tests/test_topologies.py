@@ -8,6 +8,7 @@ import contextlib
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -91,6 +92,23 @@ async def test_calls_gathered_into_one_pipeline_survive_a_redis_that_forgot_its_
         await client.aclose()
 
 
+async def _stalled(client: Any, stall_us: int) -> asyncio.Future[Any]:
+    """Redis busy with one script for `stall_us` (it runs nothing else meanwhile); the future ends with it."""
+    busy = "local t0 = redis.call('TIME') repeat local t = redis.call('TIME') " \
+           f"until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > {stall_us} return 1"
+    blocking = asyncio.ensure_future(client.eval(busy, 0))
+    await asyncio.sleep(0.1)  # it has started
+    return blocking
+
+
+async def _emptied(client: Any, key: str, within_s: float) -> None:
+    """Wait (at most `within_s`) for the sorted set at `key` to hold nothing."""
+    for _ in range(int(within_s / 0.02)):
+        if await client.zcard(key) == 0:
+            return
+        await asyncio.sleep(0.02)
+
+
 @pytest.mark.parametrize("stall_us", [900_000, 2_600_000])  # past the limiter's wait; past the client's timeout too
 async def test_a_check_answered_too_late_is_given_back_once_it_has_run(redis_url: str, stall_us: int) -> None:
     """A check that waits past the limiter's deadline lets the fail mode decide; when Redis then
@@ -99,20 +117,14 @@ async def test_a_check_answered_too_late_is_given_back_once_it_has_run(redis_url
 
     limiter = RedisLimiter(redis_url, "late:")
     client = aioredis.Redis.from_url(redis_url)
-    busy = "local t0 = redis.call('TIME') repeat local t = redis.call('TIME') " \
-           f"until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > {stall_us} return 1"
     try:
         await limiter.acquire([LEASE], "warm")  # connections open, script loaded
         await limiter.finish([LEASE], "warm", None)
-        blocking = asyncio.ensure_future(client.eval(busy, 0))  # Redis runs nothing else for 0.9 s
-        await asyncio.sleep(0.1)
+        blocking = await _stalled(client, stall_us)
         with pytest.raises(LimiterUnavailable):
             await limiter.acquire([LEASE, KEY], "late")
         await blocking
-        for _ in range(150):
-            if await client.zcard("late:rl:key:k:concurrent") == 0:
-                break
-            await asyncio.sleep(0.02)
+        await _emptied(client, "late:rl:key:k:concurrent", within_s=3)
         assert await client.zcard("late:rl:key:k:concurrent") == 0
         assert await client.zcard("late:rl:key:k:rpm") == 0
     finally:
@@ -145,21 +157,15 @@ async def test_a_settlement_redis_could_not_take_is_made_once_it_can(redis_url: 
 
     limiter = RedisLimiter(redis_url, "unsettled:")
     client = aioredis.Redis.from_url(redis_url)
-    busy = "local t0 = redis.call('TIME') repeat local t = redis.call('TIME') " \
-           "until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > 700000 return 1"
     try:
         assert (await limiter.acquire([LEASE], "streamed")).allowed
         assert (await limiter.acquire([LEASE], "unsent")).allowed
-        blocking = asyncio.ensure_future(client.eval(busy, 0))
-        await asyncio.sleep(0.1)
+        blocking = await _stalled(client, 700_000)
         with pytest.raises(LimiterUnavailable):  # it may still run when Redis is free again
             await limiter.finish([LEASE], "streamed", None)
         limiter.finish_later([LEASE], "unsent", None)  # the store's probe said away: never sent but for the retry
         await blocking
-        for _ in range(100):
-            if await client.zcard("unsettled:rl:key:k:concurrent") == 0:
-                break
-            await asyncio.sleep(0.05)
+        await _emptied(client, "unsettled:rl:key:k:concurrent", within_s=5)
         assert await client.zcard("unsettled:rl:key:k:concurrent") == 0
         assert not limiter._unsettled
     finally:

@@ -187,9 +187,12 @@ class RedisLimiter:
         if len(groups) == 1:
             try:
                 return await self._acquire_group(checks, request_id)
-            except (RedisError, OSError, LimiterUnavailable) as exc:
+            except LimiterUnavailable:
                 self._keep(checks, request_id, "undo")
-                raise exc if isinstance(exc, LimiterUnavailable) else LimiterUnavailable(str(exc)) from exc
+                raise
+            except (RedisError, OSError) as exc:
+                self._keep(checks, request_id, "undo")
+                raise LimiterUnavailable(str(exc)) from exc
         found = await asyncio.gather(*(self._acquire_group(g, request_id) for g in groups), return_exceptions=True)
         failed = next((r for r in found if isinstance(r, BaseException)), None)
         refused = [r for r in found if isinstance(r, Decision) and not r.allowed]
