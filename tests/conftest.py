@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -140,6 +141,30 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: floa
     raise RuntimeError(f"not ready in time:\n{log.read_text()[-3000:]}")
 
 
+def _json_line(line: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(line)
+    except ValueError:  # not a log record, or one still being written
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def wait_every_worker(log: Path, timeout: float = 20.0) -> None:
+    """A supervisor is ready when each of its workers listens, not when the first answers: a
+    worker still starting misses a SIGHUP sent then (it starts from the newer config instead)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = [_json_line(line) for line in log.read_text().splitlines()]
+        counts = [line["workers"] for line in lines if line.get("event") == "modelgate supervising workers"]
+        if not counts:
+            return  # one process, already answering
+        listening = {line["pid"] for line in lines if str(line.get("event")).startswith("modelgate listening on")}
+        if len(listening) >= counts[0]:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"not every worker listens in time:\n{log.read_text()[-3000:]}")
+
+
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Callable[..., Process]]:
     """Start `modelgate` processes (gateways or simulators); all are stopped at the end."""
@@ -164,6 +189,8 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Process]]:
         process = Process(url, proc, log)
         started.append(process)
         wait_ready(url + ready_path, proc, log)
+        if kind == "gateway":
+            wait_every_worker(log)
         return process
 
     yield run
