@@ -1,9 +1,14 @@
 """State: the memory store (expiry, and a bound so a long-running gateway cannot grow without end), and
-the gathering of Redis script calls (each caller hears its own call's answer)."""
+the gathering of Redis script calls (each caller hears its own call's answer), and commands packed
+to the bytes redis-py itself would send."""
 
 from __future__ import annotations
 
 import asyncio
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proxy.state.memory import MemoryStore
 
@@ -137,3 +142,43 @@ async def test_a_large_write_goes_alone_and_holds_up_no_other_call() -> None:
     found = await asyncio.gather(calls.command("GET", "a"), calls.script(Script(), ["blob"], [b"x" * 10], alone=True),
                                  calls.command("GET", "b"))
     assert found == [b"a", "stored", b"b"] and Client.alone == [b"x" * 10]
+
+
+_ARGUMENT = st.one_of(st.text(), st.binary(), st.integers(min_value=-(2**63), max_value=2**63 - 1),
+                      st.floats(allow_nan=False, allow_infinity=False), st.binary().map(memoryview))
+
+
+@given(st.sampled_from(["SET", "EVALSHA", "CONFIG GET", b"CLIENT SETNAME", b"GET"]), st.lists(_ARGUMENT, max_size=24))
+def test_commands_are_packed_to_the_very_bytes_redis_py_packs(command: str | bytes, args: list[object]) -> None:
+    from redis.asyncio.connection import Connection
+
+    from proxy.state.packing import packing_with_hiredis
+
+    reference, packing = Connection(), packing_with_hiredis(Connection)()
+    expected = b"".join(bytes(piece) for piece in reference.pack_command(command, *args))
+    assert b"".join(packing.pack_command(command, *args)) == expected
+
+
+def test_what_redis_py_refuses_to_pack_is_refused_alike_before_anything_is_sent() -> None:
+    from redis.asyncio.connection import Connection
+    from redis.exceptions import DataError
+
+    from proxy.state.packing import packing_with_hiredis
+
+    reference, packing = Connection(), packing_with_hiredis(Connection)()
+    for bad in (None, True, ["a"], {"a": 1}):
+        with pytest.raises(DataError):
+            reference.pack_command("SET", "k", bad)
+        with pytest.raises(DataError):
+            packing.pack_command("SET", "k", bad)
+
+
+def test_every_topology_s_connections_pack_with_hiredis() -> None:
+    from proxy.state.connect import connect
+    from proxy.state.packing import HiredisPacking
+
+    for url in ("redis://127.0.0.1:6379/0", "rediss://127.0.0.1:6379/0", "unix:///tmp/redis.sock",
+                "redis+sentinel://127.0.0.1:26379/primary/0", "rediss+sentinel://127.0.0.1:26379/primary/0"):
+        assert issubclass(connect(url).connection_pool.connection_class, HiredisPacking), url
+    for url in ("redis+cluster://127.0.0.1:7000", "rediss+cluster://127.0.0.1:7000"):
+        assert issubclass(connect(url).connection_kwargs["connection_class"], HiredisPacking), url

@@ -144,6 +144,8 @@ _POOL_SLACK = 32
 def connect(url: str, **options: Any) -> RedisClient:
     """A client for the topology `url` names. `options` are redis-py's connection options
     (socket_timeout, decode_responses, ...), applied to every data node."""
+    from proxy.state.packing import packing_with_hiredis
+
     topology = parse(url)
     options["max_connections"] = MAX_IN_FLIGHT + _POOL_SLACK
     # redis-py's cluster client retries a timed-out command whatever its Retry names: there, none.
@@ -172,6 +174,12 @@ def connect(url: str, **options: Any) -> RedisClient:
         client = sentinel.master_for(topology.master, redis_class=classes.single, db=topology.db, ssl=topology.tls,
                                      username=topology.username, password=topology.password, **options)
         client.sentinels = sentinel.sentinels
+    if topology.mode is Mode.CLUSTER:  # the kwargs each node's connections are made with, found or yet to be
+        made_with = client.connection_kwargs
+        made_with["connection_class"] = packing_with_hiredis(made_with["connection_class"])
+    else:
+        pool = client.connection_pool
+        pool.connection_class = packing_with_hiredis(pool.connection_class)
     client.gate = asyncio.Semaphore(MAX_IN_FLIGHT)
     return client
 

@@ -1,0 +1,39 @@
+"""Commands packed for the wire by hiredis, in C, rather than by redis-py's Python.
+
+redis-py's asyncio connections encode each argument and join the pieces in Python: with the
+limiter's twenty-odd arguments, about a tenth of the client's CPU for a script call (measured on
+one core here: 116 us a call, 103 us packed by hiredis). hiredis (a dependency already: it parses
+the answers) packs the same bytes; a test holds the two to that, argument type by argument type. Types neither takes (None, a bool, a list) are refused
+with redis-py's own DataError, before anything is sent.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import hiredis
+from redis.exceptions import DataError
+
+
+class HiredisPacking:
+    """A mixin for a redis-py asyncio connection class: commands packed by hiredis."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        first = args[0]
+        if isinstance(first, str):  # 'CONFIG GET' is two words on the wire, as redis-py sends it
+            args = (*first.encode().split(), *args[1:])
+        elif b" " in first:
+            args = (*first.split(), *args[1:])
+        try:
+            return [hiredis.pack_command(args)]
+        except TypeError as exc:
+            raise DataError(str(exc)) from None
+
+
+@functools.cache
+def packing_with_hiredis(connection_class: type) -> type:
+    """`connection_class` (redis-py's plain, TLS, unix-socket, Sentinel-managed...) packing with hiredis."""
+    if issubclass(connection_class, HiredisPacking):
+        return connection_class
+    return type(f"Hiredis{connection_class.__name__}", (HiredisPacking, connection_class), {})
