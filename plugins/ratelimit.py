@@ -211,8 +211,8 @@ class RateLimit(Plugin):
             return ip
         hops = [h.strip() for v in ex.request.headers.getall("X-Forwarded-For", ()) for h in v.split(",")]
         for hop in reversed(hops):
-            if hop and not _in(hop, self.proxies):
-                return hop
+            if not _in(hop, self.proxies):
+                return _address(hop) or ip  # a hop that is no address (junk a client sent) counts as the proxy
         return ip
 
     def _unavailable(self, ex: Exchange, exc: Exception) -> web.StreamResponse | None:
@@ -261,6 +261,14 @@ def _tokens_spent(ex: Exchange, reserved: int) -> int:
     if ex.outcome.upstream_headers_at is None:
         return 0  # the upstream never answered: nothing was spent
     return reserved  # an answer without a reported usage keeps its reservation
+
+
+def _address(hop: str) -> str | None:
+    """A hop as the address it names, written the one way (so '::1' and '0::1' are one subject), or None."""
+    try:
+        return str(ipaddress.ip_address(hop))
+    except ValueError:
+        return None
 
 
 def _in(address: str, networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> bool:

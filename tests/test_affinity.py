@@ -114,3 +114,20 @@ async def test_memory_state_pins_within_one_gateway(start_gateway, http):  # noq
             data = await answer.json()
         previous = data["id"]
         assert data["output"][0]["content"][0]["text"].startswith(f"Turn {turn}:")
+
+
+async def test_an_id_longer_than_any_handed_out_is_not_found_without_a_lookup(start_gateway, http) -> None:  # noqa: ANN001
+    """Ids over 512 characters are never handed out: following one is the format's 404 at once,
+    not a key of megabytes sent to the state store."""
+    from proxy.request.affinity import Affinity
+    from proxy.wire.routes import Pin
+
+    class Untouchable:
+        async def get(self, key: str) -> str | None:
+            raise AssertionError("looked up")
+
+    assert await Affinity(Untouchable(), 60)._record_of(Pin.RESPONSE, "r" * 513, "request") is None  # type: ignore[arg-type]
+    gateway = await start_gateway()
+    async with http.post(gateway.url + "/v1/responses", headers=BEARER,
+                         json={"model": "respmodel-4o", "input": "x", "previous_response_id": "resp_" + "r" * 100_000}) as answer:
+        assert answer.status == 404 and (await answer.json())["error"]["code"] == "previous_response_not_found"

@@ -136,6 +136,42 @@ async def test_per_model_route_and_ip_limits(start_gateway, http):  # noqa: ANN0
         assert got == expected
 
 
+async def test_a_forwarded_hop_that_is_no_address_counts_as_its_proxy_and_fails_no_one_else(start_gateway, http):  # noqa: ANN001
+    """Behind a trusted proxy that passes X-Forwarded-For on as sent, a hop of junk bytes (one
+    UTF-8 cannot even hold, as aiohttp hands it over) is no client to count: the request counts
+    as its proxy's. Made while other keys' checks share its round trip to Redis, it fails none."""
+    from tests.conftest import _emptied_test_database
+    from tests.raw_http import send_raw
+
+    gw = await start_gateway(config("{concurrent: 3}", state=f'state: {{backend: redis, url: "{await _emptied_test_database()}"}}',
+                                    extra="plugins: {ratelimit: {per_ip: {login_2fa: {rpm: 1000}}, fail: closed,"
+                                          " trusted_proxies: ['127.0.0.1/32']}}"))
+    junk = b"POST /api/user/login/2fa HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n" \
+           b"X-Forwarded-For: \xff\xfe, 1.2.3.4x"
+
+    async def keyed() -> int:
+        async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers=MSG) as answer:
+            await answer.read()
+            return answer.status
+
+    found = await asyncio.gather(*(send_raw(gw.url, junk, b"{}") for _ in range(20)), *(keyed() for _ in range(3)))
+    assert {a.status for a in found[:20]} <= {200, 502} and found[20:] == [200, 200, 200]
+    assert [await keyed() for _ in range(4)] == [200] * 4  # and no lease was left behind
+    client = redis_client()
+    try:
+        assert await client.zcard("modelgate:rl:ip:login_2fa:127.0.0.1:rpm") == 20
+    finally:
+        await client.aclose()
+
+
+def redis_client():  # noqa: ANN201
+    import redis.asyncio as aioredis
+
+    from tests.conftest import REDIS_URL
+
+    return aioredis.Redis.from_url(REDIS_URL)
+
+
 async def test_the_sixth_concurrent_stream_is_refused_and_slots_free_again(start_gateway):  # noqa: ANN001
     gw = await start_gateway(config("{concurrent: 5}"))
     slow = {**MSG, "x-sim-chunk-delay-ms": "100", "x-sim-output-tokens": "30"}

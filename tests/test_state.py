@@ -159,7 +159,7 @@ def test_commands_are_packed_to_the_very_bytes_redis_py_packs(command: str | byt
     assert b"".join(packing.pack_command(command, *args)) == expected
 
 
-def test_what_redis_py_refuses_to_pack_is_refused_alike_before_anything_is_sent() -> None:
+def test_what_cannot_be_packed_is_refused_with_a_redis_error_before_anything_is_sent() -> None:
     from redis.asyncio.connection import Connection
     from redis.exceptions import DataError
 
@@ -171,6 +171,10 @@ def test_what_redis_py_refuses_to_pack_is_refused_alike_before_anything_is_sent(
             reference.pack_command("SET", "k", bad)
         with pytest.raises(DataError):
             packing.pack_command("SET", "k", bad)
+    with pytest.raises(UnicodeEncodeError):  # a header's undecodable byte, as aiohttp hands it over
+        reference.pack_command("GET", "ip:\udcff")
+    with pytest.raises(DataError):  # a RedisError, which every caller meets as Redis refusing
+        packing.pack_command("GET", "ip:\udcff")
 
 
 def test_every_topology_s_connections_pack_with_hiredis() -> None:
@@ -182,3 +186,23 @@ def test_every_topology_s_connections_pack_with_hiredis() -> None:
         assert issubclass(connect(url).connection_pool.connection_class, HiredisPacking), url
     for url in ("redis+cluster://127.0.0.1:7000", "rediss+cluster://127.0.0.1:7000"):
         assert issubclass(connect(url).connection_kwargs["connection_class"], HiredisPacking), url
+
+
+async def test_a_call_that_cannot_be_packed_fails_alone_though_it_was_gathered_with_others(redis_url: str) -> None:
+    """A string UTF-8 cannot hold fails its pipeline before a byte is sent: the calls gathered
+    with it are then sent each on its own, and only the bad one hears of it."""
+    from redis.exceptions import DataError
+
+    from proxy.state.shared import share, unshare
+
+    shared = share(redis_url)
+    try:
+        calls = shared.calls
+        await calls.command("SET", "gathered:good", "yes")
+        script = shared.client.register_script("return redis.call('INCR', KEYS[1])")
+        found = await asyncio.gather(calls.command("GET", "gathered:good"), calls.command("GET", "ip:\udcff"),
+                                     calls.script(script, ["gathered:count"], []), return_exceptions=True)
+        assert found[0] == b"yes" and isinstance(found[1], DataError) and found[2] == 1
+        assert await calls.command("GET", "gathered:count") == b"1", "the script ran once"
+    finally:
+        await unshare(shared)

@@ -132,6 +132,31 @@ async def test_a_check_answered_too_late_is_given_back_once_it_has_run(redis_url
         await client.aclose()
 
 
+async def test_a_check_whose_client_went_away_is_given_back_once_it_has_run(redis_url: str) -> None:
+    """A client that leaves while its check waits on Redis cancels the check, not what Redis does
+    with it: the lease it takes then is given back, not held 30 minutes."""
+    import redis.asyncio as aioredis
+
+    limiter = RedisLimiter(redis_url, "gone:")
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await limiter.acquire([LEASE], "warm")
+        await limiter.finish([LEASE], "warm", None)
+        blocking = await _stalled(client, 400_000)
+        check = asyncio.ensure_future(limiter.acquire([LEASE, KEY], "gone"))
+        await asyncio.sleep(0.1)
+        check.cancel()  # as aiohttp cancels the handler of a client that closed its connection
+        with pytest.raises(asyncio.CancelledError):
+            await check
+        await blocking
+        await _emptied(client, "gone:rl:key:k:concurrent", within_s=3)
+        assert await client.zcard("gone:rl:key:k:concurrent") == 0
+        assert await client.zcard("gone:rl:key:k:rpm") == 0
+    finally:
+        await limiter.close()
+        await client.aclose()
+
+
 async def test_a_give_back_that_reaches_redis_first_stops_the_check_that_comes_later(redis_url: str) -> None:
     """Connections do not keep each other's order: a give-back may run before the check it gives
     back. Its mark makes that check take nothing."""

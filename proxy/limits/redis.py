@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis.crc import key_slot
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import DataError, RedisError, ResponseError
 
 from proxy.limits import LEASE_TTL_S, Check, Decision, Kind, LimiterUnavailable
 from proxy.state.connect import Mode, mode_of
@@ -180,20 +180,26 @@ class RedisLimiter:
         self._finish = self._shared.client.register_script(FINISH)
 
     async def acquire(self, checks: list[Check], request_id: str) -> Decision:
-        """A check that fails or times out may still have run (or run later): it is given back
-        (kept and tried every second until Redis takes it), so a request the fail mode served or
-        refused never holds a lease."""
+        """A check that fails, times out or is cancelled (its client went away) may still have
+        run, or run later: it is given back (kept and tried every second until Redis takes it),
+        so a request the fail mode served or refused, or that nobody waits for, never holds a lease."""
         groups = self._groups(checks)
         if len(groups) == 1:
             try:
                 return await self._acquire_group(checks, request_id)
-            except LimiterUnavailable:
+            except (LimiterUnavailable, asyncio.CancelledError):  # cancelled: the caller went away, the check may run
                 self._keep(checks, request_id, "undo")
                 raise
             except (RedisError, OSError) as exc:
                 self._keep(checks, request_id, "undo")
                 raise LimiterUnavailable(str(exc)) from exc
-        found = await asyncio.gather(*(self._acquire_group(g, request_id) for g in groups), return_exceptions=True)
+        try:
+            found = await asyncio.gather(*(self._acquire_group(g, request_id) for g in groups),
+                                         return_exceptions=True)
+        except asyncio.CancelledError:
+            for group in groups:
+                self._keep(group, request_id, "undo")
+            raise
         failed = next((r for r in found if isinstance(r, BaseException)), None)
         refused = [r for r in found if isinstance(r, Decision) and not r.allowed]
         if failed is not None or refused:
@@ -263,7 +269,7 @@ class RedisLimiter:
             place, (checks, spent) = next(iter(self._unsettled.items()))
             try:
                 await self._settle(list(checks), place[0], spent)
-            except ResponseError as exc:  # Redis refused it (not away): trying again would not help
+            except (ResponseError, DataError) as exc:  # refused by Redis or unsendable: trying again would not help
                 log.warning("a settlement Redis refused is left to lapse: %s", exc)
             except (RedisError, OSError, LimiterUnavailable):
                 self._unsettled.move_to_end(place)

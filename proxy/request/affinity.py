@@ -110,6 +110,8 @@ class Affinity:
     async def _record_of(self, pin: Pin, ref: str, request_id: str) -> PinRecord | None:
         """What was recorded of `ref`; raises StateUnavailable when the store cannot answer
         (nobody may then say who owns the id)."""
+        if len(ref) > _MAX_ID_LENGTH:  # never handed out (remember refuses them): not worth a look
+            return None
         key = _key(pin, ref)
         if (held := self._pending.get(key)) is not None:  # made here during an outage, not yet written
             return _record(held[0])

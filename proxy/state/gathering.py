@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError, NoScriptError
+from redis.exceptions import ConnectionError, DataError, NoScriptError
 
 
 @dataclass(slots=True)
@@ -85,6 +85,13 @@ class Gatherer:
                 return
             try:
                 answers = await self._pipeline(calls)
+            except DataError:
+                # A call that cannot be packed (a string UTF-8 cannot hold, say) fails its pipeline
+                # before a byte is sent: each call then goes alone, so only that one hears of it.
+                alone = await asyncio.gather(*(self._alone(c) for c in calls), return_exceptions=True)
+                for call, result in zip(calls, alone):
+                    _settle(call.answer, result)
+                return
             except ConnectionError as exc:
                 # Those that may run twice are sent once more (a connection found dead after a
                 # restart); a script may have run, and its caller hears of the failure.
@@ -135,7 +142,7 @@ class Gatherer:
 def _settle(answer: asyncio.Future[Any], result: Any) -> None:
     if answer.done():  # its caller went away meanwhile
         return
-    if isinstance(result, Exception):
-        answer.set_exception(result)
+    if isinstance(result, BaseException):
+        answer.set_exception(result if isinstance(result, Exception) else ConnectionError("cancelled"))
     else:
         answer.set_result(result)
