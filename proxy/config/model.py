@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from proxy.config.prices import PriceConfig
 from proxy.formats import FORMAT_NAMES
 from proxy.state import connect as topology
 from proxy.wire.routes import CHAT_ROUTES, ROUTE_NAMES
@@ -343,6 +344,7 @@ class GatewayConfig(Strict):
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
     observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig)
     resilience: ResilienceConfig = Field(default_factory=ResilienceConfig)
+    prices: list[PriceConfig] = Field(default_factory=list)  # proxy/config/prices.py
 
     @field_validator("routes")
     @classmethod

@@ -50,16 +50,25 @@ _DESCRIBED = {
 
 @dataclass(slots=True)
 class Usage:
-    """Token counts an upstream reported; None where it has not said yet."""
+    """Token counts an upstream reported; None where it has not said yet. In every format's
+    words alike: `input_tokens` counts the whole prompt, the `cached_input_tokens` read from a
+    cache among them; `output_tokens` counts all that was generated, the `reasoning_tokens`
+    (thinking) among them."""
 
     input_tokens: int | None = None
     output_tokens: int | None = None
+    cached_input_tokens: int | None = None
+    reasoning_tokens: int | None = None
 
     def update(self, other: Usage) -> None:
         if other.input_tokens is not None:
             self.input_tokens = other.input_tokens
         if other.output_tokens is not None:
             self.output_tokens = other.output_tokens
+        if other.cached_input_tokens is not None:
+            self.cached_input_tokens = other.cached_input_tokens
+        if other.reasoning_tokens is not None:
+            self.reasoning_tokens = other.reasoning_tokens
 
     @property
     def known(self) -> bool:
@@ -224,7 +233,9 @@ class Format:
         usage = body.get("usage") if isinstance(body, dict) else None
         if not isinstance(usage, dict):
             return None
-        return Usage(token_count(usage, "input_tokens"), token_count(usage, "output_tokens"))
+        return Usage(token_count(usage, "input_tokens"), token_count(usage, "output_tokens"),
+                     token_count(usage.get("input_tokens_details"), "cached_tokens"),
+                     token_count(usage.get("output_tokens_details"), "reasoning_tokens"))
 
     def usage_from_event(self, event: SSEEvent) -> Usage | None:
         return None

@@ -77,9 +77,23 @@ class MessageFormat(Format):
                 delta = data.get("delta")
                 usage = delta.get("usage") if isinstance(delta, dict) else None
             if isinstance(usage, dict):
-                return Usage(token_count(usage, "input_tokens"), token_count(usage, "output_tokens"))
+                return _usage(usage)
         return None
+
+    def usage_from_body(self, body: Any) -> Usage | None:
+        usage = body.get("usage") if isinstance(body, dict) else None
+        return _usage(usage) if isinstance(usage, dict) else None
 
     def stream_error(self, status: int, message: str, code: str | None = None) -> bytes:
         payload = {"type": "error", **self.error_payload(status, message, code)}
         return b"event: error\ndata: " + jsonutil.dumps(payload) + b"\n\n"
+
+
+def _usage(usage: dict[str, Any]) -> Usage:
+    """This format counts the prompt's cached parts beside `input_tokens`, not among them: the
+    gateway's Usage counts the whole prompt, what was read from the cache among it."""
+    fresh = token_count(usage, "input_tokens")
+    read = token_count(usage, "cache_read_input_tokens")
+    written = token_count(usage, "cache_creation_input_tokens")
+    whole = None if fresh is None else fresh + (read or 0) + (written or 0)
+    return Usage(whole, token_count(usage, "output_tokens"), read)
