@@ -43,6 +43,7 @@ async def messages(sim: Simulator, request: web.Request) -> web.StreamResponse:
     usage = {"input_tokens": input_tokens, "output_tokens": knobs.output_tokens,
              "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
     if not body.get("stream"):
+        sim.report(input_tokens, knobs.output_tokens)
         return json_answer({"id": message_id, "type": "message", "role": "assistant", "model": model,
                             "content": blocks, "stop_reason": stop_reason, "stop_sequence": None,
                             "usage": usage}, request)
@@ -65,6 +66,7 @@ async def messages(sim: Simulator, request: web.Request) -> web.StreamResponse:
                                                   {"type": "input_json_delta", "partial_json": jsonutil.dumps(block["input"]).decode()}})
             yield sse("content_block_stop", {"type": "content_block_stop", "index": index})
         final = {"input_tokens": input_tokens, "output_tokens": knobs.output_tokens}
+        sim.report(input_tokens, knobs.output_tokens)
         yield sse("message_delta", {"type": "message_delta",
                                     "delta": {"stop_reason": stop_reason, "stop_sequence": None, "usage": final},
                                     "usage": final})
@@ -117,9 +119,11 @@ async def generate_content(sim: Simulator, request: web.Request) -> web.StreamRe
 async def _content_answer(sim: Simulator, request: web.Request, knobs: Any, streaming: bool, chunks: list[list[dict[str, Any]]],
                     model: str, response_id: str, prompt_tokens: int, output_tokens: int,
                     modality: str) -> web.StreamResponse:
-    def chunk(index: int, parts: list[dict[str, Any]]) -> dict[str, Any]:
-        last = index == len(chunks) - 1
+    def chunk(index: int, parts: list[dict[str, Any]], final: bool = False) -> dict[str, Any]:
+        last = final or index == len(chunks) - 1
         produced = output_tokens if last else min(output_tokens, index + 1)
+        if last:
+            sim.report(prompt_tokens, produced)
         candidate: dict[str, Any] = {"content": {"parts": parts, "role": "model"}, "index": 0}
         if last:
             candidate["finishReason"] = "STOP"
@@ -131,8 +135,7 @@ async def _content_answer(sim: Simulator, request: web.Request, knobs: Any, stre
                 "modelVersion": model, "responseId": response_id}
 
     if not streaming:
-        return json_answer(chunk(0, [p for parts in chunks for p in parts]) if len(chunks) > 1
-                           else chunk(0, chunks[0]), request)
+        return json_answer(chunk(0, [p for parts in chunks for p in parts], final=True), request)
     if request.query.get("alt") != "sse":
         return json_answer([chunk(i, parts) for i, parts in enumerate(chunks)], request)
     # The real upstream frames these with CRLF; so does the simulator.
@@ -195,6 +198,7 @@ async def responses(sim: Simulator, request: web.Request) -> web.StreamResponse:
     if body.get("background") is True and not body.get("stream"):
         return json_answer({**final, "status": "queued", "output": [], "usage": None}, request)
     if not body.get("stream"):
+        sim.report(input_tokens, knobs.output_tokens)
         return json_answer(final, request)
 
     def events():  # noqa: ANN202
@@ -221,6 +225,7 @@ async def responses(sim: Simulator, request: web.Request) -> web.StreamResponse:
             yield event("response.content_part.done", item_id=item_id, output_index=0, content_index=0,
                         part={**part, "text": text})
             yield event("response.output_item.done", output_index=0, item=message)
+        sim.report(input_tokens, knobs.output_tokens)
         yield event("response.completed", response=final)
 
     return await stream(sim, request, knobs, events())

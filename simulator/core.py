@@ -111,6 +111,9 @@ class Simulator:
         self.open_streams = 0
         self.streams_started = 0
         self.aborted = 0
+        # Token usage this upstream reported in full (a stream's counts once its last event is made),
+        # and the answers that carried it: what a ledger of the gateway's must add up to.
+        self.reported = {"answers": 0, "input_tokens": 0, "output_tokens": 0}
         self.events_sent: Counter[str] = Counter()        # by the caller's X-Request-Id
         self.stream_digests: dict[str, str] = {}          # sha256 of the exact bytes streamed
         self.responses: dict[str, dict[str, Any]] = {}
@@ -175,9 +178,15 @@ class Simulator:
         if presented != self.key:
             raise Answer(fmt.error_response(401, "simulated upstream: invalid or missing API key"))
 
+    def report(self, input_tokens: int, output_tokens: int) -> None:
+        """An answer's final usage is made (its body, or a stream's last usage event)."""
+        self.reported["answers"] += 1
+        self.reported["input_tokens"] += input_tokens
+        self.reported["output_tokens"] += output_tokens
+
     def stats(self) -> dict[str, Any]:
         return {"name": self.name, "requests": len(self.requests), "open_streams": self.open_streams,
-                "streams_started": self.streams_started, "aborted": self.aborted,
+                "streams_started": self.streams_started, "aborted": self.aborted, "reported": dict(self.reported),
                 "status_calls": dict(self.status_calls)}
 
 

@@ -1,0 +1,146 @@
+"""The usage ledger: one record per request (who, what, the upstream's token counts, images,
+video seconds, what it cost by the price table) written durably to PostgreSQL.
+
+    plugins:
+      ledger:
+        database_url: postgresql://modelgate@db/modelgate   # ${LEDGER_DATABASE_URL} works too
+        spool_dir: /var/lib/modelgate/ledger-spool          # on a volume that outlives the process
+
+Off until `database_url` is set. The gateway creates and migrates its tables
+(plugins/ledger/schema.py). Records are written in batches off the request path
+(plugins/ledger/writer.py); while PostgreSQL is slow or away they wait in a bounded spool (a
+Redis stream when the state is in Redis, and a local file) and are written once it answers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from proxy.config import GatewayConfig
+from proxy.plugin import Joins, Plugin
+from proxy.policy.prices import ImageMade, PriceTable
+from proxy.request.exchange import Exchange, UpstreamResponse
+from proxy.wire.sse import SSEEvent
+
+if TYPE_CHECKING:
+    from plugins.ledger.writer import LedgerWriter
+
+_EVENTS = "ledger.events"
+_IMAGES = "ledger.images"
+_VIDEO_CREATES = frozenset({"video_generations", "videos"})
+_RECORD_BYTES = 400  # a record as the spools hold it, about: what spool_max_mb is counted in on Redis
+
+
+class LedgerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    database_url: str | None = Field(default=None, repr=False)  # holds a password, often
+    batch_size: int = Field(default=1000, ge=1, le=100_000)
+    flush_interval_s: float = Field(default=1.0, gt=0, le=60)
+    write_timeout_s: float = Field(default=10.0, gt=0)
+    spool_dir: str = "ledger-spool"
+    spool_max_mb: float = Field(default=1024, gt=0)
+    redis_spool: bool = True  # with state in Redis, spool there first (any instance drains it)
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("a PostgreSQL URL: postgresql://user:password@host:5432/database")
+        return value
+
+
+class Ledger(Plugin):
+    name = "ledger"
+    Settings = LedgerSettings
+    joins = Joins(keyed=True, endpoint=True)  # the spec's endpoints a key pays for
+    order = 900  # after every plugin that shapes the answer
+    before_owner_check = False
+    reads_answers = False  # it counts the images of answers read whole anyway; never holds a stream
+
+    def configure(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.prices = PriceTable(config.prices)
+        self.writer: LedgerWriter | None = None
+
+    async def start(self) -> None:
+        settings: LedgerSettings = self.settings
+        if settings.database_url is None:
+            return
+        slot = f"ledger:{settings.database_url}:{settings.spool_dir}"
+        if slot not in self.resources:  # one writer for the gateway's life; a reload keeps it
+            self.resources[slot] = await _writer(self.config, settings)
+        self.writer = self.resources[slot]
+
+    def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
+        if self.writer is not None:
+            ex.plugin_state[_EVENTS] = ex.plugin_state.get(_EVENTS, 0) + 1
+        return event
+
+    async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
+        if self.writer is None or upstream.status >= 400 or ex.format.name != "images" or not upstream.is_json:
+            return
+        answer, asked = upstream.json(), ex.json()
+        data = answer.get("data") if isinstance(answer, dict) else None
+        if isinstance(data, list):
+            size, quality = _said(answer, asked, "size"), _said(answer, asked, "quality")
+            ex.plugin_state[_IMAGES] = [ImageMade(size, quality) for _ in data]
+
+    async def on_complete(self, ex: Exchange) -> None:
+        if self.writer is None:
+            return
+        import time
+
+        from plugins.ledger.record import record_of
+
+        images = ex.plugin_state.get(_IMAGES, [])
+        self.writer.submit(record_of(ex, self.prices, images, _video_seconds(ex), ex.plugin_state.get(_EVENTS, 0),
+                                     time.perf_counter()))
+
+
+async def _writer(config: GatewayConfig, settings: LedgerSettings) -> LedgerWriter:
+    from plugins.ledger.spool import FileSpool, RedisSpool
+    from plugins.ledger.writer import LedgerWriter
+
+    spools: list[Any] = []
+    if settings.redis_spool and config.state.backend == "redis":
+        from proxy.state.shared import share
+
+        batches = max(1, int(settings.spool_max_mb * 1024 * 1024 / (settings.batch_size * _RECORD_BYTES)))
+        spools.append(RedisSpool(share(config.state.url), config.state.prefix + "ledger:spool", batches))
+    spools.append(FileSpool(Path(settings.spool_dir), int(settings.spool_max_mb * 1024 * 1024)))
+    assert settings.database_url is not None
+    writer = LedgerWriter(settings.database_url, settings.batch_size, settings.flush_interval_s, spools,
+                          settings.write_timeout_s)
+    await writer.start()
+    return writer
+
+
+def _said(answer: dict[str, Any], asked: Any, field: str) -> str | None:
+    """A size or quality as the answer names it, else as the request asked for it."""
+    for source in (answer, asked):
+        value = source.get(field) if isinstance(source, dict) else None
+        if isinstance(value, str) and len(value) <= 32:
+            return value
+    return None
+
+
+def _video_seconds(ex: Exchange) -> float:
+    """A video task made: the seconds it asked for (`durationSeconds`, or the video SDK's `seconds`)."""
+    if ex.route.name not in _VIDEO_CREATES or not 200 <= ex.outcome.status < 300:
+        return 0.0
+    body = ex.json()
+    if not isinstance(body, dict):
+        return 0.0
+    for field in ("durationSeconds", "seconds"):
+        value = body.get(field)
+        try:
+            seconds = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else 0.0
+        except ValueError:
+            continue
+        if 0 < seconds <= 3600:
+            return seconds
+    return 0.0

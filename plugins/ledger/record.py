@@ -1,0 +1,97 @@
+"""One usage record per request: what it was, who made it, what the upstream reported, what it cost.
+
+Token figures are the upstream's own counts. Where a stream ended before the upstream said
+them (the client left, the upstream broke off), the missing figures are estimated and the
+record says so: the prompt from the request's size, the output from the events streamed (an
+upstream sends about one token an event).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import astuple, dataclass, fields
+from datetime import datetime, timezone
+from typing import Any
+
+from proxy.formats import Usage
+from proxy.policy.prices import ImageMade, PriceTable
+from proxy.request.exchange import Exchange
+
+_BYTES_A_TOKEN = 4  # a prompt's estimate: about four bytes of JSON a token
+
+
+@dataclass(slots=True)
+class UsageRecord:
+    request_id: str                 # the gateway's id for the request: unique, what makes a write idempotent
+    at: datetime                    # when the request arrived (UTC)
+    client_request_id: str | None   # the id the client sent, if it sent one
+    key_name: str | None
+    tenant: str | None
+    route: str
+    model: str | None
+    upstream_model: str | None
+    channel: str | None
+    status: int
+    input_tokens: int | None
+    cached_input_tokens: int | None
+    output_tokens: int | None
+    reasoning_tokens: int | None
+    images: int
+    video_seconds: float
+    cost: float
+    priced: bool
+    duration_ms: float
+    client_aborted: bool
+    estimated: bool
+
+    def row(self) -> tuple[Any, ...]:
+        return astuple(self)
+
+    def to_json(self) -> dict[str, Any]:
+        found = {f.name: getattr(self, f.name) for f in fields(self)}
+        found["at"] = self.at.isoformat()
+        return found
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> UsageRecord:
+        return cls(**{**data, "at": datetime.fromisoformat(data["at"])})
+
+
+COLUMNS = tuple(f.name for f in fields(UsageRecord))
+
+
+def record_of(ex: Exchange, prices: PriceTable, images: list[ImageMade], video_seconds: float,
+              events: int, now: float) -> UsageRecord:
+    """The record of a finished exchange (`events`: how many stream events reached the client)."""
+    usage, estimated = _usage_or_estimate(ex, events)
+    charge = prices.charge(ex.model, usage, images, video_seconds)
+    duration_s = now - ex.started
+    return UsageRecord(
+        request_id=ex.gateway_id, at=_arrived(duration_s),
+        client_request_id=ex.request_id if ex.request_id != ex.gateway_id else None,
+        key_name=ex.key_name, tenant=ex.tenant, route=ex.route.name, model=ex.model,
+        upstream_model=ex.upstream_model, channel=ex.channel.name if ex.channel is not None else None,
+        status=ex.outcome.status, input_tokens=usage.input_tokens, cached_input_tokens=usage.cached_input_tokens,
+        output_tokens=usage.output_tokens, reasoning_tokens=usage.reasoning_tokens, images=len(images),
+        video_seconds=video_seconds, cost=charge.cost, priced=charge.priced, duration_ms=round(duration_s * 1000, 3),
+        client_aborted=ex.outcome.client_aborted, estimated=estimated)
+
+
+def _arrived(duration_s: float) -> datetime:
+    return datetime.fromtimestamp(datetime.now(timezone.utc).timestamp() - duration_s, timezone.utc)
+
+
+def _usage_or_estimate(ex: Exchange, events: int) -> tuple[Usage, bool]:
+    """The upstream's usage; for a stream cut short before it said all of it, the rest estimated.
+    (A stream's first events may carry a placeholder output count, 1 say: a count below the
+    events streamed is one the upstream never finished.)"""
+    usage = ex.usage
+    cut_short = ex.outcome.streamed and (ex.outcome.client_aborted or ex.outcome.error is not None)
+    if not ex.format.reports_usage or not cut_short:
+        return usage, False
+    estimate = Usage(usage.input_tokens, usage.output_tokens, usage.cached_input_tokens, usage.reasoning_tokens)
+    if estimate.input_tokens is None:
+        estimate.input_tokens = math.ceil(len(ex.body or b"") / _BYTES_A_TOKEN)
+    if estimate.output_tokens is None or estimate.output_tokens < events:
+        estimate.output_tokens = events
+    return estimate, estimate != usage

@@ -1,0 +1,197 @@
+"""Writing usage records to PostgreSQL off the request path: batched, COPY, idempotent.
+
+A request only appends its record to a list (`submit`). One task takes what has gathered, at
+most `batch_size` at a time and at least every `flush_interval_s`, and COPYs it into a
+temporary table whose rows are then inserted unless their request id is there already, in one
+transaction: a batch written twice (it reached PostgreSQL but the answer did not reach the
+gateway, or the spool handed it out again) is written once. A batch PostgreSQL does not take
+goes to the spool (plugins/ledger/spool.py), which the same task drains once PostgreSQL answers
+again. Closing writes what is left, or spools it.
+
+A record waits in this process's memory for at most `flush_interval_s` before it is written or
+spooled: a process killed without warning (SIGKILL, a lost machine) loses that much.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+
+from plugins.ledger.record import COLUMNS, UsageRecord
+from plugins.ledger.schema import SchemaTooNew, migrate
+
+log = logging.getLogger("modelgate.ledger")
+
+LEDGER_RECORDS = Counter("modelgate_ledger_records", "Usage records by where they went (written to PostgreSQL, "
+                         "spooled while it was away, dropped: the spool was full)", ["outcome"])
+LEDGER_WAITING = Gauge("modelgate_ledger_waiting_records", "Usage records not yet in PostgreSQL (in memory and "
+                       "in this process's spool file)", multiprocess_mode="livesum")
+
+_INSERT = (f"INSERT INTO usage_records ({', '.join(COLUMNS)}) SELECT {', '.join(COLUMNS)} FROM ledger_incoming "
+           "ON CONFLICT (request_id) DO NOTHING")
+_INCOMING = ("CREATE TEMP TABLE IF NOT EXISTS ledger_incoming (LIKE usage_records INCLUDING DEFAULTS) "
+             "ON COMMIT DELETE ROWS")
+_RETRY_S = 1.0
+
+
+class LedgerWriter:
+    def __init__(self, database_url: str, batch_size: int, flush_interval_s: float, spools: Sequence[Any],
+                 write_timeout_s: float = 10.0) -> None:
+        self.database_url = database_url
+        self.batch_size = batch_size
+        self.flush_interval_s = flush_interval_s
+        self.write_timeout_s = write_timeout_s
+        self.spools = list(spools)  # tried in order (a Redis stream, then the local file)
+        self._pending: list[UsageRecord] = []
+        self._wake = asyncio.Event()
+        self._pool: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._down_until = 0.0  # PostgreSQL failed: no write is tried before this (monotonic)
+        self._errors: tuple[type[BaseException], ...] = (OSError, TimeoutError, SchemaTooNew)  # PostgreSQL's away
+
+    def submit(self, record: UsageRecord) -> None:
+        """Take a record (on the request path: nothing but an append)."""
+        self._pending.append(record)
+        if len(self._pending) >= self.batch_size:
+            self._wake.set()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._pending)
+
+    async def start(self) -> None:
+        import asyncpg
+
+        self._errors = (OSError, TimeoutError, SchemaTooNew, asyncpg.PostgresError, asyncpg.InterfaceError)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="ledger writer")
+
+    async def close(self, deadline_s: float = 5.0) -> None:
+        """Write what is left (within `deadline_s`), spool the rest."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, deadline_s)
+            except (TimeoutError, asyncio.CancelledError):
+                pass
+        if self._pending:
+            await self._spool(self._take_all())
+        for spool in self.spools:
+            await _maybe_await(spool.close())
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            try:
+                await asyncio.wait_for(pool.close(), 2.0)
+            except (TimeoutError, OSError):
+                pool.terminate()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.flush_interval_s)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            while self._pending:
+                batch = self._pending[:self.batch_size]
+                del self._pending[:self.batch_size]
+                if not await self._write(batch):
+                    await self._spool(batch)
+            if not self._closing:  # a backlog waits for the next start, not for shutdown
+                await self._drain()
+            LEDGER_WAITING.set(len(self._pending))
+            if self._closing:
+                return
+
+    async def _write(self, batch: list[UsageRecord]) -> bool:
+        """COPY `batch` in, skipping request ids already there; False when PostgreSQL did not take it."""
+        if time.monotonic() < self._down_until:
+            return False
+        try:
+            pool = await self._connected()
+            async with pool.acquire() as connection, connection.transaction():
+                await connection.execute(_INCOMING)
+                await connection.copy_records_to_table("ledger_incoming", records=[r.row() for r in batch],
+                                                       columns=COLUMNS, timeout=self.write_timeout_s)
+                await connection.execute(_INSERT, timeout=self.write_timeout_s)
+        except self._errors as exc:
+            self._went_away(exc)
+            return False
+        LEDGER_RECORDS.labels("written").inc(len(batch))
+        return True
+
+    async def _connected(self) -> Any:
+        if self._pool is None:
+            import asyncpg
+
+            pool = await asyncpg.create_pool(self.database_url, min_size=1, max_size=2, timeout=self.write_timeout_s,
+                                             command_timeout=self.write_timeout_s)
+            try:
+                async with pool.acquire() as connection:
+                    await migrate(connection)
+            except BaseException:
+                pool.terminate()
+                raise
+            self._pool = pool
+            log.info("ledger: PostgreSQL answers; records are written")
+        return self._pool
+
+    def _went_away(self, exc: BaseException) -> None:
+        if self._down_until == 0.0 or time.monotonic() >= self._down_until:
+            log.warning("ledger: PostgreSQL did not take a batch (%s: %s); records are spooled until it does",
+                        type(exc).__name__, str(exc)[:200])
+        self._down_until = time.monotonic() + _RETRY_S
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.terminate()
+
+    async def _spool(self, batch: list[UsageRecord]) -> None:
+        for spool in self.spools:
+            stored = spool.put(batch)
+            if asyncio.iscoroutine(stored):
+                stored = await stored
+            if stored:
+                LEDGER_RECORDS.labels("spooled").inc(len(batch))
+                return
+        LEDGER_RECORDS.labels("dropped").inc(len(batch))
+        log.error("ledger: %d usage records dropped: PostgreSQL and every spool refused them", len(batch))
+
+    async def _drain(self) -> None:
+        """Write what the spools hold while PostgreSQL takes it (a few batches a turn, so new
+        records never wait long behind an old backlog)."""
+        for spool in self.spools:
+            for _ in range(4):
+                if time.monotonic() < self._down_until:
+                    return
+                try:
+                    taken = await _maybe_await(spool.take(self.batch_size))
+                except Exception as exc:  # a spool that cannot be read now is tried next turn
+                    log.warning("ledger: a spool could not be read: %s", type(exc).__name__)
+                    break
+                if taken is None:
+                    break
+                if taken.records and not await self._write(taken.records):
+                    put_back = getattr(spool, "put_back", None)
+                    if put_back is not None:
+                        put_back(taken)
+                    return
+                try:
+                    await _maybe_await(spool.done(taken))
+                except Exception as exc:
+                    log.warning("ledger: spooled records written but not removed (%s): they are written "
+                                "again, once", type(exc).__name__)
+                    break
+
+    def _take_all(self) -> list[UsageRecord]:
+        batch, self._pending = self._pending, []
+        return batch
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if asyncio.iscoroutine(value) else value

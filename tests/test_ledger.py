@@ -1,0 +1,194 @@
+"""The usage ledger: one row per answered request in PostgreSQL, with the upstream's own counts,
+priced by the table; written while PostgreSQL comes and goes, never twice."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.conftest import BEARER
+
+POSTGRES = os.environ.get("MODELGATE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+MSG = {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"}
+PRICES = """
+prices:
+  - {model: "msgmodel-*", input_per_mtok: 3, output_per_mtok: 15}
+  - {model: "respmodel-*", input_per_mtok: 2.5, cached_input_per_mtok: 1.25, output_per_mtok: 10}
+  - {model: "imagegen-*", per_image: 0.04, per_image_by: {"1024x1024/high": 0.17}}
+  - {model: "videogen-*", per_video_second: 0.5}
+"""
+
+
+@pytest.fixture
+async def ledger_db() -> AsyncIterator[str]:
+    """A database of its own for the test, dropped after it."""
+    import asyncpg
+
+    name = f"mg_ledger_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(POSTGRES)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    yield POSTGRES.rsplit("/", 1)[0] + "/" + name
+    admin = await asyncpg.connect(POSTGRES)
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin.close()
+
+
+def ledger_config(database_url: str, spool_dir: str, extra: str = "", flush_s: float = 0.1) -> str:
+    return f"""
+channels: [{{name: simulator, base_url: simulator, simulator: {{chunk_delay_ms: 0, output_tokens: 12,
+             video_queued_s: 0, video_processing_s: 0}}}}]
+observability: {{logging: {{access_log: false}}}}
+plugins: {{ledger: {{database_url: "{database_url}", flush_interval_s: {flush_s}, spool_dir: "{spool_dir}"}}}}
+{PRICES}
+{extra}
+"""
+
+
+async def rows(database_url: str, query: str = "SELECT * FROM usage_records ORDER BY at") -> list[Any]:
+    import asyncpg
+
+    connection = await asyncpg.connect(database_url)
+    try:
+        return list(await connection.fetch(query))
+    except asyncpg.UndefinedTableError:
+        return []
+    finally:
+        await connection.close()
+
+
+async def rows_when(database_url: str, count: int, within_s: float = 15.0) -> list[Any]:
+    """The ledger's rows once there are `count` of them (or what there is after `within_s`)."""
+    deadline = time.monotonic() + within_s
+    found: list[Any] = []
+    while time.monotonic() < deadline:
+        found = await rows(database_url)
+        if len(found) >= count:
+            return found
+        await asyncio.sleep(0.1)
+    return found
+
+
+MIXED: list[tuple[str, dict[str, str], dict[str, Any]]] = [
+    ("/v1/messages", MSG, {"model": "msgmodel-haiku-4-5", "max_tokens": 50,
+                           "messages": [{"role": "user", "content": "one two three"}]}),
+    ("/v1/messages", MSG, {"model": "msgmodel-haiku-4-5", "max_tokens": 50, "stream": True,
+                           "messages": [{"role": "user", "content": "four five"}]}),
+    ("/v1beta/models/genmodel-2.0-flash:generateContent?key=sk-demo-key", {},
+     {"contents": [{"parts": [{"text": "six seven eight"}]}]}),
+    ("/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key=sk-demo-key", {},
+     {"contents": [{"parts": [{"text": "nine"}]}]}),
+    ("/v1/responses", BEARER, {"model": "respmodel-4o", "input": "ten eleven"}),
+    ("/v1/responses", BEARER, {"model": "respmodel-4o", "input": "twelve", "stream": True}),
+    ("/v1/images/generations", BEARER, {"model": "imagegen-1", "prompt": "a cat", "n": 2, "size": "1024x1024",
+                                        "quality": "high"}),
+    ("/v1/video/generations", BEARER, {"model": "videogen-3.0-generate-001", "prompt": "waves", "durationSeconds": 8}),
+]
+
+
+async def send_mixed(http: aiohttp.ClientSession, url: str, times: int = 1) -> list[int]:
+    async def one(path: str, headers: dict[str, str], body: dict[str, Any]) -> int:
+        async with http.post(url + path, headers=headers, json=body) as answer:
+            await answer.read()
+            return answer.status
+
+    return list(await asyncio.gather(*(one(*case) for _ in range(times) for case in MIXED)))
+
+
+async def test_every_answered_request_has_one_row_whose_tokens_are_what_the_upstream_reported(
+        ledger_db, start_gateway, http, tmp_path) -> None:  # noqa: ANN001
+    gateway = await start_gateway(ledger_config(ledger_db, str(tmp_path / "spool")))
+    statuses = await send_mixed(http, gateway.url, times=3)
+    assert statuses == [200] * len(statuses)
+    found = await rows_when(ledger_db, len(statuses))
+    assert len(found) == len(statuses) and len({r["request_id"] for r in found}) == len(statuses)
+    reported = gateway.sim().reported
+    chat = [r for r in found if r["route"] != "video_generations"]
+    assert sum(r["input_tokens"] for r in chat) == reported["input_tokens"]
+    assert sum(r["output_tokens"] for r in chat) == reported["output_tokens"]
+    assert all(r["key_name"] == "demo" and r["status"] == 200 and r["channel"] == "simulator" for r in found)
+    assert not any(r["estimated"] or r["client_aborted"] for r in found)
+    images = [r for r in found if r["route"] == "image_generations"]
+    assert [(r["images"], float(r["cost"])) for r in images] == [(2, 0.34)] * 3  # two at 1024x1024/high
+    video = [r for r in found if r["route"] == "video_generations"]
+    assert [(r["video_seconds"], float(r["cost"]), r["priced"]) for r in video] == [(8.0, 4.0, True)] * 3
+    message = next(r for r in found if r["route"] == "messages")
+    assert float(message["cost"]) == pytest.approx((message["input_tokens"] * 3 + message["output_tokens"] * 15) / 1e6)
+    content = [r for r in found if r["route"].endswith("generate_content")]
+    assert content and all(not r["priced"] and float(r["cost"]) == 0 for r in content)  # no row prices genmodel
+
+
+async def test_a_client_that_leaves_a_stream_early_still_has_its_row_its_figures_estimated(
+        ledger_db, start_gateway, http, tmp_path) -> None:  # noqa: ANN001
+    gateway = await start_gateway(ledger_config(ledger_db, str(tmp_path / "spool")))
+    slow = {**MSG, "x-sim-chunk-delay-ms": "50", "x-sim-output-tokens": "200"}
+    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 500, "stream": True,
+            "messages": [{"role": "user", "content": "tell me a long story"}]}
+    answer = await http.post(gateway.url + "/v1/messages", headers=slow, json=body)
+    await answer.content.readuntil(b"content_block_delta")
+    await answer.content.readuntil(b"content_block_delta")
+    answer.close()  # gone, long before the upstream said how much it made
+    [row] = await rows_when(ledger_db, 1)
+    assert row["client_aborted"] and row["estimated"]
+    assert row["input_tokens"] > 0 and 1 <= row["output_tokens"] < 200
+
+
+async def test_records_made_while_postgresql_is_away_arrive_once_it_returns_none_twice(
+        ledger_db, start_gateway, http, tmp_path) -> None:  # noqa: ANN001
+    from tests.tcp_relay import SwitchedRelay
+
+    relay = SwitchedRelay(int(ledger_db.split(":")[-1].split("/")[0]))
+    await relay.up()
+    through_relay = ledger_db.replace(":5432/", f":{relay.port}/")
+    gateway = await start_gateway(ledger_config(through_relay, str(tmp_path / "spool")))
+    before = await send_mixed(http, gateway.url)
+    await rows_when(ledger_db, len(before))
+    await relay.down()
+    during = await send_mixed(http, gateway.url, times=4)
+    await asyncio.sleep(1.5)  # batches fail and are spooled
+    assert len(await rows(ledger_db)) == len(before)
+    async with http.get(gateway.url + "/metrics") as answer:
+        spooled = re.search(r'modelgate_ledger_records_total\{outcome="spooled"\} (\S+)', await answer.text())
+    assert spooled is not None and float(spooled[1]) == len(during)
+    await relay.up()
+    after = await send_mixed(http, gateway.url)
+    answered = before + during + after
+    assert answered == [200] * len(answered)
+    found = await rows_when(ledger_db, len(answered))
+    assert len(found) == len(answered) and len({r["request_id"] for r in found}) == len(answered)
+    await relay.down()
+
+
+async def test_sigterm_writes_what_is_waiting_before_the_process_ends(ledger_db, spawn, tmp_path) -> None:  # noqa: ANN001
+    gateway = spawn("gateway", config=ledger_config(ledger_db, str(tmp_path / "spool"), flush_s=60,
+                                                    extra='server: {listen: "127.0.0.1:{PORT}"}'))
+    async with aiohttp.ClientSession() as http:
+        statuses = await send_mixed(http, gateway.url, times=2)
+    assert await rows(ledger_db) == [] or len(await rows(ledger_db)) < len(statuses)  # waiting for the next flush
+    gateway.proc.send_signal(signal.SIGTERM)
+    assert gateway.proc.wait(timeout=30) == 0
+    assert len(await rows(ledger_db)) == len(statuses)
+
+
+async def test_instances_starting_together_migrate_the_schema_once(ledger_db) -> None:  # noqa: ANN001
+    import asyncpg
+
+    from plugins.ledger.schema import MIGRATIONS, migrate
+
+    connections = [await asyncpg.connect(ledger_db) for _ in range(3)]
+    try:
+        assert await asyncio.gather(*(migrate(c) for c in connections)) == [len(MIGRATIONS)] * 3
+        versions = await connections[0].fetch("SELECT version FROM modelgate_ledger_schema")
+        assert [v["version"] for v in versions] == list(range(1, len(MIGRATIONS) + 1))
+    finally:
+        for connection in connections:
+            await connection.close()
