@@ -292,6 +292,24 @@ async def test_on_a_cluster_the_queue_delivers_with_its_clients_first_node_gone(
         await asyncio.to_thread(cluster.processes.stop)
 
 
+async def test_on_a_cluster_the_store_is_away_while_any_primary_is_though_one_node_answers(tmp_path) -> None:  # noqa: ANN001
+    """The probe behind /readyz and modelgate_state_store_up asks every primary: the node redis-py
+    asks by itself answers PING while another's slots, and the keys in them, are unserved."""
+    from tests.redis_topologies import Cluster
+
+    cluster = await asyncio.to_thread(Cluster.start, tmp_path / "cluster", False)
+    store = RedisStore(cluster.url, "mg:")
+    try:
+        assert await store.ping()
+        default = store._shared.client.get_default_node().port
+        await asyncio.to_thread(cluster.processes.kill, next(p for p in cluster.ports if p != default))
+        with pytest.raises(Exception):  # noqa: B017 (the probe takes whatever the client raises for away)
+            await store.ping()
+    finally:
+        await store.close()
+        await asyncio.to_thread(cluster.processes.stop)
+
+
 async def test_a_callback_no_replica_confirmed_is_refused_but_kept(redis_url: str) -> None:
     """`replica_acks` on a server without replicas: the add happens (and is delivered, at least once),
     but the provider is told to retry; so too after Redis forgot the queue's script."""

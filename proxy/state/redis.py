@@ -86,7 +86,12 @@ class RedisStore:
         return [value.decode() for value in found]
 
     async def ping(self) -> bool:
-        return bool(await self._shared.client.ping())  # an error says why the store is away (the probe logs it)
+        """Whether the store answers; an error says why it is away (the probe logs it). On a Cluster
+        every primary is asked: redis-py asks one node, which answers while another's slots, and the
+        keys in them, are unserved."""
+        if not self._calls.gathers:  # a Cluster
+            return bool(await self._shared.client.ping(target_nodes="primaries"))
+        return bool(await self._shared.client.ping())
 
     async def close(self) -> None:
         shared, self._shared = self._shared, None  # type: ignore[assignment]
