@@ -123,11 +123,13 @@ class RateLimit(Plugin):
             RATELIMIT_DECISIONS.labels(decision.check.policy, "limited").inc()
             retry = max(1, math.ceil(decision.retry_after_s))
             headers = {"Retry-After": str(retry), "RateLimit": f'"{decision.check.policy}";r=0;t={retry}'}
+            if decision.check.kind is Kind.CONCURRENT:  # the header names it: so must the policy list
+                lease = f'"{decision.check.policy}";q={decision.check.limit};qu="concurrent-requests"'
+                policy = f"{policy}, {lease}" if policy else lease
             if policy:
                 headers["RateLimit-Policy"] = policy
             return ex.error_response(429, f"rate limit '{decision.check.policy}' reached "
-                                     f"({decision.check.limit} per {_describe(decision.check)}); retry in {retry}s",
-                                     "rate_limited", headers=headers)
+                                     f"({_describe(decision.check)}); retry in {retry}s", "rate_limited", headers=headers)
         for check in checks:
             child(RATELIMIT_DECISIONS, check.policy, "allowed").inc()
         ex.plugin_state[self.name] = checks
@@ -235,8 +237,14 @@ def _key_limits(ex: Exchange) -> Any:
 
 
 def _describe(check: Check) -> str:
-    unit = "tokens" if check.kind is Kind.TOKENS else "requests"
-    return f"{int(check.window_s)}s of {unit}" if check.kind is not Kind.CONCURRENT else "concurrent requests"
+    """The limit in words; for tokens, what this request asked of it (a reservation larger than
+    what is left is refused however little the window has spent)."""
+    if check.kind is Kind.CONCURRENT:
+        return f"{check.limit} requests at once"
+    if check.kind is Kind.REQUESTS:
+        return f"{check.limit} requests per {int(check.window_s)}s"
+    return (f"{check.limit} tokens per {int(check.window_s)}s; this request reserves {check.cost}: its own output "
+            f"limit, or plugins.ratelimit.default_reserve_tokens when it names none, plus its input")
 
 
 def _requested_tokens(ex: Exchange, default: int) -> int:

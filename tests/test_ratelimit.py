@@ -97,8 +97,9 @@ async def test_tokens_are_reserved_then_charged_from_reported_usage(start_gatewa
     gw = await start_gateway(config("{tpm: 100}"))
     assert (await post(http, gw.url, fmt, stream))[0] == 200
     assert (await post(http, gw.url, fmt, stream))[0] == 200
-    status, headers, _ = await post(http, gw.url, fmt, stream)
+    status, headers, body = await post(http, gw.url, fmt, stream)
     assert status == 429 and headers["RateLimit"].startswith('"key-tpm";r=0;')
+    assert b"100 tokens per 60s; this request reserves" in body, "the refusal says a reservation is what did not fit"
 
 
 async def test_calls_that_spend_no_tokens_reserve_none(start_gateway, http):  # noqa: ANN001
@@ -181,6 +182,9 @@ async def test_the_sixth_concurrent_stream_is_refused_and_slots_free_again(start
         assert [s.status for s in streams] == [200] * 5
         async with http.post(gw.url + "/v1/messages", json={**MESSAGE, "stream": True}, headers=slow) as sixth:
             assert sixth.status == 429
+            assert sixth.headers["RateLimit"] == '"key-concurrent";r=0;t=1'  # named, so listed among the policies
+            assert sixth.headers["RateLimit-Policy"] == '"key-concurrent";q=5;qu="concurrent-requests"'
+            assert "(5 requests at once)" in (await sixth.json())["error"]["message"]
         streams[0].close()  # a client that leaves frees its slot
         await streams[1].read()  # and so does a stream that ends
         await asyncio.sleep(0.3)
