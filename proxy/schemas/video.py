@@ -32,5 +32,5 @@ class VideosRequest(VideoRequest):
     """Endpoint 3, whose shape the interface leaves open: 2.1's fields, and the SDK's `seconds`
     and `size`. Sent as JSON or, as the SDK sends it, as multipart/form-data (values as text)."""
 
-    seconds: str | None = Field(default=None, pattern=r"^[1-9][0-9]{0,2}$")
+    seconds: Literal["4", "6", "8"] | None = None  # the interface's durations (section 8), as the SDK writes them
     size: str | None = Field(default=None, pattern=r"^[1-9][0-9]{1,4}x[1-9][0-9]{1,4}$")
