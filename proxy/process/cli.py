@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--listen", metavar="HOST:PORT", help="the address to serve on, over the config's server.listen")
 
     check = commands.add_parser("check-config", help="validate a config file and list every problem")
-    check.add_argument("file")
+    check.add_argument("file", nargs="?", help="the config file (or -c FILE, as serve takes it)")
+    check.add_argument("-c", "--config", dest="config_file", help=argparse.SUPPRESS)
 
     openapi = commands.add_parser("openapi", help="print the gateway's interface as an OpenAPI 3.1 document")
     openapi.add_argument("-o", "--output", help="write to this file instead of standard output")
@@ -46,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "check-config":
-        return _check_config(args.file)
+        if (args.file is None) == (args.config_file is None):
+            check.error("name one config file: check-config FILE, or check-config -c FILE")
+        return _check_config(args.file or args.config_file)
     if args.command == "openapi":
         return _openapi(args.output)
     if args.command == "simulate":
