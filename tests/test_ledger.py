@@ -192,3 +192,39 @@ async def test_instances_starting_together_migrate_the_schema_once(ledger_db) ->
     finally:
         for connection in connections:
             await connection.close()
+
+
+async def test_the_report_sums_the_ledger_by_what_it_is_asked_and_metrics_count_the_cost(
+        ledger_db, start_gateway, http, tmp_path) -> None:  # noqa: ANN001
+    import csv
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    config = ledger_config(ledger_db, str(tmp_path / "spool"))
+    gateway = await start_gateway(config)
+
+    async def cost_counted() -> float:  # this process's counters: other tests' gateways count there too
+        async with http.get(gateway.url + "/metrics") as answer:
+            metrics = await answer.text()
+        return sum(float(v) for v in re.findall(r'modelgate_cost_total\{key="demo",model="[^"]+"\} (\S+)', metrics))
+
+    before = await cost_counted()
+    statuses = await send_mixed(http, gateway.url, times=2)
+    found = await rows_when(ledger_db, len(statuses))
+    (tmp_path / "gateway.yaml").write_text(config)
+
+    def report(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "proxy", "usage", "report", "-c", str(tmp_path / "gateway.yaml"),
+                               *args], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent)
+
+    made = report("--since", "1h", "--by", "route,model", "--format", "csv")
+    assert made.returncode == 0, made.stderr
+    table = list(csv.DictReader(made.stdout.splitlines()))
+    assert sum(int(r["requests"]) for r in table) == len(found)
+    assert sum(int(r["output_tokens"]) for r in table) == sum(r["output_tokens"] or 0 for r in found)
+    images = next(r for r in table if r["route"] == "image_generations")
+    assert (int(images["requests"]), int(images["images"]), float(images["cost"])) == (2, 4, pytest.approx(0.68))
+    assert report("--since", "1h", "--by", "key").stdout.splitlines()[0].split()[:2] == ["key", "requests"]
+    assert report("--since", "yesterday").returncode == 2 and report("--by", "key;drop").returncode == 2
+    assert await cost_counted() - before == pytest.approx(sum(float(r["cost"]) for r in found))

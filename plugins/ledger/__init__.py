@@ -14,19 +14,29 @@ Redis stream when the state is in Redis, and a local file) and are written once 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from plugins.ledger.record import record_of
 from proxy.config import GatewayConfig
-from proxy.plugin import Joins, Plugin
+from proxy.observability.metrics import ModelLabels, child
+from proxy.plugin import Joins, Plugin, PluginCommand
 from proxy.policy.prices import ImageMade, PriceTable
 from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.wire.sse import SSEEvent
 
 if TYPE_CHECKING:
     from plugins.ledger.writer import LedgerWriter
+
+COST = Counter("modelgate_cost", "What requests cost by the price table (in its currency), by key and model",
+               ["key", "model"])
+UNPRICED = Counter("modelgate_unpriced_requests", "Requests whose model no row of the price table matched, by model",
+                   ["model"])
 
 _EVENTS = "ledger.events"
 _IMAGES = "ledger.images"
@@ -61,10 +71,18 @@ class Ledger(Plugin):
     before_owner_check = False
     reads_answers = False  # it counts the images of answers read whole anyway; never holds a stream
 
+    @classmethod
+    def commands(cls) -> Sequence[PluginCommand]:
+        from plugins.ledger.report import arguments, run_command
+
+        return (PluginCommand("usage", "report what the usage ledger holds", arguments, run_command),)
+
     def configure(self, config: GatewayConfig) -> None:
         self.config = config
         self.prices = PriceTable(config.prices)
+        self.model_label = ModelLabels(config)
         self.writer: LedgerWriter | None = None
+        self.active = bool(self.prices)  # with a price table, cost is counted even without a database
 
     async def start(self) -> None:
         settings: LedgerSettings = self.settings
@@ -74,14 +92,15 @@ class Ledger(Plugin):
         if slot not in self.resources:  # one writer for the gateway's life; a reload keeps it
             self.resources[slot] = await _writer(self.config, settings)
         self.writer = self.resources[slot]
+        self.active = True
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
-        if self.writer is not None:
+        if self.active:
             ex.plugin_state[_EVENTS] = ex.plugin_state.get(_EVENTS, 0) + 1
         return event
 
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
-        if self.writer is None or upstream.status >= 400 or ex.format.name != "images" or not upstream.is_json:
+        if not self.active or upstream.status >= 400 or ex.format.name != "images" or not upstream.is_json:
             return
         answer, asked = upstream.json(), ex.json()
         data = answer.get("data") if isinstance(answer, dict) else None
@@ -90,15 +109,17 @@ class Ledger(Plugin):
             ex.plugin_state[_IMAGES] = [ImageMade(size, quality) for _ in data]
 
     async def on_complete(self, ex: Exchange) -> None:
-        if self.writer is None:
+        if not self.active:
             return
-        import time
-
-        from plugins.ledger.record import record_of
-
-        images = ex.plugin_state.get(_IMAGES, [])
-        self.writer.submit(record_of(ex, self.prices, images, _video_seconds(ex), ex.plugin_state.get(_EVENTS, 0),
-                                     time.perf_counter()))
+        record = record_of(ex, self.prices, ex.plugin_state.get(_IMAGES, []), _video_seconds(ex),
+                           ex.plugin_state.get(_EVENTS, 0), time.perf_counter())
+        model = self.model_label(ex.model)
+        if record.cost:
+            child(COST, ex.key_name or "anonymous", model).inc(record.cost)
+        if not record.priced and self.prices:
+            child(UNPRICED, model).inc()
+        if self.writer is not None:
+            self.writer.submit(record)
 
 
 async def _writer(config: GatewayConfig, settings: LedgerSettings) -> LedgerWriter:
