@@ -91,7 +91,8 @@ MIXED: list[tuple[str, dict[str, str], dict[str, Any]]] = [
     ("/v1/responses", BEARER, {"model": "respmodel-4o", "input": "twelve", "stream": True}),
     ("/v1/images/generations", BEARER, {"model": "imagegen-1", "prompt": "a cat", "n": 2, "size": "1024x1024",
                                         "quality": "high"}),
-    ("/v1/video/generations", BEARER, {"model": "videogen-3.0-generate-001", "prompt": "waves", "durationSeconds": 8}),
+    ("/v1/video/generations", BEARER, {"model": "videogen-3.0-generate-001", "prompt": "waves",
+                                       "metadata": {"durationSeconds": 8}}),
 ]
 
 

@@ -8,9 +8,10 @@ import pytest
 from proxy.config import ConfigError, parse_config
 from proxy.formats import Usage
 from proxy.formats.content import ContentFormat
+from proxy.formats.images import ImageMade
 from proxy.formats.message import MessageFormat
 from proxy.formats.response import ResponseFormat
-from proxy.policy.prices import ImageMade, PriceTable
+from proxy.policy.prices import PriceTable
 
 TABLE = parse_config("""
 prices:

@@ -26,7 +26,9 @@ from plugins.ledger.record import record_of
 from proxy.config import GatewayConfig
 from proxy.observability.metrics import ModelLabels, child
 from proxy.plugin import Joins, Plugin, PluginCommand
-from proxy.policy.prices import ImageMade, PriceTable
+from proxy.formats.images import ImagesFormat
+from proxy.formats.video import VideoTasks
+from proxy.policy.prices import PriceTable
 from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.wire.sse import SSEEvent
 
@@ -102,11 +104,7 @@ class Ledger(Plugin):
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
         if not self.active or upstream.status >= 400 or ex.format.name != "images" or not upstream.is_json:
             return
-        answer, asked = upstream.json(), ex.json()
-        data = answer.get("data") if isinstance(answer, dict) else None
-        if isinstance(data, list):
-            size, quality = _said(answer, asked, "size"), _said(answer, asked, "quality")
-            ex.plugin_state[_IMAGES] = [ImageMade(size, quality) for _ in data]
+        ex.plugin_state[_IMAGES] = ImagesFormat.images_made(upstream.json(), ex.json())
 
     async def on_complete(self, ex: Exchange) -> None:
         if not self.active:
@@ -140,28 +138,8 @@ async def _writer(config: GatewayConfig, settings: LedgerSettings) -> LedgerWrit
     return writer
 
 
-def _said(answer: dict[str, Any], asked: Any, field: str) -> str | None:
-    """A size or quality as the answer names it, else as the request asked for it."""
-    for source in (answer, asked):
-        value = source.get(field) if isinstance(source, dict) else None
-        if isinstance(value, str) and len(value) <= 32:
-            return value
-    return None
-
-
 def _video_seconds(ex: Exchange) -> float:
-    """A video task made: the seconds it asked for (`durationSeconds`, or the video SDK's `seconds`)."""
+    """A video task made: the seconds it asked for."""
     if ex.route.name not in _VIDEO_CREATES or not 200 <= ex.outcome.status < 300:
         return 0.0
-    body = ex.json()
-    if not isinstance(body, dict):
-        return 0.0
-    for field in ("durationSeconds", "seconds"):
-        value = body.get(field)
-        try:
-            seconds = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else 0.0
-        except ValueError:
-            continue
-        if 0 < seconds <= 3600:
-            return seconds
-    return 0.0
+    return VideoTasks.seconds_asked(ex.json())

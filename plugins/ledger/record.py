@@ -14,7 +14,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from proxy.formats import Usage
-from proxy.policy.prices import ImageMade, PriceTable
+from proxy.formats.images import ImageMade
+from proxy.policy.prices import PriceTable
 from proxy.request.exchange import Exchange
 
 _BYTES_A_TOKEN = 4  # a prompt's estimate: about four bytes of JSON a token

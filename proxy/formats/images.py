@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.formats.base import EmbeddedImage, Format, KeyLocation, Usage, items
 from proxy.wire.sse import SSEEvent
+
+
+@dataclass(slots=True, frozen=True)
+class ImageMade:
+    """One image an answer holds, as the answer names its size and quality (else as the request asked)."""
+    size: str | None
+    quality: str | None
 
 
 class ImagesFormat(Format):
@@ -24,6 +32,13 @@ class ImagesFormat(Format):
                 found.append(EmbeddedImage(item["b64_json"], _url_into(item)))
         return found
 
+    @staticmethod
+    def images_made(answer: Any, asked: Any) -> list[ImageMade]:
+        """The images of a (JSON) answer, each with the size and quality they were made at."""
+        made = items(answer, "data")
+        size, quality = _said(answer, asked, "size"), _said(answer, asked, "quality")
+        return [ImageMade(size, quality) for _ in made]
+
     def usage_from_event(self, event: SSEEvent) -> Usage | None:
         if b'"usage"' not in event.raw:
             return None
@@ -36,3 +51,11 @@ def _url_into(item: dict[str, Any]) -> Callable[[str, str], None]:
         item["url"] = url
 
     return place
+
+
+def _said(answer: Any, asked: Any, field: str) -> str | None:
+    for source in (answer, asked):
+        value = source.get(field) if isinstance(source, dict) else None
+        if isinstance(value, str) and len(value) <= 32:
+            return value
+    return None

@@ -23,6 +23,24 @@ class VideoTasks(Format):
     key_location = KeyLocation.BEARER
 
     @staticmethod
+    def seconds_asked(body: Any) -> float:
+        """The seconds a submission asks for: spec 2.1's `metadata.durationSeconds`, or the video
+        SDK's `seconds` (0 when it names none)."""
+        if not isinstance(body, dict):
+            return 0.0
+        metadata = body.get("metadata")
+        for value in (metadata.get("durationSeconds") if isinstance(metadata, dict) else None, body.get("seconds")):
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                continue
+            try:
+                seconds = float(value)
+            except ValueError:
+                continue
+            if 0 < seconds <= 3600:
+                return seconds
+        return 0.0
+
+    @staticmethod
     def video_object(task_id: str, task: dict[str, Any], normal: dict[str, Any] | None,
                      filtered_message: str | None = None) -> dict[str, Any]:
         """The SDK's video object for a task: what its submission said (`task`), and its last

@@ -8,16 +8,10 @@ from dataclasses import dataclass
 
 from proxy.config.prices import PriceConfig
 from proxy.formats import Usage
+from proxy.formats.images import ImageMade
 
 _MILLION = 1_000_000
 _REMEMBERED = 4096  # model names looked up (clients name them; past this the table is searched again)
-
-
-@dataclass(slots=True, frozen=True)
-class ImageMade:
-    """One image an answer holds, as the request or the answer names its size and quality."""
-    size: str | None
-    quality: str | None
 
 
 @dataclass(slots=True, frozen=True)
