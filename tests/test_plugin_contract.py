@@ -81,11 +81,12 @@ def test_check_config_names_an_ordering_problem(tmp_path: Path) -> None:
 
 
 def test_default_pipelines_come_from_the_plugins_declarations_in_their_order() -> None:
-    assert default_plugins(ROUTES_BY_NAME["messages"]) == ["auth", "validation", "ratelimit", "usage", "sse", "ledger"]
+    assert default_plugins(ROUTES_BY_NAME["messages"]) == [
+        "auth", "validation", "ratelimit", "budget", "usage", "sse", "ledger"]
     assert default_plugins(ROUTES_BY_NAME["image_generations"]) == [
-        "auth", "validation", "ratelimit", "url_delivery", "usage", "sse", "ledger"]
+        "auth", "validation", "ratelimit", "budget", "url_delivery", "usage", "sse", "ledger"]
     assert default_plugins(ROUTES_BY_NAME["video_generation_status"]) == [
-        "auth", "validation", "ratelimit", "video", "ledger"]
+        "auth", "validation", "ratelimit", "budget", "video", "ledger"]
     assert default_plugins(ROUTES_BY_NAME["payment_webhook"]) == ["ratelimit", "webhook_queue"]
     assert default_plugins(ROUTES_BY_NAME["login_2fa"]) == ["ratelimit"]
     for route in ROUTES:  # every default pipeline keeps the contract it is held to
@@ -97,7 +98,7 @@ def test_a_third_party_plugin_joins_default_pipelines_by_declaring_so(monkeypatc
 
     monkeypatch.setitem(registry.registered_classes(), "counts", Counts)
     assert default_plugins(ROUTES_BY_NAME["messages"]) == [
-        "auth", "validation", "ratelimit", "usage", "sse", "ledger", "counts"]
+        "auth", "validation", "ratelimit", "budget", "usage", "sse", "ledger", "counts"]
     assert "counts" not in default_plugins(ROUTES_BY_NAME["responses"])
 
 

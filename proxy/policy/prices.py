@@ -56,6 +56,16 @@ class PriceTable:
         return Charge(cost + video_seconds * row.per_video_second, True)
 
 
+    def most(self, model: str | None, usage: Usage, images: int = 0, video_seconds: float = 0.0) -> float:
+        """The most a request may cost, before it is answered: its images at the dearest size and
+        quality its row names."""
+        row = self.row_for(model)
+        if row is None:
+            return 0.0
+        dearest = max([row.per_image, *row.per_image_by.values()])
+        return self.charge(model, usage, (), video_seconds).cost + images * dearest
+
+
 def _image_price(row: PriceConfig, image: ImageMade) -> float:
     if row.per_image_by:
         size, quality = image.size or "auto", image.quality or "auto"

@@ -1,0 +1,244 @@
+"""Budgets: what a key, or every key of a tenant label, may spend a day and a month, in cost (by
+the price table) or in tokens, exact across instances.
+
+    keys: [{name: team-a, key: ..., budget: {cost_per_day: 50, tokens_per_month: 20000000}}]
+    plugins: {budget: {tenants: {acme: {cost_per_month: 1000}}, soft_percent: 80}}
+
+Before the upstream is called a request reserves what it may spend (its output limit, or
+`default_reserve_tokens`, plus its input estimated from its size; priced by the table) in each of
+its windows, and is refused with a 429 `budget_exceeded` saying when the budget resets when one
+has no room left; after the answer it settles what it really spent. Past `soft_percent` of a
+budget answers carry `X-Budget-Warning`. Windows are calendar days and months in UTC.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from datetime import datetime, timedelta, timezone
+from typing import Any, Literal
+
+from aiohttp import web
+from prometheus_client import Counter, Gauge
+from pydantic import BaseModel, ConfigDict, Field
+
+from plugins.budget.counters import Counters, CountersUnavailable, MemoryCounters, Window
+from proxy.config import GatewayConfig
+from proxy.formats import Usage
+from proxy.formats.images import ImagesFormat
+from proxy.formats.video import VideoTasks
+from proxy.observability.metrics import child
+from proxy.plugin import Joins, Plugin
+from proxy.policy.prices import PriceTable
+from proxy.request.exchange import Exchange, UpstreamResponse
+from proxy.state import connect as topology
+
+log = logging.getLogger("modelgate.budget")
+
+BUDGET_USED = Gauge("modelgate_budget_used_ratio", "Spent and reserved over the budget, by subject and window "
+                    "(key-day-cost ...), as last seen by a request", ["subject", "window"], multiprocess_mode="livemax")
+BUDGET_REFUSALS = Counter("modelgate_budget_refusals", "Requests refused for a budget with no room left",
+                          ["subject", "window"])
+BUDGET_UNAVAILABLE = Counter("modelgate_budget_backend_errors", "Budget checks the shared state could not answer",
+                             ["mode"])
+
+_STATE = "budget.reserved"
+_DAY_TTL_S = 2 * 86_400
+_MONTH_TTL_S = 33 * 86_400
+_VIDEO_CREATES = frozenset({"video_generations", "videos"})
+_BYTES_A_TOKEN = 4
+_LONGEST_VIDEO_S = 8.0  # a submission naming no duration may get the interface's longest
+
+
+class BudgetLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cost_per_day: float | None = Field(default=None, gt=0)
+    cost_per_month: float | None = Field(default=None, gt=0)
+    tokens_per_day: int | None = Field(default=None, ge=1)
+    tokens_per_month: int | None = Field(default=None, ge=1)
+
+
+class BudgetKey(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    budget: BudgetLimits | None = None
+
+
+class BudgetSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tenants: dict[str, BudgetLimits] = Field(default_factory=dict)  # by tenant label: every key of it together
+    soft_percent: float = Field(default=80, gt=0, le=100)
+    default_reserve_tokens: int = Field(default=4096, ge=1)
+    fail: Literal["open", "closed"] = "open"
+
+
+class Budget(Plugin):
+    name = "budget"
+    Settings = BudgetSettings
+    KeySettings = BudgetKey
+    joins = Joins(keyed=True, endpoint=True)
+    requires = frozenset({"caller"})
+    order = 310  # right after the rate limits
+    before_owner_check = True  # reads nothing that belongs to a followed id
+    reads_answers = False
+
+    def configure(self, config: GatewayConfig) -> None:
+        self.prices = PriceTable(config.prices)
+        self.redis = config.state.backend == "redis"
+        self.tagged = self.redis and topology.mode_of(config.state.url) is topology.Mode.CLUSTER
+        self.prefix = config.state.prefix + "budget:"
+        if self.redis:
+            from plugins.budget.counters import RedisCounters
+
+            self.counters: Counters = RedisCounters(config.state.url)
+        else:
+            self.counters = self.resources.setdefault("budget.memory", MemoryCounters())
+        self.unavailable = False
+
+    async def stop(self) -> None:
+        if self.redis:
+            await self.counters.close()
+
+    async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
+        subjects = self._subjects(ex)
+        if not subjects:
+            return None
+        tokens, cost = self._most(ex)
+        now = datetime.now(timezone.utc)
+        taken: list[tuple[list[Window], list[float]]] = []
+        warnings = []
+        try:
+            if self.redis and self.state_away():
+                raise CountersUnavailable("the state store is unreachable")
+            for subject, limits in subjects:
+                windows = self._windows(subject, limits, now)
+                amounts = [min(tokens if w.name.endswith("tokens") else cost, w.limit) for w in windows]
+                reserved = await self.counters.reserve(windows, amounts)
+                for window, used in zip(windows, reserved.used):
+                    child(BUDGET_USED, subject, window.name).set(used / window.limit)
+                    if reserved.refused is None and used / window.limit * 100 >= self.settings.soft_percent:
+                        warnings.append(f"{window.name}={used / window.limit:.2f}")
+                if reserved.refused is not None:
+                    await self._give_back(taken)
+                    return self._refusal(ex, subject, reserved.refused, now)
+                taken.append((windows, amounts))
+        except CountersUnavailable as exc:  # the fail mode decides
+            await self._give_back(taken)
+            return self._unavailable(ex, exc)
+        ex.plugin_state[_STATE] = taken
+        if warnings:
+            ex.response_headers = {**(ex.response_headers or {}), "X-Budget-Warning": ", ".join(warnings)}
+        return None
+
+    async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
+        if _STATE in ex.plugin_state and upstream.status < 400 and ex.format.name == "images" and upstream.is_json:
+            ex.plugin_state["budget.images"] = ImagesFormat.images_made(upstream.json(), ex.json())
+
+    async def on_complete(self, ex: Exchange) -> None:
+        taken = ex.plugin_state.pop(_STATE, None)
+        if not taken:
+            return
+        spent = self._spent(ex)
+        if spent is None:
+            return  # a stream cut short before its usage was said: what it reserved stays counted
+        spent_tokens, spent_cost = spent
+        try:
+            for windows, amounts in taken:
+                deltas = [(spent_tokens if w.name.endswith("tokens") else spent_cost) - a for w, a in zip(windows, amounts)]
+                await self.counters.settle(windows, deltas)
+        except CountersUnavailable as exc:  # what was reserved stays counted: a budget errs on the side of stopping
+            log.warning("a budget settlement did not reach the store: %s", exc)
+
+    def _subjects(self, ex: Exchange) -> list[tuple[str, BudgetLimits]]:
+        if ex.key is None:
+            return []
+        found = []
+        own = ex.key.settings.get("budget")
+        if own is not None:
+            found.append((f"key:{ex.key.name}", own))
+        label = ex.key.tenant.removeprefix("tenant:") if ex.key.tenant.startswith("tenant:") else None
+        if label is not None and label in self.settings.tenants:
+            found.append((ex.key.tenant, self.settings.tenants[label]))
+        return found
+
+    def _windows(self, subject: str, limits: BudgetLimits, now: datetime) -> list[Window]:
+        day = now.strftime("%Y-%m-%d")
+        month = now.strftime("%Y-%m")
+        next_day = (now.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=1)).timestamp()
+        first = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        next_month = (first + timedelta(days=32)).replace(day=1).timestamp()
+        base = f"{self.prefix}{{{subject}}}" if self.tagged else f"{self.prefix}{subject}"
+        kind = subject.split(":", 1)[0]
+        found = []
+        for measure, period, limit, ttl, resets in (
+                ("cost", day, limits.cost_per_day, _DAY_TTL_S, next_day),
+                ("cost", month, limits.cost_per_month, _MONTH_TTL_S, next_month),
+                ("tokens", day, limits.tokens_per_day, _DAY_TTL_S, next_day),
+                ("tokens", month, limits.tokens_per_month, _MONTH_TTL_S, next_month)):
+            if limit is not None:
+                span = "day" if period == day else "month"
+                found.append(Window(f"{base}:{measure}:{period}", f"{kind}-{span}-{measure}", float(limit), ttl, resets))
+        return found
+
+    def _most(self, ex: Exchange) -> tuple[int, float]:
+        """The most this request may spend: tokens, and their cost with its images or video seconds."""
+        body = ex.json() if ex.body else None
+        output = _output_limit(body) or self.settings.default_reserve_tokens
+        tokens = math.ceil(len(ex.body or b"") / _BYTES_A_TOKEN) + output
+        images = 0
+        if ex.format.name == "images":
+            count = body.get("n") if isinstance(body, dict) else None  # a form's n is text; the spec's most is 10
+            images = count if isinstance(count, int) and 0 < count <= 10 else 10 if ex.multipart else 1
+        seconds = (VideoTasks.seconds_asked(body) or _LONGEST_VIDEO_S) if ex.route.name in _VIDEO_CREATES else 0.0
+        return tokens, self.prices.most(ex.model, Usage(tokens - output, output), images, seconds)
+
+    def _spent(self, ex: Exchange) -> tuple[int, float] | None:
+        """What the request spent; None when nobody can say (a stream cut short before its usage)."""
+        status = ex.outcome.status
+        if status == 0 or status >= 400:
+            return 0, 0.0  # refused or failed: nothing the upstream bills
+        usage = ex.usage
+        if ex.outcome.streamed and (ex.outcome.client_aborted or ex.outcome.error) and usage.output_tokens is None:
+            return None
+        images = ex.plugin_state.get("budget.images", [])
+        seconds = VideoTasks.seconds_asked(ex.json()) if ex.route.name in _VIDEO_CREATES else 0.0
+        charge = self.prices.charge(ex.model, usage, images, seconds)
+        return (usage.input_tokens or 0) + (usage.output_tokens or 0), charge.cost
+
+    async def _give_back(self, taken: list[tuple[list[Window], list[float]]]) -> None:
+        for windows, amounts in taken:
+            try:
+                await self.counters.settle(windows, [-a for a in amounts])
+            except CountersUnavailable:  # kept counted: errs on the side of stopping
+                log.warning("a budget reservation could not be given back")
+
+    def _refusal(self, ex: Exchange, subject: str, window: Window, now: datetime) -> web.StreamResponse:
+        child(BUDGET_REFUSALS, subject, window.name).inc()
+        resets = datetime.fromtimestamp(window.resets_at, timezone.utc)
+        retry = max(1, math.ceil(window.resets_at - now.timestamp()))
+        limit = f"{window.limit:g} {'tokens' if window.name.endswith('tokens') else 'in cost'}"
+        return ex.error_response(429, f"budget '{window.name}' of {subject} reached ({limit} a "
+                                 f"{window.name.split('-')[1]}); it resets at {resets.isoformat().replace('+00:00', 'Z')}",
+                                 "budget_exceeded", headers={"Retry-After": str(retry)})
+
+    def _unavailable(self, ex: Exchange, exc: Exception) -> web.StreamResponse | None:
+        mode = self.settings.fail
+        BUDGET_UNAVAILABLE.labels(mode).inc()
+        if not self.unavailable:
+            self.unavailable = True
+            log.warning("budgets cannot be checked; failing %s: %s", mode, type(exc).__name__)
+        if mode == "open":
+            return None
+        return ex.error_response(503, "budgets cannot be checked right now; retry shortly", "budget_unavailable",
+                                 headers={"Retry-After": "1"})
+
+
+def _output_limit(body: Any) -> int | None:
+    if not isinstance(body, dict):
+        return None
+    found = body.get("max_tokens") or body.get("max_output_tokens")
+    config = body.get("generationConfig")
+    if found is None and isinstance(config, dict):
+        found = config.get("maxOutputTokens")
+    return found if isinstance(found, int) and not isinstance(found, bool) and found > 0 else None

@@ -1,0 +1,141 @@
+"""Budget counters: what a key or tenant has spent this day and this month, shared by every
+instance through the state store (or kept in the process with memory state).
+
+A request reserves what it may spend in every window of a subject at once, and only if each has
+room for it; after the answer it settles, adding what it really spent less what it reserved.
+So spending across instances stops within one request of a budget: a request is let through only
+while what is spent and reserved leaves room for its most.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(slots=True, frozen=True)
+class Window:
+    """One budget of one subject for one period: `name` as headers and errors say it (key-day-cost)."""
+    key: str          # the counter, period included (it starts from 0 each period)
+    name: str
+    limit: float
+    ttl_s: int        # the counter outlives its period by a little
+    resets_at: float  # unix time the period ends
+
+
+@dataclass(slots=True, frozen=True)
+class Reserved:
+    refused: Window | None   # the first window without room (then nothing was reserved)
+    used: list[float]        # each window's spent-and-reserved after this request (or before it, refused)
+
+
+class CountersUnavailable(Exception):
+    """The shared store did not answer (in time)."""
+
+
+class Counters(Protocol):
+    async def reserve(self, windows: Sequence[Window], amounts: Sequence[float]) -> Reserved: ...
+
+    async def settle(self, windows: Sequence[Window], deltas: Sequence[float]) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class MemoryCounters:
+    """In this process (memory state): one instance."""
+
+    def __init__(self, clock: Any = time.time) -> None:
+        self._clock = clock
+        self._values: dict[str, tuple[float, float]] = {}  # key -> (value, expires at)
+
+    async def reserve(self, windows: Sequence[Window], amounts: Sequence[float]) -> Reserved:
+        now = self._clock()
+        current = [self._get(w.key, now) for w in windows]
+        for window, value, amount in zip(windows, current, amounts):
+            if amount > 0 and value + amount > window.limit:
+                return Reserved(window, current)
+        for window, value, amount in zip(windows, current, amounts):
+            self._values[window.key] = (value + amount, now + window.ttl_s)
+        self._prune(now)
+        return Reserved(None, [v + a for v, a in zip(current, amounts)])
+
+    async def settle(self, windows: Sequence[Window], deltas: Sequence[float]) -> None:
+        now = self._clock()
+        for window, delta in zip(windows, deltas):
+            self._values[window.key] = (self._get(window.key, now) + delta, now + window.ttl_s)
+
+    async def close(self) -> None:
+        return None
+
+    def _get(self, key: str, now: float) -> float:
+        found = self._values.get(key)
+        return found[0] if found is not None and found[1] > now else 0.0
+
+    def _prune(self, now: float) -> None:
+        if len(self._values) > 10_000:
+            for key in [k for k, (_, expires) in self._values.items() if expires <= now]:
+                del self._values[key]
+
+
+_WAIT_S = 0.5  # as the limiter: past it the fail mode decides
+
+# KEYS: the windows' counters. ARGV: each window's limit, amount and ttl. Reserves every amount
+# only if each window has room; answers {refused index (0: none), value of each window}.
+RESERVE = """
+local values = {}
+for i = 1, #KEYS do
+  local a = (i - 1) * 3
+  local limit, amount = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local value = tonumber(redis.call('GET', KEYS[i]) or '0')
+  values[i] = tostring(value)
+  if amount > 0 and value + amount > limit then return {i, values} end
+end
+for i = 1, #KEYS do
+  local a = (i - 1) * 3
+  values[i] = redis.call('INCRBYFLOAT', KEYS[i], ARGV[a + 2])
+  redis.call('EXPIRE', KEYS[i], ARGV[a + 3])
+end
+return {0, values}
+"""
+
+
+class RedisCounters:
+    """In the shared state store: every instance counts in the same windows. A subject's windows
+    share a hash tag on a Cluster, so one script reserves them all."""
+
+    def __init__(self, url: str) -> None:
+        from proxy.state.shared import share
+
+        self._shared = share(url)
+        self._reserve = self._shared.client.register_script(RESERVE)
+
+    async def reserve(self, windows: Sequence[Window], amounts: Sequence[float]) -> Reserved:
+        args: list[Any] = []
+        for window, amount in zip(windows, amounts):
+            args += [repr(window.limit), repr(amount), window.ttl_s]
+        refused, values = await self._call(self._shared.calls.script(self._reserve, [w.key for w in windows], args))
+        return Reserved(windows[refused - 1] if refused else None, [float(v) for v in values])
+
+    async def settle(self, windows: Sequence[Window], deltas: Sequence[float]) -> None:
+        # INCRBYFLOAT counts twice if sent twice: never resent (a lost settlement errs by one request).
+        await self._call(asyncio.gather(*(self._shared.calls.command("INCRBYFLOAT", w.key, repr(d), resend=False)
+                                          for w, d in zip(windows, deltas) if d)))
+
+    async def _call(self, pending: Any) -> Any:
+        from redis.exceptions import RedisError
+
+        try:
+            async with asyncio.timeout(_WAIT_S):
+                return await pending
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise CountersUnavailable(type(exc).__name__) from exc
+
+    async def close(self) -> None:
+        from proxy.state.shared import unshare
+
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            await unshare(shared)

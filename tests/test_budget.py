@@ -1,0 +1,89 @@
+"""Budgets: what a key or a tenant may spend a day or a month, by the price table or in tokens,
+held across instances within one request."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import aiohttp
+import pytest
+
+KEY = "budget-key-0001"
+OTHER = "budget-key-0002"
+MSG = {"x-api-key": KEY, "msgapi-version": "2023-06-01"}
+MESSAGE = {"model": "msgmodel-haiku-4-5", "max_tokens": 20, "messages": [{"role": "user", "content": "hi there"}]}
+PRICES = 'prices: [{model: "msgmodel-*", input_per_mtok: 3, output_per_mtok: 15}]'
+
+
+def config(budget: str, extra: str = "", state: str = "", listen: str = "") -> str:
+    return f"""
+{listen}
+{state}
+keys:
+  - {{name: spender, key: {KEY}, labels: {{tenant: acme}}, budget: {budget}}}
+  - {{name: sibling, key: {OTHER}, labels: {{tenant: acme}}}}
+channels: [{{name: simulator, base_url: simulator, simulator: {{chunk_delay_ms: 0, output_tokens: 20}}}}]
+observability: {{logging: {{access_log: false}}}}
+{PRICES}
+{extra}
+"""
+
+
+def cost_of(answer: dict[str, Any]) -> float:
+    usage = answer["usage"]
+    return usage["input_tokens"] * 3e-6 + usage["output_tokens"] * 15e-6
+
+
+async def test_spending_stops_at_the_budget_with_a_429_saying_when_it_resets(start_gateway, http) -> None:  # noqa: ANN001
+    gateway = await start_gateway(config("{cost_per_day: 0.002}"))
+    spent, statuses, warned = 0.0, [], False
+    for _ in range(12):
+        async with http.post(gateway.url + "/v1/messages", json=MESSAGE, headers=MSG) as answer:
+            statuses.append(answer.status)
+            if answer.status == 200:
+                spent += cost_of(await answer.json())
+                warned = warned or "X-Budget-Warning" in answer.headers
+            else:
+                refusal, retry = await answer.json(), int(answer.headers["Retry-After"])
+    assert statuses[0] == 200 and statuses[-1] == 429 and statuses == sorted(statuses)
+    assert spent <= 0.002 and spent > 0.002 - 2 * cost_of({"usage": {"input_tokens": 10, "output_tokens": 20}})
+    assert warned, "past 80% answers said so"
+    assert refusal["error"]["type"] == "rate_limit_error" and refusal["error"]["code"] == "budget_exceeded"
+    assert re.search(r"budget 'key-day-cost' of key:spender reached .* resets at \d{4}-\d\d-\d\dT00:00:00Z",
+                     refusal["error"]["message"])
+    assert 0 < retry <= 86_400
+    async with http.post(gateway.url + "/v1/messages", json=MESSAGE,
+                         headers={**MSG, "x-api-key": OTHER}) as answer:
+        assert answer.status == 200  # another key of the tenant: the budget was the key's own
+
+
+async def test_a_tenant_s_token_budget_counts_every_key_of_it(start_gateway, http) -> None:  # noqa: ANN001
+    gateway = await start_gateway(config("null", extra="plugins: {budget: {tenants: {acme: {tokens_per_day: 200}}}}"))
+    statuses = []
+    for index in range(12):
+        key = KEY if index % 2 else OTHER
+        async with http.post(gateway.url + "/v1/messages", json=MESSAGE, headers={**MSG, "x-api-key": key}) as answer:
+            statuses.append(answer.status)
+            body = await answer.json()
+    assert statuses.count(200) >= 5 and statuses[-1] == 429
+    assert "budget 'tenant-day-tokens' of tenant:acme reached" in body["error"]["message"]
+
+
+async def test_a_budget_across_three_instances_stops_within_one_request_of_it(spawn, shared_redis) -> None:  # noqa: ANN001
+    listen = 'server: {listen: "127.0.0.1:{PORT}"}'
+    text = config("{cost_per_day: 0.01}", listen=listen,
+                  state=f"state: {{backend: redis, url: '{shared_redis}', prefix: 'budget-{id(shared_redis)}:'}}")
+    gateways = [spawn("gateway", config=text) for _ in range(3)]
+    gate = asyncio.Semaphore(24)
+
+    async def one(http: aiohttp.ClientSession, index: int) -> float:
+        async with gate, http.post(gateways[index % 3].url + "/v1/messages", json=MESSAGE, headers=MSG) as answer:
+            return cost_of(await answer.json()) if answer.status == 200 else 0.0
+
+    async with aiohttp.ClientSession() as http:
+        costs = await asyncio.gather(*(one(http, i) for i in range(120)))
+    one_request = max(costs)
+    assert 0.01 - one_request < sum(costs) <= 0.01
+    assert costs.count(0.0) > 0
