@@ -219,6 +219,26 @@ async def _emptied_test_database() -> str:
     return REDIS_URL
 
 
+POSTGRES = os.environ.get("MODELGATE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture
+async def ledger_db() -> AsyncIterator[str]:
+    """A PostgreSQL database of the test's own (.ci/run starts a server when none answers), dropped after it."""
+    import uuid
+
+    import asyncpg
+
+    name = f"mg_ledger_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(POSTGRES)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    yield POSTGRES.rsplit("/", 1)[0] + "/" + name
+    admin = await asyncpg.connect(POSTGRES)
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin.close()
+
+
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A Redis Cluster of three primaries on loopback ports, for the session (tests/redis_topologies.py)."""

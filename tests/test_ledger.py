@@ -4,12 +4,9 @@ priced by the table; written while PostgreSQL comes and goes, never twice."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import signal
 import time
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -17,7 +14,6 @@ import pytest
 
 from tests.conftest import BEARER
 
-POSTGRES = os.environ.get("MODELGATE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 MSG = {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"}
 PRICES = """
 prices:
@@ -26,21 +22,6 @@ prices:
   - {model: "imagegen-*", per_image: 0.04, per_image_by: {"1024x1024/high": 0.17}}
   - {model: "videogen-*", per_video_second: 0.5}
 """
-
-
-@pytest.fixture
-async def ledger_db() -> AsyncIterator[str]:
-    """A database of its own for the test, dropped after it."""
-    import asyncpg
-
-    name = f"mg_ledger_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(POSTGRES)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    yield POSTGRES.rsplit("/", 1)[0] + "/" + name
-    admin = await asyncpg.connect(POSTGRES)
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.close()
 
 
 def ledger_config(database_url: str, spool_dir: str, extra: str = "", flush_s: float = 0.1) -> str:

@@ -83,16 +83,20 @@ async def mixed_load(url: str, seconds: float) -> None:
             await asyncio.sleep(0.05)
 
 
-async def test_every_dashboard_and_alert_expression_returns_data(spawn, tmp_path):  # noqa: ANN001
+async def test_every_dashboard_and_alert_expression_returns_data(ledger_db, spawn, tmp_path):  # noqa: ANN001
     gateway = spawn("gateway", config="""
         server: {listen: "127.0.0.1:{PORT}"}
         observability: {logging: {access_log: false}}
-        keys: [{name: demo, key: sk-demo-key, url_delivery: true, limits: {rpm: 100000, tpm: 10000000}},
+        keys: [{name: demo, key: sk-demo-key, url_delivery: true, limits: {rpm: 100000, tpm: 10000000},
+                budget: {cost_per_day: 1000}},
                {name: tight, key: tight-key-001, limits: {rpm: 1}}]
         channels: [{name: simulator, base_url: simulator, accepts_response_format: false,
                     simulator: {chunk_delay_ms: 2, output_tokens: 4, video_queued_s: 0, video_processing_s: 0}}]
-        plugins: {url_delivery: {enabled: true, dir: "IMAGES_DIR"}}
-    """.replace("IMAGES_DIR", str(tmp_path / "images")))
+        plugins: {url_delivery: {enabled: true, dir: "IMAGES_DIR"},
+                  ledger: {database_url: "LEDGER_DB", flush_interval_s: 0.2, spool_dir: "SPOOL_DIR"}}
+        prices: [{model: "*", input_per_mtok: 1, output_per_mtok: 2, per_image: 0.01, per_video_second: 0.1}]
+    """.replace("IMAGES_DIR", str(tmp_path / "images")).replace("LEDGER_DB", ledger_db)
+                    .replace("SPOOL_DIR", str(tmp_path / "spool")))
     port = free_port()
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},

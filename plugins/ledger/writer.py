@@ -29,6 +29,8 @@ log = logging.getLogger("modelgate.ledger")
 
 LEDGER_RECORDS = Counter("modelgate_ledger_records", "Usage records by where they went (written to PostgreSQL, "
                          "spooled while it was away, dropped: the spool was full)", ["outcome"])
+for _outcome in ("written", "spooled", "dropped"):  # listed from the start: a panel and an alert read each
+    LEDGER_RECORDS.labels(_outcome)
 LEDGER_WAITING = Gauge("modelgate_ledger_waiting_records", "Usage records not yet in PostgreSQL (in memory and "
                        "in this process's spool file)", multiprocess_mode="livesum")
 
