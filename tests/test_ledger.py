@@ -24,10 +24,14 @@ prices:
 """
 
 
-def ledger_config(database_url: str, spool_dir: str, extra: str = "", flush_s: float = 0.1) -> str:
+IN_PROCESS = """{name: simulator, base_url: simulator, simulator: {chunk_delay_ms: 0, output_tokens: 12,
+             video_queued_s: 0, video_processing_s: 0}}"""
+
+
+def ledger_config(database_url: str, spool_dir: str, extra: str = "", flush_s: float = 0.1,
+                  channel: str = IN_PROCESS) -> str:
     return f"""
-channels: [{{name: simulator, base_url: simulator, simulator: {{chunk_delay_ms: 0, output_tokens: 12,
-             video_queued_s: 0, video_processing_s: 0}}}}]
+channels: [{channel}]
 observability: {{logging: {{access_log: false}}}}
 plugins: {{ledger: {{database_url: "{database_url}", flush_interval_s: {flush_s}, spool_dir: "{spool_dir}"}}}}
 {PRICES}
@@ -210,3 +214,60 @@ async def test_the_report_sums_the_ledger_by_what_it_is_asked_and_metrics_count_
     assert report("--since", "1h", "--by", "key").stdout.splitlines()[0].split()[:2] == ["key", "requests"]
     assert report("--since", "yesterday").returncode == 2 and report("--by", "key;drop").returncode == 2
     assert await cost_counted() - before == pytest.approx(sum(float(r["cost"]) for r in found))
+
+
+async def test_ten_thousand_requests_through_three_instances_with_postgresql_away_for_30_s(
+        ledger_db, spawn, redis_url, tmp_path) -> None:  # noqa: ANN001
+    """Every chat format as JSON and stream, images and videos, some streams left early, through
+    three instances sharing Redis; PostgreSQL unreachable for 30 s in the middle. The ledger ends
+    with exactly one row per answered request, and its token sums are what the upstream reported."""
+    from tests.tcp_relay import SwitchedRelay
+
+    sim = spawn("simulator", "--chunk-delay-ms", "0", "--output-tokens", "6", "--video-queued-s", "0",
+                "--video-processing-s", "0")
+    relay = SwitchedRelay(int(ledger_db.split(":")[-1].split("/")[0]))
+    await relay.up()
+    through_relay = ledger_db.replace(":5432/", f":{relay.port}/")
+    text = ledger_config(through_relay, str(tmp_path / "spool"), flush_s=0.2, extra=f"""
+server: {{listen: "127.0.0.1:{{PORT}}"}}
+state: {{backend: redis, url: "{redis_url}", prefix: "ledger-{tmp_path.name}:"}}
+""", channel=f'{{name: simulator, base_url: "{sim.url}"}}')
+    gateways = [spawn("gateway", config=text) for _ in range(3)]
+    gate = asyncio.Semaphore(32)
+    answered = 0
+
+    async def one(http: aiohttp.ClientSession, index: int) -> None:
+        nonlocal answered
+        path, headers, body = MIXED[index % len(MIXED)]
+        async with gate, http.post(gateways[index % 3].url + path, headers=headers, json=body) as answer:
+            await answer.read()
+            answered += answer.status == 200
+
+    async def leave_early(http: aiohttp.ClientSession, url: str) -> None:
+        slow = {**MSG, "x-sim-chunk-delay-ms": "20", "x-sim-output-tokens": "50"}
+        async with gate:
+            answer = await http.post(url + "/v1/messages", headers=slow, json={**MIXED[1][2], "max_tokens": 60})
+            await answer.content.readuntil(b"content_block_delta")
+            answer.close()
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http:
+        await asyncio.gather(*(one(http, i) for i in range(3000)))
+        await relay.down()
+        away = time.monotonic()
+        requests = [one(http, i) for i in range(3000, 10_000)]
+        requests += [leave_early(http, gateways[i % 3].url) for i in range(30)]
+        await asyncio.gather(*requests)
+        await asyncio.sleep(max(0.0, 30 - (time.monotonic() - away)))
+        await relay.up()
+        found = await rows_when(ledger_db, answered + 30, within_s=60)
+    await relay.down()
+    assert answered == 10_000
+    assert len(found) == answered + 30 and len({r["request_id"] for r in found}) == len(found)
+    left = [r for r in found if r["client_aborted"]]
+    assert len(left) == 30 and all(r["estimated"] and r["status"] == 200 for r in left)
+    async with aiohttp.ClientSession() as http, http.get(sim.url + "/_sim/stats") as answer:
+        reported = (await answer.json())["reported"]
+    whole = [r for r in found if not r["client_aborted"] and r["route"] != "video_generations"]
+    assert reported["answers"] == len(whole)
+    assert sum(r["input_tokens"] for r in whole) == reported["input_tokens"]
+    assert sum(r["output_tokens"] for r in whole) == reported["output_tokens"]
