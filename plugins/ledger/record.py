@@ -9,7 +9,8 @@ upstream sends about one token an event).
 from __future__ import annotations
 
 import math
-from dataclasses import astuple, dataclass, fields
+import operator
+from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from typing import Any
 
@@ -46,7 +47,11 @@ class UsageRecord:
     estimated: bool
 
     def row(self) -> tuple[Any, ...]:
-        return astuple(self)
+        """The record as COPY sends it, its cost in billionths: a float sent into a numeric column
+        cost 4 us a record to encode, an integer almost nothing (PostgreSQL divides it back). And
+        not dataclasses.astuple, which deep-copies every field: 25 us a record."""
+        values = _ROW(self)
+        return (*values[:_COST], round(self.cost * 1_000_000_000), *values[_COST + 1:])
 
     def to_json(self) -> dict[str, Any]:
         found = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -59,6 +64,8 @@ class UsageRecord:
 
 
 COLUMNS = tuple(f.name for f in fields(UsageRecord))
+_ROW = operator.attrgetter(*COLUMNS)
+_COST = COLUMNS.index("cost")
 
 
 def record_of(ex: Exchange, prices: PriceTable, images: list[ImageMade], video_seconds: float,

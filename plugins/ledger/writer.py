@@ -34,10 +34,13 @@ for _outcome in ("written", "spooled", "dropped"):  # listed from the start: a p
 LEDGER_WAITING = Gauge("modelgate_ledger_waiting_records", "Usage records not yet in PostgreSQL (in memory and "
                        "in this process's spool file)", multiprocess_mode="livesum")
 
-_INSERT = (f"INSERT INTO usage_records ({', '.join(COLUMNS)}) SELECT {', '.join(COLUMNS)} FROM ledger_incoming "
+# Records arrive in a table of the session's own, their cost in billionths (UsageRecord.row), and
+# go on from there unless their request id is in the ledger already.
+_SELECTED = ", ".join("cost::numeric / 1000000000" if c == "cost" else c for c in COLUMNS)
+_INSERT = (f"INSERT INTO usage_records ({', '.join(COLUMNS)}) SELECT {_SELECTED} FROM ledger_incoming "
            "ON CONFLICT (request_id) DO NOTHING")
 _INCOMING = ("CREATE TEMP TABLE IF NOT EXISTS ledger_incoming (LIKE usage_records INCLUDING DEFAULTS) "
-             "ON COMMIT DELETE ROWS")
+             "ON COMMIT DELETE ROWS; ALTER TABLE ledger_incoming ALTER COLUMN cost TYPE bigint USING 0")
 _RETRY_S = 1.0
 
 
