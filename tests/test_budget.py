@@ -87,3 +87,35 @@ async def test_a_budget_across_three_instances_stops_within_one_request_of_it(sp
     one_request = max(costs)
     assert 0.01 - one_request < sum(costs) <= 0.01
     assert costs.count(0.0) > 0
+
+
+async def test_a_budget_the_state_store_lost_is_rebuilt_from_the_ledger(ledger_db, start_gateway, http,
+                                                                        redis_url, tmp_path) -> None:  # noqa: ANN001
+    import redis.asyncio as aioredis
+
+    from tests.test_ledger import rows_when
+
+    state = f"state: {{backend: redis, url: '{redis_url}'}}"
+    ledger = f"plugins: {{ledger: {{database_url: '{ledger_db}', flush_interval_s: 0.05, spool_dir: '{tmp_path}'}}}}"
+    gateway = await start_gateway(config("{cost_per_day: 0.002}", state=state, extra=ledger))
+    spent = 0.0
+    for _ in range(3):
+        async with http.post(gateway.url + "/v1/messages", json=MESSAGE, headers=MSG) as answer:
+            spent += cost_of(await answer.json())
+    await rows_when(ledger_db, 3)
+    store = aioredis.Redis.from_url(redis_url)
+    try:
+        lost = [key async for key in store.scan_iter("modelgate:budget:*")]
+        assert lost and await store.delete(*lost) == len(lost)  # a Redis that came back empty
+    finally:
+        await store.aclose()
+    statuses = []
+    for index in range(12):
+        async with http.post(gateway.url + "/v1/messages", json=MESSAGE, headers=MSG) as answer:
+            statuses.append(answer.status)
+            if answer.status == 200:
+                spent += cost_of(await answer.json())
+        if index == 0:
+            await asyncio.sleep(0.5)  # the first request after the loss started the counter, and its rebuild
+    assert statuses[-1] == 429
+    assert 0.002 - cost_of({"usage": {"input_tokens": 10, "output_tokens": 20}}) < spent <= 0.002

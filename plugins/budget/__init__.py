@@ -13,6 +13,7 @@ budget answers carry `X-Budget-Warning`. Windows are calendar days and months in
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from datetime import datetime, timedelta, timezone
@@ -69,6 +70,8 @@ class BudgetSettings(BaseModel):
 
     tenants: dict[str, BudgetLimits] = Field(default_factory=dict)  # by tenant label: every key of it together
     soft_percent: float = Field(default=80, gt=0, le=100)
+    # A counter the state store lost is rebuilt from the ledger (plugins.ledger.database_url), when there is one.
+    rebuild_from_ledger: bool = True
     default_reserve_tokens: int = Field(default=4096, ge=1)
     fail: Literal["open", "closed"] = "open"
 
@@ -95,8 +98,14 @@ class Budget(Plugin):
         else:
             self.counters = self.resources.setdefault("budget.memory", MemoryCounters())
         self.unavailable = False
+        ledger = config.plugins.get("ledger")
+        self.ledger_url = ledger.get("database_url") if isinstance(ledger, dict) and self.settings.rebuild_from_ledger \
+            else None
+        self._rebuilding: set[asyncio.Task[None]] = set()
 
     async def stop(self) -> None:
+        for task in list(self._rebuilding):
+            task.cancel()
         if self.redis:
             await self.counters.close()
 
@@ -123,6 +132,8 @@ class Budget(Plugin):
                     await self._give_back(taken)
                     return self._refusal(ex, subject, reserved.refused, now)
                 taken.append((windows, amounts))
+                if reserved.made and self.ledger_url is not None:
+                    self._rebuild(subject, reserved.made, now.timestamp())
         except CountersUnavailable as exc:  # the fail mode decides
             await self._give_back(taken)
             return self._unavailable(ex, exc)
@@ -165,7 +176,8 @@ class Budget(Plugin):
     def _windows(self, subject: str, limits: BudgetLimits, now: datetime) -> list[Window]:
         day = now.strftime("%Y-%m-%d")
         month = now.strftime("%Y-%m")
-        next_day = (now.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=1)).timestamp()
+        today = now.replace(hour=0, minute=0, second=0, microsecond=0)
+        next_day = (today + timedelta(days=1)).timestamp()
         first = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         next_month = (first + timedelta(days=32)).replace(day=1).timestamp()
         base = f"{self.prefix}{{{subject}}}" if self.tagged else f"{self.prefix}{subject}"
@@ -178,7 +190,9 @@ class Budget(Plugin):
                 ("tokens", month, limits.tokens_per_month, _MONTH_TTL_S, next_month)):
             if limit is not None:
                 span = "day" if period == day else "month"
-                found.append(Window(f"{base}:{measure}:{period}", f"{kind}-{span}-{measure}", float(limit), ttl, resets))
+                starts = (today if period == day else first).timestamp()
+                found.append(Window(f"{base}:{measure}:{period}", f"{kind}-{span}-{measure}", float(limit), ttl,
+                                    starts, resets))
         return found
 
     def _most(self, ex: Exchange) -> tuple[int, float]:
@@ -205,6 +219,25 @@ class Budget(Plugin):
         seconds = VideoTasks.seconds_asked(ex.json()) if ex.route.name in _VIDEO_CREATES else 0.0
         charge = self.prices.charge(ex.model, usage, images, seconds)
         return (usage.input_tokens or 0) + (usage.output_tokens or 0), charge.cost
+
+    def _rebuild(self, subject: str, windows: list[Window], before: float) -> None:
+        """Add to counters this request started what the ledger knows of their periods (off the request path)."""
+        async def run() -> None:
+            from plugins.budget.rebuild import spent_before
+
+            for window in windows:
+                try:
+                    spent = await spent_before(self.ledger_url, subject, window, before)  # type: ignore[arg-type]
+                    if spent > 0:
+                        await self.counters.add(window, spent)
+                        log.info("a budget counter the state store had lost is rebuilt from the ledger",
+                                 extra={"subject": subject, "window": window.name, "spent": spent})
+                except Exception as exc:  # noqa: BLE001 (a ledger away: the counter goes on from what it has)
+                    log.warning("a budget counter could not be rebuilt from the ledger: %s", type(exc).__name__)
+
+        task = asyncio.get_running_loop().create_task(run(), name="budget rebuild")
+        self._rebuilding.add(task)
+        task.add_done_callback(self._rebuilding.discard)
 
     async def _give_back(self, taken: list[tuple[list[Window], list[float]]]) -> None:
         for windows, amounts in taken:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
@@ -23,6 +23,7 @@ class Window:
     name: str
     limit: float
     ttl_s: int        # the counter outlives its period by a little
+    starts_at: float  # unix time the period began
     resets_at: float  # unix time the period ends
 
 
@@ -30,6 +31,7 @@ class Window:
 class Reserved:
     refused: Window | None   # the first window without room (then nothing was reserved)
     used: list[float]        # each window's spent-and-reserved after this request (or before it, refused)
+    made: list[Window] = field(default_factory=list)  # windows whose counter this reservation started
 
 
 class CountersUnavailable(Exception):
@@ -40,6 +42,8 @@ class Counters(Protocol):
     async def reserve(self, windows: Sequence[Window], amounts: Sequence[float]) -> Reserved: ...
 
     async def settle(self, windows: Sequence[Window], deltas: Sequence[float]) -> None: ...
+
+    async def add(self, window: Window, amount: float) -> None: ...
 
     async def close(self) -> None: ...
 
@@ -57,15 +61,19 @@ class MemoryCounters:
         for window, value, amount in zip(windows, current, amounts):
             if amount > 0 and value + amount > window.limit:
                 return Reserved(window, current)
+        made = [w for w in windows if w.key not in self._values]
         for window, value, amount in zip(windows, current, amounts):
             self._values[window.key] = (value + amount, now + window.ttl_s)
         self._prune(now)
-        return Reserved(None, [v + a for v, a in zip(current, amounts)])
+        return Reserved(None, [v + a for v, a in zip(current, amounts)], made)
 
     async def settle(self, windows: Sequence[Window], deltas: Sequence[float]) -> None:
         now = self._clock()
         for window, delta in zip(windows, deltas):
             self._values[window.key] = (self._get(window.key, now) + delta, now + window.ttl_s)
+
+    async def add(self, window: Window, amount: float) -> None:
+        await self.settle([window], [amount])
 
     async def close(self) -> None:
         return None
@@ -83,22 +91,25 @@ class MemoryCounters:
 _WAIT_S = 0.5  # as the limiter: past it the fail mode decides
 
 # KEYS: the windows' counters. ARGV: each window's limit, amount and ttl. Reserves every amount
-# only if each window has room; answers {refused index (0: none), value of each window}.
+# only if each window has room; answers {refused index (0: none), value of each window, and for
+# each window 1 if this call made its counter (0 else)}.
 RESERVE = """
-local values = {}
+local values, made = {}, {}
 for i = 1, #KEYS do
   local a = (i - 1) * 3
   local limit, amount = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local value = tonumber(redis.call('GET', KEYS[i]) or '0')
+  local found = redis.call('GET', KEYS[i])
+  local value = tonumber(found or '0')
   values[i] = tostring(value)
-  if amount > 0 and value + amount > limit then return {i, values} end
+  made[i] = found and 0 or 1
+  if amount > 0 and value + amount > limit then return {i, values, made} end
 end
 for i = 1, #KEYS do
   local a = (i - 1) * 3
   values[i] = redis.call('INCRBYFLOAT', KEYS[i], ARGV[a + 2])
   redis.call('EXPIRE', KEYS[i], ARGV[a + 3])
 end
-return {0, values}
+return {0, values, made}
 """
 
 
@@ -116,8 +127,10 @@ class RedisCounters:
         args: list[Any] = []
         for window, amount in zip(windows, amounts):
             args += [repr(window.limit), repr(amount), window.ttl_s]
-        refused, values = await self._call(self._shared.calls.script(self._reserve, [w.key for w in windows], args))
-        return Reserved(windows[refused - 1] if refused else None, [float(v) for v in values])
+        refused, values, made = await self._call(self._shared.calls.script(self._reserve, [w.key for w in windows],
+                                                                           args))
+        return Reserved(windows[refused - 1] if refused else None, [float(v) for v in values],
+                        [w for w, new in zip(windows, made) if new and not refused])
 
     async def settle(self, windows: Sequence[Window], deltas: Sequence[float]) -> None:
         # INCRBYFLOAT counts twice if sent twice: never resent (a lost settlement errs by one request).
@@ -132,6 +145,10 @@ class RedisCounters:
                 return await pending
         except (RedisError, OSError, TimeoutError) as exc:
             raise CountersUnavailable(type(exc).__name__) from exc
+
+    async def add(self, window: Window, amount: float) -> None:
+        """Count `amount` more in `window` (spending the ledger knows of and the store forgot)."""
+        await self._call(self._shared.calls.command("INCRBYFLOAT", window.key, repr(amount), resend=False))
 
     async def close(self) -> None:
         from proxy.state.shared import unshare
