@@ -99,12 +99,13 @@ class Budget(Plugin):
             self.counters = self.resources.setdefault("budget.memory", MemoryCounters())
         self.unavailable = False
         ledger = config.plugins.get("ledger")
-        self.ledger_url = ledger.get("database_url") if isinstance(ledger, dict) and self.settings.rebuild_from_ledger \
-            else None
-        self._rebuilding: set[asyncio.Task[None]] = set()
+        self.ledger_url = None
+        if isinstance(ledger, dict) and self.settings.rebuild_from_ledger:
+            self.ledger_url = ledger.get("database_url")
+        self._background: set[asyncio.Task[None]] = set()
 
     async def stop(self) -> None:
-        for task in list(self._rebuilding):
+        for task in list(self._background):
             task.cancel()
         if self.redis:
             await self.counters.close()
@@ -137,6 +138,9 @@ class Budget(Plugin):
         except CountersUnavailable as exc:  # the fail mode decides
             await self._give_back(taken)
             return self._unavailable(ex, exc)
+        except asyncio.CancelledError:  # the client left: what is known reserved goes back (one under way may stay)
+            self._in_background(self._give_back(taken), "budget give-back")
+            raise
         ex.plugin_state[_STATE] = taken
         if warnings:
             ex.response_headers = {**(ex.response_headers or {}), "X-Budget-Warning": ", ".join(warnings)}
@@ -235,9 +239,12 @@ class Budget(Plugin):
                 except Exception as exc:  # noqa: BLE001 (a ledger away: the counter goes on from what it has)
                     log.warning("a budget counter could not be rebuilt from the ledger: %s", type(exc).__name__)
 
-        task = asyncio.get_running_loop().create_task(run(), name="budget rebuild")
-        self._rebuilding.add(task)
-        task.add_done_callback(self._rebuilding.discard)
+        self._in_background(run(), "budget rebuild")
+
+    def _in_background(self, work: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._background.add(task)  # referenced until done
+        task.add_done_callback(self._background.discard)
 
     async def _give_back(self, taken: list[tuple[list[Window], list[float]]]) -> None:
         for windows, amounts in taken:
