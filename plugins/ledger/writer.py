@@ -8,8 +8,9 @@ gateway, or the spool handed it out again) is written once. A batch PostgreSQL d
 goes to the spool (plugins/ledger/spool.py), which the same task drains once PostgreSQL answers
 again. Closing writes what is left, or spools it.
 
-A record waits in this process's memory for at most `flush_interval_s` before it is written or
-spooled: a process killed without warning (SIGKILL, a lost machine) loses that much.
+A record waits in this process's memory for `flush_interval_s` before a write is tried, and while
+one is under way (up to `write_timeout_s` when PostgreSQL does not answer): a process killed
+without warning (SIGKILL, a lost machine) loses what waits then.
 """
 
 from __future__ import annotations
