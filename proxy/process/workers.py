@@ -90,7 +90,8 @@ class Supervisor:
         # it, not from a file edited since, which might be broken or differ from what the others run.
         self.good_config: Path | None = None
         if config_path is not None:
-            self.good_config = Path(self.metrics_dir).with_name(Path(self.metrics_dir).name + ".yaml")
+            # Inside the directory mkdtemp made for this process alone (0700): the copy holds keys and URLs.
+            self.good_config = Path(self.metrics_dir) / "config.yaml"
             self.good_config.write_text(Path(config_path).read_text(encoding="utf-8"), encoding="utf-8")
         self.workers: dict[int, subprocess.Popen[bytes]] = {}
         self.stopping = False
@@ -108,8 +109,6 @@ class Supervisor:
             return self._watch()
         finally:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
-            if self.good_config is not None:
-                self.good_config.unlink(missing_ok=True)
 
     def _start(self, slot: int) -> None:
         command = [sys.executable, "-m", "proxy", "serve"]
