@@ -46,14 +46,15 @@ async def test_spending_stops_at_the_budget_with_a_429_saying_when_it_resets(sta
                 spent += cost_of(await answer.json())
                 warned = warned or "X-Budget-Warning" in answer.headers
             else:
-                refusal, retry = await answer.json(), int(answer.headers["Retry-After"])
+                refusal, retry, refused_headers = await answer.json(), int(answer.headers["Retry-After"]), answer.headers
     assert statuses[0] == 200 and statuses[-1] == 429 and statuses == sorted(statuses)
     assert spent <= 0.002 and spent > 0.002 - 2 * cost_of({"usage": {"input_tokens": 10, "output_tokens": 20}})
     assert warned, "past 80% answers said so"
     assert refusal["error"]["type"] == "rate_limit_error" and refusal["error"]["code"] == "budget_exceeded"
-    assert re.search(r"budget 'key-day-cost' of key:spender reached .* resets at \d{4}-\d\d-\d\dT00:00:00Z",
-                     refusal["error"]["message"])
-    assert 0 < retry <= 86_400
+    assert re.search(r"budget 'key-day-cost' of key:spender \(0.002 in cost a day\) has [\d.e-]+ left, less than "
+                     r"this request may spend \([\d.e-]+\); it resets at \d{4}-\d\d-\d\dT00:00:00Z",
+                     refusal["error"]["message"]), refusal["error"]["message"]
+    assert 0 < retry <= 86_400 and refused_headers["x-should-retry"] == "false"  # no SDK sleeps out the day
     async with http.post(gateway.url + "/v1/messages", json=MESSAGE,
                          headers={**MSG, "x-api-key": OTHER}) as answer:
         assert answer.status == 200  # another key of the tenant: the budget was the key's own
@@ -68,7 +69,7 @@ async def test_a_tenant_s_token_budget_counts_every_key_of_it(start_gateway, htt
             statuses.append(answer.status)
             body = await answer.json()
     assert statuses.count(200) >= 5 and statuses[-1] == 429
-    assert "budget 'tenant-day-tokens' of tenant:acme reached" in body["error"]["message"]
+    assert "budget 'tenant-day-tokens' of tenant:acme (200 tokens a day)" in body["error"]["message"]
 
 
 async def test_a_budget_across_three_instances_stops_within_one_request_of_it(spawn, shared_redis) -> None:  # noqa: ANN001
@@ -119,3 +120,60 @@ async def test_a_budget_the_state_store_lost_is_rebuilt_from_the_ledger(ledger_d
             await asyncio.sleep(0.5)  # the first request after the loss started the counter, and its rebuild
     assert statuses[-1] == 429
     assert 0.002 - cost_of({"usage": {"input_tokens": 10, "output_tokens": 20}}) < spent <= 0.002
+
+
+async def test_a_stream_left_early_is_settled_by_what_it_streamed(start_gateway, http) -> None:  # noqa: ANN001
+    """Not by the placeholder count a message stream starts with (nearly free), nor by all it
+    reserved (a key of a tenant could then spend the tenant's budget on nothing)."""
+    gateway = await start_gateway(config("{tokens_per_day: 100000}"))
+    slow = {**MSG, "x-sim-chunk-delay-ms": "2", "x-sim-output-tokens": "400"}
+    answer = await http.post(gateway.url + "/v1/messages", headers=slow,
+                             json={**MESSAGE, "max_tokens": 2000, "stream": True})
+    for _ in range(120):
+        await answer.content.readuntil(b"event: content_block_delta")
+    answer.close()
+    await asyncio.sleep(0.3)
+    counters = gateway.owner.resources["budget.memory"]
+    [spent] = [value for key, (value, _) in counters._values.items() if ":tokens:" in key]
+    assert 120 <= spent < 400  # the prompt's 2 tokens and about one an event streamed
+
+
+async def test_a_model_the_price_table_does_not_price_is_refused_under_a_cost_budget(start_gateway, http) -> None:  # noqa: ANN001
+    gateway = await start_gateway(config("{cost_per_day: 1}"))
+    unpriced = {"model": "respmodel-4o", "input": "hi"}
+    async with http.post(gateway.url + "/v1/responses", json=unpriced, headers={"Authorization": f"Bearer {KEY}"}) as a:
+        assert a.status == 403 and (await a.json())["error"]["code"] == "model_not_priced"
+    async with http.post(gateway.url + "/v1/responses", json=unpriced, headers={"Authorization": f"Bearer {OTHER}"}) as a:
+        assert a.status == 200  # a key without a cost budget is not held to the table
+
+
+def test_check_config_says_which_budgets_could_never_hold() -> None:
+    from proxy.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError) as refused:
+        parse_config("keys: [{name: a, key: budget-key-9, labels: {tenant: acme}, budget: {cost_per_day: 1}}]\n"
+                     "plugins: {budget: {tenants: {acmee: {tokens_per_day: 5}}}}", {})
+    assert refused.value.problems == [
+        "keys[0].budget: a cost budget, and no prices: every request would cost 0 (add `prices`, docs/ledger.md)",
+        "plugins.budget.tenants.acmee: no key has the tenant label 'acmee'"]
+
+
+async def test_the_sdks_raise_a_budget_refusal_at_once_rather_than_sleep_until_it_resets(start_gateway) -> None:  # noqa: ANN001
+    import time
+
+    import anthropic
+    import openai
+
+    gateway = await start_gateway(config("{tokens_per_day: 1}"))  # the first request spends it all
+    client = anthropic.AsyncAnthropic(base_url=gateway.url, api_key=KEY)
+    await client.messages.create(model="msgmodel-haiku-4-5", max_tokens=20, messages=[{"role": "user", "content": "hi"}])
+    started = time.monotonic()
+    async with asyncio.timeout(20):  # an SDK sleeping out Retry-After (hours) fails here, not the suite's budget
+        with pytest.raises(anthropic.RateLimitError) as refused:
+            await client.messages.create(model="msgmodel-haiku-4-5", max_tokens=20,
+                                         messages=[{"role": "user", "content": "hi"}])
+        assert refused.value.body["error"]["code"] == "budget_exceeded"  # type: ignore[index]
+        with pytest.raises(openai.RateLimitError):
+            await openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key=KEY).responses.create(
+                model="respmodel-4o", input="hi")
+    assert time.monotonic() - started < 5, "each SDK took the refusal as final (x-should-retry: false)"

@@ -271,3 +271,55 @@ state: {{backend: redis, url: "{redis_url}", prefix: "ledger-{tmp_path.name}:"}}
     assert reported["answers"] == len(whole)
     assert sum(r["input_tokens"] for r in whole) == reported["input_tokens"]
     assert sum(r["output_tokens"] for r in whole) == reported["output_tokens"]
+
+
+async def test_a_request_without_a_key_has_no_row_and_a_refused_model_name_is_kept_short(
+        ledger_db, start_gateway, http, tmp_path) -> None:  # noqa: ANN001
+    gateway = await start_gateway(ledger_config(ledger_db, str(tmp_path / "spool")))
+    long_model = {**MIXED[0][2], "model": "m" * 100_000}
+    async with http.post(gateway.url + "/v1/messages", json=long_model, headers={"msgapi-version": "2023-06-01"}) as a:
+        assert a.status == 401  # nobody's to pay for: no row
+    async with http.post(gateway.url + "/v1/messages", json=long_model, headers=MSG) as answer:
+        assert answer.status == 400
+    [row] = await rows_when(ledger_db, 1)
+    assert row["status"] == 400 and len(row["model"]) == 256
+
+
+async def test_a_record_postgresql_refuses_is_set_aside_and_the_others_of_its_batch_are_written(
+        ledger_db, tmp_path) -> None:  # noqa: ANN001
+    from datetime import datetime, timezone
+
+    from plugins.ledger.record import UsageRecord
+    from plugins.ledger.spool import FileSpool
+    from plugins.ledger.writer import LedgerWriter
+
+    def record(index: int, status: int = 200) -> UsageRecord:
+        return UsageRecord(f"r{index}", datetime.now(timezone.utc), None, "k", "key:k", "messages", "m", "m", "c",
+                           status, 1, 0, 1, 0, 0, 0.0, 0.0, False, 1.0, False, False)
+
+    writer = LedgerWriter(ledger_db, 100, 0.05, [FileSpool(tmp_path / "spool", 1 << 20)])
+    await writer.start()
+    for index in range(10):
+        writer.submit(record(index, status=2**40 if index == 4 else 200))  # no integer column holds it
+    found = await rows_when(ledger_db, 9)
+    for index in range(10, 15):  # and PostgreSQL was never taken for away: later records go straight in
+        writer.submit(record(index))
+    found = await rows_when(ledger_db, 14)
+    await writer.close()
+    assert sorted(r["request_id"] for r in found) == sorted(f"r{i}" for i in range(15) if i != 4)
+    assert not list((tmp_path / "spool").glob("*.jsonl")), "nothing was spooled"
+
+
+async def test_video_forms_and_streamed_images_are_counted(ledger_db, start_gateway, http, tmp_path) -> None:  # noqa: ANN001
+    gateway = await start_gateway(ledger_config(ledger_db, str(tmp_path / "spool")))
+    form = aiohttp.FormData(default_to_multipart=True)
+    for name, value in (("model", "videogen-3.0-generate-001"), ("prompt", "waves"), ("seconds", "6")):
+        form.add_field(name, value)
+    async with http.post(gateway.url + "/v1/videos", data=form, headers=BEARER) as answer:
+        assert answer.status == 200
+    streamed = {"model": "imagegen-1", "prompt": "a cat", "stream": True, "size": "1024x1024", "quality": "high"}
+    async with http.post(gateway.url + "/v1/images/generations", json=streamed, headers=BEARER) as answer:
+        assert answer.status == 200 and b".completed" in await answer.read()
+    found = {r["route"]: r for r in await rows_when(ledger_db, 2)}
+    assert (found["videos"]["video_seconds"], float(found["videos"]["cost"])) == (6.0, 3.0)
+    assert (found["image_generations"]["images"], float(found["image_generations"]["cost"])) == (1, 0.17)

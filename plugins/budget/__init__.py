@@ -32,7 +32,9 @@ from proxy.observability.metrics import child
 from proxy.plugin import Joins, Plugin
 from proxy.policy.prices import PriceTable
 from proxy.request.exchange import Exchange, UpstreamResponse
+from proxy.request.usage_estimate import usage_or_estimate
 from proxy.state import connect as topology
+from proxy.wire.sse import SSEEvent
 
 log = logging.getLogger("modelgate.budget")
 
@@ -44,11 +46,12 @@ BUDGET_UNAVAILABLE = Counter("modelgate_budget_backend_errors", "Budget checks t
                              ["mode"])
 
 _STATE = "budget.reserved"
+_EVENTS = "budget.events"
+_IMAGES = "budget.images"
 _DAY_TTL_S = 2 * 86_400
 _MONTH_TTL_S = 33 * 86_400
 _VIDEO_CREATES = frozenset({"video_generations", "videos"})
 _BYTES_A_TOKEN = 4
-_LONGEST_VIDEO_S = 8.0  # a submission naming no duration may get the interface's longest
 
 
 class BudgetLimits(BaseModel):
@@ -72,6 +75,9 @@ class BudgetSettings(BaseModel):
     soft_percent: float = Field(default=80, gt=0, le=100)
     # A counter the state store lost is rebuilt from the ledger (plugins.ledger.database_url), when there is one.
     rebuild_from_ledger: bool = True
+    # A model no row of the price table prices costs nothing, so a cost budget cannot hold it:
+    # refused (403 model_not_priced) for a subject with one, unless allowed.
+    unpriced: Literal["refuse", "allow"] = "refuse"
     default_reserve_tokens: int = Field(default=4096, ge=1)
     fail: Literal["open", "closed"] = "open"
 
@@ -85,6 +91,26 @@ class Budget(Plugin):
     order = 310  # right after the rate limits
     before_owner_check = True  # reads nothing that belongs to a followed id
     reads_answers = False
+
+    @classmethod
+    def config_problems(cls, config: GatewayConfig, workers: int) -> list[str]:
+        """Budgets that could never hold: a cost budget with nothing priced, a tenant no key has."""
+        settings = config.plugins.get(cls.name, {})
+        tenants = settings.get("tenants", {}) if isinstance(settings, dict) else {}
+        problems = []
+        def costs(limits: Any) -> bool:  # as written (the key's fields are read by their model later)
+            found = limits.model_dump() if isinstance(limits, BudgetLimits) else limits
+            return isinstance(found, dict) and bool(found.get("cost_per_day") or found.get("cost_per_month"))
+
+        costed = [f"keys[{i}].budget" for i, key in enumerate(config.keys) if costs((key.model_extra or {}).get("budget"))]
+        costed += [f"plugins.{cls.name}.tenants.{label}" for label, limits in (tenants or {}).items() if costs(limits)]
+        if costed and not config.prices:
+            problems.append(f"{costed[0]}: a cost budget, and no prices: every request would cost 0 (add `prices`, "
+                            "docs/ledger.md)")
+        labels = {key.labels.get("tenant") for key in config.keys}
+        problems += [f"plugins.{cls.name}.tenants.{label}: no key has the tenant label {label!r}"
+                     for label in (tenants if isinstance(tenants, dict) else {}) if label not in labels]
+        return problems
 
     def configure(self, config: GatewayConfig) -> None:
         self.prices = PriceTable(config.prices)
@@ -114,6 +140,11 @@ class Budget(Plugin):
         subjects = self._subjects(ex)
         if not subjects:
             return None
+        if self.settings.unpriced == "refuse" and ex.model is not None and self.prices.row_for(ex.model) is None:
+            costed = [subject for subject, limits in subjects if limits.cost_per_day or limits.cost_per_month]
+            if costed:
+                return ex.error_response(403, f"{costed[0]} has a cost budget, and the price table prices no model "
+                                         f"named {ex.model[:100]!r}", "model_not_priced")
         tokens, cost = self._most(ex)
         now = datetime.now(timezone.utc)
         taken: list[tuple[list[Window], list[float]]] = []
@@ -131,7 +162,8 @@ class Budget(Plugin):
                         warnings.append(f"{window.name}={used / window.limit:.2f}")
                 if reserved.refused is not None:
                     await self._give_back(taken)
-                    return self._refusal(ex, subject, reserved.refused, now)
+                    index = windows.index(reserved.refused)
+                    return self._refusal(ex, subject, reserved.refused, reserved.used[index], amounts[index], now)
                 taken.append((windows, amounts))
                 if reserved.made and self.ledger_url is not None:
                     self._rebuild(subject, reserved.made, now.timestamp())
@@ -146,18 +178,22 @@ class Budget(Plugin):
             ex.response_headers = {**(ex.response_headers or {}), "X-Budget-Warning": ", ".join(warnings)}
         return None
 
+    def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
+        if _STATE in ex.plugin_state:
+            ex.plugin_state[_EVENTS] = ex.plugin_state.get(_EVENTS, 0) + 1
+            if ex.format.name == "images" and (image := ImagesFormat.image_in_event(event)) is not None:
+                ex.plugin_state.setdefault(_IMAGES, []).append(image)
+        return event
+
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
         if _STATE in ex.plugin_state and upstream.status < 400 and ex.format.name == "images" and upstream.is_json:
-            ex.plugin_state["budget.images"] = ImagesFormat.images_made(upstream.json(), ex.json())
+            ex.plugin_state[_IMAGES] = ImagesFormat.images_made(upstream.json(), ex.asked())
 
     async def on_complete(self, ex: Exchange) -> None:
         taken = ex.plugin_state.pop(_STATE, None)
         if not taken:
             return
-        spent = self._spent(ex)
-        if spent is None:
-            return  # a stream cut short before its usage was said: what it reserved stays counted
-        spent_tokens, spent_cost = spent
+        spent_tokens, spent_cost = self._spent(ex)
         try:
             for windows, amounts in taken:
                 deltas = [(spent_tokens if w.name.endswith("tokens") else spent_cost) - a for w, a in zip(windows, amounts)]
@@ -208,20 +244,20 @@ class Budget(Plugin):
         if ex.format.name == "images":
             count = body.get("n") if isinstance(body, dict) else None  # a form's n is text; the spec's most is 10
             images = count if isinstance(count, int) and 0 < count <= 10 else 10 if ex.multipart else 1
-        seconds = (VideoTasks.seconds_asked(body) or _LONGEST_VIDEO_S) if ex.route.name in _VIDEO_CREATES else 0.0
+        seconds = VideoTasks.seconds_made(ex.asked())[0] if ex.route.name in _VIDEO_CREATES else 0.0
         return tokens, self.prices.most(ex.model, Usage(tokens - output, output), images, seconds)
 
-    def _spent(self, ex: Exchange) -> tuple[int, float] | None:
-        """What the request spent; None when nobody can say (a stream cut short before its usage)."""
-        status = ex.outcome.status
-        if status == 0 or status >= 400:
-            return 0, 0.0  # refused or failed: nothing the upstream bills
-        usage = ex.usage
-        if ex.outcome.streamed and (ex.outcome.client_aborted or ex.outcome.error) and usage.output_tokens is None:
-            return None
-        images = ex.plugin_state.get("budget.images", [])
-        seconds = VideoTasks.seconds_asked(ex.json()) if ex.route.name in _VIDEO_CREATES else 0.0
-        charge = self.prices.charge(ex.model, usage, images, seconds)
+    def _spent(self, ex: Exchange) -> tuple[int, float]:
+        """What the request spent: the upstream's counts, estimated where it never said them (a
+        stream cut short is settled by what it streamed, not left at what it reserved)."""
+        if ex.outcome.upstream_started is None:
+            return 0, 0.0  # never sent upstream
+        usage, _ = usage_or_estimate(ex, ex.plugin_state.get(_EVENTS, 0))
+        if ex.outcome.status >= 400 and not usage.known:
+            return 0, 0.0  # refused or failed before a word: nothing an upstream bills
+        made = ex.outcome.status < 400 and ex.route.name in _VIDEO_CREATES
+        seconds = VideoTasks.seconds_made(ex.asked())[0] if made else 0.0
+        charge = self.prices.charge(ex.model, usage, ex.plugin_state.get(_IMAGES, []), seconds)
         return (usage.input_tokens or 0) + (usage.output_tokens or 0), charge.cost
 
     def _rebuild(self, subject: str, windows: list[Window], before: float) -> None:
@@ -253,14 +289,18 @@ class Budget(Plugin):
             except CountersUnavailable:  # kept counted: errs on the side of stopping
                 log.warning("a budget reservation could not be given back")
 
-    def _refusal(self, ex: Exchange, subject: str, window: Window, now: datetime) -> web.StreamResponse:
+    def _refusal(self, ex: Exchange, subject: str, window: Window, used: float, asked: float,
+                 now: datetime) -> web.StreamResponse:
         child(BUDGET_REFUSALS, subject, window.name).inc()
-        resets = datetime.fromtimestamp(window.resets_at, timezone.utc)
+        resets = datetime.fromtimestamp(window.resets_at, timezone.utc).isoformat().replace("+00:00", "Z")
         retry = max(1, math.ceil(window.resets_at - now.timestamp()))
-        limit = f"{window.limit:g} {'tokens' if window.name.endswith('tokens') else 'in cost'}"
-        return ex.error_response(429, f"budget '{window.name}' of {subject} reached ({limit} a "
-                                 f"{window.name.split('-')[1]}); it resets at {resets.isoformat().replace('+00:00', 'Z')}",
-                                 "budget_exceeded", headers={"Retry-After": str(retry)})
+        unit = "tokens" if window.name.endswith("tokens") else "in cost"
+        left = max(0.0, window.limit - used)
+        state = "reached" if left <= 0 else f"has {left:.6g} left, less than this request may spend ({asked:.6g})"
+        # A wait of hours is no retry: the SDKs that would sleep out a long Retry-After are told not to.
+        return ex.error_response(429, f"budget '{window.name}' of {subject} ({window.limit:g} {unit} a "
+                                 f"{window.name.split('-')[1]}) {state}; it resets at {resets}", "budget_exceeded",
+                                 headers={"Retry-After": str(retry), "x-should-retry": "false"})
 
     def _unavailable(self, ex: Exchange, exc: Exception) -> web.StreamResponse | None:
         mode = self.settings.fail

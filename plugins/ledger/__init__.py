@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
@@ -43,7 +44,7 @@ UNPRICED = Counter("modelgate_unpriced_requests", "Requests whose model no row o
 _EVENTS = "ledger.events"
 _IMAGES = "ledger.images"
 _VIDEO_CREATES = frozenset({"video_generations", "videos"})
-_RECORD_BYTES = 400  # a record as the spools hold it, about: what spool_max_mb is counted in on Redis
+_RECORD_BYTES = 1024  # the most a record takes in a spool (its model name cut to 256): what bounds the Redis spool
 
 
 class LedgerSettings(BaseModel):
@@ -52,7 +53,7 @@ class LedgerSettings(BaseModel):
     database_url: str | None = Field(default=None, repr=False)  # holds a password, often
     batch_size: int = Field(default=1000, ge=1, le=100_000)
     flush_interval_s: float = Field(default=1.0, gt=0, le=60)
-    write_timeout_s: float = Field(default=10.0, gt=0)
+    write_timeout_s: float = Field(default=3.0, gt=0, le=60)  # past it PostgreSQL counts as away: the batch is spooled
     spool_dir: str = "ledger-spool"
     spool_max_mb: float = Field(default=1024, gt=0)
     redis_spool: bool = True  # with state in Redis, spool there first (any instance drains it)
@@ -60,7 +61,14 @@ class LedgerSettings(BaseModel):
     @field_validator("database_url")
     @classmethod
     def _postgres_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("postgresql://", "postgres://")):
+        if value is None:
+            return value
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 (read for its check: a port that is no number raises)
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme not in ("postgresql", "postgres") or not parts.hostname:
             raise ValueError("a PostgreSQL URL: postgresql://user:password@host:5432/database")
         return value
 
@@ -99,22 +107,25 @@ class Ledger(Plugin):
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
         if self.active:
             ex.plugin_state[_EVENTS] = ex.plugin_state.get(_EVENTS, 0) + 1
+            if ex.format.name == "images" and (image := ImagesFormat.image_in_event(event)) is not None:
+                ex.plugin_state.setdefault(_IMAGES, []).append(image)
         return event
 
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
         if not self.active or upstream.status >= 400 or ex.format.name != "images" or not upstream.is_json:
             return
-        ex.plugin_state[_IMAGES] = ImagesFormat.images_made(upstream.json(), ex.json())
+        ex.plugin_state[_IMAGES] = ImagesFormat.images_made(upstream.json(), ex.asked())
 
     async def on_complete(self, ex: Exchange) -> None:
-        if not self.active:
+        if not self.active or ex.key is None:  # a request no key was found for is no key's to pay for
             return
-        record = record_of(ex, self.prices, ex.plugin_state.get(_IMAGES, []), _video_seconds(ex),
-                           ex.plugin_state.get(_EVENTS, 0), time.perf_counter())
+        seconds, assumed = _video_seconds(ex)
+        record = record_of(ex, self.prices, ex.plugin_state.get(_IMAGES, []), seconds,
+                           ex.plugin_state.get(_EVENTS, 0), time.perf_counter(), assumed)
         model = self.model_label(ex.model)
         if record.cost:
             child(COST, ex.key_name or "anonymous", model).inc(record.cost)
-        if not record.priced and self.prices:
+        if not record.priced and self.prices and ex.model is not None:  # a status poll names no model to price
             child(UNPRICED, model).inc()
         if self.writer is not None:
             self.writer.submit(record)
@@ -138,8 +149,8 @@ async def _writer(config: GatewayConfig, settings: LedgerSettings) -> LedgerWrit
     return writer
 
 
-def _video_seconds(ex: Exchange) -> float:
-    """A video task made: the seconds it asked for."""
+def _video_seconds(ex: Exchange) -> tuple[float, bool]:
+    """A video task made: its seconds, and whether they were assumed (it named none)."""
     if ex.route.name not in _VIDEO_CREATES or not 200 <= ex.outcome.status < 300:
-        return 0.0
-    return VideoTasks.seconds_asked(ex.json())
+        return 0.0, False
+    return VideoTasks.seconds_made(ex.asked())

@@ -1,25 +1,24 @@
 """One usage record per request: what it was, who made it, what the upstream reported, what it cost.
 
-Token figures are the upstream's own counts. Where a stream ended before the upstream said
-them (the client left, the upstream broke off), the missing figures are estimated and the
-record says so: the prompt from the request's size, the output from the events streamed (an
-upstream sends about one token an event).
+Token figures are the upstream's own counts; where it never said them all (a stream cut short, a
+client that left first) the rest are estimated (proxy/request/usage_estimate.py) and the record
+says so.
 """
 
 from __future__ import annotations
 
-import math
 import operator
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from typing import Any
 
-from proxy.formats import Usage
 from proxy.formats.images import ImageMade
 from proxy.policy.prices import PriceTable
 from proxy.request.exchange import Exchange
+from proxy.request.usage_estimate import usage_or_estimate
 
-_BYTES_A_TOKEN = 4  # a prompt's estimate: about four bytes of JSON a token
+_MODEL_CHARACTERS = 256  # the schemas' longest model name; a longer one is kept cut (it was refused anyway)
+_MOST_COST = 1e11  # under the column's numeric(24, 12) bound: an upstream's absurd count is no unwritable record
 
 
 @dataclass(slots=True)
@@ -69,37 +68,27 @@ _COST = COLUMNS.index("cost")
 
 
 def record_of(ex: Exchange, prices: PriceTable, images: list[ImageMade], video_seconds: float,
-              events: int, now: float) -> UsageRecord:
-    """The record of a finished exchange (`events`: how many stream events reached the client)."""
-    usage, estimated = _usage_or_estimate(ex, events)
-    charge = prices.charge(ex.model, usage, images, video_seconds)
+              events: int, now: float, seconds_assumed: bool = False) -> UsageRecord:
+    """The record of a finished exchange (`events`: how many stream events reached the client;
+    `seconds_assumed`: the video seconds are the interface's longest, the submission naming none)."""
+    usage, estimated = usage_or_estimate(ex, events)
+    estimated = estimated or seconds_assumed
+    charge = prices.charge(_clipped(ex.model), usage, images, video_seconds)
     duration_s = now - ex.started
     return UsageRecord(
         request_id=ex.gateway_id, at=_arrived(duration_s),
         client_request_id=ex.request_id if ex.request_id != ex.gateway_id else None,
-        key_name=ex.key_name, tenant=ex.tenant, route=ex.route.name, model=ex.model,
-        upstream_model=ex.upstream_model, channel=ex.channel.name if ex.channel is not None else None,
+        key_name=ex.key_name, tenant=ex.tenant, route=ex.route.name, model=_clipped(ex.model),
+        upstream_model=_clipped(ex.upstream_model), channel=ex.channel.name if ex.channel is not None else None,
         status=ex.outcome.status, input_tokens=usage.input_tokens, cached_input_tokens=usage.cached_input_tokens,
         output_tokens=usage.output_tokens, reasoning_tokens=usage.reasoning_tokens, images=len(images),
-        video_seconds=video_seconds, cost=charge.cost, priced=charge.priced, duration_ms=round(duration_s * 1000, 3),
-        client_aborted=ex.outcome.client_aborted, estimated=estimated)
+        video_seconds=video_seconds, cost=min(charge.cost, _MOST_COST), priced=charge.priced,
+        duration_ms=round(duration_s * 1000, 3), client_aborted=ex.outcome.client_aborted, estimated=estimated)
+
+
+def _clipped(model: str | None) -> str | None:
+    return model[:_MODEL_CHARACTERS] if model is not None else None
 
 
 def _arrived(duration_s: float) -> datetime:
     return datetime.fromtimestamp(datetime.now(timezone.utc).timestamp() - duration_s, timezone.utc)
-
-
-def _usage_or_estimate(ex: Exchange, events: int) -> tuple[Usage, bool]:
-    """The upstream's usage; for a stream cut short before it said all of it, the rest estimated.
-    (A stream's first events may carry a placeholder output count, 1 say: a count below the
-    events streamed is one the upstream never finished.)"""
-    usage = ex.usage
-    cut_short = ex.outcome.streamed and (ex.outcome.client_aborted or ex.outcome.error is not None)
-    if not ex.format.reports_usage or not cut_short:
-        return usage, False
-    estimate = Usage(usage.input_tokens, usage.output_tokens, usage.cached_input_tokens, usage.reasoning_tokens)
-    if estimate.input_tokens is None:
-        estimate.input_tokens = math.ceil(len(ex.body or b"") / _BYTES_A_TOKEN)
-    if estimate.output_tokens is None or estimate.output_tokens < events:
-        estimate.output_tokens = events
-    return estimate, estimate != usage

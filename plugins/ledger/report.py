@@ -58,7 +58,11 @@ def run_command(config: GatewayConfig, args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"modelgate usage report: {exc}", file=sys.stderr)
         return 2
-    rows = asyncio.run(_query(settings.database_url, by, since, until))
+    try:
+        rows = asyncio.run(_query(settings.database_url, by, since, until))
+    except Exception as exc:  # noqa: BLE001 (PostgreSQL away or refusing: said in a line, not a traceback)
+        print(f"modelgate usage report: the ledger's database did not answer ({type(exc).__name__})", file=sys.stderr)
+        return 1
     write(rows, by, args.format, sys.stdout)
     print(f"{len(rows)} group(s), {since.isoformat()} to {until.isoformat()}", file=sys.stderr)
     return 0
@@ -67,13 +71,11 @@ def run_command(config: GatewayConfig, args: argparse.Namespace) -> int:
 def moment(text: str, now: datetime) -> datetime:
     """A span back from `now` (7d) or an ISO date or date/time (UTC unless it says otherwise)."""
     span = _SPAN.match(text.strip())
-    if span:
-        unit = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}[span[2]]
-        return now - timedelta(**{unit: int(span[1])})
+    unit = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}[span[2]] if span else ""
     try:
-        found = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ValueError(f"{text!r} is neither a span (30m, 12h, 7d, 4w) nor an ISO date/time") from None
+        found = now - timedelta(**{unit: int(span[1])}) if span else datetime.fromisoformat(text.strip())
+    except (ValueError, OverflowError):
+        raise ValueError(f"{text!r} is neither a span (30m, 12h, 7d, 4w) back from now nor an ISO date/time") from None
     return found if found.tzinfo is not None else found.replace(tzinfo=timezone.utc)
 
 
@@ -110,13 +112,18 @@ def write(rows: list[dict[str, Any]], by: list[str], form: str, out: Any) -> Non
     elif form == "csv":
         writer = csv.DictWriter(out, names, lineterminator="\n")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({name: _inert(value) for name, value in row.items()} for row in rows)
     else:
         cells = [names] + [[_cell(row[n]) for n in names] for row in rows]
         widths = [max(len(line[i]) for line in cells) for i in range(len(names))]
         for line in cells:
             out.write("  ".join(c.rjust(w) if i >= len(by) else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths)))
                       .rstrip() + "\n")
+
+
+def _inert(value: Any) -> Any:
+    """A text cell a spreadsheet would run as a formula (a model name a client chose, say) is quoted."""
+    return "'" + value if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
 
 
 def _cell(value: Any) -> str:

@@ -52,10 +52,13 @@ class FileSpool:
             if self.size() + len(data) > self.max_bytes:
                 return False
             if self._current is None:
+                # Locked under a name no drainer looks for, then given its own: never claimable unlocked.
                 self.directory.mkdir(parents=True, exist_ok=True)
-                name = self.directory / f"ledger-{os.getpid()}-{time.time_ns()}.jsonl"
-                self._current = name.open("ab")
-                fcntl.flock(self._current, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                name = f"ledger-{os.getpid()}-{time.time_ns()}.jsonl"
+                handle = (self.directory / f"new-{name}").open("ab")
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.rename(self.directory / f"new-{name}", self.directory / name)
+                self._current = handle
             self._current.write(data)
             self._current.flush()
             return True

@@ -24,13 +24,14 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from plugins.ledger.record import COLUMNS, UsageRecord
-from plugins.ledger.schema import SchemaTooNew, migrate
+from plugins.ledger.schema import migrate
 
 log = logging.getLogger("modelgate.ledger")
 
 LEDGER_RECORDS = Counter("modelgate_ledger_records", "Usage records by where they went (written to PostgreSQL, "
-                         "spooled while it was away, dropped: the spool was full)", ["outcome"])
-for _outcome in ("written", "spooled", "dropped"):  # listed from the start: a panel and an alert read each
+                         "spooled while it was away, dropped: the spool was full, refused: PostgreSQL refused "
+                         "what one held)", ["outcome"])
+for _outcome in ("written", "spooled", "dropped", "refused"):  # listed from the start: a panel and an alert read each
     LEDGER_RECORDS.labels(_outcome)
 LEDGER_WAITING = Gauge("modelgate_ledger_waiting_records", "Usage records not yet in PostgreSQL (in memory and "
                        "in this process's spool file)", multiprocess_mode="livesum")
@@ -47,7 +48,7 @@ _RETRY_S = 1.0
 
 class LedgerWriter:
     def __init__(self, database_url: str, batch_size: int, flush_interval_s: float, spools: Sequence[Any],
-                 write_timeout_s: float = 10.0) -> None:
+                 write_timeout_s: float = 3.0) -> None:
         self.database_url = database_url
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
@@ -59,7 +60,8 @@ class LedgerWriter:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._down_until = 0.0  # PostgreSQL failed: no write is tried before this (monotonic)
-        self._errors: tuple[type[BaseException], ...] = (OSError, TimeoutError, SchemaTooNew)  # PostgreSQL's away
+        self._refusals: tuple[type[BaseException], ...] = ()  # PostgreSQL refusing what a batch holds
+        self._away = False
 
     def submit(self, record: UsageRecord) -> None:
         """Take a record (on the request path: nothing but an append)."""
@@ -74,7 +76,9 @@ class LedgerWriter:
     async def start(self) -> None:
         import asyncpg
 
-        self._errors = (OSError, TimeoutError, SchemaTooNew, asyncpg.PostgresError, asyncpg.InterfaceError)
+        # Class 22 (data exception) and 23 (integrity), and a value the driver cannot even encode for its
+        # column: the records, not the server (an out-of-range figure, say).
+        self._refusals = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError, OverflowError)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="ledger writer")
 
     async def close(self, deadline_s: float = 5.0) -> None:
@@ -104,19 +108,35 @@ class LedgerWriter:
             except TimeoutError:
                 pass
             self._wake.clear()
-            while self._pending:
-                batch = self._pending[:self.batch_size]
-                del self._pending[:self.batch_size]
-                if not await self._write(batch):
-                    await self._spool(batch)
-            if not self._closing:  # a backlog waits for the next start, not for shutdown
-                await self._drain()
+            try:
+                await self._turn()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a writer that stopped would leave every later record in memory, unwritten
+                log.exception("ledger: a turn of the writer failed; it goes on")
             LEDGER_WAITING.set(len(self._pending))
             if self._closing:
                 return
 
+    async def _turn(self) -> None:
+        while self._pending:
+            batch = self._pending[:self.batch_size]
+            del self._pending[:self.batch_size]
+            try:
+                written = await self._write(batch)
+            except BaseException:  # cancelled by close() while PostgreSQL hangs: the batch goes to disk
+                self._spool_now(batch)
+                raise
+            if not written:
+                await self._spool(batch)
+        if not self._closing:  # a backlog waits for the next start, not for shutdown
+            await self._drain()
+
     async def _write(self, batch: list[UsageRecord]) -> bool:
-        """COPY `batch` in, skipping request ids already there; False when PostgreSQL did not take it."""
+        """COPY `batch` in, skipping request ids already there; False when PostgreSQL did not take it.
+        A batch PostgreSQL refuses for what it holds (a value out of a column's range) is split
+        until the records it refuses stand alone: those are set aside, counted and logged, and the
+        others written, so one bad record never holds up the rest, nor the spool."""
         if time.monotonic() < self._down_until:
             return False
         try:
@@ -126,10 +146,21 @@ class LedgerWriter:
                 await connection.copy_records_to_table("ledger_incoming", records=[r.row() for r in batch],
                                                        columns=COLUMNS, timeout=self.write_timeout_s)
                 await connection.execute(_INSERT, timeout=self.write_timeout_s)
-        except self._errors as exc:
+        except self._refusals as exc:
+            if len(batch) == 1:
+                LEDGER_RECORDS.labels("refused").inc()
+                log.error("ledger: PostgreSQL refuses a usage record (%s: %s); it is set aside",
+                          type(exc).__name__, str(exc)[:200], extra={"request_id": batch[0].request_id})
+                return True
+            half = len(batch) // 2
+            return await self._write(batch[:half]) and await self._write(batch[half:])
+        except Exception as exc:  # PostgreSQL away, or unreachable as configured: the batch is spooled
             self._went_away(exc)
             return False
         LEDGER_RECORDS.labels("written").inc(len(batch))
+        if self._away:
+            self._away = False
+            log.info("ledger: PostgreSQL takes records again")
         return True
 
     async def _connected(self) -> Any:
@@ -149,13 +180,23 @@ class LedgerWriter:
         return self._pool
 
     def _went_away(self, exc: BaseException) -> None:
-        if self._down_until == 0.0 or time.monotonic() >= self._down_until:
+        if not self._away:  # once an outage: the records' counter shows the rest
+            self._away = True
             log.warning("ledger: PostgreSQL did not take a batch (%s: %s); records are spooled until it does",
                         type(exc).__name__, str(exc)[:200])
         self._down_until = time.monotonic() + _RETRY_S
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.terminate()
+
+    def _spool_now(self, batch: list[UsageRecord]) -> None:
+        """Spool without waiting (into a file): for a writer being stopped."""
+        files = [spool for spool in self.spools if not asyncio.iscoroutinefunction(spool.put)]
+        if files and files[-1].put(batch):
+            LEDGER_RECORDS.labels("spooled").inc(len(batch))
+        else:
+            LEDGER_RECORDS.labels("dropped").inc(len(batch))
+            log.error("ledger: %d usage records dropped on stopping: the spool file refused them", len(batch))
 
     async def _spool(self, batch: list[UsageRecord]) -> None:
         for spool in self.spools:

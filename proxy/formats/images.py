@@ -39,6 +39,16 @@ class ImagesFormat(Format):
         size, quality = _said(answer, asked, "size"), _said(answer, asked, "quality")
         return [ImageMade(size, quality) for _ in made]
 
+    @staticmethod
+    def image_in_event(event: SSEEvent) -> ImageMade | None:
+        """The image a stream's `*.completed` event carries (partial images are previews, not images made)."""
+        if not (event.name or "").endswith(".completed") and b'.completed"' not in event.raw[:200]:
+            return None
+        data = event.json()
+        if not isinstance(data, dict) or not str(data.get("type", "")).endswith(".completed"):
+            return None
+        return ImageMade(_said(data, None, "size"), _said(data, None, "quality"))
+
     def usage_from_event(self, event: SSEEvent) -> Usage | None:
         if b'"usage"' not in event.raw:
             return None

@@ -11,6 +11,7 @@ from typing import Any
 
 from proxy.formats.base import Format, KeyLocation
 
+LONGEST_SECONDS = 8.0  # the interface's longest duration (section 8): what a submission naming none is taken at
 # A normalised status (plugins/video.py) in the SDK's words.
 _SDK_STATUS = {"queued": "queued", "in_progress": "in_progress", "succeeded": "completed", "failed": "failed"}
 # What a submission or an upstream says of a task that the SDK's object carries.
@@ -39,6 +40,17 @@ class VideoTasks(Format):
             if 0 < seconds <= 3600:
                 return seconds
         return 0.0
+
+    @staticmethod
+    def seconds_made(body: Any) -> tuple[float, bool]:
+        """The seconds of video a submission makes: those it asks for, times `metadata.sampleCount`
+        videos; one that names no duration is taken at the interface's longest, and says it
+        (True) was assumed."""
+        asked = VideoTasks.seconds_asked(body)
+        metadata = body.get("metadata") if isinstance(body, dict) else None
+        count = metadata.get("sampleCount") if isinstance(metadata, dict) else None
+        videos = count if isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= 16 else 1
+        return (asked or LONGEST_SECONDS) * videos, not asked
 
     @staticmethod
     def video_object(task_id: str, task: dict[str, Any], normal: dict[str, Any] | None,

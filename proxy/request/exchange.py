@@ -102,6 +102,12 @@ class Exchange:
             self._json = _parsed(self.body)
         return self._json
 
+    def asked(self) -> Any:
+        """What the request asks, field by field: its JSON body, or a form's text fields read so far."""
+        if self.multipart is not None:
+            return self.multipart.fields()
+        return self.json()
+
     def set_json(self, value: Any) -> None:
         """Replace the body: it is encoded again and forwarded in place of the client's bytes."""
         self._json = value
