@@ -8,6 +8,7 @@ says so.
 from __future__ import annotations
 
 import operator
+import time
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from typing import Any
@@ -87,8 +88,8 @@ def record_of(ex: Exchange, prices: PriceTable, images: list[ImageMade], video_s
 
 
 def _clipped(model: str | None) -> str | None:
-    return model[:_MODEL_CHARACTERS] if model is not None else None
+    return model if model is None or len(model) <= _MODEL_CHARACTERS else model[:_MODEL_CHARACTERS]
 
 
 def _arrived(duration_s: float) -> datetime:
-    return datetime.fromtimestamp(datetime.now(timezone.utc).timestamp() - duration_s, timezone.utc)
+    return datetime.fromtimestamp(time.time() - duration_s, timezone.utc)
