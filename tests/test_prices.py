@@ -64,3 +64,15 @@ def test_check_config_refuses_negative_prices_and_image_keys_that_are_no_size_an
 ])
 def test_every_format_s_usage_counts_the_whole_prompt_and_all_output_with_their_parts(fmt, body, expected) -> None:  # noqa: ANN001
     assert fmt.usage_from_body(body) == expected
+
+
+def test_check_config_names_a_price_row_an_earlier_one_hides() -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_config('prices: [{model: "msgmodel-*", input_per_mtok: 1}, {model: "msgmodel-haiku*", input_per_mtok: 2},'
+                     ' {model: "respmodel-4o"}, {model: "respmodel-4o"}]', {})
+    assert refused.value.problems == [
+        "prices[1].model: 'msgmodel-haiku*' is never reached: prices[0] ('msgmodel-*') matches every model it does, "
+        "and the first match wins",
+        "prices[3].model: 'respmodel-4o' is never reached: prices[2] ('respmodel-4o') matches every model it does, "
+        "and the first match wins"]
+    parse_config('prices: [{model: "msgmodel-haiku*"}, {model: "msgmodel-*"}]', {})  # the narrower first is fine

@@ -18,6 +18,7 @@ row matches costs nothing and is counted as unpriced.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from typing import Annotated
 
@@ -49,3 +50,15 @@ class PriceConfig(BaseModel):
                 raise ValueError(f"{key!r} is not SIZE/QUALITY: a size (1024x1024, 1536x1024, auto, 2K or *), "
                                  "a slash, and a quality (low, medium, high, xhigh, max, auto or *)")
         return value
+
+
+def shadowed(rows: list[PriceConfig]) -> list[str]:
+    """Rows no model can reach, an earlier row's glob matching every name theirs does (the first
+    match wins): a price that would never be charged."""
+    problems = []
+    for index, row in enumerate(rows):
+        earlier = next((i for i in range(index) if fnmatch.fnmatchcase(row.model, rows[i].model)), None)
+        if earlier is not None:
+            problems.append(f"prices[{index}].model: {row.model!r} is never reached: prices[{earlier}] "
+                            f"({rows[earlier].model!r}) matches every model it does, and the first match wins")
+    return problems

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from proxy.config.model import GatewayConfig, worker_count
+from proxy.config.prices import shadowed
 
 
 def cross_section_problems(config: GatewayConfig) -> list[str]:
@@ -18,6 +19,7 @@ def cross_section_problems(config: GatewayConfig) -> list[str]:
         problems.append(f"server.workers: {workers} workers cannot share the memory state backend: each process "
                         f"would keep its own rate limits and affinity pins, so limits would be {workers} times too "
                         "loose and follow-up requests could lose their channel; use state.backend: redis, or workers: 1")
+    problems.extend(shadowed(config.prices))
     return problems
 
 
