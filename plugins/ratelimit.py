@@ -249,15 +249,7 @@ def _describe(check: Check) -> str:
 
 def _requested_tokens(ex: Exchange, default: int) -> int:
     """The most this request may cost: its own output limit, plus its input estimated from its size."""
-    body = ex.json() if ex.body else None
-    output = None
-    if isinstance(body, dict):
-        output = body.get("max_tokens") or body.get("max_output_tokens")
-        config = body.get("generationConfig") or body.get("generation_config")
-        if output is None and isinstance(config, dict):
-            output = config.get("maxOutputTokens") or config.get("max_output_tokens")
-    if not isinstance(output, int) or isinstance(output, bool) or output < 1:
-        output = default
+    output = ex.format.output_limit(ex.json() if ex.body else None) or default
     return output + len(ex.body or b"") // 4
 
 

@@ -238,7 +238,7 @@ class Budget(Plugin):
     def _most(self, ex: Exchange) -> tuple[int, float]:
         """The most this request may spend: tokens, and their cost with its images or video seconds."""
         body = ex.json() if ex.body else None
-        output = _output_limit(body) or self.settings.default_reserve_tokens
+        output = ex.format.output_limit(body) or self.settings.default_reserve_tokens
         tokens = math.ceil(len(ex.body or b"") / _BYTES_A_TOKEN) + output
         images = 0
         if ex.format.name == "images":
@@ -312,13 +312,3 @@ class Budget(Plugin):
             return None
         return ex.error_response(503, "budgets cannot be checked right now; retry shortly", "budget_unavailable",
                                  headers={"Retry-After": "1"})
-
-
-def _output_limit(body: Any) -> int | None:
-    if not isinstance(body, dict):
-        return None
-    found = body.get("max_tokens") or body.get("max_output_tokens")
-    config = body.get("generationConfig")
-    if found is None and isinstance(config, dict):
-        found = config.get("maxOutputTokens")
-    return found if isinstance(found, int) and not isinstance(found, bool) and found > 0 else None

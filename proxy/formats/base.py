@@ -240,6 +240,19 @@ class Format:
     def usage_from_event(self, event: SSEEvent) -> Usage | None:
         return None
 
+    @staticmethod
+    def output_limit(body: Any) -> int | None:
+        """The most output a request asks for, in any format's words (`max_tokens`,
+        `max_output_tokens`, `generationConfig.maxOutputTokens`, as the SDKs write them too); None
+        when it names none."""
+        if not isinstance(body, dict):
+            return None
+        found = body.get("max_tokens") or body.get("max_output_tokens")
+        config = body.get("generationConfig") or body.get("generation_config")
+        if found is None and isinstance(config, dict):
+            found = config.get("maxOutputTokens") or config.get("max_output_tokens")
+        return found if isinstance(found, int) and not isinstance(found, bool) and found > 0 else None
+
     def stream_error(self, status: int, message: str, code: str | None = None) -> bytes:
         """An SSE event that tells a streaming client the stream failed, in this format's words."""
         payload = {"type": "error", **self.error_payload(status, message, code)}
