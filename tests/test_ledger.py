@@ -213,6 +213,7 @@ async def test_the_report_sums_the_ledger_by_what_it_is_asked_and_metrics_count_
     assert (int(images["requests"]), int(images["images"]), float(images["cost"])) == (2, 4, pytest.approx(0.68))
     assert report("--since", "1h", "--by", "key").stdout.splitlines()[0].split()[:2] == ["key", "requests"]
     assert report("--since", "yesterday").returncode == 2 and report("--by", "key;drop").returncode == 2
+    assert report("--since", "2h", "--until", "2020-01-01").returncode == 2  # a span that ends before it starts
     assert await cost_counted() - before == pytest.approx(sum(float(r["cost"]) for r in found))
 
 

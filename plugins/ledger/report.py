@@ -34,9 +34,10 @@ def arguments(usage: argparse.ArgumentParser) -> None:
     usage.add_argument("-c", "--config", help=_CONFIG_HELP)
     actions = usage.add_subparsers(dest="action", required=True)
     report = actions.add_parser("report", help="sum the ledger's records over a time span, grouped")
-    report.add_argument("--since", default="1d", help="a span back from now (30m, 12h, 7d, 4w) or an ISO date/time")
+    report.add_argument("--since", default="1d",
+                        help="a span back from now (30m, 12h, 7d, 4w) or an ISO date/time (default: 1d)")
     report.add_argument("--until", help="an ISO date/time (default: now)")
-    report.add_argument("--by", default="key", help=f"comma-separated, of: {', '.join(GROUPS)}")
+    report.add_argument("--by", default="key", help=f"comma-separated, of: {', '.join(GROUPS)} (default: key)")
     report.add_argument("--format", choices=("table", "csv", "json"), default="table")
     report.add_argument("-c", "--config", help=_CONFIG_HELP, default=argparse.SUPPRESS)
 
@@ -55,6 +56,8 @@ def run_command(config: GatewayConfig, args: argparse.Namespace) -> int:
             raise ValueError(f"--by takes {', '.join(GROUPS)} (comma-separated), not {', '.join(unknown) or 'nothing'}")
         now = datetime.now(timezone.utc)
         since, until = moment(args.since, now), moment(args.until, now) if args.until else now
+        if since >= until:
+            raise ValueError(f"--since ({since.isoformat()}) is not before --until ({until.isoformat()})")
     except ValueError as exc:
         print(f"modelgate usage report: {exc}", file=sys.stderr)
         return 2
