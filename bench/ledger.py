@@ -37,7 +37,8 @@ async def database(action: str, name: str) -> None:
 
     admin = await asyncpg.connect(POSTGRES)
     try:
-        await admin.execute(f'CREATE DATABASE "{name}"' if action == "create" else f'DROP DATABASE "{name}" WITH (FORCE)')
+        drop = f'DROP DATABASE "{name}" WITH (FORCE)'
+        await admin.execute(f'CREATE DATABASE "{name}"' if action == "create" else drop)
     finally:
         await admin.close()
 
@@ -127,7 +128,8 @@ def main() -> int:
     paired = statistics.median(b - a for a, b in zip(targets[0].cpu_ms[args.concurrency],
                                                       targets[1].cpu_ms[args.concurrency]))
     lines = ["## Usage ledger cost", "",
-             f"`python bench/ledger.py --duration {args.duration} --rounds {args.rounds} --concurrency {args.concurrency}`: "
+             f"`python bench/ledger.py --duration {args.duration} --rounds {args.rounds} "
+             f"--concurrency {args.concurrency}`: "
              "the gateway with the ledger off and on (records written to PostgreSQL, every request priced), "
              f"interleaved, {args.rounds} rounds of {args.duration} s at {args.concurrency} connections; medians. "
              "Gateways on core 0; wrk, the upstream and PostgreSQL on core 1; CPU is the gateway process's own. "

@@ -46,7 +46,8 @@ async def test_spending_stops_at_the_budget_with_a_429_saying_when_it_resets(sta
                 spent += cost_of(await answer.json())
                 warned = warned or "X-Budget-Warning" in answer.headers
             else:
-                refusal, retry, refused_headers = await answer.json(), int(answer.headers["Retry-After"]), answer.headers
+                refusal, refused_headers = await answer.json(), answer.headers
+                retry = int(refused_headers["Retry-After"])
     assert statuses[0] == 200 and statuses[-1] == 429 and statuses == sorted(statuses)
     assert spent <= 0.002 and spent > 0.002 - 2 * cost_of({"usage": {"input_tokens": 10, "output_tokens": 20}})
     assert warned, "past 80% answers said so"
@@ -143,7 +144,8 @@ async def test_a_model_the_price_table_does_not_price_is_refused_under_a_cost_bu
     unpriced = {"model": "respmodel-4o", "input": "hi"}
     async with http.post(gateway.url + "/v1/responses", json=unpriced, headers={"Authorization": f"Bearer {KEY}"}) as a:
         assert a.status == 403 and (await a.json())["error"]["code"] == "model_not_priced"
-    async with http.post(gateway.url + "/v1/responses", json=unpriced, headers={"Authorization": f"Bearer {OTHER}"}) as a:
+    other = {"Authorization": f"Bearer {OTHER}"}
+    async with http.post(gateway.url + "/v1/responses", json=unpriced, headers=other) as a:
         assert a.status == 200  # a key without a cost budget is not held to the table
 
 
@@ -166,7 +168,8 @@ async def test_the_sdks_raise_a_budget_refusal_at_once_rather_than_sleep_until_i
 
     gateway = await start_gateway(config("{tokens_per_day: 1}"))  # the first request spends it all
     client = anthropic.AsyncAnthropic(base_url=gateway.url, api_key=KEY)
-    await client.messages.create(model="msgmodel-haiku-4-5", max_tokens=20, messages=[{"role": "user", "content": "hi"}])
+    hello = [{"role": "user", "content": "hi"}]
+    await client.messages.create(model="msgmodel-haiku-4-5", max_tokens=20, messages=hello)
     started = time.monotonic()
     async with asyncio.timeout(20):  # an SDK sleeping out Retry-After (hours) fails here, not the suite's budget
         with pytest.raises(anthropic.RateLimitError) as refused:

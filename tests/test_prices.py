@@ -26,7 +26,8 @@ def test_tokens_are_priced_per_million_the_cached_and_reasoning_parts_at_their_o
     table = PriceTable(TABLE)
     usage = Usage(input_tokens=1_000_000, output_tokens=500_000, cached_input_tokens=400_000, reasoning_tokens=100_000)
     charge = table.charge("respmodel-5", usage)
-    assert charge.priced and charge.cost == pytest.approx(600_000 * 2e-6 + 400_000 * 0.5e-6 + 400_000 * 8e-6 + 100_000 * 20e-6)
+    expected = 600_000 * 2e-6 + 400_000 * 0.5e-6 + 400_000 * 8e-6 + 100_000 * 20e-6  # uncached, cached, output, reasoning
+    assert charge.priced and charge.cost == pytest.approx(expected)
     mini = table.charge("respmodel-4o-mini", usage)  # the first matching row wins; unset prices fall back
     assert mini.cost == pytest.approx(1_000_000 * 0.15e-6 + 500_000 * 0.6e-6)
 
@@ -58,7 +59,8 @@ def test_check_config_refuses_negative_prices_and_image_keys_that_are_no_size_an
                                   "output_tokens": 50, "output_tokens_details": {"reasoning_tokens": 30}}},
      Usage(100, 50, 60, 30)),
     (ContentFormat(), {"usageMetadata": {"promptTokenCount": 100, "cachedContentTokenCount": 40,
-                                         "candidatesTokenCount": 20, "thoughtsTokenCount": 15}}, Usage(100, 35, 40, 15)),
+                                         "candidatesTokenCount": 20, "thoughtsTokenCount": 15}},
+     Usage(100, 35, 40, 15)),
     (ResponseFormat(), {"usage": {"input_tokens": 3, "input_tokens_details": {"cached_tokens": "many"},
                                   "output_tokens": -1}}, Usage(3, None, None, None)),
 ])

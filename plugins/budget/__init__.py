@@ -102,7 +102,8 @@ class Budget(Plugin):
             found = limits.model_dump() if isinstance(limits, BudgetLimits) else limits
             return isinstance(found, dict) and bool(found.get("cost_per_day") or found.get("cost_per_month"))
 
-        costed = [f"keys[{i}].budget" for i, key in enumerate(config.keys) if costs((key.model_extra or {}).get("budget"))]
+        costed = [f"keys[{i}].budget" for i, key in enumerate(config.keys)
+                  if costs((key.model_extra or {}).get("budget"))]
         costed += [f"plugins.{cls.name}.tenants.{label}" for label, limits in (tenants or {}).items() if costs(limits)]
         if costed and not config.prices:
             problems.append(f"{costed[0]}: a cost budget, and no prices: every request would cost 0 (add `prices`, "
@@ -196,7 +197,8 @@ class Budget(Plugin):
         spent_tokens, spent_cost = self._spent(ex)
         try:
             for windows, amounts in taken:
-                deltas = [(spent_tokens if w.name.endswith("tokens") else spent_cost) - a for w, a in zip(windows, amounts)]
+                deltas = [(spent_tokens if w.name.endswith("tokens") else spent_cost) - a
+                          for w, a in zip(windows, amounts)]
                 await self.counters.settle(windows, deltas)
         except CountersUnavailable as exc:  # what was reserved stays counted: a budget errs on the side of stopping
             log.warning("a budget settlement did not reach the store: %s", exc)

@@ -22,8 +22,8 @@ GROUPS = {"key": "key_name", "tenant": "tenant", "model": "model", "route": "rou
           "status": "status", "day": "date_trunc('day', at)"}
 SUMS = ("requests", "input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens", "images",
         "video_seconds", "cost", "unpriced", "estimated", "client_aborted")
-_AGGREGATES = ", ".join(["count(*)", *(f"coalesce(sum({c}), 0)::bigint" for c in
-                                       ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens", "images")),
+_COUNTED = ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens", "images")
+_AGGREGATES = ", ".join(["count(*)", *(f"coalesce(sum({c}), 0)::bigint" for c in _COUNTED),
                           "sum(video_seconds)", "sum(cost)", "count(*) FILTER (WHERE NOT priced)",
                           "count(*) FILTER (WHERE estimated)", "count(*) FILTER (WHERE client_aborted)"])
 _SPAN = re.compile(r"^(\d{1,6})([mhdw])$")
@@ -120,8 +120,8 @@ def write(rows: list[dict[str, Any]], by: list[str], form: str, out: Any) -> Non
         cells = [names] + [[_cell(row[n]) for n in names] for row in rows]
         widths = [max(len(line[i]) for line in cells) for i in range(len(names))]
         for line in cells:
-            out.write("  ".join(c.rjust(w) if i >= len(by) else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths)))
-                      .rstrip() + "\n")
+            cells = (c.rjust(w) if i >= len(by) else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths)))
+            out.write("  ".join(cells).rstrip() + "\n")
 
 
 def _inert(value: Any) -> Any:

@@ -21,7 +21,8 @@ _BYTES_A_TOKEN = 4
 def usage_or_estimate(ex: Exchange, events: int) -> tuple[Usage, bool]:
     """The request's usage, and whether any figure of it is an estimate."""
     usage, outcome = ex.usage, ex.outcome
-    if not ex.format.reports_usage or outcome.upstream_started is None or outcome.status >= 400 and not outcome.streamed:
+    refused = outcome.status >= 400 and not outcome.streamed
+    if not ex.format.reports_usage or outcome.upstream_started is None or refused:
         return usage, False
     cut_short = outcome.streamed and (outcome.client_aborted or outcome.error is not None)
     left_waiting = not outcome.streamed and outcome.client_aborted and not usage.known
