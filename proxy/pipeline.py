@@ -107,7 +107,7 @@ def _implemented(plugins: list[Plugin], hook: str) -> list[Callable[..., Any]]:
     found = []
     for plugin in plugins:
         method = getattr(plugin, hook, None)
-        if method is None:
+        if method is None:  # not there, or declared idle for this config (Plugin.idle)
             continue
         if getattr(type(plugin), hook, None) is getattr(Plugin, hook):
             continue  # the base class's no-op

@@ -141,7 +141,15 @@ class Plugin:
         self.channels: ChannelSet | None = None
 
     def configure(self, config: GatewayConfig) -> None:
-        """Called once with the whole config this instance serves (keys, channels ...)."""
+        """Called once with the whole config this instance serves (keys, channels ...). A plugin
+        the config gives nothing to do on some hooks says so here, with `idle`."""
+
+    def idle(self, *hooks: str) -> None:
+        """This instance has nothing to do on `hooks` (`on_event`, ...): the core, which builds a
+        route's hook lists after `configure`, never calls them. A plugin off by default (no
+        database, no budget named) thus costs no call per request, nor per stream event."""
+        for hook in hooks:
+            setattr(self, hook, None)
 
     async def start(self) -> None:
         """Called once before the first request (open connections, load state)."""

@@ -203,3 +203,20 @@ def test_a_plugin_command_never_takes_a_built_in_name(monkeypatch: pytest.Monkey
     monkeypatch.setattr(cli, "plugin_commands", lambda: commands)
     assert cli.main(["hello"]) == 0 and len(ran) == 1  # no --config of its own: the embedded defaults
     assert "a plugin's command 'serve' is taken; it is left out" in capsys.readouterr().err
+
+
+async def test_a_plugin_the_config_gives_nothing_to_do_is_never_called(start_gateway) -> None:  # noqa: ANN001
+    """The ledger without a database or prices, and budgets that name none, declare their hooks
+    idle: a default gateway calls neither, per request nor per stream event."""
+    from proxy.pipeline import plugin_name
+
+    def hooks(gateway: object, route: str) -> set[str]:
+        pipeline = gateway.owner.runtime.pipelines[route]  # type: ignore[attr-defined]
+        every = [*pipeline.request_hooks, *pipeline.response_hooks, *pipeline.event_hooks, *pipeline.complete_hooks]
+        return {plugin_name(hook) for hook in every}
+
+    idle = await start_gateway()
+    assert not {"ledger", "budget"} & hooks(idle, "messages")
+    busy = await start_gateway(f"keys: [{{name: k, key: {DEMO_KEY}, budget: {{tokens_per_day: 100}}}}]\n"
+                               'prices: [{model: "*", input_per_mtok: 1}]\n')
+    assert {"ledger", "budget"} <= hooks(busy, "messages")

@@ -46,7 +46,6 @@ BUDGET_UNAVAILABLE = Counter("modelgate_budget_backend_errors", "Budget checks t
                              ["mode"])
 
 _STATE = "budget.reserved"
-_EVENTS = "budget.events"
 _IMAGES = "budget.images"
 _DAY_TTL_S = 2 * 86_400
 _MONTH_TTL_S = 33 * 86_400
@@ -118,10 +117,13 @@ class Budget(Plugin):
         self.redis = config.state.backend == "redis"
         self.tagged = self.redis and topology.mode_of(config.state.url) is topology.Mode.CLUSTER
         self.prefix = config.state.prefix + "budget:"
-        if self.redis:
+        self.counters: Counters | None = None
+        if not self.settings.tenants and not any((key.model_extra or {}).get("budget") for key in config.keys):
+            self.idle("on_request", "on_event", "on_response", "on_complete")  # no budget named: nothing to hold
+        elif self.redis:
             from plugins.budget.counters import RedisCounters
 
-            self.counters: Counters = RedisCounters(config.state.url)
+            self.counters = RedisCounters(config.state.url)
         else:
             self.counters = self.resources.setdefault("budget.memory", MemoryCounters())
         self.unavailable = False
@@ -134,7 +136,7 @@ class Budget(Plugin):
     async def stop(self) -> None:
         for task in list(self._background):
             task.cancel()
-        if self.redis:
+        if self.redis and self.counters is not None:
             await self.counters.close()
 
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
@@ -180,10 +182,8 @@ class Budget(Plugin):
         return None
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
-        if _STATE in ex.plugin_state:
-            ex.plugin_state[_EVENTS] = ex.plugin_state.get(_EVENTS, 0) + 1
-            if ex.format.name == "images" and (image := ImagesFormat.image_in_event(event)) is not None:
-                ex.plugin_state.setdefault(_IMAGES, []).append(image)
+        if ex.format.name == "images" and _STATE in ex.plugin_state and (image := ImagesFormat.image_in_event(event)):
+            ex.plugin_state.setdefault(_IMAGES, []).append(image)
         return event
 
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
@@ -254,7 +254,7 @@ class Budget(Plugin):
         stream cut short is settled by what it streamed, not left at what it reserved)."""
         if ex.outcome.upstream_started is None:
             return 0, 0.0  # never sent upstream
-        usage, _ = usage_or_estimate(ex, ex.plugin_state.get(_EVENTS, 0))
+        usage, _ = usage_or_estimate(ex)
         if ex.outcome.status >= 400 and not usage.known:
             return 0, 0.0  # refused or failed before a word: nothing an upstream bills
         made = ex.outcome.status < 400 and ex.route.name in _VIDEO_CREATES

@@ -41,7 +41,6 @@ COST = Counter("modelgate_cost", "What requests cost by the price table (in its 
 UNPRICED = Counter("modelgate_unpriced_requests", "Requests whose model no row of the price table matched, by model",
                    ["model"])
 
-_EVENTS = "ledger.events"
 _IMAGES = "ledger.images"
 _VIDEO_CREATES = frozenset({"video_generations", "videos"})
 _RECORD_BYTES = 1024  # the most a record takes in a spool (its model name cut to 256): what bounds the Redis spool
@@ -92,7 +91,10 @@ class Ledger(Plugin):
         self.prices = PriceTable(config.prices)
         self.model_label = ModelLabels(config)
         self.writer: LedgerWriter | None = None
-        self.active = bool(self.prices)  # with a price table, cost is counted even without a database
+        # With a price table, cost is counted even without a database; with neither there is
+        # nothing to do, and the core is told so (no hook of an idle ledger is called).
+        if not self.prices and self.settings.database_url is None:
+            self.idle("on_event", "on_response", "on_complete")
 
     async def start(self) -> None:
         settings: LedgerSettings = self.settings
@@ -102,26 +104,22 @@ class Ledger(Plugin):
         if slot not in self.resources:  # one writer for the gateway's life; a reload keeps it
             self.resources[slot] = await _writer(self.config, settings)
         self.writer = self.resources[slot]
-        self.active = True
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
-        if self.active:
-            ex.plugin_state[_EVENTS] = ex.plugin_state.get(_EVENTS, 0) + 1
-            if ex.format.name == "images" and (image := ImagesFormat.image_in_event(event)) is not None:
-                ex.plugin_state.setdefault(_IMAGES, []).append(image)
+        if ex.format.name == "images" and (image := ImagesFormat.image_in_event(event)) is not None:
+            ex.plugin_state.setdefault(_IMAGES, []).append(image)
         return event
 
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
-        if not self.active or upstream.status >= 400 or ex.format.name != "images" or not upstream.is_json:
+        if upstream.status >= 400 or ex.format.name != "images" or not upstream.is_json:
             return
         ex.plugin_state[_IMAGES] = ImagesFormat.images_made(upstream.json(), ex.asked())
 
     async def on_complete(self, ex: Exchange) -> None:
-        if not self.active or ex.key is None:  # a request no key was found for is no key's to pay for
+        if ex.key is None:  # a request no key was found for is no key's to pay for
             return
         seconds, assumed = _video_seconds(ex)
-        record = record_of(ex, self.prices, ex.plugin_state.get(_IMAGES, []), seconds,
-                           ex.plugin_state.get(_EVENTS, 0), time.perf_counter(), assumed)
+        record = record_of(ex, self.prices, ex.plugin_state.get(_IMAGES, []), seconds, time.perf_counter(), assumed)
         model = self.model_label(ex.model)
         if record.cost:
             child(COST, ex.key_name or "anonymous", model).inc(record.cost)

@@ -69,10 +69,10 @@ _COST = COLUMNS.index("cost")
 
 
 def record_of(ex: Exchange, prices: PriceTable, images: list[ImageMade], video_seconds: float,
-              events: int, now: float, seconds_assumed: bool = False) -> UsageRecord:
-    """The record of a finished exchange (`events`: how many stream events reached the client;
-    `seconds_assumed`: the video seconds are the interface's longest, the submission naming none)."""
-    usage, estimated = usage_or_estimate(ex, events)
+              now: float, seconds_assumed: bool = False) -> UsageRecord:
+    """The record of a finished exchange (`seconds_assumed`: the video seconds are the interface's
+    longest, the submission naming none)."""
+    usage, estimated = usage_or_estimate(ex)
     estimated = estimated or seconds_assumed
     charge = prices.charge(_clipped(ex.model), usage, images, video_seconds)
     duration_s = now - ex.started

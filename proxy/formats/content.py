@@ -88,7 +88,8 @@ class ContentFormat(Format):
         thoughts = token_count(meta, "thoughtsTokenCount")
         if thoughts is not None:
             output = (output or 0) + thoughts
-        return Usage(token_count(meta, "promptTokenCount"), output, token_count(meta, "cachedContentTokenCount"), thoughts)
+        return Usage(token_count(meta, "promptTokenCount"), output, token_count(meta, "cachedContentTokenCount"),
+                     thoughts)
 
     def usage_from_event(self, event: SSEEvent) -> Usage | None:
         if b'"usageMetadata"' not in event.raw:

@@ -55,7 +55,6 @@ class PriceTable:
         cost = tokens / _MILLION + sum(_image_price(row, image) for image in images)
         return Charge(cost + video_seconds * row.per_video_second, True)
 
-
     def most(self, model: str | None, usage: Usage, images: int = 0, video_seconds: float = 0.0) -> float:
         """The most a request may cost, before it is answered: its images at the dearest size and
         quality its row names."""

@@ -156,13 +156,14 @@ class Outcome:
     an answer it makes itself or a client gone), read by the access line, metrics, traces and
     `on_complete` hooks."""
 
-    __slots__ = ("status", "streamed", "bytes_out", "error", "client_aborted",
+    __slots__ = ("status", "streamed", "bytes_out", "events", "error", "client_aborted",
                  "upstream_started", "upstream_headers_at", "upstream_finished")
 
     def __init__(self) -> None:
         self.status = 0
         self.streamed = False        # the answer went out as an event stream
         self.bytes_out = 0
+        self.events = 0              # stream events that reached the client (streams framed event by event)
         self.error: str | None = None
         self.client_aborted = False
         self.upstream_started: float | None = None

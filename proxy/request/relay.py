@@ -357,6 +357,7 @@ class StreamWatch:
 
     def wrote(self, events: int) -> None:
         self.events += events
+        self.ex.outcome.events = self.events
         if self.first_byte_at is None:
             self.first_byte_at = time.perf_counter()
 

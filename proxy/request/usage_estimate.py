@@ -18,9 +18,10 @@ from proxy.request.exchange import Exchange
 _BYTES_A_TOKEN = 4
 
 
-def usage_or_estimate(ex: Exchange, events: int) -> tuple[Usage, bool]:
+def usage_or_estimate(ex: Exchange) -> tuple[Usage, bool]:
     """The request's usage, and whether any figure of it is an estimate."""
     usage, outcome = ex.usage, ex.outcome
+    events = outcome.events
     refused = outcome.status >= 400 and not outcome.streamed
     if not ex.format.reports_usage or outcome.upstream_started is None or refused:
         return usage, False
