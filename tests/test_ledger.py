@@ -324,3 +324,14 @@ async def test_video_forms_and_streamed_images_are_counted(ledger_db, start_gate
     found = {r["route"]: r for r in await rows_when(ledger_db, 2)}
     assert (found["videos"]["video_seconds"], float(found["videos"]["cost"])) == (6.0, 3.0)
     assert (found["image_generations"]["images"], float(found["image_generations"]["cost"])) == (1, 0.17)
+
+
+
+def test_the_report_s_table_prints_no_character_that_steers_a_terminal() -> None:
+    import io
+
+    from plugins.ledger.report import SUMS, write
+
+    out = io.StringIO()
+    write([{"model": "msg\x9b2Jmodel", **dict.fromkeys(SUMS, 0)}], ["model"], "table", out)
+    assert "\x9b" not in out.getvalue() and "msg\\x9b2Jmodel" in out.getvalue()

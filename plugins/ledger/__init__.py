@@ -119,7 +119,8 @@ class Ledger(Plugin):
         if ex.key is None:  # a request no key was found for is no key's to pay for
             return
         seconds, assumed = _video_seconds(ex)
-        record = record_of(ex, self.prices, ex.plugin_state.get(_IMAGES, []), seconds, time.perf_counter(), assumed)
+        record = record_of(ex, self.prices, ex.plugin_state.get(_IMAGES, []), seconds, time.perf_counter(),
+                           assumed)
         model = self.model_label(ex.model)
         if record.cost:
             child(COST, ex.key_name or "anonymous", model).inc(record.cost)

@@ -134,4 +134,5 @@ def _cell(value: Any) -> str:
         return "-"
     if isinstance(value, float):
         return f"{value:.6f}".rstrip("0").rstrip(".") if value else "0"
-    return str(value)
+    text = str(value)  # a model name a client chose goes to a terminal: nothing in it may steer one
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")

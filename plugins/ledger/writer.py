@@ -200,10 +200,7 @@ class LedgerWriter:
 
     async def _spool(self, batch: list[UsageRecord]) -> None:
         for spool in self.spools:
-            stored = spool.put(batch)
-            if asyncio.iscoroutine(stored):
-                stored = await stored
-            if stored:
+            if await _maybe_await(spool.put(batch)):
                 LEDGER_RECORDS.labels("spooled").inc(len(batch))
                 return
         LEDGER_RECORDS.labels("dropped").inc(len(batch))
