@@ -28,6 +28,8 @@ from proxy.limits import Check, Kind, Limiter, LimiterUnavailable
 from proxy.limits.memory import MemoryLimiter
 from proxy.observability.metrics import child
 from proxy.plugin import Joins, Plugin
+from proxy.policy.prices import PriceTable
+from proxy.request.charges import DEFAULT_OUTPUT_TOKENS, most_of
 from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.wire.routes import ROUTE_NAMES
 
@@ -48,7 +50,7 @@ class RateLimitSettings(BaseModel):
     routes: dict[str, Rates] = Field(default_factory=dict)   # every client of a route together
     per_ip: dict[str, Rates] = Field(default_factory=lambda: {"login_2fa": Rates(rpm=10)})
     trusted_proxies: list[str] = Field(default_factory=list)  # CIDRs whose X-Forwarded-For is believed
-    default_reserve_tokens: int = Field(default=4096, ge=1)
+    default_reserve_tokens: int = Field(default=DEFAULT_OUTPUT_TOKENS, ge=1)
 
     @field_validator("routes", "per_ip")
     @classmethod
@@ -80,6 +82,7 @@ class RateLimit(Plugin):
     def configure(self, config: GatewayConfig) -> None:
         settings: RateLimitSettings = self.settings
         self.proxies = [ipaddress.ip_network(c, strict=False) for c in settings.trusted_proxies]
+        self.prices = PriceTable(config.prices)  # a model's own default output, when a request names no limit
         self.owns_limiter = config.state.backend == "redis"
         if self.owns_limiter:
             from proxy.limits.redis import RedisLimiter
@@ -202,7 +205,7 @@ class RateLimit(Plugin):
         if rates.rpm:
             found.append(Check(f"{base}:rpm", f"{scope}-rpm", Kind.REQUESTS, rates.rpm, _WINDOW_S, subject=base))
         if rates.tpm and ex.route.spends_tokens:  # a token count or a stored response costs none
-            reserve = min(rates.tpm, _requested_tokens(ex, self.settings.default_reserve_tokens))
+            reserve = min(rates.tpm, most_of(ex, self.prices, self.settings.default_reserve_tokens).tokens)
             found.append(Check(f"{base}:tpm", f"{scope}-tpm", Kind.TOKENS, rates.tpm, _WINDOW_S, reserve, base))
         return found
 
@@ -244,13 +247,10 @@ def _describe(check: Check) -> str:
     if check.kind is Kind.REQUESTS:
         return f"{check.limit} requests per {int(check.window_s)}s"
     return (f"{check.limit} tokens per {int(check.window_s)}s; this request reserves {check.cost}: its own output "
-            f"limit, or plugins.ratelimit.default_reserve_tokens when it names none, plus its input")
+            f"limit (the model's max_output_tokens in prices, or plugins.ratelimit.default_reserve_tokens, when it "
+            f"names none) times the answers it asks for, plus its input")
 
 
-def _requested_tokens(ex: Exchange, default: int) -> int:
-    """The most this request may cost: its own output limit, plus its input estimated from its size."""
-    output = ex.format.output_limit(ex.json() if ex.body else None) or default
-    return output + len(ex.body or b"") // 4
 
 
 def _tokens_spent(ex: Exchange, reserved: int) -> int:

@@ -13,11 +13,14 @@ from proxy.wire.sse import SSEEvent
 
 class SSEPassthrough(Plugin):
     name = "sse"
-    joins = Joins(endpoint=True, usage=True)
+    joins = Joins(usage=True, local=False)  # the endpoints, and a stored response's stream resumed
     order = 600
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
         usage = ex.format.usage_from_event(event)
         if usage is not None:
-            ex.usage.update(usage)
+            if ex.route.creates is not None or ex.route.follows is None:  # a resumed stream costs nothing itself
+                ex.usage.update(usage)
+            if usage.final and (generation := ex.format.generation_in_event(event)) is not None:
+                ex.generation = generation
         return event

@@ -1,4 +1,5 @@
-"""Usage capture from JSON answers: input and output tokens as the upstream reported them."""
+"""Usage capture from JSON answers: input and output tokens as the upstream reported them, and what
+an answer tells of a generation that may outlive it (a background response)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,20 @@ from proxy.request.exchange import Exchange, UpstreamResponse
 
 class UsageCapture(Plugin):
     name = "usage"
-    joins = Joins(endpoint=True, usage=True)  # the spec's endpoints, not the calls around them
+    # The spec's endpoints whose answers report usage, and the calls that read what they made (a
+    # stored response, its cancel), which report how a generation left running ended.
+    joins = Joins(usage=True, local=False)
     order = 500
 
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
         if upstream.status >= 400 or not upstream.is_json:
             return
-        usage = ex.format.usage_from_body(upstream.json())
+        body = upstream.json()
+        generation = ex.format.generation_of(body)
+        if generation is not None:
+            ex.generation = generation
+        if ex.route.follows is not None and ex.route.creates is None:
+            return  # a follow-up's answer tells of the generation it reads, not of a cost of its own
+        usage = ex.format.usage_from_body(body)
         if usage is not None:
             ex.usage.update(usage)

@@ -26,7 +26,7 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.config import GatewayConfig
-from proxy.formats import VIDEO
+from proxy.formats import VIDEO, Generation
 from proxy.plugin import STATE_STORE, Joins, Plugin
 from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.request.public_url import public_base_url
@@ -106,6 +106,7 @@ class VideoTasks(Plugin):
                 pass
             cached = await self._cached(task_id)
         if cached is not None:
+            ex.generation = _generation(cached)
             return _json(200, await self._present(ex, cached))
         self.inflight[task_id] = asyncio.get_running_loop().create_future()
         ex.plugin_state[self.name] = task_id  # this request leads; on_complete wakes the others
@@ -137,6 +138,7 @@ class VideoTasks(Plugin):
             upstream.set_json(VIDEO.video_object(submission["id"], task, None) if route == "videos" else submission)
         elif route in _STATUS:
             normal = await self._remember_status(_status(body, ex.path_params["task_id"]))
+            ex.generation = _generation(normal)
             upstream.set_json(await self._present(ex, normal))
 
     async def _remember_status(self, normal: dict[str, Any]) -> dict[str, Any]:
@@ -254,6 +256,8 @@ class VideoTasks(Plugin):
                                known: dict[str, Any] | None) -> web.StreamResponse | None:
         if known is None:
             known = await self._ask_channel(ex, task_id)
+        if known is not None:
+            ex.generation = _generation(known)
         if known is None or known["status"] == "succeeded" and not known.get("filtered"):
             return None  # unknown here, or ready: the channel answers (a refusal there is made clear too)
         if known.get("filtered"):
@@ -337,6 +341,13 @@ def _status(body: dict[str, Any], task_id: str) -> dict[str, Any]:
         else:
             normal["error"] = {"code": "generation_failed", "message": str(error or "the video generation failed")}
     return normal
+
+
+def _generation(normal: dict[str, Any]) -> Generation:
+    """A task's status as the end of its generation, for its charge: a failed task made nothing
+    the upstream bills; a filtered one was made, and is charged as made."""
+    status = normal["status"]
+    return Generation(status in ("succeeded", "failed"), failed=status == "failed" and not normal.get("filtered"))
 
 
 def _json(status: int, body: Any) -> web.Response:

@@ -13,6 +13,7 @@ import difflib
 import functools
 import importlib
 from importlib.metadata import entry_points
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
@@ -103,6 +104,25 @@ def plugin_names(config: GatewayConfig, route: Route) -> list[str]:
     if override is not None and override.plugins is not None:
         return list(override.plugins)
     return default_plugins(route)
+
+
+def configured_without(config: GatewayConfig, cls: type[Plugin], routes: Iterable[Route]) -> list[str]:
+    """Of `routes`, the names of those whose pipeline the config names and leaves `cls` out of
+    (a plugin a route needs to be charged, say: the route escapes what it enforces)."""
+    found = []
+    for route in routes:
+        override = config.routes.get(route.name)  # type: ignore[call-overload]
+        if override is None or override.plugins is None:
+            continue
+        classes = []
+        for name in override.plugins:
+            try:
+                classes.append(resolve_plugin(name))
+            except LookupError:
+                continue  # reported as unknown elsewhere
+        if cls not in classes:
+            found.append(route.name)
+    return found
 
 
 def order_problems(route: Route, names: list[str], where: str) -> list[str]:

@@ -166,7 +166,7 @@ async def test_the_sdks_raise_a_budget_refusal_at_once_rather_than_sleep_until_i
     import anthropic
     import openai
 
-    gateway = await start_gateway(config("{tokens_per_day: 1}"))  # the first request spends it all
+    gateway = await start_gateway(config("{tokens_per_day: 50}"))  # the first request leaves less than one more takes
     client = anthropic.AsyncAnthropic(base_url=gateway.url, api_key=KEY)
     hello = [{"role": "user", "content": "hi"}]
     await client.messages.create(model="msgmodel-haiku-4-5", max_tokens=20, messages=hello)

@@ -4,11 +4,14 @@ the price table) or in tokens, exact across instances.
     keys: [{name: team-a, key: ..., budget: {cost_per_day: 50, tokens_per_month: 20000000}}]
     plugins: {budget: {tenants: {acme: {cost_per_month: 1000}}, soft_percent: 80}}
 
-Before the upstream is called a request reserves what it may spend (its output limit, or
-`default_reserve_tokens`, plus its input estimated from its size; priced by the table) in each of
-its windows, and is refused with a 429 `budget_exceeded` saying when the budget resets when one
-has no room left; after the answer it settles what it really spent. Past `soft_percent` of a
-budget answers carry `X-Budget-Warning`. Windows are calendar days and months in UTC.
+Before the upstream is called a charged request reserves the most it may spend
+(proxy/request/charges.py: its output limit, or the model's default, times the answers it asks
+for, plus its input; priced by the table) in each of its windows, and is refused with a 429
+`budget_exceeded` saying when the budget resets when one has no room left for it (or could never
+hold it); after the answer it settles what it really spent. A generation that goes on after its
+answer (a background response, a video task) keeps its reservation until a follow-up reads how
+it ended; follow-ups reserve nothing and are never refused here. Past `soft_percent` of a budget
+answers carry `X-Budget-Warning`. Windows are calendar days and months in UTC.
 """
 
 from __future__ import annotations
@@ -25,15 +28,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from plugins.budget.counters import Counters, CountersUnavailable, MemoryCounters, Window
 from proxy.config import GatewayConfig
-from proxy.formats import Usage
+from proxy.formats import Generation, Usage
 from proxy.formats.images import ImagesFormat
 from proxy.formats.video import VideoTasks
 from proxy.observability.metrics import child
 from proxy.plugin import Joins, Plugin
 from proxy.policy.prices import PriceTable
+from proxy.registry import configured_without
+from proxy.request.charges import DEFAULT_OUTPUT_TOKENS, Most, ended, left_open, most_of, read_ended
 from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.request.usage_estimate import usage_or_estimate
 from proxy.state import connect as topology
+from proxy.wire import jsonutil
+from proxy.wire.routes import ROUTES
 from proxy.wire.sse import SSEEvent
 
 log = logging.getLogger("modelgate.budget")
@@ -50,7 +57,8 @@ _IMAGES = "budget.images"
 _DAY_TTL_S = 2 * 86_400
 _MONTH_TTL_S = 33 * 86_400
 _VIDEO_CREATES = frozenset({"video_generations", "videos"})
-_BYTES_A_TOKEN = 4
+_SETTLED_HERE = 10_000  # ids of ended generations this process settled or found settled: not claimed again
+_HELD_PAST_RESET_S = 3600  # a held reservation outlives its last window's period by this much
 
 
 class BudgetLimits(BaseModel):
@@ -77,7 +85,7 @@ class BudgetSettings(BaseModel):
     # A model no row of the price table prices costs nothing, so a cost budget cannot hold it:
     # refused (403 model_not_priced) for a subject with one, unless allowed.
     unpriced: Literal["refuse", "allow"] = "refuse"
-    default_reserve_tokens: int = Field(default=4096, ge=1)
+    default_reserve_tokens: int = Field(default=DEFAULT_OUTPUT_TOKENS, ge=1)
     fail: Literal["open", "closed"] = "open"
 
 
@@ -85,7 +93,9 @@ class Budget(Plugin):
     name = "budget"
     Settings = BudgetSettings
     KeySettings = BudgetKey
-    joins = Joins(keyed=True, endpoint=True)
+    # Every keyed route forwarded: the charged ones reserve; those that read what a generation
+    # made (status polls, a stored response, its cancel) settle a charge it left open.
+    joins = Joins(keyed=True, local=False)
     requires = frozenset({"caller"})
     order = 310  # right after the rate limits
     before_owner_check = True  # reads nothing that belongs to a followed id
@@ -110,6 +120,13 @@ class Budget(Plugin):
         labels = {key.labels.get("tenant") for key in config.keys}
         problems += [f"plugins.{cls.name}.tenants.{label}: no key has the tenant label {label!r}"
                      for label in (tenants if isinstance(tenants, dict) else {}) if label not in labels]
+        budgeted = [f"keys[{i}].budget" for i, key in enumerate(config.keys) if (key.model_extra or {}).get("budget")]
+        budgeted += [f"plugins.{cls.name}.tenants.{label}" for label in (tenants or {})]
+        if budgeted:
+            charged = [route for route in ROUTES if route.spends_tokens and route.takes_key and not route.local]
+            problems += [f"routes.{name}.plugins: leaves out {cls.name}, so {budgeted[0]} does not hold for its "
+                         f"requests (they are charged nowhere): add {cls.name}"
+                         for name in configured_without(config, cls, charged)]
         return problems
 
     def configure(self, config: GatewayConfig) -> None:
@@ -132,6 +149,7 @@ class Budget(Plugin):
         if isinstance(ledger, dict) and self.settings.rebuild_from_ledger:
             self.ledger_url = ledger.get("database_url")
         self._background: set[asyncio.Task[None]] = set()
+        self._settled: dict[str, None] = {}  # oldest first
 
     async def stop(self) -> None:
         for task in list(self._background):
@@ -140,6 +158,8 @@ class Budget(Plugin):
             await self.counters.close()
 
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
+        if not ex.route.spends_tokens:
+            return None  # it reads what another request made: nothing to reserve, never refused
         subjects = self._subjects(ex)
         if not subjects:
             return None
@@ -148,16 +168,22 @@ class Budget(Plugin):
             if costed:
                 return ex.error_response(403, f"{costed[0]} has a cost budget, and the price table prices no model "
                                          f"named {ex.model[:100]!r}", "model_not_priced")
-        tokens, cost = self._most(ex)
+        most = most_of(ex, self.prices, self.settings.default_reserve_tokens)
         now = datetime.now(timezone.utc)
+        planned = []
+        for subject, limits in subjects:
+            windows = self._windows(subject, limits, now)
+            amounts = [float(most.tokens) if w.name.endswith("tokens") else most.cost for w in windows]
+            for window, amount in zip(windows, amounts):
+                if amount > window.limit:  # no room could ever be enough: cut, it would spend past the budget
+                    return self._never_fits(ex, subject, window, amount)
+            planned.append((subject, windows, amounts))
         taken: list[tuple[list[Window], list[float]]] = []
         warnings = []
         try:
             if self.redis and self.state_away():
                 raise CountersUnavailable("the state store is unreachable")
-            for subject, limits in subjects:
-                windows = self._windows(subject, limits, now)
-                amounts = [min(tokens if w.name.endswith("tokens") else cost, w.limit) for w in windows]
+            for subject, windows, amounts in planned:
                 reserved = await self.counters.reserve(windows, amounts)
                 for window, used in zip(windows, reserved.used):
                     child(BUDGET_USED, subject, window.name).set(used / window.limit)
@@ -176,7 +202,7 @@ class Budget(Plugin):
         except asyncio.CancelledError:  # the client left: what is known reserved goes back (one under way may stay)
             self._in_background(self._give_back(taken), "budget give-back")
             raise
-        ex.plugin_state[_STATE] = taken
+        ex.plugin_state[_STATE] = (taken, most)
         if warnings:
             ex.response_headers = {**(ex.response_headers or {}), "X-Budget-Warning": ", ".join(warnings)}
         return None
@@ -191,10 +217,22 @@ class Budget(Plugin):
             ex.plugin_state[_IMAGES] = ImagesFormat.images_made(upstream.json(), ex.asked())
 
     async def on_complete(self, ex: Exchange) -> None:
-        taken = ex.plugin_state.pop(_STATE, None)
-        if not taken:
+        held = ex.plugin_state.pop(_STATE, None)
+        if held is not None:
+            taken, most = held
+            if not taken:
+                return
+            if left_open(ex):  # it goes on: its reservation stays, until a follow-up reads how it ended
+                await self._hold(ex, taken, most)
+            else:
+                await self._settle(taken, *self._spent(ex))
             return
-        spent_tokens, spent_cost = self._spent(ex)
+        generation = read_ended(ex)
+        if generation is not None and self.counters is not None:
+            await self._settle_open(ex.followed_id, generation)  # type: ignore[arg-type]
+
+    async def _settle(self, taken: list[tuple[list[Window], list[float]]], spent_tokens: int,
+                      spent_cost: float) -> None:
         try:
             for windows, amounts in taken:
                 deltas = [(spent_tokens if w.name.endswith("tokens") else spent_cost) - a
@@ -202,6 +240,43 @@ class Budget(Plugin):
                 await self.counters.settle(windows, deltas)
         except CountersUnavailable as exc:  # what was reserved stays counted: a budget errs on the side of stopping
             log.warning("a budget settlement did not reach the store: %s", exc)
+
+    async def _hold(self, ex: Exchange, taken: list[tuple[list[Window], list[float]]], most: Most) -> None:
+        """Keep what a generation left open reserved, and how to settle it, under the id handed out."""
+        record = {"model": ex.model, "input": most.input_tokens, "output": most.output_tokens,
+                  "seconds": most.video_seconds, "tokens": ex.format.reports_usage,
+                  "taken": [[[list(_window_fields(w)) for w in windows], amounts] for windows, amounts in taken]}
+        last_reset = max(w.resets_at for windows, _ in taken for w in windows)
+        ttl = max(60, math.ceil(last_reset - datetime.now(timezone.utc).timestamp()) + _HELD_PAST_RESET_S)
+        try:
+            await self.counters.hold(self._held_key(ex.created_id), jsonutil.dumps(record).decode(), ttl)  # type: ignore[arg-type]
+        except CountersUnavailable as exc:  # the reservation stays counted all the same: nothing is lost but a refund
+            log.warning("a generation left running could not be recorded for its settlement: %s", exc)
+
+    async def _settle_open(self, generation_id: str, generation: Generation) -> None:
+        """A follow-up read how a generation left open ended: its reservation becomes what it spent,
+        once, by whichever request claims it first."""
+        if generation_id in self._settled:
+            return
+        try:
+            raw = await self.counters.claim(self._held_key(generation_id))  # type: ignore[union-attr]
+        except CountersUnavailable as exc:  # claimed by a later follow-up, or kept at its reservation
+            log.warning("a generation's settlement could not be claimed: %s", exc)
+            return
+        self._settled[generation_id] = None
+        while len(self._settled) > _SETTLED_HERE:
+            del self._settled[next(iter(self._settled))]
+        if raw is None:
+            return  # settled already, never held (no budget then), or held past its last window
+        record = jsonutil.loads(raw)
+        usage, seconds, _ = ended(generation, Usage(record["input"], record["output"]), record["seconds"],
+                                  record["tokens"])
+        charge = self.prices.charge(record["model"], usage, (), seconds)
+        taken = [([Window(*fields) for fields in windows], amounts) for windows, amounts in record["taken"]]
+        await self._settle(taken, (usage.input_tokens or 0) + (usage.output_tokens or 0), charge.cost)
+
+    def _held_key(self, generation_id: str) -> str:
+        return f"{self.prefix}open:{generation_id}"
 
     def _subjects(self, ex: Exchange) -> list[tuple[str, BudgetLimits]]:
         if ex.key is None:
@@ -236,18 +311,6 @@ class Budget(Plugin):
                 found.append(Window(f"{base}:{measure}:{period}", f"{kind}-{span}-{measure}", float(limit), ttl,
                                     starts, resets))
         return found
-
-    def _most(self, ex: Exchange) -> tuple[int, float]:
-        """The most this request may spend: tokens, and their cost with its images or video seconds."""
-        body = ex.json() if ex.body else None
-        output = ex.format.output_limit(body) or self.settings.default_reserve_tokens
-        tokens = math.ceil(len(ex.body or b"") / _BYTES_A_TOKEN) + output
-        images = 0
-        if ex.format.name == "images":
-            count = body.get("n") if isinstance(body, dict) else None  # a form's n is text; the spec's most is 10
-            images = count if isinstance(count, int) and 0 < count <= 10 else 10 if ex.multipart else 1
-        seconds = VideoTasks.seconds_made(ex.asked())[0] if ex.route.name in _VIDEO_CREATES else 0.0
-        return tokens, self.prices.most(ex.model, Usage(tokens - output, output), images, seconds)
 
     def _spent(self, ex: Exchange) -> tuple[int, float]:
         """What the request spent: the upstream's counts, estimated where it never said them (a
@@ -304,6 +367,17 @@ class Budget(Plugin):
                                  f"{window.name.split('-')[1]}) {state}; it resets at {resets}", "budget_exceeded",
                                  headers={"Retry-After": str(retry), "x-should-retry": "false"})
 
+    def _never_fits(self, ex: Exchange, subject: str, window: Window, asked: float) -> web.StreamResponse:
+        """A request whose most exceeds a whole budget: no wait makes room for it."""
+        child(BUDGET_REFUSALS, subject, window.name).inc()
+        unit = "tokens" if window.name.endswith("tokens") else "in cost"
+        field = ".".join(ex.format.output_field[0]) if ex.format.output_field else None
+        lower = f"name a lower {field}, or ask for fewer answers" if field else "ask for fewer images or videos"
+        return ex.error_response(429, f"this request may spend up to {asked:.6g} {unit}, more than the whole budget "
+                                 f"'{window.name}' of {subject} ({window.limit:g} {unit} a "
+                                 f"{window.name.split('-')[1]}): {lower}", "budget_exceeded",
+                                 headers={"x-should-retry": "false"})
+
     def _unavailable(self, ex: Exchange, exc: Exception) -> web.StreamResponse | None:
         mode = self.settings.fail
         BUDGET_UNAVAILABLE.labels(mode).inc()
@@ -314,3 +388,7 @@ class Budget(Plugin):
             return None
         return ex.error_response(503, "budgets cannot be checked right now; retry shortly", "budget_unavailable",
                                  headers={"Retry-After": "1"})
+
+
+def _window_fields(window: Window) -> tuple[str, str, float, int, float, float]:
+    return window.key, window.name, window.limit, window.ttl_s, window.starts_at, window.resets_at

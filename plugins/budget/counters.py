@@ -41,9 +41,17 @@ class CountersUnavailable(Exception):
 class Counters(Protocol):
     async def reserve(self, windows: Sequence[Window], amounts: Sequence[float]) -> Reserved: ...
 
-    async def settle(self, windows: Sequence[Window], deltas: Sequence[float]) -> None: ...
+    async def settle(self, windows: Sequence[Window], deltas: Sequence[float]) -> None:
+        """Add `deltas` to the windows' counters that still exist (a counter whose period ended,
+        or that the store lost, is not made again by a late settlement)."""
 
     async def add(self, window: Window, amount: float) -> None: ...
+
+    async def hold(self, key: str, value: str, ttl_s: int) -> None:
+        """Keep what a generation left open holds (its reservations), until it is claimed."""
+
+    async def claim(self, key: str) -> str | None:
+        """Take what `hold` kept at `key`, once: the first claim gets it, later ones None."""
 
     async def close(self) -> None: ...
 
@@ -51,9 +59,11 @@ class Counters(Protocol):
 class MemoryCounters:
     """In this process (memory state): one instance."""
 
-    def __init__(self, clock: Any = time.time) -> None:
+    def __init__(self, clock: Any = time.time, max_held: int = 100_000) -> None:
         self._clock = clock
         self._values: dict[str, tuple[float, float]] = {}  # key -> (value, expires at)
+        self._held: dict[str, tuple[str, float]] = {}  # open generations' reservations -> (value, expires at)
+        self._max_held = max_held
 
     async def reserve(self, windows: Sequence[Window], amounts: Sequence[float]) -> Reserved:
         now = self._clock()
@@ -70,10 +80,24 @@ class MemoryCounters:
     async def settle(self, windows: Sequence[Window], deltas: Sequence[float]) -> None:
         now = self._clock()
         for window, delta in zip(windows, deltas):
-            self._values[window.key] = (self._get(window.key, now) + delta, now + window.ttl_s)
+            found = self._values.get(window.key)
+            if found is not None and found[1] > now:
+                self._values[window.key] = (found[0] + delta, found[1])
 
     async def add(self, window: Window, amount: float) -> None:
-        await self.settle([window], [amount])
+        now = self._clock()
+        self._values[window.key] = (self._get(window.key, now) + amount, now + window.ttl_s)
+
+    async def hold(self, key: str, value: str, ttl_s: int) -> None:
+        now = self._clock()
+        self._held[key] = (value, now + ttl_s)
+        if len(self._held) > self._max_held:  # the oldest first; expired ones before any
+            for old in [k for k, (_, expires) in self._held.items() if expires <= now] or [next(iter(self._held))]:
+                del self._held[old]
+
+    async def claim(self, key: str) -> str | None:
+        found = self._held.pop(key, None)
+        return found[0] if found is not None and found[1] > self._clock() else None
 
     async def close(self) -> None:
         return None
@@ -113,6 +137,16 @@ return {0, values, made}
 """
 
 
+# KEYS: a subject's counters; ARGV: what to add to each. A counter that is gone (its period
+# over, or lost by the store) is left gone: INCRBYFLOAT would make it again with no expiry.
+SETTLE = """
+for i = 1, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('INCRBYFLOAT', KEYS[i], ARGV[i]) end
+end
+return 1
+"""
+
+
 class RedisCounters:
     """In the shared state store: every instance counts in the same windows. A subject's windows
     share a hash tag on a Cluster, so one script reserves them all."""
@@ -122,6 +156,7 @@ class RedisCounters:
 
         self._shared = share(url)
         self._reserve = self._shared.client.register_script(RESERVE)
+        self._settle = self._shared.client.register_script(SETTLE)
 
     async def reserve(self, windows: Sequence[Window], amounts: Sequence[float]) -> Reserved:
         args: list[Any] = []
@@ -133,9 +168,18 @@ class RedisCounters:
                         [w for w, new in zip(windows, made) if new and not refused])
 
     async def settle(self, windows: Sequence[Window], deltas: Sequence[float]) -> None:
-        # INCRBYFLOAT counts twice if sent twice: never resent (a lost settlement errs by one request).
-        await self._call(asyncio.gather(*(self._shared.calls.command("INCRBYFLOAT", w.key, repr(d), resend=False)
-                                          for w, d in zip(windows, deltas) if d)))
+        # Scripts are never resent: counted twice, a settlement would err by more than one request.
+        if any(deltas):
+            await self._call(self._shared.calls.script(self._settle, [w.key for w in windows],
+                                                       [repr(d) for d in deltas]))
+
+    async def hold(self, key: str, value: str, ttl_s: int) -> None:
+        await self._call(self._shared.calls.command("SET", key, value, "EX", ttl_s))
+
+    async def claim(self, key: str) -> str | None:
+        # GETDEL is never resent: sent again after it ran, it would find nothing and lose the claim.
+        found = await self._call(self._shared.calls.command("GETDEL", key, resend=False))
+        return found.decode() if found is not None else None
 
     async def _call(self, pending: Any) -> Any:
         from redis.exceptions import RedisError

@@ -14,6 +14,7 @@ Redis stream when the state is in Redis, and a local file) and are written once 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,18 +24,26 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from plugins.ledger.record import record_of
+from plugins.ledger.record import UsageRecord, held, record_of, settled
 from proxy.config import GatewayConfig
+from proxy.formats import Generation
 from proxy.observability.metrics import ModelLabels, child
-from proxy.plugin import Joins, Plugin, PluginCommand
+from proxy.plugin import STATE_STORE, Joins, Plugin, PluginCommand
 from proxy.formats.images import ImagesFormat
 from proxy.formats.video import VideoTasks
 from proxy.policy.prices import PriceTable
+from proxy.registry import configured_without
+from proxy.request.charges import DEFAULT_OUTPUT_TOKENS, left_open, most_of, read_ended
 from proxy.request.exchange import Exchange, UpstreamResponse
+from proxy.state import StateStore, make_store
+from proxy.wire import jsonutil
+from proxy.wire.routes import ROUTES
 from proxy.wire.sse import SSEEvent
 
 if TYPE_CHECKING:
     from plugins.ledger.writer import LedgerWriter
+
+log = logging.getLogger("modelgate.ledger")
 
 COST = Counter("modelgate_cost", "What requests cost by the price table (in its currency), by key and model",
                ["key", "model"])
@@ -44,6 +53,8 @@ UNPRICED = Counter("modelgate_unpriced_requests", "Requests whose model no row o
 _IMAGES = "ledger.images"
 _VIDEO_CREATES = frozenset({"video_generations", "videos"})
 _RECORD_BYTES = 1024  # the most a record takes in a spool (its model name cut to 256): what bounds the Redis spool
+_PENDING = "ledger:pending:"
+_SETTLED_HERE = 10_000  # ids of ended generations this process settled or found settled: not taken again
 
 
 class LedgerSettings(BaseModel):
@@ -56,6 +67,9 @@ class LedgerSettings(BaseModel):
     spool_dir: str = "ledger-spool"
     spool_max_mb: float = Field(default=1024, gt=0)
     redis_spool: bool = True  # with state in Redis, spool there first (any instance drains it)
+    # How long a generation left running (a background response, a video task) waits, pending, for
+    # a follow-up to read how it ended; a row nobody settles by then keeps what was held for it.
+    pending_for_s: int = Field(default=7 * 86_400, ge=60)
 
     @field_validator("database_url")
     @classmethod
@@ -75,7 +89,9 @@ class LedgerSettings(BaseModel):
 class Ledger(Plugin):
     name = "ledger"
     Settings = LedgerSettings
-    joins = Joins(keyed=True, endpoint=True)  # the spec's endpoints a key pays for
+    # The spec's endpoints a key pays for (a row each), and the calls around them that read what a
+    # generation made (a stored response, its cancel): they settle a pending row.
+    joins = Joins(keyed=True, local=False)
     order = 900  # after every plugin that shapes the answer
     before_owner_check = False
     reads_answers = False  # it counts the images of answers read whole anyway; never holds a stream
@@ -86,11 +102,34 @@ class Ledger(Plugin):
 
         return (PluginCommand("usage", "report what the usage ledger holds", arguments, run_command),)
 
+    @classmethod
+    def config_problems(cls, config: GatewayConfig, workers: int) -> list[str]:
+        """A route whose configured pipeline leaves the ledger out escapes the price table and the records."""
+        settings = config.plugins.get(cls.name, {})
+        recorded = isinstance(settings, dict) and settings.get("database_url")
+        if not config.prices and not recorded:
+            return []
+        what = "prices" if config.prices else f"plugins.{cls.name}.database_url"
+        charged = [route for route in ROUTES if route.number and route.takes_key and route.spends_tokens]
+        return [f"routes.{name}.plugins: leaves out {cls.name}, so its requests are neither priced nor recorded "
+                f"({what} is set): add {cls.name}" for name in configured_without(config, cls, charged)]
+
     def configure(self, config: GatewayConfig) -> None:
         self.config = config
         self.prices = PriceTable(config.prices)
         self.model_label = ModelLabels(config)
         self.writer: LedgerWriter | None = None
+        budget = config.plugins.get("budget")  # a pending row holds what the budgets reserve for it
+        self.default_output = (budget.get("default_reserve_tokens", DEFAULT_OUTPUT_TOKENS)
+                               if isinstance(budget, dict) else DEFAULT_OUTPUT_TOKENS)
+        # With a Redis state store, the gateway's own (pending rows are kept beside the pins); in
+        # memory, a store of the ledger's own, for the gateway's life, so it never pushes pins out.
+        gateways = self.resources.get(STATE_STORE)
+        if config.state.backend == "redis" and gateways is not None:
+            self.pending: StateStore = gateways()
+        else:
+            self.pending = self.resources.setdefault("ledger.pending", make_store(config.state))
+        self._settled: dict[str, None] = self.resources.setdefault("ledger.settled", {})  # oldest first
         # With a price table, cost is counted even without a database; with neither there is
         # nothing to do, and the core is told so (no hook of an idle ledger is called).
         if not self.prices and self.settings.database_url is None:
@@ -118,14 +157,59 @@ class Ledger(Plugin):
     async def on_complete(self, ex: Exchange) -> None:
         if ex.key is None:  # a request no key was found for is no key's to pay for
             return
+        generation = read_ended(ex)
+        if generation is not None:
+            await self._settle(ex.followed_id, generation)  # type: ignore[arg-type]
+        if not ex.route.number:
+            return  # a call around the endpoints: no row of its own
         seconds, assumed = _video_seconds(ex)
         record = record_of(ex, self.prices, ex.plugin_state.get(_IMAGES, []), seconds, time.perf_counter(),
                            assumed)
-        model = self.model_label(ex.model)
+        if left_open(ex):  # it goes on: the row holds what the budgets hold, until a follow-up settles it
+            record = held(record, most_of(ex, self.prices, self.default_output), self.prices,
+                          ex.format.reports_usage)
+            await self._keep_pending(ex.created_id, record)  # type: ignore[arg-type]
+        else:
+            self._count(record, ex.key_name)
+        if self.writer is not None:
+            self.writer.submit(record)
+
+    def _count(self, record: UsageRecord, key_name: str | None) -> None:
+        """The cost metrics, once a record's cost is known (a pending row's, when it is settled: a
+        counter never goes down)."""
+        model = self.model_label(record.model)
         if record.cost:
-            child(COST, ex.key_name or "anonymous", model).inc(record.cost)
-        if not record.priced and self.prices and ex.model is not None:  # a status poll names no model to price
+            child(COST, key_name or "anonymous", model).inc(record.cost)
+        if not record.priced and self.prices and record.model is not None:  # a status poll names no model to price
             child(UNPRICED, model).inc()
+
+    async def _keep_pending(self, generation_id: str, record: UsageRecord) -> None:
+        if self.state_away():
+            log.warning("state store unreachable: a pending usage record keeps what was held for it")
+            return
+        try:
+            await self.pending.set(_PENDING + generation_id, jsonutil.dumps(record.to_json()).decode(),
+                                   self.settings.pending_for_s)
+        except Exception as exc:  # the row stands at what was held: nothing is lost but its settlement
+            log.warning("a pending usage record could not be kept for its settlement: %s", type(exc).__name__)
+
+    async def _settle(self, generation_id: str, generation: Generation) -> None:
+        """A follow-up read how a generation left running ended: its pending row is written again,
+        settled, by whichever request takes it first."""
+        if generation_id in self._settled or self.state_away():
+            return
+        try:
+            raw = await self.pending.take(_PENDING + generation_id)
+        except Exception as exc:  # a later follow-up settles it, or it keeps what was held
+            log.warning("a pending usage record could not be read for its settlement: %s", type(exc).__name__)
+            return
+        self._settled[generation_id] = None
+        while len(self._settled) > _SETTLED_HERE:
+            del self._settled[next(iter(self._settled))]
+        if raw is None:
+            return  # settled already, or never pending here
+        record = settled(UsageRecord.from_json(jsonutil.loads(raw)), generation, self.prices)
+        self._count(record, record.key_name)
         if self.writer is not None:
             self.writer.submit(record)
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import operator
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import datetime, timezone
 from typing import Any
 
+from proxy.formats import Generation, Usage
 from proxy.formats.images import ImageMade
 from proxy.policy.prices import PriceTable
+from proxy.request.charges import Most, ended
 from proxy.request.exchange import Exchange
 from proxy.request.usage_estimate import usage_or_estimate
 
@@ -45,6 +47,12 @@ class UsageRecord:
     duration_ms: float
     client_aborted: bool
     estimated: bool
+    # Who ended the answer before its end, once the upstream had the request: client, upstream, gateway.
+    cut_by: str | None = None
+    # The generation went on after its answer (a background response, a video task): the figures
+    # are what is held for it, until a follow-up reads how it ended and the row is settled.
+    pending: bool = False
+    settled_at: datetime | None = None  # when a pending row was settled
 
     def row(self) -> tuple[Any, ...]:
         """The record as COPY sends it, its cost in billionths: a float sent into a numeric column
@@ -56,11 +64,16 @@ class UsageRecord:
     def to_json(self) -> dict[str, Any]:
         found = {f.name: getattr(self, f.name) for f in fields(self)}
         found["at"] = self.at.isoformat()
+        if self.settled_at is not None:
+            found["settled_at"] = self.settled_at.isoformat()
         return found
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> UsageRecord:
-        return cls(**{**data, "at": datetime.fromisoformat(data["at"])})
+        """A record as `to_json` wrote it (an older release's, without the later fields, too)."""
+        settled = data.get("settled_at")
+        return cls(**{**data, "at": datetime.fromisoformat(data["at"]),
+                      "settled_at": datetime.fromisoformat(settled) if settled else None})
 
 
 COLUMNS = tuple(f.name for f in fields(UsageRecord))
@@ -84,7 +97,32 @@ def record_of(ex: Exchange, prices: PriceTable, images: list[ImageMade], video_s
         status=ex.outcome.status, input_tokens=usage.input_tokens, cached_input_tokens=usage.cached_input_tokens,
         output_tokens=usage.output_tokens, reasoning_tokens=usage.reasoning_tokens, images=len(images),
         video_seconds=video_seconds, cost=min(charge.cost, _MOST_COST), priced=charge.priced,
-        duration_ms=round(duration_s * 1000, 3), client_aborted=ex.outcome.client_aborted, estimated=estimated)
+        duration_ms=round(duration_s * 1000, 3), client_aborted=ex.outcome.client_aborted, estimated=estimated,
+        cut_by=ex.outcome.cut_by)
+
+
+def held(record: UsageRecord, most: Most, prices: PriceTable, counts_tokens: bool) -> UsageRecord:
+    """The record of a generation left running: what is held for it (its most: the prompt estimated,
+    all the output it may make, its video seconds), pending until a follow-up reads how it ended."""
+    charge = prices.charge(record.model, most.usage(), (), most.video_seconds)
+    tokens: dict[str, Any] = {"input_tokens": most.input_tokens, "output_tokens": most.output_tokens,
+                              "cached_input_tokens": None, "reasoning_tokens": None} if counts_tokens else {}
+    return replace(record, **tokens, video_seconds=most.video_seconds, cost=min(charge.cost, _MOST_COST),
+                   priced=charge.priced, estimated=record.estimated or counts_tokens, pending=True)
+
+
+def settled(record: UsageRecord, generation: Generation, prices: PriceTable) -> UsageRecord:
+    """A pending record once its generation ended: what it spent, as the upstream said (or, when it
+    did not, what was held, still estimated), priced again."""
+    counts_tokens = record.input_tokens is not None
+    usage, seconds, estimated = ended(generation, Usage(record.input_tokens, record.output_tokens),
+                                      record.video_seconds, counts_tokens)
+    charge = prices.charge(record.model, usage, (), seconds)
+    return replace(record, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                   cached_input_tokens=usage.cached_input_tokens, reasoning_tokens=usage.reasoning_tokens,
+                   video_seconds=seconds, cost=min(charge.cost, _MOST_COST), priced=charge.priced,
+                   estimated=estimated if counts_tokens else record.estimated and seconds > 0, pending=False,
+                   settled_at=datetime.now(timezone.utc))
 
 
 def _clipped(model: str | None) -> str | None:

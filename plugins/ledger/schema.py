@@ -42,6 +42,15 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX usage_records_key_at ON usage_records (key_name, at);
     CREATE INDEX usage_records_tenant_at ON usage_records (tenant, at);
     """,
+    # 2: who cut an answer short; a generation that went on after its answer (pending until a
+    # follow-up reads how it ended, then settled in place).
+    """
+    ALTER TABLE usage_records
+        ADD COLUMN cut_by text,
+        ADD COLUMN pending boolean NOT NULL DEFAULT false,
+        ADD COLUMN settled_at timestamptz;
+    CREATE INDEX usage_records_pending ON usage_records (at) WHERE pending;
+    """,
 )
 
 

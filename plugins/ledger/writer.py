@@ -37,10 +37,17 @@ LEDGER_WAITING = Gauge("modelgate_ledger_waiting_records", "Usage records not ye
                        "in this process's spool file)", multiprocess_mode="livesum")
 
 # Records arrive in a table of the session's own, their cost in billionths (UsageRecord.row), and
-# go on from there unless their request id is in the ledger already.
+# go on from there unless their request id is in the ledger already; the one exception, a pending
+# row, takes its settlement in place. So a record written twice, or a pending one arriving after
+# its settlement, changes nothing. A batch holding a row twice (pending and settled) gives one,
+# the settled: an upsert may touch a row once a statement.
 _SELECTED = ", ".join("cost::numeric / 1000000000" if c == "cost" else c for c in COLUMNS)
-_INSERT = (f"INSERT INTO usage_records ({', '.join(COLUMNS)}) SELECT {_SELECTED} FROM ledger_incoming "
-           "ON CONFLICT (request_id) DO NOTHING")
+_SETTLED = ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens", "images", "video_seconds",
+            "cost", "priced", "estimated", "pending", "settled_at")
+_INSERT = (f"INSERT INTO usage_records ({', '.join(COLUMNS)}) SELECT DISTINCT ON (request_id) {_SELECTED} "
+           "FROM ledger_incoming ORDER BY request_id, pending "
+           f"ON CONFLICT (request_id) DO UPDATE SET {', '.join(f'{c} = EXCLUDED.{c}' for c in _SETTLED)} "
+           "WHERE usage_records.pending AND NOT EXCLUDED.pending")
 _INCOMING = ("CREATE TEMP TABLE IF NOT EXISTS ledger_incoming (LIKE usage_records INCLUDING DEFAULTS) "
              "ON COMMIT DELETE ROWS; ALTER TABLE ledger_incoming ALTER COLUMN cost TYPE bigint USING 0")
 _RETRY_S = 1.0

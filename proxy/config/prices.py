@@ -6,6 +6,7 @@
         cached_input_per_mtok: 1.25       # of them, read from a cache (unset: the input price)
         output_per_mtok: 10.00            # per million generated tokens
         reasoning_per_mtok: 10.00         # of them, thinking (unset: the output price)
+        max_output_tokens: 16384          # what it makes when a request names no limit (reserved then)
       - model: "imagegen-*"
         per_image: 0.04                   # an image whose size and quality no row below names
         per_image_by: {"1024x1024/high": 0.17, "*/low": 0.01}
@@ -41,6 +42,9 @@ class PriceConfig(BaseModel):
     per_image: Amount = 0.0
     per_image_by: dict[str, Amount] = Field(default_factory=dict)
     per_video_second: Amount = 0.0
+    # The most output the model makes when a request names no limit: what budgets and token
+    # limits reserve for such a request (unset: their configured default_reserve_tokens).
+    max_output_tokens: int | None = Field(default=None, ge=1, le=2**31)
 
     @field_validator("per_image_by")
     @classmethod

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from proxy.formats.account import AccountFormat
-from proxy.formats.base import Format, KeyLocation, Usage
+from proxy.formats.base import Format, Generation, KeyLocation, Usage
 from proxy.formats.content import ContentFormat
 from proxy.formats.images import ImagesFormat
 from proxy.formats.message import MessageFormat
@@ -23,5 +23,5 @@ FORMATS: dict[str, Format] = {f.name: f for f in (MESSAGES, CONTENT, RESPONSES, 
 FORMAT_NAMES = tuple(FORMATS)
 
 __all__ = ["ACCOUNT", "CONTENT", "FORMATS", "FORMAT_NAMES", "IMAGES", "MESSAGES", "MODELS", "RESPONSES", "VIDEO",
-           "AccountFormat", "ContentFormat", "Format", "ImagesFormat", "KeyLocation", "MessageFormat",
+           "AccountFormat", "ContentFormat", "Format", "Generation", "ImagesFormat", "KeyLocation", "MessageFormat",
            "ModelsFormat", "ResponseFormat", "Usage", "VideoTasks"]

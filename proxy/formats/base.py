@@ -6,7 +6,7 @@ import base64
 import enum
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from aiohttp import web
@@ -59,8 +59,13 @@ class Usage:
     output_tokens: int | None = None
     cached_input_tokens: int | None = None
     reasoning_tokens: int | None = None
+    # The upstream's last word on the answer (a JSON answer's usage, a stream's closing counts),
+    # not a running count or a stream's opening placeholder: what is not final may be estimated.
+    final: bool = field(default=False, compare=False)
 
     def update(self, other: Usage) -> None:
+        if other.final:
+            self.final = True
         if other.input_tokens is not None:
             self.input_tokens = other.input_tokens
         if other.output_tokens is not None:
@@ -73,6 +78,17 @@ class Usage:
     @property
     def known(self) -> bool:
         return self.input_tokens is not None or self.output_tokens is not None
+
+
+@dataclass(slots=True, frozen=True)
+class Generation:
+    """What an answer tells of a generation that may outlive it (a background response, a video
+    task): whether it has ended, and once it has, what the upstream reported it spent (`usage`;
+    None: it did not say) and whether it ended having made nothing it bills (`failed`)."""
+
+    done: bool
+    usage: Usage | None = None
+    failed: bool = False
 
 
 @dataclass(slots=True)
@@ -102,6 +118,9 @@ class Format:
 
     # Where an answer of this format names the id it creates (a task, a response), in order.
     id_fields: ClassVar[tuple[str, ...]] = ("id",)
+    # The field (as JSON and proto paths) this format's upstream reads for the most output an
+    # answer may make; none: the format makes no tokens, or has no such field.
+    output_field: ClassVar[tuple[tuple[str, ...], ...]] = ()
 
     def created_id_event(self, event: SSEEvent) -> tuple[bool, Any]:
         """Whether this stream event is the one naming the id the answer creates, and that id."""
@@ -235,28 +254,89 @@ class Format:
             return None
         return Usage(token_count(usage, "input_tokens"), token_count(usage, "output_tokens"),
                      token_count(usage.get("input_tokens_details"), "cached_tokens"),
-                     token_count(usage.get("output_tokens_details"), "reasoning_tokens"))
+                     token_count(usage.get("output_tokens_details"), "reasoning_tokens"), final=True)
 
     def usage_from_event(self, event: SSEEvent) -> Usage | None:
         return None
 
-    @staticmethod
-    def output_limit(body: Any) -> int | None:
-        """The most output a request asks for, in any format's words (`max_tokens`,
-        `max_output_tokens`, `generationConfig.maxOutputTokens`, as the SDKs write them too); None
-        when it names none."""
+    def in_background(self, body: Any) -> bool:
+        """Whether a request asks for a generation that goes on after its answer (and after its
+        client leaves), to be read later: only the response format has them."""
+        return False
+
+    def generation_of(self, answer: Any) -> Generation | None:
+        """What a (parsed) answer tells of the generation it made or follows, when this format
+        has generations that outlive an answer; None otherwise."""
+        return None
+
+    def generation_in_event(self, event: SSEEvent) -> Generation | None:
+        """The same, from a stream event (its last, normally)."""
+        return None
+
+    def output_limit(self, body: Any, default: int) -> int:
+        """The most output the upstream may make for one answer of this request: the field this
+        format's upstream reads (`output_field`), else `default` (the upstream's own default when
+        the request names none). Any other spelling the request also carries (another format's
+        field, which this upstream may read too, or ignore) can only raise it: a decoy
+        `max_tokens: 1` beside `max_output_tokens: 40000` never shrinks a reservation."""
         if not isinstance(body, dict):
-            return None
-        found = body.get("max_tokens") or body.get("max_output_tokens")
-        config = body.get("generationConfig") or body.get("generation_config")
-        if found is None and isinstance(config, dict):
-            found = config.get("maxOutputTokens") or config.get("max_output_tokens")
-        return found if isinstance(found, int) and not isinstance(found, bool) and found > 0 else None
+            return default
+        own = None
+        for path in self.output_field:
+            own = own or _count(_at(body, path))
+        found = own or default
+        for path in _OUTPUT_SPELLINGS:
+            found = max(found, _count(_at(body, path)) or 0)
+        return found
+
+    def outputs(self, body: Any, whole: bool = True) -> int:
+        """How many answers (candidates, images, videos) one request asks the upstream for, each
+        up to `output_limit`; `whole`: the body is all there (a form streamed through is known only
+        up to its first file, and what it asks after that may be the most the spec allows)."""
+        return 1
 
     def stream_error(self, status: int, message: str, code: str | None = None) -> bytes:
         """An SSE event that tells a streaming client the stream failed, in this format's words."""
         payload = {"type": "error", **self.error_payload(status, message, code)}
         return b"event: error\ndata: " + jsonutil.dumps(payload) + b"\n\n"
+
+
+# Every spelling of an output limit any format's upstream reads (the chat-completions format's
+# too): a request may carry several, and any of them may be the one an upstream honours.
+_OUTPUT_SPELLINGS: tuple[tuple[str, ...], ...] = (
+    ("max_tokens",), ("max_output_tokens",), ("max_completion_tokens",),
+    ("generationConfig", "maxOutputTokens"), ("generationConfig", "max_output_tokens"),
+    ("generation_config", "max_output_tokens"), ("generation_config", "maxOutputTokens"),
+)
+_MOST_COUNT = 2**31
+
+
+def _at(mapping: Any, path: tuple[str, ...]) -> Any:
+    for name in path:
+        if not isinstance(mapping, dict):
+            return None
+        mapping = mapping.get(name)
+    return mapping
+
+
+def _count(value: Any) -> int | None:
+    """A count a client wrote, as an upstream may read it: a whole number, also written as an
+    integral float or as digits in a string (lax parsers take both); None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    elif isinstance(value, str) and value.strip().isdigit() and len(value) < 12:
+        value = int(value)
+    if isinstance(value, int) and 0 < value:
+        return min(value, _MOST_COUNT)
+    return None
+
+
+def asked_count(body: Any, *path: str) -> int | None:
+    """A count at `path` of a request body (candidates, images, partial images), read as an
+    upstream may read it; None when absent or not a count."""
+    return _count(_at(body, path))
 
 
 def _read_keys(location: KeyLocation, headers: CIMultiDictProxy[str] | CIMultiDict[str],

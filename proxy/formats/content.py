@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from proxy.formats.base import EmbeddedImage, Format, KeyLocation, Usage, items, token_count
+from proxy.formats.base import EmbeddedImage, Format, KeyLocation, Usage, asked_count, items, token_count
 from proxy.wire import jsonutil
 from proxy.wire.sse import SSEEvent
 
@@ -24,6 +24,14 @@ class ContentFormat(Format):
     reports_usage = True
     key_location = KeyLocation.QUERY
     sdk_key_locations = (KeyLocation.GOOG_API_KEY,)  # the content SDK cannot put its key in the query
+    # The upstream reads a field by its JSON name or its proto (snake_case) name.
+    output_field = (("generationConfig", "maxOutputTokens"), ("generationConfig", "max_output_tokens"),
+                    ("generation_config", "max_output_tokens"), ("generation_config", "maxOutputTokens"))
+
+    def outputs(self, body: Any, whole: bool = True) -> int:
+        """`candidateCount` answers, each up to the output limit."""
+        config = _either(body, "generationConfig", "generation_config")
+        return asked_count(config, "candidateCount") or asked_count(config, "candidate_count") or 1
 
     def versioned_path(self, path: str, version: str | None) -> str:
         if version is None:
@@ -89,12 +97,19 @@ class ContentFormat(Format):
         if thoughts is not None:
             output = (output or 0) + thoughts
         return Usage(token_count(meta, "promptTokenCount"), output, token_count(meta, "cachedContentTokenCount"),
-                     thoughts)
+                     thoughts, final=True)
 
     def usage_from_event(self, event: SSEEvent) -> Usage | None:
+        """A stream's chunks carry a running count; only the one that finishes the answer (a
+        candidate's `finishReason`) carries the last."""
         if b'"usageMetadata"' not in event.raw:
             return None
-        return self.usage_from_body(event.json())
+        chunk = event.json()
+        usage = self.usage_from_body(chunk)
+        if usage is not None:
+            usage.final = any(isinstance(candidate, dict) and candidate.get("finishReason")
+                              for candidate in items(chunk, "candidates"))
+        return usage
 
     def stream_error(self, status: int, message: str, code: str | None = None) -> bytes:
         return b"data: " + jsonutil.dumps(self.error_payload(status, message, code)) + b"\n\n"

@@ -6,8 +6,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.formats.base import EmbeddedImage, Format, KeyLocation, Usage, items
+from proxy.formats.base import EmbeddedImage, Format, KeyLocation, Usage, asked_count, items
 from proxy.wire.sse import SSEEvent
+
+
+MOST_IMAGES = 10          # n, per the spec (section 8)
+MOST_PARTIAL_IMAGES = 3   # partial_images, per the spec
 
 
 @dataclass(slots=True, frozen=True)
@@ -24,6 +28,13 @@ class ImagesFormat(Format):
 
     def asks_for_image_urls(self, body: Any) -> bool:
         return isinstance(body, dict) and body.get("response_format") == "url"
+
+    def outputs(self, body: Any, whole: bool = True) -> int:
+        """`n` images and `partial_images` previews (a preview costs no more than an image). A form
+        read only to its first file may name either after it: the spec's most, 10 and 3, then."""
+        images = asked_count(body, "n") or (1 if whole else MOST_IMAGES)
+        partial = asked_count(body, "partial_images") or (0 if whole else MOST_PARTIAL_IMAGES)
+        return images + partial
 
     def embedded_images(self, answer: Any) -> list[EmbeddedImage]:
         found = []

@@ -19,6 +19,7 @@ class MessageFormat(Format):
     name = "messages"
     reports_usage = True
     key_location = KeyLocation.X_API_KEY
+    output_field = (("max_tokens",),)
     sdk_key_locations = (KeyLocation.BEARER,)  # the message SDK's `api_key` travels as a Bearer token
     # The version header the spec names, and the one the format's SDKs send; either satisfies
     # endpoint 8 (the second unless `server.strict_interface`).
@@ -69,9 +70,11 @@ class MessageFormat(Format):
         data = event.json()
         if not isinstance(data, dict):
             return None
-        if data.get("type") == "message_start":
-            return self.usage_from_body(data.get("message"))
-        if data.get("type") == "message_delta":
+        if data.get("type") == "message_start":  # the prompt, and a placeholder for the output
+            message = data.get("message")
+            usage = message.get("usage") if isinstance(message, dict) else None
+            return _usage(usage, final=False) if isinstance(usage, dict) else None
+        if data.get("type") == "message_delta":  # the closing counts
             usage = data.get("usage")
             if not isinstance(usage, dict):
                 delta = data.get("delta")
@@ -89,11 +92,11 @@ class MessageFormat(Format):
         return b"event: error\ndata: " + jsonutil.dumps(payload) + b"\n\n"
 
 
-def _usage(usage: dict[str, Any]) -> Usage:
+def _usage(usage: dict[str, Any], final: bool = True) -> Usage:
     """This format counts the prompt's cached parts beside `input_tokens`, not among them: the
     gateway's Usage counts the whole prompt, what was read from the cache among it."""
     fresh = token_count(usage, "input_tokens")
     read = token_count(usage, "cache_read_input_tokens")
     written = token_count(usage, "cache_creation_input_tokens")
     whole = None if fresh is None else fresh + (read or 0) + (written or 0)
-    return Usage(whole, token_count(usage, "output_tokens"), read)
+    return Usage(whole, token_count(usage, "output_tokens"), read, final=final)

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.formats.base import Format, KeyLocation, Usage
+from proxy.formats.base import Format, Generation, KeyLocation, Usage
 from proxy.wire import jsonutil
 from proxy.wire.sse import SSEEvent
 
 _TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+# A response's status once it has ended, and while it runs (a background response is answered
+# queued, and reads as in progress until it ends).
+_ENDED = frozenset({"completed", "incomplete", "failed", "cancelled"})
+_RUNNING = frozenset({"queued", "in_progress"})
 
 
 class ResponseFormat(Format):
     name = "responses"
     reports_usage = True
     key_location = KeyLocation.BEARER
+    output_field = (("max_output_tokens",),)
 
     def created_id_event(self, event: SSEEvent) -> tuple[bool, Any]:
         if event.name != "response.created" and b'"response.created"' not in event.raw:
@@ -27,12 +32,33 @@ class ResponseFormat(Format):
         ref = body.get("previous_response_id") if isinstance(body, dict) else None
         return ref if isinstance(ref, str) else None
 
+    def in_background(self, body: Any) -> bool:
+        return isinstance(body, dict) and body.get("background") is True
+
+    def generation_of(self, answer: Any) -> Generation | None:
+        """A response object: ended (with its usage, when it says it) or still running."""
+        status = answer.get("status") if isinstance(answer, dict) else None
+        if status in _ENDED:
+            return Generation(True, self.usage_from_body(answer))
+        if status in _RUNNING:
+            return Generation(False)
+        return None
+
+    def generation_in_event(self, event: SSEEvent) -> Generation | None:
+        if event.name not in _TERMINAL_EVENTS:
+            return None
+        data = event.json()
+        return self.generation_of(data.get("response") if isinstance(data, dict) else None)
+
     def usage_from_event(self, event: SSEEvent) -> Usage | None:
         if event.name not in _TERMINAL_EVENTS and b'"usage":{' not in event.raw:
             return None
         data = event.json()
         response = data.get("response") if isinstance(data, dict) else None
-        return self.usage_from_body(response)
+        usage = self.usage_from_body(response)
+        if usage is not None:
+            usage.final = event.name in _TERMINAL_EVENTS
+        return usage
 
     def stream_error(self, status: int, message: str, code: str | None = None) -> bytes:
         payload = {"type": "error", "code": code or ("server_error" if status >= 500 else "invalid_request"),

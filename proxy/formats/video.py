@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.formats.base import Format, KeyLocation
+from proxy.formats.base import Format, KeyLocation, asked_count
 
 LONGEST_SECONDS = 8.0  # the interface's longest duration (section 8): what a submission naming none is taken at
 # A normalised status (plugins/video.py) in the SDK's words.
@@ -47,10 +47,16 @@ class VideoTasks(Format):
         videos; one that names no duration is taken at the interface's longest, and says it
         (True) was assumed."""
         asked = VideoTasks.seconds_asked(body)
-        metadata = body.get("metadata") if isinstance(body, dict) else None
-        count = metadata.get("sampleCount") if isinstance(metadata, dict) else None
-        videos = count if isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= 16 else 1
-        return (asked or LONGEST_SECONDS) * videos, not asked
+        return (asked or LONGEST_SECONDS) * VideoTasks.videos_asked(body), not asked
+
+    @staticmethod
+    def videos_asked(body: Any) -> int:
+        """`metadata.sampleCount` videos (1 when it names none), as the upstream reads the count: a
+        count the schema refuses never gets this far, and one that did is charged as sent."""
+        return asked_count(body, "metadata", "sampleCount") or 1
+
+    def outputs(self, body: Any, whole: bool = True) -> int:
+        return self.videos_asked(body)
 
     @staticmethod
     def video_object(task_id: str, task: dict[str, Any], normal: dict[str, Any] | None,

@@ -41,6 +41,12 @@ class PriceTable:
             self._found[model] = row
         return row
 
+    def default_output(self, model: str | None) -> int | None:
+        """The most output `model` makes when a request names no limit, as its row says (None:
+        no row, or the row does not say)."""
+        row = self.row_for(model)
+        return row.max_output_tokens if row is not None else None
+
     def charge(self, model: str | None, usage: Usage, images: Sequence[ImageMade] = (),
                video_seconds: float = 0.0) -> Charge:
         row = self.row_for(model)

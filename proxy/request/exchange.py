@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.formats import Format, Usage
+from proxy.formats import Format, Generation, Usage
 from proxy.policy.keys import GatewayKey
 from proxy.request.headers import content_codings
 from proxy.wire import jsonutil
@@ -49,7 +49,7 @@ class Exchange:
     __slots__ = (
         "request", "route", "format", "request_id", "started", "client_ip", "headers",
         "path_params", "body", "body_stream", "multipart", "_json", "body_changed", "model",
-        "upstream_model", "channel", "pinned_channel", "key", "streaming", "usage", "outcome",
+        "upstream_model", "channel", "pinned_channel", "key", "streaming", "usage", "generation", "outcome",
         "plugin_state", "tracer", "span", "unsampled_span", "response_headers",
         "answer_limit", "gateway_id", "target", "followed_id", "follow_lookup", "followed", "created_id",
         "with_pin", "pinned_with",
@@ -88,6 +88,9 @@ class Exchange:
         self.pinned_with = False
         self.streaming = route.always_streams  # the client asked for a stream
         self.usage = Usage()                    # as the upstream reported it (read by the usage plugins)
+        # What the answer tells of a generation that may outlive it, the one it made or the one it
+        # follows (a background response, a video task): set by the plugins that read answers.
+        self.generation: Generation | None = None
         self.outcome = Outcome()
         self.plugin_state: dict[str, Any] = {}
         self.response_headers: dict[str, str] | None = None  # plugins' additions to the client's answer
@@ -156,7 +159,7 @@ class Outcome:
     an answer it makes itself or a client gone), read by the access line, metrics, traces and
     `on_complete` hooks."""
 
-    __slots__ = ("status", "streamed", "bytes_out", "events", "error", "client_aborted",
+    __slots__ = ("status", "streamed", "bytes_out", "events", "error", "client_aborted", "cut_by",
                  "upstream_started", "upstream_headers_at", "upstream_finished")
 
     def __init__(self) -> None:
@@ -166,6 +169,9 @@ class Outcome:
         self.events = 0              # stream events that reached the client (streams framed event by event)
         self.error: str | None = None
         self.client_aborted = False
+        # Who ended an answer before its end, once the upstream had the request: "client" (it
+        # left), "upstream" (it broke off or stalled), "gateway" (a drain, or a fault of its own).
+        self.cut_by: str | None = None
         self.upstream_started: float | None = None
         self.upstream_headers_at: float | None = None
         self.upstream_finished: float | None = None

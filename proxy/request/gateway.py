@@ -84,6 +84,8 @@ class Gateway:
             return response
         except asyncio.CancelledError:
             ex.outcome.client_aborted = True  # the client went away; aiohttp cancelled the handler
+            if ex.outcome.upstream_started is not None and ex.outcome.cut_by is None:
+                ex.outcome.cut_by = "client"
             if ex.outcome.status == 0:
                 ex.outcome.status = 499  # as nginx logs a client that closed before the answer
             raise

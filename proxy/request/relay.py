@@ -126,6 +126,7 @@ class Relay:
                     return await self._send_bytes(prefix=b"".join(chunks))
         except (TimeoutError, *_UPSTREAM_BROKE) as exc:
             upstream.close()
+            ex.outcome.cut_by = "upstream"
             stalled = isinstance(exc, TimeoutError)
             if ex.channel is not None:
                 self._broke(ex.channel, "stream_stalled" if stalled else "stream_broken")
@@ -224,6 +225,7 @@ class Relay:
             if not isinstance(exc, (TimeoutError, *_UPSTREAM_BROKE)):
                 log.exception("body relay failed", extra={"request_id": ex.request_id})
             ex.outcome.error = f"upstream body broke off: {type(exc).__name__}"
+            ex.outcome.cut_by = "upstream" if isinstance(exc, (TimeoutError, *_UPSTREAM_BROKE)) else "gateway"
             upstream.close()
             # The client sees a short body on a closed connection: nothing can be appended.
             if ex.request.transport is not None:
@@ -304,6 +306,7 @@ class Relay:
             await self._stream_failed(response, exc)
             return response
         if self.was_cut:  # the upstream's end raced the cut: the client is told all the same
+            ex.outcome.cut_by = "gateway"
             await self._end_stream_with_error(response, 503, _CUT_MESSAGE, SHUTTING_DOWN)
             return response
         ex.outcome.upstream_finished = time.perf_counter()
@@ -313,14 +316,18 @@ class Relay:
     async def _stream_failed(self, response: web.StreamResponse, exc: Exception) -> None:
         ex = self.ex
         if self.was_cut:  # the drain ended it, not the upstream: no fault of the channel's
+            ex.outcome.cut_by = "gateway"
             await self._end_stream_with_error(response, 503, _CUT_MESSAGE, SHUTTING_DOWN)
         elif isinstance(exc, TimeoutError):
+            ex.outcome.cut_by = "upstream"
             self._broke(ex.channel, "stream_stalled")  # type: ignore[arg-type]
             await self._end_stream_with_error(response, 504, "upstream stream stalled: no data within the idle timeout")
         elif isinstance(exc, _UPSTREAM_BROKE):
+            ex.outcome.cut_by = "upstream"
             self._broke(ex.channel, "stream_broken")  # type: ignore[arg-type]
             await self._end_stream_with_error(response, 502, "upstream closed the stream before it finished")
         else:
+            ex.outcome.cut_by = "gateway"
             log.exception("stream relay failed", extra={"request_id": ex.request_id})
             await self._end_stream_with_error(response, 500, "the gateway failed while relaying the stream")
 
@@ -336,6 +343,7 @@ class Relay:
 
     def _client_gone(self, response: web.StreamResponse) -> web.StreamResponse:
         self.ex.outcome.client_aborted = True
+        self.ex.outcome.cut_by = self.ex.outcome.cut_by or "client"
         self.upstream.close()  # stop the upstream's work at once; its connection is not reused
         return response
 

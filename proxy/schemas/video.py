@@ -12,13 +12,18 @@ VIDEO_MODELS = ("videogen-3.0-generate-001", "videogen-3.0-fast-generate-001",
                 "videogen-3.1-generate-preview", "videogen-3.1-fast-generate-preview")
 
 
+MOST_SAMPLES = 4
+
+
 class VideoMetadata(Model):
     aspectRatio: Literal["16:9", "9:16"] | None = None
     durationSeconds: Literal[4, 6, 8] | None = None
     negativePrompt: str | None = None
     personGeneration: Literal["allow_all", "allow_adult"] | None = None
     resolution: str | None = Field(default=None, pattern=r"^\d{3,4}p$")
-    sampleCount: int | None = Field(default=None, ge=1)
+    # The spec names no most; the video models make at most 4 a request, and every one is paid for:
+    # a count past it is refused here, not charged as one video or sent upstream unchecked.
+    sampleCount: int | None = Field(default=None, ge=1, le=MOST_SAMPLES)
     storageUri: str | None = None
 
 

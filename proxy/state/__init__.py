@@ -27,6 +27,8 @@ class Write:
 class StateStore(Protocol):
     async def get(self, key: str) -> str | None: ...
     async def set(self, key: str, value: str, ttl_s: int) -> None: ...
+    async def take(self, key: str) -> str | None:
+        """Get `key` and delete it, in one step: of several takers, one gets the value."""
     async def add(self, key: str, value: str, ttl_s: int, then: Sequence[Write] = ()) -> bool:
         """Set `key` only if it holds nothing (or has expired); True when it was set, and then
         `then` was written too, in the same step (one round trip on Redis off a Cluster)."""

@@ -35,6 +35,11 @@ class MemoryStore:
             return None
         return item[0]
 
+    async def take(self, key: str) -> str | None:
+        found = await self.get(key)
+        self._items.pop(key, None)
+        return found
+
     async def set(self, key: str, value: str, ttl_s: int) -> None:
         self._items.pop(key, None)  # re-inserted at the end: insertion order is age order
         self._items[key] = (value, self._clock() + ttl_s)

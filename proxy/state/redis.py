@@ -57,6 +57,11 @@ class RedisStore:
         found = await self._calls.command("GET", self._prefix + key)
         return found.decode() if found is not None else None
 
+    async def take(self, key: str) -> str | None:
+        # Never resent: a GETDEL that ran, sent again, would find nothing and lose the value.
+        found = await self._calls.command("GETDEL", self._prefix + key, resend=False)
+        return found.decode() if found is not None else None
+
     async def set(self, key: str, value: str, ttl_s: int) -> None:
         await self._calls.command("SET", self._prefix + key, value, "EX", ttl_s)
 

@@ -49,7 +49,10 @@ class Route:
     always_streams: bool = False
     streams_bytes: bool = False    # large binary answer: never buffered
     local: bool = False            # answered by the gateway itself, after the pipeline (no channel)
-    spends_tokens: bool = True     # its answers cost tokens (token rate limits reserve for it)
+    # Its answers are charged (tokens, images, video seconds): budgets and token limits reserve for
+    # it. A route that reads what another request made (a status poll, a download, a stored
+    # response) is never charged: it may settle that request's charge instead.
+    spends_tokens: bool = True
 
     @property
     def takes_key(self) -> bool:
@@ -61,12 +64,12 @@ ROUTES: tuple[Route, ...] = (
     Route("video_generations", 1, "POST", "/v1/video/generations", VIDEO, Body.JSON, ModelFrom.BODY,
           creates=Pin.VIDEO_TASK),
     Route("video_generation_status", 2, "GET", "/v1/video/generations/{task_id}", VIDEO, Body.NONE,
-          ModelFrom.NONE, follows=Pin.VIDEO_TASK),
+          ModelFrom.NONE, follows=Pin.VIDEO_TASK, spends_tokens=False),
     Route("videos", 3, "POST", "/v1/videos", VIDEO, Body.JSON_OR_MULTIPART, ModelFrom.BODY, creates=Pin.VIDEO_TASK),
     Route("video_status", 4, "GET", "/v1/videos/{task_id}", VIDEO, Body.NONE, ModelFrom.NONE,
-          follows=Pin.VIDEO_TASK),
+          follows=Pin.VIDEO_TASK, spends_tokens=False),
     Route("video_content", 5, "GET", "/v1/videos/{task_id}/content", VIDEO, Body.NONE, ModelFrom.NONE,
-          follows=Pin.VIDEO_TASK, streams_bytes=True),
+          follows=Pin.VIDEO_TASK, streams_bytes=True, spends_tokens=False),
     Route("image_generations", 6, "POST", "/v1/images/generations", IMAGES, Body.JSON, ModelFrom.BODY),
     Route("image_edits", 7, "POST", "/v1/images/edits", IMAGES, Body.JSON_OR_MULTIPART, ModelFrom.BODY),
     Route("messages", 8, "POST", "/v1/messages", MESSAGES, Body.JSON, ModelFrom.BODY),
