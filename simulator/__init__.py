@@ -13,7 +13,7 @@ from aiohttp import web
 
 from proxy.config.model import SimulatorSettings
 from proxy.wire import jsonutil
-from simulator import account, chat, companions, media, video
+from simulator import account, chat, companions, media, responses, video
 from simulator.core import Simulator, answer_early
 
 SIMULATOR_KEY = web.AppKey("simulator", Simulator)
@@ -34,14 +34,14 @@ def build_simulator_app(sim: Simulator) -> web.Application:
     for version in ("v1beta", "v1"):
         add("POST", f"/{version}/models/{{model}}:generateContent", partial(chat.generate_content, sim))
         add("POST", f"/{version}/models/{{model}}:streamGenerateContent", partial(chat.generate_content, sim))
-    add("POST", "/v1/responses", partial(chat.responses, sim))
+    add("POST", "/v1/responses", partial(responses.responses, sim))
     add("POST", "/v1/messages/count_tokens", partial(companions.count_tokens, sim))
     for version in ("v1beta", "v1"):
         add("POST", f"/{version}/models/{{model}}:countTokens", partial(companions.count_content_tokens, sim))
-    app.router.add_get("/v1/responses/{response_id}", partial(companions.stored_response, sim))
-    add("DELETE", "/v1/responses/{response_id}", partial(companions.stored_response, sim))
-    app.router.add_get("/v1/responses/{response_id}/input_items", partial(companions.stored_response, sim))
-    add("POST", "/v1/responses/{response_id}/cancel", partial(companions.stored_response, sim))
+    app.router.add_get("/v1/responses/{response_id}", partial(responses.stored_response, sim))
+    add("DELETE", "/v1/responses/{response_id}", partial(responses.stored_response, sim))
+    app.router.add_get("/v1/responses/{response_id}/input_items", partial(responses.stored_response, sim))
+    add("POST", "/v1/responses/{response_id}/cancel", partial(responses.stored_response, sim))
     add("POST", "/api/user/login/2fa", partial(account.login, sim))
     add("POST", "/api/{provider}/webhook", partial(account.webhook, sim))
     app.router.add_get("/_sim/files/{file_id}.png", partial(media.file, sim))

@@ -1,4 +1,4 @@
-"""Simulated chat upstreams: the message format, content-generation and the response format."""
+"""Simulated chat upstreams: the message format and content generation (the response format: simulator/responses.py)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.formats import CONTENT, MESSAGES, RESPONSES
+from proxy.formats import CONTENT, MESSAGES
 from proxy.wire import jsonutil
 from simulator.core import Answer, Simulator, count_words, json_answer, now, sse, stream, words
 from simulator.media import is_image_model, png_base64
 
 
-def _placeholder_args(schema: Any) -> dict[str, Any]:
+def placeholder_args(schema: Any) -> dict[str, Any]:
     """Arguments that satisfy a tool's schema well enough to look like a real call."""
     if not isinstance(schema, dict):
         return {}
@@ -38,25 +38,30 @@ async def messages(sim: Simulator, request: web.Request) -> web.StreamResponse:
     stop_reason = "end_turn"
     if tool is not None:
         blocks.append({"type": "tool_use", "id": sim.new_id("toolu"), "name": tool["name"],
-                       "input": _placeholder_args(tool.get("input_schema"))})
+                       "input": placeholder_args(tool.get("input_schema"))})
         stop_reason = "tool_use"
     usage = {"input_tokens": input_tokens, "output_tokens": knobs.output_tokens,
              "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    said = {} if knobs.no_usage else {"usage": usage}
     if not body.get("stream"):
-        sim.report(input_tokens, knobs.output_tokens)
+        sim.produce(input_tokens, knobs.output_tokens)
+        if not knobs.no_usage:
+            sim.report(input_tokens, knobs.output_tokens)
         return json_answer({"id": message_id, "type": "message", "role": "assistant", "model": model,
-                            "content": blocks, "stop_reason": stop_reason, "stop_sequence": None,
-                            "usage": usage}, request)
+                            "content": blocks, "stop_reason": stop_reason, "stop_sequence": None, **said}, request)
 
     def events():  # noqa: ANN202
+        sim.produce(input_tokens)
+        opening = {} if knobs.no_usage else {"usage": {**usage, "output_tokens": 1}}
         yield sse("message_start", {"type": "message_start", "message": {
             "id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
-            "stop_reason": None, "stop_sequence": None, "usage": {**usage, "output_tokens": 1}}})
+            "stop_reason": None, "stop_sequence": None, **opening}})
         for index, block in enumerate(blocks):
             if block["type"] == "text":
                 yield sse("content_block_start", {"type": "content_block_start", "index": index,
                                                   "content_block": {"type": "text", "text": ""}})
                 for i, word in enumerate(words(knobs.output_tokens)):
+                    sim.produce(output_tokens=1)
                     yield sse("content_block_delta", {"type": "content_block_delta", "index": index,
                                                       "delta": {"type": "text_delta", "text": word if i == 0 else " " + word}})
             else:
@@ -66,10 +71,11 @@ async def messages(sim: Simulator, request: web.Request) -> web.StreamResponse:
                                                   {"type": "input_json_delta", "partial_json": jsonutil.dumps(block["input"]).decode()}})
             yield sse("content_block_stop", {"type": "content_block_stop", "index": index})
         final = {"input_tokens": input_tokens, "output_tokens": knobs.output_tokens}
-        sim.report(input_tokens, knobs.output_tokens)
+        closing = {} if knobs.no_usage else {"usage": final}
+        if not knobs.no_usage:
+            sim.report(input_tokens, knobs.output_tokens)
         yield sse("message_delta", {"type": "message_delta",
-                                    "delta": {"stop_reason": stop_reason, "stop_sequence": None, "usage": final},
-                                    "usage": final})
+                                    "delta": {"stop_reason": stop_reason, "stop_sequence": None, **closing}, **closing})
         yield sse("message_stop", {"type": "message_stop"})
 
     return await stream(sim, request, knobs, events())
@@ -122,17 +128,18 @@ async def _content_answer(sim: Simulator, request: web.Request, knobs: Any, stre
     def chunk(index: int, parts: list[dict[str, Any]], final: bool = False) -> dict[str, Any]:
         last = final or index == len(chunks) - 1
         produced = output_tokens if last else min(output_tokens, index + 1)
-        if last:
+        before = 0 if final or index == 0 else min(output_tokens, index)
+        sim.produce(prompt_tokens if final or index == 0 else 0, produced - before)
+        if last and not knobs.no_usage:
             sim.report(prompt_tokens, produced)
         candidate: dict[str, Any] = {"content": {"parts": parts, "role": "model"}, "index": 0}
         if last:
             candidate["finishReason"] = "STOP"
-        return {"candidates": [candidate],
-                "usageMetadata": {"promptTokenCount": prompt_tokens, "candidatesTokenCount": produced,
-                                  "totalTokenCount": prompt_tokens + produced,
-                                  "promptTokensDetails": [{"modality": "TEXT", "tokenCount": prompt_tokens}],
-                                  "candidatesTokensDetails": [{"modality": modality, "tokenCount": produced}]},
-                "modelVersion": model, "responseId": response_id}
+        said = {} if knobs.no_usage else {"usageMetadata": {
+            "promptTokenCount": prompt_tokens, "candidatesTokenCount": produced, "totalTokenCount": prompt_tokens + produced,
+            "promptTokensDetails": [{"modality": "TEXT", "tokenCount": prompt_tokens}],
+            "candidatesTokensDetails": [{"modality": modality, "tokenCount": produced}]}}
+        return {"candidates": [candidate], **said, "modelVersion": model, "responseId": response_id}
 
     if not streaming:
         return json_answer(chunk(0, [p for parts in chunks for p in parts], final=True), request)
@@ -154,102 +161,5 @@ def _function_call(tools: Any, contents: Any) -> dict[str, Any] | None:
         declarations = (tool or {}).get("functionDeclarations") or (tool or {}).get("function_declarations")
         if declarations:
             first = declarations[0]
-            return {"name": first.get("name", "tool"), "args": _placeholder_args(first.get("parameters"))}
+            return {"name": first.get("name", "tool"), "args": placeholder_args(first.get("parameters"))}
     return None
-
-
-# --- response format --------------------------------------------------------------------------
-
-async def responses(sim: Simulator, request: web.Request) -> web.StreamResponse:
-    body, knobs = await sim.receive(request, RESPONSES)
-    if not isinstance(body, dict):
-        raise Answer(RESPONSES.error_response(400, "body must be a JSON object"))
-    previous_id = body.get("previous_response_id")
-    turn = 1
-    if previous_id is not None:
-        previous = sim.responses.get(previous_id)
-        if previous is None:
-            raise Answer(web.json_response(
-                {"error": {"message": f"Previous response with id '{previous_id}' not found.",
-                           "type": "invalid_request_error", "param": "previous_response_id",
-                           "code": "previous_response_not_found"}}, status=400))
-        turn = previous["turn"] + 1
-    response_id = sim.new_id("resp")
-    input_tokens = count_words(body.get("input")) + count_words(body.get("instructions"))
-    text_words = [f"Turn {turn}:"] + words(knobs.output_tokens - 1)
-    text = " ".join(text_words)
-    item_id = sim.new_id("msg")
-    tool = next((t for t in body.get("tools") or [] if isinstance(t, dict) and t.get("type") == "function"), None)
-    message = {"type": "message", "id": item_id, "status": "completed", "role": "assistant",
-               "content": [{"type": "output_text", "text": text, "annotations": []}]}
-    output: list[dict[str, Any]] = [message]
-    if tool is not None:
-        output = [{"type": "function_call", "id": sim.new_id("fc"), "call_id": sim.new_id("call"),
-                   "name": tool.get("name", "tool"), "status": "completed",
-                   "arguments": jsonutil.dumps(_placeholder_args(tool.get("parameters"))).decode()}]
-    usage = {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
-             "output_tokens": knobs.output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-             "total_tokens": input_tokens + knobs.output_tokens}
-    final = _response_object(body, response_id, "completed", output, usage)
-    if body.get("store", True) is not False:
-        sim.remember(sim.responses, response_id, {"turn": turn, "response": final,
-                                                  "input": input_items(sim, body.get("input")),
-                                                  "background": body.get("background") is True})
-    if body.get("background") is True and not body.get("stream"):
-        return json_answer({**final, "status": "queued", "output": [], "usage": None}, request)
-    if not body.get("stream"):
-        sim.report(input_tokens, knobs.output_tokens)
-        return json_answer(final, request)
-
-    def events():  # noqa: ANN202
-        seq = iter(range(1_000_000))
-
-        def event(kind: str, **fields: Any) -> bytes:
-            return sse(kind, {"type": kind, "sequence_number": next(seq), **fields})
-
-        started = _response_object(body, response_id, "in_progress", [], None)
-        yield event("response.created", response=started)
-        yield event("response.in_progress", response=started)
-        if tool is not None:
-            yield event("response.output_item.added", output_index=0, item={**output[0], "status": "in_progress"})
-            yield event("response.output_item.done", output_index=0, item=output[0])
-        else:
-            yield event("response.output_item.added", output_index=0,
-                        item={**message, "status": "in_progress", "content": []})
-            part = {"type": "output_text", "text": "", "annotations": []}
-            yield event("response.content_part.added", item_id=item_id, output_index=0, content_index=0, part=part)
-            for i, word in enumerate(text_words):
-                yield event("response.output_text.delta", item_id=item_id, output_index=0, content_index=0,
-                            delta=word if i == 0 else " " + word)
-            yield event("response.output_text.done", item_id=item_id, output_index=0, content_index=0, text=text)
-            yield event("response.content_part.done", item_id=item_id, output_index=0, content_index=0,
-                        part={**part, "text": text})
-            yield event("response.output_item.done", output_index=0, item=message)
-        sim.report(input_tokens, knobs.output_tokens)
-        yield event("response.completed", response=final)
-
-    return await stream(sim, request, knobs, events())
-
-
-def input_items(sim: Simulator, given: Any) -> list[dict[str, Any]]:
-    """A request's input as the stored items `GET /v1/responses/{id}/input_items` lists."""
-    if isinstance(given, str):
-        given = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": given}]}]
-    items = [item for item in given if isinstance(item, dict)] if isinstance(given, list) else []
-    return [{"id": item.get("id") or sim.new_id("msg"), "status": "completed",
-             **({"type": "message"} if "role" in item else {}), **item} for item in items]
-
-
-def _response_object(body: dict[str, Any], response_id: str, status: str, output: list[Any],
-                     usage: dict[str, Any] | None) -> dict[str, Any]:
-    return {"id": response_id, "object": "response", "created_at": now(), "status": status, "error": None,
-            "incomplete_details": None, "instructions": body.get("instructions"),
-            "max_output_tokens": body.get("max_output_tokens"), "model": body.get("model"), "output": output,
-            "parallel_tool_calls": body.get("parallel_tool_calls", True),
-            "previous_response_id": body.get("previous_response_id"),
-            "reasoning": body.get("reasoning") or {"effort": None, "summary": None},
-            "store": body.get("store", True), "temperature": body.get("temperature", 1.0),
-            "text": body.get("text") or {"format": {"type": "text"}}, "tool_choice": body.get("tool_choice", "auto"),
-            "tools": body.get("tools") or [], "top_p": body.get("top_p", 1.0),
-            "truncation": body.get("truncation", "disabled"), "usage": usage, "user": body.get("user"),
-            "metadata": body.get("metadata") or {}}

@@ -1,13 +1,11 @@
-"""The simulator's answers to the calls SDKs make around the endpoints: token counts, and the
-stored responses (retrieve, delete, input items, cancel)."""
+"""The simulator's answers to the token counts SDKs ask for around the endpoints (the stored
+responses: simulator/responses.py)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
-from proxy.formats import CONTENT, MESSAGES, RESPONSES
+from proxy.formats import CONTENT, MESSAGES
 from simulator.core import Answer, Simulator, count_words, json_answer
 
 
@@ -26,30 +24,3 @@ async def count_content_tokens(sim: Simulator, request: web.Request) -> web.Stre
     request_contents = body.get("generateContentRequest", {}).get("contents") if isinstance(
         body.get("generateContentRequest"), dict) else None
     return json_answer({"totalTokens": count_words(contents) + count_words(request_contents)}, request)
-
-
-async def stored_response(sim: Simulator, request: web.Request) -> web.StreamResponse:
-    """GET, DELETE, `/input_items` and `/cancel` on a response this simulator made."""
-    await sim.receive(request, RESPONSES)
-    response_id = request.match_info["response_id"]
-    stored = sim.responses.get(response_id)
-    if stored is None:
-        raise Answer(web.json_response({"error": {"message": f"Response with id '{response_id}' not found.",
-                                                  "type": "invalid_request_error", "param": None,
-                                                  "code": None}}, status=404))
-    response: dict[str, Any] = stored["response"]
-    if request.method == "DELETE":
-        del sim.responses[response_id]
-        return json_answer({"id": response_id, "object": "response", "deleted": True}, request)
-    if request.path.endswith("/input_items"):
-        items = stored["input"]
-        return json_answer({"object": "list", "data": items, "has_more": False,
-                            "first_id": items[0]["id"] if items else None,
-                            "last_id": items[-1]["id"] if items else None}, request)
-    if request.path.endswith("/cancel"):
-        if not stored["background"]:
-            raise Answer(web.json_response({"error": {"message": "Only responses created with background=true "
-                                                      "can be cancelled.", "type": "invalid_request_error",
-                                                      "param": None, "code": None}}, status=400))
-        stored["response"] = response = {**response, "status": "cancelled", "output": [], "usage": None}
-    return json_answer(response, request)

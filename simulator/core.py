@@ -10,6 +10,8 @@ Knobs come from the simulator's settings and can be overridden per request with 
   x-sim-crlf: 1          CRLF line endings in streams
   x-sim-split: 1         every event written in two network writes
   x-sim-image-markdown: 1  content-generation image answers embed the image as a Markdown data URL
+  x-sim-no-usage: 1      answers and streams say nothing of their usage
+  x-sim-background-ms    how long a background response runs before it completes (default 0)
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class Knobs:
     comments: bool = False
     crlf: bool = False
     split: bool = False
+    no_usage: bool = False
+    background_ms: float = 0.0
 
     @classmethod
     def from_request(cls, settings: SimulatorSettings, request: web.Request) -> Knobs:
@@ -60,6 +64,8 @@ class Knobs:
             comments=h.get("x-sim-comments") == "1",
             crlf=h.get("x-sim-crlf") == "1",
             split=h.get("x-sim-split") == "1",
+            no_usage=h.get("x-sim-no-usage") == "1",
+            background_ms=float(h.get("x-sim-background-ms", 0)),
         )
         if settings.fail_status is not None:
             knobs.fault_status = settings.fail_status
@@ -114,6 +120,10 @@ class Simulator:
         # Token usage this upstream reported in full (a stream's counts once its last event is made),
         # and the answers that carried it: what a ledger of the gateway's must add up to.
         self.reported = {"answers": 0, "input_tokens": 0, "output_tokens": 0}
+        # What this upstream made, whether or not anyone was told (a stream's tokens as each event
+        # is made, a background response's when it starts, a video's seconds, images): what it
+        # would bill, and what a gateway's charges must account for.
+        self.produced: dict[str, float] = {"input_tokens": 0, "output_tokens": 0, "images": 0, "video_seconds": 0.0}
         self.events_sent: Counter[str] = Counter()        # by the caller's X-Request-Id
         self.stream_digests: dict[str, str] = {}          # sha256 of the exact bytes streamed
         self.responses: dict[str, dict[str, Any]] = {}
@@ -184,10 +194,19 @@ class Simulator:
         self.reported["input_tokens"] += input_tokens
         self.reported["output_tokens"] += output_tokens
 
+    def produce(self, input_tokens: int = 0, output_tokens: int = 0, images: int = 0,
+                video_seconds: float = 0.0) -> None:
+        """Tokens, images or video seconds made (see `produced`)."""
+        produced = self.produced
+        produced["input_tokens"] += input_tokens
+        produced["output_tokens"] += output_tokens
+        produced["images"] += images
+        produced["video_seconds"] += video_seconds
+
     def stats(self) -> dict[str, Any]:
         return {"name": self.name, "requests": len(self.requests), "open_streams": self.open_streams,
                 "streams_started": self.streams_started, "aborted": self.aborted, "reported": dict(self.reported),
-                "status_calls": dict(self.status_calls)}
+                "produced": dict(self.produced), "status_calls": dict(self.status_calls)}
 
 
 class Answer(Exception):

@@ -64,6 +64,9 @@ async def images(sim: Simulator, request: web.Request) -> web.StreamResponse:
             data = [{"url": _store(sim, request, width, height)} for _ in range(count)]
         else:
             data = [{"b64_json": png_base64(width, height)} for _ in range(count)]
+        sim.produce(usage["input_tokens"], usage["output_tokens"], images=count)
+        if knobs.no_usage:
+            return json_answer({"created": now(), "data": data, **meta}, request)
         sim.report(usage["input_tokens"], usage["output_tokens"])
         return json_answer({"created": now(), "data": data, **meta, "usage": usage}, request)
     kind = "image_edit" if editing else "image_generation"
@@ -73,9 +76,12 @@ async def images(sim: Simulator, request: web.Request) -> web.StreamResponse:
         for index in range(partials):
             yield sse(f"{kind}.partial_image", {"type": f"{kind}.partial_image", "partial_image_index": index,
                                                 "b64_json": png_base64(64, 64), "created_at": now(), **meta})
-        sim.report(usage["input_tokens"], usage["output_tokens"])
+        sim.produce(usage["input_tokens"], usage["output_tokens"], images=1)
+        said = {} if knobs.no_usage else {"usage": usage}
+        if not knobs.no_usage:
+            sim.report(usage["input_tokens"], usage["output_tokens"])
         yield sse(f"{kind}.completed", {"type": f"{kind}.completed", "b64_json": png_base64(width, height),
-                                        "created_at": now(), **meta, "usage": usage})
+                                        "created_at": now(), **meta, **said})
 
     return await stream(sim, request, knobs, events())
 

@@ -61,6 +61,8 @@ async def submit(sim: Simulator, request: web.Request) -> web.Response:
     task = VideoTask(sim.new_id("task"), str(body.get("model", "")), ending, time.monotonic(),
                      sim.settings.video_queued_s, sim.settings.video_processing_s)
     sim.remember(sim.videos, task.task_id, task)
+    if ending != "failed":  # made, whatever anyone reads of it (a filtered one too)
+        sim.produce(video_seconds=VIDEO.seconds_made(body)[0])
     if request.headers.get("x-sim-video-shape") == "nested":  # another upstream's way of saying it
         return json_answer({"code": "success", "data": {"task_id": task.task_id, "state": "submitted"}}, request)
     return json_answer({"id": task.task_id, "task_id": task.task_id, "object": "video", "model": task.model,
