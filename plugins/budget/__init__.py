@@ -225,7 +225,7 @@ class Budget(Plugin):
             if left_open(ex):  # it goes on: its reservation stays, until a follow-up reads how it ended
                 await self._hold(ex, taken, most)
             else:
-                await self._settle(taken, *self._spent(ex))
+                await self._settle(taken, *self._spent(ex, most))
             return
         generation = read_ended(ex)
         if generation is not None and self.counters is not None:
@@ -312,12 +312,12 @@ class Budget(Plugin):
                                     starts, resets))
         return found
 
-    def _spent(self, ex: Exchange) -> tuple[int, float]:
+    def _spent(self, ex: Exchange, most: Most) -> tuple[int, float]:
         """What the request spent: the upstream's counts, estimated where it never said them (a
         stream cut short is settled by what it streamed, not left at what it reserved)."""
         if ex.outcome.upstream_started is None:
             return 0, 0.0  # never sent upstream
-        usage, _ = usage_or_estimate(ex)
+        usage, _ = usage_or_estimate(ex, most.usage)
         if ex.outcome.status >= 400 and not usage.known:
             return 0, 0.0  # refused or failed before a word: nothing an upstream bills
         made = ex.outcome.status < 400 and ex.route.name in _VIDEO_CREATES

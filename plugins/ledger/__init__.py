@@ -164,7 +164,7 @@ class Ledger(Plugin):
             return  # a call around the endpoints: no row of its own
         seconds, assumed = _video_seconds(ex)
         record = record_of(ex, self.prices, ex.plugin_state.get(_IMAGES, []), seconds, time.perf_counter(),
-                           assumed)
+                           assumed, lambda: most_of(ex, self.prices, self.default_output).usage())
         if left_open(ex):  # it goes on: the row holds what the budgets hold, until a follow-up settles it
             record = held(record, most_of(ex, self.prices, self.default_output), self.prices,
                           ex.format.reports_usage)

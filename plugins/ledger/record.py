@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import operator
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -82,10 +83,10 @@ _COST = COLUMNS.index("cost")
 
 
 def record_of(ex: Exchange, prices: PriceTable, images: list[ImageMade], video_seconds: float,
-              now: float, seconds_assumed: bool = False) -> UsageRecord:
+              now: float, seconds_assumed: bool = False, held: Callable[[], Usage] | None = None) -> UsageRecord:
     """The record of a finished exchange (`seconds_assumed`: the video seconds are the interface's
-    longest, the submission naming none)."""
-    usage, estimated = usage_or_estimate(ex)
+    longest, the submission naming none; `held`: what a budget held for it)."""
+    usage, estimated = usage_or_estimate(ex, held)
     estimated = estimated or seconds_assumed
     charge = prices.charge(_clipped(ex.model), usage, images, video_seconds)
     duration_s = now - ex.started

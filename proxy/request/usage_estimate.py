@@ -1,33 +1,38 @@
 """What a request used, when the upstream never said all of it: a stream cut short (the client
 left, the upstream broke off, the gateway stopped), a stream that ended without its closing
-counts, a client that left before a buffered answer came.
+counts, a client that left before a buffered answer came, a whole answer that said nothing.
 
 The upstream's own counts are kept; what it had not said is estimated: the prompt at four bytes
 of request body a token, the output at one token an event that reached the client (an upstream
 sends about one a delta event). A count that is not the upstream's last word (a running count, the
 placeholder a message stream starts with) is no more than an estimate either: it is raised to the
-events streamed, and the whole is marked estimated. A request the upstream was never sent, or
-that it refused, used nothing.
+events streamed, and the whole is marked estimated. A whole successful answer without its usage
+is charged what was held for it (its most: it may have made all it was let). A request the
+upstream was never sent, or that it refused, used nothing.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from proxy.formats import Usage
 from proxy.request.charges import BYTES_A_TOKEN
 from proxy.request.exchange import Exchange
 
 
-def usage_or_estimate(ex: Exchange) -> tuple[Usage, bool]:
-    """The request's usage, and whether any figure of it is an estimate."""
+def usage_or_estimate(ex: Exchange, held: Callable[[], Usage] | None = None) -> tuple[Usage, bool]:
+    """The request's usage, and whether any figure of it is an estimate; `held`: what was held for
+    it (asked only for a whole answer that said nothing of its usage)."""
     usage, outcome = ex.usage, ex.outcome
     if not ex.format.reports_usage or outcome.upstream_started is None or usage.final:
         return usage, False
     if outcome.streamed:
         unsaid = outcome.status < 400  # cut short, or ended without its closing counts
-    else:  # a client gone before its answer came: the upstream had its prompt, at least
-        unsaid = outcome.client_aborted
+    elif outcome.client_aborted:  # a client gone before its answer came: the upstream had its prompt, at least
+        unsaid = True
+    else:  # a whole answer: a success that said nothing of what it cost is charged what was held
+        return (held(), True) if held is not None and 200 <= outcome.status < 300 else (usage, False)
     if not unsaid:
         return usage, False
     estimate = Usage(usage.input_tokens, usage.output_tokens, usage.cached_input_tokens, usage.reasoning_tokens)
