@@ -13,7 +13,7 @@ from proxy.wire.sse import SSEEvent
 
 class SSEPassthrough(Plugin):
     name = "sse"
-    joins = Joins(usage=True, local=False)  # the endpoints, and a stored response's stream resumed
+    joins = Joins(usage=True, metered=True)  # the endpoints, and a stored response's stream resumed
     order = 600
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:

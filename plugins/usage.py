@@ -11,7 +11,7 @@ class UsageCapture(Plugin):
     name = "usage"
     # The spec's endpoints whose answers report usage, and the calls that read what they made (a
     # stored response, its cancel), which report how a generation left running ended.
-    joins = Joins(usage=True, local=False)
+    joins = Joins(usage=True, metered=True)
     order = 500
 
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:

@@ -71,6 +71,7 @@ class Joins:
     local: bool | None = None              # routes the gateway answers itself
     endpoint: bool | None = None           # the spec's 13 endpoints, not the calls SDKs make around them
     usage: bool | None = None              # formats whose answers report token usage
+    metered: bool | None = None            # the endpoints, and the calls that read what they made (Route.metered)
 
     def __call__(self, route: Route) -> bool:
         return ((self.routes is None or route.name in self.routes)
@@ -78,7 +79,8 @@ class Joins:
                 and (self.keyed is None or route.takes_key == self.keyed)
                 and (self.local is None or route.local == self.local)
                 and (self.endpoint is None or (route.number > 0) == self.endpoint)
-                and (self.usage is None or route.format.reports_usage == self.usage))
+                and (self.usage is None or route.format.reports_usage == self.usage)
+                and (self.metered is None or route.metered == self.metered))
 
 
 @dataclass(slots=True, frozen=True)

@@ -93,9 +93,9 @@ class Budget(Plugin):
     name = "budget"
     Settings = BudgetSettings
     KeySettings = BudgetKey
-    # Every keyed route forwarded: the charged ones reserve; those that read what a generation
-    # made (status polls, a stored response, its cancel) settle a charge it left open.
-    joins = Joins(keyed=True, local=False)
+    # The keyed endpoints, where those that charge reserve, and the calls that read what a
+    # generation made (status polls, a stored response, its cancel), which settle a charge it left open.
+    joins = Joins(keyed=True, local=False, metered=True)
     requires = frozenset({"caller"})
     order = 310  # right after the rate limits
     before_owner_check = True  # reads nothing that belongs to a followed id

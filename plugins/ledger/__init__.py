@@ -91,7 +91,7 @@ class Ledger(Plugin):
     Settings = LedgerSettings
     # The spec's endpoints a key pays for (a row each), and the calls around them that read what a
     # generation made (a stored response, its cancel): they settle a pending row.
-    joins = Joins(keyed=True, local=False)
+    joins = Joins(keyed=True, local=False, metered=True)
     order = 900  # after every plugin that shapes the answer
     before_owner_check = False
     reads_answers = False  # it counts the images of answers read whole anyway; never holds a stream

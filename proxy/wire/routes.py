@@ -55,6 +55,12 @@ class Route:
     spends_tokens: bool = True
 
     @property
+    def metered(self) -> bool:
+        """Whether what a generation costs is learnt here: on an endpoint, and on a call that reads
+        what one made (a stored response, its cancel), which may settle a charge left open."""
+        return self.number > 0 or self.follows is not None
+
+    @property
     def takes_key(self) -> bool:
         """Whether a gateway key is read on this route (the account routes take none)."""
         return self.format.key_location is not KeyLocation.NONE
