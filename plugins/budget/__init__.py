@@ -175,7 +175,7 @@ class Budget(Plugin):
             windows = self._windows(subject, limits, now)
             amounts = [float(most.tokens) if w.name.endswith("tokens") else most.cost for w in windows]
             for window, amount in zip(windows, amounts):
-                if amount > window.limit:  # no room could ever be enough: cut, it would spend past the budget
+                if amount > window.limit:  # no wait makes room for it; let through, it could spend past the budget
                     return self._never_fits(ex, subject, window, amount)
             planned.append((subject, windows, amounts))
         taken: list[tuple[list[Window], list[float]]] = []
