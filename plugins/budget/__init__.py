@@ -27,19 +27,19 @@ from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field
 
 from plugins.budget.counters import Counters, CountersUnavailable, MemoryCounters, Window
+from plugins.budget.held import Held, Taken
 from proxy.config import GatewayConfig
-from proxy.formats import Generation, Usage
+from proxy.formats import Generation
 from proxy.formats.images import ImagesFormat
 from proxy.formats.video import VideoTasks
 from proxy.observability.metrics import child
 from proxy.plugin import Joins, Plugin
 from proxy.policy.prices import PriceTable
 from proxy.registry import configured_without
-from proxy.request.charges import DEFAULT_OUTPUT_TOKENS, Most, ended, left_open, most_of, read_ended
+from proxy.request.charges import DEFAULT_OUTPUT_TOKENS, Most, left_open, most_of, read_ended
 from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.request.usage_estimate import usage_or_estimate
 from proxy.state import connect as topology
-from proxy.wire import jsonutil
 from proxy.wire.routes import ROUTES
 from proxy.wire.sse import SSEEvent
 
@@ -58,7 +58,6 @@ _DAY_TTL_S = 2 * 86_400
 _MONTH_TTL_S = 33 * 86_400
 _VIDEO_CREATES = frozenset({"video_generations", "videos"})
 _SETTLED_HERE = 10_000  # ids of ended generations this process settled or found settled: not claimed again
-_HELD_PAST_RESET_S = 3600  # a held reservation outlives its last window's period by this much
 
 
 class BudgetLimits(BaseModel):
@@ -178,7 +177,7 @@ class Budget(Plugin):
                 if amount > window.limit:  # no wait makes room for it; let through, it could spend past the budget
                     return self._never_fits(ex, subject, window, amount)
             planned.append((subject, windows, amounts))
-        taken: list[tuple[list[Window], list[float]]] = []
+        taken: Taken = []
         warnings = []
         try:
             if self.redis and self.state_away():
@@ -231,8 +230,7 @@ class Budget(Plugin):
         if generation is not None and self.counters is not None:
             await self._settle_open(ex.followed_id, generation)  # type: ignore[arg-type]
 
-    async def _settle(self, taken: list[tuple[list[Window], list[float]]], spent_tokens: int,
-                      spent_cost: float) -> None:
+    async def _settle(self, taken: Taken, spent_tokens: int, spent_cost: float) -> None:
         try:
             for windows, amounts in taken:
                 deltas = [(spent_tokens if w.name.endswith("tokens") else spent_cost) - a
@@ -241,15 +239,12 @@ class Budget(Plugin):
         except CountersUnavailable as exc:  # what was reserved stays counted: a budget errs on the side of stopping
             log.warning("a budget settlement did not reach the store: %s", exc)
 
-    async def _hold(self, ex: Exchange, taken: list[tuple[list[Window], list[float]]], most: Most) -> None:
+    async def _hold(self, ex: Exchange, taken: Taken, most: Most) -> None:
         """Keep what a generation left open reserved, and how to settle it, under the id handed out."""
-        record = {"model": ex.model, "input": most.input_tokens, "output": most.output_tokens,
-                  "seconds": most.video_seconds, "tokens": ex.format.reports_usage,
-                  "taken": [[[list(_window_fields(w)) for w in windows], amounts] for windows, amounts in taken]}
-        last_reset = max(w.resets_at for windows, _ in taken for w in windows)
-        ttl = max(60, math.ceil(last_reset - datetime.now(timezone.utc).timestamp()) + _HELD_PAST_RESET_S)
+        held = Held(ex.model, most, ex.format.reports_usage, taken)
         try:
-            await self.counters.hold(self._held_key(ex.created_id), jsonutil.dumps(record).decode(), ttl)  # type: ignore[arg-type]
+            await self.counters.hold(self._held_key(ex.created_id), held.dumps(),  # type: ignore[union-attr, arg-type]
+                                     held.ttl_s(datetime.now(timezone.utc).timestamp()))
         except CountersUnavailable as exc:  # the reservation stays counted all the same: nothing is lost but a refund
             log.warning("a generation left running could not be recorded for its settlement: %s", exc)
 
@@ -266,14 +261,9 @@ class Budget(Plugin):
         self._settled[generation_id] = None
         while len(self._settled) > _SETTLED_HERE:
             del self._settled[next(iter(self._settled))]
-        if raw is None:
-            return  # settled already, never held (no budget then), or held past its last window
-        record = jsonutil.loads(raw)
-        usage, seconds, _ = ended(generation, Usage(record["input"], record["output"]), record["seconds"],
-                                  record["tokens"])
-        charge = self.prices.charge(record["model"], usage, (), seconds)
-        taken = [([Window(*fields) for fields in windows], amounts) for windows, amounts in record["taken"]]
-        await self._settle(taken, (usage.input_tokens or 0) + (usage.output_tokens or 0), charge.cost)
+        if raw is not None:  # else settled already, never held (no budget then), or held past its last window
+            held = Held.loads(raw)
+            await self._settle(held.taken, *held.spent(generation, self.prices))
 
     def _held_key(self, generation_id: str) -> str:
         return f"{self.prefix}open:{generation_id}"
@@ -347,7 +337,7 @@ class Budget(Plugin):
         self._background.add(task)  # referenced until done
         task.add_done_callback(self._background.discard)
 
-    async def _give_back(self, taken: list[tuple[list[Window], list[float]]]) -> None:
+    async def _give_back(self, taken: Taken) -> None:
         for windows, amounts in taken:
             try:
                 await self.counters.settle(windows, [-a for a in amounts])
@@ -371,9 +361,10 @@ class Budget(Plugin):
         """A request whose most exceeds a whole budget: no wait makes room for it."""
         child(BUDGET_REFUSALS, subject, window.name).inc()
         unit = "tokens" if window.name.endswith("tokens") else "in cost"
+        most = f"{asked:.0f}" if unit == "tokens" else f"{asked:.6g}"
         field = ".".join(ex.format.output_field[0]) if ex.format.output_field else None
         lower = f"name a lower {field}, or ask for fewer answers" if field else "ask for fewer images or videos"
-        return ex.error_response(429, f"this request may spend up to {asked:.6g} {unit}, more than the whole budget "
+        return ex.error_response(429, f"this request may spend up to {most} {unit}, more than the whole budget "
                                  f"'{window.name}' of {subject} ({window.limit:g} {unit} a "
                                  f"{window.name.split('-')[1]}): {lower}", "budget_exceeded",
                                  headers={"x-should-retry": "false"})
@@ -388,7 +379,3 @@ class Budget(Plugin):
             return None
         return ex.error_response(503, "budgets cannot be checked right now; retry shortly", "budget_unavailable",
                                  headers={"Retry-After": "1"})
-
-
-def _window_fields(window: Window) -> tuple[str, str, float, int, float, float]:
-    return window.key, window.name, window.limit, window.ttl_s, window.starts_at, window.resets_at

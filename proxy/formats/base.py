@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from proxy.formats.counts import OUTPUT_SPELLINGS, at, count
 from proxy.wire import jsonutil
 
 if TYPE_CHECKING:
@@ -283,10 +284,10 @@ class Format:
             return default
         own = None
         for path in self.output_field:
-            own = own or _count(_at(body, path))
+            own = own or count(at(body, path))
         found = own or default
-        for path in _OUTPUT_SPELLINGS:
-            found = max(found, _count(_at(body, path)) or 0)
+        for path in OUTPUT_SPELLINGS:
+            found = max(found, count(at(body, path)) or 0)
         return found
 
     def outputs(self, body: Any, whole: bool = True) -> int:
@@ -299,44 +300,6 @@ class Format:
         """An SSE event that tells a streaming client the stream failed, in this format's words."""
         payload = {"type": "error", **self.error_payload(status, message, code)}
         return b"event: error\ndata: " + jsonutil.dumps(payload) + b"\n\n"
-
-
-# Every spelling of an output limit any format's upstream reads (the chat-completions format's
-# too): a request may carry several, and any of them may be the one an upstream honours.
-_OUTPUT_SPELLINGS: tuple[tuple[str, ...], ...] = (
-    ("max_tokens",), ("max_output_tokens",), ("max_completion_tokens",),
-    ("generationConfig", "maxOutputTokens"), ("generationConfig", "max_output_tokens"),
-    ("generation_config", "max_output_tokens"), ("generation_config", "maxOutputTokens"),
-)
-_MOST_COUNT = 2**31
-
-
-def _at(mapping: Any, path: tuple[str, ...]) -> Any:
-    for name in path:
-        if not isinstance(mapping, dict):
-            return None
-        mapping = mapping.get(name)
-    return mapping
-
-
-def _count(value: Any) -> int | None:
-    """A count a client wrote, as an upstream may read it: a whole number, also written as an
-    integral float or as digits in a string (lax parsers take both); None for anything else."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    elif isinstance(value, str) and value.strip().isdigit() and len(value) < 12:
-        value = int(value)
-    if isinstance(value, int) and 0 < value:
-        return min(value, _MOST_COUNT)
-    return None
-
-
-def asked_count(body: Any, *path: str) -> int | None:
-    """A count at `path` of a request body (candidates, images, partial images), read as an
-    upstream may read it; None when absent or not a count."""
-    return _count(_at(body, path))
 
 
 def _read_keys(location: KeyLocation, headers: CIMultiDictProxy[str] | CIMultiDict[str],

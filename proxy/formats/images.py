@@ -6,7 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.formats.base import EmbeddedImage, Format, KeyLocation, Usage, asked_count, items
+from proxy.formats.base import EmbeddedImage, Format, KeyLocation, Usage, items
+from proxy.formats.counts import asked_count
 from proxy.wire.sse import SSEEvent
 
 

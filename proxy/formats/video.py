@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.formats.base import Format, KeyLocation, asked_count
+from proxy.formats.base import Format, KeyLocation
+from proxy.formats.counts import asked_count
 
 LONGEST_SECONDS = 8.0  # the interface's longest duration (section 8): what a submission naming none is taken at
 # A normalised status (plugins/video.py) in the SDK's words.

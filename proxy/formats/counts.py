@@ -1,0 +1,45 @@
+"""Counts a client writes in a request (output limits, answers asked for), read as an upstream may
+read them: budgets and limits reserve by what the upstream will honour, not by what a schema
+would have parsed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Every spelling of an output limit any format's upstream reads (the chat-completions format's
+# too): a request may carry several, and any of them may be the one an upstream honours.
+OUTPUT_SPELLINGS: tuple[tuple[str, ...], ...] = (
+    ("max_tokens",), ("max_output_tokens",), ("max_completion_tokens",),
+    ("generationConfig", "maxOutputTokens"), ("generationConfig", "max_output_tokens"),
+    ("generation_config", "max_output_tokens"), ("generation_config", "maxOutputTokens"),
+)
+MOST_COUNT = 2**31
+
+
+def at(mapping: Any, path: tuple[str, ...]) -> Any:
+    """What a request body holds at `path` (None where it holds nothing, or no object on the way)."""
+    for name in path:
+        if not isinstance(mapping, dict):
+            return None
+        mapping = mapping.get(name)
+    return mapping
+
+
+def count(value: Any) -> int | None:
+    """A count a client wrote, as an upstream may read it: a whole number, also written as an
+    integral float or as digits in a string (lax parsers take both); None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    elif isinstance(value, str) and value.strip().isdigit() and len(value) < 12:
+        value = int(value)
+    if isinstance(value, int) and 0 < value:
+        return min(value, MOST_COUNT)
+    return None
+
+
+def asked_count(body: Any, *path: str) -> int | None:
+    """A count at `path` of a request body (candidates, images, partial images), read as an
+    upstream may read it; None when absent or not a count."""
+    return count(at(body, path))
