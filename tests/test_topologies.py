@@ -114,7 +114,7 @@ async def _emptied(limiter: RedisLimiter, client: Any, key: str, within_s: float
 @pytest.mark.parametrize("stall_us", [900_000, 2_600_000])  # past the limiter's wait; past the client's timeout too
 async def test_a_check_answered_too_late_is_given_back_once_it_has_run(redis_url: str, stall_us: int) -> None:
     """A check that waits past the limiter's deadline lets the fail mode decide; when Redis then
-    runs it, what it took (a lease held 30 minutes) is given back."""
+    runs it, what it took (a lease, which would hold its slot until it lapsed) is given back."""
     import redis.asyncio as aioredis
 
     limiter = RedisLimiter(redis_url, "late:")
@@ -136,7 +136,7 @@ async def test_a_check_answered_too_late_is_given_back_once_it_has_run(redis_url
 
 async def test_a_check_whose_client_went_away_is_given_back_once_it_has_run(redis_url: str) -> None:
     """A client that leaves while its check waits on Redis cancels the check, not what Redis does
-    with it: the lease it takes then is given back, not held 30 minutes."""
+    with it: the lease it takes then is given back, not held until it lapses."""
     import redis.asyncio as aioredis
 
     limiter = RedisLimiter(redis_url, "gone:")
@@ -178,8 +178,8 @@ async def test_a_give_back_that_reaches_redis_first_stops_the_check_that_comes_l
 
 
 async def test_a_settlement_redis_could_not_take_is_made_once_it_can(redis_url: str) -> None:
-    """A stream that ends while Redis is away must not hold its lease (a concurrency slot) for 30
-    minutes: the limiter tries the settlement again every second until Redis takes it."""
+    """A stream that ends while Redis is away must not hold its lease (a concurrency slot) until it
+    lapses: the limiter tries the settlement again every second until Redis takes it."""
     import redis.asyncio as aioredis
 
     limiter = RedisLimiter(redis_url, "unsettled:")
