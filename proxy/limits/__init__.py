@@ -55,6 +55,3 @@ class Limiter(Protocol):
         to hold a slot until it lapses."""
 
     async def close(self) -> None: ...
-
-
-LEASE_TTL_S = 1800.0  # a lease outlives any request; a dead instance's leases lapse by then

@@ -6,7 +6,11 @@ import asyncio
 import time
 from collections import OrderedDict
 
-from proxy.limits import LEASE_TTL_S, Check, Decision, Kind
+from proxy.limits import Check, Decision, Kind
+
+# No other process shares these leases, and they die with this one: a lease is released when its
+# request ends, and this long life only bounds one whose release never came.
+_LEASE_S = 1800.0
 
 
 class _Window:
@@ -68,7 +72,7 @@ class MemoryLimiter:
                 tightest = Decision(True, check, remaining, 0.0, max(0.0, reset))
         for check in checks:
             window = self._windows[check.key]
-            at = now + LEASE_TTL_S if check.kind is Kind.CONCURRENT else now
+            at = now + _LEASE_S if check.kind is Kind.CONCURRENT else now
             amount = check.cost if check.kind is Kind.TOKENS else 1
             window.entries[request_id] = (at, amount)
             window.total += amount
@@ -98,6 +102,6 @@ class MemoryLimiter:
         """Forget windows idle for longer than anything in them can live (one per client IP
         would otherwise pile up)."""
         self._since_sweep = 0
-        idle = [key for key, window in self._windows.items() if window.last_used < now - LEASE_TTL_S]
+        idle = [key for key, window in self._windows.items() if window.last_used < now - _LEASE_S]
         for key in idle:
             del self._windows[key]

@@ -3,7 +3,9 @@
 A Lua script checks a request's limits and records them only if all pass, on the Redis
 server's clock; another settles tokens and releases leases after the answer. Sliding windows
 are sorted sets of request ids by time (tokens keep each request's amount in a hash and the
-window's total beside it); concurrency leases are sorted sets scored by their expiry.
+window's total beside it); concurrency leases are sorted sets scored by their expiry, which
+the process holding a lease pushes back while it lives (proxy/limits/heartbeat.py), so the
+leases of a process that died lapse within seconds.
 
 Every key a script touches is passed in KEYS. On a Cluster a subject's keys (those of one key,
 one key and model, one route, one client IP) share a hash tag, `{key:demo}`, so they live in
@@ -31,9 +33,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis.crc import key_slot
-from redis.exceptions import DataError, RedisError, ResponseError
+from redis.exceptions import DataError, NoScriptError, RedisError, ResponseError
 
-from proxy.limits import LEASE_TTL_S, Check, Decision, Kind, LimiterUnavailable
+from proxy.limits import Check, Decision, Kind, LimiterUnavailable
+from proxy.limits.heartbeat import LEASE_LIFE_S, RENEW_EVERY_S, Heartbeat
 from proxy.state.connect import Mode, mode_of
 from proxy.state.shared import share, unshare
 
@@ -44,6 +47,7 @@ log = logging.getLogger("modelgate.ratelimit")
 _WAIT_S = 0.5
 _RETRY_S = 1.0  # between tries of settlements Redis could not take
 _MAX_UNSETTLED = 10_000
+_RENEW_BATCH = 500  # leases per renewal call: a round for thousands of streams does not hold Redis up in one script
 
 # KEYS, check by check: a window's sorted set (REQUESTS), or that and its amounts' hash and
 # total (TOKENS), or a lease set (CONCURRENT); last, the request's give-back mark. ARGV: the
@@ -129,7 +133,8 @@ for i = 1, checks do
   else
     k = k + 1
     redis.call('ZADD', z, now + lease, rid)
-    redis.call('PEXPIRE', z, lease)
+    -- never shortened: during an upgrade an older release's leases (30 minutes) share the set
+    if redis.call('PTTL', z) < lease then redis.call('PEXPIRE', z, lease) end
   end
 end
 return {1, best_i, best_remaining, best_reset}
@@ -165,9 +170,44 @@ end
 return 1
 """
 
+# The heartbeat's round (proxy/limits/heartbeat.py): KEYS are lease sets; ARGV the lease's life,
+# then for each set how many request ids follow, and those ids. Each lease still there lapses a
+# life from now; one that is gone (released, or lapsed and removed by a check) stays gone: XX.
+# Answers the gone ones, as {index of the set in KEYS, request id, ...}, looked for only when
+# fewer leases than sent were renewed: a round then costs Redis a third less than looking always.
+RENEW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[1])
+local gone = {}
+local a = 2
+for i = 1, #KEYS do
+  local z, count = KEYS[i], tonumber(ARGV[a])
+  local renewal = {}
+  for j = 1, count do
+    renewal[2 * j - 1] = now + lease
+    renewal[2 * j] = ARGV[a + j]
+  end
+  local renewed = redis.call('ZADD', z, 'XX', 'GT', 'CH', unpack(renewal))
+  if renewed < count then
+    local scores = redis.call('ZMSCORE', z, unpack(ARGV, a + 1, a + count))
+    for j = 1, count do
+      if not scores[j] then
+        gone[#gone + 1] = i
+        gone[#gone + 1] = ARGV[a + j]
+      end
+    end
+  end
+  if renewed > 0 and redis.call('PTTL', z) < lease then redis.call('PEXPIRE', z, lease) end
+  a = a + count + 1
+end
+return gone
+"""
+
 
 class RedisLimiter:
-    def __init__(self, url: str, prefix: str) -> None:
+    def __init__(self, url: str, prefix: str, lease_life_s: float = LEASE_LIFE_S,
+                 renew_every_s: float = RENEW_EVERY_S) -> None:
         # Scripts are never resent: one that timed out may have run, and a second run would count
         # the request's tokens twice. An error is the fail mode's to decide.
         self._shared = share(url)
@@ -178,21 +218,28 @@ class RedisLimiter:
         self._unsettled: OrderedDict[tuple[str, str], tuple[Sequence[Check], str]] = OrderedDict()
         self._resettling: asyncio.Task[None] | None = None
         self._finish = self._shared.client.register_script(FINISH)
+        self._renewal = self._shared.client.register_script(RENEW)
+        self._lease_ms = int(lease_life_s * 1000)
+        self._heartbeat = Heartbeat(self._renew, lease_life_s, renew_every_s)
 
     async def acquire(self, checks: list[Check], request_id: str) -> Decision:
         """A check that fails, times out or is cancelled (its client went away) may still have
         run, or run later: it is given back (kept and tried every second until Redis takes it),
-        so a request the fail mode served or refused, or that nobody waits for, never holds a lease."""
+        so a request the fail mode served or refused, or that nobody waits for, never holds a lease.
+        A lease taken is renewed by this process until it is released (proxy/limits/heartbeat.py)."""
         groups = self._groups(checks)
         if len(groups) == 1:
             try:
-                return await self._acquire_group(checks, request_id)
+                decision = await self._acquire_group(checks, request_id)
             except (LimiterUnavailable, asyncio.CancelledError):  # cancelled: the caller went away, the check may run
                 self._keep(checks, request_id, "undo")
                 raise
             except (RedisError, OSError) as exc:
                 self._keep(checks, request_id, "undo")
                 raise LimiterUnavailable(str(exc)) from exc
+            if decision.allowed:
+                self._hold(checks, request_id)
+            return decision
         try:
             found = await asyncio.gather(*(self._acquire_group(g, request_id) for g in groups),
                                          return_exceptions=True)
@@ -217,10 +264,12 @@ class RedisLimiter:
                     raise LimiterUnavailable(str(failed)) from failed
                 raise failed
             return min(refused, key=lambda d: checks.index(d.check))  # type: ignore[arg-type]
+        self._hold(checks, request_id)
         windows = [d for d in found if isinstance(d, Decision) and d.check is not None]
         return min(windows, key=lambda d: d.remaining) if windows else found[0]  # type: ignore[return-value]
 
     async def finish(self, checks: list[Check], request_id: str, tokens: int | None) -> None:
+        self._let_go(checks, request_id)
         pending = [c for c in checks if c.kind is Kind.CONCURRENT or (c.kind is Kind.TOKENS and tokens is not None)]
         if not pending:
             return
@@ -232,9 +281,84 @@ class RedisLimiter:
             raise LimiterUnavailable(str(exc)) from exc
 
     def finish_later(self, checks: list[Check], request_id: str, tokens: int | None) -> None:
+        self._let_go(checks, request_id)
         pending = [c for c in checks if c.kind is Kind.CONCURRENT or (c.kind is Kind.TOKENS and tokens is not None)]
         if pending:
             self._keep(pending, request_id, "" if tokens is None else str(tokens))
+
+    def _hold(self, checks: Sequence[Check], request_id: str) -> None:
+        for check in checks:
+            if check.kind is Kind.CONCURRENT:
+                self._heartbeat.hold(self._window(check), request_id)
+
+    def _let_go(self, checks: Sequence[Check], request_id: str) -> None:
+        """Before the release is sent: a renewal never races it, and one Redis could not take now
+        (kept for later) leaves the lease to lapse within its life if it is never taken."""
+        for check in checks:
+            if check.kind is Kind.CONCURRENT:
+                self._heartbeat.release(self._window(check), request_id)
+
+    async def _renew(self, held: dict[str, list[str]]) -> list[tuple[str, str]]:
+        """One heartbeat round: every lease set's call at once (off a Cluster, in one pipeline with
+        whatever else is sent in this turn); the leases found gone."""
+        calls = self._renewals(held)
+        if self._by_slot:
+            answers = await self._renew_on_cluster(calls)
+        else:
+            answers = await asyncio.gather(*(self._shared.calls.script(self._renewal, keys, args)
+                                             for keys, args in calls))
+        gone = []
+        for (keys, _), answer in zip(calls, answers):
+            for at in range(0, len(answer), 2):
+                request_id = answer[at + 1]
+                gone.append((keys[int(answer[at]) - 1],
+                             request_id.decode() if isinstance(request_id, bytes) else request_id))
+        return gone
+
+    def _renewals(self, held: dict[str, list[str]]) -> list[tuple[list[str], list[Any]]]:
+        """The round's calls: at most _RENEW_BATCH leases each, and on a Cluster the sets of one slot."""
+        by_slot: dict[int, list[str]] = {}
+        for lease_set in held:
+            by_slot.setdefault(key_slot(lease_set.encode()) if self._by_slot else 0, []).append(lease_set)
+        calls: list[tuple[list[str], list[Any]]] = []
+        for lease_sets in by_slot.values():
+            keys: list[str] = []
+            args: list[Any] = [self._lease_ms]
+            for lease_set in lease_sets:
+                ids = held[lease_set]
+                for start in range(0, len(ids), _RENEW_BATCH):
+                    part = ids[start:start + _RENEW_BATCH]
+                    if keys and len(args) - 1 - len(keys) + len(part) > _RENEW_BATCH:
+                        calls.append((keys, args))
+                        keys, args = [], [self._lease_ms]
+                    keys.append(lease_set)
+                    args += [len(part), *part]
+            if keys:
+                calls.append((keys, args))
+        return calls
+
+    async def _renew_on_cluster(self, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """One pipeline, which the cluster client splits by node: a round trip per node, not per
+        set. A renewal may run twice (it only pushes expiries back), so calls a node answers
+        with NOSCRIPT (restarted, or failed over) are sent again once the script is loaded."""
+        client = self._shared.client
+
+        async def send(batch: list[tuple[list[str], list[Any]]]) -> list[Any]:
+            async with client.gate, client.pipeline() as pipe:
+                for keys, args in batch:
+                    pipe.execute_command("EVALSHA", self._renewal.sha, len(keys), *keys, *args)
+                return await pipe.execute(raise_on_error=False)
+
+        answers = await send(calls)
+        lost = [i for i, answer in enumerate(answers) if isinstance(answer, NoScriptError)]
+        if lost:
+            await client.script_load(RENEW)  # on every primary
+            for i, answer in zip(lost, await send([calls[i] for i in lost])):
+                answers[i] = answer
+        failed = next((a for a in answers if isinstance(a, Exception)), None)
+        if failed is not None:
+            raise failed
+        return answers
 
     async def _settle(self, checks: list[Check], request_id: str, spent: str) -> None:
         groups = self._groups(checks)
@@ -246,7 +370,7 @@ class RedisLimiter:
     def _keep(self, checks: Sequence[Check], request_id: str, spent: str) -> None:
         """A settlement or give-back Redis could not take now, tried again every second while this
         limiter lives: a stream that ended during a blip, or a check that timed out but ran, would
-        otherwise hold its lease (a slot of the key's concurrency) for LEASE_TTL_S. Sending one
+        otherwise hold its lease (a slot of the key's concurrency) until it lapses. Sending one
         twice is harmless: a settlement sets a request's amount, a lease goes once, and a
         give-back's mark stops a check that comes later. At most _MAX_UNSETTLED wait; past that
         the oldest are left to lapse."""
@@ -278,8 +402,10 @@ class RedisLimiter:
         return True
 
     async def close(self) -> None:
-        """One last try (within a second) for what is kept; a reload or shutdown during an
-        outage leaves the rest to lapse, and says so."""
+        """No more renewals (a reload closes the limiter after its last request, so none of its
+        leases is still in use); one last try (within a second) for what is kept; a reload or
+        shutdown during an outage leaves the rest to lapse, and says so."""
+        await self._heartbeat.close()
         if self._resettling is not None:
             self._resettling.cancel()
         if self._unsettled:
@@ -288,14 +414,14 @@ class RedisLimiter:
                     while not await self._settle_kept():
                         await asyncio.sleep(0.1)
         if self._unsettled:
-            log.error("stopping with settlements Redis never took: their leases lapse after %.0f s",
-                      LEASE_TTL_S, extra={"pending": len(self._unsettled)})
+            log.error("stopping with settlements Redis never took: their leases lapse within %g s",
+                      self._lease_ms / 1000, extra={"pending": len(self._unsettled)})
         shared, self._shared = self._shared, None  # type: ignore[assignment]
         if shared is not None:
             await unshare(shared)
 
     async def _acquire_group(self, checks: Sequence[Check], request_id: str) -> Decision:
-        args: list[Any] = [request_id, int(LEASE_TTL_S * 1000)]
+        args: list[Any] = [request_id, self._lease_ms]
         for check in checks:
             args += [check.kind.value, check.limit, int(check.window_s * 1000), check.cost]
         allowed, index, value, reset = await self._run(self._acquire, self._keys(checks, request_id), args)
@@ -319,14 +445,18 @@ class RedisLimiter:
         keys = []
         mark = f"{self._prefix}undone:{request_id}"
         for check in checks:
-            window = self._prefix + check.key
-            if self._by_slot:  # a subject's keys in one slot: {key:demo}:rpm
-                subject = check.subject if check.subject and check.key.startswith(check.subject) else check.key
-                window = f"{self._prefix}{{{subject}}}{check.key[len(subject):]}"
-                if not keys:
-                    mark = f"{self._prefix}{{{subject}}}:undone:{request_id}"
+            window = self._window(check)
+            if self._by_slot and not keys:
+                mark = f"{self._prefix}{{{_subject(check)}}}:undone:{request_id}"
             keys += (window, window + ":h", window + ":t") if check.kind is Kind.TOKENS else (window,)
         return [*keys, mark]
+
+    def _window(self, check: Check) -> str:
+        """The check's sorted set: its window, or its lease set."""
+        if not self._by_slot:
+            return self._prefix + check.key
+        subject = _subject(check)  # a subject's keys in one slot: {key:demo}:rpm
+        return f"{self._prefix}{{{subject}}}{check.key[len(subject):]}"
 
     def _groups(self, checks: list[Check]) -> list[list[Check]]:
         """The checks one script call may take together: all of them, except on a Cluster, where
@@ -337,3 +467,8 @@ class RedisLimiter:
         for check in checks:
             by_slot.setdefault(key_slot(self._keys([check], "")[0].encode()), []).append(check)
         return list(by_slot.values())
+
+
+def _subject(check: Check) -> str:
+    """What a check's keys are tagged with on a Cluster: its subject, or its own key when it names none."""
+    return check.subject if check.subject and check.key.startswith(check.subject) else check.key
