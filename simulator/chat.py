@@ -8,7 +8,7 @@ from aiohttp import web
 
 from proxy.formats import CONTENT, MESSAGES
 from proxy.wire import jsonutil
-from simulator.core import Answer, Simulator, count_words, json_answer, now, sse, stream, words
+from simulator.core import Answer, Simulator, count_words, json_answer, sse, stream, words
 from simulator.media import is_image_model, png_base64
 
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import signal
 import textwrap
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -17,7 +20,12 @@ import aiohttp
 import pytest
 
 from proxy.config import ConfigError, parse_config
+from tests.conftest import Process
+from tests.test_lease_heartbeat import LIMIT as LEASED
+from tests.test_lease_heartbeat import gateway_config as lease_config
+from tests.test_lease_heartbeat import open_stream, refused, worker_of
 from tests.test_ledger import rows
+from tests.test_workers import children
 
 KEY = "sk-metering-0001"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -327,6 +335,43 @@ async def test_7_a_key_at_its_budget_still_polls_downloads_and_reads_what_it_pai
             assert answer.status == 200, (path, answer.status)
     held, found = await agreed(redis_url, ledger_db, 7, measure="cost")  # a row per endpoint request
     assert held == pytest.approx(4 + sum(float(r["cost"]) for r in found if r["route"] == "responses"))
+
+
+# 8 -----------------------------------------------------------------------------------------------
+
+async def test_8_a_killed_worker_s_leases_are_reclaimed_within_seconds(spawn, shared_redis: str) -> None:  # noqa: ANN001
+    """Kill -9 of a worker holding leases: within 10 s the key runs its full 10 at once again,
+    while the leases the other worker holds keep counting."""
+    upstream = spawn("simulator")
+    gateway: Process = spawn("gateway", config=lease_config(shared_redis, upstream.url, workers=2))
+    port = int(gateway.url.rsplit(":", 1)[1])
+    async with aiohttp.ClientSession() as http:
+        held = [await open_stream(http, gateway.url) for _ in range(LEASED)]
+        streams = [s for s in held if s is not None]
+        assert len(streams) == LEASED and await refused(http, gateway.url)
+        workers = children(gateway.proc.pid)
+        by_worker = {pid: [s for s in streams if worker_of(s, port, workers) == pid] for pid in workers}
+        victim = max(by_worker, key=lambda pid: len(by_worker[pid]))
+        running = [s for pid, served in by_worker.items() if pid != victim for s in served]
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        # Right after the kill its leases still count: the key is full.
+        assert await refused(http, gateway.url)
+        refusals = 0
+        while len(running) < LEASED:
+            assert time.monotonic() - killed_at < 10, f"{len(running)} of {LEASED} at once 10 s after the kill"
+            stream = await open_stream(http, gateway.url)
+            if stream is None:
+                refusals += 1
+                await asyncio.sleep(0.2)
+            else:
+                running.append(stream)
+        reclaimed_s = time.monotonic() - killed_at
+        assert refusals > 0 and reclaimed_s > 1, "the dead worker's leases were counted until they lapsed"
+        # Ten at once, the survivors' among them: an eleventh is refused.
+        assert await refused(http, gateway.url)
+        for stream in [*streams, *running]:
+            stream.close()
 
 
 # The sweep ---------------------------------------------------------------------------------------
