@@ -168,6 +168,51 @@ async def test_1_a_background_result_nobody_reads_or_cancelled_unsaid_stays_char
     assert gateway.sim().produced["output_tokens"] <= 2 * 40000
 
 
+async def test_1_a_held_reservation_is_settled_once_by_any_instance_in_every_topology(
+        shared_redis, ledger_db, start_gateway, spawn, http, tmp_path) -> None:  # noqa: ANN001
+    await settled_once(f"state: {{backend: redis, url: '{shared_redis}'}}", 2, ledger_db, start_gateway, spawn, http,
+                       tmp_path)
+
+
+async def test_1_a_held_reservation_is_settled_once_with_memory_state(ledger_db, start_gateway, spawn, http,
+                                                                      tmp_path) -> None:  # noqa: ANN001
+    await settled_once("", 1, ledger_db, start_gateway, spawn, http, tmp_path)
+
+
+async def settled_once(state: str, instances: int, ledger_db: str, start_gateway: Any, spawn: Any,
+                       http: aiohttp.ClientSession, tmp_path: Any) -> None:
+    """Two generations left running, each read ten times at once on another instance than made
+    it: each is settled once, and only the room it held beyond what it spent comes back."""
+    upstream = spawn("simulator")
+    text = textwrap.dedent(f"""
+        {state}
+        keys: [{{name: spender, key: {KEY}, budget: {{tokens_per_day: 100000}}}}]
+        channels: [{{name: up, base_url: "{upstream.url}"}}]
+        observability: {{logging: {{access_log: false}}}}
+        plugins: {{ledger: {{database_url: '{ledger_db}', flush_interval_s: 0.05, spool_dir: '{tmp_path}'}}}}
+        """) + PRICES
+    gateways = [await start_gateway(text) for _ in range(instances)]
+    first, last = gateways[0], gateways[-1]
+    body = {"model": "respmodel-4o", "input": "go", "background": True, "max_output_tokens": 40000}
+    expensive = {**AUTH, "x-sim-output-tokens": "10000"}
+    made = [(await post(http, first.url + "/v1/responses", body, expensive))[1] for _ in range(2)]
+    assert (await post(http, last.url + "/v1/responses", body, expensive))[0] == 429  # 80,000 and more held
+
+    async def read(response_id: str) -> int:
+        async with http.get(f"{last.url}/v1/responses/{response_id}", headers=AUTH) as answer:
+            return (await answer.json())["usage"]["output_tokens"]
+
+    assert await asyncio.gather(*(read(r["id"]) for r in made for _ in range(10))) == [10000] * 20
+    assert (await post(http, first.url + "/v1/responses", body, expensive))[0] == 200  # settled, wherever read
+    assert (await post(http, last.url + "/v1/responses", body, expensive))[0] == 429  # and once: no more room
+    prompt = prompt_tokens(body)
+    spent = 2 * (10000 + 1) + 40000 + prompt  # two settled (the simulator counts one word of prompt), one held
+    deadline = asyncio.get_running_loop().time() + 15
+    while sum((r["input_tokens"] or 0) + (r["output_tokens"] or 0) for r in await rows(ledger_db)) != spent:
+        assert asyncio.get_running_loop().time() < deadline, await rows(ledger_db)
+        await asyncio.sleep(0.1)
+
+
 # 2 -----------------------------------------------------------------------------------------------
 
 async def test_2_a_decoy_limit_never_shrinks_a_reservation(gateway_with, http, redis_url, ledger_db) -> None:  # noqa: ANN001

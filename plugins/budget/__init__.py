@@ -27,7 +27,7 @@ from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field
 
 from plugins.budget.counters import Counters, CountersUnavailable, MemoryCounters, Window
-from plugins.budget.held import Held, Taken
+from plugins.budget.held import HELD_FOR_S, Held, Taken
 from proxy.config import GatewayConfig
 from proxy.formats import Generation
 from proxy.formats.images import ImagesFormat
@@ -147,6 +147,9 @@ class Budget(Plugin):
         self.ledger_url = None
         if isinstance(ledger, dict) and self.settings.rebuild_from_ledger:
             self.ledger_url = ledger.get("database_url")
+        # A held reservation waits for its settlement no longer than the ledger's pending row does,
+        # so the two settle, or stay at what was held, together.
+        self.held_for_s = int(ledger.get("pending_for_s", HELD_FOR_S) if isinstance(ledger, dict) else HELD_FOR_S)
         self._background: set[asyncio.Task[None]] = set()
         self._settled: dict[str, None] = {}  # oldest first
 
@@ -244,7 +247,7 @@ class Budget(Plugin):
         held = Held(ex.model, most, ex.format.reports_usage, taken)
         try:
             await self.counters.hold(self._held_key(ex.created_id), held.dumps(),  # type: ignore[union-attr, arg-type]
-                                     held.ttl_s(datetime.now(timezone.utc).timestamp()))
+                                     held.ttl_s(datetime.now(timezone.utc).timestamp(), self.held_for_s))
         except CountersUnavailable as exc:  # the reservation stays counted all the same: nothing is lost but a refund
             log.warning("a generation left running could not be recorded for its settlement: %s", exc)
 

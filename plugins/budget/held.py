@@ -15,6 +15,7 @@ from proxy.request.charges import Most, ended
 from proxy.wire import jsonutil
 
 _PAST_RESET_S = 3600  # kept this long past its last window's period (settling it after is pointless)
+HELD_FOR_S = 7 * 86_400  # the longest a generation's reservation waits to be settled (as the ledger's pending row)
 
 Taken = list[tuple[list[Window], list[float]]]  # each subject's windows, and what was reserved in each
 
@@ -41,9 +42,10 @@ class Held:
         taken = [([Window(*fields) for fields in windows], amounts) for windows, amounts in data["taken"]]
         return cls(data["model"], most, data["tokens"], taken)
 
-    def ttl_s(self, now: float) -> int:
+    def ttl_s(self, now: float, most_s: int) -> int:
+        """How long it waits for its settlement: until its last window's period is over, at most `most_s`."""
         last_reset = max(w.resets_at for windows, _ in self.taken for w in windows)
-        return max(60, math.ceil(last_reset - now) + _PAST_RESET_S)
+        return max(60, min(most_s, math.ceil(last_reset - now) + _PAST_RESET_S))
 
     def spent(self, generation: Generation, prices: PriceTable) -> tuple[int, float]:
         """Tokens and cost the generation spent, now that it ended (as the ledger settles its row)."""

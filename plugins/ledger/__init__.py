@@ -69,7 +69,7 @@ class LedgerSettings(BaseModel):
     redis_spool: bool = True  # with state in Redis, spool there first (any instance drains it)
     # How long a generation left running (a background response, a video task) waits, pending, for
     # a follow-up to read how it ended; a row nobody settles by then keeps what was held for it.
-    pending_for_s: int = Field(default=7 * 86_400, ge=60)
+    pending_for_s: int = Field(default=7 * 86_400, ge=60)  # budgets hold what they reserved for it as long
 
     @field_validator("database_url")
     @classmethod
