@@ -55,7 +55,8 @@ LIMITS = "limits: {rpm: 100000000, tpm: 1000000000, concurrent: 100000}"
 # Whose a burst is, by a key it names (the state prefix is the default, modelgate:; a Cluster's
 # keys carry hash tags, `{modelgate:webhooks}:pending`, one server's need not).
 OWNERS = ((b"modelgate:webhooks", "webhook_queue"), (b"modelgate:rl:", "ratelimit"),
-          (b"modelgate:pin:", "affinity"), (b"modelgate:video:", "video"), (b"modelgate:blob:", "url_delivery"))
+          (b"modelgate:pin:", "affinity"), (b"modelgate:video:", "video"), (b"modelgate:blob:", "url_delivery"),
+          (b"modelgate:budget:", "budget"), (b"modelgate:ledger:", "ledger"))
 SCRIPTS = {hashlib.sha1(s.encode()).hexdigest().encode(): n
            for s, n in ((ACQUIRE, "check"), (FINISH, "settle"), (_ADD_THEN, "pin+record"))}
 SETUP = (b"CLIENT", b"HELLO", b"AUTH", b"SELECT", b"SCRIPT")
