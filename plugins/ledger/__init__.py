@@ -10,6 +10,8 @@ Off until `database_url` is set. The gateway creates and migrates its tables
 (plugins/ledger/schema.py). Records are written in batches off the request path
 (plugins/ledger/writer.py); while PostgreSQL is slow or away they wait in a bounded spool (a
 Redis stream when the state is in Redis, and a local file) and are written once it answers.
+With the state in Redis, each record is also appended to a journal there before the client's
+answer ends (plugins/ledger/journal.py), so a process killed without warning loses none.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ class LedgerSettings(BaseModel):
     write_timeout_s: float = Field(default=3.0, gt=0, le=60)  # past it PostgreSQL counts as away: the batch is spooled
     spool_dir: str = "ledger-spool"
     spool_max_mb: float = Field(default=1024, gt=0)
-    redis_spool: bool = True  # with state in Redis, spool there first (any instance drains it)
+    # With state in Redis, journal each record there before its answer ends, and spool there first
+    # (any instance drains both).
+    redis_spool: bool = True
 
     @field_validator("database_url")
     @classmethod
@@ -126,8 +130,15 @@ class Ledger(Plugin):
             child(COST, ex.key_name or "anonymous", model).inc(record.cost)
         if not record.priced and self.prices and ex.model is not None:  # a status poll names no model to price
             child(UNPRICED, model).inc()
-        if self.writer is not None:
-            self.writer.submit(record)
+        writer = self.writer
+        if writer is None:
+            return
+        if writer.journal is not None and not self.state_away():
+            # Awaited here, so the append rides the request's post-answer round trip (with its
+            # settlements), and the record is in Redis before the answer ends (proxy/request/relay.py).
+            await writer.journaled(record)
+        else:
+            writer.submit(record)
 
 
 async def _writer(config: GatewayConfig, settings: LedgerSettings) -> LedgerWriter:
@@ -135,15 +146,21 @@ async def _writer(config: GatewayConfig, settings: LedgerSettings) -> LedgerWrit
     from plugins.ledger.writer import LedgerWriter
 
     spools: list[Any] = []
+    journal = None
     if settings.redis_spool and config.state.backend == "redis":
+        from plugins.ledger.journal import Journal, orphan_age_s
         from proxy.state.shared import share
 
-        batches = max(1, int(settings.spool_max_mb * 1024 * 1024 / (settings.batch_size * _RECORD_BYTES)))
+        records = max(1, int(settings.spool_max_mb * 1024 * 1024 / _RECORD_BYTES))
+        batches = max(1, records // settings.batch_size)
         spools.append(RedisSpool(share(config.state.url), config.state.prefix + "ledger:spool", batches))
+        # A stream of its own: an older release draining `ledger:spool` would delete entries it cannot read.
+        journal = Journal(share(config.state.url), config.state.prefix + "ledger:journal", records,
+                          orphan_age_s(settings.flush_interval_s, settings.write_timeout_s))
     spools.append(FileSpool(Path(settings.spool_dir), int(settings.spool_max_mb * 1024 * 1024)))
     assert settings.database_url is not None
     writer = LedgerWriter(settings.database_url, settings.batch_size, settings.flush_interval_s, spools,
-                          settings.write_timeout_s)
+                          settings.write_timeout_s, journal)
     await writer.start()
     return writer
 
