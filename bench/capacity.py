@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 from bench.capacity_report import DOC, write  # noqa: E402
 from bench.procs import free_port, wait_port  # noqa: E402
 from bench.run import cpu_seconds, start  # noqa: E402
+from plugins.ledger.journal import _APPEND  # noqa: E402
 from proxy.limits.redis import ACQUIRE, FINISH  # noqa: E402
 from proxy.state.redis import _ADD_THEN  # noqa: E402
 
@@ -58,7 +59,7 @@ OWNERS = ((b"modelgate:webhooks", "webhook_queue"), (b"modelgate:rl:", "ratelimi
           (b"modelgate:pin:", "affinity"), (b"modelgate:video:", "video"), (b"modelgate:blob:", "url_delivery"),
           (b"modelgate:budget:", "budget"), (b"modelgate:ledger:", "ledger"))
 SCRIPTS = {hashlib.sha1(s.encode()).hexdigest().encode(): n
-           for s, n in ((ACQUIRE, "check"), (FINISH, "settle"), (_ADD_THEN, "pin+record"))}
+           for s, n in ((ACQUIRE, "check"), (FINISH, "settle"), (_ADD_THEN, "pin+record"), (_APPEND, "journal"))}
 SETUP = (b"CLIENT", b"HELLO", b"AUTH", b"SELECT", b"SCRIPT")
 GAP_S = 0.003  # after each answer, so work done after it (a settle) lands in its own request's window
 

@@ -97,5 +97,5 @@ async def test_with_budgets_and_the_ledger_the_settlements_and_the_journal_appen
                 _, _, after = row.sequence.partition("[upstream]")
                 assert row.upstream == 1.0, case.name
                 assert after.count("→") == 1, f"{case.name}: {row.sequence}"
-                together = " → ratelimit settle + budget INCRBYFLOAT + budget INCRBYFLOAT + ledger XADD"
+                together = " → ratelimit settle + budget INCRBYFLOAT + budget INCRBYFLOAT + ledger journal"
                 assert after == together, row.sequence

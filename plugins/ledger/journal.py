@@ -15,6 +15,11 @@ stream), so no gateway's clock is trusted. The stream is `{state.prefix}ledger:j
 spool's stream: an older release draining `ledger:spool` would take these entries for batches it
 cannot read, and delete them.
 
+The records appended in one turn of the event loop are one script call (an XADD each, one
+entry per record), made as that turn's pipeline is sent (proxy/state/gathering.py): the call and
+its answer are parsed once for all of them, where an XADD each cost a request 15 to 20 us of
+CPU under load, and it still rides the pipeline of the requests' settlements.
+
 Bounded: its length is read once a writer turn; at `max_entries` (`spool_max_mb` at 1 KB a
 record) records are not journaled until it shrinks, and go the old way (memory, then a spool).
 """
@@ -37,6 +42,14 @@ log = logging.getLogger("modelgate.ledger")
 WAIT_S = 0.5  # the longest a request waits for its record's append, as the limiter waits for its check
 _JOURNALED = LEDGER_RECORDS.labels("journaled")
 _UNJOURNALED = LEDGER_RECORDS.labels("unjournaled")
+
+# One entry per record, each ARGV a record's JSON; the entries' ids, in order.
+_APPEND = """
+local ids = {}
+for i = 1, #ARGV do ids[i] = redis.call('XADD', KEYS[1], '*', 'record', ARGV[i]) end
+return ids
+"""
+_MOST_A_CALL = 500  # records in one script call (a busy turn makes several)
 
 # Entries older than ARGV[1] ms by the server's clock, from ARGV[2] ('-', or '(' and the last id
 # seen), ARGV[3] at most.
@@ -69,6 +82,11 @@ class Journal:
         self._unreadable = False
         self._after = "-"  # where this turn's scan for orphans goes on from (past entries it cannot read)
         self._orphans = shared.client.register_script(_ORPHANS)
+        self._append = shared.client.register_script(_APPEND)
+        # This turn's records, and the future each of their requests waits on (one per request:
+        # a request cancelled meanwhile cancels its own, never the others').
+        self._records: list[bytes] = []
+        self._waiting: list[asyncio.Future[bytes | None]] = []
 
     async def append(self, record: UsageRecord) -> bytes | None:
         """Append `record`: its entry's id, or None when the journal did not take it (full, or
@@ -76,21 +94,55 @@ class Journal:
         if self.full:
             _UNJOURNALED.inc()
             return None
-        try:
-            entry: bytes = await asyncio.wait_for(
-                self._calls.command("XADD", self.key, "*", "record", record.encoded()), WAIT_S)
-        except (RedisError, OSError, TimeoutError) as exc:
-            _UNJOURNALED.inc()
+        if not self._records:
+            self._calls.at_flush(self._send)
+        waiting = asyncio.get_running_loop().create_future()
+        self._records.append(record.encoded())
+        self._waiting.append(waiting)
+        return await waiting
+
+    def _send(self) -> None:
+        """This turn's records, in one call (or a few, past _MOST_A_CALL), with the turn's pipeline."""
+        records, waiting, self._records, self._waiting = self._records, self._waiting, [], []
+        loop = asyncio.get_running_loop()
+        for start in range(0, len(records), _MOST_A_CALL):
+            called = self._calls.script(self._append, [self.key], records[start:start + _MOST_A_CALL])
+            them = waiting[start:start + _MOST_A_CALL]
+            late = loop.call_later(WAIT_S, self._answered, them, None, TimeoutError())
+            called.add_done_callback(lambda done, them=them, late=late: self._took(done, them, late))
+
+    def _took(self, called: asyncio.Future[Any], waiting: list[asyncio.Future[bytes | None]],
+              late: asyncio.TimerHandle) -> None:
+        late.cancel()
+        if called.cancelled():
+            self._answered(waiting, None, TimeoutError())
+        elif (failure := called.exception()) is not None:
+            self._answered(waiting, None, failure)
+        else:
+            self._answered(waiting, called.result(), None)
+
+    def _answered(self, waiting: list[asyncio.Future[bytes | None]], entries: list[bytes] | None,
+                  failure: BaseException | None) -> None:
+        """Each request hears its entry's id, or None: its record is not journaled (Redis refused,
+        failed or did not answer in time; one that answers later holds an orphan, written once)."""
+        heard = 0  # not those that heard already (the call answered after WAIT_S) or left
+        for index, answer in enumerate(waiting):
+            if not answer.done():
+                answer.set_result(entries[index] if entries is not None else None)
+                heard += 1
+        if not heard:
+            return
+        if entries is None:
+            _UNJOURNALED.inc(heard)
             if not self._failing:  # once an outage: the counter shows the rest
                 self._failing = True
-                log.warning("ledger: the journal in Redis did not take a record (%s); records wait in memory "
-                            "until it does", type(exc).__name__)
-            return None
-        _JOURNALED.inc()
+                log.warning("ledger: the journal in Redis did not take records (%s); they wait in memory until "
+                            "it does", type(failure).__name__)
+            return
+        _JOURNALED.inc(heard)
         if self._failing:
             self._failing = False
             log.info("ledger: the journal in Redis takes records again")
-        return entry
 
     async def measure(self) -> None:
         """Read the journal's length (once a writer turn, never per request): at the bound it takes
