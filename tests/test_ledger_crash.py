@@ -54,7 +54,8 @@ state: {{backend: redis, url: "{redis_url}", prefix: "{prefix}"}}
 
     async def one(http: aiohttp.ClientSession, index: int) -> None:
         async with gate:
-            first = victim if index % 2 and killed_at is None else survivor
+            # Turn about by rounds of MIXED, so each instance serves every kind of request.
+            first = victim if (index // len(MIXED)) % 2 and killed_at is None else survivor
             if not await attempt(http, first.url, f"crash-{index}", index % len(MIXED)):
                 assert first is victim, f"crash-{index} failed on the survivor"
                 await attempt(http, survivor.url, f"crash-{index}-again", index % len(MIXED))
