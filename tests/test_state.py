@@ -174,6 +174,19 @@ async def test_a_call_made_as_the_turn_s_pipeline_is_sent_goes_in_it() -> None:
     assert await asyncio.gather(first, last) == [b"a", b"b"] and await made[0] == 2
     assert [p.sent for p in client.pipelines] == [[("GET", "a"), ("GET", "b"), ("RPUSH", "list", "x", "y")]]
 
+    class Cluster:  # nothing gathered: the call is made soon, and goes alone
+        sent: list[tuple[object, ...]] = []
+
+        async def execute_command(self, *args: object) -> int:
+            self.sent.append(args)
+            return 1
+
+    cluster = Cluster()
+    calls, batch, made = Gatherer(cluster, gathers=False), [], []
+    write("z")
+    await asyncio.sleep(0)
+    assert await made[0] == 1 and cluster.sent == [("RPUSH", "list", "z")]
+
 
 _ARGUMENT = st.one_of(st.text(), st.binary(), st.integers(min_value=-(2**63), max_value=2**63 - 1),
                       st.floats(allow_nan=False, allow_infinity=False), st.binary().map(memoryview))
