@@ -40,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 from bench.capacity_report import DOC, write  # noqa: E402
 from bench.procs import free_port, wait_port  # noqa: E402
 from bench.run import cpu_seconds, start  # noqa: E402
+from plugins.budget.counters import RESERVE, SETTLE  # noqa: E402
+from plugins.ledger.journal import _APPEND  # noqa: E402
 from proxy.limits.redis import ACQUIRE, FINISH, RENEW  # noqa: E402
 from proxy.state.redis import _ADD_THEN  # noqa: E402
 
@@ -55,9 +57,11 @@ LIMITS = "limits: {rpm: 100000000, tpm: 1000000000, concurrent: 100000}"
 # Whose a burst is, by a key it names (the state prefix is the default, modelgate:; a Cluster's
 # keys carry hash tags, `{modelgate:webhooks}:pending`, one server's need not).
 OWNERS = ((b"modelgate:webhooks", "webhook_queue"), (b"modelgate:rl:", "ratelimit"),
-          (b"modelgate:pin:", "affinity"), (b"modelgate:video:", "video"), (b"modelgate:blob:", "url_delivery"))
+          (b"modelgate:pin:", "affinity"), (b"modelgate:video:", "video"), (b"modelgate:blob:", "url_delivery"),
+          (b"modelgate:budget:", "budget"), (b"modelgate:ledger:", "ledger"))
 SCRIPTS = {hashlib.sha1(s.encode()).hexdigest().encode(): n
-           for s, n in ((ACQUIRE, "check"), (FINISH, "settle"), (RENEW, "lease renewal"), (_ADD_THEN, "pin+record"))}
+           for s, n in ((ACQUIRE, "check"), (FINISH, "settle"), (RENEW, "lease renewal"), (_ADD_THEN, "pin+record"),
+                        (_APPEND, "journal"), (RESERVE, "reserve"), (SETTLE, "settle"))}
 SETUP = (b"CLIENT", b"HELLO", b"AUTH", b"SELECT", b"SCRIPT")
 GAP_S = 0.003  # after each answer, so work done after it (a settle) lands in its own request's window
 

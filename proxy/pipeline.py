@@ -3,6 +3,7 @@ finding plugins and checking a pipeline, proxy/registry.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -86,15 +87,35 @@ class Pipeline:
         return event
 
     async def run_complete(self, ex: Exchange) -> None:
-        for hook in self.complete_hooks:
-            try:
-                if ex.span is None:
-                    await hook(ex)
-                else:
-                    with child_span(ex, f"{plugin_name(hook)} on_complete"):
-                        await hook(ex)
-            except Exception:  # one plugin's bookkeeping must not hide the others'
-                log.exception("on_complete hook failed", extra={"request_id": ex.request_id})
+        """The plugins' on_complete hooks, together: their first state calls (a settlement, a
+        budget's, the ledger's journal append) are made in one turn, so they share one round trip."""
+        hooks = self.complete_hooks
+        if not hooks:
+            return
+        # The others as tasks, started before the first runs here: their first calls come in the
+        # next turn, before the pipeline the first one's call starts is sent. (A task less than
+        # asyncio.gather makes, which cost 10 us a request for two hooks; this costs 3.)
+        loop = asyncio.get_running_loop()
+        others = [loop.create_task(_complete(hook, ex)) for hook in hooks[1:]]
+        try:
+            await _complete(hooks[0], ex)
+            for other in others:
+                await other
+        except BaseException:  # cancelled (the client left, a drain ran out): all of it is, as with gather
+            for other in others:
+                other.cancel()
+            raise
+
+
+async def _complete(hook: Callable[[Exchange], Awaitable[None]], ex: Exchange) -> None:
+    try:
+        if ex.span is None:
+            await hook(ex)
+        else:
+            with child_span(ex, f"{plugin_name(hook)} on_complete"):
+                await hook(ex)
+    except Exception:  # one plugin's bookkeeping must not hide the others'
+        log.exception("on_complete hook failed", extra={"request_id": ex.request_id})
 
 
 def plugin_name(hook: Callable[..., Any]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import ClassVar
 
 from aiohttp import web
@@ -43,3 +44,18 @@ class Recorder(Plugin):
 
     async def on_complete(self, ex: Exchange) -> None:
         Recorder.finished.append(ex)
+
+
+class EndHolder(Plugin):
+    """Holds a request's bookkeeping (its on_complete) until the test lets it go, when the request
+    carries `x-test-hold`: what the client has of its answer meanwhile is what a process killed
+    during the bookkeeping would have left it."""
+
+    reads_answers = False  # answers pass as they come, unread, unless another plugin reads them
+    holding: ClassVar[asyncio.Event]
+    release: ClassVar[asyncio.Event]
+
+    async def on_complete(self, ex: Exchange) -> None:
+        if ex.request.headers.get("x-test-hold"):
+            EndHolder.holding.set()
+            await EndHolder.release.wait()

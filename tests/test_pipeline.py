@@ -85,3 +85,40 @@ async def test_on_complete_sees_every_exchange_even_refused_ones(gw, http):  # n
     async with http.post(gw.url + path, json=body, headers={**headers, "x-test-refuse": "1"}):
         pass
     assert Recorder.finished[-1].outcome.status == 429 and Recorder.finished[-1].channel is None
+
+
+async def test_on_complete_hooks_run_together_and_one_failing_hides_none_of_the_others() -> None:
+    """Together, so their first state calls go in one turn (one round trip); each on its own, so one
+    plugin's failure neither stops nor hides another's bookkeeping."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from proxy.pipeline import Pipeline
+    from proxy.plugin import Plugin
+
+    started: list[str] = []
+    finish = asyncio.Event()
+
+    class Failing(Plugin):
+        name = "failing"
+
+        async def on_complete(self, ex) -> None:  # noqa: ANN001
+            started.append(self.name)
+            await finish.wait()
+            raise RuntimeError("this plugin's bookkeeping failed")
+
+    class Keeping(Plugin):
+        name = "keeping"
+
+        async def on_complete(self, ex) -> None:  # noqa: ANN001
+            started.append(self.name)
+            await finish.wait()
+            ex.kept = True
+
+    ex = SimpleNamespace(span=None, request_id="r1", kept=False)
+    running = asyncio.get_running_loop().create_task(Pipeline([Failing(), Keeping()]).run_complete(ex))
+    await asyncio.sleep(0.01)
+    assert started == ["failing", "keeping"]  # both began before either ended
+    finish.set()
+    await running
+    assert ex.kept

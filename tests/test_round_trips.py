@@ -1,6 +1,7 @@
 """Few round trips: with Redis state, a request on the default pipeline makes one round trip to
 Redis before its upstream call (its limit check, with the record of the id it follows and the
-status it may have cached) and one after it (its settlement, with its pin, its task's record or its image).
+status it may have cached) and one after it (its settlement, with its pin, its task's record or its image;
+with budgets and the ledger, their settlement and the record's journal entry too).
 
 Counted as docs/capacity.md counts them: Redis and the upstream are each reached through a relay
 (bench/capacity.py) that records every burst a connection writes before its answer comes back.
@@ -8,6 +9,7 @@ Counted as docs/capacity.md counts them: Redis and the upstream are each reached
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from urllib.parse import urlsplit
@@ -27,6 +29,12 @@ WRITES_AFTER = {"responses create (stored)": "affinity SET", "responses with pre
 
 @pytest.fixture
 async def relayed(start_gateway, redis_url, tmp_path):  # noqa: ANN001, ANN201
+    async with _relayed(start_gateway, redis_url, tmp_path) as found:
+        yield found
+
+
+@contextlib.asynccontextmanager
+async def _relayed(start_gateway, redis_url, tmp_path, key="", extra=""):  # noqa: ANN001, ANN202
     target = urlsplit(redis_url)
     sim_port = free_port()
     sim = subprocess.Popen([sys.executable, "-m", "proxy", "simulate", "--port", str(sim_port), "--chunk-delay-ms", "0"],
@@ -38,10 +46,11 @@ async def relayed(start_gateway, redis_url, tmp_path):  # noqa: ANN001, ANN201
         gateway = await start_gateway(f"""
             state: {{backend: redis, url: "redis://127.0.0.1:{store_port}{target.path}"}}
             keys:
-              - {{name: bench, key: capacity-key-0123, url_delivery: true, {LIMITS}}}
+              - {{name: bench, key: capacity-key-0123, url_delivery: true, {LIMITS}{key}}}
             channels: [{{name: upstream, base_url: "http://127.0.0.1:{upstream_port}", accepts_response_format: false}}]
             plugins:
               url_delivery: {{enabled: true, store: redis, signing_keys: [{{id: k1, secret: rt-signing-0123456789abcdef}}]}}
+              {extra}
             observability: {{logging: {{access_log: false}}}}
             """)
         yield gateway, store, upstream
@@ -68,3 +77,25 @@ async def test_each_keyed_request_makes_one_round_trip_to_redis_before_its_upstr
             if case.name in WRITES_AFTER:  # the settlement rides with the pin, the image or the status
                 assert f"{WRITES_AFTER[case.name]} + ratelimit settle" in after or \
                     f"ratelimit settle + {WRITES_AFTER[case.name]}" in after, row.sequence
+
+
+async def test_with_budgets_and_the_ledger_the_settlements_and_the_journal_append_share_the_round_trip_after(
+        start_gateway, redis_url, ledger_db, tmp_path) -> None:  # noqa: ANN001
+    """The rate limits', the budget's and the record's journal entry: one round trip after the
+    answer, as streams and JSON answers end (the writer's own calls wait for its next turn, a
+    minute away)."""
+    budget = ", budget: {cost_per_day: 1000000, tokens_per_day: 1000000000}"
+    spool = tmp_path / "spool"
+    ledger = (f'ledger: {{database_url: "{ledger_db}", flush_interval_s: 60, spool_dir: "{spool}"}}\n'
+              '            prices: [{model: "msgmodel-*", input_per_mtok: 3, output_per_mtok: 15}]')
+    async with _relayed(start_gateway, redis_url, tmp_path, budget, ledger) as (gateway, store, upstream):
+        made: dict[str, list[str]] = {}
+        chosen = [c for c in cases(made) if c.name in ("messages", "messages, stream")]
+        async with aiohttp.ClientSession() as http:
+            for case in chosen:
+                row = await measure(http, gateway.url, case, made, store, upstream, requests=12, warm=3)
+                _, _, after = row.sequence.partition("[upstream]")
+                assert row.upstream == 1.0, case.name
+                assert after.count("→") == 1, f"{case.name}: {row.sequence}"
+                together = " → ratelimit settle + budget settle + ledger journal"
+                assert after == together, row.sequence

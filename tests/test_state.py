@@ -144,6 +144,50 @@ async def test_a_large_write_goes_alone_and_holds_up_no_other_call() -> None:
     assert found == [b"a", "stored", b"b"] and Client.alone == [b"x" * 10]
 
 
+async def test_a_call_made_as_the_turn_s_pipeline_is_sent_goes_in_it() -> None:
+    """at_flush: a user that makes one call of many small writes (the ledger's journal) makes it
+    as the turn's calls are sent, with them, however late in the turn its first write came."""
+    from proxy.state.gathering import Gatherer
+
+    class Client:
+        gate = asyncio.Semaphore(4)
+        pipelines: list[FakePipeline] = []
+
+        def pipeline(self, transaction: bool) -> FakePipeline:
+            self.pipelines.append(FakePipeline([b"a", b"b", 2]))
+            return self.pipelines[-1]
+
+    client = Client()
+    calls = Gatherer(client)
+    batch: list[str] = []
+    made: list[asyncio.Future[object]] = []
+
+    def write(value: str) -> None:
+        if not batch:
+            calls.at_flush(lambda: made.append(calls.command("RPUSH", "list", *batch)))
+        batch.append(value)
+
+    first = calls.command("GET", "a")
+    write("x")
+    write("y")
+    last = calls.command("GET", "b")
+    assert await asyncio.gather(first, last) == [b"a", b"b"] and await made[0] == 2
+    assert [p.sent for p in client.pipelines] == [[("GET", "a"), ("GET", "b"), ("RPUSH", "list", "x", "y")]]
+
+    class Cluster:  # nothing gathered: the call is made soon, and goes alone
+        sent: list[tuple[object, ...]] = []
+
+        async def execute_command(self, *args: object) -> int:
+            self.sent.append(args)
+            return 1
+
+    cluster = Cluster()
+    calls, batch, made = Gatherer(cluster, gathers=False), [], []
+    write("z")
+    await asyncio.sleep(0)
+    assert await made[0] == 1 and cluster.sent == [("RPUSH", "list", "z")]
+
+
 _ARGUMENT = st.one_of(st.text(), st.binary(), st.integers(min_value=-(2**63), max_value=2**63 - 1),
                       st.floats(allow_nan=False, allow_infinity=False), st.binary().map(memoryview))
 

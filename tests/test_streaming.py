@@ -119,3 +119,40 @@ async def test_client_disconnect_before_the_first_byte_cancels_the_upstream(gate
             break
         await asyncio.sleep(0.02)
     assert sim.aborted == 1
+
+
+@pytest.mark.parametrize("mode", ["stream", "bytes of known length", "buffered"])
+async def test_an_answer_ends_only_after_its_bookkeeping(start_gateway, http, mode):  # noqa: ANN001
+    """on_complete (where the ledger journals its record) runs before the client has the end of its
+    answer, however it is relayed: a streamed answer's end, the last bytes of one of known length
+    (relayed as they come) and a buffered body all wait for it; a stream's events do not."""
+    from tests.recording_plugin import EndHolder
+
+    EndHolder.holding, EndHolder.release = asyncio.Event(), asyncio.Event()
+    plugins = f"auth, {'usage, ' if mode == 'buffered' else ''}tests.recording_plugin:EndHolder"
+    gateway = await start_gateway(f"routes: {{messages: {{plugins: [{plugins}]}}}}")
+    body = {"model": "msgmodel-sonnet-4-5", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}],
+            "stream": mode == "stream"}
+    received = bytearray()
+
+    async def fetch() -> aiohttp.ClientResponse:
+        async with http.post(gateway.url + "/v1/messages", json=body, headers={**MSG, "x-test-hold": "1"}) as answer:
+            async for chunk in answer.content.iter_any():
+                received.extend(chunk)
+            return answer
+
+    fetching = asyncio.get_running_loop().create_task(fetch())
+    try:
+        await asyncio.wait_for(EndHolder.holding.wait(), 5)  # the upstream's answer has been relayed, or read whole
+        await asyncio.sleep(0.3)
+        assert not fetching.done(), "the client had its whole answer before the request's bookkeeping ran"
+        if mode == "stream":
+            assert b"message_stop" in received  # every event is there: only the end waits
+    finally:
+        EndHolder.release.set()
+    answer = await asyncio.wait_for(fetching, 5)
+    assert answer.status == 200
+    if mode == "stream":
+        assert answer.headers.get("Content-Length") is None and received.endswith(b"\n\n")
+    else:
+        assert "Content-Length" in answer.headers and received.endswith(b"}")  # (decompressed)

@@ -10,10 +10,13 @@ Off until `database_url` is set. The gateway creates and migrates its tables
 (plugins/ledger/schema.py). Records are written in batches off the request path
 (plugins/ledger/writer.py); while PostgreSQL is slow or away they wait in a bounded spool (a
 Redis stream when the state is in Redis, and a local file) and are written once it answers.
+With the state in Redis, each record is also appended to a journal there before the client's
+answer ends (plugins/ledger/journal.py), so a process killed without warning loses none.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -66,7 +69,9 @@ class LedgerSettings(BaseModel):
     write_timeout_s: float = Field(default=3.0, gt=0, le=60)  # past it PostgreSQL counts as away: the batch is spooled
     spool_dir: str = "ledger-spool"
     spool_max_mb: float = Field(default=1024, gt=0)
-    redis_spool: bool = True  # with state in Redis, spool there first (any instance drains it)
+    # With state in Redis, journal each record there before its answer ends, and spool there first
+    # (any instance drains both).
+    redis_spool: bool = True
     # How long a generation left running (a background response, a video task) waits, pending, for
     # a follow-up to read how it ended; a row nobody settles by then keeps what was held for it.
     pending_for_s: int = Field(default=7 * 86_400, ge=60)  # budgets hold what they reserved for it as long
@@ -168,11 +173,10 @@ class Ledger(Plugin):
         if left_open(ex):  # it goes on: the row holds what the budgets hold, until a follow-up settles it
             record = held(record, most_of(ex, self.prices, self.default_output), self.prices,
                           ex.format.reports_usage)
-            await self._keep_pending(ex.created_id, record)  # type: ignore[arg-type]
-        else:
-            self._count(record, ex.key_name)
-        if self.writer is not None:
-            self.writer.submit(record)
+            await asyncio.gather(self._keep_pending(ex.created_id, record), self._submit(record))  # type: ignore[arg-type]
+            return
+        self._count(record, ex.key_name)
+        await self._submit(record)
 
     def _count(self, record: UsageRecord, key_name: str | None) -> None:
         """The cost metrics, once a record's cost is known (a pending row's, when it is settled: a
@@ -183,13 +187,23 @@ class Ledger(Plugin):
         if not record.priced and self.prices and record.model is not None:  # a status poll names no model to price
             child(UNPRICED, model).inc()
 
+    async def _submit(self, record: UsageRecord) -> None:
+        writer = self.writer
+        if writer is None:
+            return
+        if writer.journal is not None and not self.state_away():
+            # Awaited here, so the append rides the request's post-answer round trip (with its
+            # settlements), and the record is in Redis before the answer ends (proxy/request/relay.py).
+            await writer.journaled(record)
+        else:
+            writer.submit(record)
+
     async def _keep_pending(self, generation_id: str, record: UsageRecord) -> None:
         if self.state_away():
             log.warning("state store unreachable: a pending usage record keeps what was held for it")
             return
         try:
-            await self.pending.set(_PENDING + generation_id, jsonutil.dumps(record.to_json()).decode(),
-                                   self.settings.pending_for_s)
+            await self.pending.set(_PENDING + generation_id, record.encoded().decode(), self.settings.pending_for_s)
         except Exception as exc:  # the row stands at what was held: nothing is lost but its settlement
             log.warning("a pending usage record could not be kept for its settlement: %s", type(exc).__name__)
 
@@ -210,8 +224,7 @@ class Ledger(Plugin):
             return  # settled already, or never pending here
         record = settled(UsageRecord.from_json(jsonutil.loads(raw)), generation, self.prices)
         self._count(record, record.key_name)
-        if self.writer is not None:
-            self.writer.submit(record)
+        await self._submit(record)
 
 
 async def _writer(config: GatewayConfig, settings: LedgerSettings) -> LedgerWriter:
@@ -219,15 +232,21 @@ async def _writer(config: GatewayConfig, settings: LedgerSettings) -> LedgerWrit
     from plugins.ledger.writer import LedgerWriter
 
     spools: list[Any] = []
+    journal = None
     if settings.redis_spool and config.state.backend == "redis":
+        from plugins.ledger.journal import Journal, orphan_age_s
         from proxy.state.shared import share
 
-        batches = max(1, int(settings.spool_max_mb * 1024 * 1024 / (settings.batch_size * _RECORD_BYTES)))
+        records = max(1, int(settings.spool_max_mb * 1024 * 1024 / _RECORD_BYTES))
+        batches = max(1, records // settings.batch_size)
         spools.append(RedisSpool(share(config.state.url), config.state.prefix + "ledger:spool", batches))
+        # A stream of its own: an older release draining `ledger:spool` would delete entries it cannot read.
+        journal = Journal(share(config.state.url), config.state.prefix + "ledger:journal", records,
+                          orphan_age_s(settings.flush_interval_s, settings.write_timeout_s))
     spools.append(FileSpool(Path(settings.spool_dir), int(settings.spool_max_mb * 1024 * 1024)))
     assert settings.database_url is not None
     writer = LedgerWriter(settings.database_url, settings.batch_size, settings.flush_interval_s, spools,
-                          settings.write_timeout_s)
+                          settings.write_timeout_s, journal)
     await writer.start()
     return writer
 

@@ -20,6 +20,7 @@ from proxy.policy.prices import PriceTable
 from proxy.request.charges import Most, ended
 from proxy.request.exchange import Exchange
 from proxy.request.usage_estimate import usage_or_estimate
+from proxy.wire import jsonutil
 
 _MODEL_CHARACTERS = 256  # the schemas' longest model name; a longer one is kept cut (it was refused anyway)
 _MOST_COST = 1e11  # under the column's numeric(24, 12) bound: an upstream's absurd count is no unwritable record
@@ -61,6 +62,11 @@ class UsageRecord:
         not dataclasses.astuple, which deep-copies every field: 25 us a record."""
         values = _ROW(self)
         return (*values[:_COST], round(self.cost * 1_000_000_000), *values[_COST + 1:])
+
+    def encoded(self) -> bytes:
+        """The record's JSON, as a spool and the journal keep it (`to_json`'s, encoded): orjson reads
+        the dataclass itself, in under half the time of building the dict first."""
+        return jsonutil.dumps(self)
 
     def to_json(self) -> dict[str, Any]:
         found = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -47,7 +47,7 @@ class FileSpool:
 
     def put(self, records: Sequence[UsageRecord]) -> bool:
         """Append `records` (False, writing none, when that would pass the bound or the disk refuses)."""
-        data = b"".join(jsonutil.dumps(r.to_json()) + b"\n" for r in records)
+        data = b"".join(r.encoded() + b"\n" for r in records)
         try:
             if self.size() + len(data) > self.max_bytes:
                 return False

@@ -8,9 +8,13 @@ gateway, or the spool handed it out again) is written once. A batch PostgreSQL d
 goes to the spool (plugins/ledger/spool.py), which the same task drains once PostgreSQL answers
 again. Closing writes what is left, or spools it.
 
-A record waits in this process's memory for `flush_interval_s` before a write is tried, and while
-one is under way (up to `write_timeout_s` when PostgreSQL does not answer): a process killed
-without warning (SIGKILL, a lost machine) loses what waits then.
+With a journal (plugins/ledger/journal.py: the state in Redis), a record comes with the id of
+its journal entry, appended before the client's answer ended: once written, the batch's entries
+are removed; a batch PostgreSQL does not take is not spooled again, its journaled records staying
+where they are until a writer (this one or another instance's) takes them for orphans. Only the
+records the journal did not take wait in this process's memory alone: a process killed without
+warning (SIGKILL, a lost machine) loses those, the records of the last `flush_interval_s`, or of
+the last `write_timeout_s` while a write to a PostgreSQL that does not answer is under way.
 """
 
 from __future__ import annotations
@@ -19,19 +23,23 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge
 
 from plugins.ledger.record import COLUMNS, UsageRecord
 from plugins.ledger.schema import migrate
 
+if TYPE_CHECKING:
+    from plugins.ledger.journal import Journal
+
 log = logging.getLogger("modelgate.ledger")
 
 LEDGER_RECORDS = Counter("modelgate_ledger_records", "Usage records by where they went (written to PostgreSQL, "
                          "spooled while it was away, dropped: the spool was full, refused: PostgreSQL refused "
-                         "what one held)", ["outcome"])
-for _outcome in ("written", "spooled", "dropped", "refused"):  # listed from the start: a panel and an alert read each
+                         "what one held; journaled in Redis before the answer ended, or unjournaled: the "
+                         "journal was full or Redis away)", ["outcome"])
+for _outcome in ("written", "spooled", "dropped", "refused", "journaled", "unjournaled"):  # a panel reads each
     LEDGER_RECORDS.labels(_outcome)
 LEDGER_WAITING = Gauge("modelgate_ledger_waiting_records", "Usage records not yet in PostgreSQL (in memory and "
                        "in this process's spool file)", multiprocess_mode="livesum")
@@ -55,13 +63,15 @@ _RETRY_S = 1.0
 
 class LedgerWriter:
     def __init__(self, database_url: str, batch_size: int, flush_interval_s: float, spools: Sequence[Any],
-                 write_timeout_s: float = 3.0) -> None:
+                 write_timeout_s: float = 3.0, journal: Journal | None = None) -> None:
         self.database_url = database_url
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
         self.write_timeout_s = write_timeout_s
         self.spools = list(spools)  # tried in order (a Redis stream, then the local file)
-        self._pending: list[UsageRecord] = []
+        self.journal = journal
+        # Each record with its journal entry's id (None: not journaled, in this memory alone).
+        self._pending: list[tuple[UsageRecord, bytes | None]] = []
         self._wake = asyncio.Event()
         self._pool: Any = None
         self._task: asyncio.Task[None] | None = None
@@ -70,11 +80,21 @@ class LedgerWriter:
         self._refusals: tuple[type[BaseException], ...] = ()  # PostgreSQL refusing what a batch holds
         self._away = False
 
-    def submit(self, record: UsageRecord) -> None:
-        """Take a record (on the request path: nothing but an append)."""
-        self._pending.append(record)
+    def submit(self, record: UsageRecord, entry: bytes | None = None) -> None:
+        """Take a record, and the id of its journal entry if it has one (on the request path:
+        nothing but an append)."""
+        self._pending.append((record, entry))
         if len(self._pending) >= self.batch_size:
             self._wake.set()
+
+    async def journaled(self, record: UsageRecord) -> None:
+        """Append `record` to the journal, then take it (`submit`); a record the journal does not
+        take, or whose append is cancelled (its client left meanwhile), is taken all the same."""
+        entry = None
+        try:
+            entry = await self.journal.append(record)  # type: ignore[union-attr]
+        finally:
+            self.submit(record, entry)
 
     @property
     def waiting(self) -> int:
@@ -97,10 +117,12 @@ class LedgerWriter:
                 await asyncio.wait_for(self._task, deadline_s)
             except (TimeoutError, asyncio.CancelledError):
                 pass
-        if self._pending:
-            await self._spool(self._take_all())
+        if unjournaled := _unjournaled(self._take_all()):  # what the journal holds stays there, for any writer
+            await self._spool(unjournaled)
         for spool in self.spools:
             await _maybe_await(spool.close())
+        if self.journal is not None:
+            await self.journal.close()
         if self._pool is not None:
             pool, self._pool = self._pool, None
             try:
@@ -126,16 +148,26 @@ class LedgerWriter:
                 return
 
     async def _turn(self) -> None:
+        if self.journal is not None:
+            await self.journal.measure()  # once a turn, not per request: is it full?
         while self._pending:
             batch = self._pending[:self.batch_size]
             del self._pending[:self.batch_size]
             try:
-                written = await self._write(batch)
+                written = await self._write([record for record, _ in batch])
             except BaseException:  # cancelled by close() while PostgreSQL hangs: the batch goes to disk
-                self._spool_now(batch)
+                self._spool_now(_unjournaled(batch))
                 raise
-            if not written:
-                await self._spool(batch)
+            entries = [entry for _, entry in batch if entry is not None]
+            if written:
+                if entries:
+                    await self.journal.remove(entries)  # type: ignore[union-attr]
+                continue
+            # Journaled records wait in the journal (counted as spooled there): not spooled twice.
+            if entries:
+                LEDGER_RECORDS.labels("spooled").inc(len(entries))
+            if unjournaled := _unjournaled(batch):
+                await self._spool(unjournaled)
         if not self._closing:  # a backlog waits for the next start, not for shutdown
             await self._drain()
 
@@ -216,7 +248,8 @@ class LedgerWriter:
     async def _drain(self) -> None:
         """Write what the spools hold while PostgreSQL takes it (a few batches a turn, so new
         records never wait long behind an old backlog)."""
-        for spool in self.spools:
+        # The journal's orphans (left by a writer that died, or while PostgreSQL was away) last.
+        for spool in (*self.spools, self.journal) if self.journal is not None else self.spools:
             for _ in range(4):
                 if time.monotonic() < self._down_until:
                     return
@@ -239,9 +272,14 @@ class LedgerWriter:
                                 "again, once", type(exc).__name__)
                     break
 
-    def _take_all(self) -> list[UsageRecord]:
+    def _take_all(self) -> list[tuple[UsageRecord, bytes | None]]:
         batch, self._pending = self._pending, []
         return batch
+
+
+def _unjournaled(batch: list[tuple[UsageRecord, bytes | None]]) -> list[UsageRecord]:
+    """The records of `batch` the journal does not hold."""
+    return [record for record, entry in batch if entry is None]
 
 
 async def _maybe_await(value: Any) -> Any:

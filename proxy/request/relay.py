@@ -8,6 +8,12 @@
 Whichever way, the channel's credential is taken out of the headers and the body of every
 answer that is not a success (an error quoting the request, a redirect), and out of the
 URL-carrying headers of a success: the upstream is trusted with the credential, the client never is.
+
+Whichever way too, the relay never ends an answer: aiohttp writes its end once the handler has
+returned, after the request's bookkeeping (the plugins' on_complete, where the ledger journals
+its record), so no client holds a whole answer whose record a killed process could still lose. A
+buffered answer's body goes then; a stream's last chunk, and the last bytes of an answer of known
+length, go with its end (`Answer`).
 """
 
 from __future__ import annotations
@@ -203,22 +209,29 @@ class Relay:
         scrub: StreamRedactor | None = None
         if upstream.status >= 300 and self.redactor is not None:
             scrub = self.redactor.stream()  # the length may change: the answer goes chunked
-        response = web.StreamResponse(status=upstream.status, headers=self._headers())
+        response = Answer(status=upstream.status, headers=self._headers())
         response.content_length = upstream.content_length if scrub is None else None
         ex.outcome.status = upstream.status
         if not await self._prepare(response):
             upstream.close()
             return self._unwritable()
-        watch = ReaderWatch(ex, self.client_idle_s)
+        response.watch = ReaderWatch(ex, self.client_idle_s)
         try:
-            if prefix:
-                await self._write(response, prefix, scrub)
-            while chunk := await upstream.readany():
-                await self._write(response, chunk, scrub)
+            if response.content_length is None:  # chunked: its end is the last chunk, which aiohttp writes
+                if prefix:
+                    await self._write(response, prefix, scrub)
+                while chunk := await upstream.readany():
+                    await self._write(response, chunk, scrub)
+                last = scrub.flush() if scrub is not None else b""
+            else:  # its end is its last byte: the last chunk read waits to go with it
+                last = prefix
+                while chunk := await upstream.readany():
+                    if last:
+                        await self._write(response, last, None)
+                    last = chunk
             ex.outcome.upstream_finished = time.perf_counter()
-            if scrub is not None:
-                await self._write(response, scrub.flush(), None)
-            await response.write_eof()
+            response.last = last
+            ex.outcome.bytes_out += len(last)
         except _CLIENT_GONE:
             return self._client_gone(response)
         except Exception as exc:
@@ -231,8 +244,9 @@ class Relay:
             if ex.request.transport is not None:
                 ex.request.transport.close()
             return response
-        finally:
-            watch.close()
+        except BaseException:
+            response.unwatch()
+            raise
         return response
 
     async def _write(self, response: web.StreamResponse, chunk: bytes, scrub: StreamRedactor | None) -> None:
@@ -247,7 +261,7 @@ class Relay:
         headers = self._headers()
         headers.popall("content-length", None)
         headers.update(STREAM_HEADERS)
-        response = web.StreamResponse(status=upstream.status, headers=headers)
+        response = Answer(status=upstream.status, headers=headers)
         ex.outcome.status = upstream.status
         if not await self._prepare(response):
             upstream.close()
@@ -256,15 +270,17 @@ class Relay:
         pin_pending = ex.route.creates is Pin.RESPONSE and upstream.status < 300
         parser = SSEParser() if hooks or pin_pending else None
         stream = StreamWatch(ex, self.observer, pipeline)
-        reader = ReaderWatch(ex, self.client_idle_s)
+        response.watch = ReaderWatch(ex, self.client_idle_s)
         if self.drain is not None:
             self.drain.opened(self)
         try:
             return await self._relay_events(response, parser, hooks, pin_pending, stream)
+        except BaseException:
+            response.unwatch()
+            raise
         finally:
             if self.drain is not None:
                 self.drain.closed(self)
-            reader.close()
             stream.close()
 
     def cut(self) -> None:
@@ -272,7 +288,7 @@ class Relay:
         self.was_cut = True
         self.upstream.close()  # the waiting read ends at once
 
-    async def _relay_events(self, response: web.StreamResponse, parser: SSEParser | None, hooks: bool,
+    async def _relay_events(self, response: Answer, parser: SSEParser | None, hooks: bool,
                             pin_pending: bool, stream: StreamWatch) -> web.StreamResponse:
         ex, upstream, pipeline = self.ex, self.upstream, self.pipeline
         try:
@@ -310,8 +326,7 @@ class Relay:
             await self._end_stream_with_error(response, 503, _CUT_MESSAGE, SHUTTING_DOWN)
             return response
         ex.outcome.upstream_finished = time.perf_counter()
-        await response.write_eof()
-        return response
+        return response  # its end is aiohttp's to write, after the bookkeeping
 
     async def _stream_failed(self, response: web.StreamResponse, exc: Exception) -> None:
         ex = self.ex
@@ -337,7 +352,6 @@ class Relay:
         self.upstream.close()
         try:
             await response.write(self.ex.format.stream_error(status, message, code))
-            await response.write_eof()
         except _CLIENT_GONE:
             self.ex.outcome.client_aborted = True
 
@@ -346,6 +360,30 @@ class Relay:
         self.ex.outcome.cut_by = self.ex.outcome.cut_by or "client"
         self.upstream.close()  # stop the upstream's work at once; its connection is not reused
         return response
+
+
+class Answer(web.StreamResponse):
+    """An answer relayed as it comes (SSE or bytes), whose end aiohttp writes once the handler has
+    returned: after the request's bookkeeping. `last`, the bytes that must not reach the client
+    before then (an answer of known length is whole with its last byte), goes with the end; the
+    watch on the client's reading lasts until it is written."""
+
+    def __init__(self, *, status: int, headers: CIMultiDict[str]) -> None:
+        super().__init__(status=status, headers=headers)
+        self.last = b""
+        self.watch: ReaderWatch | None = None
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        last, self.last = self.last, b""
+        try:
+            await super().write_eof(last + data if data else last)
+        finally:
+            self.unwatch()
+
+    def unwatch(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+            self.watch = None
 
 
 class StreamWatch:

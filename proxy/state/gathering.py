@@ -11,6 +11,10 @@ sent once more; its scripts are not (one may have run): their callers hear of th
 An error reaches exactly the calls it concerns: a script Redis no longer knows (after a restart
 or a failover) is loaded and its calls sent once more, safe because Redis refused them unrun.
 
+A user with many small writes of one kind in a turn (the ledger's journal: a record per request)
+may make them one call instead: it asks to be called back as the turn's calls are sent
+(`at_flush`), and then makes its one call, which goes in the same pipeline.
+
 On a Cluster nothing is gathered: its client pipelines no scripts, and splits a pipeline by
 node anyway. Each call goes at once, to its own node.
 """
@@ -18,12 +22,15 @@ node anyway. Each call goes at once, to its own node.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError, DataError, NoScriptError
+
+log = logging.getLogger("modelgate.state")
 
 
 @dataclass(slots=True)
@@ -35,12 +42,14 @@ class _Call:
 
 
 class Gatherer:
-    __slots__ = ("_client", "_gathers", "_queued", "_sending")
+    __slots__ = ("_client", "_gathers", "_queued", "_sending", "_before", "_scheduled")
 
     def __init__(self, client: Any, gathers: bool = True) -> None:
         self._client = client
         self._gathers = gathers
         self._queued: list[_Call] = []
+        self._before: list[Callable[[], None]] = []  # called as this turn's calls are sent (at_flush)
+        self._scheduled = False  # this turn's calls are to be sent
         self._sending: set[asyncio.Task[None]] = set()  # referenced until done
 
     @property
@@ -60,18 +69,39 @@ class Gatherer:
         call = _Call((len(keys), *keys, *args), script, False, asyncio.get_running_loop().create_future())
         return self._queue(call, alone)
 
+    def at_flush(self, make_calls: Callable[[], None]) -> None:
+        """Call `make_calls` once, just before the calls of this turn are sent: the calls it makes
+        then go with them (on a Cluster, where nothing is gathered, it is called soon)."""
+        if not self._gathers:
+            asyncio.get_running_loop().call_soon(make_calls)
+            return
+        self._schedule()
+        self._before.append(make_calls)
+
     def _queue(self, call: _Call, alone: bool = False) -> asyncio.Future[Any]:
         if alone or not self._gathers:
             self._start([call])
         else:
-            if not self._queued:
-                asyncio.get_running_loop().call_soon(self._flush)
+            self._schedule()
             self._queued.append(call)
         return call.answer
 
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
     def _flush(self) -> None:
+        before, self._before = self._before, []
+        for make_calls in before:
+            try:
+                make_calls()
+            except Exception:  # its own calls are lost; the others' go
+                log.exception("a call made as a pipeline was sent failed")
+        self._scheduled = False
         calls, self._queued = self._queued, []
-        self._start(calls)
+        if calls:
+            self._start(calls)
 
     def _start(self, calls: list[_Call]) -> None:
         task = asyncio.get_running_loop().create_task(self._send(calls))
