@@ -13,6 +13,7 @@ from proxy.wire.sse import SSEEvent
 
 class SSEPassthrough(Plugin):
     name = "sse"
+    provides = frozenset({"stream usage"})
     joins = Joins(usage=True, metered=True)  # the endpoints, and a stored response's stream resumed
     order = 600
 

@@ -9,6 +9,7 @@ from proxy.request.exchange import Exchange, UpstreamResponse
 
 class UsageCapture(Plugin):
     name = "usage"
+    provides = frozenset({"answer usage"})
     # The spec's endpoints whose answers report usage, and the calls that read what they made (a
     # stored response, its cancel), which report how a generation left running ended.
     joins = Joins(usage=True, metered=True)

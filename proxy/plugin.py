@@ -58,6 +58,12 @@ class Capability:
 
 CAPABILITIES: dict[str, Capability] = {
     "caller": Capability("the caller's identity (the gateway key, its name and tenant)", lambda route: route.takes_key),
+    # What the upstream said an answer cost (and of a generation that outlived it), as read from
+    # a whole answer and from a stream's events: without them every answer is charged its most.
+    "answer usage": Capability("the usage read from whole answers",
+                               lambda route: route.format.reports_usage and route.metered and not route.always_streams),
+    "stream usage": Capability("the usage read from stream events",
+                               lambda route: route.format.reports_usage and route.metered),
 }
 
 
@@ -110,6 +116,7 @@ class Plugin:
     KeySettings: ClassVar[type[BaseModel] | None] = None  # fields this plugin reads on each `keys[]` entry
     provides: ClassVar[frozenset[str]] = frozenset()      # capabilities set on the exchange (CAPABILITIES)
     requires: ClassVar[frozenset[str]] = frozenset()      # capabilities an earlier plugin must provide
+    uses: ClassVar[frozenset[str]] = frozenset()          # ... that a plugin anywhere in the pipeline must (read at the end)
     joins: ClassVar[Joins | None] = None                  # the default pipelines it is in (None: none)
     order: ClassVar[int] = 500                            # its place in them: lower runs first
     # The core checks that an id a request follows is its caller's tenant's just before the first

@@ -157,7 +157,27 @@ def order_problems(route: Route, names: list[str], where: str) -> list[str]:
                 hint = f" (add {' or '.join(providers)} before it)" if providers else ""
                 problems.append(f"{where}[{index}]: {name} requires {described}, which no plugin before it "
                                 f"on route {route.name} provides{hint}")
+    problems += _uses_problems(route, names, classes, where)
     problems += _owner_check_problems(route, names, classes, where)
+    return problems
+
+
+def _uses_problems(route: Route, names: list[str], classes: list[type[Plugin] | None], where: str) -> list[str]:
+    """What a plugin reads once the answer is in (the usage it reported), which some plugin of the
+    pipeline, in any place, must provide."""
+    problems = []
+    for index, (name, cls) in enumerate(zip(names, classes, strict=True)):
+        for need in sorted(cls.uses if cls is not None else ()):
+            capability = CAPABILITIES.get(need)
+            if capability is not None and not capability.exists_on(route):
+                continue
+            if any(c is not None and need in c.provides for c in classes):
+                continue
+            providers = [n for n, c in registered_classes().items() if need in c.provides]
+            hint = f" (add {' or '.join(providers)})" if providers else ""
+            described = capability.described if capability is not None else need
+            problems.append(f"{where}[{index}]: {name} uses {described}, which no plugin of route {route.name}'s "
+                            f"pipeline provides{hint}: every answer would be charged its most")
     return problems
 
 

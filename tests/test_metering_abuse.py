@@ -248,6 +248,37 @@ async def test_2_a_decoy_limit_never_shrinks_a_reservation(gateway_with, http, r
         == 4 * 20000 + prompt(candidates)
 
 
+async def test_2_a_form_is_reserved_for_what_it_names_after_its_files_before_the_upstream_has_all_of_it(
+        gateway_with, http, redis_url, ledger_db) -> None:  # noqa: ANN001
+    from pathlib import Path
+
+    gateway = await gateway_with("{cost_per_day: 0.3}")
+    sim = gateway.sim()
+    photo = (Path(__file__).parent.parent / "examples" / "photo.png").read_bytes()
+
+    def form(before: dict[str, str], after: dict[str, str]) -> aiohttp.FormData:
+        made = aiohttp.FormData()
+        for name, value in {"model": "imagegen-2", "prompt": "make it blue", **before}.items():
+            made.add_field(name, value)
+        made.add_field("image[]", photo, filename="photo.png", content_type="image/png")
+        for name, value in after.items():
+            made.add_field(name, value)
+        return made
+
+    async def edit(before: dict[str, str], after: dict[str, str]) -> tuple[int, Any]:
+        async with http.post(gateway.url + "/v1/images/edits", data=form(before, after), headers=AUTH) as answer:
+            return answer.status, await answer.json()
+
+    assert (await edit({"n": "2"}, {}))[0] == 200  # fields first, as the SDKs send them: 2 images reserved
+    status, refusal = await edit({}, {"n": "9"})  # 9 named after the file: 0.36, more than the whole budget
+    assert (status, refusal["error"]["code"]) == (429, "budget_exceeded"), refusal
+    assert sim.produced["images"] == 2  # the upstream never had the whole of that form
+    assert (await edit({}, {"n": "5"}))[0] == 200  # 0.08 spent, 0.2 more fits
+    assert (await edit({}, {"n": "3"}))[0] == 429  # 0.28 spent: no room for 0.12
+    held, found = await agreed(redis_url, ledger_db, 4, measure="cost")
+    assert held == pytest.approx(7 * 0.04) and sim.produced["images"] == 7
+
+
 # 3 -----------------------------------------------------------------------------------------------
 
 async def test_3_a_client_gone_before_its_answer_pays_for_its_prompt(gateway_with, http, redis_url, ledger_db) -> None:  # noqa: ANN001
@@ -342,6 +373,8 @@ def test_6_check_config_names_a_budget_or_price_table_a_configured_pipeline_cann
         routes:
           messages: {plugins: [auth, validation, ratelimit, usage, sse]}
           responses: {plugins: [auth, validation, ratelimit, budget, usage, sse, ledger]}
+          response_retrieve: {plugins: [auth, validation, ratelimit, usage, sse, ledger]}
+          generate_content: {plugins: [auth, validation, ratelimit, budget, sse, ledger]}
         """) + PRICES
     with pytest.raises(ConfigError) as refused:
         parse_config(text, {})
@@ -350,6 +383,9 @@ def test_6_check_config_names_a_budget_or_price_table_a_configured_pipeline_cann
                for p in problems), problems
     assert any(p.startswith("routes.messages.plugins: leaves out ledger, so its requests are neither priced")
                for p in problems), problems
+    assert any(p.startswith("routes.response_retrieve.plugins: leaves out budget") for p in problems), problems
+    assert "routes.generate_content.plugins[3]: budget uses the usage read from whole answers, which no plugin of " \
+           "route generate_content's pipeline provides (add usage): every answer would be charged its most" in problems
     assert not any(p.startswith("routes.responses") for p in problems), problems
 
 

@@ -19,15 +19,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 from aiohttp import web
 from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field
 
-from plugins.budget.counters import Counters, CountersUnavailable, MemoryCounters, Window
+from plugins.budget.counters import Counters, CountersUnavailable, MemoryCounters, Window, windows_of
 from plugins.budget.held import HELD_FOR_S, Held, Taken
+from plugins.budget.problems import budget_problems
 from proxy.config import GatewayConfig
 from proxy.formats import Generation
 from proxy.formats.images import ImagesFormat
@@ -35,12 +36,12 @@ from proxy.formats.video import VideoTasks
 from proxy.observability.metrics import child
 from proxy.plugin import Joins, Plugin
 from proxy.policy.prices import PriceTable
-from proxy.registry import configured_without
 from proxy.request.charges import DEFAULT_OUTPUT_TOKENS, Most, left_open, most_of, read_ended
+from proxy.request.body import MultipartBody
 from proxy.request.exchange import Exchange, UpstreamResponse
+from proxy.schemas.common import Violation
 from proxy.request.usage_estimate import usage_or_estimate
 from proxy.state import connect as topology
-from proxy.wire.routes import ROUTES
 from proxy.wire.sse import SSEEvent
 
 log = logging.getLogger("modelgate.budget")
@@ -54,8 +55,6 @@ BUDGET_UNAVAILABLE = Counter("modelgate_budget_backend_errors", "Budget checks t
 
 _STATE = "budget.reserved"
 _IMAGES = "budget.images"
-_DAY_TTL_S = 2 * 86_400
-_MONTH_TTL_S = 33 * 86_400
 _VIDEO_CREATES = frozenset({"video_generations", "videos"})
 _SETTLED_HERE = 10_000  # ids of ended generations this process settled or found settled: not claimed again
 
@@ -96,37 +95,14 @@ class Budget(Plugin):
     # generation made (status polls, a stored response, its cancel), which settle a charge it left open.
     joins = Joins(keyed=True, local=False, metered=True)
     requires = frozenset({"caller"})
+    uses = frozenset({"answer usage", "stream usage"})  # what it settles by
     order = 310  # right after the rate limits
     before_owner_check = True  # reads nothing that belongs to a followed id
     reads_answers = False
 
     @classmethod
     def config_problems(cls, config: GatewayConfig, workers: int) -> list[str]:
-        """Budgets that could never hold: a cost budget with nothing priced, a tenant no key has."""
-        settings = config.plugins.get(cls.name, {})
-        tenants = settings.get("tenants", {}) if isinstance(settings, dict) else {}
-        problems = []
-        def costs(limits: Any) -> bool:  # as written (the key's fields are read by their model later)
-            found = limits.model_dump() if isinstance(limits, BudgetLimits) else limits
-            return isinstance(found, dict) and bool(found.get("cost_per_day") or found.get("cost_per_month"))
-
-        costed = [f"keys[{i}].budget" for i, key in enumerate(config.keys)
-                  if costs((key.model_extra or {}).get("budget"))]
-        costed += [f"plugins.{cls.name}.tenants.{label}" for label, limits in (tenants or {}).items() if costs(limits)]
-        if costed and not config.prices:
-            problems.append(f"{costed[0]}: a cost budget, and no prices: every request would cost 0 (add `prices`, "
-                            "docs/ledger.md)")
-        labels = {key.labels.get("tenant") for key in config.keys}
-        problems += [f"plugins.{cls.name}.tenants.{label}: no key has the tenant label {label!r}"
-                     for label in (tenants if isinstance(tenants, dict) else {}) if label not in labels]
-        budgeted = [f"keys[{i}].budget" for i, key in enumerate(config.keys) if (key.model_extra or {}).get("budget")]
-        budgeted += [f"plugins.{cls.name}.tenants.{label}" for label in (tenants or {})]
-        if budgeted:
-            charged = [route for route in ROUTES if route.spends_tokens and route.takes_key and not route.local]
-            problems += [f"routes.{name}.plugins: leaves out {cls.name}, so {budgeted[0]} does not hold for its "
-                         f"requests (they are charged nowhere): add {cls.name}"
-                         for name in configured_without(config, cls, charged)]
-        return problems
+        return budget_problems(config, cls)
 
     def configure(self, config: GatewayConfig) -> None:
         self.prices = PriceTable(config.prices)
@@ -205,6 +181,8 @@ class Budget(Plugin):
             self._in_background(self._give_back(taken), "budget give-back")
             raise
         ex.plugin_state[_STATE] = (taken, most)
+        if isinstance(ex.body_stream, MultipartBody):  # a form may name what it asks for after its files
+            ex.body_stream.gates.append(lambda: self._top_up(ex))
         if warnings:
             ex.response_headers = {**(ex.response_headers or {}), "X-Budget-Warning": ", ".join(warnings)}
         return None
@@ -232,6 +210,41 @@ class Budget(Plugin):
         generation = read_ended(ex)
         if generation is not None and self.counters is not None:
             await self._settle_open(ex.followed_id, generation)  # type: ignore[arg-type]
+
+    async def _top_up(self, ex: Exchange) -> Violation | None:
+        """A form is whole, before its last chunk goes upstream: what it asks for after its files
+        (`n`, `partial_images`, the seconds of a video) is reserved too, or the request refused
+        (the upstream never has the whole of it)."""
+        held = ex.plugin_state.get(_STATE)
+        if held is None:
+            return None
+        taken, most = held
+        final = most_of(ex, self.prices, self.settings.default_reserve_tokens)
+        if final.tokens <= most.tokens and final.cost <= most.cost:
+            return None
+        more: Taken = []
+        try:
+            for windows, amounts in taken:
+                now_amounts = [float(final.tokens) if w.name.endswith("tokens") else final.cost for w in windows]
+                if any(new > w.limit for w, new in zip(windows, now_amounts)):
+                    await self._give_back(more)
+                    return Violation("", f"the form asks for more than a whole budget of {ex.tenant} holds once its "
+                                         "files are read", 429, "budget_exceeded")
+                extras = [max(0.0, new - old) for new, old in zip(now_amounts, amounts)]
+                reserved = await self.counters.reserve(windows, extras)  # type: ignore[union-attr]
+                if reserved.refused is not None:
+                    await self._give_back(more)
+                    return Violation("", f"budget '{reserved.refused.name}' has no room for what the form asks "
+                                         "for after its files", 429, "budget_exceeded")
+                more.append((windows, extras))
+        except CountersUnavailable as exc:  # the fail mode decides, as for the first reservation
+            await self._give_back(more)
+            return None if self.settings.fail == "open" else Violation("", f"budgets cannot be checked: {exc}", 503,
+                                                                       "budget_unavailable")
+        grown = [(windows, [a + e for a, e in zip(amounts, extras)])
+                 for (windows, amounts), (_, extras) in zip(taken, more)]
+        ex.plugin_state[_STATE] = (grown, final)
+        return None
 
     async def _settle(self, taken: Taken, spent_tokens: int, spent_cost: float) -> None:
         try:
@@ -284,26 +297,8 @@ class Budget(Plugin):
         return found
 
     def _windows(self, subject: str, limits: BudgetLimits, now: datetime) -> list[Window]:
-        day = now.strftime("%Y-%m-%d")
-        month = now.strftime("%Y-%m")
-        today = now.replace(hour=0, minute=0, second=0, microsecond=0)
-        next_day = (today + timedelta(days=1)).timestamp()
-        first = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-        next_month = (first + timedelta(days=32)).replace(day=1).timestamp()
         base = f"{self.prefix}{{{subject}}}" if self.tagged else f"{self.prefix}{subject}"
-        kind = subject.split(":", 1)[0]
-        found = []
-        for measure, period, limit, ttl, resets in (
-                ("cost", day, limits.cost_per_day, _DAY_TTL_S, next_day),
-                ("cost", month, limits.cost_per_month, _MONTH_TTL_S, next_month),
-                ("tokens", day, limits.tokens_per_day, _DAY_TTL_S, next_day),
-                ("tokens", month, limits.tokens_per_month, _MONTH_TTL_S, next_month)):
-            if limit is not None:
-                span = "day" if period == day else "month"
-                starts = (today if period == day else first).timestamp()
-                found.append(Window(f"{base}:{measure}:{period}", f"{kind}-{span}-{measure}", float(limit), ttl,
-                                    starts, resets))
-        return found
+        return windows_of(base, subject.split(":", 1)[0], limits, now)
 
     def _spent(self, ex: Exchange, most: Most) -> tuple[int, float]:
         """What the request spent: the upstream's counts, estimated where it never said them (a
@@ -352,25 +347,24 @@ class Budget(Plugin):
         child(BUDGET_REFUSALS, subject, window.name).inc()
         resets = datetime.fromtimestamp(window.resets_at, timezone.utc).isoformat().replace("+00:00", "Z")
         retry = max(1, math.ceil(window.resets_at - now.timestamp()))
-        unit = "tokens" if window.name.endswith("tokens") else "in cost"
+        tokens = window.name.endswith("tokens")
         left = max(0.0, window.limit - used)
-        state = "reached" if left <= 0 else f"has {left:.6g} left, less than this request may spend ({asked:.6g})"
+        state = "reached" if left <= 0 else (f"has {_amount(left, tokens)} left, less than this request may spend "
+                                             f"({_amount(asked, tokens)})")
         # A wait of hours is no retry: the SDKs that would sleep out a long Retry-After are told not to.
-        return ex.error_response(429, f"budget '{window.name}' of {subject} ({window.limit:g} {unit} a "
-                                 f"{window.name.split('-')[1]}) {state}; it resets at {resets}", "budget_exceeded",
+        return ex.error_response(429, f"budget '{window.name}' of {subject} ({_budget(window)}) {state}; it resets at "
+                                 f"{resets}", "budget_exceeded",
                                  headers={"Retry-After": str(retry), "x-should-retry": "false"})
 
     def _never_fits(self, ex: Exchange, subject: str, window: Window, asked: float) -> web.StreamResponse:
         """A request whose most exceeds a whole budget: no wait makes room for it."""
         child(BUDGET_REFUSALS, subject, window.name).inc()
-        unit = "tokens" if window.name.endswith("tokens") else "in cost"
-        most = f"{asked:.0f}" if unit == "tokens" else f"{asked:.6g}"
-        field = ".".join(ex.format.output_field[0]) if ex.format.output_field else None
-        lower = f"name a lower {field}, or ask for fewer answers" if field else "ask for fewer images or videos"
-        return ex.error_response(429, f"this request may spend up to {most} {unit}, more than the whole budget "
-                                 f"'{window.name}' of {subject} ({window.limit:g} {unit} a "
-                                 f"{window.name.split('-')[1]}): {lower}", "budget_exceeded",
-                                 headers={"x-should-retry": "false"})
+        tokens = window.name.endswith("tokens")
+        field = ".".join(ex.format.output_field[0]) if ex.format.output_field and tokens else None
+        return ex.error_response(429, f"this request may spend up to {_amount(asked, tokens)}"
+                                 f"{' tokens' if tokens else ''}, more than the whole budget '{window.name}' of "
+                                 f"{subject} ({_budget(window)}): ask for {ex.format.asking_less}", "budget_exceeded",
+                                 headers={"x-should-retry": "false"}, param=field)
 
     def _unavailable(self, ex: Exchange, exc: Exception) -> web.StreamResponse | None:
         mode = self.settings.fail
@@ -382,3 +376,14 @@ class Budget(Plugin):
             return None
         return ex.error_response(503, "budgets cannot be checked right now; retry shortly", "budget_unavailable",
                                  headers={"Retry-After": "1"})
+
+
+def _amount(value: float, tokens: bool) -> str:
+    """A budget's figure as a person reads it: whole tokens, or a cost without an exponent."""
+    return f"{value:.0f}" if tokens else (f"{value:.9f}".rstrip("0").rstrip(".") or "0")
+
+
+def _budget(window: Window) -> str:
+    tokens = window.name.endswith("tokens")
+    unit = "tokens" if tokens else "in cost"
+    return f"{_amount(window.limit, tokens)} {unit} a {window.name.split('-')[1]}"

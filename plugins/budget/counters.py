@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -25,6 +26,33 @@ class Window:
     ttl_s: int        # the counter outlives its period by a little
     starts_at: float  # unix time the period began
     resets_at: float  # unix time the period ends
+
+
+_DAY_TTL_S = 2 * 86_400
+_MONTH_TTL_S = 33 * 86_400
+
+
+def windows_of(base: str, kind: str, limits: Any, now: datetime) -> list[Window]:
+    """The windows `limits` (a key's or a tenant's budget) name this day and month: counters under
+    `base`, named for `kind` (key, tenant) as headers and errors say them."""
+    day = now.strftime("%Y-%m-%d")
+    month = now.strftime("%Y-%m")
+    today = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    next_day = (today + timedelta(days=1)).timestamp()
+    first = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    next_month = (first + timedelta(days=32)).replace(day=1).timestamp()
+    found = []
+    for measure, period, limit, ttl, resets in (
+            ("cost", day, limits.cost_per_day, _DAY_TTL_S, next_day),
+            ("cost", month, limits.cost_per_month, _MONTH_TTL_S, next_month),
+            ("tokens", day, limits.tokens_per_day, _DAY_TTL_S, next_day),
+            ("tokens", month, limits.tokens_per_month, _MONTH_TTL_S, next_month)):
+        if limit is not None:
+            span = "day" if period == day else "month"
+            starts = (today if period == day else first).timestamp()
+            found.append(Window(f"{base}:{measure}:{period}", f"{kind}-{span}-{measure}", float(limit), ttl,
+                                starts, resets))
+    return found
 
 
 @dataclass(slots=True, frozen=True)

@@ -97,6 +97,7 @@ class Ledger(Plugin):
     # The spec's endpoints a key pays for (a row each), and the calls around them that read what a
     # generation made (a stored response, its cancel): they settle a pending row.
     joins = Joins(keyed=True, local=False, metered=True)
+    uses = frozenset({"answer usage", "stream usage"})  # what it records
     order = 900  # after every plugin that shapes the answer
     before_owner_check = False
     reads_answers = False  # it counts the images of answers read whole anyway; never holds a stream
@@ -115,9 +116,10 @@ class Ledger(Plugin):
         if not config.prices and not recorded:
             return []
         what = "prices" if config.prices else f"plugins.{cls.name}.database_url"
-        charged = [route for route in ROUTES if route.number and route.takes_key and route.spends_tokens]
-        return [f"routes.{name}.plugins: leaves out {cls.name}, so its requests are neither priced nor recorded "
-                f"({what} is set): add {cls.name}" for name in configured_without(config, cls, charged)]
+        metered = [route for route in ROUTES if route.metered and route.takes_key and not route.local]
+        return [f"routes.{name}.plugins: leaves out {cls.name}, so its requests are neither priced nor recorded, "
+                f"nor pending rows settled ({what} is set): add {cls.name}"
+                for name in configured_without(config, cls, metered)]
 
     def configure(self, config: GatewayConfig) -> None:
         self.config = config

@@ -21,10 +21,11 @@ from proxy.config import GatewayConfig
 GROUPS = {"key": "key_name", "tenant": "tenant", "model": "model", "route": "route", "channel": "channel",
           "status": "status", "day": "date_trunc('day', at)"}
 SUMS = ("requests", "input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens", "images",
-        "video_seconds", "cost", "unpriced", "estimated", "client_aborted", "cut", "pending")
+        "video_seconds", "cost", "pending_cost", "unpriced", "estimated", "client_aborted", "cut", "pending")
 _COUNTED = ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens", "images")
 _AGGREGATES = ", ".join(["count(*)", *(f"coalesce(sum({c}), 0)::bigint" for c in _COUNTED),
-                          "sum(video_seconds)", "sum(cost)", "count(*) FILTER (WHERE NOT priced)",
+                          "sum(video_seconds)", "sum(cost)", "coalesce(sum(cost) FILTER (WHERE pending), 0)",
+                          "count(*) FILTER (WHERE NOT priced AND model IS NOT NULL)",
                           "count(*) FILTER (WHERE estimated)", "count(*) FILTER (WHERE client_aborted)",
                           "count(*) FILTER (WHERE cut_by IS NOT NULL)", "count(*) FILTER (WHERE pending)"])
 _SPAN = re.compile(r"^(\d{1,6})([mhdw])$")

@@ -122,6 +122,8 @@ class Format:
     # The field (as JSON and proto paths) this format's upstream reads for the most output an
     # answer may make; none: the format makes no tokens, or has no such field.
     output_field: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    # What a request of this format asks for less of, to fit a budget (its refusals say so).
+    asking_less: ClassVar[str] = "less"
 
     def created_id_event(self, event: SSEEvent) -> tuple[bool, Any]:
         """Whether this stream event is the one naming the id the answer creates, and that id."""
@@ -290,10 +292,9 @@ class Format:
             found = max(found, count(at(body, path)) or 0)
         return found
 
-    def outputs(self, body: Any, whole: bool = True) -> int:
+    def outputs(self, body: Any) -> int:
         """How many answers (candidates, images, videos) one request asks the upstream for, each
-        up to `output_limit`; `whole`: the body is all there (a form streamed through is known only
-        up to its first file, and what it asks after that may be the most the spec allows)."""
+        up to `output_limit`."""
         return 1
 
     def stream_error(self, status: int, message: str, code: str | None = None) -> bytes:

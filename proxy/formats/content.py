@@ -28,8 +28,10 @@ class ContentFormat(Format):
     # The upstream reads a field by its JSON name or its proto (snake_case) name.
     output_field = (("generationConfig", "maxOutputTokens"), ("generationConfig", "max_output_tokens"),
                     ("generation_config", "max_output_tokens"), ("generation_config", "maxOutputTokens"))
+    asking_less = ("a lower generationConfig.maxOutputTokens (and no larger limit under another name), or fewer "
+                   "candidates")
 
-    def outputs(self, body: Any, whole: bool = True) -> int:
+    def outputs(self, body: Any) -> int:
         """`candidateCount` answers, each up to the output limit."""
         config = _either(body, "generationConfig", "generation_config")
         return asked_count(config, "candidateCount") or asked_count(config, "candidate_count") or 1

@@ -4,6 +4,8 @@ would have parsed."""
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 # Every spelling of an output limit any format's upstream reads (the chat-completions format's
@@ -14,6 +16,7 @@ OUTPUT_SPELLINGS: tuple[tuple[str, ...], ...] = (
     ("generation_config", "max_output_tokens"), ("generation_config", "maxOutputTokens"),
 )
 MOST_COUNT = 2**31
+_NUMBER = re.compile(r"[+]?(?:[0-9]+[.]?[0-9]*|[.][0-9]+)(?:[eE][+-]?[0-9]+)?")  # ASCII digits, as a JSON parser reads
 
 
 def at(mapping: Any, path: tuple[str, ...]) -> Any:
@@ -26,14 +29,17 @@ def at(mapping: Any, path: tuple[str, ...]) -> Any:
 
 
 def count(value: Any) -> int | None:
-    """A count a client wrote, as an upstream may read it: a whole number, also written as an
-    integral float or as digits in a string (lax parsers take both); None for anything else."""
+    """A count a client wrote, as a lax upstream may read it: a number (a fraction rounded up), or
+    one written as a string (`"40000"`, `"4e4"`); None for anything else (a bool, an object, zero
+    or less, not a finite number)."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    elif isinstance(value, str) and value.strip().isdigit() and len(value) < 12:
-        value = int(value)
+    if isinstance(value, str) and len(value) < 32 and _NUMBER.fullmatch(value.strip()):
+        value = float(value)
+    if isinstance(value, float):
+        if not math.isfinite(value) or value <= 0:
+            return None
+        value = math.ceil(min(value, MOST_COUNT))
     if isinstance(value, int) and 0 < value:
         return min(value, MOST_COUNT)
     return None

@@ -11,10 +11,6 @@ from proxy.formats.counts import asked_count
 from proxy.wire.sse import SSEEvent
 
 
-MOST_IMAGES = 10          # n, per the spec (section 8)
-MOST_PARTIAL_IMAGES = 3   # partial_images, per the spec
-
-
 @dataclass(slots=True, frozen=True)
 class ImageMade:
     """One image an answer holds, as the answer names its size and quality (else as the request asked)."""
@@ -26,16 +22,14 @@ class ImagesFormat(Format):
     name = "images"
     reports_usage = True
     key_location = KeyLocation.BEARER
+    asking_less = "fewer images (n, partial_images)"
 
     def asks_for_image_urls(self, body: Any) -> bool:
         return isinstance(body, dict) and body.get("response_format") == "url"
 
-    def outputs(self, body: Any, whole: bool = True) -> int:
-        """`n` images and `partial_images` previews (a preview costs no more than an image). A form
-        read only to its first file may name either after it: the spec's most, 10 and 3, then."""
-        images = asked_count(body, "n") or (1 if whole else MOST_IMAGES)
-        partial = asked_count(body, "partial_images") or (0 if whole else MOST_PARTIAL_IMAGES)
-        return images + partial
+    def outputs(self, body: Any) -> int:
+        """`n` images and `partial_images` previews (a preview costs no more than an image)."""
+        return (asked_count(body, "n") or 1) + (asked_count(body, "partial_images") or 0)
 
     def embedded_images(self, answer: Any) -> list[EmbeddedImage]:
         found = []

@@ -20,6 +20,7 @@ class MessageFormat(Format):
     reports_usage = True
     key_location = KeyLocation.X_API_KEY
     output_field = (("max_tokens",),)
+    asking_less = "a lower max_tokens (and no larger limit under another name)"
     sdk_key_locations = (KeyLocation.BEARER,)  # the message SDK's `api_key` travels as a Bearer token
     # The version header the spec names, and the one the format's SDKs send; either satisfies
     # endpoint 8 (the second unless `server.strict_interface`).

@@ -20,6 +20,7 @@ class ResponseFormat(Format):
     reports_usage = True
     key_location = KeyLocation.BEARER
     output_field = (("max_output_tokens",),)
+    asking_less = "a lower max_output_tokens (and no larger limit under another name)"
 
     def created_id_event(self, event: SSEEvent) -> tuple[bool, Any]:
         if event.name != "response.created" and b'"response.created"' not in event.raw:

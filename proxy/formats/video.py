@@ -23,6 +23,7 @@ class VideoTasks(Format):
     name = "video"
     id_fields = ("task_id", "id")  # the spec's task_id, the video SDK's id
     key_location = KeyLocation.BEARER
+    asking_less = "fewer or shorter videos (sampleCount, durationSeconds or seconds)"
 
     @staticmethod
     def seconds_asked(body: Any) -> float:
@@ -56,7 +57,7 @@ class VideoTasks(Format):
         count the schema refuses never gets this far, and one that did is charged as sent."""
         return asked_count(body, "metadata", "sampleCount") or 1
 
-    def outputs(self, body: Any, whole: bool = True) -> int:
+    def outputs(self, body: Any) -> int:
         return self.videos_asked(body)
 
     @staticmethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 from aiohttp import StreamReader, web
 
@@ -169,10 +169,10 @@ def _single_fields(observer: MultipartObserver, finished: bool) -> Violation | N
 class MultipartBody:
     """A multipart body: its start spooled while the fields that route it are found, the rest streamed.
 
-    Checks (plugins add them) run on the observer after every chunk and at the end; the
-    first violation stops the upstream request before its body is complete."""
+    Checks (plugins add them) run on the observer after every chunk and at the end, then the
+    gates; the first violation stops the upstream request before its body is complete."""
 
-    __slots__ = ("_content", "observer", "_spool", "declared_length", "checks", "rejection", "_pace")
+    __slots__ = ("_content", "observer", "_spool", "declared_length", "checks", "gates", "rejection", "_pace")
 
     def __init__(self, request: web.Request, observer: MultipartObserver, pace: Pace) -> None:
         self._content = request.content
@@ -181,6 +181,9 @@ class MultipartBody:
         self._spool = Spool()
         self.declared_length = request.content_length
         self.checks: list[FormCheck] = []
+        # What must agree to the finished form before its last chunk goes (a budget reserving for
+        # counts a form named only after its files): awaited once, at the end.
+        self.gates: list[Callable[[], Awaitable[Violation | None]]] = []
         self.rejection: Violation | None = None
 
     def run_checks(self, finished: bool) -> Violation | None:
@@ -250,6 +253,10 @@ class MultipartBody:
                 self.rejection = Violation("", f"malformed multipart body: {self.observer.error}")
                 raise BodyRejected(str(self.rejection))
             self._stop_if_rejected(True)
+            for gate in self.gates:
+                if (violation := await gate()) is not None:
+                    self.rejection = violation
+                    raise BodyRejected(str(violation))
             if held:
                 yield held
         finally:

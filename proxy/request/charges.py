@@ -5,7 +5,8 @@ at four bytes of body a token, and the output it lets the upstream make (the fie
 upstream reads, raised by any other spelling the request also carries; when it names none, the
 model's own default from the price table, else the configured default), times the answers it asks
 for (candidates, images with their previews, videos); its images at the dearest price its row
-names, and its video seconds. Formats whose answers report no tokens (video) reserve none.
+names, and its video seconds. Formats whose answers report no tokens (video) reserve none. Of a
+form streamed through, what is known when it is asked: the fields read by then.
 
 Most generations end with their answer. One that goes on after it (a video task, a background
 response) is `left_open`: its charge stays at its most until a follow-up (a status poll, a `GET`
@@ -49,7 +50,7 @@ def most_of(ex: Exchange, prices: PriceTable, default_output: int) -> Most:
     to let the upstream make, for a model the price table gives no `max_output_tokens`."""
     fmt = ex.format
     asked = ex.asked()
-    outputs = fmt.outputs(asked, whole=ex.multipart is None)
+    outputs = fmt.outputs(asked)
     input_tokens = output_tokens = 0
     if fmt.reports_usage:
         input_tokens = math.ceil(_prompt_bytes(ex) / BYTES_A_TOKEN)
