@@ -13,7 +13,7 @@ Whichever way too, the relay never ends an answer: aiohttp writes its end once t
 returned, after the request's bookkeeping (the plugins' on_complete, where the ledger journals
 its record), so no client holds a whole answer whose record a killed process could still lose. A
 buffered answer's body goes then; a stream's last chunk, and the last bytes of an answer of known
-length, go with its end (`Answer`).
+length, go with its end (`DeferredEnd`).
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ class Relay:
         scrub: StreamRedactor | None = None
         if upstream.status >= 300 and self.redactor is not None:
             scrub = self.redactor.stream()  # the length may change: the answer goes chunked
-        response = Answer(status=upstream.status, headers=self._headers())
+        response = DeferredEnd(status=upstream.status, headers=self._headers())
         response.content_length = upstream.content_length if scrub is None else None
         ex.outcome.status = upstream.status
         if not await self._prepare(response):
@@ -261,7 +261,7 @@ class Relay:
         headers = self._headers()
         headers.popall("content-length", None)
         headers.update(STREAM_HEADERS)
-        response = Answer(status=upstream.status, headers=headers)
+        response = DeferredEnd(status=upstream.status, headers=headers)
         ex.outcome.status = upstream.status
         if not await self._prepare(response):
             upstream.close()
@@ -288,7 +288,7 @@ class Relay:
         self.was_cut = True
         self.upstream.close()  # the waiting read ends at once
 
-    async def _relay_events(self, response: Answer, parser: SSEParser | None, hooks: bool,
+    async def _relay_events(self, response: DeferredEnd, parser: SSEParser | None, hooks: bool,
                             pin_pending: bool, stream: StreamWatch) -> web.StreamResponse:
         ex, upstream, pipeline = self.ex, self.upstream, self.pipeline
         try:
@@ -362,7 +362,7 @@ class Relay:
         return response
 
 
-class Answer(web.StreamResponse):
+class DeferredEnd(web.StreamResponse):
     """An answer relayed as it comes (SSE or bytes), whose end aiohttp writes once the handler has
     returned: after the request's bookkeeping. `last`, the bytes that must not reach the client
     before then (an answer of known length is whole with its last byte), goes with the end; the
