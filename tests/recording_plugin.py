@@ -54,8 +54,10 @@ class EndHolder(Plugin):
     reads_answers = False  # answers pass as they come, unread, unless another plugin reads them
     holding: ClassVar[asyncio.Event]
     release: ClassVar[asyncio.Event]
+    finished: ClassVar[list[str]] = []  # the requests whose held bookkeeping ran to its end
 
     async def on_complete(self, ex: Exchange) -> None:
         if ex.request.headers.get("x-test-hold"):
             EndHolder.holding.set()
             await EndHolder.release.wait()
+            EndHolder.finished.append(ex.gateway_id)

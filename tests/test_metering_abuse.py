@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 
 from proxy.config import ConfigError, parse_config
+from proxy.wire import jsonutil
 from tests.conftest import Process
 from tests.test_lease_heartbeat import LIMIT as LEASED
 from tests.test_lease_heartbeat import gateway_config as lease_config
@@ -277,6 +278,74 @@ async def test_2_a_form_is_reserved_for_what_it_names_after_its_files_before_the
     assert (await edit({}, {"n": "3"}))[0] == 429  # 0.28 spent: no room for 0.12
     held, found = await agreed(redis_url, ledger_db, 4, measure="cost")
     assert held == pytest.approx(7 * 0.04) and sim.produced["images"] == 7
+
+
+@pytest.mark.parametrize("written, read", [
+    (40000, 40000), (40000.0, 40000), (40000.5, 40001), ("40000", 40000), (" 40000 ", 40000), ("4e4", 40000),
+    ("+40000", 40000), ("000040000", 40000), ("40000.0", 40000), (0, None), (-5, None), (True, None),
+    ("\u00b2", None), ("\u2460", None), ("\uff11\uff12", None), ("400_000", None), ("1e400", None), ({}, None),
+    (float("inf"), None), (2**40, 2**31),
+])
+def test_2_a_count_is_read_as_a_lax_upstream_may_read_it(written, read) -> None:  # noqa: ANN001
+    from proxy.formats.counts import count
+
+    assert count(written) == read
+
+
+async def test_2_a_count_named_twice_goes_upstream_as_the_one_reserved_for(gateway_with, http, redis_url,
+                                                                          ledger_db) -> None:  # noqa: ANN001
+    gateway = await gateway_with("{tokens_per_day: 50000}")
+    raw = b'{"model": "respmodel-4o", "input": "hi", "max_output_tokens": 40000, "max_output_tokens": 20}'
+    async with http.post(gateway.url + "/v1/responses", data=raw,
+                         headers={**AUTH, "content-type": "application/json"}) as answer:
+        assert answer.status == 200
+    sent = gateway.last_upstream_request().body
+    assert sent.count(b"max_output_tokens") == 1 and b'"max_output_tokens":20' in sent  # as the gateway read it
+
+
+async def test_2_a_video_naming_its_seconds_twice_is_charged_the_longer(gateway_with, http, redis_url,
+                                                                        ledger_db) -> None:  # noqa: ANN001
+    gateway = await gateway_with("{cost_per_day: 100}")
+    body = {"model": "videogen-3.0-generate-001", "prompt": "waves", "seconds": "8",
+            "metadata": {"durationSeconds": 4, "sampleCount": 2}}
+    assert (await post(http, gateway.url + "/v1/videos", body, AUTH))[0] == 200
+    held, [row] = await agreed(redis_url, ledger_db, 1, measure="cost")
+    assert row["video_seconds"] == 16 and held == 8.0
+
+
+async def test_1_a_background_stream_left_before_its_id_came_is_charged_all_it_may_make(
+        gateway_with, http, redis_url, ledger_db) -> None:  # noqa: ANN001
+    gateway = await gateway_with("{tokens_per_day: 100000}")
+    body = {"model": "respmodel-4o", "input": "go", "background": True, "stream": True, "max_output_tokens": 30000}
+    headers = {**AUTH, "x-sim-output-tokens": "20000", "x-sim-split": "1", "x-sim-chunk-delay-ms": "2000",
+               "content-type": "application/json"}
+    answer = await http.post(gateway.url + "/v1/responses", data=jsonutil.dumps(body), headers=headers)
+    answer.close()  # gone with the answer's head, its first event (the id) still on its way
+    held, [row] = await agreed(redis_url, ledger_db, 1)
+    assert held == 30000 + prompt_tokens(body) >= gateway.sim().produced["output_tokens"]
+    assert (row["cut_by"], row["estimated"], row["pending"]) == ("client", True, False)  # nothing can settle it
+
+
+async def test_1_a_read_that_comes_before_the_hold_does_not_stop_a_later_one_settling(
+        gateway_with, http, redis_url, ledger_db) -> None:  # noqa: ANN001
+    gateway = await gateway_with("{tokens_per_day: 100000}")
+    body = {"model": "respmodel-4o", "input": "go", "background": True, "stream": True, "max_output_tokens": 30000}
+    headers = {**AUTH, "x-sim-output-tokens": "300", "x-sim-chunk-delay-ms": "20"}
+    answer = await http.post(gateway.url + "/v1/responses", json=body, headers=headers)
+    created = await answer.content.readuntil(b"\n\n")
+    response_id = created.split(b'"id":"')[1].split(b'"')[0].decode()
+    async with http.get(f"{gateway.url}/v1/responses/{response_id}", headers=AUTH) as early:
+        assert (await early.json())["status"] == "completed"  # it ended upstream; its hold is not made yet
+    answer.close()  # the stream left before its end: its reservation is held now
+    await asyncio.sleep(0.3)
+    async with http.get(f"{gateway.url}/v1/responses/{response_id}", headers=AUTH) as later:
+        assert later.status == 200
+    held, [row] = await agreed(redis_url, ledger_db, 1)
+    deadline = asyncio.get_running_loop().time() + 10
+    while row["pending"]:
+        assert asyncio.get_running_loop().time() < deadline, row
+        held, [row] = await agreed(redis_url, ledger_db, 1)
+    assert held == 300 + 1 and row["output_tokens"] == 300  # settled by the later read
 
 
 # 3 -----------------------------------------------------------------------------------------------

@@ -66,8 +66,12 @@ async def stream_through(gw, http, name: str, extra: dict[str, str] | None = Non
 async def test_events_arrive_as_sent_and_in_the_spec_order(gateway, http, name):  # noqa: ANN001
     raw, events, expected, duration, request_id = await stream_through(gateway, http, name)
     assert [e.name for e in events] == expected
-    # Each event reached the client before the upstream had written the next one: never an event behind.
-    assert [e.upstream_sent_when_read for e in events] == list(range(1, len(events) + 1))
+    # Each event reached the client before the upstream had written the next one: never an event
+    # behind, until the one with the closing counts: from it on the events go with the stream's
+    # end, after the request's bookkeeping (an SDK has its whole answer with them).
+    closing = expected.index("message_delta") if name == "messages" else len(events) - 1
+    assert [e.upstream_sent_when_read for e in events] == list(range(1, closing + 1)) + \
+        [len(events)] * (len(events) - closing)
     # ... so the first one came long before a third of the stream had passed.
     assert events[0].at - 0 < duration / 3
     assert hashlib.sha256(raw).hexdigest() == gateway.sim().stream_digests[request_id]
@@ -121,7 +125,7 @@ async def test_client_disconnect_before_the_first_byte_cancels_the_upstream(gate
     assert sim.aborted == 1
 
 
-@pytest.mark.parametrize("mode", ["stream", "bytes of known length", "buffered"])
+@pytest.mark.parametrize("mode", ["stream", "stream with its usage read", "bytes of known length", "buffered"])
 async def test_an_answer_ends_only_after_its_bookkeeping(start_gateway, http, mode):  # noqa: ANN001
     """on_complete (where the ledger journals its record) runs before the client has the end of its
     answer, however it is relayed: a streamed answer's end, the last bytes of one of known length
@@ -129,10 +133,11 @@ async def test_an_answer_ends_only_after_its_bookkeeping(start_gateway, http, mo
     from tests.recording_plugin import EndHolder
 
     EndHolder.holding, EndHolder.release = asyncio.Event(), asyncio.Event()
-    plugins = f"auth, {'usage, ' if mode == 'buffered' else ''}tests.recording_plugin:EndHolder"
+    read = {"buffered": "usage, ", "stream with its usage read": "sse, "}.get(mode, "")
+    plugins = f"auth, {read}tests.recording_plugin:EndHolder"
     gateway = await start_gateway(f"routes: {{messages: {{plugins: [{plugins}]}}}}")
     body = {"model": "msgmodel-sonnet-4-5", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}],
-            "stream": mode == "stream"}
+            "stream": mode.startswith("stream")}
     received = bytearray()
 
     async def fetch() -> aiohttp.ClientResponse:
@@ -148,11 +153,36 @@ async def test_an_answer_ends_only_after_its_bookkeeping(start_gateway, http, mo
         assert not fetching.done(), "the client had its whole answer before the request's bookkeeping ran"
         if mode == "stream":
             assert b"message_stop" in received  # every event is there: only the end waits
+        if mode == "stream with its usage read":  # an SDK has its whole answer with the closing counts
+            assert b"content_block_stop" in received and b"message_delta" not in received, received
     finally:
         EndHolder.release.set()
     answer = await asyncio.wait_for(fetching, 5)
     assert answer.status == 200
-    if mode == "stream":
+    if mode.startswith("stream"):
         assert answer.headers.get("Content-Length") is None and received.endswith(b"\n\n")
+        assert received.count(b"event: message_stop") == 1
     else:
         assert "Content-Length" in answer.headers and received.endswith(b"}")  # (decompressed)
+
+
+async def test_a_client_that_leaves_during_the_bookkeeping_cuts_none_of_it_short(start_gateway, http):  # noqa: ANN001
+    """The client resets its connection while its request's on_complete hooks run (the handler is
+    cancelled then): every hook still runs to its end, so no settlement is left half made."""
+    from tests.recording_plugin import EndHolder
+
+    EndHolder.holding, EndHolder.release = asyncio.Event(), asyncio.Event()
+    EndHolder.finished = []
+    gateway = await start_gateway("routes: {messages: {plugins: [auth, sse, tests.recording_plugin:EndHolder]}}")
+    body = {"model": "msgmodel-sonnet-4-5", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}],
+            "stream": True}
+    answer = await http.post(gateway.url + "/v1/messages", json=body, headers={**MSG, "x-test-hold": "1"})
+    await asyncio.wait_for(EndHolder.holding.wait(), 5)
+    answer.connection.transport.abort()  # type: ignore[union-attr]  # gone, its bookkeeping under way
+    await asyncio.sleep(0.3)  # the handler is cancelled by now
+    EndHolder.release.set()
+    for _ in range(50):
+        if EndHolder.finished:
+            break
+        await asyncio.sleep(0.05)
+    assert len(EndHolder.finished) == 1

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -28,7 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from plugins.budget.counters import Counters, CountersUnavailable, MemoryCounters, Window, windows_of
 from plugins.budget.held import HELD_FOR_S, Held, Taken
+from plugins.budget.late import LateCounts
 from plugins.budget.problems import budget_problems
+from plugins.budget.refusals import never_fits, refusal
 from proxy.config import GatewayConfig
 from proxy.formats import Generation
 from proxy.formats.images import ImagesFormat
@@ -38,6 +39,7 @@ from proxy.plugin import Joins, Plugin
 from proxy.policy.prices import PriceTable
 from proxy.request.charges import DEFAULT_OUTPUT_TOKENS, Most, left_open, most_of, read_ended
 from proxy.request.body import MultipartBody
+from proxy.request.deciding_fields import settle_counts
 from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.schemas.common import Violation
 from proxy.request.usage_estimate import usage_or_estimate
@@ -54,9 +56,10 @@ BUDGET_UNAVAILABLE = Counter("modelgate_budget_backend_errors", "Budget checks t
                              ["mode"])
 
 _STATE = "budget.reserved"
+_UNCOUNTED = "budget.uncounted"
 _IMAGES = "budget.images"
 _VIDEO_CREATES = frozenset({"video_generations", "videos"})
-_SETTLED_HERE = 10_000  # ids of ended generations this process settled or found settled: not claimed again
+_SETTLED_HERE = 10_000  # ids of ended generations this process settled: not claimed again
 
 
 class BudgetLimits(BaseModel):
@@ -118,6 +121,7 @@ class Budget(Plugin):
             self.counters = RedisCounters(config.state.url)
         else:
             self.counters = self.resources.setdefault("budget.memory", MemoryCounters())
+        self.late = LateCounts(self.counters) if self.counters is not None else None
         self.unavailable = False
         ledger = config.plugins.get("ledger")
         self.ledger_url = None
@@ -132,6 +136,8 @@ class Budget(Plugin):
     async def stop(self) -> None:
         for task in list(self._background):
             task.cancel()
+        if self.late is not None:
+            await self.late.close()
         if self.redis and self.counters is not None:
             await self.counters.close()
 
@@ -146,6 +152,7 @@ class Budget(Plugin):
             if costed:
                 return ex.error_response(403, f"{costed[0]} has a cost budget, and the price table prices no model "
                                          f"named {ex.model[:100]!r}", "model_not_priced")
+        settle_counts(ex)
         most = most_of(ex, self.prices, self.settings.default_reserve_tokens)
         now = datetime.now(timezone.utc)
         planned = []
@@ -154,7 +161,8 @@ class Budget(Plugin):
             amounts = [float(most.tokens) if w.name.endswith("tokens") else most.cost for w in windows]
             for window, amount in zip(windows, amounts):
                 if amount > window.limit:  # no wait makes room for it; let through, it could spend past the budget
-                    return self._never_fits(ex, subject, window, amount)
+                    child(BUDGET_REFUSALS, subject, window.name).inc()
+                    return never_fits(ex, subject, window, amount)
             planned.append((subject, windows, amounts))
         taken: Taken = []
         warnings = []
@@ -170,12 +178,14 @@ class Budget(Plugin):
                 if reserved.refused is not None:
                     await self._give_back(taken)
                     index = windows.index(reserved.refused)
-                    return self._refusal(ex, subject, reserved.refused, reserved.used[index], amounts[index], now)
+                    child(BUDGET_REFUSALS, subject, reserved.refused.name).inc()
+                    return refusal(ex, subject, reserved.refused, reserved.used[index], amounts[index], now)
                 taken.append((windows, amounts))
                 if reserved.made and self.ledger_url is not None:
                     self._rebuild(subject, reserved.made, now.timestamp())
         except CountersUnavailable as exc:  # the fail mode decides
             await self._give_back(taken)
+            ex.plugin_state[_UNCOUNTED] = ([windows for _, windows, _ in planned], most)  # counted later, if served
             return self._unavailable(ex, exc)
         except asyncio.CancelledError:  # the client left: what is known reserved goes back (one under way may stay)
             self._in_background(self._give_back(taken), "budget give-back")
@@ -197,6 +207,12 @@ class Budget(Plugin):
             ex.plugin_state[_IMAGES] = ImagesFormat.images_made(upstream.json(), ex.asked())
 
     async def on_complete(self, ex: Exchange) -> None:
+        if (uncounted := ex.plugin_state.pop(_UNCOUNTED, None)) is not None:  # served while the store was away
+            subjects, most = uncounted
+            tokens, cost = (most.tokens, most.cost) if left_open(ex) else self._spent(ex, most)
+            for windows in subjects if self.late is not None else ():
+                self.late.count(windows, [float(tokens) if w.name.endswith("tokens") else cost for w in windows])
+            return
         held = ex.plugin_state.pop(_STATE, None)
         if held is not None:
             taken, most = held
@@ -274,12 +290,13 @@ class Budget(Plugin):
         except CountersUnavailable as exc:  # claimed by a later follow-up, or kept at its reservation
             log.warning("a generation's settlement could not be claimed: %s", exc)
             return
-        self._settled[generation_id] = None
+        if raw is None:  # settled already, never held (no budget then), not held yet, or held past its windows
+            return
+        self._settled[generation_id] = None  # settled here: later reads of it need not ask
         while len(self._settled) > _SETTLED_HERE:
             del self._settled[next(iter(self._settled))]
-        if raw is not None:  # else settled already, never held (no budget then), or held past its last window
-            held = Held.loads(raw)
-            await self._settle(held.taken, *held.spent(generation, self.prices))
+        held = Held.loads(raw)
+        await self._settle(held.taken, *held.spent(generation, self.prices))
 
     def _held_key(self, generation_id: str) -> str:
         return f"{self.prefix}open:{generation_id}"
@@ -322,7 +339,7 @@ class Budget(Plugin):
                 try:
                     spent = await spent_before(self.ledger_url, subject, window, before)  # type: ignore[arg-type]
                     if spent > 0:
-                        await self.counters.add(window, spent)
+                        await self.counters.add([window], [spent])
                         log.info("a budget counter the state store had lost is rebuilt from the ledger",
                                  extra={"subject": subject, "window": window.name, "spent": spent})
                 except Exception as exc:  # noqa: BLE001 (a ledger away: the counter goes on from what it has)
@@ -342,30 +359,6 @@ class Budget(Plugin):
             except CountersUnavailable:  # kept counted: errs on the side of stopping
                 log.warning("a budget reservation could not be given back")
 
-    def _refusal(self, ex: Exchange, subject: str, window: Window, used: float, asked: float,
-                 now: datetime) -> web.StreamResponse:
-        child(BUDGET_REFUSALS, subject, window.name).inc()
-        resets = datetime.fromtimestamp(window.resets_at, timezone.utc).isoformat().replace("+00:00", "Z")
-        retry = max(1, math.ceil(window.resets_at - now.timestamp()))
-        tokens = window.name.endswith("tokens")
-        left = max(0.0, window.limit - used)
-        state = "reached" if left <= 0 else (f"has {_amount(left, tokens)} left, less than this request may spend "
-                                             f"({_amount(asked, tokens)})")
-        # A wait of hours is no retry: the SDKs that would sleep out a long Retry-After are told not to.
-        return ex.error_response(429, f"budget '{window.name}' of {subject} ({_budget(window)}) {state}; it resets at "
-                                 f"{resets}", "budget_exceeded",
-                                 headers={"Retry-After": str(retry), "x-should-retry": "false"})
-
-    def _never_fits(self, ex: Exchange, subject: str, window: Window, asked: float) -> web.StreamResponse:
-        """A request whose most exceeds a whole budget: no wait makes room for it."""
-        child(BUDGET_REFUSALS, subject, window.name).inc()
-        tokens = window.name.endswith("tokens")
-        field = ".".join(ex.format.output_field[0]) if ex.format.output_field and tokens else None
-        return ex.error_response(429, f"this request may spend up to {_amount(asked, tokens)}"
-                                 f"{' tokens' if tokens else ''}, more than the whole budget '{window.name}' of "
-                                 f"{subject} ({_budget(window)}): ask for {ex.format.asking_less}", "budget_exceeded",
-                                 headers={"x-should-retry": "false"}, param=field)
-
     def _unavailable(self, ex: Exchange, exc: Exception) -> web.StreamResponse | None:
         mode = self.settings.fail
         BUDGET_UNAVAILABLE.labels(mode).inc()
@@ -377,13 +370,3 @@ class Budget(Plugin):
         return ex.error_response(503, "budgets cannot be checked right now; retry shortly", "budget_unavailable",
                                  headers={"Retry-After": "1"})
 
-
-def _amount(value: float, tokens: bool) -> str:
-    """A budget's figure as a person reads it: whole tokens, or a cost without an exponent."""
-    return f"{value:.0f}" if tokens else (f"{value:.9f}".rstrip("0").rstrip(".") or "0")
-
-
-def _budget(window: Window) -> str:
-    tokens = window.name.endswith("tokens")
-    unit = "tokens" if tokens else "in cost"
-    return f"{_amount(window.limit, tokens)} {unit} a {window.name.split('-')[1]}"

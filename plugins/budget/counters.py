@@ -73,10 +73,13 @@ class Counters(Protocol):
         """Add `deltas` to the windows' counters that still exist (a counter whose period ended,
         or that the store lost, is not made again by a late settlement)."""
 
-    async def add(self, window: Window, amount: float) -> None: ...
+    async def add(self, windows: Sequence[Window], amounts: Sequence[float]) -> None:
+        """Count `amounts` more in `windows`, starting a counter that is gone (spending the ledger
+        knows of and the store forgot; spending served while the store was away)."""
 
     async def hold(self, key: str, value: str, ttl_s: int) -> None:
-        """Keep what a generation left open holds (its reservations), until it is claimed."""
+        """Keep what a generation left open holds (its reservations), until it is claimed; never in
+        place of another's (an upstream that gave one id twice: the first keeps it)."""
 
     async def claim(self, key: str) -> str | None:
         """Take what `hold` kept at `key`, once: the first claim gets it, later ones None."""
@@ -112,12 +115,15 @@ class MemoryCounters:
             if found is not None and found[1] > now:
                 self._values[window.key] = (found[0] + delta, found[1])
 
-    async def add(self, window: Window, amount: float) -> None:
+    async def add(self, windows: Sequence[Window], amounts: Sequence[float]) -> None:
         now = self._clock()
-        self._values[window.key] = (self._get(window.key, now) + amount, now + window.ttl_s)
+        for window, amount in zip(windows, amounts):
+            self._values[window.key] = (self._get(window.key, now) + amount, now + window.ttl_s)
 
     async def hold(self, key: str, value: str, ttl_s: int) -> None:
         now = self._clock()
+        if (found := self._held.get(key)) is not None and found[1] > now:
+            return
         self._held[key] = (value, now + ttl_s)
         if len(self._held) > self._max_held:  # the oldest first; expired ones before any
             for old in [k for k, (_, expires) in self._held.items() if expires <= now] or [next(iter(self._held))]:
@@ -175,6 +181,18 @@ return 1
 """
 
 
+# KEYS: counters; ARGV: what to add to each, then each one's life. One that was gone is started,
+# with its expiry (INCRBYFLOAT alone would make it with none).
+ADD = """
+local n = #KEYS
+for i = 1, n do
+  redis.call('INCRBYFLOAT', KEYS[i], ARGV[i])
+  if redis.call('TTL', KEYS[i]) < 0 then redis.call('EXPIRE', KEYS[i], ARGV[n + i]) end
+end
+return 1
+"""
+
+
 class RedisCounters:
     """In the shared state store: every instance counts in the same windows. A subject's windows
     share a hash tag on a Cluster, so one script reserves them all."""
@@ -185,6 +203,7 @@ class RedisCounters:
         self._shared = share(url)
         self._reserve = self._shared.client.register_script(RESERVE)
         self._settle = self._shared.client.register_script(SETTLE)
+        self._add = self._shared.client.register_script(ADD)
 
     async def reserve(self, windows: Sequence[Window], amounts: Sequence[float]) -> Reserved:
         args: list[Any] = []
@@ -202,7 +221,7 @@ class RedisCounters:
                                                        [repr(d) for d in deltas]))
 
     async def hold(self, key: str, value: str, ttl_s: int) -> None:
-        await self._call(self._shared.calls.command("SET", key, value, "EX", ttl_s))
+        await self._call(self._shared.calls.command("SET", key, value, "EX", ttl_s, "NX"))
 
     async def claim(self, key: str) -> str | None:
         # GETDEL is never resent: sent again after it ran, it would find nothing and lose the claim.
@@ -218,9 +237,9 @@ class RedisCounters:
         except (RedisError, OSError, TimeoutError) as exc:
             raise CountersUnavailable(type(exc).__name__) from exc
 
-    async def add(self, window: Window, amount: float) -> None:
-        """Count `amount` more in `window` (spending the ledger knows of and the store forgot)."""
-        await self._call(self._shared.calls.command("INCRBYFLOAT", window.key, repr(amount), resend=False))
+    async def add(self, windows: Sequence[Window], amounts: Sequence[float]) -> None:
+        args = [repr(a) for a in amounts] + [w.ttl_s for w in windows]
+        await self._call(self._shared.calls.script(self._add, [w.key for w in windows], args))
 
     async def close(self) -> None:
         from proxy.state.shared import unshare

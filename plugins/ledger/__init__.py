@@ -57,7 +57,7 @@ _IMAGES = "ledger.images"
 _VIDEO_CREATES = frozenset({"video_generations", "videos"})
 _RECORD_BYTES = 1024  # the most a record takes in a spool (its model name cut to 256): what bounds the Redis spool
 _PENDING = "ledger:pending:"
-_SETTLED_HERE = 10_000  # ids of ended generations this process settled or found settled: not taken again
+_SETTLED_HERE = 10_000  # ids of ended generations this process settled: not taken again
 
 
 class LedgerSettings(BaseModel):
@@ -205,7 +205,8 @@ class Ledger(Plugin):
             log.warning("state store unreachable: a pending usage record keeps what was held for it")
             return
         try:
-            await self.pending.set(_PENDING + generation_id, record.encoded().decode(), self.settings.pending_for_s)
+            # Never in place of another's: an upstream that gave one id twice leaves the first its own.
+            await self.pending.add(_PENDING + generation_id, record.encoded().decode(), self.settings.pending_for_s)
         except Exception as exc:  # the row stands at what was held: nothing is lost but its settlement
             log.warning("a pending usage record could not be kept for its settlement: %s", type(exc).__name__)
 
@@ -219,11 +220,11 @@ class Ledger(Plugin):
         except Exception as exc:  # a later follow-up settles it, or it keeps what was held
             log.warning("a pending usage record could not be read for its settlement: %s", type(exc).__name__)
             return
-        self._settled[generation_id] = None
+        if raw is None:
+            return  # settled already, never pending, or not pending yet (its stream still running)
+        self._settled[generation_id] = None  # settled here: later reads of it need not ask
         while len(self._settled) > _SETTLED_HERE:
             del self._settled[next(iter(self._settled))]
-        if raw is None:
-            return  # settled already, or never pending here
         record = settled(UsageRecord.from_json(jsonutil.loads(raw)), generation, self.prices)
         self._count(record, record.key_name)
         await self._submit(record)

@@ -32,9 +32,12 @@ class ContentFormat(Format):
                    "candidates")
 
     def outputs(self, body: Any) -> int:
-        """`candidateCount` answers, each up to the output limit."""
-        config = _either(body, "generationConfig", "generation_config")
-        return asked_count(config, "candidateCount") or asked_count(config, "candidate_count") or 1
+        """`candidateCount` answers, each up to the output limit: the most any spelling names (an
+        upstream reads the JSON and the proto names alike)."""
+        if not isinstance(body, dict):
+            return 1
+        return max(asked_count(body, config, name) or 1 for config in ("generationConfig", "generation_config")
+                   for name in ("candidateCount", "candidate_count"))
 
     def versioned_path(self, path: str, version: str | None) -> str:
         if version is None:

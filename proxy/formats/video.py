@@ -28,10 +28,12 @@ class VideoTasks(Format):
     @staticmethod
     def seconds_asked(body: Any) -> float:
         """The seconds a submission asks for: spec 2.1's `metadata.durationSeconds`, or the video
-        SDK's `seconds` (0 when it names none)."""
+        SDK's `seconds`; the larger when it names both, since an upstream may read either (0 when
+        it names none)."""
         if not isinstance(body, dict):
             return 0.0
         metadata = body.get("metadata")
+        found = 0.0
         for value in (metadata.get("durationSeconds") if isinstance(metadata, dict) else None, body.get("seconds")):
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
                 continue
@@ -40,8 +42,8 @@ class VideoTasks(Format):
             except ValueError:
                 continue
             if 0 < seconds <= 3600:
-                return seconds
-        return 0.0
+                found = max(found, seconds)
+        return found
 
     @staticmethod
     def seconds_made(body: Any) -> tuple[float, bool]:

@@ -70,6 +70,23 @@ def settle_json(ex: Exchange) -> web.Response | None:
     return None
 
 
+# The counts a reservation goes by (proxy/formats/counts.py), by name at any depth.
+_COUNT_NAMES = tuple(f'"{name}"'.encode() for name in (
+    "max_tokens", "max_output_tokens", "max_completion_tokens", "maxOutputTokens", "candidateCount",
+    "candidate_count", "sampleCount", "durationSeconds", "seconds", "n", "partial_images"))
+
+
+def settle_counts(ex: Exchange) -> None:
+    """A JSON body that may name a count twice (an output limit, `n`, `sampleCount`) goes upstream
+    re-encoded from what was parsed, so the upstream honours the count the gateway reserved for,
+    not the other one of two. (Any name in a JSON string counts too: a needless re-encode at worst.)"""
+    raw = ex.body
+    if raw and not ex.body_changed and any(raw.count(name) > 1 for name in _COUNT_NAMES):
+        body = ex.json()
+        if body is not None:
+            ex.set_json(body)
+
+
 def _fold(name: str) -> str:
     """A name as a case-insensitive reader may match it: lower case for ASCII; compatibility-
     normalised and case-folded otherwise (`previouſ_response_id`, a Kelvin sign for `k`)."""

@@ -83,9 +83,11 @@ class Gateway:
             response = await self._serve(ex, runtime)
             return response
         except asyncio.CancelledError:
-            ex.outcome.client_aborted = True  # the client went away; aiohttp cancelled the handler
+            # The client went away (aiohttp cancelled the handler), or a drain past its cut point did.
+            stopped = self.drain is not None and self.drain.cutting
+            ex.outcome.client_aborted = not stopped
             if ex.outcome.upstream_started is not None and ex.outcome.cut_by is None:
-                ex.outcome.cut_by = "client"
+                ex.outcome.cut_by = "gateway" if stopped else "client"
             if ex.outcome.status == 0:
                 ex.outcome.status = 499  # as nginx logs a client that closed before the answer
             raise

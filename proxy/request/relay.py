@@ -1,7 +1,8 @@
 """Sending the upstream's answer to the client, in one of three ways.
 
 - SSE: cut into events as they arrive, each network read written out at once
-  (never buffered, never an event behind); per-event hooks see each event.
+  (never buffered, never an event behind, until the closing counts: below); per-event hooks see
+  each event.
 - Buffered: read whole (within a limit) when a plugin or affinity must see the body.
 - Bytes: streamed through untouched (downloads, answers nobody needs to read).
 
@@ -12,8 +13,9 @@ URL-carrying headers of a success: the upstream is trusted with the credential, 
 Whichever way too, the relay never ends an answer: aiohttp writes its end once the handler has
 returned, after the request's bookkeeping (the plugins' on_complete, where the ledger journals
 its record), so no client holds a whole answer whose record a killed process could still lose. A
-buffered answer's body goes then; a stream's last chunk, and the last bytes of an answer of known
-length, go with its end (`DeferredEnd`).
+buffered answer's body goes then; a stream's events from the one carrying its closing counts (an
+SDK has its whole answer with them), and the last bytes of an answer of known length, go with its
+end (`DeferredEnd`).
 """
 
 from __future__ import annotations
@@ -309,11 +311,17 @@ class Relay:
                     out.append(event.raw)
                 if out:
                     data = b"".join(out) if len(out) > 1 else out[0]
-                    await response.write(data)
+                    if ex.usage.final:  # the closing counts are in: the rest goes with the end
+                        response.last += data
+                    else:
+                        await response.write(data)
                     ex.outcome.bytes_out += len(data)
                     stream.wrote(len(out))
             if parser is not None and (rest := parser.flush()):
-                await response.write(rest)
+                if ex.usage.final:
+                    response.last += rest
+                else:
+                    await response.write(rest)
                 ex.outcome.bytes_out += len(rest)
         except Exception as exc:
             if isinstance(exc, _CLIENT_GONE) and not self.was_cut:  # (a cut upstream reads as a reset too)
@@ -351,7 +359,11 @@ class Relay:
         self.ex.outcome.error = message
         self.upstream.close()
         try:
-            await response.write(self.ex.format.stream_error(status, message, code))
+            error = self.ex.format.stream_error(status, message, code)
+            if isinstance(response, DeferredEnd) and response.last:  # after what was held, not before it
+                response.last += error
+                return
+            await response.write(error)
         except _CLIENT_GONE:
             self.ex.outcome.client_aborted = True
 
@@ -365,8 +377,8 @@ class Relay:
 class DeferredEnd(web.StreamResponse):
     """An answer relayed as it comes (SSE or bytes), whose end aiohttp writes once the handler has
     returned: after the request's bookkeeping. `last`, the bytes that must not reach the client
-    before then (an answer of known length is whole with its last byte), goes with the end; the
-    watch on the client's reading lasts until it is written."""
+    before then (an answer of known length is whole with its last byte, a stream with its closing
+    counts), goes with the end; the watch on the client's reading lasts until it is written."""
 
     def __init__(self, *, status: int, headers: CIMultiDict[str]) -> None:
         super().__init__(status=status, headers=headers)

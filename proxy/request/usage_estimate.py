@@ -7,8 +7,10 @@ of request body a token, the output at one token an event that reached the clien
 sends about one a delta event). A count that is not the upstream's last word (a running count, the
 placeholder a message stream starts with) is no more than an estimate either: it is raised to the
 events streamed, and the whole is marked estimated. A whole successful answer without its usage
-is charged what was held for it (its most: it may have made all it was let). A request the
-upstream was never sent, or that it refused, used nothing.
+is charged what was held for it (its most: it may have made all it was let), and so is a
+background generation whose client left before its id was handed out (it runs on upstream, and
+nothing can read how it ended). A request the upstream was never sent, or that it refused, used
+nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ def usage_or_estimate(ex: Exchange, held: Callable[[], Usage] | None = None) -> 
     usage, outcome = ex.usage, ex.outcome
     if not ex.format.reports_usage or outcome.upstream_started is None or usage.final:
         return usage, False
+    if (held is not None and ex.created_id is None and (outcome.status < 300 or outcome.client_aborted)
+            and ex.format.in_background(ex.json())):
+        return held(), True  # it runs on upstream, and no id was handed out to read how it ends by
     if outcome.streamed:
         unsaid = outcome.status < 400  # cut short, or ended without its closing counts
     elif outcome.client_aborted:  # a client gone before its answer came: the upstream had its prompt, at least
