@@ -662,3 +662,35 @@ async def test_a_sweep_of_every_way_to_slip_past_a_10000_token_budget(ledger_db,
     assert set(statuses) == {200}, list(zip(follow_ups, statuses))
     charged, found = await agreed(redis_url, ledger_db, 20, name="k0")
     assert not any(r["pending"] for r in found if r["route"] == "responses")  # each read back, and settled
+
+
+async def test_spending_served_while_the_state_store_was_away_is_counted_once_it_is_back(
+        ledger_db, start_gateway, http, tmp_path) -> None:  # noqa: ANN001
+    import signal as signals
+    import subprocess
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                              "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    try:
+        await asyncio.sleep(0.3)
+        url = f"redis://127.0.0.1:{port}/0"
+        keys = f"[{{name: spender, key: {KEY}, budget: {{tokens_per_day: 100000}}}}]"
+        gateway = await start_gateway(metered(url, ledger_db, str(tmp_path / "spool"), keys))
+        body = {"model": "msgmodel-haiku-4-5", "max_tokens": 900, "messages": [{"role": "user", "content": "hi"}]}
+        assert (await post(http, gateway.url + "/v1/messages", body, {**MSG, "x-sim-output-tokens": "500"}))[0] == 200
+        redis.send_signal(signals.SIGSTOP)  # away: budgets fail open (the default), and serve
+        try:
+            await asyncio.sleep(2.5)  # the store's probe has seen it go: no request waits on it
+            served = await asyncio.gather(*(post(http, gateway.url + "/v1/messages", body,
+                                                 {**MSG, "x-sim-output-tokens": "500"}) for _ in range(3)))
+            assert [status for status, _ in served] == [200] * 3
+        finally:
+            redis.send_signal(signals.SIGCONT)
+        held, found = await agreed(url, ledger_db, 4, within_s=20)
+        assert held == 4 * (500 + 1)  # the three served unchecked are in the counter too
+    finally:
+        redis.terminate()
+        redis.wait(timeout=10)

@@ -166,8 +166,9 @@ class Budget(Plugin):
             planned.append((subject, windows, amounts))
         taken: Taken = []
         warnings = []
+        skipped = self.redis and self.state_away()  # not asked at all: what it spends is counted once it is back
         try:
-            if self.redis and self.state_away():
+            if skipped:
                 raise CountersUnavailable("the state store is unreachable")
             for subject, windows, amounts in planned:
                 reserved = await self.counters.reserve(windows, amounts)
@@ -185,7 +186,8 @@ class Budget(Plugin):
                     self._rebuild(subject, reserved.made, now.timestamp())
         except CountersUnavailable as exc:  # the fail mode decides
             await self._give_back(taken)
-            ex.plugin_state[_UNCOUNTED] = ([windows for _, windows, _ in planned], most)  # counted later, if served
+            if skipped:  # (a reservation that timed out may still be made, late: it is not counted again)
+                ex.plugin_state[_UNCOUNTED] = ([windows for _, windows, _ in planned], most)
             return self._unavailable(ex, exc)
         except asyncio.CancelledError:  # the client left: what is known reserved goes back (one under way may stay)
             self._in_background(self._give_back(taken), "budget give-back")
