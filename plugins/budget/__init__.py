@@ -25,7 +25,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field
 
-from plugins.budget.counters import Counters, CountersUnavailable, MemoryCounters, Window, windows_of
+from plugins.budget.counters import Counters, CountersUnavailable, MemoryCounters, Reserved, Window, windows_of
 from plugins.budget.held import HELD_FOR_S, Held, Taken
 from plugins.budget.late import LateCounts
 from plugins.budget.problems import budget_problems
@@ -167,11 +167,18 @@ class Budget(Plugin):
         taken: Taken = []
         warnings = []
         skipped = self.redis and self.state_away()  # not asked at all: what it spends is counted once it is back
+        under_way = False
         try:
             if skipped:
                 raise CountersUnavailable("the state store is unreachable")
             for subject, windows, amounts in planned:
-                reserved = await self.counters.reserve(windows, amounts)
+                reserving = asyncio.ensure_future(self.counters.reserve(windows, amounts))  # type: ignore[union-attr]
+                try:
+                    reserved = await asyncio.shield(reserving)
+                except asyncio.CancelledError:  # the client left with this one under way: it goes back once made
+                    under_way = True
+                    self._in_background(self._give_back([*taken, (windows, amounts)], reserving), "budget give-back")
+                    raise
                 for window, used in zip(windows, reserved.used):
                     child(BUDGET_USED, subject, window.name).set(used / window.limit)
                     if reserved.refused is None and used / window.limit * 100 >= self.settings.soft_percent:
@@ -189,8 +196,9 @@ class Budget(Plugin):
             if skipped:  # (a reservation that timed out may still be made, late: it is not counted again)
                 ex.plugin_state[_UNCOUNTED] = ([windows for _, windows, _ in planned], most)
             return self._unavailable(ex, exc)
-        except asyncio.CancelledError:  # the client left: what is known reserved goes back (one under way may stay)
-            self._in_background(self._give_back(taken), "budget give-back")
+        except asyncio.CancelledError:  # the client left: what was reserved goes back
+            if not under_way:
+                self._in_background(self._give_back(taken), "budget give-back")
             raise
         ex.plugin_state[_STATE] = (taken, most)
         if isinstance(ex.body_stream, MultipartBody):  # a form may name what it asks for after its files
@@ -354,7 +362,16 @@ class Budget(Plugin):
         self._background.add(task)  # referenced until done
         task.add_done_callback(self._background.discard)
 
-    async def _give_back(self, taken: Taken) -> None:
+    async def _give_back(self, taken: Taken, last: asyncio.Future[Reserved] | None = None) -> None:
+        """Give back what `taken` reserved; its last one only once `last`, the reservation that was
+        under way, is known to be made."""
+        if last is not None:
+            try:
+                made = (await last).refused is None
+            except CountersUnavailable:
+                made = False  # timed out: it may run late, and then stays counted (errs on stopping)
+            if not made:
+                taken = taken[:-1]
         for windows, amounts in taken:
             try:
                 await self.counters.settle(windows, [-a for a in amounts])

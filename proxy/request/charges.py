@@ -6,7 +6,8 @@ upstream reads, raised by any other spelling the request also carries; when it n
 model's own default from the price table, else the configured default), times the answers it asks
 for (candidates, images with their previews, videos); its images at the dearest price its row
 names, and its video seconds. Formats whose answers report no tokens (video) reserve none. Of a
-form streamed through, what is known when it is asked: the fields read by then.
+form streamed through, what is known when it is asked: the fields read by then (what it names
+after its files, a budget reserves once the form is whole).
 
 Most generations end with their answer. One that goes on after it (a video task, a background
 response) is `left_open`: its charge stays at its most until a follow-up (a status poll, a `GET`
