@@ -22,6 +22,7 @@ Usage: python bench/ledger.py [--duration S] [--rounds N] [--concurrency C] [--s
 from __future__ import annotations
 
 import argparse
+import os
 import asyncio
 import statistics
 import subprocess
@@ -131,6 +132,11 @@ def main() -> int:
     prefix = f"{name}:"
     pinned = pin_postgres(1)
     pinned_redis = pin_postgres(1, pids=redis_pid()) if redis else {}
+    # wrk spins on the core it shares with Redis: at its own priority Redis starved, answered the
+    # gateways' probes late (seen as the store away) and rounds fell to a tenth of their rate.
+    niceness = {pid: os.getpriority(os.PRIO_PROCESS, pid) for pid in pinned_redis}
+    for pid in niceness:
+        os.setpriority(os.PRIO_PROCESS, pid, -10)
     try:
         wait_port(up_port)
         trees: list[tuple[str, Path | None]] = [("", None)] + [(ref, checkout(ref, work)) for ref in args.baseline]
@@ -167,9 +173,16 @@ def main() -> int:
                       f"cpu={target.cpu_ms[args.concurrency][-1]:.4f} ms/request", flush=True)
         written = asyncio.run(rows(ledger_url))
     finally:
-        for proc in procs:
+        for proc in procs:  # all told at once; one that does not stop in time is killed, not left running
             proc.terminate()
-            proc.wait(timeout=15)
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for pid, nice in niceness.items():
+            os.setpriority(os.PRIO_PROCESS, pid, nice)
         asyncio.run(database("drop", name))
         pin_postgres(None, pinned)
         if redis:

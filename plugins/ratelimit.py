@@ -205,7 +205,7 @@ class RateLimit(Plugin):
         if rates.rpm:
             found.append(Check(f"{base}:rpm", f"{scope}-rpm", Kind.REQUESTS, rates.rpm, _WINDOW_S, subject=base))
         if rates.tpm and ex.route.spends_tokens:  # a token count, a status poll or a stored response costs none
-            reserve = min(rates.tpm, most_of(ex, self.prices, self.settings.default_reserve_tokens).tokens)
+            reserve = min(rates.tpm, most_of(ex, self.prices, self.settings.default_reserve_tokens, priced=False).tokens)
             found.append(Check(f"{base}:tpm", f"{scope}-tpm", Kind.TOKENS, rates.tpm, _WINDOW_S, reserve, base))
         return found
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.formats.counts import OUTPUT_SPELLINGS, at, count
+from proxy.formats.counts import at, count, largest_limit
 from proxy.wire import jsonutil
 
 if TYPE_CHECKING:
@@ -286,11 +286,9 @@ class Format:
             return default
         own = None
         for path in self.output_field:
-            own = own or count(at(body, path))
-        found = own or default
-        for path in OUTPUT_SPELLINGS:
-            found = max(found, count(at(body, path)) or 0)
-        return found
+            if (value := at(body, path)) is not None and (own := count(value)):
+                break
+        return max(own or default, largest_limit(body))
 
     def outputs(self, body: Any) -> int:
         """How many answers (candidates, images, videos) one request asks the upstream for, each

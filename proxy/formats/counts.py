@@ -9,12 +9,11 @@ import re
 from typing import Any
 
 # Every spelling of an output limit any format's upstream reads (the chat-completions format's
-# too): a request may carry several, and any of them may be the one an upstream honours.
-OUTPUT_SPELLINGS: tuple[tuple[str, ...], ...] = (
-    ("max_tokens",), ("max_output_tokens",), ("max_completion_tokens",),
-    ("generationConfig", "maxOutputTokens"), ("generationConfig", "max_output_tokens"),
-    ("generation_config", "max_output_tokens"), ("generation_config", "maxOutputTokens"),
-)
+# too): at the top of a body, or in either spelling of a content-generation config. A request may
+# carry several, and any of them may be the one an upstream honours.
+_TOP_LIMITS = ("max_tokens", "max_output_tokens", "max_completion_tokens")
+_CONFIGS = ("generationConfig", "generation_config")
+_CONFIG_LIMITS = ("maxOutputTokens", "max_output_tokens")
 MOST_COUNT = 2**31
 _NUMBER = re.compile(r"[+]?(?:[0-9]+[.]?[0-9]*|[.][0-9]+)(?:[eE][+-]?[0-9]+)?")  # ASCII digits, as a JSON parser reads
 
@@ -43,6 +42,21 @@ def count(value: Any) -> int | None:
     if isinstance(value, int) and 0 < value:
         return min(value, MOST_COUNT)
     return None
+
+
+def largest_limit(body: dict[str, Any]) -> int:
+    """The largest output limit a request body names, under any spelling (0: none). Read on every
+    request a budget or a token limit holds: plain lookups, a count parsed only where one is."""
+    found = 0
+    for name in _TOP_LIMITS:
+        if (value := body.get(name)) is not None:
+            found = max(found, count(value) or 0)
+    for name in _CONFIGS:
+        if isinstance(config := body.get(name), dict):
+            for inner in _CONFIG_LIMITS:
+                if (value := config.get(inner)) is not None:
+                    found = max(found, count(value) or 0)
+    return found
 
 
 def asked_count(body: Any, *path: str) -> int | None:

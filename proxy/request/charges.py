@@ -46,9 +46,10 @@ class Most:
         return Usage(self.input_tokens, self.output_tokens)
 
 
-def most_of(ex: Exchange, prices: PriceTable, default_output: int) -> Most:
+def most_of(ex: Exchange, prices: PriceTable, default_output: int, priced: bool = True) -> Most:
     """The most `ex` may spend; `default_output`: what a request naming no output limit is taken
-    to let the upstream make, for a model the price table gives no `max_output_tokens`."""
+    to let the upstream make, for a model the price table gives no `max_output_tokens`; `priced`:
+    its cost is wanted too (a token limit wants none)."""
     fmt = ex.format
     asked = ex.asked()
     outputs = fmt.outputs(asked)
@@ -58,7 +59,7 @@ def most_of(ex: Exchange, prices: PriceTable, default_output: int) -> Most:
         output_tokens = fmt.output_limit(asked, prices.default_output(ex.model) or default_output) * outputs
     images = outputs if isinstance(fmt, ImagesFormat) else 0
     seconds = VideoTasks.seconds_made(asked)[0] if ex.route.creates is Pin.VIDEO_TASK else 0.0
-    cost = prices.most(ex.model, Usage(input_tokens, output_tokens), images, seconds)
+    cost = prices.most(ex.model, Usage(input_tokens, output_tokens), images, seconds) if priced else 0.0
     return Most(input_tokens, output_tokens, images, seconds, cost)
 
 
