@@ -40,6 +40,55 @@ class FakePipeline:
         return self.answers
 
 
+class FakeConnection:
+    """A connection the gathering sends a pipeline's commands on, answering as `pipeline` says:
+    its commands are recorded there, and an error answer is raised as a real connection raises it."""
+
+    def __init__(self, pipeline: FakePipeline) -> None:
+        self.pipeline = pipeline
+        self.unread = list(pipeline.answers)
+
+    def pack_commands(self, commands: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
+        self.pipeline.sent.extend(tuple(command) for command in commands)
+        return commands
+
+    async def send_packed_command(self, packed: object) -> None:
+        if self.pipeline.fails is not None:
+            raise self.pipeline.fails
+
+    async def read_response(self) -> object:
+        answer = self.unread.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def disconnect(self) -> None:
+        return None
+
+
+class FakeClient:
+    """A client whose pool hands out one FakeConnection a pipeline (`pipeline`, which each test's
+    client answers)."""
+
+    response_callbacks: dict[str, object] = {}
+
+    def pipeline(self, transaction: bool) -> FakePipeline:
+        raise NotImplementedError
+
+    @property
+    def connection_pool(self) -> object:
+        client = self
+
+        class Pool:
+            async def get_connection(self) -> FakeConnection:
+                return FakeConnection(client.pipeline(False))
+
+            async def release(self, connection: FakeConnection) -> None:
+                return None
+
+        return Pool()
+
+
 async def test_past_its_bound_the_oldest_entries_go_first():
     store = MemoryStore(max_items=3)
     for key in "abcd":
@@ -71,7 +120,7 @@ async def test_a_gathered_call_that_ran_hears_its_own_answer_though_a_forgotten_
         def __init__(self, sha: str) -> None:
             self.sha, self.script = sha, f"-- {sha}"
 
-    class Client:
+    class Client(FakeClient):
         gate = asyncio.Semaphore(4)
         pipelines: list[FakePipeline] = []
 
@@ -98,7 +147,7 @@ async def test_a_pipeline_of_reads_is_sent_again_when_its_connection_failed_but_
 
     from proxy.state.gathering import Gatherer
 
-    class Client:
+    class Client(FakeClient):
         gate = asyncio.Semaphore(4)
         sent = 0
 
@@ -124,7 +173,7 @@ async def test_a_pipeline_of_reads_is_sent_again_when_its_connection_failed_but_
 async def test_a_large_write_goes_alone_and_holds_up_no_other_call() -> None:
     from proxy.state.gathering import Gatherer
 
-    class Client:
+    class Client(FakeClient):
         gate = asyncio.Semaphore(4)
         alone: list[object] = []
 
@@ -149,7 +198,7 @@ async def test_a_call_made_as_the_turn_s_pipeline_is_sent_goes_in_it() -> None:
     as the turn's calls are sent, with them, however late in the turn its first write came."""
     from proxy.state.gathering import Gatherer
 
-    class Client:
+    class Client(FakeClient):
         gate = asyncio.Semaphore(4)
         pipelines: list[FakePipeline] = []
 
