@@ -48,11 +48,13 @@ class FakeConnection:
         self.pipeline = pipeline
         self.unread = list(pipeline.answers)
 
-    def pack_commands(self, commands: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
-        self.pipeline.sent.extend(tuple(command) for command in commands)
-        return commands
+    async def send_packed_command(self, packed: bytes, check_health: bool = True) -> None:
+        import hiredis
 
-    async def send_packed_command(self, packed: object) -> None:
+        reader = hiredis.Reader()
+        reader.feed(packed)
+        while (command := reader.gets()) is not False:  # recorded as sent, numbers read back as numbers
+            self.pipeline.sent.append(tuple(int(p) if p.isdigit() else p.decode() for p in command))
         if self.pipeline.fails is not None:
             raise self.pipeline.fails
 
@@ -84,6 +86,9 @@ class FakeClient:
                 return FakeConnection(client.pipeline(False))
 
             async def release(self, connection: FakeConnection) -> None:
+                return None
+
+            async def disconnect(self) -> None:
                 return None
 
         return Pool()

@@ -30,6 +30,8 @@ from typing import Any
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError, DataError, NoScriptError, ResponseError
 
+from proxy.state.packing import pack
+
 log = logging.getLogger("modelgate.state")
 
 
@@ -42,7 +44,7 @@ class _Call:
 
 
 class Gatherer:
-    __slots__ = ("_client", "_gathers", "_queued", "_sending", "_before", "_scheduled")
+    __slots__ = ("_client", "_gathers", "_queued", "_sending", "_idle", "_before", "_scheduled")
 
     def __init__(self, client: Any, gathers: bool = True) -> None:
         self._client = client
@@ -51,6 +53,9 @@ class Gatherer:
         self._before: list[Callable[[], None]] = []  # called as this turn's calls are sent (at_flush)
         self._scheduled = False  # this turn's calls are to be sent
         self._sending: set[asyncio.Task[None]] = set()  # referenced until done
+        # Connections of the client's pool this gatherer keeps for its pipelines (as many as ran at
+        # once); the client's close disconnects them with the rest of its pool.
+        self._idle: list[Any] = []
 
     @property
     def gathers(self) -> bool:
@@ -162,33 +167,33 @@ class Gatherer:
     async def _pipeline(self, calls: Sequence[_Call]) -> list[Any]:
         """The calls on one connection: packed in one write, their answers read in order, each
         through the client's callback for its command (what redis-py's pipeline does, less its
-        per-command bookkeeping, retries and timings: 15-20 us a pipeline). An answer that is an
-        error takes that call's place; a connection that fails mid-way is dropped, never reused
-        with answers unread on it."""
+        per-command bookkeeping, retries and timings). The connection is one of the gatherer's
+        own, kept between pipelines (redis-py's pool takes and gives back a connection with a
+        lock and its own bookkeeping: 20-30 us a pipeline); one that fails mid-way is dropped,
+        never reused with answers unread on it. An answer that is an error takes its call's place."""
         client = self._client
-        commands = [("EVALSHA", call.script.sha, *call.args) if call.script is not None else call.args
-                    for call in calls]
+        packed = b"".join(pack(*(("EVALSHA", call.script.sha, *call.args) if call.script is not None else call.args))
+                          for call in calls)  # a call that cannot be packed fails here, before a byte is sent
         async with client.gate:  # one connection's turn
-            pool = client.connection_pool
-            connection = await pool.get_connection()
+            connection = self._idle.pop() if self._idle else await client.connection_pool.get_connection()
             try:
-                await connection.send_packed_command(connection.pack_commands(commands))
+                await connection.send_packed_command(packed, check_health=False)
                 callbacks = client.response_callbacks
                 answers: list[Any] = []
-                for command in commands:
+                for call in calls:
                     try:
                         answer = await connection.read_response()
                     except ResponseError as exc:
                         answers.append(exc)
                         continue
-                    callback = callbacks.get(command[0])
+                    callback = None if call.script is not None else callbacks.get(call.args[0])
                     answers.append(callback(answer) if callback is not None else answer)
-                return answers
             except BaseException:
                 await connection.disconnect()
+                await client.connection_pool.release(connection)
                 raise
-            finally:
-                await pool.release(connection)
+            self._idle.append(connection)
+            return answers
 
 
 def _settle(answer: asyncio.Future[Any], result: Any) -> None:

@@ -19,19 +19,24 @@ import hiredis
 from redis.exceptions import DataError
 
 
+def pack(*args: Any) -> bytes:
+    """One command as the wire carries it."""
+    try:
+        first = args[0]
+        if isinstance(first, str):  # 'CONFIG GET' is two words on the wire, as redis-py sends it
+            args = (*first.encode().split(), *args[1:])
+        elif b" " in first:
+            args = (*first.split(), *args[1:])
+        return hiredis.pack_command(args)  # type: ignore[no-any-return]
+    except (TypeError, ValueError) as exc:  # a type it takes not, a string UTF-8 cannot hold
+        raise DataError(f"{type(exc).__name__}: {exc}"[:200]) from None
+
+
 class HiredisPacking:
     """A mixin for a redis-py asyncio connection class: commands packed by hiredis."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
-        try:
-            first = args[0]
-            if isinstance(first, str):  # 'CONFIG GET' is two words on the wire, as redis-py sends it
-                args = (*first.encode().split(), *args[1:])
-            elif b" " in first:
-                args = (*first.split(), *args[1:])
-            return [hiredis.pack_command(args)]
-        except (TypeError, ValueError) as exc:  # a type it takes not, a string UTF-8 cannot hold
-            raise DataError(f"{type(exc).__name__}: {exc}"[:200]) from None
+        return [pack(*args)]
 
 
 @functools.cache
