@@ -3,8 +3,8 @@ left, the upstream broke off, the gateway stopped), a stream that ended without 
 counts, a client that left before a buffered answer came, a whole answer that said nothing.
 
 The upstream's own counts are kept; what it had not said is estimated: the prompt at four bytes
-of request body a token, the output at one token an event that reached the client (an upstream
-sends about one a delta event). A count that is not the upstream's last word (a running count, the
+of request body a token, the output at one token an event the gateway wrote to the client (an
+upstream sends about one a delta event). A count that is not the upstream's last word (a running count, the
 placeholder a message stream starts with) is no more than an estimate either: it is raised to the
 events streamed, and the whole is marked estimated. A whole successful answer without its usage
 is charged what was held for it (its most: it may have made all it was let), and so is a
@@ -25,7 +25,8 @@ from proxy.request.exchange import Exchange
 
 def usage_or_estimate(ex: Exchange, held: Callable[[], Usage] | None = None) -> tuple[Usage, bool]:
     """The request's usage, and whether any figure of it is an estimate; `held`: what was held for
-    it (asked only for a whole answer that said nothing of its usage)."""
+    it (asked only for a whole answer that said nothing of its usage, or a background generation
+    whose id never went out)."""
     usage, outcome = ex.usage, ex.outcome
     if not ex.format.reports_usage or outcome.upstream_started is None or usage.final:
         return usage, False
