@@ -526,14 +526,9 @@ async def test_8_a_killed_worker_s_leases_are_reclaimed_within_seconds(spawn, sh
 
 # The sweep ---------------------------------------------------------------------------------------
 
-SWEEP_PRICES = """
-prices:
-  - {model: "respmodel-*", input_per_mtok: 2.5, output_per_mtok: 10, max_output_tokens: 2000}
-  - {model: "msgmodel-*", input_per_mtok: 3, output_per_mtok: 15}
-  - {model: "genmodel-*", input_per_mtok: 1, output_per_mtok: 4, max_output_tokens: 2000}
-  - {model: "imagegen-*", per_image: 0.04, max_output_tokens: 1100}
-  - {model: "videogen-*", per_video_second: 0.5}
-"""
+# The same table, its models' own defaults small enough for a budget of 10,000 tokens.
+SWEEP_PRICES = PRICES.replace("max_output_tokens: 64000", "max_output_tokens: 2000").replace(
+    "max_output_tokens: 8192", "max_output_tokens: 2000")
 BUDGET = 10_000
 CONTENT = f"/v1beta/models/genmodel-2.0-flash:generateContent?key={KEY}"
 CONTENT_STREAM = f"/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key={KEY}"
