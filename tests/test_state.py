@@ -175,6 +175,61 @@ async def test_a_pipeline_of_reads_is_sent_again_when_its_connection_failed_but_
     assert scripted.sent == 2
 
 
+async def test_a_connection_that_failed_takes_the_kept_ones_with_it() -> None:
+    """The gatherer keeps the connections its pipelines ran on; one failing (a Redis restarted)
+    drops them all, as stale as it, rather than meeting each in turn on later requests."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from proxy.state.gathering import Gatherer
+
+    made: list[Slow] = []
+
+    class Slow(FakeConnection):
+        dropped = False
+
+        async def read_response(self) -> object:
+            await asyncio.sleep(0.01)  # pipelines overlap: each gets a connection of its own
+            return await super().read_response()
+
+        async def disconnect(self) -> None:
+            self.dropped = True
+
+    class Client(FakeClient):
+        gate = asyncio.Semaphore(4)
+
+        def pipeline(self, transaction: bool) -> FakePipeline:
+            return FakePipeline([b"a", b"b"])
+
+        @property
+        def connection_pool(self) -> object:
+            client = self
+
+            class Pool:
+                async def get_connection(self) -> Slow:
+                    made.append(Slow(client.pipeline(False)))
+                    return made[-1]
+
+                async def release(self, connection: Slow) -> None:
+                    return None
+
+            return Pool()
+
+    client = Client()
+    calls = Gatherer(client)
+
+    async def turn() -> list[object]:
+        return await asyncio.gather(calls.command("GET", "a"), calls.command("GET", "b"))
+
+    first = asyncio.ensure_future(turn())
+    await asyncio.sleep(0)  # the first turn's pipeline is under way when the second's is sent
+    assert await asyncio.gather(first, turn()) == [[b"a", b"b"]] * 2
+    assert len(made) == 2 and not any(c.dropped for c in made)  # both kept
+    for connection in made:  # Redis restarted: the kept connections are dead
+        connection.pipeline.fails = RedisConnectionError("reset")
+    assert await turn() == [b"a", b"b"]  # sent again, on a connection of the pool's
+    assert len(made) == 3 and all(c.dropped for c in made[:2]) and not made[2].dropped
+
+
 async def test_a_large_write_goes_alone_and_holds_up_no_other_call() -> None:
     from proxy.state.gathering import Gatherer
 

@@ -166,6 +166,36 @@ async def test_an_answer_ends_only_after_its_bookkeeping(start_gateway, http, mo
         assert "Content-Length" in answer.headers and received.endswith(b"}")  # (decompressed)
 
 
+async def test_what_a_stream_holds_for_its_end_is_bounded_like_a_buffered_answer(start_gateway, http):  # noqa: ANN001
+    """Events after the closing counts wait for the end only up to what the relay holds of a whole
+    answer (server.max_json_body_mb): an upstream that goes on past them is written on, not held."""
+    from tests.recording_plugin import EndHolder
+
+    EndHolder.holding, EndHolder.release = asyncio.Event(), asyncio.Event()
+    gateway = await start_gateway("""
+        server: {max_json_body_mb: 0.0002}
+        routes: {messages: {plugins: [auth, sse, tests.recording_plugin:EndHolder]}}
+        """)
+    body = {"model": "msgmodel-sonnet-4-5", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}],
+            "stream": True}
+    received = bytearray()
+
+    async def fetch() -> None:
+        async with http.post(gateway.url + "/v1/messages", json=body, headers={**MSG, "x-test-hold": "1"}) as answer:
+            async for chunk in answer.content.iter_any():
+                received.extend(chunk)
+
+    fetching = asyncio.get_running_loop().create_task(fetch())
+    try:
+        await asyncio.wait_for(EndHolder.holding.wait(), 5)
+        await asyncio.sleep(0.3)
+        assert b"event: message_delta" in received and b"event: message_stop" in received  # over the bound: written
+    finally:
+        EndHolder.release.set()
+    await asyncio.wait_for(fetching, 5)
+    assert received.count(b"event: message_stop") == 1 and received.endswith(b"\n\n")
+
+
 async def test_a_client_that_leaves_during_the_bookkeeping_cuts_none_of_it_short(start_gateway, http):  # noqa: ANN001
     """The client resets its connection while its request's on_complete hooks run (the handler is
     cancelled then): every hook still runs to its end, so no settlement is left half made."""

@@ -220,7 +220,8 @@ class Budget(Plugin):
         if (uncounted := ex.plugin_state.pop(_UNCOUNTED, None)) is not None:  # served while the store was away
             subjects, most = uncounted
             tokens, cost = (most.tokens, most.cost) if left_open(ex) else self._spent(ex, most)
-            for windows in subjects if self.late is not None else ():
+            assert self.late is not None  # (a budget named: not idle)
+            for windows in subjects:
                 self.late.count(windows, [float(tokens) if w.name.endswith("tokens") else cost for w in windows])
             return
         held = ex.plugin_state.pop(_STATE, None)
@@ -248,28 +249,31 @@ class Budget(Plugin):
         final = most_of(ex, self.prices, self.settings.default_reserve_tokens)
         if final.tokens <= most.tokens and final.cost <= most.cost:
             return None
-        more: Taken = []
+        before, more = list(taken), []
+        refused: Violation | None = None
         try:
-            for windows, amounts in taken:
+            for index, (windows, amounts) in enumerate(before):
                 now_amounts = [float(final.tokens) if w.name.endswith("tokens") else final.cost for w in windows]
                 if any(new > w.limit for w, new in zip(windows, now_amounts)):
-                    await self._give_back(more)
-                    return Violation("", f"the form asks for more than a whole budget of {ex.tenant} holds once its "
-                                         "files are read", 429, "budget_exceeded")
+                    refused = Violation("", "the form asks, after its files, for more than a whole budget holds",
+                                        429, "budget_exceeded")
+                    break
                 extras = [max(0.0, new - old) for new, old in zip(now_amounts, amounts)]
                 reserved = await self.counters.reserve(windows, extras)  # type: ignore[union-attr]
                 if reserved.refused is not None:
-                    await self._give_back(more)
-                    return Violation("", f"budget '{reserved.refused.name}' has no room for what the form asks "
-                                         "for after its files", 429, "budget_exceeded")
+                    refused = Violation("", f"budget '{reserved.refused.name}' has no room for what the form asks "
+                                            "for after its files", 429, "budget_exceeded")
+                    break
                 more.append((windows, extras))
-        except CountersUnavailable as exc:  # the fail mode decides, as for the first reservation
+                taken[index] = (windows, [a + e for a, e in zip(amounts, extras)])  # settled from all it holds
+        except CountersUnavailable as exc:  # the fail mode decides, as for the first reservation (open:
+            if self.settings.fail == "closed":  # what was topped up stays counted, and is settled)
+                refused = Violation("", f"budgets cannot be checked: {exc}", 503, "budget_unavailable")
+        if refused is not None:
+            taken[:] = before  # what this request holds is what it held before
             await self._give_back(more)
-            return None if self.settings.fail == "open" else Violation("", f"budgets cannot be checked: {exc}", 503,
-                                                                       "budget_unavailable")
-        grown = [(windows, [a + e for a, e in zip(amounts, extras)])
-                 for (windows, amounts), (_, extras) in zip(taken, more)]
-        ex.plugin_state[_STATE] = (grown, final)
+            return refused
+        ex.plugin_state[_STATE] = (taken, final)
         return None
 
     async def _settle(self, taken: Taken, spent_tokens: int, spent_cost: float) -> None:

@@ -311,18 +311,10 @@ class Relay:
                     out.append(event.raw)
                 if out:
                     data = b"".join(out) if len(out) > 1 else out[0]
-                    if ex.usage.final:  # the closing counts are in: the rest goes with the end
-                        response.last += data
-                    else:
-                        await response.write(data)
-                    ex.outcome.bytes_out += len(data)
+                    await self._write_or_hold(response, data)
                     stream.wrote(len(out))
             if parser is not None and (rest := parser.flush()):
-                if ex.usage.final:
-                    response.last += rest
-                else:
-                    await response.write(rest)
-                ex.outcome.bytes_out += len(rest)
+                await self._write_or_hold(response, rest)
         except Exception as exc:
             if isinstance(exc, _CLIENT_GONE) and not self.was_cut:  # (a cut upstream reads as a reset too)
                 return self._client_gone(response)
@@ -335,6 +327,17 @@ class Relay:
             return response
         ex.outcome.upstream_finished = time.perf_counter()
         return response  # its end is aiohttp's to write, after the bookkeeping
+
+    async def _write_or_hold(self, response: DeferredEnd, data: bytes) -> None:
+        """Write a stream's events; once its closing counts are in, hold the rest for its end (no
+        more than a buffered answer may hold: an upstream that goes on past them is written on)."""
+        self.ex.outcome.bytes_out += len(data)
+        if self.ex.usage.final and len(response.last) + len(data) <= self.buffer_limit:
+            response.last += data
+            return
+        if response.last:
+            data, response.last = response.last + data, b""
+        await response.write(data)
 
     async def _stream_failed(self, response: web.StreamResponse, exc: Exception) -> None:
         ex = self.ex

@@ -188,9 +188,15 @@ class Gatherer:
                         continue
                     callback = None if call.script is not None else callbacks.get(call.args[0])
                     answers.append(callback(answer) if callback is not None else answer)
-            except BaseException:
-                await connection.disconnect()
-                await client.connection_pool.release(connection)
+            except BaseException as exc:
+                # Dropped; and when the connection failed (a Redis restarted, a primary failed over),
+                # the kept ones with it: they are as stale, and redis-py's pool checks each it hands out.
+                dropped = [connection, *(self._idle if isinstance(exc, (ConnectionError, OSError)) else ())]
+                if len(dropped) > 1:
+                    self._idle = []
+                for stale in dropped:
+                    await stale.disconnect()
+                    await client.connection_pool.release(stale)
                 raise
             self._idle.append(connection)
             return answers
