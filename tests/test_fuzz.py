@@ -33,8 +33,8 @@ channels:
 # routes run without auth there (auth has its own tests).
 SCHEMATHESIS_ROUTES = """
 routes:
-  generate_content: {plugins: [validation, usage, sse]}
-  stream_generate_content: {plugins: [validation, usage, sse]}
+  generate_content: {public: true, plugins: [validation, usage, sse]}
+  stream_generate_content: {public: true, plugins: [validation, usage, sse]}
 """
 
 

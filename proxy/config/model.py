@@ -279,6 +279,10 @@ class RouteConfig(Strict):
     # Chat routes only: fail over also when an upstream took the request and closed or went
     # quiet before answering (it may have billed for it). docs/resilience.md.
     failover_unanswered: bool = False
+    # Keyed routes only: serve it with a configured pipeline that names no caller (no plugin
+    # providing it), so anyone who reaches the gateway uses the channel's credential. Without it
+    # such a pipeline is a config problem; with it, a warning at every start and reload.
+    public: bool = False
 
 
 class LoggingConfig(Strict):

@@ -8,7 +8,7 @@ import sys
 
 from proxy.config import LISTEN_ENV, ConfigError, load_config
 from proxy.plugin import PluginCommand
-from proxy.registry import plugin_commands
+from proxy.registry import config_warnings, plugin_commands
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,6 +110,8 @@ def _check_config(path: str) -> int:
         return 1
     config = loaded.config
     print(f"{path}: ok ({len(config.channels)} channel(s), digest {loaded.digest})")
+    for warning in config_warnings(config):  # served as written, but its operator must know
+        print(f"  warning: {warning}", file=sys.stderr)
     return 0
 
 
