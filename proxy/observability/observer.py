@@ -38,6 +38,11 @@ class Observer:
     def __init__(self, config: GatewayConfig) -> None:
         self.enabled = config.observability.metrics.enabled
         self.model_label = m.ModelLabels(config)
+        if self.enabled:
+            # A refused credential is counted from 0, so an alert on its increase sees the first one
+            # (a series that appears at 1 shows Prometheus no increase).
+            for channel in config.channels:
+                child(m.UPSTREAM_ERRORS, channel.name, m.CREDENTIAL_REFUSED)
 
     def started(self, ex: Exchange) -> None:
         if self.enabled:
