@@ -143,6 +143,8 @@ def log_exchange(ex: Exchange, config: LoggingConfig, now: float, overhead_s: fl
         "duration_ms": round((now - ex.started) * 1000, 3),
         "upstream_ms": round(ex.outcome.upstream_seconds() * 1000, 3),
         "overhead_ms": round(overhead_s * 1000, 3),
+        "backoff_ms": round(ex.outcome.backoff_s * 1000, 3),  # neither the gateway's time nor the upstream's
+        "pool_wait_ms": round(ex.outcome.pool_wait_s * 1000, 3),
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
         "bytes_out": ex.outcome.bytes_out,

@@ -59,6 +59,11 @@ class Observer:
         child(m.REQUESTS, route, ex.format.name, model, channel, m.status_class(ex.outcome.status)).inc()
         per_route.duration.observe(now - ex.started)
         per_route.overhead.observe(overhead_s)
+        outcome = ex.outcome
+        if outcome.backoff_s:
+            m.BACKOFF_WAIT.observe(outcome.backoff_s)
+        if outcome.pool_wait_s:
+            m.POOL_WAIT.observe(outcome.pool_wait_s)
         if ex.outcome.upstream_headers_at is not None and ex.outcome.upstream_started is not None:
             child(m.UPSTREAM_TTFB, route, channel).observe(ex.outcome.upstream_headers_at - ex.outcome.upstream_started)
         usage = ex.usage

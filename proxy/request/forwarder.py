@@ -168,8 +168,13 @@ class Forwarder:
             if isinstance(result, web.StreamResponse):
                 return result
             ex.channel, reason = result
+            paused = time.perf_counter()
+            ex.outcome.attempt_ended(paused)
             runtime.observer.retried(ex, reason)
-            await asyncio.sleep(delay)
+            try:  # the pause is its own part of the request's time, neither the gateway's nor an upstream's
+                await asyncio.sleep(delay)
+            finally:
+                ex.outcome.backoff_s += time.perf_counter() - paused
             delay *= 2
             ex.restore_body(body, body_changed)
 
@@ -179,9 +184,10 @@ class Forwarder:
         """One attempt: the client's answer, or the next channel to try and why."""
         observer = runtime.observer
         assert channel.pool is not None
-        ex.outcome.upstream_started = time.perf_counter()
+        ex.outcome.attempt_started(time.perf_counter())
         try:
-            upstream = await channel.pool.request(ex.request.method, target, ex.headers, data)
+            upstream = await channel.pool.request(ex.request.method, target, ex.headers, data,
+                                                  waited=ex.outcome.pool_waited)
         except UpstreamError as exc:
             if isinstance(data, MultipartBody) and data.rejection is not None:
                 violation = data.rejection  # the body broke a rule while it streamed: the upstream got no whole request
@@ -218,7 +224,7 @@ class Forwarder:
                 upstream.close()
                 return ex.answer_locally(ex.error_response(
                     failure.status, f"upstream {channel.name} answered {status}: it {failure.says}", failure.code,
-                    headers={"x-should-retry": "false"}), id_header)
+                    headers={"x-should-retry": "false", "Server-Timing": ex.server_timing()}), id_header)
         try:
             relay = Relay(ex, upstream, pipeline, self.affinity,
                           buffer_limit=int(runtime.config.server.max_json_body_mb * 1024 * 1024),
@@ -238,7 +244,8 @@ class Forwarder:
         if status == 502 and ex.route.format is ACCOUNT:
             status = 503  # a webhook's sender, a login form, retry a 503
         never_reached = exc.written is Written.NOTHING
-        headers = {"x-should-retry": "true" if never_reached else "false"}
+        # After attempts, where the time went (a failover's pauses, a pool's wait) matters most.
+        headers = {"x-should-retry": "true" if never_reached else "false", "Server-Timing": ex.server_timing()}
         if kind == "pool_exhausted":
             headers["Retry-After"] = "1"
         reused = " on a reused connection" if exc.reused and not exc.answered and not never_reached else ""

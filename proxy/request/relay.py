@@ -113,7 +113,7 @@ class Relay:
         if self.ex.response_headers:
             headers.update(self.ex.response_headers)
         headers[self.request_id_header] = self.ex.request_id
-        headers["Server-Timing"] = _server_timing(self.ex)
+        headers["Server-Timing"] = self.ex.server_timing()
         return headers
 
     async def _send_buffered(self) -> web.StreamResponse:
@@ -434,10 +434,3 @@ def _carries_link(headers: CIMultiDict[str]) -> bool:
         if name in headers:
             return True
     return False
-
-
-def _server_timing(ex: Exchange) -> str:
-    now = time.perf_counter()
-    upstream_ms = ex.outcome.upstream_seconds() * 1000
-    overhead_ms = ex.overhead_seconds(now) * 1000
-    return f"gateway;dur={overhead_ms:.3f};desc=\"gateway overhead\", upstream;dur={upstream_ms:.3f}"
