@@ -1,0 +1,90 @@
+"""Text that is safe where it lands (docs/security.md, "Safe text and redaction"): a client's
+model name in access lines and reports. Through real sockets."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from proxy.observability.safe_text import csv_cell, shown
+from tests.conftest import MESSAGE_HEADERS
+from tests.test_ledger import rows_when
+
+ROOT = Path(__file__).parent.parent
+
+# A zero-width space in front of a formula, a right-to-left override, an isolate, a C1 CSI
+# (`\x9b2J` clears a VT220's screen), a line separator and a byte-order mark.
+HOSTILE = "\u200b=1+1\u202egnp.exe\u2066\x9b2J\u2028\ufeffmsgmodel-haiku-4-5"
+SHOWN = r"\u200b=1+1\u202egnp.exe\u2066\x9b2J\u2028\ufeffmsgmodel-haiku-4-5"
+RAW = ["\u200b", "\u202e", "\u2066", "\x9b", "\u2028", "\ufeff"]
+
+
+def test_every_steering_or_invisible_character_is_shown_as_an_escape() -> None:
+    for char in "\x00\x1b\x7f\x85\x9b\u00ad\u061c\u200b\u200c\u200d\u200e\u200f\u2028\u2029\u202a\u202e\u2060" \
+                "\u2066\u2069\ufeff\u3164\U000e0041":
+        assert shown(f"a{char}b").startswith("a\\") and char not in shown(f"a{char}b"), repr(char)
+    assert shown("msgmodel-haiku-4-5") == "msgmodel-haiku-4-5" and shown("café 日本") == "café 日本"
+    assert shown("a\\u200bb") == "a\\\\u200bb"  # an escape the client typed is told apart from one made here
+    assert shown("tab\there") == "tab\\there"
+    assert csv_cell("\u200b=1+1") == "'\\u200b=1+1" and csv_cell(" \u00a0@SUM(A1)") == "' \\xa0@SUM(A1)"
+    assert csv_cell("-2") == "'-2" and csv_cell("msg-model") == "msg-model" and csv_cell(3) == 3
+
+
+@pytest.mark.parametrize("form", ["json", "console"])
+def test_every_log_line_shows_a_clients_text_safely(form: str) -> None:
+    probe = (f"import logging; from proxy.config.model import LoggingConfig; "
+             f"from proxy.observability.access_log import configure_logging; "
+             f"configure_logging(LoggingConfig(format='{form}')); "
+             f"logging.getLogger('modelgate.probe').warning('refused %s', {HOSTILE!r}, extra={{'detail': {HOSTILE!r}}})")
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert not any(char in ran.stderr for char in RAW) and ran.stderr.count("u202egnp.exe") == 2, ran.stderr
+
+
+def access_lines(log: Path) -> list[dict[str, object]]:
+    return [line for line in map(json.loads, filter(lambda text: text.startswith("{"), log.read_text().splitlines()))
+            if line.get("event") == "request" and line.get("route") == "messages"]
+
+
+async def test_a_hostile_model_name_is_escaped_in_the_access_line_and_the_usage_report(
+        ledger_db, spawn, tmp_path) -> None:  # noqa: ANN001
+    text = f"""
+server: {{listen: "127.0.0.1:{{PORT}}"}}
+channels: [{{name: simulator, base_url: simulator, simulator: {{chunk_delay_ms: 0, output_tokens: 3}}}}]
+plugins: {{ledger: {{database_url: "{ledger_db}", flush_interval_s: 0.1, spool_dir: "{tmp_path / 'spool'}"}}}}
+"""
+    gateway = spawn("gateway", config=text)
+    chat = {"model": HOSTILE, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as http:
+        for _ in range(2):
+            async with http.post(gateway.url + "/v1/messages", json=chat, headers=MESSAGE_HEADERS) as answer:
+                assert answer.status == 200, await answer.text()
+    assert [r["model"] for r in await rows_when(ledger_db, 2)] == [HOSTILE, HOSTILE]  # stored as sent
+
+    deadline = time.monotonic() + 10
+    while len(lines := access_lines(gateway.log)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # access lines are written in batches
+    assert [line["model"] for line in lines] == [SHOWN, SHOWN]
+    logged = gateway.log.read_text()
+    assert not any(char in logged for char in RAW)
+
+    config_path = tmp_path / "report.yaml"
+    config_path.write_text(text.replace("{PORT}", "1"))
+
+    def report(form: str) -> str:
+        made = subprocess.run([sys.executable, "-m", "proxy", "usage", "report", "-c", str(config_path), "--since", "1h",
+                               "--by", "model", "--format", form], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert made.returncode == 0, made.stderr
+        assert not any(char in made.stdout for char in RAW), form
+        return made.stdout
+
+    # The formula guard sees past the zero-width space a spreadsheet would drop.
+    assert [row["model"] for row in csv.DictReader(report("csv").splitlines())] == ["'" + SHOWN]
+    assert SHOWN in report("table")
+    assert [row["model"] for row in json.loads(report("json"))] == [HOSTILE]  # JSON escapes them itself
