@@ -1,21 +1,27 @@
 """Text that is safe where it lands (docs/security.md, "Safe text and redaction"): a client's
-model name in access lines and reports. Through real sockets."""
+model name in access lines and reports, the channel's credential however an upstream spells it
+back. Each through real sockets."""
 
 from __future__ import annotations
 
+import base64
 import csv
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import aiohttp
 import pytest
 
 from proxy.observability.safe_text import csv_cell, shown
+from proxy.request.redact import Redactor
 from tests.conftest import MESSAGE_HEADERS
+from tests.raw_http import Received, recording_upstream, send_raw
 from tests.test_ledger import rows_when
+from tests.test_security import ALICE, bearer, config, post
 
 ROOT = Path(__file__).parent.parent
 
@@ -88,3 +94,81 @@ plugins: {{ledger: {{database_url: "{ledger_db}", flush_interval_s: 0.1, spool_d
     assert [row["model"] for row in csv.DictReader(report("csv").splitlines())] == ["'" + SHOWN]
     assert SHOWN in report("table")
     assert [row["model"] for row in json.loads(report("json"))] == [HOSTILE]  # JSON escapes them itself
+
+
+# The channel's credential, with the characters that percent-encoding, JSON and Base64 each spell otherwise.
+CREDENTIAL = "sk-Chan_Secret/Key+2024-abcdef"
+RAW_CREDENTIAL = CREDENTIAL.encode()
+
+
+def b64(data: bytes, urlsafe: bool = False) -> str:
+    return (base64.urlsafe_b64encode if urlsafe else base64.b64encode)(data).decode()
+
+
+ECHOED = {
+    "upper": CREDENTIAL.upper(),
+    "lower": CREDENTIAL.lower(),
+    "swapped": CREDENTIAL.swapcase(),
+    "percent": quote(CREDENTIAL, safe=""),
+    "percent every byte, upper-cased": "".join(f"%{b:02x}" for b in CREDENTIAL.upper().encode()),
+    "json slash": CREDENTIAL.replace("/", "\\/"),
+    "hex": RAW_CREDENTIAL.hex(),
+    "HEX": RAW_CREDENTIAL.hex().upper(),
+    "base64": b64(RAW_CREDENTIAL),
+    "base64 unpadded": b64(RAW_CREDENTIAL).rstrip("="),
+    "base64 url-safe": b64(RAW_CREDENTIAL, urlsafe=True),
+    "base64 percent-encoded": quote(b64(b"xy" + RAW_CREDENTIAL), safe=""),
+    "bearer": "Bearer " + b64(RAW_CREDENTIAL),
+    "basic user:credential": "Basic " + b64(b"gateway:" + RAW_CREDENTIAL),
+    "basic :credential": "Basic " + b64(b":" + RAW_CREDENTIAL),
+    "basic u:credential, more after": "Basic " + b64(b"u:" + RAW_CREDENTIAL + b"\x00tail"),
+}
+
+
+def echoing_every_spelling(received: Received) -> bytes:
+    """An upstream whose error quotes its credential in every spelling: in its body, one field
+    each, and in headers. A large one (past what is held) is redacted as it streams."""
+    # JSON text spells a slash `\/` where the decoded value has `/`: that one is put in as JSON text.
+    body = json.dumps({"error": {"message": "bad request", "echo": {**ECHOED, "json slash": "SLASHED"}}}).encode()
+    body = body.replace(b"SLASHED", ECHOED["json slash"].encode())
+    if received.path == "/v1/messages":
+        body = b" . " * 30_000 + b"\n".join(value.encode() + b" . " * 7_001 for value in ECHOED.values())
+    headers = (f"X-Debug-Authorization: Basic {b64(b'gateway:' + RAW_CREDENTIAL)}\r\n"
+               f"X-Debug-Key: {RAW_CREDENTIAL.hex().upper()}\r\nX-Debug-Query: key={quote(CREDENTIAL.upper(), safe='')}\r\n")
+    return (f"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n{headers}"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+async def test_an_upstream_echoing_its_credential_in_any_spelling_has_each_redacted(start_gateway) -> None:  # noqa: ANN001
+    server, _ = recording_upstream(echoing_every_spelling)
+    async with server:
+        gw = await start_gateway(config(server.url, "server: {max_json_body_mb: 0.05}").replace(
+            "credential: upstream-secret-9f8e7d", f'credential: "{CREDENTIAL}"'))
+        whole = await send_raw(gw.url, *post("/v1/responses", bearer(ALICE), b'{"model":"respmodel-4o","input":"x"}'))
+        streamed = await send_raw(gw.url, *post("/v1/messages", f"x-api-key: {ALICE}\r\nmsgapi-version: 2023-06-01\r\n",
+                                                b'{"model":"msgmodel-haiku-4-5","max_tokens":5,'
+                                                b'"messages":[{"role":"user","content":"x"}]}'))
+    assert whole.status == streamed.status == 400
+    echoed = whole.json()["error"]["echo"]  # type: ignore[index]
+    assert echoed == {name: "Bearer [redacted]" if name == "bearer" else "Basic [redacted]"
+                      if name.startswith("basic") else "[redacted]" for name in ECHOED}
+    assert streamed.body.count(b"[redacted]") == len(ECHOED) and len(streamed.body) > 300_000
+    for answer in (whole, streamed):
+        assert answer.headers["x-debug-authorization"] == "Basic [redacted]"
+        assert answer.headers["x-debug-key"] == "[redacted]" and answer.headers["x-debug-query"] == "key=[redacted]"
+        everything = (repr(answer.headers) + answer.body.decode("latin-1")).lower()
+        for spelled in ECHOED.values():
+            assert spelled.lower() not in everything
+        assert "secret" not in everything  # no piece of the credential's own words either
+
+
+def test_a_streamed_body_is_redacted_as_the_whole_is_however_it_is_cut() -> None:
+    redactor = Redactor(CREDENTIAL)
+    body = b" | ".join(value.encode() for value in ECHOED.values()) + b" | end"
+    whole = redactor.bytes(body)
+    assert whole.count(b"[redacted]") == len(ECHOED)
+    for size in (1, 2, 3, 5, 7, 64):
+        stream = redactor.stream()
+        pieces = [stream.feed(body[i:i + size]) for i in range(0, len(body), size)]
+        assert b"".join(pieces) + stream.flush() == whole, size
+    assert Redactor("abc").text("ABC YWJj 616263") == "[redacted] YWJj 616263"  # too short to look for encoded
