@@ -1,6 +1,6 @@
 """Text that is safe where it lands (docs/security.md, "Safe text and redaction"): a client's
 model name in access lines and reports, the channel's credential however an upstream spells it
-back. Each through real sockets."""
+back, what aiohttp's parser refuses. Each through real sockets."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 
 from proxy.observability.safe_text import csv_cell, shown
 from proxy.request.redact import Redactor
-from tests.conftest import MESSAGE_HEADERS
+from tests.conftest import DEMO_KEY, MESSAGE_HEADERS
 from tests.raw_http import Received, recording_upstream, send_raw
 from tests.test_ledger import rows_when
 from tests.test_security import ALICE, bearer, config, post
@@ -172,3 +172,19 @@ def test_a_streamed_body_is_redacted_as_the_whole_is_however_it_is_cut() -> None
         pieces = [stream.feed(body[i:i + size]) for i in range(0, len(body), size)]
         assert b"".join(pieces) + stream.flush() == whole, size
     assert Redactor("abc").text("ABC YWJj 616263") == "[redacted] YWJj 616263"  # too short to look for encoded
+
+
+# aiohttp's parser refuses these before any endpoint runs: the answer is JSON and quotes nothing.
+
+async def test_a_request_aiohttp_refuses_gets_json_without_its_bytes(gateway) -> None:  # noqa: ANN001
+    long_line = f"POST /v1/messages HTTP/1.1\r\nx-api-key: {DEMO_KEY}\r\nx-note: {DEMO_KEY}".encode() + b"K" * 40_000
+    control = f"POST /v1/messages HTTP/1.1\r\nx-api-key: {DEMO_KEY}\r\nx-note: {DEMO_KEY}\x01more".encode()
+    in_target = f"GET /v1/models?key={DEMO_KEY}\x01 HTTP/1.1".encode()
+    for head, status, code in ((long_line, 431, "request_header_fields_too_large"), (control, 400, "malformed_request"),
+                               (in_target, 400, "malformed_request")):
+        answer = await send_raw(gateway.url, head)
+        assert (answer.status, answer.headers["content-type"]) == (status, "application/json")
+        assert answer.json()["error"]["code"] == code  # type: ignore[index]
+        assert DEMO_KEY.encode() not in answer.body and b"KKKK" not in answer.body and b"\x01" not in answer.body
+    async with aiohttp.ClientSession() as http, http.get(gateway.url + "/healthz") as answer:
+        assert answer.status == 200  # and the gateway goes on
