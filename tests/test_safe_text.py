@@ -1,12 +1,13 @@
 """Text that is safe where it lands (docs/security.md, "Safe text and redaction"): a client's
 model name in access lines and reports, the channel's credential however an upstream spells it
-back, what aiohttp's parser refuses. Each through real sockets."""
+back, what aiohttp's parser refuses, and the passwords in state URLs. Each through real sockets."""
 
 from __future__ import annotations
 
 import base64
 import csv
 import json
+import os
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ import pytest
 
 from proxy.observability.safe_text import csv_cell, shown
 from proxy.request.redact import Redactor
-from tests.conftest import DEMO_KEY, MESSAGE_HEADERS
+from tests.conftest import DEMO_KEY, MESSAGE_HEADERS, REDIS_URL
 from tests.raw_http import Received, recording_upstream, send_raw
 from tests.test_ledger import rows_when
 from tests.test_security import ALICE, bearer, config, post
@@ -188,3 +189,67 @@ async def test_a_request_aiohttp_refuses_gets_json_without_its_bytes(gateway) ->
         assert DEMO_KEY.encode() not in answer.body and b"KKKK" not in answer.body and b"\x01" not in answer.body
     async with aiohttp.ClientSession() as http, http.get(gateway.url + "/healthz") as answer:
         assert answer.status == 200  # and the gateway goes on
+
+
+# State URLs: check-config names what is wrong with one without a piece of its password.
+
+PIECES = ("Sekr1t", "piece2", "Piece3x")
+
+
+def check_config(tmp_path: Path, url: str, command: str = "check-config") -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(f"server: {{workers: 1}}\nstate: {{backend: redis, url: '{url}'}}\n"
+                    f"plugins: {{webhook_queue: {{enabled: true, url: '{url}'}}}}\n")
+    args = ["check-config", str(path)] if command == "check-config" else ["serve", "-c", str(path)]
+    return subprocess.run([sys.executable, "-m", "proxy", *args], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.mark.parametrize("url", [
+    "redis+sentinel://:pw@s1:26379,s2/main?sentinel_password=Sekr1t&piece2=Piece3x",
+    "redis+sentinel://:pw@s1:26379/main?sentinel_password=Sekr1t&piece2&Piece3x",
+    "rediss+cluster://u:Sekr1t&piece2@n1:7000?Piece3x=1&sentinel_password=x",
+    "redis://:Sekr1t?piece2=Piece3x@127.0.0.1:6379/0",
+    "redis://:Sekr1t#piece2/Piece3x@127.0.0.1:6379/0",
+    "redis://:Sekr1t/piece2?Piece3x@127.0.0.1:6379/0",
+    "redis://127.0.0.1:6379/0?password=Sekr1t&piece2=Piece3x",
+])
+def test_check_config_names_a_bad_state_url_without_any_piece_of_its_password(tmp_path, url) -> None:  # noqa: ANN001
+    checked = check_config(tmp_path, url)
+    said = checked.stdout + checked.stderr
+    assert checked.returncode == 1 and "state.url: " in said and "plugins.webhook_queue.url: " in said, said
+    assert not any(piece in said for piece in PIECES) and "Traceback" not in said, said
+
+
+def test_a_state_url_option_redis_could_not_read_fails_check_config_and_start_cleanly(tmp_path) -> None:  # noqa: ANN001
+    for command in ("check-config", "serve"):
+        checked = check_config(tmp_path, f"{REDIS_URL}?socket_timeout=abc", command)
+        assert checked.returncode == 1, checked.stderr
+        assert "state.url: option socket_timeout: not a number of seconds above 0" in checked.stderr
+        assert "Traceback" not in checked.stderr
+    for option, why in (("health_check_interval=1.5", "not a whole number"), ("retry_on_timeout=maybe", "not one of"),
+                        ("protocol=3", "unknown option 'protocol'"), ("socket_timeout=1&socket_timeout=2", "given twice")):
+        assert why in check_config(tmp_path, f"{REDIS_URL}?{option}").stderr, option
+
+
+async def test_the_options_a_state_url_may_carry_reach_redis(spawn, redis_url) -> None:  # noqa: ANN001
+    import redis.asyncio as aioredis
+
+    options = "socket_timeout=2&socket_connect_timeout=1.5&health_check_interval=30&retry_on_timeout=yes&client_name=mg-safe-text"
+    gateway = spawn("gateway", config=f"""
+server: {{listen: "127.0.0.1:{{PORT}}", workers: 1}}
+state: {{backend: redis, url: "{redis_url}?{options}"}}
+""")
+    async with aiohttp.ClientSession() as http:
+        async with http.post(gateway.url + "/v1/responses", json={"model": "respmodel-4o", "input": "hi"},
+                             headers={"Authorization": f"Bearer {DEMO_KEY}"}) as answer:
+            assert answer.status == 200
+            made = (await answer.json())["id"]
+        async with http.post(gateway.url + "/v1/responses", headers={"Authorization": f"Bearer {DEMO_KEY}"},
+                             json={"model": "respmodel-4o", "input": "again", "previous_response_id": made}) as answer:
+            assert answer.status == 200  # the chain was kept in Redis
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        assert "mg-safe-text" in {c["name"] for c in await client.client_list()}
+    finally:
+        await client.aclose()
