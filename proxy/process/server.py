@@ -16,6 +16,7 @@ from proxy.config import LoadedConfig, text_digest
 from proxy.config.model import ServerConfig, worker_count
 from proxy.observability.access_log import configure_logging
 from proxy.process.app import APP_KEY, build_app
+from proxy.process.refusals import refuse_in_json
 from proxy.process.workers import RELOAD_ENV, Supervisor, bind_to_supervisor, is_worker, port_taken
 from proxy.request.client_limits import parser_limits
 
@@ -85,6 +86,7 @@ async def start_runner(app: web.Application, config: ServerConfig) -> web.AppRun
                            lingering_time=min(10.0, config.client_idle_s))
     await runner.setup()
     assert runner.server is not None
+    refuse_in_json(runner.server)  # what the HTTP parser refuses is answered in JSON, not in its bytes
     app[APP_KEY].connections.watch(runner.server, config.max_connections)
     return runner
 
