@@ -130,8 +130,9 @@ class _Ends:
         """The end of the first event end at or after `start`, if there is one."""
         data = self.data
         window = start + _WINDOW
-        # (a match within the window is the first of all: one running past its end starts at
-        # least three bytes before it, and one that starts earlier fits in it)
+        # (a match within the window is the first of all: one that runs past the window's end
+        # starts in its last three bytes, where the keys are looked for from, and one that
+        # starts earlier fits in it)
         match = _EVENT_END.search(data, start, window)
         if match is not None:
             return match.end()
