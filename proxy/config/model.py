@@ -59,6 +59,9 @@ class ServerConfig(Strict):
     listen: str = "127.0.0.1:8080"
     public_base_url: str | None = None
     max_json_body_mb: PositiveFloat = 64.0
+    # One server-sent event from an upstream, held until its blank line: past it the stream ends
+    # with the format's error event (an upstream that never ends an event costs this much, no more).
+    max_stream_event_mb: PositiveFloat = 8.0
     max_upload_mb: PositiveFloat = 512.0        # multipart edits (streamed): 16 images under 25 MB fit
     drain_timeout_s: PositiveFloat = 60.0       # on SIGTERM: how long in-flight requests may take to finish
     request_id_header: str = "X-Request-Id"

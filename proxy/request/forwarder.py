@@ -228,6 +228,7 @@ class Forwarder:
         try:
             relay = Relay(ex, upstream, pipeline, self.affinity,
                           buffer_limit=int(runtime.config.server.max_json_body_mb * 1024 * 1024),
+                          max_event=int(runtime.config.server.max_stream_event_mb * 1024 * 1024),
                           request_id_header=id_header, observer=observer,
                           client_idle_s=runtime.config.server.client_idle_s, drain=self.drain)
             return await relay.send()
