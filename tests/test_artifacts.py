@@ -131,6 +131,7 @@ def test_the_image_default_command_serves_and_its_healthcheck_passes() -> None:
     listen = args.index("--listen")
     assert args[listen + 1] == f"0.0.0.0:{image_port()}", "reachable from outside the container"
     args[listen + 1] = f"127.0.0.1:{port}"
+    args += ["--admin-listen", f"127.0.0.1:{free_port()}"]  # moved too, off the default 8081
     binary = Path(sys.executable).with_name(final.entrypoint[0])
     assert binary.exists(), "the entrypoint is the package's console script"
     check = [sys.executable, *command[1:-1], command[-1].replace(f":{image_port()}/", f":{port}/")]
