@@ -219,6 +219,8 @@ state: {{backend: redis, url: '{REDIS_URL}', prefix: 'admin-{os.getpid()}-{time.
     gateway.proc.send_signal(signal.SIGHUP)
 
     async def every_worker_takes_the_new_token() -> bool:
+        if gateway.log.read_text().count('"config reloaded"') < 2:
+            return False  # (fresh connections need not reach both workers: each says when it has reloaded)
         for _ in range(6):
             async with aiohttp.ClientSession() as http:
                 if (await answer_of(http, gateway.url + "/metrics", headers={"Authorization": f"Bearer {new_token}"}))[0] != 200:

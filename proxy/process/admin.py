@@ -83,7 +83,7 @@ class AdminSurface:
         path nobody serves: the main listener does not say that an admin route exists."""
         self._built = True
         for route in self.routes:
-            app.router.add_route(route.method, route.path, self._guarded(route, not_found))
+            _add(app, route.method, route.path, self._guarded(route, not_found))
 
     def _guarded(self, route: AdminRoute, not_found: Handler) -> Handler:
         async def guarded(request: web.Request) -> web.StreamResponse:
@@ -107,7 +107,7 @@ class AdminSurface:
         app = web.Application()
         shared(app)
         for route in self.routes:
-            app.router.add_route(route.method, route.path, route.handler)
+            _add(app, route.method, route.path, route.handler)
         served = ", ".join(f"{route.method} {route.path}" for route in self.routes)
 
         async def not_here(request: web.Request) -> web.Response:
@@ -116,6 +116,13 @@ class AdminSurface:
 
         app.router.add_route("*", r"/{tail:[\s\S]*}", not_here)  # a decoded line break is a path too
         return app
+
+
+def _add(app: web.Application, method: str, path: str, handler: Handler) -> None:
+    if method == "GET":  # HEAD too, as for every other GET path of the gateway
+        app.router.add_get(path, handler)
+    else:
+        app.router.add_route(method, path, handler)
 
 
 class AdminListener:
