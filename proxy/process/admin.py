@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -26,8 +25,6 @@ from aiohttp import web
 from proxy.config.model import ServerConfig
 from proxy.formats import ACCOUNT
 from proxy.request.client_limits import parser_limits
-
-log = logging.getLogger("modelgate.admin")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
