@@ -349,15 +349,15 @@ def plugin_config_problems(config: GatewayConfig, workers: int) -> list[str]:
     return problems
 
 
-def plugin_routes(config: GatewayConfig) -> list[PluginRoute]:
+def plugin_routes(config: GatewayConfig, *, admin: bool = False) -> list[PluginRoute]:
     """The paths the registered plugins, and any other the config names, ask the app to serve
     (all of them from the start: a reload cannot add a path, and the handler of a plugin not
-    configured says so)."""
+    configured says so); `admin`: their paths for operators only."""
     classes = dict.fromkeys(registered_classes().values())
     for route in config.routes.values():
         for name in route.plugins or ():
             classes.setdefault(resolve_plugin(name))
-    return [extra for cls in classes for extra in cls.routes()]
+    return [extra for cls in classes for extra in (cls.admin_routes() if admin else cls.routes())]
 
 
 def plugin_commands() -> list[PluginCommand]:
