@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
+import re
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from proxy.config.env import expand
+from proxy.config.env import PLACEHOLDER_PROBLEM, expand
 from proxy.config.files import UnreadableFile, digest, read_file
 from proxy.config.model import (
     ChannelConfig,
@@ -134,9 +135,19 @@ def _parse(text: str, environ: Mapping[str, str], files: MutableMapping[str, str
             if key.model_extra:
                 key.model_extra.update(key_settings(key.model_extra))
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(_placeholders_first(problems))
     assert config is not None
     return config
+
+
+def _placeholders_first(problems: list[str]) -> list[str]:
+    """A value still holding a placeholder is said to once: what its key's own rules say of the
+    placeholder (not a URL, too short) is no news, and would bury the line that says what to edit."""
+    def key_of(problem: str) -> str:
+        return re.sub(r"\[(\d+)\]", r".\1", problem.split(": ", 1)[0])  # plugins write list indices with dots
+
+    held = {key_of(problem) for problem in problems if PLACEHOLDER_PROBLEM in problem}
+    return [problem for problem in problems if PLACEHOLDER_PROBLEM in problem or key_of(problem) not in held]
 
 
 def _describe(error: Any) -> str:

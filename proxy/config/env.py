@@ -22,6 +22,7 @@ _REFERENCE = re.compile(r"\$\$\{|\$\{file:([^}]*)\}|\$\{([A-Za-z_][A-Za-z0-9_]*)
 # started on it would fail later and less clearly (a credential the upstream refuses), or not at
 # all (a key anyone who read the files knows), so a value holding it is a problem.
 PLACEHOLDER = "CHANGE-ME"
+PLACEHOLDER_PROBLEM = f"the placeholder {PLACEHOLDER} is still in"
 
 
 def expand(tree: Any, environ: Mapping[str, str], path: str = "",
@@ -81,7 +82,7 @@ def _expand_string(text: str, environ: Mapping[str, str], path: str, problems: l
     if PLACEHOLDER in text:
         placeholders.insert(0, "the config file")
     if placeholders:
-        problems.append(f"{where}: the placeholder {PLACEHOLDER} is still in {' and in '.join(placeholders)}: "
+        problems.append(f"{where}: {PLACEHOLDER_PROBLEM} {' and in '.join(placeholders)}: "
                         "replace it with the real value")
     return expanded
 
