@@ -5,8 +5,8 @@ the Dockerfile statically (its base, user, install step, entrypoint and health c
 what it copies exists and is in the build context) and by running its default command and its
 health check as the image would; docker-compose.yaml against the Compose Specification's JSON
 schema, with the files it mounts checked by their own readers (the gateway's config check,
-promtool, Grafana's provisioning layout); the Kubernetes manifests in deploy/ against the
-Kubernetes API's schemas in strict mode, and against each other and the image."""
+promtool, Grafana's provisioning layout). The Kubernetes manifests, rendered from
+deploy/kubernetes/, are checked in tests/test_kubernetes.py."""
 
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import jsonschema
-import kubernetes_validate
 import pytest
 import yaml
 
@@ -42,7 +41,6 @@ from tests.dockerfile import (
     ignored,
     image,
     image_port,
-    image_uid,
     readme_run_it,
     venv_and_pip,
 )
@@ -50,12 +48,6 @@ from tests.dockerfile import (
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 COMPOSE = ROOT / "docker-compose.yaml"
-
-# The Kubernetes release the manifests are checked against: the oldest one whose schemas every
-# kubernetes-validate the test extras allow (>=1.30) ships, and still one that has every API
-# used here (autoscaling/v2 and policy/v1 are GA since 1.23 and 1.21).
-KUBERNETES_VERSION = "1.30.0"
-
 
 # --- the Dockerfile -------------------------------------------------------------------------
 
@@ -327,98 +319,3 @@ def test_grafana_provisions_the_prometheus_datasource_and_the_dashboard() -> Non
     dashboard = json.loads((ROOT / "dashboards" / "modelgate.json").read_text(encoding="utf-8"))
     variable = next(item for item in dashboard["templating"]["list"] if item["type"] == "datasource")
     assert variable["query"] == datasource["type"], "the dashboard's datasource variable finds it"
-
-
-# --- Kubernetes -----------------------------------------------------------------------------
-
-
-def manifests() -> list[tuple[str, dict[str, Any]]]:
-    """Every document in deploy/ that is a Kubernetes object: it has an apiVersion and a kind."""
-    found = []
-    for path in sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml")]):
-        for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):
-            if isinstance(document, dict) and "apiVersion" in document and "kind" in document:
-                found.append((str(path.relative_to(ROOT)), document))
-    return found
-
-
-def the(kind: str) -> dict[str, Any]:
-    (document,) = [document for _, document in manifests() if document["kind"] == kind]
-    return document
-
-
-def test_the_deploy_folder_has_every_kubernetes_object_the_gateway_needs() -> None:
-    kinds = sorted(document["kind"] for _, document in manifests())
-    assert kinds == sorted(["ConfigMap", "Secret", "Deployment", "Service",
-                            "PodDisruptionBudget", "HorizontalPodAutoscaler"])
-
-
-@pytest.mark.parametrize("where, document", manifests(),
-                         ids=[f"{where}:{d['kind']}/{d['metadata']['name']}" for where, d in manifests()])
-def test_kubernetes_manifest_matches_the_api_schema(where: str, document: dict[str, Any]) -> None:
-    try:
-        kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as error:
-        pytest.fail(f"{where}: {'.'.join(map(str, error.path))}: {error.message}")
-    except kubernetes_validate.utils.SchemaNotFoundError as error:
-        pytest.fail(f"{where}: {error.message}")  # an unknown kind or API version is an error, not a pass
-
-
-def test_the_strict_schemas_refuse_unknown_and_mistyped_fields() -> None:
-    deployment = the("Deployment")
-    for path, value in ((("spec", "template", "spec", "containers", 0, "readinessprobe"), {}),
-                        (("spec", "template", "spec", "terminationGracePeriodSeconds"), "75")):
-        broken = copy.deepcopy(deployment)
-        node = broken
-        for step in path[:-1]:
-            node = node[step]
-        node[path[-1]] = value
-        with pytest.raises(kubernetes_validate.ValidationError):
-            kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
-
-
-def test_the_autoscaler_and_the_disruption_budget_fit_the_deployment() -> None:
-    deployment, hpa, pdb = the("Deployment"), the("HorizontalPodAutoscaler"), the("PodDisruptionBudget")
-    labels = deployment["spec"]["template"]["metadata"]["labels"]
-    selector = deployment["spec"]["selector"]["matchLabels"]
-    assert selector.items() <= labels.items()
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": deployment["apiVersion"], "kind": "Deployment",
-                                             "name": deployment["metadata"]["name"]}
-    assert "replicas" not in deployment["spec"], "the autoscaler owns the count; apply would reset it"
-    (metric,) = hpa["spec"]["metrics"]
-    assert metric["type"] == "Resource" and metric["resource"]["name"] == "cpu"
-    assert metric["resource"]["target"]["type"] == "Utilization"
-    for container in deployment["spec"]["template"]["spec"]["containers"]:
-        assert "cpu" in container["resources"]["requests"], "CPU utilization is measured against the request"
-    assert pdb["spec"]["selector"] == {"matchLabels": selector}
-    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert hpa["spec"]["minReplicas"] - pdb["spec"]["maxUnavailable"] >= 2, "a drain leaves two pods serving"
-    service = the("Service")
-    assert service["spec"]["selector"].items() <= labels.items()
-
-
-def test_the_deployment_runs_the_image_as_built() -> None:
-    deployment = the("Deployment")
-    pod = deployment["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["securityContext"]["runAsUser"] == image_uid()
-    assert container["securityContext"]["allowPrivilegeEscalation"] is False
-    # The container's args follow the image's entrypoint: `modelgate serve -c <the ConfigMap's file>`.
-    args = container["args"]
-    assert image().entrypoint == ["modelgate", "serve"] and args[0] == "-c"
-    mount_path, key = posixpath.split(args[1])
-    (volume_name,) = [mount["name"] for mount in container["volumeMounts"] if mount["mountPath"] == mount_path]
-    (volume,) = [volume for volume in pod["volumes"] if volume["name"] == volume_name]
-    config_map = the("ConfigMap")
-    assert volume["configMap"]["name"] == config_map["metadata"]["name"] and key in config_map["data"]
-    listen = yaml.safe_load(config_map["data"][key])["server"]["listen"]
-    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-    assert listen == f"0.0.0.0:{image_port()}" and ports["http"] == image_port()
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    volumes = {volume["name"] for volume in pod["volumes"]}
-    assert {mount["name"] for mount in container["volumeMounts"]} <= volumes, "a mount names no volume"
-    if container["securityContext"].get("readOnlyRootFilesystem"):
-        assert "/tmp" in {mount["mountPath"] for mount in container["volumeMounts"]}, \
-            "the workers' metrics files and spooled bodies need a writable /tmp"
