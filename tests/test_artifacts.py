@@ -41,6 +41,7 @@ from tests.dockerfile import (
     ignored,
     image,
     image_port,
+    install_target,
     readme_run_it,
     venv_and_pip,
 )
@@ -70,18 +71,37 @@ def test_the_image_is_slim_python_run_by_a_user_that_is_not_root() -> None:
 def test_the_image_installs_the_package_as_the_readme_does() -> None:
     commands = readme_run_it()
     _, readme_args = venv_and_pip(commands)
-    # The README installs editable for development; the image installs the same target for good.
+    # The README installs editable for development; the image installs the same target for good,
+    # with the s3 extra, so every store of docs/url-delivery.md works in it.
     expected = [arg for arg in readme_args if arg not in ("-e", "--editable")]
     (build,) = [stage for stage in dockerfile_stages() if any("pip install" in run for run in stage.runs)]
     (run,) = [run for run in build.runs if "pip install" in run]
     venv, args = venv_and_pip([shlex.split(part) for part in run.split("&&")])
-    assert args == expected, f"the image runs pip install {args}, the README {readme_args}"
-    target = posixpath.normpath(posixpath.join(build.workdir, expected[-1]))
+    path, extras = install_target(args[-1])
+    assert [*args[:-1], path] == expected, f"the image runs pip install {args}, the README {readme_args}"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert extras == ["s3"] and "s3" in project["project"]["optional-dependencies"]
+    target = posixpath.normpath(posixpath.join(build.workdir, path))
     assert posixpath.join(target, "pyproject.toml") in copied(build), "pip installs the copied project"
     final = image()
     assert venv in copied(final, from_stage=build.name).values(), "the runtime stage takes the build's venv"
     serve = commands[-1]
     assert [Path(serve[0]).name, *serve[1:]] == final.entrypoint, "README's last command is the entrypoint"
+
+
+def test_no_document_installs_this_project_from_a_package_index_by_name() -> None:
+    """The name `modelgate` on the public package index is another project's: `pip install
+    modelgate[s3]` installed it. The gateway is installed from this repository, extras and all."""
+    by_name = re.compile(r"\b(?:pip3?|pipx|uv\s+pip|python3?\s+-m\s+pip)\s+install\s+(?:-{1,2}[\w-]+\s+)*"
+                         r"['\"]?modelgate\b", re.I)
+    documents = [ROOT / "README.md", ROOT / "Dockerfile", *ROOT.glob("docs/**/*.md"), *ROOT.glob("deploy/**/*.md"),
+                 *ROOT.glob("examples/**/*"), *ROOT.glob("dashboards/**/*.md"), *ROOT.glob("bench/**/*.md")]
+    found = [f"{path.relative_to(ROOT)}: {match.group(0)}" for path in documents if path.is_file()
+             for match in by_name.finditer(path.read_text(encoding="utf-8", errors="replace"))]
+    assert found == []
+    assert by_name.search("pip install 'modelgate[s3]'") and not by_name.search("pip install -e '.[s3]'")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "pip install -e '.[s3]'" in readme and "pip install -e '.[s3]'" in (ROOT / "docs/url-delivery.md").read_text()
 
 
 def test_everything_the_dockerfile_copies_exists_and_is_in_the_build_context() -> None:
@@ -98,7 +118,7 @@ def test_everything_the_dockerfile_copies_exists_and_is_in_the_build_context() -
                 assert not ignored(source, patterns), f"COPY {source}: left out by .dockerignore"
     (build,) = [stage for stage in stages if any("pip install" in run for run in stage.runs)]
     _, args = venv_and_pip([shlex.split(part) for run in build.runs for part in run.split("&&")])
-    target = posixpath.normpath(posixpath.join(build.workdir, args[-1]))
+    target = posixpath.normpath(posixpath.join(build.workdir, install_target(args[-1])[0]))
     in_install_dir = {posixpath.relpath(path, target) for path in copied(build) if path.startswith(target + "/")}
     # What `pip install .` reads: pyproject.toml, the readme it names, and every package it finds.
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
