@@ -77,9 +77,8 @@ class ServerConfig(Strict):
     # official SDKs use are read too: `Authorization: Bearer` and `anthropic-version` on endpoint 8,
     # `x-goog-api-key` on endpoints 9-10.
     strict_interface: bool = False
-    # How often the config file and every `${file:}` it names are checked for a change, which
-    # reloads the config as SIGHUP does (a mounted Secret or ConfigMap is updated in place); 0: only
-    # SIGHUP reloads.
+    # How often the config file and each `${file:}` it names are read again: a change reloads the
+    # config as SIGHUP does (a mounted Secret or ConfigMap changes in place); 0: only SIGHUP does.
     watch_config_s: float = Field(default=1.0, ge=0, le=3600)
 
     @field_validator("listen")
@@ -214,9 +213,7 @@ class ChannelConfig(Strict):
     @field_validator("credential")
     @classmethod
     def _credential_fits_a_header(cls, value: str | None) -> str | None:
-        # It goes into a header or the query: a control character (a secret file of two lines)
-        # would fail every request at the upstream client, so it fails here, without quoting it.
-        if value is not None and any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        if value is not None and re.search(r"[\x00-\x1f\x7f]", value):  # a two-line file: every request would fail
             raise ValueError("holds a line break or another control character")
         return value
 
