@@ -226,7 +226,8 @@ class LedgerWriter:
         if self._pool is None:
             import asyncpg
 
-            pool = await asyncpg.create_pool(self.database_url, min_size=1, max_size=2, timeout=self.write_timeout_s,
+            url = self.database_url
+            pool = await asyncpg.create_pool(url, min_size=1, max_size=2, timeout=self.write_timeout_s,
                                              command_timeout=self.write_timeout_s)
             try:
                 async with pool.acquire() as connection:
@@ -234,6 +235,9 @@ class LedgerWriter:
             except BaseException:
                 pool.terminate()
                 raise
+            if url != self.database_url:  # a reload gave another URL while this one connected
+                pool.terminate()
+                return await self._connected()
             self._pool = pool
             log.info("ledger: PostgreSQL answers; records are written")
         return self._pool
