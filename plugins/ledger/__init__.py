@@ -146,10 +146,13 @@ class Ledger(Plugin):
         settings: LedgerSettings = self.settings
         if settings.database_url is None:
             return
-        slot = f"ledger:{settings.database_url}:{settings.spool_dir}"
-        if slot not in self.resources:  # one writer for the gateway's life; a reload keeps it
+        # One writer per spool folder for the gateway's life (two would share its files); a reload
+        # keeps it, and one that names another database URL (a rotated password) points it there.
+        slot = f"ledger:{settings.spool_dir}"
+        if slot not in self.resources:
             self.resources[slot] = await _writer(self.config, settings)
         self.writer = self.resources[slot]
+        self.writer.use_database(settings.database_url)
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
         if ex.format.name == "images" and (image := ImagesFormat.image_in_event(event)) is not None:

@@ -105,6 +105,9 @@ class ServerConfig(Strict):
     admin_listen: str | None = "127.0.0.1:8081"
     # Set: the main listener serves the admin routes too, to `Authorization: Bearer <admin_token>`.
     admin_token: str | None = Field(default=None, repr=False)
+    # How often the config file and each `${file:}` it names are read again: a change reloads the
+    # config as SIGHUP does (a mounted Secret or ConfigMap changes in place); 0: only SIGHUP does.
+    watch_config_s: float = Field(default=1.0, ge=0, le=3600)
 
     @field_validator("listen")
     @classmethod
@@ -252,6 +255,13 @@ class ChannelConfig(Strict):
             if not pattern:
                 raise ValueError("an empty model pattern matches nothing")
             fnmatch.translate(pattern)
+        return value
+
+    @field_validator("credential")
+    @classmethod
+    def _credential_fits_a_header(cls, value: str | None) -> str | None:
+        if value is not None and re.search(r"[\x00-\x1f\x7f]", value):  # a two-line file: every request would fail
+            raise ValueError("holds a line break or another control character")
         return value
 
     @model_validator(mode="after")

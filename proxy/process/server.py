@@ -16,8 +16,9 @@ from proxy.config import LoadedConfig, text_digest
 from proxy.config.model import ServerConfig, worker_count
 from proxy.observability.access_log import configure_logging
 from proxy.process.admin import AdminListener
-from proxy.process.app import APP_KEY, build_admin_app, build_app
+from proxy.process.app import APP_KEY, GatewayApp, build_admin_app, build_app
 from proxy.process.refusals import refuse_in_json
+from proxy.process.watch import FileWatch, reload_on_change
 from proxy.process.workers import RELOAD_ENV, Supervisor, bind_to_supervisor, is_worker, port_taken
 from proxy.request.client_limits import parser_limits
 
@@ -54,7 +55,7 @@ def serve(loaded: LoadedConfig, config_path: str | Path | None) -> int:
                           "(server.%s)", shown, setting, extra={setting: shown})
                 return 1
     if count > 1 and not is_worker():
-        return Supervisor(count, config_path, server.drain_timeout_s).run()
+        return Supervisor(count, config_path, server.drain_timeout_s, loaded.files, server.watch_config_s).run()
     raise_descriptor_limit()
     uvloop = install_uvloop()
     # A worker starts from its supervisor's last good copy, and reloads the operator's file.
@@ -116,11 +117,14 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    watching: asyncio.Task[None] | None = None
     if config_path is not None:
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(owner.reload()))
         if started_from is not None and _changed_since(started_from, loaded.digest):
             # A SIGHUP came while this worker started, before it could take one: catch up.
             loop.create_task(owner.reload())
+        if not is_worker():  # a worker's supervisor watches for it, and signals
+            watching = loop.create_task(_watch_files(owner), name="config watch")
     base_url = _base_url(server)
     log.info("modelgate listening on %s", base_url, extra={
         "listen": server.listen, "base_url": base_url, "admin_url": admin.url if admin else None,
@@ -129,6 +133,8 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
     try:
         await stop.wait()
     finally:
+        if watching is not None:
+            watching.cancel()
         log.info("modelgate stopping", extra={"drain_timeout_s": server.drain_timeout_s})
         await site.stop()  # no new connections
         if admin is not None:
@@ -137,6 +143,14 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
         await runner.cleanup()  # cancels what is left, within FINAL_GRACE_S
         if admin is not None:
             await admin.close()
+
+
+async def _watch_files(owner: GatewayApp) -> None:
+    async def reload() -> dict[str, str | None]:
+        await owner.reload()
+        return owner.last_files
+
+    await reload_on_change(FileWatch(owner.loaded.files), lambda: owner.loaded.config.server.watch_config_s, reload)
 
 
 def _changed_since(path: str | Path, digest: str) -> bool:
