@@ -25,7 +25,6 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from proxy.config.model import ServerConfig
 from tests.conftest import free_port
 from tests.dockerfile import image, image_port, image_uid
 
@@ -107,17 +106,8 @@ def lay_out_pod_files(documents: list[dict[str, Any]], root: Path) -> Path:
             for key, value in mounted(documents, mount["mountPath"]).items():
                 (folder / key).write_bytes(value)
     config = root / container["args"][1].lstrip("/")
-    config.write_text(checkable(config.read_text()).replace("${file:/", f"${{file:{root}/"))
+    config.write_text(config.read_text().replace("${file:/", f"${{file:{root}/"))
     return config
-
-
-def checkable(config_text: str) -> str:
-    """The config as this tree's gateway can check it. The manifests set `server.admin_listen`
-    (the pod's admin port); a gateway without that setting yet would refuse the key, so it is
-    checked here only where the gateway knows it, and by the manifests' own tests elsewhere."""
-    if "admin_listen" in ServerConfig.model_fields:
-        return config_text
-    return re.sub(r"(?m)^\s*admin_listen:.*\n", "", config_text)
 
 
 def check_config(config: Path) -> subprocess.CompletedProcess[str]:
