@@ -362,6 +362,6 @@ def test_the_load_balancers_never_pass_the_admin_port_or_metrics_on() -> None:
     haproxy = (DEPLOY / "haproxy.cfg").read_text(encoding="utf-8")
     servers = re.findall(r"^\s*server\s+\S+\s+[\d.]+:(\d+)", haproxy, re.MULTILINE)
     assert servers and set(servers) == {str(port)}
-    assert "http-request deny deny_status 404 if { path /metrics }" in haproxy
+    assert "http-request deny deny_status 404 if { path,url_dec -i /metrics }" in haproxy  # %6detrics too
     assert "option httpchk GET /readyz" in haproxy  # the bare verdict: all a load balancer reads
     assert admin_port != port

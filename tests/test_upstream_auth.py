@@ -13,6 +13,7 @@ from aiohttp import web
 from prometheus_client import REGISTRY
 
 from proxy.config.model import SimulatorSettings
+from proxy.observability.access_log import AccessLog
 from proxy.policy.resilience import ChannelHealth
 from simulator import build_simulator_app
 from simulator.core import Simulator
@@ -41,8 +42,11 @@ def auth_failures(channel: str) -> float | None:
 
 
 async def test_an_upstream_401_is_a_502_of_the_gateways_and_opens_the_breaker(
-        start_gateway, http, keyed_upstream, caplog: pytest.LogCaptureFixture) -> None:  # noqa: ANN001
+        start_gateway, http, keyed_upstream, caplog: pytest.LogCaptureFixture,  # noqa: ANN001
+        monkeypatch: pytest.MonkeyPatch) -> None:
     sim, url = keyed_upstream
+    access_lines: list[dict[str, object]] = []
+    monkeypatch.setattr(AccessLog, "write", lambda self, event: access_lines.append(event))
     gw = await start_gateway(f"channels: [{{name: rotated, base_url: '{url}', credential: {WRONG}}}]")
     assert auth_failures("rotated") == 0.0  # counted from 0, so the first one is an increase
     with caplog.at_level(logging.INFO):
@@ -67,6 +71,8 @@ async def test_an_upstream_401_is_a_502_of_the_gateways_and_opens_the_breaker(
     assert [(r.levelno, getattr(r, "channel", None), getattr(r, "status", None)) for r in said] == [
         (logging.ERROR, "rotated", 401)]
     assert not any(WRONG in r.getMessage() or WRONG in str(r.__dict__) for r in caplog.records)
+    # The access line says what the client was sent: the gateway's own answer, all its bytes.
+    assert [(line["status"], line["bytes_out"]) for line in access_lines][:1] == [(502, len(text.encode()))]
 
 
 @pytest.mark.parametrize("status", [401, 403])
