@@ -17,9 +17,8 @@ Every shelf is bounded in bytes as stored (its entries' field names and values),
 beside it (`...:pending:bytes`) that the same script moves with each add, move and trim, so the
 bound is exact across instances and never makes Redis evict anything else. `pending` refuses a
 callback past its bound (the provider retries); `delivered` and `dead` drop their oldest entries
-instead (they are settled already). A counter missing beside a stream that holds entries (a queue
-written by an older release) is summed from the stream once; one beside an empty stream is reset,
-so a count an older instance left behind during an upgrade mends itself when the shelf empties.
+instead (they are settled already). proxy/state/stream_bytes.py keeps the counters, and says how
+a count an older release left wrong, during an upgrade, mends itself.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from typing import Any
 from redis.exceptions import NoScriptError, RedisError
 
 from proxy.state.connect import Mode, connect, mode_of
+from proxy.state.stream_bytes import LUA as STREAM_BYTES, run
 
 __all__ = ["Backlog", "Bounds", "QueueFull", "QueueUnsafe", "QueuedWebhook", "RedisError", "Shelf", "WebhookQueue"]
 
@@ -91,52 +91,10 @@ if holder == false or holder == ARGV[1] then
 end
 return 0
 """
-# Shared by the scripts below: an entry's size as stored, and a shelf's byte counter (summed from
-# the stream, a page at a time, when it is missing; reset when the stream is empty).
-_BYTES = """
-local function size(fields, from)
-  local n = 0
-  for i = from or 1, #fields do n = n + #fields[i] end
-  return n
-end
-local function held(stream, counter)
-  if redis.call('XLEN', stream) == 0 then
-    redis.call('SET', counter, 0)
-    return 0
-  end
-  local known = redis.call('GET', counter)
-  if known then return tonumber(known) end
-  local total, after = 0, '-'
-  while true do
-    local page = redis.call('XRANGE', stream, after, '+', 'COUNT', 100)
-    if #page == 0 then break end
-    for _, entry in ipairs(page) do total = total + size(entry[2]) end
-    after = '(' .. page[#page][1]
-  end
-  redis.call('SET', counter, total)
-  return total
-end
-local function remove(stream, counter, id)
-  local found = redis.call('XRANGE', stream, id, id)
-  if #found == 0 then return false end
-  local gone = size(found[1][2])
-  held(stream, counter)
-  redis.call('XDEL', stream, id)
-  if redis.call('XLEN', stream) == 0 or redis.call('DECRBY', counter, gone) < 0 then redis.call('SET', counter, 0) end
-  return true
-end
-local function add(stream, counter, fields, from)
-  local n = size(fields, from)
-  held(stream, counter)
-  local id = redis.call('XADD', stream, '*', unpack(fields, from))
-  redis.call('INCRBY', counter, n)
-  return id
-end
-"""
 # At the end of the pending stream, unless it holds its most entries (1) or bytes (2) already:
 # the check and the add in one step, so concurrent callbacks cannot overfill it.
 # KEYS: pending, its counter; ARGV: most entries, most bytes, the fields.
-_ADD = _BYTES + """
+_ADD = STREAM_BYTES + """
 if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then return 1 end
 if held(KEYS[1], KEYS[2]) + size(ARGV, 3) > tonumber(ARGV[2]) then return 2 end
 return add(KEYS[1], KEYS[2], ARGV, 3)
@@ -144,7 +102,7 @@ return add(KEYS[1], KEYS[2], ARGV, 3)
 # Off `pending` (KEYS 1-2) onto a settled shelf (KEYS 3-4), whose oldest entries then go while it
 # holds more than ARGV[2] entries or ARGV[3] bytes; the number dropped, or -1 when the callback
 # is no longer pending (another deliverer settled it, after this one's lease lapsed): not added twice.
-_SETTLE = _BYTES + """
+_SETTLE = STREAM_BYTES + """
 if not remove(KEYS[1], KEYS[2], ARGV[1]) then return -1 end
 add(KEYS[3], KEYS[4], ARGV, 4)
 local dropped, most, bytes = 0, tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -158,14 +116,14 @@ return dropped
 """
 # A settled entry (KEYS 1-2, ARGV[1]) queued again at the end of `pending` (KEYS 3-4) within its
 # bounds (ARGV 3-4; else 1 or 2, as _ADD), and taken off its shelf when ARGV[2] is '1' (dead).
-_REPLAY = _BYTES + """
+_REPLAY = STREAM_BYTES + """
 if redis.call('XLEN', KEYS[3]) >= tonumber(ARGV[3]) then return 1 end
 if held(KEYS[3], KEYS[4]) + size(ARGV, 5) > tonumber(ARGV[4]) then return 2 end
 if ARGV[2] == '1' and not remove(KEYS[1], KEYS[2], ARGV[1]) then return 0 end
 return add(KEYS[3], KEYS[4], ARGV, 5)
 """
 # A shelf's entries and bytes, the counter mended on the way.
-_BACKLOG = _BYTES + """
+_BACKLOG = STREAM_BYTES + """
 return {redis.call('XLEN', KEYS[1]), held(KEYS[1], KEYS[2])}
 """
 _RELEASE = """
@@ -221,12 +179,7 @@ class WebhookQueue:
         return [self.key(shelf), self.counter(shelf)]
 
     async def _run(self, script: Any, keys: list[str], args: list[bytes | str | int]) -> Any:
-        """A script by its digest, else by its text, on the node holding `keys`: redis-py would load a
-        forgotten script on every primary of a Cluster, failing while any one of them is down."""
-        try:
-            return await self._client.evalsha(script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            return await self._client.eval(script.script, len(keys), *keys, *args)
+        return await run(self._client, script, keys, args)
 
     async def put(self, webhook: QueuedWebhook) -> str:
         """Store a callback at the end of `pending`, in one round trip; its id once Redis has it
