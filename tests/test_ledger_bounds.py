@@ -34,19 +34,19 @@ def record(index: int, filler: int = 0) -> Any:
                        1, 0, 1, 0, 0, 0.0, 0.0, False, 1.0, False, False)
 
 
-async def stream_bytes(client: aioredis.Redis, key: str) -> int:
+async def stream_bytes(client: Any, key: str) -> int:
     """What the stream's entries hold, field names and values, read back entry by entry."""
     return sum(sum(len(k) + len(v) for k, v in fields.items()) for _, fields in await client.xrange(key))
 
 
-async def test_the_journal_takes_records_to_its_bytes_and_no_further(redis_url: str) -> None:
+async def test_the_journal_takes_records_to_its_bytes_and_no_further(shared_redis: str) -> None:
+    """On every topology (on a Cluster the counter shares its stream's slot)."""
     from plugins.ledger.journal import Journal
-    from proxy.state.shared import share, unshare
+    from proxy.state.shared import share
 
-    shared = share(redis_url)
-    client = aioredis.Redis.from_url(redis_url)
     key = "bounds:ledger:journal"
-    journal = Journal(shared, key, 20_000, 60.0)
+    journal = Journal(share(shared_redis), key, 20_000, 60.0)
+    client = journal._shared.client
     try:
         big = record(0, filler=1800)
         assert 2400 < len(big.encoded()) < 2600
@@ -72,17 +72,15 @@ async def test_the_journal_takes_records_to_its_bytes_and_no_further(redis_url: 
         assert await client.get(beside(key)) == b"0" and await client.xlen(key) == 0
     finally:
         await journal.close()
-        await unshare(shared)
-        await client.aclose()
 
 
-async def test_the_redis_spool_takes_batches_to_its_bytes(redis_url: str) -> None:
+async def test_the_redis_spool_takes_batches_to_its_bytes(shared_redis: str) -> None:
     from plugins.ledger.spool import RedisSpool
     from proxy.state.shared import share
 
-    client = aioredis.Redis.from_url(redis_url)
     key = "bounds:ledger:spool"
-    spool = RedisSpool(share(redis_url), key, 12_000)
+    spool = RedisSpool(share(shared_redis), key, 12_000)
+    client = spool._client
     try:
         batch = [record(n, filler=1800) for n in range(2)]  # about 5 KB as written
         assert [await spool.put(batch) for _ in range(3)] == [True, True, False]
@@ -96,7 +94,6 @@ async def test_the_redis_spool_takes_batches_to_its_bytes(redis_url: str) -> Non
         assert await spool.put(batch)
     finally:
         await spool.close()
-        await client.aclose()
 
 
 async def test_with_postgresql_away_a_gateway_keeps_no_more_than_spool_max_mb_in_each_stream(
