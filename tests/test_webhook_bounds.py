@@ -120,12 +120,15 @@ async def test_the_shelves_hold_their_bytes_whatever_is_posted_and_the_ip_rate_b
                                           asyncio.gather(*(chat(http, gw.url) for _ in range(5))))
     statuses = [status for status, _ in answers]
     assert chats == [200] * 5
-    assert statuses == [200] * 2 + [503] * 48 + [429] * 50
-    full, limited = answers[2][1], answers[50][1]
+    # The first 50 are within the rate whatever the time they take; the rest are over it (if the
+    # machine is slow enough for the minute to pass meanwhile, some of those meet the full queue).
+    assert statuses[:50] == [200] * 2 + [503] * 48
+    assert 429 in statuses[50:] and set(statuses[50:]) <= {429, 503}
+    full, limited = answers[2][1], answers[statuses.index(429)][1]
     assert full["json"]["error"]["code"] == "webhook_queue_full" and full["retry_after"]
     assert "12582912 bytes" in full["json"]["error"]["message"]
     assert limited["json"]["error"]["code"] == "rate_limited" and int(limited["retry_after"]) >= 1
-    assert metric("modelgate_webhooks_queued_total", outcome="full") - full_before == 48
+    assert metric("modelgate_webhooks_queued_total", outcome="full") - full_before == statuses.count(503)
     held = await queue_memory(redis_url, "bounded:")
     assert 10 * MB < held <= 12 * MB + 64 * 1024, held
 
