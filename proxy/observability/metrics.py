@@ -70,9 +70,10 @@ CLIENT_ABORTS = Counter("modelgate_client_aborts", "Clients that went away befor
                         ["route", "phase"])
 TOKENS = Counter("modelgate_tokens", "Tokens the upstream reported", ["model", "key", "direction"])
 UPSTREAM_ERRORS = Counter("modelgate_upstream_errors", "Failed upstream attempts", ["channel", "kind"])
-# Its kind for an upstream refusing a channel's credential (a row of the forwarder's FAILURES),
-# counted from 0 for every channel.
+# Its kind for an upstream refusing a channel's credential (a 401; a row of the forwarder's
+# FAILURES), counted from 0 for every channel; and for one refusing a request alone (a 403).
 CREDENTIAL_REFUSED = "status_auth"
+REQUEST_FORBIDDEN = "status_forbidden"
 POOL_EXHAUSTED = Counter("modelgate_upstream_pool_exhausted", "Requests that found every connection a channel's "
                          "pool may open (pool.max_connections) busy past the connect timeout", ["channel"])
 UPSTREAM_RETRIES = Counter("modelgate_upstream_retries", "Requests sent again to another channel, by why",
