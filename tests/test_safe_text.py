@@ -113,6 +113,10 @@ ECHOED = {
     "percent": quote(CREDENTIAL, safe=""),
     "percent every byte, upper-cased": "".join(f"%{b:02x}" for b in CREDENTIAL.upper().encode()),
     "json slash": CREDENTIAL.replace("/", "\\/"),
+    # JSON text, as .NET and Gson write it: some characters \u00XX-escaped, hex in either case.
+    "json \\u00XX": CREDENTIAL.replace("+", "\\u002B").replace("/", "\\u002f").replace("-", "\\u002D"),
+    "json \\u00XX, every character": "".join(f"\\u{ord(c):04x}" for c in CREDENTIAL),
+    "base64, json-escaped padding": b64(b"x" + RAW_CREDENTIAL).replace("=", "\\u003d"),
     "hex": RAW_CREDENTIAL.hex(),
     "HEX": RAW_CREDENTIAL.hex().upper(),
     "base64": b64(RAW_CREDENTIAL),
@@ -129,9 +133,12 @@ ECHOED = {
 def echoing_every_spelling(received: Received) -> bytes:
     """An upstream whose error quotes its credential in every spelling: in its body, one field
     each, and in headers. A large one (past what is held) is redacted as it streams."""
-    # JSON text spells a slash `\/` where the decoded value has `/`: that one is put in as JSON text.
-    body = json.dumps({"error": {"message": "bad request", "echo": {**ECHOED, "json slash": "SLASHED"}}}).encode()
-    body = body.replace(b"SLASHED", ECHOED["json slash"].encode())
+    # JSON text spells a slash `\/` or a character `\u00XX` where the decoded value has the
+    # character itself: those are put in as JSON text.
+    escaped = {name: f"ESCAPED-{n}-" for n, (name, value) in enumerate(ECHOED.items()) if "\\" in value}
+    body = json.dumps({"error": {"message": "bad request", "echo": {**ECHOED, **escaped}}}).encode()
+    for name, placeholder in escaped.items():
+        body = body.replace(placeholder.encode(), ECHOED[name].encode())
     if received.path == "/v1/messages":
         body = b" . " * 30_000 + b"\n".join(value.encode() + b" . " * 7_001 for value in ECHOED.values())
     headers = (f"X-Debug-Authorization: Basic {b64(b'gateway:' + RAW_CREDENTIAL)}\r\n"
@@ -163,6 +170,30 @@ async def test_an_upstream_echoing_its_credential_in_any_spelling_has_each_redac
         assert "secret" not in everything  # no piece of the credential's own words either
 
 
+# What .NET's and Gson's encoders write for a credential whose Base64-like characters they escape.
+ESCAPING = "Xk9+Lm2/Qr7pZtW4=="
+
+
+def escaping_encoders(_: Received) -> bytes:
+    body = (b'{"error": {"message": "key Xk9\\u002BLm2/Qr7pZtW4\\u003D\\u003D is not allowed", '
+            b'"gson": "Xk9\\u002bLm2\\/Qr7pZtW4\\u003d\\u003d", "b64": "' + b64(ESCAPING.encode()).encode() + b'"}}')
+    return (f"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            f"X-Echo: Xk9\\u002BLm2\\u002FQr7pZtW4==\r\n\r\n").encode() + body
+
+
+async def test_a_credential_json_escaped_by_the_upstreams_encoder_is_redacted(start_gateway) -> None:  # noqa: ANN001
+    server, _ = recording_upstream(escaping_encoders)
+    async with server:
+        gw = await start_gateway(config(server.url).replace("credential: upstream-secret-9f8e7d",
+                                                            f'credential: "{ESCAPING}"'))
+        answer = await send_raw(gw.url, *post("/v1/responses", bearer(ALICE), b'{"model":"respmodel-4o","input":"x"}'))
+    assert answer.status == 400
+    assert answer.json() == {"error": {"message": "key [redacted] is not allowed", "gson": "[redacted]",
+                                       "b64": "[redacted]"}}
+    assert answer.headers["x-echo"] == "[redacted]"
+    assert b"Lm2" not in answer.body and "Lm2" not in repr(answer.headers)
+
+
 def test_a_streamed_body_is_redacted_as_the_whole_is_however_it_is_cut() -> None:
     redactor = Redactor(CREDENTIAL)
     body = b" | ".join(value.encode() for value in ECHOED.values()) + b" | end"
@@ -173,6 +204,9 @@ def test_a_streamed_body_is_redacted_as_the_whole_is_however_it_is_cut() -> None
         pieces = [stream.feed(body[i:i + size]) for i in range(0, len(body), size)]
         assert b"".join(pieces) + stream.flush() == whole, size
     assert Redactor("abc").text("ABC YWJj 616263") == "[redacted] YWJj 616263"  # too short to look for encoded
+    # A Base64 spelling whose `+` and `/` a JSON encoder escaped (its `+/` come from `>` and `?`).
+    spelled = b64(b"sk->>>???").replace("+", "\\u002B").replace("/", "\\u002f")
+    assert "\\u002B" in spelled and Redactor("sk->>>???").text(f"key {spelled}.") == "key [redacted]."
 
 
 # aiohttp's parser refuses these before any endpoint runs: the answer is JSON and quotes nothing.
