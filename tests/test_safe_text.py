@@ -225,6 +225,47 @@ async def test_a_request_aiohttp_refuses_gets_json_without_its_bytes(gateway) ->
         assert answer.status == 200  # and the gateway goes on
 
 
+async def test_the_admin_listener_refuses_what_the_parser_refuses_in_json_too(gateway) -> None:  # noqa: ANN001
+    control = b"GET /metrics HTTP/1.1\r\nAuthorization: Bearer sk-secret\x01x"
+    long_line = b"GET /metrics HTTP/1.1\r\nAuthorization: Bearer sk-secret" + b"K" * 40_000
+    in_target = b"GET /metrics?token=sk-secret\x01 HTTP/1.1"
+    for head, status, code in ((control, 400, "malformed_request"), (long_line, 431, "request_header_fields_too_large"),
+                               (in_target, 400, "malformed_request")):
+        answer = await send_raw(gateway.admin, head)
+        assert (answer.status, answer.headers["content-type"]) == (status, "application/json"), answer
+        assert answer.json()["error"]["code"] == code  # type: ignore[index]
+        assert b"sk-secret" not in answer.body and b"KKKK" not in answer.body and b"\x01" not in answer.body
+    async with aiohttp.ClientSession() as http, http.get(gateway.admin + "/metrics") as answer:
+        assert answer.status == 200  # and the listener goes on
+
+
+# aiohttp's own 417 for an Expect other than 100-continue was plain text repeating the value.
+EXPECT = f"Expect: <script>alert(1)</script>{DEMO_KEY}\r\n"
+
+
+@pytest.mark.parametrize("listener", ["public", "admin"])
+@pytest.mark.parametrize("target", ["/v1/messages", "/nowhere", "/metrics"])
+async def test_an_expectation_the_gateway_cannot_meet_is_a_json_417_without_its_value(
+        gateway, listener: str, target: str) -> None:  # noqa: ANN001
+    url = gateway.url if listener == "public" else gateway.admin
+    body = b'{"model":"msgmodel-haiku-4-5","max_tokens":5,"messages":[{"role":"user","content":"x"}]}'
+    head = (f"POST {target} HTTP/1.1\r\nx-api-key: {DEMO_KEY}\r\nmsgapi-version: 2023-06-01\r\n{EXPECT}"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}").encode()
+    answer = await send_raw(url, head, body)
+    assert (answer.status, answer.headers["content-type"]) == (417, "application/json"), answer
+    assert answer.json()["error"]["code"] == "expectation_failed"  # type: ignore[index]
+    assert answer.json()["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert b"script" not in answer.body and DEMO_KEY.encode() not in answer.body
+    assert answer.headers.get("connection", "").lower() == "close"
+
+
+async def test_100_continue_is_still_met(gateway) -> None:  # noqa: ANN001
+    chat = {"model": "msgmodel-haiku-4-5", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+    async with aiohttp.ClientSession() as http, http.post(gateway.url + "/v1/messages", json=chat, expect100=True,
+                                                          headers=MESSAGE_HEADERS) as answer:
+        assert answer.status == 200, await answer.text()
+
+
 # State URLs: check-config names what is wrong with one without a piece of its password.
 
 PIECES = ("Sekr1t", "piece2", "Piece3x")

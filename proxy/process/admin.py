@@ -24,6 +24,7 @@ from aiohttp import web
 
 from proxy.config.model import ServerConfig
 from proxy.formats import ACCOUNT
+from proxy.process.refusals import refuse_in_json
 from proxy.request.client_limits import parser_limits
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -142,6 +143,10 @@ class AdminListener:
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0,
                                keepalive_timeout=config.keepalive_timeout_s, **parser_limits(config))
         await runner.setup()
+        assert runner.server is not None
+        # What the HTTP parser refuses here is answered in JSON too, never in its bytes (an
+        # Authorization line with a control character in it would be quoted back whole).
+        refuse_in_json(runner.server)
         site = web.TCPSite(runner, host, configured_port if port is None else port, backlog=128, reuse_port=reuse_port)
         try:
             await site.start()
