@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import csv
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -16,8 +17,10 @@ from urllib.parse import quote
 
 import aiohttp
 import pytest
+from prometheus_client import REGISTRY
 
 from proxy.observability.safe_text import csv_cell, shown
+from proxy.process import log_guard
 from proxy.request.redact import Redactor
 from tests.conftest import DEMO_KEY, MESSAGE_HEADERS, REDIS_URL
 from tests.raw_http import Received, recording_upstream, send_raw
@@ -237,6 +240,42 @@ async def test_the_admin_listener_refuses_what_the_parser_refuses_in_json_too(ga
         assert b"sk-secret" not in answer.body and b"KKKK" not in answer.body and b"\x01" not in answer.body
     async with aiohttp.ClientSession() as http, http.get(gateway.admin + "/metrics") as answer:
         assert answer.status == 200  # and the listener goes on
+
+
+async def test_malformed_requests_are_a_clients_fault_logged_once_per_kind_a_while_and_all_counted(
+        gateway, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, clock) -> None:  # noqa: ANN001
+    """Anyone can send thousands: they must not flood the log at error, nor trip alerts on it."""
+    monkeypatch.setattr(log_guard._FILTER, "clock", clock, raising=False)  # other tests' refusals are not this one's
+    monkeypatch.setattr(log_guard._FILTER, "logged_at", {}, raising=False)
+    monkeypatch.setattr(log_guard._FILTER, "unlogged", {}, raising=False)
+    control = f"POST /v1/messages HTTP/1.1\r\nx-api-key: {DEMO_KEY}\x01more".encode()
+    bad_target = b"GET /v1/models\x01 HTTP/1.1"
+
+    def said() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage().startswith("malformed request refused")]
+
+    with caplog.at_level(logging.INFO):
+        for _ in range(20):
+            assert (await send_raw(gateway.url, control)).status == 400
+        assert len(said()) == 1
+        kind = said()[0].kind  # type: ignore[attr-defined]
+        counted = REGISTRY.get_sample_value("modelgate_malformed_requests_total", {"kind": kind})
+        clock.advance(log_guard.SAMPLE_S - 1)
+        assert (await send_raw(gateway.admin, control)).status == 400  # the admin listener's count too
+        clock.advance(1)
+        for _ in range(3):
+            assert (await send_raw(gateway.url, control)).status == 400
+            assert (await send_raw(gateway.url, bad_target)).status == 400
+    lines = [(r.levelno, r.kind, r.suppressed, r.getMessage()) for r in said()]  # type: ignore[attr-defined]
+    other = lines[-1][1]
+    assert other != kind
+    # The first of a kind, then the next SAMPLE_S later with the 20 it held back (19, and the admin's).
+    assert lines == [(logging.WARNING, kind, 0, f"malformed request refused: {kind} (400)"),
+                     (logging.WARNING, kind, 20, f"malformed request refused: {kind} (400)"),
+                     (logging.WARNING, other, 0, f"malformed request refused: {other} (400)")]
+    assert not any(r.levelno >= logging.ERROR for r in caplog.records if r.name.startswith("aiohttp"))
+    assert REGISTRY.get_sample_value("modelgate_malformed_requests_total", {"kind": kind}) == counted + 4
+    assert REGISTRY.get_sample_value("modelgate_malformed_requests_total", {"kind": other}) >= 3
 
 
 # aiohttp's own 417 for an Expect other than 100-continue was plain text repeating the value.

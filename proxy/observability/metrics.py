@@ -80,6 +80,10 @@ UPSTREAM_RETRIES = Counter("modelgate_upstream_retries", "Requests sent again to
                            ["route", "reason"])
 CHANNEL_UP = Gauge("modelgate_channel_up", "1 while a channel's breaker is closed; 0 while it is open",
                    ["channel"], multiprocess_mode="liveall")
+# By the parser's exception class (aiohttp has a dozen): a bounded label. The log shows one line
+# per kind per 10 s (proxy/process/log_guard.py); this counts them all.
+MALFORMED_REQUESTS = Counter("modelgate_malformed_requests", "Requests the HTTP parser refused (answered 400 or "
+                             "431 in JSON, on either listener), by the parser's exception", ["kind"])
 CONNECTIONS_REFUSED = Counter("modelgate_connections_refused", "Client connections closed as they were accepted: "
                               "past server.max_connections and its headroom")
 TRACE_SPANS = Counter("modelgate_trace_spans", "Finished spans by what became of them: exported, rejected by the "

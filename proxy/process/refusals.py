@@ -26,6 +26,7 @@ from aiohttp.http_exceptions import (
     BadHttpMessage,
     BadHttpMethod,
     BadStatusLine,
+    HttpProcessingError,
     InvalidHeader,
     InvalidURLError,
     LineTooLong,
@@ -36,6 +37,7 @@ from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 
 from proxy.formats import ACCOUNT
+from proxy.observability.metrics import MALFORMED_REQUESTS, child
 
 # Why a request was refused, by the parser's exception (the most specific first); never its text.
 _WHY = (
@@ -54,6 +56,8 @@ class RefusingHandler(RequestHandler):
 
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> StreamResponse:
+        if isinstance(exc, HttpProcessingError):  # counted here, whatever of it the log guard lets through
+            child(MALFORMED_REQUESTS, type(exc).__name__).inc()
         # aiohttp's own call logs it (through the log guard) and raises when an answer has begun.
         super().handle_error(request, status, exc, "")
         answer = refusal(status, exc, self.max_field_size)
