@@ -64,8 +64,9 @@ class Resend(Enum):
     UNANSWERED = "unanswered"          # written, no byte of answer: GETs, and chat routes that opt in
     IDEMPOTENT = "idempotent"          # a broken answer: GETs only
     ERROR_ANSWER = "error answer"      # the upstream answered with an error: not a submission or webhook
-    # The upstream refused the request before doing any work (the channel's credential): nothing
-    # ran, nothing was billed, so any request may go to another channel, a video submission too.
+    # The upstream refused the request before doing any work (the channel's credential, or this
+    # request's permission there): nothing ran, nothing was billed, so any request may go to
+    # another channel, a video submission too.
     REFUSED = "refused"
     NEVER = "never"
 
