@@ -306,3 +306,45 @@ async def test_a_gateway_whose_admin_listen_names_its_listen_another_way_refuses
     assert process.returncode == 1
     assert f"server.admin_listen: localhost:{port} is where server.listen" in output
 
+
+async def test_a_worker_whose_listeners_were_bound_to_one_address_refuses_to_start(monkeypatch, caplog):  # noqa: ANN001
+    """What the config check cannot see (a name that resolved otherwise when it was checked) is seen
+    in the sockets: a worker binds both listeners, compares them, and stops before it serves."""
+    from proxy.config import LoadedConfig
+    from proxy.config.model import GatewayConfig
+    from proxy.process.server import ListenersOverlap, _serve
+    from proxy.process.workers import WORKER_ENV
+
+    port = free_port()
+    monkeypatch.setenv(WORKER_ENV, "0")  # SO_REUSEPORT on both listeners, as every worker binds them
+    config = GatewayConfig.model_validate(  # the schema alone: as if the check had resolved `localhost` elsewhere
+        {"server": {"listen": f"127.0.0.1:{port}", "admin_listen": f"localhost:{port}"}})
+    with pytest.raises(ListenersOverlap):
+        await asyncio.wait_for(_serve(LoadedConfig(config, "<test>", "0" * 16), None, uvloop=False), 60)
+    assert f"are bound to the same socket address (127.0.0.1:{port})" in caplog.text
+    with socket.socket() as probe:  # both listeners closed again
+        probe.bind(("127.0.0.1", port))
+
+
+def test_a_supervisor_stops_when_a_worker_finds_its_listeners_overlap(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """The worker's exit status says a restart would bind the same sockets: no restart loop, exit 1."""
+    from proxy.process.workers import LISTENERS_OVERLAP, Supervisor
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")  # the supervisor sets it: restored after the test
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    worker = tmp_path / "worker.py"
+    worker.write_text(f"raise SystemExit({LISTENERS_OVERLAP})\n")
+    supervisor = Supervisor(2, None, 5.0)
+    started: list[int] = []
+
+    def start(slot: int) -> None:
+        started.append(slot)
+        supervisor.workers[slot] = subprocess.Popen([sys.executable, str(worker)])
+
+    supervisor._start = start  # type: ignore[method-assign]
+    try:
+        assert supervisor.run() == 1
+    finally:
+        for signum, handler in handlers.items():  # and so are the handlers it installs
+            signal.signal(signum, handler)
+    assert sorted(started) == [0, 1]  # none started again: each would bind the same way

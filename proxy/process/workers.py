@@ -32,6 +32,9 @@ RELOAD_ENV = "MODELGATE_RELOAD_FROM"  # the config file a worker reloads (it sta
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 _CRASH_LOOP = 5       # workers dying this soon after starting, this many times in a row: give up
 _CRASH_WINDOW_S = 2.0
+# A worker's exit status when its listeners were bound to the same socket address (sysexits'
+# EX_CONFIG): every worker started again would bind them the same way, so the supervisor stops.
+LISTENERS_OVERLAP = 78
 
 
 def is_worker() -> bool:
@@ -148,6 +151,12 @@ class Supervisor:
                 if self.stopping or process.poll() is None:
                     continue
                 self._mark_dead(process.pid)
+                if process.returncode == LISTENERS_OVERLAP:
+                    log.error("a worker found server.admin_listen bound where server.listen is; stopping",
+                              extra={"pid": process.pid})
+                    self._stop()
+                    self._wait_all()
+                    return 1
                 quick = time.monotonic() - started[slot] < _CRASH_WINDOW_S
                 self.quick_deaths = self.quick_deaths + 1 if quick else 0
                 if self.quick_deaths >= _CRASH_LOOP:
