@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from proxy.config import ConfigError, config_from_text, load_config, parse_config
+from proxy.config import ConfigError, config_from_text, load_config, parse_config, text_digest
 from proxy.config.files import digest
 from proxy.process.watch import FileWatch
 from tests.conftest import REDIS_URL
@@ -164,6 +164,32 @@ def test_the_watch_sees_a_symlink_swap_a_same_size_rewrite_a_removal_and_a_retur
     assert watch.changed() == [str(plain)]
     plain.write_text("server: {max_headers: 60}\n")
     assert watch.changed() == [str(plain)]
+
+
+def test_a_change_is_taken_once_it_has_read_the_same_for_the_settle(tmp_path: Path, clock) -> None:  # noqa: ANN001
+    """A file being written differs at each look until it is whole: nothing is taken until two looks
+    `settle_s` apart read the same."""
+    config = tmp_path / "config.yaml"
+    config.write_text("server: {max_headers: 50}\n")
+    watch = FileWatch(load_config(config).files, clock=clock)
+    config.write_text("server: {max_head")  # half of it
+    assert watch.changed(2.0) == []  # seen, not yet taken
+    clock.advance(1.0)
+    config.write_text("server: {max_headers: 60}\n")  # the rest: read otherwise, the settle starts again
+    assert watch.changed(2.0) == []
+    clock.advance(1.5)
+    assert watch.changed(2.0) == []
+    clock.advance(0.5)
+    assert watch.changed(2.0) == [str(config)]
+    assert watch.changed(2.0) == []  # seen now
+    config.write_text("server: {max_headers: 50}\n")
+    clock.advance(5.0)
+    assert watch.changed(2.0) == []  # however long since the last look: one look is no settle
+    config.write_text("server: {max_headers: 60}\n")  # and back before it settled: nothing changed
+    clock.advance(5.0)
+    assert watch.changed(2.0) == []
+    clock.advance(5.0)
+    assert watch.changed(2.0) == []
 
 
 # --- through the gateway, with no signal ---------------------------------------------------------
@@ -368,4 +394,62 @@ async def test_a_rotated_database_url_is_taken_by_the_ledger_on_reload(ledger_db
                          json=body) as answer:
         assert answer.status == 200
     assert len(await rows_when(ledger_db, 4)) == 4  # the three spooled, and the one after
+
+
+
+# --- a file caught while it is written --------------------------------------------------------
+
+EDITED = """
+server: {{listen: "127.0.0.1:{{PORT}}", watch_config_s: 0.2, workers: {workers}}}
+state: {{backend: {backend}, url: '{redis}', prefix: 'half-written-{unique}:'}}
+observability: {{logging: {{access_log: false}}}}
+keys:
+  - {{name: first, key: gateway-key-0001}}
+{added}  - name: fired
+    key: gateway-key-fired
+    enabled: false
+"""
+
+
+def status_for(url: str, key: str) -> int:
+    """A fresh connection each time: with workers, the kernel spreads them over all of them."""
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        return ask(connection, key, f"probe-{time.monotonic_ns()}")
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_a_config_rewritten_in_place_is_not_loaded_half_written(spawn, redis_url, tmp_path: Path,
+                                                                     workers: int) -> None:  # noqa: ANN001
+    """The file is written up to just before the last key's `enabled: false`, which is valid YAML
+    enabling the key, and the rest follows several looks later: the key is never served, and the
+    one reload is of the whole file (by the process itself, or by every worker its supervisor signals)."""
+    fields = {"workers": workers, "backend": "redis" if workers > 1 else "memory", "redis": REDIS_URL,
+              "unique": f"{os.getpid()}-{time.monotonic_ns()}"}
+    gateway = spawn("gateway", config=EDITED.format(**fields, added=""))
+    config = next(tmp_path.glob("gateway-*.yaml"))
+    assert status_for(gateway.url, "gateway-key-0001") == 200
+    assert status_for(gateway.url, "gateway-key-fired") == 401
+
+    whole = config.read_text().replace("  - name: fired", '  - {name: added, key: gateway-key-0002}\n  - name: fired')
+    cut = whole.index("    enabled: false")
+    seen = []
+    with config.open("r+") as file:  # rewritten in place, as an editor that truncates and writes does
+        file.truncate()
+        file.write(whole[:cut])
+        file.flush()
+        paused = time.monotonic()
+        while time.monotonic() - paused < 0.8:  # four looks at 0.2 s, under the 2 s settle
+            seen.append(status_for(gateway.url, "gateway-key-fired"))
+            time.sleep(0.05)
+        file.write(whole[cut:])
+    assert set(seen) == {401}, seen
+    assert until(lambda: status_for(gateway.url, "gateway-key-0002") == 200, within_s=15.0)
+    for _ in range(2 * workers):
+        assert status_for(gateway.url, "gateway-key-fired") == 401
+    reloads = [json.loads(line) for line in gateway.log.read_text().splitlines() if '"config reloaded"' in line]
+    assert [reload["digest"] for reload in reloads] == [text_digest(whole)] * workers
 

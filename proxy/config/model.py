@@ -141,6 +141,9 @@ class ServerConfig(Strict):
     # How often the config file and each `${file:}` it names are read again: a change reloads the
     # config as SIGHUP does (a mounted Secret or ConfigMap changes in place); 0: only SIGHUP does.
     watch_config_s: float = Field(default=1.0, ge=0, le=3600)
+    # A change is reloaded once the files have read the same for this long (two looks at least):
+    # a file being rewritten in place is not loaded half-written (proxy/process/watch.py).
+    watch_settle_s: float = Field(default=2.0, ge=0, le=3600)
 
     @field_validator("listen")
     @classmethod

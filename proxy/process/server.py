@@ -66,7 +66,8 @@ def serve(loaded: LoadedConfig, config_path: str | Path | None) -> int:
                           "(server.%s)", shown, setting, extra={setting: shown})
                 return 1
     if count > 1 and not is_worker():
-        return Supervisor(count, config_path, server.drain_timeout_s, loaded.files, server.watch_config_s).run()
+        return Supervisor(count, config_path, server.drain_timeout_s, loaded.files, server.watch_config_s,
+                          server.watch_settle_s).run()
     raise_descriptor_limit()
     uvloop = install_uvloop()
     # A worker starts from its supervisor's last good copy, and reloads the operator's file.
@@ -175,7 +176,11 @@ async def _watch_files(owner: GatewayApp) -> None:
         await owner.reload()
         return owner.last_files
 
-    await reload_on_change(FileWatch(owner.loaded.files), lambda: owner.loaded.config.server.watch_config_s, reload)
+    def settings() -> ServerConfig:  # as the last good config says
+        return owner.loaded.config.server
+
+    await reload_on_change(FileWatch(owner.loaded.files), lambda: settings().watch_config_s,
+                           lambda: settings().watch_settle_s, reload)
 
 
 def _changed_since(path: str | Path, digest: str) -> bool:

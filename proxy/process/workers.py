@@ -89,7 +89,7 @@ class Supervisor:
     """Starts the workers, restarts the ones that die, and stops them all on SIGTERM."""
 
     def __init__(self, count: int, config_path: str | Path | None, drain_timeout_s: float,
-                 files: Mapping[str, str | None] | None = None, watch_s: float = 0.0) -> None:
+                 files: Mapping[str, str | None] | None = None, watch_s: float = 0.0, settle_s: float = 0.0) -> None:
         self.count = count
         self.config_path = config_path
         self.drain_timeout_s = drain_timeout_s
@@ -107,6 +107,7 @@ class Supervisor:
         # What the config read when loaded (LoadedConfig.files), and how often to look again.
         self.watch = FileWatch(files or {})
         self.watch_s = watch_s
+        self.settle_s = settle_s
         self._hangup = False  # a SIGHUP not yet passed on: the watch loop does it, never two at once
 
     def run(self) -> int:
@@ -144,7 +145,7 @@ class Supervisor:
                 self._reload()
             elif self.watch_s and self.config_path is not None and time.monotonic() >= next_look:
                 next_look = time.monotonic() + self.watch_s
-                if changed := self.watch.changed():
+                if changed := self.watch.changed(self.settle_s):
                     log.info("config files changed; reloading every worker", extra={"files": changed})
                     self._reload()
             for slot, process in list(self.workers.items()):
@@ -211,6 +212,7 @@ class Supervisor:
             else:
                 self.watch.loaded(loaded.files)
                 self.watch_s = loaded.config.server.watch_config_s
+                self.settle_s = loaded.config.server.watch_settle_s
                 staged = self.good_config.with_suffix(".new")
                 staged.write_text(text, encoding="utf-8")
                 staged.replace(self.good_config)
