@@ -110,6 +110,24 @@ def test_a_file_that_cannot_be_used_is_a_problem_naming_its_path_never_its_conte
     assert refused.value.files[f"{tmp_path}/missing"] is None  # watched: it may be mounted in a moment
 
 
+def test_an_empty_file_is_refused_whatever_value_it_is_for(tmp_path: Path) -> None:
+    """A file rewritten in place is empty between its truncation and its write: read then, it must
+    not become a channel credential of "" (sent as none), nor any other value."""
+    (tmp_path / "empty").write_text("")
+    (tmp_path / "newline").write_text("\n")
+    with pytest.raises(ConfigError) as refused:
+        config_from_text(textwrap.dedent(f"""
+            server: {{public_base_url: "https://gw.example.com${{file:{tmp_path}/empty}}"}}
+            keys: [{{name: k, key: "${{file:{tmp_path}/newline}}"}}]
+            channels: [{{name: a, base_url: simulator, credential: "${{file:{tmp_path}/empty}}"}}]
+        """), "<test>", {})
+    problems = refused.value.problems
+    assert f"server.public_base_url: {tmp_path}/empty is empty" in problems
+    assert f"keys[0].key: {tmp_path}/newline is empty" in problems
+    assert f"channels[0].credential: {tmp_path}/empty is empty" in problems
+    assert refused.value.files[f"{tmp_path}/empty"] == digest(b"")  # watched: its content comes next
+
+
 def test_a_placeholder_left_in_a_file_a_variable_or_the_config_is_refused_naming_where(tmp_path: Path) -> None:
     (tmp_path / "credential").write_text("CHANGE-ME\n")
     text = textwrap.dedent(f"""
@@ -453,3 +471,38 @@ async def test_a_config_rewritten_in_place_is_not_loaded_half_written(spawn, red
     reloads = [json.loads(line) for line in gateway.log.read_text().splitlines() if '"config reloaded"' in line]
     assert [reload["digest"] for reload in reloads] == [text_digest(whole)] * workers
 
+
+CREDENTIAL_FILE = """
+server: {{listen: "127.0.0.1:{{PORT}}", watch_config_s: 0.2}}
+keys: [{{name: first, key: gateway-key-0001}}]
+channels: [{{name: upstream, base_url: "{upstream}", credential: "${{file:{credential}}}"}}]
+"""
+
+
+async def test_a_secret_file_caught_empty_keeps_the_running_credential(spawn, tmp_path: Path) -> None:  # noqa: ANN001
+    """`echo new > file` truncates first: a file left empty (or read then) is refused, and requests
+    keep the credential they had until the new one is written."""
+    credential = tmp_path / "upstream-credential"
+    credential.write_text(f"{UPSTREAM_SECRET}\n")
+    simulator = spawn("simulator")
+    gateway = spawn("gateway", config=CREDENTIAL_FILE.format(upstream=simulator.url, credential=credential))
+    connection = http.client.HTTPConnection(gateway.url.removeprefix("http://"), timeout=10)
+    sent = iter(range(1000))
+
+    def credential_upstream() -> str | None:
+        request_id = f"empty-{next(sent)}"
+        assert ask(connection, "gateway-key-0001", request_id) == 200
+        return upstream_saw(simulator.url, request_id)
+
+    assert credential_upstream() == f"Bearer {UPSTREAM_SECRET}"
+    credential.write_text("")  # truncated, and the rest not written yet
+    assert until(lambda: "config reload refused" in gateway.log.read_text(), within_s=15.0)
+    refused = next(json.loads(line) for line in gateway.log.read_text().splitlines()
+                   if "config reload refused" in line)
+    assert refused["problems"] == [f"channels[0].credential: {credential} is empty"]
+    assert credential_upstream() == f"Bearer {UPSTREAM_SECRET}"
+
+    credential.write_text("upstream-s3cret-two\n")
+    assert until(lambda: credential_upstream() == "Bearer upstream-s3cret-two", within_s=15.0)
+    connection.close()
+    assert "s3cret" not in gateway.log.read_text()
