@@ -471,6 +471,20 @@ async def test_a_config_rewritten_in_place_is_not_loaded_half_written(spawn, red
     reloads = [json.loads(line) for line in gateway.log.read_text().splitlines() if '"config reloaded"' in line]
     assert [reload["digest"] for reload in reloads] == [text_digest(whole)] * workers
 
+    # Left empty (truncated, the rest not written): valid YAML, the embedded defaults and their demo
+    # key. A reload refuses it.
+    config.write_text("")
+    empty = f"<file>: {config} is empty: a reload keeps the running config"
+
+    def refused_by_all() -> bool:
+        lines = [json.loads(line) for line in gateway.log.read_text().splitlines() if "config reload refused" in line]
+        return sum(any(p.startswith(empty) for p in line["problems"]) for line in lines) == workers
+
+    assert until(refused_by_all, within_s=15.0)
+    for _ in range(2 * workers):
+        assert status_for(gateway.url, "sk-demo-key") == 401
+        assert status_for(gateway.url, "gateway-key-0002") == 200
+
 
 CREDENTIAL_FILE = """
 server: {{listen: "127.0.0.1:{{PORT}}", watch_config_s: 0.2}}

@@ -195,13 +195,14 @@ class Supervisor:
         """Pass SIGHUP on (each worker reloads the file, and counts the outcome); a file that is
         valid becomes what a worker started from now on starts from."""
         if self.config_path is not None and self.good_config is not None:
-            from proxy.config import ConfigError, config_from_text
+            from proxy.config import ConfigError, config_from_text, refuse_empty_reload
             from proxy.config.files import UnreadableFile, digest, read_file
 
             path = str(self.config_path)
             data = b""
             try:
                 data = read_file(path)
+                refuse_empty_reload(path, data)  # the workers refuse it too
                 text = data.decode("utf-8")
                 loaded = config_from_text(text, path, os.environ, {path: digest(data)})
             except (UnreadableFile, UnicodeDecodeError):
