@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from proxy.config import ConfigError, config_from_text, load_config, parse_config
+from proxy.config import ConfigError, config_from_text, load_config, parse_config, text_digest
 from proxy.config.files import digest
 from proxy.process.watch import FileWatch
 from tests.conftest import REDIS_URL
@@ -110,6 +110,24 @@ def test_a_file_that_cannot_be_used_is_a_problem_naming_its_path_never_its_conte
     assert refused.value.files[f"{tmp_path}/missing"] is None  # watched: it may be mounted in a moment
 
 
+def test_an_empty_file_is_refused_whatever_value_it_is_for(tmp_path: Path) -> None:
+    """A file rewritten in place is empty between its truncation and its write: read then, it must
+    not become a channel credential of "" (sent as none), nor any other value."""
+    (tmp_path / "empty").write_text("")
+    (tmp_path / "newline").write_text("\n")
+    with pytest.raises(ConfigError) as refused:
+        config_from_text(textwrap.dedent(f"""
+            server: {{public_base_url: "https://gw.example.com${{file:{tmp_path}/empty}}"}}
+            keys: [{{name: k, key: "${{file:{tmp_path}/newline}}"}}]
+            channels: [{{name: a, base_url: simulator, credential: "${{file:{tmp_path}/empty}}"}}]
+        """), "<test>", {})
+    problems = refused.value.problems
+    assert f"server.public_base_url: {tmp_path}/empty is empty" in problems
+    assert f"keys[0].key: {tmp_path}/newline is empty" in problems
+    assert f"channels[0].credential: {tmp_path}/empty is empty" in problems
+    assert refused.value.files[f"{tmp_path}/empty"] == digest(b"")  # watched: its content comes next
+
+
 def test_a_placeholder_left_in_a_file_a_variable_or_the_config_is_refused_naming_where(tmp_path: Path) -> None:
     (tmp_path / "credential").write_text("CHANGE-ME\n")
     text = textwrap.dedent(f"""
@@ -164,6 +182,32 @@ def test_the_watch_sees_a_symlink_swap_a_same_size_rewrite_a_removal_and_a_retur
     assert watch.changed() == [str(plain)]
     plain.write_text("server: {max_headers: 60}\n")
     assert watch.changed() == [str(plain)]
+
+
+def test_a_change_is_taken_once_it_has_read_the_same_for_the_settle(tmp_path: Path, clock) -> None:  # noqa: ANN001
+    """A file being written differs at each look until it is whole: nothing is taken until two looks
+    `settle_s` apart read the same."""
+    config = tmp_path / "config.yaml"
+    config.write_text("server: {max_headers: 50}\n")
+    watch = FileWatch(load_config(config).files, clock=clock)
+    config.write_text("server: {max_head")  # half of it
+    assert watch.changed(2.0) == []  # seen, not yet taken
+    clock.advance(1.0)
+    config.write_text("server: {max_headers: 60}\n")  # the rest: read otherwise, the settle starts again
+    assert watch.changed(2.0) == []
+    clock.advance(1.5)
+    assert watch.changed(2.0) == []
+    clock.advance(0.5)
+    assert watch.changed(2.0) == [str(config)]
+    assert watch.changed(2.0) == []  # seen now
+    config.write_text("server: {max_headers: 50}\n")
+    clock.advance(5.0)
+    assert watch.changed(2.0) == []  # however long since the last look: one look is no settle
+    config.write_text("server: {max_headers: 60}\n")  # and back before it settled: nothing changed
+    clock.advance(5.0)
+    assert watch.changed(2.0) == []
+    clock.advance(5.0)
+    assert watch.changed(2.0) == []
 
 
 # --- through the gateway, with no signal ---------------------------------------------------------
@@ -369,3 +413,110 @@ async def test_a_rotated_database_url_is_taken_by_the_ledger_on_reload(ledger_db
         assert answer.status == 200
     assert len(await rows_when(ledger_db, 4)) == 4  # the three spooled, and the one after
 
+
+
+# --- a file caught while it is written --------------------------------------------------------
+
+EDITED = """
+server: {{listen: "127.0.0.1:{{PORT}}", watch_config_s: 0.2, workers: {workers}}}
+state: {{backend: {backend}, url: '{redis}', prefix: 'half-written-{unique}:'}}
+observability: {{logging: {{access_log: false}}}}
+keys:
+  - {{name: first, key: gateway-key-0001}}
+{added}  - name: fired
+    key: gateway-key-fired
+    enabled: false
+"""
+
+
+def status_for(url: str, key: str) -> int:
+    """A fresh connection each time: with workers, the kernel spreads them over all of them."""
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        return ask(connection, key, f"probe-{time.monotonic_ns()}")
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_a_config_rewritten_in_place_is_not_loaded_half_written(spawn, redis_url, tmp_path: Path,
+                                                                     workers: int) -> None:  # noqa: ANN001
+    """The file is written up to just before the last key's `enabled: false`, which is valid YAML
+    enabling the key, and the rest follows several looks later: the key is never served, and the
+    one reload is of the whole file (by the process itself, or by every worker its supervisor signals)."""
+    fields = {"workers": workers, "backend": "redis" if workers > 1 else "memory", "redis": REDIS_URL,
+              "unique": f"{os.getpid()}-{time.monotonic_ns()}"}
+    gateway = spawn("gateway", config=EDITED.format(**fields, added=""))
+    config = next(tmp_path.glob("gateway-*.yaml"))
+    assert status_for(gateway.url, "gateway-key-0001") == 200
+    assert status_for(gateway.url, "gateway-key-fired") == 401
+
+    whole = config.read_text().replace("  - name: fired", '  - {name: added, key: gateway-key-0002}\n  - name: fired')
+    cut = whole.index("    enabled: false")
+    seen = []
+    with config.open("r+") as file:  # rewritten in place, as an editor that truncates and writes does
+        file.truncate()
+        file.write(whole[:cut])
+        file.flush()
+        paused = time.monotonic()
+        while time.monotonic() - paused < 0.8:  # four looks at 0.2 s, under the 2 s settle
+            seen.append(status_for(gateway.url, "gateway-key-fired"))
+            time.sleep(0.05)
+        file.write(whole[cut:])
+    assert set(seen) == {401}, seen
+    assert until(lambda: status_for(gateway.url, "gateway-key-0002") == 200, within_s=15.0)
+    for _ in range(2 * workers):
+        assert status_for(gateway.url, "gateway-key-fired") == 401
+    reloads = [json.loads(line) for line in gateway.log.read_text().splitlines() if '"config reloaded"' in line]
+    assert [reload["digest"] for reload in reloads] == [text_digest(whole)] * workers
+
+    # Left empty (truncated, the rest not written): valid YAML, the embedded defaults and their demo
+    # key. A reload refuses it.
+    config.write_text("")
+    empty = f"<file>: {config} is empty: a reload keeps the running config"
+
+    def refused_by_all() -> bool:
+        lines = [json.loads(line) for line in gateway.log.read_text().splitlines() if "config reload refused" in line]
+        return sum(any(p.startswith(empty) for p in line["problems"]) for line in lines) == workers
+
+    assert until(refused_by_all, within_s=15.0)
+    for _ in range(2 * workers):
+        assert status_for(gateway.url, "sk-demo-key") == 401
+        assert status_for(gateway.url, "gateway-key-0002") == 200
+
+
+CREDENTIAL_FILE = """
+server: {{listen: "127.0.0.1:{{PORT}}", watch_config_s: 0.2}}
+keys: [{{name: first, key: gateway-key-0001}}]
+channels: [{{name: upstream, base_url: "{upstream}", credential: "${{file:{credential}}}"}}]
+"""
+
+
+async def test_a_secret_file_caught_empty_keeps_the_running_credential(spawn, tmp_path: Path) -> None:  # noqa: ANN001
+    """`echo new > file` truncates first: a file left empty (or read then) is refused, and requests
+    keep the credential they had until the new one is written."""
+    credential = tmp_path / "upstream-credential"
+    credential.write_text(f"{UPSTREAM_SECRET}\n")
+    simulator = spawn("simulator")
+    gateway = spawn("gateway", config=CREDENTIAL_FILE.format(upstream=simulator.url, credential=credential))
+    connection = http.client.HTTPConnection(gateway.url.removeprefix("http://"), timeout=10)
+    sent = iter(range(1000))
+
+    def credential_upstream() -> str | None:
+        request_id = f"empty-{next(sent)}"
+        assert ask(connection, "gateway-key-0001", request_id) == 200
+        return upstream_saw(simulator.url, request_id)
+
+    assert credential_upstream() == f"Bearer {UPSTREAM_SECRET}"
+    credential.write_text("")  # truncated, and the rest not written yet
+    assert until(lambda: "config reload refused" in gateway.log.read_text(), within_s=15.0)
+    refused = next(json.loads(line) for line in gateway.log.read_text().splitlines()
+                   if "config reload refused" in line)
+    assert refused["problems"] == [f"channels[0].credential: {credential} is empty"]
+    assert credential_upstream() == f"Bearer {UPSTREAM_SECRET}"
+
+    credential.write_text("upstream-s3cret-two\n")
+    assert until(lambda: credential_upstream() == "Bearer upstream-s3cret-two", within_s=15.0)
+    connection.close()
+    assert "s3cret" not in gateway.log.read_text()

@@ -34,6 +34,7 @@ from proxy.config.problems import all_field_names, cross_section_problems
 __all__ = [
     "ChannelConfig", "ConfigError", "GatewayConfig", "LoadedConfig", "RouteConfig", "ServerConfig",
     "SimulatorSettings", "StateConfig", "Timeouts", "config_from_text", "load_config", "parse_config",
+    "refuse_empty_reload",
 ]
 
 
@@ -68,8 +69,10 @@ LISTEN_ENV = "MODELGATE_LISTEN"
 ADMIN_LISTEN_ENV = "MODELGATE_ADMIN_LISTEN"
 
 
-def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> LoadedConfig:
-    """Read and validate `path`; None gives the embedded defaults."""
+def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None, *,
+                reloading: bool = False) -> LoadedConfig:
+    """Read and validate `path`; None gives the embedded defaults. `reloading`: an empty file is
+    refused (`refuse_empty_reload`)."""
     environ = os.environ if environ is None else environ
     if path is None:
         config = parse_config("", environ)
@@ -78,11 +81,22 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
         data = read_file(str(path))
     except UnreadableFile as exc:
         raise ConfigError([f"<file>: cannot read {path}: {exc.reason}"], {str(path): None}) from None
+    if reloading:
+        refuse_empty_reload(str(path), data)
     try:  # as text files are read: universal newlines, so the digest is the one it always was
         text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except UnicodeDecodeError:
         raise ConfigError([f"<file>: {path} is not UTF-8 text"], {str(path): digest(data)}) from None
     return config_from_text(text, str(path), environ, {str(path): digest(data)})
+
+
+def refuse_empty_reload(path: str, data: bytes) -> None:
+    """An empty config file is valid (the embedded defaults: the demo key, the simulator), and a
+    file rewritten in place is empty between its truncation and its first write: a reload that
+    read it then would serve the defaults. A reload refuses it; a start still takes it."""
+    if not data.strip():
+        raise ConfigError([f"<file>: {path} is empty: a reload keeps the running config (only a start "
+                           "takes an empty file, as the embedded defaults)"], {path: digest(data)})
 
 
 def config_from_text(text: str, source: str, environ: Mapping[str, str],

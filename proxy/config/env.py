@@ -3,7 +3,7 @@ key path of every failure; and placeholders left unedited.
 
 `${file:/path}` is how secrets come from a mounted volume (a Kubernetes Secret, a Docker secret):
 the file's text with one trailing newline removed, read at every load, so a reload (a signal, or
-the watcher in proxy/process/watch.py) takes a rotated secret. What a file holds is never put in
+the watcher in proxy/process/watch.py) takes a rotated secret. An empty file is refused. What a file holds is never put in
 a problem line, only its path.
 """
 
@@ -108,6 +108,13 @@ def _read_secret(file: str, where: str, problems: list[str], files: MutableMappi
         return None
     if text.endswith("\n"):
         text = text[:-2] if text.endswith("\r\n") else text[:-1]
+    if not text:
+        # Whatever the value: a file is empty for a moment when it is rewritten in place (`echo new >
+        # file` truncates first), and a reload then must keep the running value, not take "" for it
+        # (an empty channel credential would be sent as none). A value meant to be empty is written
+        # in the config itself.
+        problems.append(f"{where}: {file} is empty")
+        return None
     return text
 
 

@@ -123,7 +123,7 @@ class GatewayApp:
         """Load the config file again; keep the running config when the new one is invalid."""
         async with self._reload_lock:
             try:
-                loaded = load_config(self.config_path)
+                loaded = load_config(self.config_path, reloading=True)
             except ConfigError as exc:
                 self.last_files = exc.files
                 log.error("config reload refused; keeping the running config",

@@ -19,12 +19,23 @@ from proxy.process.admin import AdminListener
 from proxy.process.app import APP_KEY, GatewayApp, build_admin_app, build_app
 from proxy.process.refusals import refuse_in_json
 from proxy.process.watch import FileWatch, reload_on_change
-from proxy.process.workers import RELOAD_ENV, Supervisor, bind_to_supervisor, is_worker, port_taken
+from proxy.process.workers import (
+    LISTENERS_OVERLAP,
+    RELOAD_ENV,
+    Supervisor,
+    bind_to_supervisor,
+    is_worker,
+    port_taken,
+)
 from proxy.request.client_limits import parser_limits
 
 log = logging.getLogger("modelgate.server")
 
 FINAL_GRACE_S = 0.25
+
+
+class ListenersOverlap(Exception):
+    """The admin listener and the main one were bound to a socket address in common."""
 
 
 def install_uvloop() -> bool:
@@ -55,11 +66,15 @@ def serve(loaded: LoadedConfig, config_path: str | Path | None) -> int:
                           "(server.%s)", shown, setting, extra={setting: shown})
                 return 1
     if count > 1 and not is_worker():
-        return Supervisor(count, config_path, server.drain_timeout_s, loaded.files, server.watch_config_s).run()
+        return Supervisor(count, config_path, server.drain_timeout_s, loaded.files, server.watch_config_s,
+                          server.watch_settle_s).run()
     raise_descriptor_limit()
     uvloop = install_uvloop()
     # A worker starts from its supervisor's last good copy, and reloads the operator's file.
-    asyncio.run(_serve(loaded, os.environ.get(RELOAD_ENV) or config_path, uvloop, started_from=config_path))
+    try:
+        asyncio.run(_serve(loaded, os.environ.get(RELOAD_ENV) or config_path, uvloop, started_from=config_path))
+    except ListenersOverlap:
+        return LISTENERS_OVERLAP if is_worker() else 1  # a worker's supervisor stops: a restart would bind the same
     return 0
 
 
@@ -108,6 +123,17 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
         if server.admin_listen else None
     site = web.TCPSite(runner, server.host, server.port, backlog=1024, reuse_port=is_worker())
     await site.start()
+    if admin is not None and (shared := admin.shares_with(site)):
+        # Checked before anything else runs: the overlap would send clients to the admin routes,
+        # and scrapes to the clients' routes, for as long as the gateway ran.
+        log.error("server.admin_listen (%s) and server.listen (%s) are bound to the same socket address (%s): "
+                  "each would take the other's connections; not starting. Give the admin listener an address "
+                  "of its own (another port, or null to turn it off)", server.admin_listen, server.listen,
+                  ", ".join(shared), extra={"listen": server.listen, "admin_listen": server.admin_listen})
+        await site.stop()
+        await admin.close()
+        await runner.cleanup()
+        raise ListenersOverlap(shared)
     owner = app[APP_KEY]
     # What startup built (config, schemas, routes, metrics) lives as long as the process: moved
     # out of the collector's reach, the collections that traffic triggers no longer scan it.
@@ -150,7 +176,11 @@ async def _watch_files(owner: GatewayApp) -> None:
         await owner.reload()
         return owner.last_files
 
-    await reload_on_change(FileWatch(owner.loaded.files), lambda: owner.loaded.config.server.watch_config_s, reload)
+    def settings() -> ServerConfig:  # as the last good config says
+        return owner.loaded.config.server
+
+    await reload_on_change(FileWatch(owner.loaded.files), lambda: settings().watch_config_s,
+                           lambda: settings().watch_settle_s, reload)
 
 
 def _changed_since(path: str | Path, digest: str) -> bool:

@@ -32,6 +32,9 @@ RELOAD_ENV = "MODELGATE_RELOAD_FROM"  # the config file a worker reloads (it sta
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 _CRASH_LOOP = 5       # workers dying this soon after starting, this many times in a row: give up
 _CRASH_WINDOW_S = 2.0
+# A worker's exit status when its listeners were bound to the same socket address (sysexits'
+# EX_CONFIG): every worker started again would bind them the same way, so the supervisor stops.
+LISTENERS_OVERLAP = 78
 
 
 def is_worker() -> bool:
@@ -86,7 +89,7 @@ class Supervisor:
     """Starts the workers, restarts the ones that die, and stops them all on SIGTERM."""
 
     def __init__(self, count: int, config_path: str | Path | None, drain_timeout_s: float,
-                 files: Mapping[str, str | None] | None = None, watch_s: float = 0.0) -> None:
+                 files: Mapping[str, str | None] | None = None, watch_s: float = 0.0, settle_s: float = 0.0) -> None:
         self.count = count
         self.config_path = config_path
         self.drain_timeout_s = drain_timeout_s
@@ -104,6 +107,7 @@ class Supervisor:
         # What the config read when loaded (LoadedConfig.files), and how often to look again.
         self.watch = FileWatch(files or {})
         self.watch_s = watch_s
+        self.settle_s = settle_s
         self._hangup = False  # a SIGHUP not yet passed on: the watch loop does it, never two at once
 
     def run(self) -> int:
@@ -141,13 +145,19 @@ class Supervisor:
                 self._reload()
             elif self.watch_s and self.config_path is not None and time.monotonic() >= next_look:
                 next_look = time.monotonic() + self.watch_s
-                if changed := self.watch.changed():
+                if changed := self.watch.changed(self.settle_s):
                     log.info("config files changed; reloading every worker", extra={"files": changed})
                     self._reload()
             for slot, process in list(self.workers.items()):
                 if self.stopping or process.poll() is None:
                     continue
                 self._mark_dead(process.pid)
+                if process.returncode == LISTENERS_OVERLAP:
+                    log.error("a worker found server.admin_listen bound where server.listen is; stopping",
+                              extra={"pid": process.pid})
+                    self._stop()
+                    self._wait_all()
+                    return 1
                 quick = time.monotonic() - started[slot] < _CRASH_WINDOW_S
                 self.quick_deaths = self.quick_deaths + 1 if quick else 0
                 if self.quick_deaths >= _CRASH_LOOP:
@@ -185,13 +195,14 @@ class Supervisor:
         """Pass SIGHUP on (each worker reloads the file, and counts the outcome); a file that is
         valid becomes what a worker started from now on starts from."""
         if self.config_path is not None and self.good_config is not None:
-            from proxy.config import ConfigError, config_from_text
+            from proxy.config import ConfigError, config_from_text, refuse_empty_reload
             from proxy.config.files import UnreadableFile, digest, read_file
 
             path = str(self.config_path)
             data = b""
             try:
                 data = read_file(path)
+                refuse_empty_reload(path, data)  # the workers refuse it too
                 text = data.decode("utf-8")
                 loaded = config_from_text(text, path, os.environ, {path: digest(data)})
             except (UnreadableFile, UnicodeDecodeError):
@@ -202,6 +213,7 @@ class Supervisor:
             else:
                 self.watch.loaded(loaded.files)
                 self.watch_s = loaded.config.server.watch_config_s
+                self.settle_s = loaded.config.server.watch_settle_s
                 staged = self.good_config.with_suffix(".new")
                 staged.write_text(text, encoding="utf-8")
                 staged.replace(self.good_config)
