@@ -2,7 +2,8 @@
 
 - SSE: cut into events as they arrive, each network read written out at once
   (never buffered, never an event behind, until the closing counts: below); per-event hooks see
-  each event. An event is held until its blank line comes, up to `max_event` bytes: past that
+  each event. An event is held until its blank line comes (one ending in a CR, until the next
+  byte, or the stream's end, says whether a LF belongs to it), up to `max_event` bytes: past that
   the stream ends with the format's error event and the upstream connection is closed.
 - Buffered: read whole (within a limit) when a plugin or affinity must see the body.
 - Bytes: streamed through untouched (downloads, answers nobody needs to read).
@@ -311,8 +312,14 @@ class Relay:
                 if too_large is not None:
                     await self._event_too_large(response, too_large)
                     return response
-            if parser is not None and (rest := parser.flush()):
-                await self._write_or_hold(response, rest)
+            if parser is not None:
+                # The stream's end completes an event whose blank line ended in a CR (no LF will
+                # follow): the hooks see it like any other, then the unended rest goes as it came.
+                last, rest = parser.flush()
+                if last:
+                    await self._pass_on(response, last, hooks, pin_pending, stream)
+                if rest:
+                    await self._write_or_hold(response, rest)
         except Exception as exc:
             if isinstance(exc, _CLIENT_GONE) and not self.was_cut:  # (a cut upstream reads as a reset too)
                 return self._client_gone(response)
