@@ -249,9 +249,10 @@ def message_stream(blank: bytes, line: bytes = b"\n", last: str = "message_stop"
     return pieces
 
 
-def streaming_upstream(pieces: list[bytes]) -> Scripted:
+def streaming_upstream(pieces: list[bytes], end: bool = True) -> Scripted:
     """An upstream that answers each request with a chunked SSE stream of `pieces`, one chunk each,
-    a moment apart (so that the gateway's reads are likely cut where the pieces are)."""
+    a moment apart (so that the gateway's reads are likely cut where the pieces are); without
+    `end`, it closes the connection after them instead of ending the body."""
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         while True:
             await upstream.read_request(reader)
@@ -261,6 +262,8 @@ def streaming_upstream(pieces: list[bytes]) -> Scripted:
                     writer.write(b"%x\r\n%b\r\n" % (len(piece), piece))
                     await writer.drain()
                     await asyncio.sleep(0.005)
+            if not end:
+                return
             writer.write(b"0\r\n\r\n")
             await writer.drain()
     upstream = Scripted(answer)
@@ -313,3 +316,24 @@ async def test_an_upstream_s_blank_lines_of_any_spelling_give_the_client_and_the
     assert (row["input_tokens"], row["output_tokens"], row["estimated"]) == (11, 7, False)
     assert held == 18
 
+
+async def test_an_event_whole_when_the_upstream_broke_off_goes_on_before_the_error(
+        ledger_db, redis_url, start_gateway, http, tmp_path) -> None:  # noqa: ANN001
+    """The upstream closes its connection mid-body just after a blank line ending in a CR: that
+    event was whole (no byte that came after could have changed it), so the client and the
+    metering get it, then the stream's error event."""
+    from proxy.formats import MESSAGES
+    from tests.sse_spec import interpret
+    from tests.test_metering_abuse import MSG as METERED
+    from tests.test_metering_abuse import agreed
+
+    pieces = message_stream(b"\r", b"\r\n", "message_delta")
+    sent = b"".join(pieces)
+    async with streaming_upstream(pieces, end=False) as upstream:
+        gateway = await start_gateway(metered_gateway(redis_url, ledger_db, tmp_path / "spool", upstream.url))
+        async with http.post(gateway.url + "/v1/messages", json=METERED_BODY, headers=METERED) as answer:
+            received = await asyncio.wait_for(answer.read(), 10)
+    assert received == sent + MESSAGES.stream_error(502, "upstream closed the stream before it finished")
+    assert [name for name, _ in interpret(received).events][-2:] == ["message_delta", "error"]
+    held, [row] = await agreed(redis_url, ledger_db, 1)
+    assert (row["cut_by"], row["input_tokens"], row["output_tokens"], row["estimated"]) == ("upstream", 11, 7, False)

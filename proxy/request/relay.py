@@ -323,6 +323,9 @@ class Relay:
         except Exception as exc:
             if isinstance(exc, _CLIENT_GONE) and not self.was_cut:  # (a cut upstream reads as a reset too)
                 return self._client_gone(response)
+            stopped = self.was_cut or isinstance(exc, (TimeoutError, *_UPSTREAM_BROKE))
+            if parser is not None and parser.pending and stopped:
+                await self._pass_on_stopped(response, parser, hooks, pin_pending, stream)
             # Headers are gone already: the client learns of the failure in the stream itself.
             await self._stream_failed(response, exc)
             return response
@@ -351,6 +354,19 @@ class Relay:
             await self._write_or_hold(response, b"".join(out) if len(out) > 1 else out[0])
             stream.wrote(len(out))
         return pin_pending
+
+    async def _pass_on_stopped(self, response: DeferredEnd, parser: SSEParser, hooks: bool, pin_pending: bool,
+                               stream: StreamWatch) -> None:
+        """The upstream stopped (broke off, stalled, or the drain cut it) just after a blank line
+        ending in a CR: that event was whole, as a browser reading the upstream would have had it,
+        so it goes on before the stream's error event. A failure here (a hook's, the client's
+        write) leaves the stream's own failure to be told all the same."""
+        try:
+            await self._pass_on(response, parser.flush()[0], hooks, pin_pending, stream)
+        except _CLIENT_GONE:
+            pass  # (the error event's write finds the client gone too, and says so)
+        except Exception:
+            log.exception("stream relay failed on the last event", extra={"request_id": self.ex.request_id})
 
     async def _event_too_large(self, response: DeferredEnd, limit: int) -> None:
         """An event past the cap: the upstream's fault, told in the stream. Not the breaker's
