@@ -1,4 +1,5 @@
-"""The SSE parser frames events without rewriting a byte, in time and memory linear in what it is fed."""
+"""The SSE parser frames events where a browser does, without rewriting a byte, in time and
+memory linear in what it is fed."""
 
 from __future__ import annotations
 
@@ -12,25 +13,80 @@ from hypothesis import strategies as st
 
 from proxy.wire import sse
 from proxy.wire.sse import EventTooLarge, SSEEvent, SSEParser
+from tests.sse_spec import dispatched, interpret
 
 STREAMS = [
     b"event: a\ndata: {\"x\":1}\n\nevent: b\ndata: 2\n\n",
     b"event: a\r\ndata: {\"x\":1}\r\n\r\n: ping\r\n\r\nevent: b\r\ndata: 2\r\n\r\n",
     b"data: one\rdata: two\r\r",
     b": comment only\n\ndata: [DONE]\n\n",
+    b"data: {\"a\":1}\n\rdata: {\"b\":2}\n\r\n\r\n\rdata: 3\r\n\r",
+    b"\xef\xbb\xbf\ndata: 1\n\n\n\r\n",
 ]
+
+
+def read_all(parser: SSEParser, stream: bytes, size: int) -> tuple[list[SSEEvent], bytes]:
+    events = []
+    for start in range(0, len(stream), size):
+        events.extend(parser.feed(stream[start:start + size]))
+    last, rest = parser.flush()
+    return events + last, rest
 
 
 @pytest.mark.parametrize("stream", STREAMS)
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 1000])
 def test_events_are_whole_and_bytes_are_kept_whatever_the_reads(stream, size):  # noqa: ANN001
+    events, rest = read_all(SSEParser(), stream, size)
+    assert b"".join(e.raw for e in events) + rest == stream
+    whole, whole_rest = read_all(SSEParser(), stream, len(stream))
+    assert [e.raw for e in events] == [e.raw for e in whole] and rest == whole_rest
+
+
+# Each spelling of a blank line: LF, CR or CRLF after a line's LF, CR or CRLF; and a browser's
+# events from each (the line end before the blank line's is the data line's own).
+SPELLINGS = [first + blank for first in (b"\n", b"\r", b"\r\n") for blank in (b"\n", b"\r", b"\r\n")
+             if first + blank != b"\r\n"]  # (a CR then a LF is one line end: no blank line)
+
+
+@pytest.mark.parametrize("end", SPELLINGS)
+@pytest.mark.parametrize("size", [1, 2, 3, 1000])
+def test_every_spelling_of_a_blank_line_ends_an_event_as_a_browser_ends_it(end, size):  # noqa: ANN001
+    stream = b'data: {"a":1}' + end + b'data: {"b":2}' + end + b'event: last\ndata: {"c":3}' + end
+    events, rest = read_all(SSEParser(), stream, size)
+    assert [e.json() for e in events] == [{"a": 1}, {"b": 2}, {"c": 3}] and events[2].name == "last"
+    assert [e.raw for e in events] == interpret(stream).cut(stream)[0] and rest == b""
+
+
+def test_a_blank_line_of_lf_then_cr_ends_an_event():
+    """`\n\r` (a LF ending the data line, then a blank line that a CR alone ends) was no event's
+    end to the parser before: the two events were one to the plugins, whose data (two JSON
+    documents) was no JSON, while a browser had both."""
+    events = SSEParser().feed(b'data: {"a":1}\n\rdata: {"b":2}\n\n')
+    assert [e.json() for e in events] == [{"a": 1}, {"b": 2}]
+    events = SSEParser().feed(b'data: {"a":1}\r\n\rdata: {"b":2}\r\n\r\n')
+    assert [e.raw for e in events] == [b'data: {"a":1}\r\n\r', b'data: {"b":2}\r\n\r\n']
+
+
+def test_a_blank_line_ending_in_a_cr_waits_for_the_next_byte_or_the_stream_s_end():
     parser = SSEParser()
-    events = []
-    for start in range(0, len(stream), size):
-        events.extend(parser.feed(stream[start:start + size]))
-    assert b"".join(e.raw for e in events) + parser.flush() == stream
-    whole = SSEParser().feed(stream)
-    assert [e.raw for e in events] == [e.raw for e in whole]
+    assert parser.feed(b"data: 1\r\n\r") == [] and parser.pending  # a LF may yet make it CRLF
+    assert [e.raw for e in parser.feed(b"\ndata: 2\n\r")] == [b"data: 1\r\n\r\n"]
+    # no LF after it: that event ended at its CR
+    assert [e.raw for e in parser.feed(b"data: 3\n\n")] == [b"data: 2\n\r", b"data: 3\n\n"]
+    parser.feed(b"data: 4\r\r")
+    last, rest = parser.flush()  # the stream's end: no LF will come
+    assert [e.data for e in last] == ["4"] and rest == b""
+    assert SSEParser().flush() == ([], b"")
+
+
+def test_a_byte_order_mark_starts_no_line():
+    """Decoding the stream drops one leading BOM: the first line starts after it, a blank one too."""
+    stream = b"\xef\xbb\xbfdata: 1\n\n\xef\xbb\xbfdata: 2\n\n"
+    for size in (1, 2, 4, 1000):
+        events, _ = read_all(SSEParser(), stream, size)
+        assert [e.data for e in events] == ["1", None]  # the second's is a field named "\ufeffdata"
+    events, _ = read_all(SSEParser(), b"\xef\xbb\xbf\r\ndata: 1\n\n", 1)
+    assert [e.raw for e in events] == [b"\xef\xbb\xbf\r\n", b"data: 1\n\n"]
 
 
 def test_an_event_is_returned_as_soon_as_its_blank_line_arrives():
@@ -56,16 +112,12 @@ def test_a_built_event_round_trips():
 # -- any chunking gives what the whole stream gives ------------------------------------------------
 
 def reference(stream: bytes, limit: int | None) -> tuple[list[bytes], bytes | None]:
-    """The events of a whole stream as the parser cut them before it had a cap (the blank lines
-    of one pass of the pattern over all of it), and what is left; past the cap, the events before
-    the first one over it and None."""
-    events, start = [], 0
-    for match in sse._EVENT_END.finditer(stream):
-        if limit is not None and match.end() - start > limit:
-            return events, None
-        events.append(stream[start:match.end()])
-        start = match.end()
-    rest = stream[start:]
+    """The events of a whole stream as the spec reads it (cut at its blank lines), and what is left;
+    past the cap, the events before the first one over it and None."""
+    events, rest = interpret(stream).cut(stream)
+    for i, event in enumerate(events):
+        if limit is not None and len(event) > limit:
+            return events[:i], None
     return (events, None) if limit is not None and len(rest) > limit else (events, rest)
 
 
@@ -77,11 +129,14 @@ def chunked(parser: SSEParser, stream: bytes, cuts: list[int]) -> tuple[list[byt
             events += [e.raw for e in parser.feed(stream[start:end])]
     except EventTooLarge as refused:
         return events + [e.raw for e in refused.events], None
-    return events, parser.flush()
+    last, rest = parser.flush()
+    return events + [e.raw for e in last], rest
 
 
-# Line ends of every kind, in every order, between short fields: blank lines of every spelling.
-PIECES = st.sampled_from([b"\r", b"\n", b"\r\n", b"data: x", b"event: y", b": ping", b"a", b"\xff", b"data:"])
+# Line ends of every kind, in every order, between short fields: blank lines of every spelling
+# (and byte order marks, whole or not, which only the stream's first bytes may be).
+PIECES = st.sampled_from([b"\r", b"\n", b"\r\n", b"data: x", b"event: y", b": ping", b"a", b"\xff", b"data:",
+                          b"\xef\xbb\xbf", b"\xef\xbb"])
 
 
 @settings(max_examples=400, deadline=None)
@@ -93,6 +148,10 @@ def test_any_chunking_gives_the_events_and_bytes_of_the_whole_stream(pieces, cut
     assert (events, rest) == reference(stream, limit)
     if rest is not None:
         assert b"".join(events) + rest == stream  # not a byte rewritten, added or lost
+        # and the events a browser dispatches are the ones the plugins read
+        whole = SSEParser()
+        parsed = whole.feed(stream) + whole.flush()[0]
+        assert dispatched(parsed) == interpret(stream).events
     with patch.object(sse, "_WINDOW", window):  # events found by their keys, as long ones are
         assert chunked(SSEParser(limit), stream, cuts) == (events, rest)
 
@@ -112,7 +171,7 @@ def test_an_event_that_never_ends_is_refused_once_past_the_cap_and_nothing_is_ke
         for _ in range(100):
             parser.feed(b"x" * 100)
     assert refused.value.limit == 1000 and refused.value.events == []
-    assert parser.flush() == b""
+    assert parser.flush() == ([], b"")
 
 
 # -- linear work ----------------------------------------------------------------------------------
@@ -123,7 +182,7 @@ class Counting:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.scanned = 0
-        pattern, find = sse._EVENT_END, sse._find
+        pattern, find = sse._BLANK, sse._find
         counting = self
 
         class Pattern:
@@ -138,7 +197,7 @@ class Counting:
             counting.scanned += (at + len(key) if at >= 0 else len(data)) - start
             return at
 
-        monkeypatch.setattr(sse, "_EVENT_END", Pattern())
+        monkeypatch.setattr(sse, "_BLANK", Pattern())
         monkeypatch.setattr(sse, "_find", counted_find)
 
 
@@ -147,6 +206,8 @@ STREAMS_TO_SCAN = {
     "long events of many lines": (b"data: xxxxxxxx\n" * 2000 + b"\n") * 3,
     "many short events": b"event: a\ndata: 1\n\n" * 3000,
     "many short CRLF events": b"event: a\r\ndata: 1\r\n\r\n" * 3000,
+    "many short events ended by a CR": b"event: a\ndata: 1\n\r" * 3000,
+    "long lines ended by CRs": (b"data: " + b"x" * 5000 + b"\r") * 12 + b"\r",
 }
 
 
@@ -154,16 +215,17 @@ STREAMS_TO_SCAN = {
 @pytest.mark.parametrize("name", list(STREAMS_TO_SCAN))
 def test_the_bytes_searched_are_linear_in_the_bytes_fed(monkeypatch, read, name):  # noqa: ANN001
     stream = STREAMS_TO_SCAN[name]
-    events = len(sse._EVENT_END.findall(stream))
+    events = len(interpret(stream).blank_lines)
     counting = Counting(monkeypatch)
     parser = SSEParser()
     reads = 0
     for start in range(0, len(stream), read):
         parser.feed(stream[start:start + read])
         reads += 1
-    # Each read looked over once by the pattern (the first bytes of each event), once for a line
-    # end and once for each key (the rest), and the pattern over a few bytes more an event and a
-    # read (where a blank line began before it): never again over the event held so far.
+    # Each read looked over once by the pattern (the first bytes of each event), once for a LF and
+    # once for a CR and once for each key (the rest), and the pattern over a few bytes more an
+    # event and a read (the byte before, where a blank line began): never again over the event
+    # held so far.
     assert counting.scanned <= (1 + 2 + len(sse._KEYS)) * len(stream) + 6 * reads + 8 * events, counting.scanned
 
 

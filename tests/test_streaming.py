@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
+import textwrap
 import time
 import uuid
+from pathlib import Path
 
 import aiohttp
 import pytest
 
 from tests.conftest import BEARER
+from tests.scripted_upstream import Scripted
 from tests.sse import read_events
 
 GAP_MS = 300
@@ -216,3 +220,120 @@ async def test_a_client_that_leaves_during_the_bookkeeping_cuts_none_of_it_short
             break
         await asyncio.sleep(0.05)
     assert len(EndHolder.finished) == 1
+
+
+# -- blank lines of every spelling, from an upstream through the gateway ---------------------------
+
+def message_stream(blank: bytes, line: bytes = b"\n", last: str = "message_stop") -> list[bytes]:
+    """A message stream (input 11 tokens, output 7 in its closing counts) whose lines end in `line`
+    and whose blank lines in `blank`, as the pieces an upstream writes: each cut just after its
+    blank line's first byte, so that a read may end in a CR that a LF follows, or does not."""
+    payloads = [
+        ("message_start", {"type": "message_start", "message": {
+            "id": "msg_1", "type": "message", "role": "assistant", "model": "msgmodel-haiku-4-5", "content": [],
+            "usage": {"input_tokens": 11, "output_tokens": 1}}}),
+        ("content_block_start", {"type": "content_block_start", "index": 0,
+                                 "content_block": {"type": "text", "text": ""}}),
+        *[("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                   "delta": {"type": "text_delta", "text": word}}) for word in ("a", "b", "c")],
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                           "usage": {"output_tokens": 7}}),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+    payloads = payloads[:[name for name, _ in payloads].index(last) + 1]
+    pieces = []
+    for name, payload in payloads:
+        event = b"event: " + name.encode() + line + b"data: " + json.dumps(payload).encode() + line
+        pieces += [event + blank[:1], blank[1:]]
+    return pieces
+
+
+def streaming_upstream(pieces: list[bytes], end: bool = True) -> Scripted:
+    """An upstream that answers each request with a chunked SSE stream of `pieces`, one chunk each,
+    a moment apart (so that the gateway's reads are likely cut where the pieces are); without
+    `end`, it closes the connection after them instead of ending the body."""
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        while True:
+            await upstream.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for piece in pieces:
+                if piece:
+                    writer.write(b"%x\r\n%b\r\n" % (len(piece), piece))
+                    await writer.drain()
+                    await asyncio.sleep(0.005)
+            if not end:
+                return
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+    upstream = Scripted(answer)
+    return upstream
+
+
+def metered_gateway(redis_url: str, ledger_db: str, spool: Path, upstream_url: str) -> str:
+    from tests.test_metering_abuse import KEY
+
+    return textwrap.dedent(f"""
+        state: {{backend: redis, url: '{redis_url}'}}
+        keys: [{{name: spender, key: {KEY}, budget: {{tokens_per_day: 100000}}}}]
+        channels: [{{name: scripted, base_url: '{upstream_url}'}}]
+        observability: {{logging: {{access_log: false}}}}
+        plugins:
+          ledger: {{database_url: '{ledger_db}', flush_interval_s: 0.05, spool_dir: '{spool}'}}
+        """)
+
+
+METERED_BODY = {"model": "msgmodel-haiku-4-5", "max_tokens": 900, "stream": True,
+                "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(("blank", "line", "last"), [
+    (b"\r", b"\n", "message_stop"),  # `\n\r` blank lines: the last CR has the stream's end after it
+    (b"\r", b"\r\n", "message_delta"),  # `\r\n\r`: the closing counts' event ends with the stream
+    (b"\r\n", b"\n", "message_stop"),  # `\n\r\n`: a CR that a LF follows in the next read
+], ids=["lf-then-cr", "crlf-then-cr", "lf-then-crlf"])
+async def test_an_upstream_s_blank_lines_of_any_spelling_give_the_client_and_the_metering_every_event(
+        ledger_db, redis_url, start_gateway, http, tmp_path, blank, line, last) -> None:  # noqa: ANN001
+    """Every event a browser reading the upstream would see reaches the client, byte for byte, and
+    the plugins that read events: the usage is the upstream's own closing counts, not an estimate
+    (an event the framing missed is one the metering never reads, and its tokens go uncharged)."""
+    from tests.sse_spec import interpret
+    from tests.test_metering_abuse import MSG as METERED
+    from tests.test_metering_abuse import agreed
+
+    pieces = message_stream(blank, line, last)
+    sent = b"".join(pieces)
+    expected = interpret(sent).events
+    assert [name for name, _ in expected][-1] == last and len(expected) == (8 if last == "message_stop" else 7)
+    async with streaming_upstream(pieces) as upstream:
+        gateway = await start_gateway(metered_gateway(redis_url, ledger_db, tmp_path / "spool", upstream.url))
+        async with http.post(gateway.url + "/v1/messages", json=METERED_BODY, headers=METERED) as answer:
+            assert answer.status == 200
+            received = await asyncio.wait_for(answer.read(), 10)
+    assert received == sent
+    assert interpret(received).events == expected  # (what the client's own reader makes of them)
+    held, [row] = await agreed(redis_url, ledger_db, 1)
+    assert (row["input_tokens"], row["output_tokens"], row["estimated"]) == (11, 7, False)
+    assert held == 18
+
+
+async def test_an_event_whole_when_the_upstream_broke_off_goes_on_before_the_error(
+        ledger_db, redis_url, start_gateway, http, tmp_path) -> None:  # noqa: ANN001
+    """The upstream closes its connection mid-body just after a blank line ending in a CR: that
+    event was whole (no byte that came after could have changed it), so the client and the
+    metering get it, then the stream's error event."""
+    from proxy.formats import MESSAGES
+    from tests.sse_spec import interpret
+    from tests.test_metering_abuse import MSG as METERED
+    from tests.test_metering_abuse import agreed
+
+    pieces = message_stream(b"\r", b"\r\n", "message_delta")
+    sent = b"".join(pieces)
+    async with streaming_upstream(pieces, end=False) as upstream:
+        gateway = await start_gateway(metered_gateway(redis_url, ledger_db, tmp_path / "spool", upstream.url))
+        async with http.post(gateway.url + "/v1/messages", json=METERED_BODY, headers=METERED) as answer:
+            received = await asyncio.wait_for(answer.read(), 10)
+    assert received == sent + MESSAGES.stream_error(502, "upstream closed the stream before it finished")
+    assert [name for name, _ in interpret(received).events][-2:] == ["message_delta", "error"]
+    held, [row] = await agreed(redis_url, ledger_db, 1)
+    assert (row["cut_by"], row["input_tokens"], row["output_tokens"], row["estimated"]) == ("upstream", 11, 7, False)

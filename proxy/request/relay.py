@@ -2,7 +2,8 @@
 
 - SSE: cut into events as they arrive, each network read written out at once
   (never buffered, never an event behind, until the closing counts: below); per-event hooks see
-  each event. An event is held until its blank line comes, up to `max_event` bytes: past that
+  each event. An event is held until its blank line comes (one ending in a CR, until the next
+  byte, or the stream's end, says whether a LF belongs to it), up to `max_event` bytes: past that
   the stream ends with the format's error event and the upstream connection is closed.
 - Buffered: read whole (within a limit) when a plugin or affinity must see the body.
 - Bytes: streamed through untouched (downloads, answers nobody needs to read).
@@ -311,11 +312,20 @@ class Relay:
                 if too_large is not None:
                     await self._event_too_large(response, too_large)
                     return response
-            if parser is not None and (rest := parser.flush()):
-                await self._write_or_hold(response, rest)
+            if parser is not None:
+                # The stream's end completes an event whose blank line ended in a CR (no LF will
+                # follow): the hooks see it like any other, then the unended rest goes as it came.
+                last, rest = parser.flush()
+                if last:
+                    await self._pass_on(response, last, hooks, pin_pending, stream)
+                if rest:
+                    await self._write_or_hold(response, rest)
         except Exception as exc:
             if isinstance(exc, _CLIENT_GONE) and not self.was_cut:  # (a cut upstream reads as a reset too)
                 return self._client_gone(response)
+            stopped = self.was_cut or isinstance(exc, (TimeoutError, *_UPSTREAM_BROKE))
+            if parser is not None and parser.pending and stopped:
+                await self._pass_on_stopped(response, parser, hooks, pin_pending, stream)
             # Headers are gone already: the client learns of the failure in the stream itself.
             await self._stream_failed(response, exc)
             return response
@@ -344,6 +354,19 @@ class Relay:
             await self._write_or_hold(response, b"".join(out) if len(out) > 1 else out[0])
             stream.wrote(len(out))
         return pin_pending
+
+    async def _pass_on_stopped(self, response: DeferredEnd, parser: SSEParser, hooks: bool, pin_pending: bool,
+                               stream: StreamWatch) -> None:
+        """The upstream stopped (broke off, stalled, or the drain cut it) just after a blank line
+        ending in a CR: that event was whole, as a browser reading the upstream would have had it,
+        so it goes on before the stream's error event. A failure here (a hook's, the client's
+        write) leaves the stream's own failure to be told all the same."""
+        try:
+            await self._pass_on(response, parser.flush()[0], hooks, pin_pending, stream)
+        except _CLIENT_GONE:
+            pass  # (the error event's write finds the client gone too, and says so)
+        except Exception:
+            log.exception("stream relay failed on the last event", extra={"request_id": self.ex.request_id})
 
     async def _event_too_large(self, response: DeferredEnd, limit: int) -> None:
         """An event past the cap: the upstream's fault, told in the stream. Not the breaker's
