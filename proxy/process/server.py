@@ -95,7 +95,7 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
     runner = await start_runner(app, loaded.config.server)
     server = loaded.config.server
     # Workers share the port; a lone process keeps it to itself, so a second one fails loudly.
-    site = web.TCPSite(runner, server.host, server.port, backlog=1024, reuse_port=is_worker())
+    site = web.TCPSite(runner, server.host, server.port, backlog=server.listen_backlog, reuse_port=is_worker())
     await site.start()
     owner = app[APP_KEY]
     # What startup built (config, schemas, routes, metrics) lives as long as the process: moved

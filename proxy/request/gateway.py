@@ -14,9 +14,11 @@ from multidict import CIMultiDict
 
 from proxy.config.model import ServerConfig
 from proxy.observability.access_log import log_exchange
+from proxy.observability.metrics import SHED, child
 from proxy.observability.tracing import Tracing, end_request
 from proxy.policy.catalog import listing
-from proxy.process.drain import Drain
+from proxy.process.admission import RETRY_AFTER_S, Admission
+from proxy.process.drain import SHUTTING_DOWN, Drain
 from proxy.process.runtime import Runtime
 from proxy.request.affinity import Affinity
 from proxy.request.body import BodyError, read_body
@@ -54,19 +56,24 @@ def _forget(lookup: asyncio.Task[object]) -> None:
 class Gateway:
     """Holds the live Runtime and serves each request against the one current when it arrived."""
 
-    __slots__ = ("runtime", "affinity", "tracing", "connections", "forwarder", "in_flight", "drain")
+    __slots__ = ("runtime", "affinity", "tracing", "connections", "forwarder", "in_flight", "drain", "admission")
 
     def __init__(self, runtime: Runtime, affinity: Affinity, tracing: Tracing,
-                 connections: ConnectionCount | None = None, drain: Drain | None = None) -> None:
+                 connections: ConnectionCount | None = None, drain: Drain | None = None,
+                 admission: Admission | None = None) -> None:
         self.runtime = runtime
         self.affinity = affinity
         self.tracing = tracing
         self.connections = connections or ConnectionCount()
         self.forwarder = Forwarder(affinity, drain)
         self.drain = drain
+        self.admission = admission or Admission(runtime.config.server)
         self.in_flight = 0  # every runtime's: a reload swaps the runtime, not the requests running
 
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
+        # Admission comes first, from the head alone: a refusal reads no body and runs no plugin.
+        if self.drain is not None and self.drain.cutting or not self.admission.admits(self.in_flight):
+            return self._refuse(request, route)
         runtime = self.runtime
         runtime.enter()
         self.in_flight += 1
@@ -156,6 +163,24 @@ class Gateway:
         if refusal is not None:
             return ex.answer_locally(refusal, id_header)
         return await self.forwarder.forward(ex, runtime, pipeline)
+
+    def _refuse(self, request: web.Request, route: Route) -> web.Response:
+        """503 before anything else is done: this worker is at its bound on requests in flight
+        (proxy/process/admission.py), or is draining past its cut point, where a request could not
+        be finished in time. Counted in a metric; no access line each (the admission logs them)."""
+        config = self.runtime.config.server
+        if self.drain is not None and self.drain.cutting:
+            reason, retry = SHUTTING_DOWN, "0"  # another instance can answer it now
+            message = "this gateway instance is shutting down; retry, another one will answer"
+        else:
+            reason, retry = "overloaded", str(RETRY_AFTER_S)
+            message = "the gateway is overloaded: it is serving all the requests it can at once; retry shortly"
+        response = route.format.error_response(503, message, reason, {"Retry-After": retry})
+        incoming = request.headers.get(config.request_id_header, "")
+        response.headers[config.request_id_header] = \
+            incoming if incoming and _REQUEST_ID.match(incoming) else new_request_id()
+        child(SHED, route.name, reason).inc()
+        return response
 
     @staticmethod
     def _local_answer(ex: Exchange, runtime: Runtime) -> web.Response:
