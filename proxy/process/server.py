@@ -16,6 +16,7 @@ from proxy.config import LoadedConfig, text_digest
 from proxy.config.model import ServerConfig, worker_count
 from proxy.observability.access_log import configure_logging
 from proxy.process.app import APP_KEY, build_app
+from proxy.process.drain import accept_queued
 from proxy.process.workers import RELOAD_ENV, Supervisor, bind_to_supervisor, is_worker, port_taken
 from proxy.request.client_limits import parser_limits
 
@@ -119,9 +120,23 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
         await stop.wait()
     finally:
         log.info("modelgate stopping", extra={"drain_timeout_s": server.drain_timeout_s})
-        await site.stop()  # no new connections
-        await owner.drain.run(lambda: owner.gateway.in_flight if owner.gateway else 0, server.drain_timeout_s)
+        await stop_listening(site, runner)
+        assert runner.server is not None
+        handlers = runner.server
+        await owner.drain.run(lambda: owner.gateway.in_flight if owner.gateway else 0, server.drain_timeout_s,
+                              lambda: handlers.connections)
         await runner.cleanup()  # cancels what is left, within FINAL_GRACE_S
+
+
+async def stop_listening(site: web.TCPSite, runner: web.AppRunner) -> None:
+    """No new connections; those the kernel had queued are taken first and drained like the rest
+    (closing a listener resets what waits on it)."""
+    listening = site._server  # type: ignore[attr-defined]  # aiohttp keeps the asyncio server there
+    queued = accept_queued(listening.sockets if listening is not None else [])
+    await site.stop()  # closes the listeners before anything else runs: nothing else queues on them
+    loop = asyncio.get_running_loop()
+    for conn in queued:
+        await loop.connect_accepted_socket(runner.server, conn)  # type: ignore[arg-type]
 
 
 def _changed_since(path: str | Path, digest: str) -> bool:

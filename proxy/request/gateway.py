@@ -108,8 +108,11 @@ class Gateway:
             try:
                 if ex.outcome.status == 0 and response is not None:
                     ex.outcome.status = response.status
-                if response is not None and self.drain is not None and self.drain.draining:
-                    response.force_close()  # its connection goes when it ends: a retry finds a live gateway
+                if response is not None and self.drain is not None and self.drain.cutting:
+                    # A stream cut by the drain takes its connection with it: the retry its error event
+                    # asks for goes to a live gateway. (One that ended by itself keeps its connection a
+                    # moment, so a next request already on its way is answered: proxy/process/drain.py.)
+                    response.force_close()
                 await runtime.pipelines[route.name].run_complete(ex)
                 now = time.perf_counter()
                 overhead = ex.overhead_seconds(now)  # read once: metrics, trace and access line agree
