@@ -153,7 +153,8 @@ def _json_lines(process: Process) -> list[dict]:
 
 async def test_aiohttp_still_shows_what_the_drain_reads_of_a_connection(start_gateway, http) -> None:  # noqa: ANN001
     """The drain reads aiohttp's request handler where it has no public word (proxy/process/drain.py):
-    an upgrade of aiohttp that renames those parts fails here, not in a drain."""
+    an upgrade of aiohttp that renames those parts fails here, not in a drain. A half-closed
+    connection's client reads end of file, and a request it sends then is dropped unread."""
     gw = await start_gateway()
     kept = await Kept.open(gw.url)
     kept.send(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
@@ -163,7 +164,11 @@ async def test_aiohttp_still_shows_what_the_drain_reads_of_a_connection(start_ga
     by_served = {served(handler): handler for handler in handlers}
     assert set(by_served) == {True, False} and all(parked(handler) for handler in handlers)
     half_close(by_served[True])
-    assert await kept.eof()  # FIN at once
+    kept.send(message_request("after-fin"))  # a request crossing the FIN
+    assert await kept.answer() == CLEAN_CLOSE  # end of file before any byte: no answer, no reset...
+    await asyncio.sleep(0.1)
+    assert not gw.sim().requests  # ... and it never ran: sending it again is safe
+    assert by_served[True].transport is not None  # still read (and dropped) until the client closes
     fresh.send(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")  # the other connection is untouched
     assert (await fresh.answer()).status == 200  # type: ignore[union-attr]
     kept.close()
