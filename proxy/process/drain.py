@@ -1,13 +1,13 @@
 """`Drain`: stopping within `server.drain_timeout_s` in total, and saying so to every client.
 
 On SIGTERM the gateway stops accepting connections (those the kernel had already queued are
-taken first, so none is reset), and from then on:
+accepted first, rather than reset with the listener), and from then on:
 
 - **Idle keep-alive connections are closed at once**, half-closed: the gateway sends its FIN and
   reads on, dropping what arrives. A client sees its end of file before it sends anything more;
   one whose request crossed the FIN sees that end of file before any byte of an answer, and that
   request was never acted on, so sending it again elsewhere is safe, whatever its method. Nothing
-  is closed under unread bytes, so no client meets a reset.
+  is closed under unread bytes, so no client meets a reset while the worker drains.
 - **Every answer whose head goes out during the drain says `Connection: close`**, and its
   connection closes once it ends.
 - **A connection whose answer began before the drain** (a stream, say) said nothing of closing,
