@@ -29,6 +29,9 @@ COPY config.yaml /etc/modelgate/config.yaml
 # filesystem can be mounted read-only (the gateway's own scratch files go to /tmp).
 ENV PATH=/opt/modelgate/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 USER 10001:10001
+# The admin listener (/metrics) is not exposed: config.yaml keeps it on the container's loopback
+# (127.0.0.1:8081). A config for a stack with Prometheus sets admin_listen: "0.0.0.0:8081" and
+# publishes it nowhere (deploy/README.md).
 EXPOSE 8080
 # The slim image has no curl: Python's urllib asks /readyz, and a non-2xx answer or no answer
 # raises, which exits 1 (unhealthy). Failures in the start period (start-up) do not count.

@@ -15,8 +15,8 @@ plugin: what it `provides` to the plugins after it and what it `requires` of the
 (checked whenever a pipeline is built, config or default), whether it may run before the core
 has checked that an id the request follows is its caller's (`before_owner_check`), which routes it `joins` by default
 and where (`order`), the settings it takes (`Settings`, and `KeySettings` on each key), and
-what it adds to the gateway around the pipeline: `routes` the app serves, `commands` the CLI
-runs, `config_problems` only the whole config shows. The core finds plugins through the
+what it adds to the gateway around the pipeline: `routes` the app serves (`admin_routes` for
+operators only), `commands` the CLI runs, `config_problems` only the whole config shows. The core finds plugins through the
 `modelgate.plugins` entry points (the built-in ones are registered like any other) or a
 dotted path named in config.
 """
@@ -130,6 +130,12 @@ class Plugin:
 
     @classmethod
     def routes(cls) -> Sequence[PluginRoute]:
+        return ()
+
+    @classmethod
+    def admin_routes(cls) -> Sequence[PluginRoute]:
+        """Paths for operators only: served on the admin listener, and on the main one only to the
+        admin token (proxy/process/admin.py)."""
         return ()
 
     @classmethod

@@ -215,7 +215,10 @@ def check_plugins(tree: dict[str, Any]) -> list[str]:
         entry = configured.get(route.name)
         names = entry.get("plugins") if isinstance(entry, dict) else None
         if isinstance(names, list):
-            problems.extend(order_problems(route, [str(n) for n in names], f"routes.{route.name}.plugins"))
+            names = [str(n) for n in names]
+            problems.extend(order_problems(route, names, f"routes.{route.name}.plugins"))
+            if route.takes_key and not provides_caller(names) and entry.get("public") is not True:
+                problems.append(_callerless(route))
         else:  # a default pipeline is held to the same contract, so a registered plugin cannot break it unseen
             defaults = default_plugins(route)
             problems.extend(order_problems(route, defaults, f"<default pipeline of {route.name}>"))
@@ -235,6 +238,48 @@ def check_plugins(tree: dict[str, Any]) -> list[str]:
         if isinstance(key, dict):
             problems.extend(_key_settings_problems(key, f"keys[{index}]"))
     return problems
+
+
+def provides_caller(names: Iterable[str]) -> bool:
+    """Whether a pipeline has a plugin that provides the caller (an unknown name provides nothing)."""
+    for name in names:
+        try:
+            if "caller" in resolve_plugin(name).provides:
+                return True
+        except LookupError:
+            continue
+    return False
+
+
+def _callerless(route: Route) -> str:
+    """A keyed route whose configured pipeline names no caller: every request would go upstream
+    with the channel's credential, whoever sent it. Said unless the route is declared public."""
+    providers = [n for n, c in registered_classes().items() if "caller" in c.provides]
+    hint = f" (add {' or '.join(providers)} first)" if providers else ""
+    return (f"routes.{route.name}.plugins: no plugin provides {CAPABILITIES['caller'].described}{hint}: anyone "
+            f"who reaches the gateway would be served with the channel's credential; if that is meant, say so "
+            f"with routes.{route.name}.public: true")
+
+
+def config_warnings(config: GatewayConfig) -> list[str]:
+    """What a valid config does that its operator must hear of, from check-config and at every
+    start and reload: a keyed route served to anyone (`public: true`), or a `public` that changes
+    nothing (the route takes no key, or its pipeline names the caller after all)."""
+    warnings = []
+    for route in ROUTES:
+        override = config.routes.get(route.name)  # type: ignore[call-overload]
+        if override is None or not override.public:
+            continue
+        where = f"routes.{route.name}.public"
+        if not route.takes_key:
+            warnings.append(f"{where}: route {route.name} takes no gateway key: public changes nothing")
+        elif override.plugins is None or provides_caller(override.plugins):
+            warnings.append(f"{where}: a plugin of its pipeline provides the caller, so keys are still "
+                            "required: public changes nothing")
+        else:
+            warnings.append(f"{where}: no plugin of its pipeline provides the caller: anyone who reaches the "
+                            "gateway is served on this route with the channel's credential")
+    return warnings
 
 
 def _model_problems(model: type[BaseModel] | None, where: str, values: dict[str, Any], why_none: str) -> list[str]:
@@ -304,15 +349,15 @@ def plugin_config_problems(config: GatewayConfig, workers: int) -> list[str]:
     return problems
 
 
-def plugin_routes(config: GatewayConfig) -> list[PluginRoute]:
+def plugin_routes(config: GatewayConfig, *, admin: bool = False) -> list[PluginRoute]:
     """The paths the registered plugins, and any other the config names, ask the app to serve
     (all of them from the start: a reload cannot add a path, and the handler of a plugin not
-    configured says so)."""
+    configured says so); `admin`: their paths for operators only."""
     classes = dict.fromkeys(registered_classes().values())
     for route in config.routes.values():
         for name in route.plugins or ():
             classes.setdefault(resolve_plugin(name))
-    return [extra for cls in classes for extra in cls.routes()]
+    return [extra for cls in classes for extra in (cls.admin_routes() if admin else cls.routes())]
 
 
 def plugin_commands() -> list[PluginCommand]:

@@ -21,7 +21,8 @@ from aiohttp import web
 
 from proxy.config import load_config
 from proxy.policy.channels import Channel
-from proxy.process.app import APP_KEY, GatewayApp, build_app
+from proxy.process.admin import AdminListener
+from proxy.process.app import APP_KEY, GatewayApp, build_admin_app, build_app
 from proxy.process.server import start_runner
 from simulator.core import Simulator
 
@@ -61,6 +62,12 @@ class RunningGateway:
     url: str
     owner: GatewayApp
     runner: web.AppRunner
+    admin_url: str | None = None  # the admin listener (/metrics, /readyz in detail), on a port of its own
+
+    @property
+    def admin(self) -> str:
+        assert self.admin_url is not None, "this gateway's admin listener is off"
+        return self.admin_url
 
     def sim(self, name: str = "simulator") -> Simulator:
         return self.owner.simulators.simulators[name]
@@ -76,8 +83,10 @@ class RunningGateway:
 
 @pytest.fixture
 async def start_gateway(tmp_path: Path) -> AsyncIterator[Callable[..., asyncio.Future]]:
-    """Start a gateway in this process from YAML text (or the embedded defaults)."""
+    """Start a gateway in this process from YAML text (or the embedded defaults); its admin
+    listener, unless the config turns it off, goes on a free port on the configured host."""
     runners: list[web.AppRunner] = []
+    admins: list[AdminListener] = []
 
     async def start(yaml_text: str | None = None, env: dict[str, str] | None = None) -> RunningGateway:
         if yaml_text is None:
@@ -93,9 +102,15 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[Callable[..., asyncio.F
         await site.start()
         runners.append(runner)
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        return RunningGateway(f"http://127.0.0.1:{port}", app[APP_KEY], runner)
+        admin = None
+        if loaded.config.server.admin_listen:
+            admin = await AdminListener.start(build_admin_app(app), loaded.config.server, reuse_port=False, port=0)
+            admins.append(admin)
+        return RunningGateway(f"http://127.0.0.1:{port}", app[APP_KEY], runner, admin.url if admin else None)
 
     yield start
+    for admin in admins:
+        await admin.close()
     for runner in reversed(runners):
         await runner.cleanup()
 
@@ -117,6 +132,12 @@ class Process:
     url: str
     proc: subprocess.Popen[bytes]
     log: Path
+    admin_url: str | None = None  # a gateway's admin listener (/metrics, /readyz in detail)
+
+    @property
+    def admin(self) -> str:
+        assert self.admin_url is not None, "no admin listener known for this process"
+        return self.admin_url
 
     def rss_peak_kb(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -167,26 +188,38 @@ def wait_every_worker(log: Path, timeout: float = 20.0) -> None:
 
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Callable[..., Process]]:
-    """Start `modelgate` processes (gateways or simulators); all are stopped at the end."""
+    """Start `modelgate` processes (gateways or simulators); all are stopped at the end.
+
+    A gateway's admin listener goes on a free port of its own (`serve --admin-listen`), so
+    gateways started side by side do not meet on the default 127.0.0.1:8081; a config that sets
+    `admin_listen` itself keeps it, with `{ADMIN_PORT}` standing for that free port."""
     started: list[Process] = []
 
     def run(kind: str, *args: str, config: str | None = None, ready_path: str = "/healthz") -> Process:
-        port = free_port()
+        port, admin_port = free_port(), free_port()
         log = tmp_path / f"{kind}-{port}.log"
         cmd = [sys.executable, "-m", "proxy"]
+        admin_url: str | None = f"http://127.0.0.1:{admin_port}"
         if kind == "gateway":
+            text = textwrap.dedent(config or "")
             cfg = tmp_path / f"gateway-{port}.yaml"
-            cfg.write_text(textwrap.dedent(config or "").replace("{PORT}", str(port)))
-            cmd += ["serve", "-c", str(cfg)]
+            cfg.write_text(text.replace("{PORT}", str(port)).replace("{ADMIN_PORT}", str(admin_port)))
+            cmd += ["serve"]
+            if "admin_listen" not in text:
+                cmd += ["--admin-listen", f"127.0.0.1:{admin_port}"]
+            elif "{ADMIN_PORT}" not in text:
+                admin_url = None  # off, or where the test put it
+            cmd += ["-c", str(cfg)]  # last: tests find the config file there
         elif kind == "defaults":  # the gateway on its embedded defaults, as README's first command runs it
-            cmd += ["serve", "--listen", f"127.0.0.1:{port}"]
+            cmd += ["serve", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin_port}"]
         else:
             cmd += ["simulate", "--port", str(port), *args]
             ready_path = "/_sim/stats"
+            admin_url = None
         proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                                 cwd=Path(__file__).parent.parent)
         url = f"http://127.0.0.1:{port}"
-        process = Process(url, proc, log)
+        process = Process(url, proc, log, admin_url)
         started.append(process)
         wait_ready(url + ready_path, proc, log)
         if kind == "gateway":

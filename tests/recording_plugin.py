@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from typing import ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from aiohttp import web
 from pydantic import BaseModel
 
-from proxy.plugin import Plugin
+from proxy.plugin import Plugin, PluginRoute
 from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.wire.sse import SSEEvent
 
@@ -61,3 +62,14 @@ class EndHolder(Plugin):
             EndHolder.holding.set()
             await EndHolder.release.wait()
             EndHolder.finished.append(ex.gateway_id)
+
+
+class AdminNote(Plugin):
+    """Serves an operators-only path (`admin_routes`): what a key-management API would add."""
+
+    @classmethod
+    def admin_routes(cls) -> Sequence[PluginRoute]:
+        async def note(request: web.Request, resources: Mapping[str, Any]) -> web.Response:
+            return web.json_response({"note": "for operators", "resources": len(resources)})
+
+        return (PluginRoute("GET", "/admin/note", note),)

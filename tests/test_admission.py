@@ -56,10 +56,10 @@ async def test_past_its_bound_a_gateway_answers_503_overloaded_and_serves_what_i
                    for _ in range(12)]
         excess += [post("/v1/responses", RESPONSE, BEARER) for _ in range(12)]
         refused = await asyncio.gather(*excess)
-        # Never shed, however full: the health checks and the metrics.
-        for path in ("/healthz", "/readyz", "/metrics"):
-            async with http.get(gw.url + path) as answer:
-                assert answer.status == 200, path
+        # Never shed, however full: the health checks and the metrics, on either listener.
+        for url in (gw.url + "/healthz", gw.url + "/readyz", gw.admin + "/readyz", gw.admin + "/metrics"):
+            async with http.get(url) as answer:
+                assert answer.status == 200, url
         served = await asyncio.gather(*admitted)
     assert [status for status, _, _ in served] == [200] * 4
     assert all(body["type"] == "message" for _, _, body in served)

@@ -131,6 +131,7 @@ def test_the_image_default_command_serves_and_its_healthcheck_passes() -> None:
     listen = args.index("--listen")
     assert args[listen + 1] == f"0.0.0.0:{image_port()}", "reachable from outside the container"
     args[listen + 1] = f"127.0.0.1:{port}"
+    args += ["--admin-listen", f"127.0.0.1:{free_port()}"]  # moved too, off the default 8081
     binary = Path(sys.executable).with_name(final.entrypoint[0])
     assert binary.exists(), "the entrypoint is the package's console script"
     check = [sys.executable, *command[1:-1], command[-1].replace(f":{image_port()}/", f":{port}/")]
@@ -268,6 +269,9 @@ def test_compose_gateway_config_passes_the_gateways_check_and_uses_the_stacks_re
     assert listen_port == image_port(), "the image's health check asks this port"
     published = {str(port).rsplit(":", 1)[-1] for port in gateway["ports"]}
     assert str(listen_port) in published
+    # The admin listener is reachable by the stack's Prometheus (any address in the container), published nowhere.
+    assert config.server.admin_address is not None and config.server.admin_address[0] == "0.0.0.0"
+    assert str(config.server.admin_address[1]) not in published
     stop_grace = int(gateway["stop_grace_period"].removesuffix("s"))
     assert stop_grace > config.server.drain_timeout_s, "docker would kill the gateway mid-drain"
 
@@ -278,13 +282,15 @@ def prometheus_config() -> tuple[dict[str, Any], dict[str, Any]]:
     return service, yaml.safe_load(config_path.read_text(encoding="utf-8"))
 
 
-def test_prometheus_scrapes_the_gateway_and_loads_the_alert_rules() -> None:
+def test_prometheus_scrapes_the_gateways_admin_port_and_loads_the_alert_rules() -> None:
     service, config = prometheus_config()
     (job,) = config["scrape_configs"]
     assert job.get("metrics_path", "/metrics") == "/metrics"
     (target,) = [target for group in job["static_configs"] for target in group["targets"]]
     host, port = target.split(":")
-    assert host == "gateway" and int(port) == image_port()
+    gateway = load_config(gateway_config_path(), service_environment(compose()["services"]["gateway"])).config
+    assert host == "gateway" and (int(port),) == gateway.server.admin_address[1:]  # type: ignore[index]
+    assert int(port) != image_port(), "the clients' port serves no /metrics"
     rules = [host_path(service, posixpath.join("/etc/prometheus", rule)) for rule in config["rule_files"]]
     assert rules == [ROOT / "dashboards" / "alerts.yaml"]
 
@@ -412,9 +418,16 @@ def test_the_deployment_runs_the_image_as_built() -> None:
     (volume,) = [volume for volume in pod["volumes"] if volume["name"] == volume_name]
     config_map = the("ConfigMap")
     assert volume["configMap"]["name"] == config_map["metadata"]["name"] and key in config_map["data"]
-    listen = yaml.safe_load(config_map["data"][key])["server"]["listen"]
+    server = yaml.safe_load(config_map["data"][key])["server"]
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-    assert listen == f"0.0.0.0:{image_port()}" and ports["http"] == image_port()
+    assert server["listen"] == f"0.0.0.0:{image_port()}" and ports["http"] == image_port()
+    # The admin listener on every address of the pod, so Prometheus reaches it; named, scraped, not in the Service.
+    assert server["admin_listen"] == f"0.0.0.0:{ports['admin']}"
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(ports["admin"]) and annotations["prometheus.io/path"] == "/metrics"
+    service_ports = the("Service")["spec"]["ports"]
+    assert {port["targetPort"] for port in service_ports} == {"http"}
+    assert ports["admin"] not in {port["port"] for port in service_ports}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     volumes = {volume["name"] for volume in pod["volumes"]}
@@ -422,3 +435,23 @@ def test_the_deployment_runs_the_image_as_built() -> None:
     if container["securityContext"].get("readOnlyRootFilesystem"):
         assert "/tmp" in {mount["mountPath"] for mount in container["volumeMounts"]}, \
             "the workers' metrics files and spooled bodies need a writable /tmp"
+
+
+# --- load balancers -------------------------------------------------------------------------
+
+
+def test_the_load_balancers_never_pass_the_admin_port_or_metrics_on() -> None:
+    """nginx and HAProxy forward the clients' port only, and refuse /metrics themselves: with
+    server.admin_token set the gateway would otherwise answer it there (to its token)."""
+    server = yaml.safe_load((DEPLOY / "gateway.yaml").read_text(encoding="utf-8"))["server"]
+    port, admin_port = (int(server[name].rsplit(":", 1)[1]) for name in ("listen", "admin_listen"))
+    nginx = (DEPLOY / "nginx.conf").read_text(encoding="utf-8")
+    servers = re.findall(r"^\s*server\s+[\d.]+:(\d+)", nginx, re.MULTILINE)
+    assert servers and set(servers) == {str(port)}
+    assert re.search(r"location\s*=\s*/metrics\s*\{\s*return\s+404;\s*\}", nginx)
+    haproxy = (DEPLOY / "haproxy.cfg").read_text(encoding="utf-8")
+    servers = re.findall(r"^\s*server\s+\S+\s+[\d.]+:(\d+)", haproxy, re.MULTILINE)
+    assert servers and set(servers) == {str(port)}
+    assert "http-request deny deny_status 404 if { path /metrics }" in haproxy
+    assert "option httpchk GET /readyz" in haproxy  # the bare verdict: all a load balancer reads
+    assert admin_port != port

@@ -109,8 +109,8 @@ async def test_a_state_store_outage_degrades_clearly_and_heals(spawn, redis):  #
             redis.hang() if stage == "hung" else redis.stop()
             # Every instance stays ready, says why it is degraded, and answers at once.
             for gateway in (a, b):
-                await until(lambda g=gateway: _store_down(http, g.url))
-                status, body = await ready(http, gateway.url)
+                await until(lambda g=gateway: _store_down(http, g.admin))
+                status, body = await ready(http, gateway.admin)
                 assert status == 200 and body["state_store"] == "unreachable", (stage, body)
             # Requests keep flowing (limits fail open) ...
             for gateway in (a, b):
@@ -123,13 +123,13 @@ async def test_a_state_store_outage_degrades_clearly_and_heals(spawn, redis):  #
             assert status == 200
             followed = await respond(http, a.url, made_during["id"])
             assert followed[0] == 200, (stage, followed)
-            _, body = await ready(http, a.url)
+            _, body = await ready(http, a.admin)
             assert body["pending_pins"] >= 1
             redis.resume() if stage == "hung" else await redis.start()
             statuses = await load.stop()
             assert statuses and set(statuses) == {200}, (stage, statuses)  # nothing the load sent was refused
             for gateway in (a, b):
-                await until(lambda g=gateway: _store_up(http, g.url))
+                await until(lambda g=gateway: _store_up(http, g.admin))
             await until(lambda: _followed(http, b.url, made_during["id"]))  # written once the store answered
             if stage == "hung":  # the store kept its data: what was made before is followed again
                 assert (await respond(http, b.url, made_before["id"]))[0] == 200
@@ -240,14 +240,14 @@ async def test_with_limits_failing_closed_readiness_follows_the_store_without_tr
     upstream = spawn("simulator")
     gateway = spawn("gateway", config=gateway_config(redis.url, upstream.url).replace("fail: open", "fail: closed"))
     async with aiohttp.ClientSession() as http:
-        assert (await ready(http, gateway.url))[0] == 200
+        assert (await ready(http, gateway.admin))[0] == 200
         redis.hang()
         try:
-            await until(lambda: _status_is(http, gateway.url, 503))  # no request needed to notice
-            assert "fail is closed" in (await ready(http, gateway.url))[1]["reasons"][0]
+            await until(lambda: _status_is(http, gateway.admin, 503))  # no request needed to notice
+            assert "fail is closed" in (await ready(http, gateway.admin))[1]["reasons"][0]
         finally:
             redis.resume()
-        await until(lambda: _status_is(http, gateway.url, 200))  # and none needed to recover
+        await until(lambda: _status_is(http, gateway.admin, 200))  # and none needed to recover
 
 
 async def _status_is(http: aiohttp.ClientSession, url: str, status: int) -> bool:

@@ -147,6 +147,6 @@ async def test_webhook_body_and_signature_reach_the_backend_byte_exact(gw, http)
 async def test_health_and_readiness(gw, http):  # noqa: ANN001
     async with http.get(gw.url + "/healthz") as answer:
         assert answer.status == 200
-    async with http.get(gw.url + "/readyz") as answer:
+    async with http.get(gw.admin + "/readyz") as answer:
         assert answer.status == 200
         assert (await answer.json())["channels"] == [{"name": "upstream", "breaker": "closed", "failures_in_a_row": 0}]

@@ -221,7 +221,7 @@ async def test_a_header_that_cannot_be_written_is_a_502_and_not_the_channels_fau
                 assert answer.status == 502
                 assert "could not be written" in (await answer.json())["error"]["message"]
         assert upstream.requests == []
-        async with http.get(gw.url + "/readyz") as answer:
+        async with http.get(gw.admin + "/readyz") as answer:
             channel = (await answer.json())["channels"][0]
         assert channel["breaker"] == "closed" and channel["failures_in_a_row"] == 0
 

@@ -142,7 +142,7 @@ async def test_records_made_while_postgresql_is_away_arrive_once_it_returns_none
     during = await send_mixed(http, gateway.url, times=4)
     await asyncio.sleep(1.5)  # batches fail and are spooled
     assert len(await rows(ledger_db)) == len(before)
-    async with http.get(gateway.url + "/metrics") as answer:
+    async with http.get(gateway.admin + "/metrics") as answer:
         spooled = re.search(r'modelgate_ledger_records_total\{outcome="spooled"\} (\S+)', await answer.text())
     assert spooled is not None and float(spooled[1]) == len(during)
     await relay.up()
@@ -191,7 +191,7 @@ async def test_the_report_sums_the_ledger_by_what_it_is_asked_and_metrics_count_
     gateway = await start_gateway(config)
 
     async def cost_counted() -> float:  # this process's counters: other tests' gateways count there too
-        async with http.get(gateway.url + "/metrics") as answer:
+        async with http.get(gateway.admin + "/metrics") as answer:
             metrics = await answer.text()
         return sum(float(v) for v in re.findall(r'modelgate_cost_total\{key="demo",model="[^"]+"\} (\S+)', metrics))
 

@@ -184,3 +184,41 @@ def test_a_form_of_more_parts_than_the_bound_is_malformed():
     observer = MultipartObserver(BOUNDARY.encode())
     observer.feed(part * 300 + f"--{BOUNDARY}--\r\n".encode())
     assert observer.error == "a form has at most 256 parts"
+
+
+def test_a_delimiter_line_that_never_ends_is_malformed_once_past_the_header_bound():
+    """Only white space may follow a delimiter: a line of anything that never ends is refused
+    within 16 KB, not held (and searched again at each read) to the end of a 512 MB upload."""
+    observer = MultipartObserver(BOUNDARY.encode())
+    observer.feed(f"--{BOUNDARY}".encode())
+    for _ in range(100):
+        observer.feed(b"x" * 1024)
+        if observer.error:
+            break
+    assert observer.error == "a delimiter line is too long" and len(observer._buffer) <= 17 * 1024
+    # white space and headers that come a byte at a time are searched once, not again at each byte
+    observer = MultipartObserver(BOUNDARY.encode())
+    body = (f"--{BOUNDARY}   \r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nimagegen-2\r\n"
+            f"--{BOUNDARY}--\r\n").encode()
+    for byte in body:
+        observer.feed(bytes([byte]))
+    assert observer.done and observer.error is None and observer.field("model") == "imagegen-2"
+
+
+async def test_an_upload_of_one_endless_delimiter_line_is_a_400_at_once(gateway):  # noqa: ANN001
+    body = f"--{BOUNDARY}".encode() + b"x" * (32 * MB)
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(gateway.url.rsplit(":", 1)[1]))
+    writer.write((f"POST /v1/images/edits HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer sk-demo-key\r\n"
+                  f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\nContent-Length: {len(body)}\r\n"
+                  "Connection: close\r\n\r\n").encode())
+    sent = 0
+    try:
+        while sent < len(body):  # the gateway answers (and stops reading) long before the end
+            writer.write(body[sent:sent + MB])
+            await writer.drain()
+            sent += MB
+    except ConnectionError:
+        pass
+    answer = parse_answer(await asyncio.wait_for(reader.read(-1), 30))
+    writer.close()
+    assert answer.status == 400 and "a delimiter line is too long" in answer.json()["error"]["message"]

@@ -46,7 +46,7 @@ def value(samples: list, name: str, **labels: str) -> float:
 
 
 async def test_metrics_follow_requests_streams_tokens_and_refusals(gateway, http):  # noqa: ANN001
-    before = await scrape(http, gateway.url)
+    before = await scrape(http, gateway.admin)
     body = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "a b"}]}
     async with http.post(gateway.url + "/v1/messages", json=body, headers={**MSG, "x-sim-output-tokens": "5"}) as answer:
         await answer.read()
@@ -57,7 +57,7 @@ async def test_metrics_follow_requests_streams_tokens_and_refusals(gateway, http
         assert answer.status == 400
     async with http.post(gateway.url + "/v1/messages", json=body, headers={"msgapi-version": "1"}) as answer:
         assert answer.status == 401
-    after = await scrape(http, gateway.url)
+    after = await scrape(http, gateway.admin)
 
     def delta(family: str, name: str, **labels: str) -> float:
         return value(after.get(family, []), name, **labels) - value(before.get(family, []), name, **labels)
@@ -86,7 +86,7 @@ async def test_upstream_failures_are_counted_and_take_a_channel_down(start_gatew
         async with http.post(gw.url + "/v1/responses", json=body, headers={"Authorization": "Bearer sk-demo-key",
                                                                           "x-sim-fault": "status=503"}) as answer:
             assert answer.status == 503
-    metrics = await scrape(http, gw.url)
+    metrics = await scrape(http, gw.admin)
     assert value(metrics["modelgate_upstream_errors"], "modelgate_upstream_errors_total", channel="flaky",
                  kind="status_5xx") == 3
     assert value(metrics["modelgate_channel_up"], "modelgate_channel_up", channel="flaky") == 0
@@ -95,7 +95,7 @@ async def test_upstream_failures_are_counted_and_take_a_channel_down(start_gatew
     await asyncio.sleep(0.3)  # the breaker's pause ends: one probe may go, and it succeeds
     async with http.post(gw.url + "/v1/responses", json=body, headers={"Authorization": "Bearer sk-demo-key"}) as answer:
         assert answer.status == 200
-    metrics = await scrape(http, gw.url)
+    metrics = await scrape(http, gw.admin)
     assert value(metrics["modelgate_channel_up"], "modelgate_channel_up", channel="flaky") == 1
 
 

@@ -8,12 +8,12 @@ from tests.recording_plugin import Recorder
 from tests.sse import read_events
 
 PIPELINE = """
-routes:
-  messages: {plugins: [usage, sse, tests.recording_plugin:Recorder]}
-  responses: {plugins: [usage, sse, tests.recording_plugin:Recorder]}
-  generate_content: {plugins: [usage, sse, tests.recording_plugin:Recorder]}
-  stream_generate_content: {plugins: [usage, sse, tests.recording_plugin:Recorder]}
-  image_generations: {plugins: [usage, sse, tests.recording_plugin.Recorder]}
+routes:  # no auth: the pipeline alone is under test (public says that is meant)
+  messages: {public: true, plugins: [usage, sse, tests.recording_plugin:Recorder]}
+  responses: {public: true, plugins: [usage, sse, tests.recording_plugin:Recorder]}
+  generate_content: {public: true, plugins: [usage, sse, tests.recording_plugin:Recorder]}
+  stream_generate_content: {public: true, plugins: [usage, sse, tests.recording_plugin:Recorder]}
+  image_generations: {public: true, plugins: [usage, sse, tests.recording_plugin.Recorder]}
 plugins:
   tests.recording_plugin:Recorder: {drop_event: content_block_stop}
 """

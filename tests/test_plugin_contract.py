@@ -48,7 +48,8 @@ def test_a_plugin_before_the_one_providing_what_it_requires_is_refused_with_its_
 
 
 def test_a_plugin_whose_requirement_nobody_provides_is_refused_and_told_who_does() -> None:
-    found = problems("routes: {image_generations: {plugins: [validation, url_delivery, usage]}}")
+    # public: an open route still needs the caller for url_delivery, which asks whose it is
+    found = problems("routes: {image_generations: {public: true, plugins: [validation, url_delivery, usage]}}")
     assert found == ["routes.image_generations.plugins[1]: url_delivery requires the caller's identity (the "
                      "gateway key, its name and tenant), which no plugin before it on route image_generations "
                      "provides (add auth before it)"]

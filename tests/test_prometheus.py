@@ -1,5 +1,5 @@
-"""The dashboard and alert rules against a real Prometheus scraping a gateway under mixed load:
-every expression parses and returns data (no empty panel). promtool checks and tests the rules."""
+"""The dashboard and alert rules against a real Prometheus scraping a gateway's admin listener under
+mixed load: every expression parses and returns data (no empty panel). promtool checks and tests the rules."""
 
 from __future__ import annotations
 
@@ -101,8 +101,9 @@ async def test_every_dashboard_and_alert_expression_returns_data(ledger_db, spaw
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(DASHBOARDS / "alerts.yaml")],
+        # The admin listener, as the shipped deploy files scrape it: the clients' port serves no /metrics.
         "scrape_configs": [{"job_name": "modelgate", "static_configs": [
-            {"targets": [gateway.url.removeprefix("http://")]}]}]}))
+            {"targets": [gateway.admin.removeprefix("http://")]}]}]}))
     log = (tmp_path / "prometheus.log").open("wb")
     prometheus = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
                                    f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
@@ -120,6 +121,11 @@ async def test_every_dashboard_and_alert_expression_returns_data(ledger_db, spaw
                 await asyncio.sleep(0.2)
             await mixed_load(gateway.url, seconds=10)
             await asyncio.sleep(2.5)  # the last scrapes
+            async with http.get(api + "/api/v1/targets") as answer:
+                (target,) = (await answer.json())["data"]["activeTargets"]
+            assert target["health"] == "up" and target["scrapeUrl"] == gateway.admin + "/metrics", target
+            async with http.get(gateway.url + "/metrics") as answer:
+                assert answer.status == 404
             empty = []
             for where, expr in expressions():
                 async with http.get(api + "/api/v1/query", params={"query": expr}) as answer:

@@ -168,10 +168,10 @@ async def test_a_full_pool_is_a_503_of_its_own_and_never_opens_the_breaker(start
             assert answer.headers["x-should-retry"] == "true"
             error = (await answer.json())["error"]
             assert error["code"] == "upstream_pool_exhausted" and "connections" in error["message"]
-    async with http.get(gw.url + "/readyz") as ready:
+    async with http.get(gw.admin + "/readyz") as ready:
         channel = (await ready.json())["channels"][0]
     assert channel["breaker"] == "closed" and channel["failures_in_a_row"] == 0
-    async with http.get(gw.url + "/metrics") as metrics:
+    async with http.get(gw.admin + "/metrics") as metrics:
         text = await metrics.text()
     assert 'modelgate_upstream_pool_exhausted_total{channel="only"} 4.0' in text
     stream.close()

@@ -65,12 +65,12 @@ async def test_the_breaker_opens_after_failures_and_closes_after_recovery(start_
         async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
             assert answer.status == 200  # served by the second channel throughout
     assert len(gw.sim("first").requests) == 2  # open after two failures: not asked again
-    assert await breakers(http, gw.url) == {"first": "open", "second": "closed"}
+    assert await breakers(http, gw.admin) == {"first": "open", "second": "closed"}
     gw.sim("first").settings = SimulatorSettings()  # the first channel recovers
     clock.advance(29.9)
-    assert await breakers(http, gw.url) == {"first": "open", "second": "closed"}
+    assert await breakers(http, gw.admin) == {"first": "open", "second": "closed"}
     clock.advance(0.1)
-    assert await breakers(http, gw.url) == {"first": "half_open", "second": "closed"}
+    assert await breakers(http, gw.admin) == {"first": "half_open", "second": "closed"}
     async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
         assert answer.status == 200
     assert len(gw.sim("first").requests) == 3  # the half-open probe went there, and succeeded
@@ -78,7 +78,7 @@ async def test_the_breaker_opens_after_failures_and_closes_after_recovery(start_
         async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
             assert answer.status == 200
     assert len(gw.sim("first").requests) == 6  # closed again: priority 0 serves
-    assert await breakers(http, gw.url) == {"first": "closed", "second": "closed"}
+    assert await breakers(http, gw.admin) == {"first": "closed", "second": "closed"}
 
 
 async def breakers(http: aiohttp.ClientSession, url: str) -> dict[str, str]:
@@ -190,12 +190,12 @@ async def test_an_active_health_check_takes_a_channel_out_before_any_request_fai
     try:
         gw = await start_gateway(two_channels(f"base_url: 'http://127.0.0.1:{port}', "
                                               "health_check: {path: /health, interval_s: 0.05}"))
-        await until_health(http, gw.url, "down")
+        await until_health(http, gw.admin, "down")
         async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
             assert answer.status == 200
         assert len(sim.requests) == 0 and len(gw.sim("second").requests) == 1  # never tried, never failed
         health["status"] = 200
-        await until_health(http, gw.url, "up")
+        await until_health(http, gw.admin, "up")
         async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
             assert answer.status == 200
         assert len(sim.requests) == 1  # back in rotation, and first by priority

@@ -1,10 +1,17 @@
-"""The SSE parser frames events without rewriting a byte."""
+"""The SSE parser frames events without rewriting a byte, in time and memory linear in what it is fed."""
 
 from __future__ import annotations
 
-import pytest
+import re
+import tracemalloc
+from unittest.mock import patch
 
-from proxy.wire.sse import SSEEvent, SSEParser
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.wire import sse
+from proxy.wire.sse import EventTooLarge, SSEEvent, SSEParser
 
 STREAMS = [
     b"event: a\ndata: {\"x\":1}\n\nevent: b\ndata: 2\n\n",
@@ -44,3 +51,138 @@ def test_a_built_event_round_trips():
     event = SSEEvent.build({"type": "x"}, name="x")
     assert event.raw == b'event: x\ndata: {"type":"x"}\n\n'
     assert SSEParser().feed(event.raw)[0].json() == {"type": "x"}
+
+
+# -- any chunking gives what the whole stream gives ------------------------------------------------
+
+def reference(stream: bytes, limit: int | None) -> tuple[list[bytes], bytes | None]:
+    """The events of a whole stream as the parser cut them before it had a cap (the blank lines
+    of one pass of the pattern over all of it), and what is left; past the cap, the events before
+    the first one over it and None."""
+    events, start = [], 0
+    for match in sse._EVENT_END.finditer(stream):
+        if limit is not None and match.end() - start > limit:
+            return events, None
+        events.append(stream[start:match.end()])
+        start = match.end()
+    rest = stream[start:]
+    return (events, None) if limit is not None and len(rest) > limit else (events, rest)
+
+
+def chunked(parser: SSEParser, stream: bytes, cuts: list[int]) -> tuple[list[bytes], bytes | None]:
+    events: list[bytes] = []
+    bounds = [0, *sorted(c % (len(stream) + 1) for c in cuts), len(stream)]
+    try:
+        for start, end in zip(bounds, bounds[1:]):
+            events += [e.raw for e in parser.feed(stream[start:end])]
+    except EventTooLarge as refused:
+        return events + [e.raw for e in refused.events], None
+    return events, parser.flush()
+
+
+# Line ends of every kind, in every order, between short fields: blank lines of every spelling.
+PIECES = st.sampled_from([b"\r", b"\n", b"\r\n", b"data: x", b"event: y", b": ping", b"a", b"\xff", b"data:"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(pieces=st.lists(PIECES, max_size=40), cuts=st.lists(st.integers(min_value=0), max_size=12),
+       limit=st.one_of(st.none(), st.integers(min_value=1, max_value=60)), window=st.integers(1, 9))
+def test_any_chunking_gives_the_events_and_bytes_of_the_whole_stream(pieces, cuts, limit, window):  # noqa: ANN001
+    stream = b"".join(pieces)
+    events, rest = chunked(SSEParser(limit), stream, cuts)
+    assert (events, rest) == reference(stream, limit)
+    if rest is not None:
+        assert b"".join(events) + rest == stream  # not a byte rewritten, added or lost
+    with patch.object(sse, "_WINDOW", window):  # events found by their keys, as long ones are
+        assert chunked(SSEParser(limit), stream, cuts) == (events, rest)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 7, 64])
+def test_an_event_over_the_cap_is_refused_after_the_events_before_it_whatever_the_reads(size):  # noqa: ANN001
+    stream = b"data: 1\n\n" + b"data: " + b"x" * 100 + b"\n\ndata: 3\n\n"
+    assert chunked(SSEParser(50), stream, list(range(0, len(stream), size))) == ([b"data: 1\n\n"], None)
+    # exactly at the cap is whole
+    assert chunked(SSEParser(108), stream, list(range(0, len(stream), size)))[0][1] == b"data: " + b"x" * 100 + b"\n\n"
+
+
+def test_an_event_that_never_ends_is_refused_once_past_the_cap_and_nothing_is_kept():
+    parser = SSEParser(max_event=1000)
+    parser.feed(b"data: ")
+    with pytest.raises(EventTooLarge) as refused:
+        for _ in range(100):
+            parser.feed(b"x" * 100)
+    assert refused.value.limit == 1000 and refused.value.events == []
+    assert parser.flush() == b""
+
+
+# -- linear work ----------------------------------------------------------------------------------
+
+class Counting:
+    """Counts the bytes the parser's searches are handed, from where each starts to where it
+    stops: its finds (to the key found, or the end) and its pattern's searches (to the match's end)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.scanned = 0
+        pattern, find = sse._EVENT_END, sse._find
+        counting = self
+
+        class Pattern:
+            def search(self, data: bytes, pos: int = 0, endpos: int | None = None) -> re.Match[bytes] | None:
+                stop = len(data) if endpos is None else min(endpos, len(data))
+                found = pattern.search(data, pos, stop)
+                counting.scanned += (found.end() if found else stop) - pos
+                return found
+
+        def counted_find(data: bytes, key: bytes, start: int) -> int:
+            at = find(data, key, start)
+            counting.scanned += (at + len(key) if at >= 0 else len(data)) - start
+            return at
+
+        monkeypatch.setattr(sse, "_EVENT_END", Pattern())
+        monkeypatch.setattr(sse, "_find", counted_find)
+
+
+STREAMS_TO_SCAN = {
+    "long events": (b"data: " + b"x" * 20_000 + b"\n\n") * 3,
+    "long events of many lines": (b"data: xxxxxxxx\n" * 2000 + b"\n") * 3,
+    "many short events": b"event: a\ndata: 1\n\n" * 3000,
+    "many short CRLF events": b"event: a\r\ndata: 1\r\n\r\n" * 3000,
+}
+
+
+@pytest.mark.parametrize("read", [1, 7, 4096, 65536])
+@pytest.mark.parametrize("name", list(STREAMS_TO_SCAN))
+def test_the_bytes_searched_are_linear_in_the_bytes_fed(monkeypatch, read, name):  # noqa: ANN001
+    stream = STREAMS_TO_SCAN[name]
+    events = len(sse._EVENT_END.findall(stream))
+    counting = Counting(monkeypatch)
+    parser = SSEParser()
+    reads = 0
+    for start in range(0, len(stream), read):
+        parser.feed(stream[start:start + read])
+        reads += 1
+    # Each read looked over once by the pattern (the first bytes of each event), once for a line
+    # end and once for each key (the rest), and the pattern over a few bytes more an event and a
+    # read (where a blank line began before it): never again over the event held so far.
+    assert counting.scanned <= (1 + 2 + len(sse._KEYS)) * len(stream) + 6 * reads + 8 * events, counting.scanned
+
+
+def test_the_bytes_copied_are_linear_in_the_bytes_fed():
+    """Memory allocated feeding an event that never ends: the growth of one buffer (amortised),
+    not a new buffer the size of the event at every read (that made the parser quadratic)."""
+    parser = SSEParser()
+    read = b"x" * 1024
+    parser.feed(b"data: ")
+    tracemalloc.start()
+    try:
+        allocated = 0
+        for _ in range(4000):  # a 4 MB event
+            before = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            parser.feed(read)
+            allocated += tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    fed = 4000 * len(read)
+    # A quadratic parser allocates about 4000 * 2 MB = 8 GB here; this one a few times what it holds.
+    assert allocated < 4 * fed, allocated

@@ -362,7 +362,7 @@ channels: [{{name: sim, base_url: simulator}}]
 plugins: {{ratelimit: {{fail: open}}, webhook_queue: {{enabled: true}}}}
 """)
     async with aiohttp.ClientSession() as http:
-        async with http.get(gw.url + "/readyz") as ready:
+        async with http.get(gw.admin + "/readyz") as ready:
             assert ready.status == 200 and (await ready.json())["state_store"] == "unreachable"
         chats = []
         for _ in range(8):
@@ -414,7 +414,8 @@ async def test_a_sentinel_failover_mid_load_keeps_serving_and_loses_no_accepted_
     try:
         sim = spawn("simulator", "--chunk-delay-ms", "0")
         text = FAILOVER_CONFIG.format(url=setup.url, sim=sim.url, accounts=backend.port)
-        gateways = [spawn("gateway", config=text).url for _ in range(2)]
+        started = [spawn("gateway", config=text) for _ in range(2)]
+        gateways = [gateway.url for gateway in started]
         chats: list[int] = []
         accepted: list[bytes] = []
         refused: list[int] = []
@@ -458,8 +459,8 @@ async def test_a_sentinel_failover_mid_load_keeps_serving_and_loses_no_accepted_
             assert not lost, f"{len(lost)} of {len(accepted)} webhooks answered 200 never reached the backend"
 
             async with asyncio.timeout(10):  # each gateway's probe finds the store again by itself
-                for url in gateways:
-                    while (await (await http.get(url + "/readyz")).json())["state_store"] != "ok":
+                for gateway in started:
+                    while (await (await http.get(gateway.admin + "/readyz")).json())["state_store"] != "ok":
                         await asyncio.sleep(0.1)
             later = []
             for n in range(8):  # the limiter found the new primary: a fresh key's limit holds exactly

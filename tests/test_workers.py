@@ -80,7 +80,7 @@ async def test_two_workers_share_the_port_one_metrics_view_and_exact_limits(spaw
                 statuses.append(answer.status)
     assert statuses.count(200) == 30 and statuses.count(429) == 2  # one limit, whichever worker answered
     async with aiohttp.ClientSession() as http:
-        async with http.get(gateway.url + "/metrics") as answer:
+        async with http.get(gateway.admin + "/metrics") as answer:
             text = await answer.text()
     served = sum(float(v) for v in re.findall(r'modelgate_requests_total\{[^}]*route="responses"[^}]*\} (\S+)', text))
     assert served == 32  # every worker's count, from whichever worker answered /metrics
@@ -145,7 +145,7 @@ async def test_a_reload_is_counted_once_and_the_config_info_names_the_digest_in_
     deadline = time.monotonic() + 15
     async with aiohttp.ClientSession() as http:
         while True:
-            async with http.get(gateway.url + "/metrics") as answer:
+            async with http.get(gateway.admin + "/metrics") as answer:
                 text = await answer.text()
             reloads = sum(float(v) for v in re.findall(r'modelgate_config_reloads_total\{outcome="ok"\} (\S+)', text))
             info = {d: float(v) for d, v in re.findall(r'modelgate_config_info\{digest="(\w+)"\} (\S+)', text)}

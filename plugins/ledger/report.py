@@ -16,6 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from proxy.config import GatewayConfig
+from proxy.observability.safe_text import csv_cell, shown
 
 # What --by may name, and the column (or expression) each groups by: never the user's text.
 GROUPS = {"key": "key_name", "tenant": "tenant", "model": "model", "route": "route", "channel": "channel",
@@ -117,7 +118,8 @@ def write(rows: list[dict[str, Any]], by: list[str], form: str, out: Any) -> Non
     elif form == "csv":
         writer = csv.DictWriter(out, names, lineterminator="\n")
         writer.writeheader()
-        writer.writerows({name: _inert(value) for name, value in row.items()} for row in rows)
+        # A model name a client chose reaches a spreadsheet: nothing in it may run or hide there.
+        writer.writerows({name: csv_cell(value) for name, value in row.items()} for row in rows)
     else:
         cells = [names] + [[_cell(row[n]) for n in names] for row in rows]
         widths = [max(len(line[i]) for line in cells) for i in range(len(names))]
@@ -126,15 +128,9 @@ def write(rows: list[dict[str, Any]], by: list[str], form: str, out: Any) -> Non
             out.write("  ".join(cells).rstrip() + "\n")
 
 
-def _inert(value: Any) -> Any:
-    """A text cell a spreadsheet would run as a formula (a model name a client chose, say) is quoted."""
-    return "'" + value if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
-
-
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.6f}".rstrip("0").rstrip(".") if value else "0"
-    text = str(value)  # a model name a client chose goes to a terminal: nothing in it may steer one
-    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+    return shown(str(value))  # a model name a client chose goes to a terminal: nothing in it may steer one

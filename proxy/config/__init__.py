@@ -56,6 +56,8 @@ class LoadedConfig:
 
 # `modelgate serve --listen` sets it: the address wins over the file's, in workers and reloads too.
 LISTEN_ENV = "MODELGATE_LISTEN"
+# `modelgate serve --admin-listen` sets it, the same way; empty turns the admin listener off.
+ADMIN_LISTEN_ENV = "MODELGATE_ADMIN_LISTEN"
 
 
 def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> LoadedConfig:
@@ -90,7 +92,9 @@ def parse_config(text: str, environ: Mapping[str, str]) -> GatewayConfig:
     tree, problems = expand(tree, environ)
     server = tree.get("server", {})
     if environ.get(LISTEN_ENV) and isinstance(server, dict):  # a broken section is reported as it is
-        tree["server"] = {**server, "listen": environ[LISTEN_ENV]}
+        tree["server"] = server = {**server, "listen": environ[LISTEN_ENV]}
+    if ADMIN_LISTEN_ENV in environ and isinstance(server, dict):
+        tree["server"] = {**server, "admin_listen": environ[ADMIN_LISTEN_ENV] or None}
     config: GatewayConfig | None = None
     try:
         config = GatewayConfig.model_validate(tree)

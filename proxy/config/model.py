@@ -25,7 +25,27 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token
 _LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:\s]+):(?P<port>\d{1,5})\Z")
 
+_ADMIN_TOKEN = re.compile(r"^[!-~]{16,}\Z")  # it is compared with a header's Bearer value
+_ANY_ADDRESS = {"", "0.0.0.0", "::", "[::]"}
+
 PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+def _host_port(value: str) -> str:
+    match = _LISTEN.match(value)
+    if not match or not 0 < int(match["port"]) < 65536:
+        raise ValueError("not a HOST:PORT address (for example 127.0.0.1:8080)")
+    return value
+
+
+def same_address(one: str, other: str) -> bool:
+    """Whether two HOST:PORT listeners would take the same socket: the same port, and the same
+    host or one listening on every address."""
+    a, b = _LISTEN.match(one), _LISTEN.match(other)
+    if a is None or b is None or int(a["port"]) != int(b["port"]):
+        return False
+    hosts = {a["host"].lower(), b["host"].lower()}
+    return len(hosts) == 1 or bool(hosts & _ANY_ADDRESS)
 
 
 def _simple_name(value: str) -> str:
@@ -59,6 +79,9 @@ class ServerConfig(Strict):
     listen: str = "127.0.0.1:8080"
     public_base_url: str | None = None
     max_json_body_mb: PositiveFloat = 64.0
+    # One server-sent event from an upstream, held until its blank line: past it the stream ends
+    # with the format's error event (an upstream that never ends an event costs this much, no more).
+    max_stream_event_mb: PositiveFloat = 8.0
     max_upload_mb: PositiveFloat = 512.0        # multipart edits (streamed): 16 images under 25 MB fit
     drain_timeout_s: PositiveFloat = 60.0       # on SIGTERM: how long in-flight requests may take to finish
     request_id_header: str = "X-Request-Id"
@@ -82,13 +105,29 @@ class ServerConfig(Strict):
     # official SDKs use are read too: `Authorization: Bearer` and `anthropic-version` on endpoint 8,
     # `x-goog-api-key` on endpoints 9-10.
     strict_interface: bool = False
+    # /metrics, the detailed /readyz and whatever else is administrative are served here, apart
+    # from the clients' listener; null or empty: no admin listener (docs/security.md).
+    admin_listen: str | None = "127.0.0.1:8081"
+    # Set: the main listener serves the admin routes too, to `Authorization: Bearer <admin_token>`.
+    admin_token: str | None = Field(default=None, repr=False)
 
     @field_validator("listen")
     @classmethod
     def _listen_is_host_port(cls, value: str) -> str:
-        match = _LISTEN.match(value)
-        if not match or not 0 < int(match["port"]) < 65536:
-            raise ValueError("not a HOST:PORT address (for example 127.0.0.1:8080)")
+        return _host_port(value)
+
+    @field_validator("admin_listen")
+    @classmethod
+    def _admin_listen_is_host_port(cls, value: str | None) -> str | None:
+        return _host_port(value) if value else None
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token_is_a_strong_word(cls, value: str | None) -> str | None:
+        # Never quoted in the message: it is a secret, and check-config prints what it says.
+        if value is not None and not _ADMIN_TOKEN.match(value):
+            raise ValueError("must be at least 16 printable ASCII characters with no spaces "
+                             "(for example the output of `openssl rand -hex 32`)")
         return value
 
     @field_validator("max_in_flight", mode="before")
@@ -112,6 +151,14 @@ class ServerConfig(Strict):
     @property
     def port(self) -> int:
         return int(_LISTEN.match(self.listen)["port"])  # type: ignore[index]
+
+    @property
+    def admin_address(self) -> tuple[str, int] | None:
+        """The admin listener's host and port, or None when it is off."""
+        if not self.admin_listen:
+            return None
+        match = _LISTEN.match(self.admin_listen)
+        return match["host"].strip("[]"), int(match["port"])  # type: ignore[index]
 
 
 class StateConfig(Strict):
@@ -291,6 +338,10 @@ class RouteConfig(Strict):
     # Chat routes only: fail over also when an upstream took the request and closed or went
     # quiet before answering (it may have billed for it). docs/resilience.md.
     failover_unanswered: bool = False
+    # Keyed routes only: serve it with a configured pipeline that names no caller (no plugin
+    # providing it), so anyone who reaches the gateway uses the channel's credential. Without it
+    # such a pipeline is a config problem; with it, a warning at every start and reload.
+    public: bool = False
 
 
 class LoggingConfig(Strict):

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from proxy.config.model import GatewayConfig, worker_count
+from proxy.config.model import GatewayConfig, same_address, worker_count
 from proxy.config.prices import shadowed
 
 
@@ -19,6 +19,11 @@ def cross_section_problems(config: GatewayConfig) -> list[str]:
         problems.append(f"server.workers: {workers} workers cannot share the memory state backend: each process "
                         f"would keep its own rate limits and affinity pins, so limits would be {workers} times too "
                         "loose and follow-up requests could lose their channel; use state.backend: redis, or workers: 1")
+    server = config.server
+    if server.admin_listen and same_address(server.listen, server.admin_listen):
+        problems.append(f"server.admin_listen: {server.admin_listen} is where server.listen ({server.listen}) serves "
+                        "clients; the admin listener needs an address of its own (another port, or null to turn "
+                        "it off, or modelgate serve --admin-listen HOST:PORT)")
     problems.extend(shadowed(config.prices))
     return problems
 

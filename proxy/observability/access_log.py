@@ -1,7 +1,9 @@
 """Structured logs: JSON lines through structlog, one access line per request.
 
 An access line names the request id, route, model, channel and key name, the status,
-durations, tokens and bytes; it never carries a key or a body.
+durations, tokens and bytes; it never carries a key or a body. Its text, and every other log
+line's, is shown as proxy/observability/safe_text.py makes it: a model name a client chose
+cannot steer a terminal or hide in the line.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import orjson
 import structlog
 
 from proxy.config.model import LoggingConfig
+from proxy.observability.safe_text import shown, shown_fields
 from proxy.observability.tracing import ids
 from proxy.request.exchange import Exchange
 
@@ -107,7 +110,7 @@ def configure_logging(config: LoggingConfig) -> None:
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, _shown,
                     structlog.processors.format_exc_info, renderer],
         foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder()],
     ))
@@ -117,6 +120,15 @@ def configure_logging(config: LoggingConfig) -> None:
     global _access
     _access = AccessLog(config.format)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # ours replaces it
+
+
+def _shown(_: object, __: str, event: dict[str, object]) -> dict[str, object]:
+    """Every text of a log line shown safely (the traceback, added after, keeps its lines)."""
+    return shown_fields(event)
+
+
+def _shown_text(text: str | None) -> str | None:
+    return shown(text) if text else text
 
 
 def log_exchange(ex: Exchange, config: LoggingConfig, now: float, overhead_s: float) -> None:
@@ -135,20 +147,23 @@ def log_exchange(ex: Exchange, config: LoggingConfig, now: float, overhead_s: fl
         "method": request.method,
         "path": ex.route.path,  # the template: a client's path may hold anything, a key included
         "status": ex.outcome.status,
-        "model": ex.model,
-        "upstream_model": ex.upstream_model,
+        # What a client chose, or an error quoting it, is shown safely; the rest is the gateway's own.
+        "model": _shown_text(ex.model),
+        "upstream_model": _shown_text(ex.upstream_model),
         "channel": channel.name if channel is not None else None,
         "key_name": ex.key_name,
         "streaming": ex.streaming or ex.outcome.streamed,
         "duration_ms": round((now - ex.started) * 1000, 3),
         "upstream_ms": round(ex.outcome.upstream_seconds() * 1000, 3),
         "overhead_ms": round(overhead_s * 1000, 3),
+        "backoff_ms": round(ex.outcome.backoff_s * 1000, 3),  # neither the gateway's time nor the upstream's
+        "pool_wait_ms": round(ex.outcome.pool_wait_s * 1000, 3),
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
         "bytes_out": ex.outcome.bytes_out,
-        "client_ip": ex.client_ip,
+        "client_ip": _shown_text(ex.client_ip),
         "client_aborted": ex.outcome.client_aborted,
-        "error": ex.outcome.error,
+        "error": _shown_text(ex.outcome.error),
     }
     if (trace_ids := ids(ex)) is not None:
         event["trace_id"], event["span_id"] = trace_ids

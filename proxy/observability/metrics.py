@@ -51,8 +51,15 @@ DURATION = Histogram("modelgate_request_duration_seconds", "Total time per reque
                      ["route"], buckets=_LATENCY)
 UPSTREAM_TTFB = Histogram("modelgate_upstream_ttfb_seconds", "Upstream time to first byte (its headers)",
                           ["route", "channel"], buckets=_LATENCY)
-OVERHEAD = Histogram("modelgate_overhead_seconds", "The gateway's own time: total minus upstream time",
-                     ["route"], buckets=_OVERHEAD)
+OVERHEAD = Histogram("modelgate_overhead_seconds", "The gateway's own time: total minus upstream time, the "
+                     "pauses between attempts and waits for a pool's connection", ["route"], buckets=_OVERHEAD)
+# What a request waited that is neither the gateway's work nor an upstream's, once per request
+# that waited at all: the pauses between failover attempts (resilience.backoff_s, doubling) and
+# waits for a connection a channel's capped pool may open. Its two series exist from the start.
+WAITED = Histogram("modelgate_request_wait_seconds", "Time a request waited outside the gateway's work and the "
+                   "upstream's: failover backoff, a pool's connection slot", ["phase"], buckets=_LATENCY)
+BACKOFF_WAIT = WAITED.labels("failover_backoff")
+POOL_WAIT = WAITED.labels("pool_slot")
 IN_FLIGHT = Gauge("modelgate_in_flight_requests", "Requests being served", ["route"], multiprocess_mode="livesum")
 STREAM_FIRST_EVENT = Histogram("modelgate_stream_first_event_seconds", "Request start to the first streamed byte",
                                ["route"], buckets=_LATENCY)
@@ -63,6 +70,9 @@ CLIENT_ABORTS = Counter("modelgate_client_aborts", "Clients that went away befor
                         ["route", "phase"])
 TOKENS = Counter("modelgate_tokens", "Tokens the upstream reported", ["model", "key", "direction"])
 UPSTREAM_ERRORS = Counter("modelgate_upstream_errors", "Failed upstream attempts", ["channel", "kind"])
+# Its kind for an upstream refusing a channel's credential (a row of the forwarder's FAILURES),
+# counted from 0 for every channel.
+CREDENTIAL_REFUSED = "status_auth"
 POOL_EXHAUSTED = Counter("modelgate_upstream_pool_exhausted", "Requests that found every connection a channel's "
                          "pool may open (pool.max_connections) busy past the connect timeout", ["channel"])
 UPSTREAM_RETRIES = Counter("modelgate_upstream_retries", "Requests sent again to another channel, by why",

@@ -38,6 +38,11 @@ class Observer:
     def __init__(self, config: GatewayConfig) -> None:
         self.enabled = config.observability.metrics.enabled
         self.model_label = m.ModelLabels(config)
+        if self.enabled:
+            # A refused credential is counted from 0, so an alert on its increase sees the first one
+            # (a series that appears at 1 shows Prometheus no increase).
+            for channel in config.channels:
+                child(m.UPSTREAM_ERRORS, channel.name, m.CREDENTIAL_REFUSED)
 
     def started(self, ex: Exchange) -> None:
         if self.enabled:
@@ -54,6 +59,11 @@ class Observer:
         child(m.REQUESTS, route, ex.format.name, model, channel, m.status_class(ex.outcome.status)).inc()
         per_route.duration.observe(now - ex.started)
         per_route.overhead.observe(overhead_s)
+        outcome = ex.outcome
+        if outcome.backoff_s:
+            m.BACKOFF_WAIT.observe(outcome.backoff_s)
+        if outcome.pool_wait_s:
+            m.POOL_WAIT.observe(outcome.pool_wait_s)
         if ex.outcome.upstream_headers_at is not None and ex.outcome.upstream_started is not None:
             child(m.UPSTREAM_TTFB, route, channel).observe(ex.outcome.upstream_headers_at - ex.outcome.upstream_started)
         usage = ex.usage

@@ -91,6 +91,10 @@ def end_request(ex: Exchange, overhead_s: float) -> None:
         return
     attributes: dict[str, Any] = {"http.response.status_code": ex.outcome.status, "modelgate.overhead_ms": overhead_s * 1000,
                                   "modelgate.client_aborted": ex.outcome.client_aborted}
+    if ex.outcome.backoff_s:
+        attributes["modelgate.backoff_ms"] = ex.outcome.backoff_s * 1000
+    if ex.outcome.pool_wait_s:
+        attributes["modelgate.pool_wait_ms"] = ex.outcome.pool_wait_s * 1000
     if ex.model is not None:
         attributes["gen_ai.request.model"] = ex.model
     if ex.channel is not None:

@@ -4,9 +4,10 @@ health check's verdict.
 The forwarder feeds the breaker with each attempt's outcome (the relay too, for an answer that
 breaks after its head; the webhook deliverer for its callbacks); channel selection, `/readyz` and
 the metrics only read it. The breaker opens after `failures_to_open` failures in a row and stays
-open `open_s`; then one request goes as a probe (half-open) and its outcome closes the breaker or
-opens it again. A probe that never reports back (its client left) lapses after PROBE_LAPSE_S. The
-clock is injected, so tests step it instead of sleeping.
+open `open_s` (a failure every request would meet alike opens it at once); then one request goes
+as a probe (half-open) and its outcome closes the breaker or opens it again. A probe that never
+reports back (its client left) lapses after PROBE_LAPSE_S. The clock is injected, so tests step
+it instead of sleeping.
 """
 
 from __future__ import annotations
@@ -45,14 +46,16 @@ class ChannelHealth:
         if self.open_until:
             self.probing = self.clock()
 
-    def record(self, failure: bool) -> None:
-        """An attempt's outcome: a failure of the channel's (`failure`), or not."""
+    def record(self, failure: bool, at_once: bool = False) -> None:
+        """An attempt's outcome: a failure of the channel's (`failure`), or not. `at_once`: a
+        failure every request would meet alike (the upstream refusing the channel's credential),
+        which opens the breaker without waiting for `failures_to_open` of them."""
         self.probing = 0.0
         if not failure:
             self.failures, self.open_until = 0, 0.0
             return
         self.failures += 1
-        if self.failures >= self.failures_to_open or self.open_until:
+        if at_once or self.failures >= self.failures_to_open or self.open_until:
             self.open_until = self.clock() + self.open_s  # opens, or a failed probe opens it again
 
     def checked(self, healthy: bool) -> None:

@@ -20,6 +20,7 @@ from proxy.observability.metrics import count_reload, exposition, set_config_inf
 from proxy.observability.tracing import Tracing
 from proxy.plugin import STATE_REACHABLE, STATE_STORE, PluginRoute
 from proxy.policy.channels import Channel
+from proxy.process.admin import AdminSurface
 from proxy.process.admission import Admission
 from proxy.process.drain import Drain, close_when_draining
 from proxy.process.log_guard import guard_aiohttp_logs
@@ -34,7 +35,7 @@ from proxy.wire import jsonutil
 from proxy.wire.routes import ALIASES, ROUTES, Route
 
 if TYPE_CHECKING:
-    from proxy.config.model import ChannelConfig
+    from proxy.config.model import ChannelConfig, GatewayConfig
     from simulator.farm import SimulatorFarm
 
 log = logging.getLogger("modelgate.app")
@@ -57,6 +58,7 @@ class GatewayApp:
         self.connections = ConnectionCount()
         self.drain = Drain()
         self.admission = Admission(loaded.config.server)
+        self.admin = AdminSurface(loaded.config.server.admin_token)  # /metrics and the like: proxy/process/admin.py
         self.reloads = 0
         self._reload_lock = asyncio.Lock()
 
@@ -128,8 +130,9 @@ class GatewayApp:
                           extra={"problems": exc.problems, "source": str(self.config_path)})
                 count_reload("refused")
                 return False
-            if loaded.config.state != self.loaded.config.state or loaded.config.server.listen != self.loaded.config.server.listen:
-                log.warning("state and server.listen changes take effect at the next restart")
+            later = _restart_only_changes(self.loaded.config, loaded.config)
+            if later:
+                log.warning("%s changes take effect at the next restart", ", ".join(later), extra={"settings": later})
             try:
                 runtime = await Runtime.build(loaded, self.simulator_url, self.resources)
             except Exception:
@@ -141,6 +144,7 @@ class GatewayApp:
             self.admission.configure(loaded.config.server)
             set_config_info(loaded.digest, previous=self.loaded.digest)
             count_reload("ok")
+            self.admin.set_token(loaded.config.server.admin_token)
             self.loaded = loaded
             self.reloads += 1
             old.retire()
@@ -150,6 +154,15 @@ class GatewayApp:
 
 
 APP_KEY = web.AppKey("modelgate", GatewayApp)
+
+
+def _restart_only_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:
+    """The changed settings a reload cannot apply: the sockets are bound and the store connected
+    when the process starts."""
+    return [name for name, before, after in (
+        ("state", old.state, new.state),
+        ("server.listen", old.server.listen, new.server.listen),
+        ("server.admin_listen", old.server.admin_listen, new.server.admin_listen)) if before != after]
 
 
 def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
@@ -173,18 +186,28 @@ def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
         else:
             app.router.add_route(route.method, route.path, handler)
     app.router.add_get("/healthz", _healthz)
-    app.router.add_get("/readyz", _readyz)
-    app.router.add_get("/metrics", _metrics)
+    owner.admin.add("GET", "/metrics", _metrics)
+    owner.admin.add("GET", "/readyz", _readyz, public=_readiness_status)
+    for extra in plugin_routes(loaded.config, admin=True):
+        owner.admin.add(extra.method, extra.path, _plugin_handler(owner, extra))
     for extra in plugin_routes(loaded.config):
         if extra.method == "GET":  # HEAD too, as for the endpoints: link checkers and caches ask it
             app.router.add_get(extra.path, _plugin_handler(owner, extra))
         else:
             app.router.add_route(extra.method, extra.path, _plugin_handler(owner, extra))
+    owner.admin.mount_on(app, not_found=_unmatched)  # behind server.admin_token, or not there at all
     not_origin_form = _NotOriginForm()
     app.router.register_resource(not_origin_form)
     not_origin_form.add_route("*", _not_origin_form)
     app.router.add_route("*", "/{tail:.*}", _unmatched)
     return app
+
+
+def build_admin_app(app: web.Application) -> web.Application:
+    """The admin listener's application for a gateway built by `build_app` (its routes read the
+    same gateway). Built once every admin route is added; the main app's lifecycle runs the gateway."""
+    owner = app[APP_KEY]
+    return owner.admin.application(lambda admin: admin.__setitem__(APP_KEY, owner))
 
 
 class _NotOriginForm(PlainResource):
@@ -215,18 +238,33 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"}, dumps=lambda o: jsonutil.dumps(o).decode())
 
 
-async def _readyz(request: web.Request) -> web.Response:
+def _readiness(owner: GatewayApp) -> tuple[bool, bool, list[str]]:
     """Ready: started, and no plugin says this instance cannot serve. Shared dependencies are
     reported, not counted: every instance sees the same state store and the same upstreams, and
     pulling them all out of a load balancer at once would turn a degraded gateway into none. The
-    store's state is the background probe's, so this answers at once, whatever the store does."""
-    owner = request.app[APP_KEY]
-    now = time.monotonic()
+    store's state is the background probe's, so this answers at once, whatever the store does.
+    (ready, whether the store answers, the plugins' reasons)"""
     probe = owner.probe
     state_ok = probe is None or probe.ok
     reasons = [reason for plugin in owner.runtime.plugins if (reason := plugin.unready(state_ok))] \
         if owner.gateway else []
-    ready = owner.gateway is not None and not reasons
+    return owner.gateway is not None and not reasons, state_ok, reasons
+
+
+async def _readiness_status(request: web.Request) -> web.Response:
+    """/readyz on the main listener: the verdict alone, for load balancers and anyone else; the
+    names of channels, plugins and what they report are the admin listener's (`_readyz`)."""
+    ready, _, _ = _readiness(request.app[APP_KEY])
+    return web.Response(status=200 if ready else 503, body=jsonutil.dumps({"status": "ready" if ready else "not ready"}),
+                        content_type="application/json")
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    """/readyz in detail: the verdict, the store, the config digest, and every channel's breaker."""
+    owner = request.app[APP_KEY]
+    now = time.monotonic()
+    probe = owner.probe
+    ready, state_ok, reasons = _readiness(owner)
     body: dict[str, object] = {
         "status": "ready" if ready else "not ready",
         "state_store": "ok" if state_ok else "unreachable",

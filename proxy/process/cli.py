@@ -6,9 +6,9 @@ import argparse
 import os
 import sys
 
-from proxy.config import LISTEN_ENV, ConfigError, load_config
+from proxy.config import ADMIN_LISTEN_ENV, LISTEN_ENV, ConfigError, load_config
 from proxy.plugin import PluginCommand
-from proxy.registry import plugin_commands
+from proxy.registry import config_warnings, plugin_commands
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,6 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     serve = commands.add_parser("serve", help="run the gateway")
     serve.add_argument("-c", "--config", help="config file (default: $MODELGATE_CONFIG, else the embedded defaults)")
     serve.add_argument("--listen", metavar="HOST:PORT", help="the address to serve on, over the config's server.listen")
+    serve.add_argument("--admin-listen", metavar="HOST:PORT",
+                       help="the admin listener's address (/metrics, /readyz in detail), over the config's "
+                            "server.admin_listen; '' turns it off")
 
     check = commands.add_parser("check-config", help="validate a config file and list every problem")
     check.add_argument("file", nargs="?", help="the config file (or -c FILE, as serve takes it)")
@@ -64,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--listen: {problem}", file=sys.stderr)
             return 1
         os.environ[LISTEN_ENV] = args.listen  # worker processes and reloads read it too
+    if getattr(args, "admin_listen", None) is not None:
+        problem = _listen_problem(args.admin_listen) if args.admin_listen else None
+        if problem:
+            print(f"--admin-listen: {problem}", file=sys.stderr)
+            return 1
+        os.environ[ADMIN_LISTEN_ENV] = args.admin_listen
     try:
         loaded = load_config(path)
     except ConfigError as exc:
@@ -98,18 +107,22 @@ def _listen_problem(listen: str) -> str | None:
     try:
         ServerConfig(listen=listen)
     except ValidationError as exc:
-        return str(exc.errors()[0]["msg"])
+        error = exc.errors()[0]
+        return str(error.get("ctx", {}).get("error", error["msg"]))  # our own words, without pydantic's prefix
     return None
 
 
 def _check_config(path: str) -> int:
-    try:  # the file as written: a `serve --listen` override is no part of it
-        loaded = load_config(path, {name: value for name, value in os.environ.items() if name != LISTEN_ENV})
+    try:  # the file as written: a `serve --listen` or `--admin-listen` override is no part of it
+        loaded = load_config(path, {name: value for name, value in os.environ.items()
+                                    if name not in (LISTEN_ENV, ADMIN_LISTEN_ENV)})
     except ConfigError as exc:
         _print_problems(path, exc.problems)
         return 1
     config = loaded.config
     print(f"{path}: ok ({len(config.channels)} channel(s), digest {loaded.digest})")
+    for warning in config_warnings(config):  # served as written, but its operator must know
+        print(f"  warning: {warning}", file=sys.stderr)
     return 0
 
 

@@ -20,7 +20,7 @@ from proxy.policy.channels import Channel, ChannelSet
 from proxy.policy.health_checks import HealthChecks
 from proxy.policy.keys import KeyRing
 from proxy.policy.resilience import ChannelHealth
-from proxy.registry import build_plugin, plugin_names
+from proxy.registry import build_plugin, config_warnings, plugin_names
 from proxy.wire.routes import ROUTES
 
 if TYPE_CHECKING:
@@ -51,6 +51,8 @@ class Runtime:
     async def build(cls, loaded: LoadedConfig, simulator_url: Callable[[ChannelConfig], Awaitable[str]],
                     resources: dict[str, Any] | None = None) -> Runtime:
         config = loaded.config
+        for warning in config_warnings(config):  # at every start and reload: a public keyed route, say
+            log.warning(warning)
         channels = []
         resilience = config.resilience
         for channel_config in config.channels:

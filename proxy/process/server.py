@@ -15,8 +15,10 @@ from aiohttp import web
 from proxy.config import LoadedConfig, text_digest
 from proxy.config.model import ServerConfig, worker_count
 from proxy.observability.access_log import configure_logging
-from proxy.process.app import APP_KEY, build_app
+from proxy.process.admin import AdminListener
+from proxy.process.app import APP_KEY, build_admin_app, build_app
 from proxy.process.drain import accept_queued
+from proxy.process.refusals import refuse_in_json
 from proxy.process.workers import RELOAD_ENV, Supervisor, bind_to_supervisor, is_worker, port_taken
 from proxy.request.client_limits import parser_limits
 
@@ -44,10 +46,14 @@ def serve(loaded: LoadedConfig, config_path: str | Path | None) -> int:
     server = loaded.config.server
     if is_worker():
         bind_to_supervisor()
-    elif port_taken(server.host, server.port):
-        log.error("%s is already served (another modelgate, or its workers): not starting beside it",
-                  server.listen, extra={"listen": server.listen})
-        return 1
+    else:
+        listeners = {"listen": (server.listen, (server.host, server.port)),
+                     "admin_listen": (server.admin_listen, server.admin_address)}
+        for setting, (shown, address) in listeners.items():
+            if address is not None and port_taken(*address):
+                log.error("%s is already served (another modelgate, or its workers): not starting beside it "
+                          "(server.%s)", shown, setting, extra={setting: shown})
+                return 1
     if count > 1 and not is_worker():
         return Supervisor(count, config_path, server.drain_timeout_s).run()
     raise_descriptor_limit()
@@ -86,6 +92,7 @@ async def start_runner(app: web.Application, config: ServerConfig) -> web.AppRun
                            lingering_time=min(10.0, config.client_idle_s))
     await runner.setup()
     assert runner.server is not None
+    refuse_in_json(runner.server)  # what the HTTP parser refuses is answered in JSON, not in its bytes
     app[APP_KEY].connections.watch(runner.server, config.max_connections)
     return runner
 
@@ -95,7 +102,10 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
     app = build_app(loaded, config_path)
     runner = await start_runner(app, loaded.config.server)
     server = loaded.config.server
-    # Workers share the port; a lone process keeps it to itself, so a second one fails loudly.
+    # Bound before the main port, so a gateway that answers clients answers its scrapes too. Workers
+    # share both ports; a lone process keeps them to itself, so a second one fails loudly.
+    admin = await AdminListener.start(build_admin_app(app), server, reuse_port=is_worker()) \
+        if server.admin_listen else None
     site = web.TCPSite(runner, server.host, server.port, backlog=server.listen_backlog, reuse_port=is_worker())
     await site.start()
     owner = app[APP_KEY]
@@ -114,18 +124,23 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
             loop.create_task(owner.reload())
     base_url = _base_url(server)
     log.info("modelgate listening on %s", base_url, extra={
-        "listen": server.listen, "base_url": base_url, "config": loaded.source, "digest": loaded.digest,
+        "listen": server.listen, "base_url": base_url, "admin_url": admin.url if admin else None,
+        "config": loaded.source, "digest": loaded.digest,
         "uvloop": uvloop, "pid": os.getpid(), "descriptors": resource.getrlimit(resource.RLIMIT_NOFILE)[0]})
     try:
         await stop.wait()
     finally:
         log.info("modelgate stopping", extra={"drain_timeout_s": server.drain_timeout_s})
         await stop_listening(site, runner)
+        if admin is not None:
+            await admin.stop_accepting()  # both ports are free for the gateway that follows
         assert runner.server is not None
         handlers = runner.server
         await owner.drain.run(lambda: owner.gateway.in_flight if owner.gateway else 0, server.drain_timeout_s,
                               lambda: handlers.connections)
         await runner.cleanup()  # cancels what is left, within FINAL_GRACE_S
+        if admin is not None:
+            await admin.close()
 
 
 async def stop_listening(site: web.TCPSite, runner: web.AppRunner) -> None:

@@ -149,18 +149,36 @@ class Exchange:
         return self.key.tenant if self.key is not None else None
 
     def overhead_seconds(self, now: float | None = None) -> float:
-        """Time the gateway itself spent: total so far minus time waiting on the upstream."""
+        """Time the gateway itself spent: total so far minus time waiting on upstreams, the pauses
+        between attempts and waits for a connection a channel's pool may open (an upstream outage
+        is not the gateway's slowness)."""
         total = (now or time.perf_counter()) - self.started
-        return max(0.0, total - self.outcome.upstream_seconds())
+        outcome = self.outcome
+        return max(0.0, total - outcome.upstream_seconds() - outcome.backoff_s - outcome.pool_wait_s)
+
+    def server_timing(self) -> str:
+        """The `Server-Timing` value: the gateway's own time and the upstream's, and the pauses
+        between attempts and pool waits, each as its own part when there was any."""
+        outcome = self.outcome
+        timing = (f"gateway;dur={self.overhead_seconds() * 1000:.3f};desc=\"gateway overhead\", "
+                  f"upstream;dur={outcome.upstream_seconds() * 1000:.3f}")
+        if outcome.backoff_s:
+            timing += f", backoff;dur={outcome.backoff_s * 1000:.3f};desc=\"failover backoff\""
+        if outcome.pool_wait_s:
+            timing += f", pool;dur={outcome.pool_wait_s * 1000:.3f};desc=\"waiting for an upstream connection\""
+        return timing
 
 
 class Outcome:
     """What became of one exchange: written by the forwarder and the relay (and the gateway, for
-    an answer it makes itself or a client gone), read by the access line, metrics, traces and
-    `on_complete` hooks."""
+    an answer it makes itself or a client gone; a channel's pool tells its wait through
+    `pool_waited`, which the forwarder hands it), read by the access line, metrics, traces and
+    `on_complete` hooks. Its time is four parts: upstream (every attempt's), failover backoff,
+    pool wait, and the rest, the gateway's own (`Exchange.overhead_seconds`)."""
 
     __slots__ = ("status", "streamed", "bytes_out", "events", "error", "client_aborted", "cut_by",
-                 "upstream_started", "upstream_headers_at", "upstream_finished")
+                 "upstream_started", "upstream_headers_at", "upstream_finished", "upstream_before_s", "backoff_s",
+                 "pool_wait_s")
 
     def __init__(self) -> None:
         self.status = 0
@@ -172,15 +190,40 @@ class Outcome:
         # Who ended an answer before its end, once the upstream had the request: "client" (it
         # left), "upstream" (it broke off or stalled), "gateway" (a drain, or a fault of its own).
         self.cut_by: str | None = None
+        # The current (or last) attempt, from the moment a connection was had; the attempts before
+        # it add their upstream time to `upstream_before_s`.
         self.upstream_started: float | None = None
         self.upstream_headers_at: float | None = None
         self.upstream_finished: float | None = None
+        self.upstream_before_s = 0.0
+        self.backoff_s = 0.0    # paused between attempts (resilience.backoff_s, doubling)
+        self.pool_wait_s = 0.0  # waited for a connection a channel's pool may open (pool.max_connections)
+
+    def attempt_started(self, now: float) -> None:
+        """An upstream attempt begins: the ones before it keep their upstream time."""
+        if self.upstream_started is not None:
+            self.upstream_before_s = self.upstream_seconds()  # the last one ended (attempt_ended)
+            self.upstream_headers_at = self.upstream_finished = None
+        self.upstream_started = now
+
+    def attempt_ended(self, now: float) -> None:
+        """An attempt that goes no further (another channel is tried next): its upstream time
+        ends here, not while the pause before the next one runs."""
+        if self.upstream_started is not None and self.upstream_finished is None:
+            self.upstream_finished = now
+
+    def pool_waited(self, seconds: float) -> None:
+        """The current attempt waited this long for a connection slot before any upstream work."""
+        self.pool_wait_s += seconds
+        if self.upstream_started is not None:
+            self.upstream_started += seconds
 
     def upstream_seconds(self) -> float:
+        """Time spent on upstreams, every attempt's together."""
         if self.upstream_started is None:
-            return 0.0
+            return self.upstream_before_s
         end = self.upstream_finished or self.upstream_headers_at or time.perf_counter()
-        return end - self.upstream_started
+        return self.upstream_before_s + end - self.upstream_started
 
 
 @dataclass(slots=True, frozen=True)

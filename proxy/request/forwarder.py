@@ -6,11 +6,15 @@ the channel's breaker counts it, and when a resend is safe. By default a request
 (to another channel, never back to one tried) only when it provably never reached an upstream;
 GET requests, and chat routes that opt in with `routes.<route>.failover_unanswered`, also when
 the upstream took it and closed or went quiet before a byte of answer (it may have billed).
+On a keyed route an upstream's 401 or 403 refuses the channel's credential, never the client's
+key (which never travels upstream): it is the gateway's fault, answered as a 502 of its own,
+and it opens the channel's breaker at once, since every request there would meet it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,6 +24,7 @@ from aiohttp import web
 from opentelemetry.trace import Span, SpanKind
 
 from proxy.formats import ACCOUNT
+from proxy.observability.metrics import CREDENTIAL_REFUSED
 from proxy.observability.tracing import inject, start_child
 from proxy.pipeline import Pipeline
 from proxy.policy.channels import Channel
@@ -44,6 +49,9 @@ from proxy.upstream import (
 from proxy.wire.routes import CHAT_ROUTES, ModelFrom, Pin
 
 _IDEMPOTENT = frozenset({"GET", "HEAD"})
+_REFUSING_STATUSES = frozenset({401, 403})
+
+log = logging.getLogger("modelgate.forwarder")
 
 
 class Resend(Enum):
@@ -51,6 +59,9 @@ class Resend(Enum):
     UNANSWERED = "unanswered"          # written, no byte of answer: GETs, and chat routes that opt in
     IDEMPOTENT = "idempotent"          # a broken answer: GETs only
     ERROR_ANSWER = "error answer"      # the upstream answered with an error: not a submission or webhook
+    # The upstream refused the request before doing any work (the channel's credential): nothing
+    # ran, nothing was billed, so any request may go to another channel, a video submission too.
+    REFUSED = "refused"
     NEVER = "never"
 
 
@@ -61,6 +72,7 @@ class Failure:
     resend: Resend
     code: str           # the machine code of the client's error
     says: str           # how the client's message puts it
+    opens: bool = False  # opens the channel's breaker at once: every request there would fail alike
 
 
 FAILURES: dict[str, Failure] = {
@@ -77,7 +89,23 @@ FAILURES: dict[str, Failure] = {
     "connection": Failure(502, True, Resend.IDEMPOTENT, "upstream_broke_off", "broke off its answer"),
     "status_5xx": Failure(None, True, Resend.ERROR_ANSWER, "", "answered with a server error"),
     "status_429": Failure(None, False, Resend.ERROR_ANSWER, "", "answered 429"),
+    # A 401/403 on a keyed route: relayed, it told the client its own key was bad. Its body is
+    # the upstream's words about the gateway's credential: never relayed.
+    CREDENTIAL_REFUSED: Failure(502, True, Resend.REFUSED, "upstream_auth_failed",
+                           "refused the gateway's own credential (the gateway's configuration is at fault, "
+                           "not this request's key)", opens=True),
 }
+
+
+def status_kind(ex: Exchange, status: int) -> str | None:
+    """The table's name for an upstream answer's status, or None for an answer that is no failure."""
+    if status >= 500:
+        return "status_5xx"
+    if status == 429:
+        return "status_429"
+    if status in _REFUSING_STATUSES and ex.route.takes_key:  # the account routes carry the client's own
+        return CREDENTIAL_REFUSED
+    return None
 
 
 def failure_kind(exc: UpstreamError) -> str:
@@ -140,8 +168,13 @@ class Forwarder:
             if isinstance(result, web.StreamResponse):
                 return result
             ex.channel, reason = result
+            paused = time.perf_counter()
+            ex.outcome.attempt_ended(paused)
             runtime.observer.retried(ex, reason)
-            await asyncio.sleep(delay)
+            try:  # the pause is its own part of the request's time, neither the gateway's nor an upstream's
+                await asyncio.sleep(delay)
+            finally:
+                ex.outcome.backoff_s += time.perf_counter() - paused
             delay *= 2
             ex.restore_body(body, body_changed)
 
@@ -151,9 +184,10 @@ class Forwarder:
         """One attempt: the client's answer, or the next channel to try and why."""
         observer = runtime.observer
         assert channel.pool is not None
-        ex.outcome.upstream_started = time.perf_counter()
+        ex.outcome.attempt_started(time.perf_counter())
         try:
-            upstream = await channel.pool.request(ex.request.method, target, ex.headers, data)
+            upstream = await channel.pool.request(ex.request.method, target, ex.headers, data,
+                                                  waited=ex.outcome.pool_waited)
         except UpstreamError as exc:
             if isinstance(data, MultipartBody) and data.rejection is not None:
                 violation = data.rejection  # the body broke a rule while it streamed: the upstream got no whole request
@@ -174,17 +208,27 @@ class Forwarder:
             return ex.answer_locally(self._failed(ex, channel.name, kind, exc), id_header)
         ex.outcome.upstream_headers_at = time.perf_counter()
         status = upstream.status
-        kind = "status_5xx" if status >= 500 else "status_429" if status == 429 else None
-        channel.health.record(kind is not None and FAILURES[kind].breaker)
+        kind = status_kind(ex, status)
+        failure = FAILURES[kind] if kind is not None else None
+        channel.health.record(failure is not None and failure.breaker, at_once=failure is not None and failure.opens)
         observer.upstream_result(channel, kind)
-        if kind is not None:
+        if kind is not None and failure is not None:
+            if failure.opens:  # said at error, whether or not another channel serves the request
+                log.error("upstream refused the channel's credential; its breaker is open", extra={
+                    "channel": channel.name, "status": status, "route": ex.route.name, "request_id": ex.request_id})
             if kind != "status_429" or runtime.config.resilience.failover_on_429:
                 if (following := self._next_channel(ex, runtime, tried, kind, Written.ALL)) is not None:
                     upstream.close()
                     return following
+            if failure.status is not None:  # the gateway's own answer, not the upstream's
+                upstream.close()
+                return ex.answer_locally(ex.error_response(
+                    failure.status, f"upstream {channel.name} answered {status}: it {failure.says}", failure.code,
+                    headers={"x-should-retry": "false", "Server-Timing": ex.server_timing()}), id_header)
         try:
             relay = Relay(ex, upstream, pipeline, self.affinity,
                           buffer_limit=int(runtime.config.server.max_json_body_mb * 1024 * 1024),
+                          max_event=int(runtime.config.server.max_stream_event_mb * 1024 * 1024),
                           request_id_header=id_header, observer=observer,
                           client_idle_s=runtime.config.server.client_idle_s, drain=self.drain)
             return await relay.send()
@@ -201,7 +245,8 @@ class Forwarder:
         if status == 502 and ex.route.format is ACCOUNT:
             status = 503  # a webhook's sender, a login form, retry a 503
         never_reached = exc.written is Written.NOTHING
-        headers = {"x-should-retry": "true" if never_reached else "false"}
+        # After attempts, where the time went (a failover's pauses, a pool's wait) matters most.
+        headers = {"x-should-retry": "true" if never_reached else "false", "Server-Timing": ex.server_timing()}
         if kind == "pool_exhausted":
             headers["Retry-After"] = "1"
         reused = " on a reused connection" if exc.reused and not exc.answered and not never_reached else ""
@@ -225,7 +270,7 @@ class Forwarder:
             return idempotent
         if rule is Resend.ERROR_ANSWER:
             return ex.route.creates is not Pin.VIDEO_TASK and ex.route.format is not ACCOUNT
-        return False
+        return rule is Resend.REFUSED
 
     def _next_channel(self, ex: Exchange, runtime: Runtime, tried: list[Channel], kind: str,
                       written: Written) -> tuple[Channel, str] | None:

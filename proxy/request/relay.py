@@ -2,7 +2,8 @@
 
 - SSE: cut into events as they arrive, each network read written out at once
   (never buffered, never an event behind, until the closing counts: below); per-event hooks see
-  each event.
+  each event. An event is held until its blank line comes, up to `max_event` bytes: past that
+  the stream ends with the format's error event and the upstream connection is closed.
 - Buffered: read whole (within a limit) when a plugin or affinity must see the body.
 - Bytes: streamed through untouched (downloads, answers nobody needs to read).
 
@@ -37,7 +38,7 @@ from proxy.request.headers import content_codings, end_to_end
 from proxy.request.redact import Redactor, StreamRedactor
 from proxy.upstream import Answer, UpstreamError
 from proxy.wire.routes import Pin
-from proxy.wire.sse import SSEParser
+from proxy.wire.sse import EventTooLarge, SSEEvent, SSEParser
 
 if TYPE_CHECKING:
     from proxy.policy.channels import Channel
@@ -58,12 +59,13 @@ class Relay:
     """Writes one upstream answer to the client for one exchange."""
 
     __slots__ = ("ex", "upstream", "pipeline", "affinity", "buffer_limit", "request_id_header", "observer",
-                 "client_idle_s", "redactor", "drain", "was_cut")
+                 "client_idle_s", "redactor", "drain", "was_cut", "max_event")
 
     def __init__(self, ex: Exchange, upstream: Answer, pipeline: Pipeline,
-                 affinity: Affinity, buffer_limit: int, request_id_header: str, observer: Observer,
+                 affinity: Affinity, buffer_limit: int, max_event: int, request_id_header: str, observer: Observer,
                  client_idle_s: float = 30.0, drain: Drain | None = None) -> None:
         self.drain = drain
+        self.max_event = max_event
         self.was_cut = False
         self.client_idle_s = client_idle_s
         self.ex = ex
@@ -113,7 +115,7 @@ class Relay:
         if self.ex.response_headers:
             headers.update(self.ex.response_headers)
         headers[self.request_id_header] = self.ex.request_id
-        headers["Server-Timing"] = _server_timing(self.ex)
+        headers["Server-Timing"] = self.ex.server_timing()
         return headers
 
     async def _send_buffered(self) -> web.StreamResponse:
@@ -270,7 +272,8 @@ class Relay:
             return self._unwritable()
         hooks = bool(pipeline.event_hooks)
         pin_pending = ex.route.creates is Pin.RESPONSE and upstream.status < 300
-        parser = SSEParser() if hooks or pin_pending else None
+        # Unframed (nobody reads the events), a stream's bytes go on as they come and nothing is held.
+        parser = SSEParser(self.max_event) if hooks or pin_pending else None
         stream = StreamWatch(ex, self.observer, pipeline)
         response.watch = ReaderWatch(ex, self.client_idle_s)
         if self.drain is not None:
@@ -300,19 +303,14 @@ class Relay:
                     ex.outcome.bytes_out += len(chunk)
                     stream.wrote(0)
                     continue
-                out: list[bytes] = []
-                for event in parser.feed(chunk):
-                    if pin_pending and await self.affinity.remember_from_event(ex, event):
-                        pin_pending = False
-                    if hooks:
-                        event = pipeline.run_event(ex, event)
-                        if event is None:
-                            continue
-                    out.append(event.raw)
-                if out:
-                    data = b"".join(out) if len(out) > 1 else out[0]
-                    await self._write_or_hold(response, data)
-                    stream.wrote(len(out))
+                try:
+                    events, too_large = parser.feed(chunk), None
+                except EventTooLarge as refused:  # (not kept: its traceback holds the frames it came through)
+                    events, too_large = refused.events, refused.limit
+                pin_pending = await self._pass_on(response, events, hooks, pin_pending, stream)
+                if too_large is not None:
+                    await self._event_too_large(response, too_large)
+                    return response
             if parser is not None and (rest := parser.flush()):
                 await self._write_or_hold(response, rest)
         except Exception as exc:
@@ -327,6 +325,40 @@ class Relay:
             return response
         ex.outcome.upstream_finished = time.perf_counter()
         return response  # its end is aiohttp's to write, after the bookkeeping
+
+    async def _pass_on(self, response: DeferredEnd, events: list[SSEEvent], hooks: bool, pin_pending: bool,
+                       stream: StreamWatch) -> bool:
+        """Run one read's events through the hooks and write them; whether the pin is still pending."""
+        ex, pipeline = self.ex, self.pipeline
+        out: list[bytes] = []
+        for event in events:
+            if pin_pending and await self.affinity.remember_from_event(ex, event):
+                pin_pending = False
+            if hooks:
+                passed = pipeline.run_event(ex, event)
+                if passed is None:
+                    continue
+                event = passed
+            out.append(event.raw)
+        if out:
+            await self._write_or_hold(response, b"".join(out) if len(out) > 1 else out[0])
+            stream.wrote(len(out))
+        return pin_pending
+
+    async def _event_too_large(self, response: DeferredEnd, limit: int) -> None:
+        """An event past the cap: the upstream's fault, told in the stream. Not the breaker's
+        business (the channel answers other requests well; an image too large for the cap would
+        take it out for everyone), but counted with the channel's failures."""
+        ex = self.ex
+        ex.outcome.cut_by = "upstream"
+        channel = ex.channel.name if ex.channel is not None else None
+        log.warning("upstream stream event over the cap: stream ended", extra={
+            "request_id": ex.request_id, "channel": channel, "max_event_bytes": limit})
+        if ex.channel is not None:
+            self.observer.upstream_result(ex.channel, "event_too_large")
+        mb = limit / (1024 * 1024)
+        await self._end_stream_with_error(response, 502, f"upstream sent a stream event over the {mb:g} MB limit",
+                                          "upstream_event_too_large")
 
     async def _write_or_hold(self, response: DeferredEnd, data: bytes) -> None:
         """Write a stream's events; once its closing counts are in, hold the rest for its end (no
@@ -434,10 +466,3 @@ def _carries_link(headers: CIMultiDict[str]) -> bool:
         if name in headers:
             return True
     return False
-
-
-def _server_timing(ex: Exchange) -> str:
-    now = time.perf_counter()
-    upstream_ms = ex.outcome.upstream_seconds() * 1000
-    overhead_ms = ex.overhead_seconds(now) * 1000
-    return f"gateway;dur={overhead_ms:.3f};desc=\"gateway overhead\", upstream;dur={upstream_ms:.3f}"

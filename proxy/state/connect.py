@@ -19,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import functools
+import math
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 if TYPE_CHECKING:  # the client is imported when one is made: the config check needs only parse()
     import redis.asyncio as aioredis
@@ -72,7 +74,7 @@ def parse(url: str) -> Topology:
         username = unquote(user) or None
         password = unquote(secret) if colon else None
     if "#" in rest:
-        raise ValueError("a state URL has no #fragment")
+        raise ValueError(_NO_FRAGMENT)
     rest, _, query = rest.partition("?")
     hosts, _, path = rest.partition("/")
     nodes = tuple(_node(h, 26379 if kind == "sentinel" else 6379) for h in hosts.split(","))
@@ -82,7 +84,7 @@ def parse(url: str) -> Topology:
         name, _, value = pair.partition("=")
         allowed = ("sentinel_password",) * (kind == "sentinel") + ("ssl_ca_certs",) * (base == "rediss")
         if name not in allowed:
-            raise ValueError(f"unknown option {unquote(name)!r}: a sentinel URL takes sentinel_password, a "
+            raise ValueError(f"{_unknown(name, query)}: a sentinel URL takes sentinel_password, a "
                              "rediss+ URL ssl_ca_certs, and nothing else")
         options[name] = unquote(value)  # not form-decoded: a `+` is a `+`, as in the user part
     sentinel_password, ca_file = options["sentinel_password"], options["ssl_ca_certs"]
@@ -122,16 +124,83 @@ def _node(text: str, default_port: int) -> tuple[str, int]:
     return host, int(port) if port else default_port
 
 
+_NO_FRAGMENT = "a state URL has no #fragment (a # in a password is written %23)"
+_OPTION_NAME = re.compile(r"[a-z][a-z_]{0,39}")
+
+
+def _unknown(name: str, query: str) -> str:
+    """'unknown option ...', quoting the name only when it cannot be a piece of a password: a
+    password option's value holding a `&` is cut there, and what follows reads as a name."""
+    if _OPTION_NAME.fullmatch(name) and "password" not in query.lower():
+        return f"unknown option {name!r}"
+    if not name:
+        return "an option with no name"
+    return ("an unknown option (not quoted: it may be part of a password; a & or = in a password "
+            "option is written %26 or %3D)")
+
+
 def _check_single(url: str) -> None:
-    """What redis-py would take silently or fail on only at start: a bad port, a database that is no number."""
+    """What redis-py would take silently or fail on only at start: a bad port, a database that is
+    no number, a password that its URL parser would cut, a query option it cannot read."""
+    after_netloc = re.split(r"[/?#]", url.partition("://")[2], maxsplit=1)[1:]
+    if after_netloc and "@" in after_netloc[0]:
+        # Where a password holds / ? or #, redis-py's parser ends the host part there: what follows
+        # would be taken for a path, a query or a fragment (and quoted in their errors).
+        raise ValueError("an @ after the host part: a / ? # or @ in a user or password is written "
+                         "%2F %3F %23 %40 (and an @ in an option's value %40)")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 (read for its check: out of range or not a number raises)
     except ValueError:
         raise ValueError("a port that is not a number from 1 to 65535") from None
+    if parts.fragment or url.endswith("#"):
+        raise ValueError(_NO_FRAGMENT)
     db = parts.path.strip("/") if parts.scheme != "unix" else ""
     if db and not (db.isascii() and db.isdigit()):
         raise ValueError("the database is not a number")
+    _check_options(parts.query, tls=parts.scheme == "rediss")
+
+
+# The query options of a one-server URL that redis-py reads, each with what its value must be.
+# redis-py fails on a value it cannot read only when it first connects (a traceback at start),
+# takes an unknown name as a keyword its connections then refuse, and reads any word but a few as
+# true: here each is checked when the config is.
+_SECONDS = ("socket_timeout", "socket_connect_timeout", "timeout")
+_WHOLE = ("db", "health_check_interval")
+_YES_NO = ("socket_keepalive", "retry_on_timeout")
+_TEXT = ("client_name",)
+_ONE_SERVER = (*_SECONDS, *_WHOLE, *_YES_NO, *_TEXT)
+_TLS_PATHS = ("ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile")
+_TLS = ("ssl_check_hostname", "ssl_cert_reqs", *_TLS_PATHS)
+_WORDS = frozenset(("true", "false", "yes", "no", "y", "n", "t", "f", "1", "0"))  # each read as it says
+
+
+def _check_options(query: str, tls: bool) -> None:
+    seen: set[str] = set()
+    for name, value in parse_qsl(query, keep_blank_values=True):  # decoded as redis-py decodes them
+        if name not in _ONE_SERVER and not (tls and name in _TLS):
+            raise ValueError(f"{_unknown(name, query)}: a redis:// or unix:// URL takes {', '.join(_ONE_SERVER)}; "
+                             f"a rediss:// URL also {', '.join(_TLS)}")
+        if name in seen:
+            raise ValueError(f"option {name} given twice")
+        seen.add(name)
+        if name in _SECONDS and not _positive_number(value):
+            raise ValueError(f"option {name}: not a number of seconds above 0")
+        if name in _WHOLE and not (value.isascii() and value.isdigit() and int(value) < 2**31):
+            raise ValueError(f"option {name}: not a whole number")
+        if name in (*_YES_NO, "ssl_check_hostname") and value.lower() not in _WORDS:
+            raise ValueError(f"option {name}: not one of true, false, yes, no, y, n, t, f, 1, 0")
+        if name == "ssl_cert_reqs" and value not in ("none", "optional", "required"):
+            raise ValueError("option ssl_cert_reqs: not one of none, optional, required")
+        if name in (*_TEXT, *_TLS_PATHS) and not value:
+            raise ValueError(f"option {name}: empty")
+
+
+def _positive_number(text: str) -> bool:
+    try:
+        return 0 < float(text) < math.inf
+    except ValueError:
+        return False
 
 
 # Commands in flight at once, per client: past it a command waits its turn. redis-py's pools

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 from proxy.upstream.answer import Answer
@@ -79,9 +79,10 @@ class UpstreamPool:
         return len(self._open)
 
     async def request(self, method: str, target: str, headers: Mapping[str, str], body: Body | None = None, *,
-                      total_s: float | None = None) -> Answer:
+                      total_s: float | None = None, waited: Callable[[float], None] | None = None) -> Answer:
         """Send a request (`target`: the path and query, already encoded) once, and return its
-        answer once the head is in; an UpstreamError says how far the request got."""
+        answer once the head is in; an UpstreamError says how far the request got. `waited` is
+        told how long the request waited for a connection slot, if it had to (a capped pool)."""
         if body is None:
             body = b""
         loop = self._loop
@@ -89,7 +90,7 @@ class UpstreamPool:
             loop = self._loop = asyncio.get_running_loop()
         deadline = loop.time() + (total_s if total_s is not None else self.total_s)
         head, chunked = self._head(method, target, headers, body)
-        connection = self._reuse(loop) or await self._acquire(loop, deadline)
+        connection = self._reuse(loop) or await self._acquire(loop, deadline, waited)
         try:
             return await connection.send(loop, method, head, body, chunked, self.first_byte_s, self.idle_s, deadline)
         except BaseException:
@@ -128,17 +129,21 @@ class UpstreamPool:
             connection.close()
         return None
 
-    async def _acquire(self, loop: asyncio.AbstractEventLoop, deadline: float) -> Connection:
+    async def _acquire(self, loop: asyncio.AbstractEventLoop, deadline: float,
+                       waited: Callable[[float], None] | None) -> Connection:
         if self._closed:
             raise ConnectFailed("the channel's pool is closed")
         if self.max_connections is not None and len(self._open) >= self.max_connections:
-            found = await self._wait_for_slot(loop, deadline)
+            found = await self._wait_for_slot(loop, deadline, waited)
             if found is not None:
                 return found
         return await self._connect(loop, deadline)
 
-    async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop, deadline: float) -> Connection | None:
-        """A connection handed over on release, or None when a slot frees up for a new one."""
+    async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop, deadline: float,
+                             waited: Callable[[float], None] | None) -> Connection | None:
+        """A connection handed over on release, or None when a slot frees up for a new one; how
+        long that took goes to `waited`, however the wait ended."""
+        started = loop.time()
         waiter: asyncio.Future[Connection | None] = loop.create_future()
         self._waiters.append(waiter)
         try:
@@ -154,6 +159,8 @@ class UpstreamPool:
         finally:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
+            if waited is not None:
+                waited(loop.time() - started)
 
     def _pass_on(self, waiter: asyncio.Future[Connection | None]) -> None:
         """A wait that ended (timed out, cancelled) just as it was handed a connection or a slot:

@@ -46,6 +46,7 @@ class MultipartObserver:
     done: bool = False
     error: str | None = None
     _buffer: bytes = b""
+    _searched: int = 0  # the bytes of `_buffer` already looked through for the line end awaited
     _state: str = "preamble"
     _current: FormPart | None = None
 
@@ -105,9 +106,15 @@ class MultipartObserver:
                 rest, self.done, self._buffer = self._buffer[2:], True, b""
                 self._epilogue(rest)
                 return False
-            end = self._buffer.find(b"\r\n")
+            end = self._buffer.find(b"\r\n", max(0, self._searched - 1))
             if end < 0:
+                # Only white space may follow a delimiter, and not this much: held whole and
+                # searched again at each read, one endless line cost time growing with its square.
+                if len(self._buffer) > _HEADER_LIMIT:
+                    self.error = "a delimiter line is too long"
+                self._searched = len(self._buffer)
                 return False
+            self._searched = 0
             if self._buffer[:end].strip(b" \t"):
                 # Only white space may follow a delimiter (RFC 2046 5.1.1): a reader that took a
                 # bare LF for a line end, or `--bX` for a delimiter, would see other parts.
@@ -117,11 +124,13 @@ class MultipartObserver:
             self._state = "headers"
             return True
         if self._state == "headers":
-            end = self._buffer.find(b"\r\n\r\n")
+            end = self._buffer.find(b"\r\n\r\n", max(0, self._searched - 3))
             if end < 0:
                 if len(self._buffer) > _HEADER_LIMIT:
                     self.error = "a part's headers are too large"
+                self._searched = len(self._buffer)
                 return False
+            self._searched = 0
             self._start_part(self._buffer[:end])
             self._buffer = self._buffer[end + 4:]
             self._state = "body"
