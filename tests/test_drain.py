@@ -107,8 +107,10 @@ async def test_sigterm_closes_idle_connections_at_once_lets_streams_finish_and_l
         connection.send(message_request(f"racing-{number}"))
     raced = [await connection.answer() for connection in idle[:4]]
     assert all([await connection.eof() for connection in idle[4:]])  # the gateway's FIN
-    for outcome, connection in zip(raced, idle[:4]):  # answered and told to close, or closed before any byte
-        assert outcome == CLEAN_CLOSE or outcome.status == 200 and outcome.headers["connection"] == "close"
+    for outcome, connection in zip(raced, idle[:4]):  # answered, or closed before any byte of an answer
+        # (One read before the worker handled its SIGTERM is answered as usual; its connection is then
+        # closed once idle, like the others.)
+        assert outcome == CLEAN_CLOSE or outcome.status == 200
         if outcome != CLEAN_CLOSE:
             assert await connection.eof()
 

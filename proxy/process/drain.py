@@ -53,14 +53,15 @@ class Cuttable(Protocol):
 class Drain:
     """Open streams, and whether the gateway is draining."""
 
-    __slots__ = ("draining", "cutting", "_streams", "_idle_since", "_half_closed")
+    __slots__ = ("draining", "cutting", "_streams", "_idle_since", "_half_closed", "_busy")
 
     def __init__(self) -> None:
         self.draining = False
         self.cutting = False  # past the cut point: a stream that opens now ends at once, and says why
         self._streams: set[Cuttable] = set()
         self._idle_since: dict[Any, float] = {}  # connections in their grace, and since when idle
-        self._half_closed: list[Any] = []
+        self._half_closed: set[Any] = set()
+        self._busy = 0  # connections with a request or an answer under way (the answer's end included)
 
     def opened(self, stream: Cuttable) -> None:
         self._streams.add(stream)
@@ -81,7 +82,7 @@ class Drain:
         if closed:
             log.info("drain: idle keep-alive connections closed", extra={"connections": closed})
         cut_at = deadline - min(CUT_BEFORE_S, timeout_s / 2)
-        while (in_flight() or self._idle_since) and loop.time() < cut_at:
+        while (in_flight() or self._busy or self._idle_since) and loop.time() < cut_at:
             await asyncio.sleep(_TICK_S)
             self.sweep(connections(), loop.time())
         self.cutting = True
@@ -89,7 +90,7 @@ class Drain:
             log.warning("drain deadline near: cutting open streams", extra={"streams": len(self._streams)})
             for stream in list(self._streams):
                 stream.cut()
-        while (in_flight() or self._idle_since) and loop.time() < deadline:
+        while (in_flight() or self._busy or self._idle_since) and loop.time() < deadline:
             await asyncio.sleep(_TICK_S)
             self.sweep(connections(), loop.time())
         if in_flight():
@@ -105,23 +106,29 @@ class Drain:
     def sweep(self, handlers: Iterable[Any], now: float, first: bool = False, last: bool = False) -> int:
         """Half-close the idle connections whose time has come: on the first sweep every one that
         has carried a request, later each once idle for REUSE_GRACE_S, on the last all of them.
-        Those left in their grace (or with a request's bytes arriving) are kept in `_idle_since`.
-        Returns how many it closed."""
-        closed = 0
+        Those left in their grace (or with a request's bytes arriving) are kept in `_idle_since`,
+        and those serving a request or writing an answer counted in `_busy`: a request's handler
+        may have returned while its answer's end is still being written, and that connection is
+        about to be idle, not gone. Returns how many it closed."""
+        closed = busy = 0
         waiting: dict[Any, float] = {}
         for handler in handlers:
             if not parked(handler):
-                continue  # serving a request, or its answer: `Connection: close` ends it
+                # Serving a request or its answer (`Connection: close` ends it, unless it began
+                # before the drain), or already half-closed, or closing.
+                transport = handler.transport
+                busy += handler not in self._half_closed and transport is not None and not transport.is_closing()
+                continue
             since = self._idle_since.get(handler, now)
             if _bytes_waiting(handler.transport):
                 waiting[handler] = since  # a request arriving: it will be served
             elif last or (first and served(handler)) or now - since >= REUSE_GRACE_S:
                 half_close(handler)
-                self._half_closed.append(handler)
+                self._half_closed.add(handler)
                 closed += 1
             else:
                 waiting[handler] = since
-        self._idle_since = waiting
+        self._idle_since, self._busy = waiting, busy
         return closed
 
 
