@@ -38,6 +38,7 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # cheaper than a uuid4 (an os.urandom call) per request.
 _ID_PREFIX = os.urandom(8).hex()
 _ID_COUNTER = itertools.count(1)
+_REFUSALS: dict[tuple[str, str], bytes] = {}  # the body of a 503 refusal, by format and reason
 
 
 def new_request_id() -> str:
@@ -178,12 +179,15 @@ class Gateway:
         else:
             reason, retry = "overloaded", str(RETRY_AFTER_S)
             message = "the gateway is overloaded: it is serving all the requests it can at once; retry shortly"
-        response = route.format.error_response(503, message, reason, {"Retry-After": retry})
+        fmt = route.format
+        body = _REFUSALS.get((fmt.name, reason))
+        if body is None:  # made once: refusing must stay cheap while the worker is busiest
+            body = _REFUSALS[fmt.name, reason] = jsonutil.dumps(fmt.error_payload(503, message, reason))
         incoming = request.headers.get(config.request_id_header, "")
-        response.headers[config.request_id_header] = \
-            incoming if incoming and _REQUEST_ID.match(incoming) else new_request_id()
+        request_id = incoming if incoming and _REQUEST_ID.match(incoming) else new_request_id()
         child(SHED, route.name, reason).inc()
-        return response
+        return web.Response(status=503, body=body, content_type="application/json",
+                            headers={"Retry-After": retry, config.request_id_header: request_id})
 
     @staticmethod
     def _local_answer(ex: Exchange, runtime: Runtime) -> web.Response:
