@@ -213,13 +213,16 @@ async def test_a_connection_that_has_sent_nothing_yet_is_answered_in_the_drain(s
         connection.close()
 
 
-async def test_past_the_cut_point_a_request_is_answered_503_shutting_down(start_gateway, http) -> None:  # noqa: ANN001
+async def test_past_the_cut_point_a_request_is_answered_503_shutting_down(start_gateway, http, capfd) -> None:  # noqa: ANN001
     gw = await start_gateway()
     drain: Drain = gw.owner.drain
     drain.draining = drain.cutting = True
     async with http.post(gw.url + "/v1/responses", json={"model": "respmodel-4o", "input": "hi"},
-                         headers={"Authorization": "Bearer sk-demo-key"}) as answer:
+                         headers={"Authorization": "Bearer sk-demo-key", "X-Request-Id": "late-1"}) as answer:
         assert answer.status == 503 and answer.headers["Connection"] == "close"
         assert answer.headers["Retry-After"] == "0"
         assert (await answer.json())["error"]["code"] == "server_shutting_down"
     assert not gw.sim().requests  # never sent upstream
+    await asyncio.sleep(0.1)  # access lines are written once per loop pass, at most 50 ms late
+    lines = [json.loads(line) for line in capfd.readouterr().err.splitlines() if '"late-1"' in line]
+    assert [(line["status"], line["route"]) for line in lines] == [(503, "responses")]  # not lost silently

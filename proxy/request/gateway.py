@@ -171,7 +171,8 @@ class Gateway:
     def _refuse(self, request: web.Request, route: Route) -> web.Response:
         """503 before anything else is done: this worker is at its bound on requests in flight
         (proxy/process/admission.py), or is draining past its cut point, where a request could not
-        be finished in time. Counted in a metric; no access line each (the admission logs them)."""
+        be finished in time. Counted in a metric; an overloaded worker's refusals get no access line
+        each (that would be most of its work; the admission logs them once a second)."""
         config = self.runtime.config.server
         if self.drain is not None and self.drain.cutting:
             reason, retry = SHUTTING_DOWN, "0"  # another instance can answer it now
@@ -186,6 +187,10 @@ class Gateway:
         incoming = request.headers.get(config.request_id_header, "")
         request_id = incoming if incoming and _REQUEST_ID.match(incoming) else new_request_id()
         child(SHED, route.name, reason).inc()
+        if reason == SHUTTING_DOWN:  # few, and the last this instance answers: each gets its access line
+            ex = Exchange(request, route, request_id)
+            ex.outcome.status, ex.outcome.error = 503, message
+            log_exchange(ex, self.runtime.config.observability.logging, time.perf_counter(), 0.0)
         return web.Response(status=503, body=body, content_type="application/json",
                             headers={"Retry-After": retry, config.request_id_header: request_id})
 
