@@ -42,7 +42,9 @@ BODY = b'{"model":"msgmodel-haiku-4-5","max_tokens":16,"messages":[{"role":"user
 DELAYS_MS = (0, 50)
 # Two gateways at once: no admin listener, whose default port they would both take.
 GATEWAYS = {"auto": "server: {listen: '127.0.0.1:{PORT}', admin_listen: ''}\n",
-            "admits everything": "server: {listen: '127.0.0.1:{PORT}', admin_listen: '', max_in_flight: 10000}\n"}
+            "admits everything": "server: {listen: '127.0.0.1:{PORT}', admin_listen: '', max_in_flight: 10000}\n",
+            # what a refusal costs: one request held upstream, every other one refused
+            "refuses": "server: {listen: '127.0.0.1:{PORT}', admin_listen: '', max_in_flight: 1}\n"}
 MAX_CONNECTIONS = 6000  # the generator's own bound: past it a request due is counted as not sent
 
 
@@ -201,17 +203,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def capacity(url: str, work: Path) -> float:
-    script = work / "post.lua"
+def wrk(url: str, pid: int, work: Path, headers: dict[str, str] | None = None) -> tuple[float, float, float]:
+    """wrk at 64 connections for 5 s: answers a second, the share that were 2xx, and the gateway's
+    CPU ms per answer."""
+    script = work / f"post-{time.monotonic_ns()}.lua"
+    sent = {"x-api-key": KEY, "msgapi-version": "2023-06-01", "Content-Type": "application/json", **(headers or {})}
     script.write_text(f"wrk.method = 'POST'\nwrk.body = '{BODY.decode()}'\n"
-                      f"wrk.headers['x-api-key'] = '{KEY}'\nwrk.headers['msgapi-version'] = '2023-06-01'\n"
-                      "wrk.headers['Content-Type'] = 'application/json'\n")
+                      + "".join(f"wrk.headers['{k}'] = '{v}'\n" for k, v in sent.items()))
+    before = cpu_seconds(pid)
     out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", "-c64", "-d5s", "-s", str(script), url + "/v1/messages"],
                          capture_output=True, text=True).stdout
+    total = int(re.search(r"(\d+) requests in", out)[1])  # type: ignore[index]
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    total = int(re.search(r"(\d+) requests in", out)[1])  # type: ignore[index]
-    return rps * (1 - int(errors[1]) / total if errors else 1)  # served ones only
+    return rps, 1 - (int(errors[1]) / total if errors else 0), (cpu_seconds(pid) - before) * 1000 / total
 
 
 def offer(gateway: str, url: str, pid: int, delay_ms: int, rate: float, share: float, duration: float,
@@ -250,6 +255,7 @@ def main() -> int:
         generate(args)
         return 0
     work = Path(tempfile.mkdtemp(prefix="modelgate-overload-"))
+    args.load_before = os.getloadavg()[0]
     up_port = free_port()
     procs = [start([sys.executable, str(HERE / "upstream.py"), str(up_port)], 1, work / "upstream.log")]
     gateways: dict[str, tuple[str, int]] = {}
@@ -266,9 +272,14 @@ def main() -> int:
         for url, _ in gateways.values():
             wait_port(int(url.rsplit(":", 1)[1]))
         auto_url, auto_pid = gateways["auto"]
-        capacity(auto_url, work)  # warm-up
-        measured = capacity(auto_url, work)
-        print(f"capacity: {measured:.0f} requests/s", flush=True)
+        wrk(auto_url, auto_pid, work)  # warm-up
+        rps, served_share, served_cpu = wrk(auto_url, auto_pid, work)
+        measured = rps * served_share
+        refuses_url, refuses_pid = gateways.pop("refuses")
+        _, _, refused_cpu = wrk(refuses_url, refuses_pid, work, {"x-delay-ms": "10000"})
+        args.cpu_ms = (served_cpu, refused_cpu)
+        print(f"capacity: {measured:.0f} requests/s; CPU ms a request served {served_cpu:.3f}, refused "
+              f"{refused_cpu:.3f}", flush=True)
         runs: list[Run] = []
         for delay_ms in DELAYS_MS:
             runs.append(offer("auto", auto_url, auto_pid, delay_ms, 0.1 * measured, 0.1, args.duration, work))
@@ -278,6 +289,7 @@ def main() -> int:
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=30)
+    args.load_after = os.getloadavg()[0]
     section = report(measured, runs, args)
     if args.print_only:
         print(section)
@@ -296,18 +308,24 @@ def report(measured: float, runs: list[Run], args: argparse.Namespace) -> str:
         "## Overload: three times capacity",
         "",
         f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python bench/overload.py --duration "
-        f"{args.duration:g}`. Machine: {os.cpu_count()} cores ({cpu}), Python {platform.python_version()}. "
+        f"{args.duration:g}`. Machine: {os.cpu_count()} cores ({cpu}), Python {platform.python_version()}; "
+        f"load average {args.load_before:.1f} at the start and {args.load_after:.1f} at the end (anything else "
+        "running skews every figure: compare the capacity with the throughput section's). "
         "One gateway process on its defaults (access lines and metrics on) pinned to core 0; the open-loop "
         "generator and the bench upstream share core 1. Capacity: "
-        f"{measured:,.0f} requests/s of `POST /v1/messages` (wrk, 64 connections, upstream answering at once).",
+        f"{measured:,.0f} requests/s of `POST /v1/messages` (wrk, 64 connections, upstream answering at once), "
+        f"{args.cpu_ms[0]:.3f} ms of the gateway's CPU a request; a refusal (503 `overloaded`) costs "
+        f"{args.cpu_ms[1]:.3f} ms, {args.cpu_ms[1] / args.cpu_ms[0]:.0%} of that, so at 3x capacity refusing "
+        f"the excess alone takes {2 * args.cpu_ms[1] / args.cpu_ms[0]:.0%} of the core.",
         "",
         "Each row offers requests at a fixed rate for the run's length, whatever the answers do; latency "
         "counts from when a request was due. 'auto' is the default `max_in_flight: auto`; 'admits everything' "
-        "is `max_in_flight: 10000`, the gateway as it was before admission control. Lost: no answer within 15 s "
-        "of the run's end, or a connection broken under a request. Sent: what the generator managed to send "
+        "is `max_in_flight: 10000`, the gateway as it was before admission control. Unanswered: no answer 15 s "
+        "after the run's end, or a connection broken under its request (or refused as it opened). Sent: what "
+        "the generator managed to send "
         f"(it holds at most {MAX_CONNECTIONS:,} connections; a request due when all are busy is not sent).",
         "",
-        "| upstream delay | gateway | offered/s (sent) | share of capacity | answered 200 | 503 overloaded | lost | "
+        "| upstream delay | gateway | offered/s (sent) | share of capacity | answered 200 | 503 overloaded | unanswered | "
         "admitted p50 ms | admitted p99 ms | p99 / unloaded p99 | gateway CPU |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -326,9 +344,9 @@ def report(measured: float, runs: list[Run], args: argparse.Namespace) -> str:
                 verdicts.append(f"- upstream {delay_ms} ms: admitted p99 {r.pct(0.99):.2f} ms is {ratio:.1f}x the "
                                 f"unloaded {unloaded:.2f} ms (target: at most 2x) — {'met' if ratio <= 2 else 'NOT met'}; "
                                 f"{r.overloaded / max(1, answered):.0%} answered 503 overloaded; "
-                                f"{r.lost} lost")
+                                f"{r.lost} unanswered")
     return "\n".join([*lines, "", "Against the target (admitted p99 within 2x the unloaded p99 at 3x capacity, "
-                      "nothing lost):", "", *verdicts, ""])
+                      "every request answered):", "", *verdicts, ""])
 
 
 if __name__ == "__main__":
