@@ -5,17 +5,19 @@
 # listen on 0.0.0.0:8080 itself (server.listen) for the port mapping and the health check to reach it.
 
 # The build stage installs the package the way the README does (a venv, then pip install of this
-# repository), not editable: the runtime stage gets the finished venv and no source tree.
+# repository), not editable: the runtime stage gets the finished venv and no source tree. With the
+# s3 extra (boto3), so `plugins.url_delivery.store: s3` works in the image; never from a package
+# index by name, where `modelgate` is someone else's project.
 FROM python:3.11-slim AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
-# What `pip install .` reads: the project metadata (pyproject names README.md as its readme) and
+# What `pip install '.[s3]'` reads: the project metadata (pyproject names README.md as its readme) and
 # the packages it lists under [tool.setuptools.packages.find].
 COPY pyproject.toml README.md ./
 COPY proxy ./proxy
 COPY plugins ./plugins
 COPY simulator ./simulator
-RUN python -m venv /opt/modelgate && /opt/modelgate/bin/pip install .
+RUN python -m venv /opt/modelgate && /opt/modelgate/bin/pip install '.[s3]'
 
 FROM python:3.11-slim
 # A fixed numeric uid, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.

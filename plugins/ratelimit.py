@@ -48,7 +48,10 @@ class RateLimitSettings(BaseModel):
 
     fail: Literal["open", "closed"] = "open"
     routes: dict[str, Rates] = Field(default_factory=dict)   # every client of a route together
-    per_ip: dict[str, Rates] = Field(default_factory=lambda: {"login_2fa": Rates(rpm=10)})
+    # The keyless routes: the login against brute force, the webhook against anyone filling its
+    # queue (a payment provider sends from a few addresses; behind a proxy, see trusted_proxies).
+    per_ip: dict[str, Rates] = Field(default_factory=lambda: {"login_2fa": Rates(rpm=10),
+                                                              "payment_webhook": Rates(rpm=600)})
     trusted_proxies: list[str] = Field(default_factory=list)  # CIDRs whose X-Forwarded-For is believed
     default_reserve_tokens: int = Field(default=DEFAULT_OUTPUT_TOKENS, ge=1)
 

@@ -121,6 +121,14 @@ def venv_and_pip(commands: list[list[str]]) -> tuple[str, list[str]]:
     return venv, pip[2:]
 
 
+def install_target(requirement: str) -> tuple[str, list[str]]:
+    """A pip requirement that is a path, split into the path and its extras: `.[s3]` -> `.`, [s3]."""
+    match = re.fullmatch(r"(?P<path>[^\[]+)(?:\[(?P<extras>[^\]]*)\])?", requirement)
+    assert match, f"not a path requirement: {requirement}"
+    extras = [extra.strip() for extra in (match["extras"] or "").split(",") if extra.strip()]
+    return match["path"], extras
+
+
 def ignore_patterns() -> list[str]:
     lines = (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
     return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]

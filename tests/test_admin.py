@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -136,11 +137,38 @@ def test_an_admin_listen_on_the_main_listeners_address_is_a_config_problem(liste
     assert any(p.startswith("server.admin_listen: ") and "an address of its own" in p for p in refused.value.problems)
 
 
+# Two spellings of one address: workers bind both listeners with SO_REUSEPORT, so neither bind
+# fails and the kernel spreads each port's connections over both listeners.
+@pytest.mark.parametrize("listen, admin_listen", [
+    ("127.0.0.1:8080", "localhost:8080"), ("127.1:8080", "127.0.0.1:8080"), ("localhost:8080", "2130706433:8080"),
+    ("[::1]:8080", "[0:0:0:0:0:0:0:1]:8080"), ("[::ffff:127.0.0.1]:8080", "127.0.0.1:8080"),
+    ("[0:0:0:0:0:0:0:0]:8080", "127.0.0.1:8080"), ("127.0.0.1:8080", "0:8080")])
+def test_an_admin_listen_naming_the_main_listeners_address_another_way_is_a_config_problem(
+        listen: str, admin_listen: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_config(f'server: {{listen: "{listen}", admin_listen: "{admin_listen}"}}\n', {})
+    assert any(p.startswith("server.admin_listen: ") and "an address of its own" in p for p in refused.value.problems)
+
+
+def test_an_admin_listen_on_the_hostname_of_the_main_listeners_address_is_a_config_problem() -> None:
+    hostname = socket.gethostname()
+    try:
+        address = socket.getaddrinfo(hostname, None, type=socket.SOCK_STREAM)[0][4][0]
+    except OSError:
+        pytest.skip("this machine's name does not resolve")
+    shown = f"[{address}]" if ":" in address else address
+    with pytest.raises(ConfigError) as refused:
+        parse_config(f'server: {{listen: "{shown}:8080", admin_listen: "{hostname}:8080"}}\n', {})
+    assert any(p.startswith("server.admin_listen: ") for p in refused.value.problems)
+
+
 def test_an_admin_listen_apart_from_the_main_one_is_fine() -> None:
     config = parse_config('server: {listen: "0.0.0.0:8080", admin_listen: "127.0.0.1:8081"}\n', {})
     assert config.server.admin_address == ("127.0.0.1", 8081)
     assert parse_config("", {}).server.admin_listen == "127.0.0.1:8081"  # the default: loopback
     assert parse_config('server: {listen: "127.0.0.1:8081", admin_listen: "127.0.0.1:8082"}\n', {})
+    assert parse_config('server: {listen: "127.0.0.2:8081", admin_listen: "localhost:8081"}\n', {})  # 127.0.0.1
+    assert parse_config('server: {listen: "127.0.0.1:8081", admin_listen: "no-such-host.invalid:8081"}\n', {})
 
 
 def check_config(path: Path, text: str) -> subprocess.CompletedProcess[str]:
@@ -249,3 +277,74 @@ async def test_a_second_gateway_on_a_served_admin_port_refuses_to_start(spawn): 
     assert f"{admin} is already served" in second.stdout + second.stderr and "(server.admin_listen)" in second.stdout + second.stderr
     async with aiohttp.ClientSession() as http:
         assert (await answer_of(http, first.admin + "/metrics"))[0] == 200
+
+
+ALIASED = """
+server: {{listen: "127.0.0.1:{port}", admin_listen: "localhost:{port}", workers: 2}}
+state: {{backend: redis, url: '{redis}', prefix: 'admin-alias-{unique}:'}}
+"""
+
+
+async def test_a_gateway_whose_admin_listen_names_its_listen_another_way_refuses_to_start(tmp_path, redis_url):  # noqa: ANN001
+    """Started, its workers would share the port between both listeners: anonymous scrapes on the
+    clients' port, clients' requests answered 404 by the admin listener."""
+    port = free_port()
+    config = tmp_path / "aliased.yaml"
+    config.write_text(ALIASED.format(port=port, redis=REDIS_URL, unique=f"{os.getpid()}-{time.monotonic_ns()}"))
+    checked = check_config(config, config.read_text())
+    assert checked.returncode == 1
+    assert f"server.admin_listen: localhost:{port} is where server.listen (127.0.0.1:{port}) serves clients" \
+        in checked.stderr
+    process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "-c", str(config)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    try:
+        output, _ = await asyncio.to_thread(process.communicate, timeout=60)
+    finally:
+        if process.poll() is None:  # started: serving clients and scrapes on one port
+            process.kill()
+            process.wait()
+    assert process.returncode == 1
+    assert f"server.admin_listen: localhost:{port} is where server.listen" in output
+
+
+async def test_a_worker_whose_listeners_were_bound_to_one_address_refuses_to_start(monkeypatch, caplog):  # noqa: ANN001
+    """What the config check cannot see (a name that resolved otherwise when it was checked) is seen
+    in the sockets: a worker binds both listeners, compares them, and stops before it serves."""
+    from proxy.config import LoadedConfig
+    from proxy.config.model import GatewayConfig
+    from proxy.process.server import ListenersOverlap, _serve
+    from proxy.process.workers import WORKER_ENV
+
+    port = free_port()
+    monkeypatch.setenv(WORKER_ENV, "0")  # SO_REUSEPORT on both listeners, as every worker binds them
+    config = GatewayConfig.model_validate(  # the schema alone: as if the check had resolved `localhost` elsewhere
+        {"server": {"listen": f"127.0.0.1:{port}", "admin_listen": f"localhost:{port}"}})
+    with pytest.raises(ListenersOverlap):
+        await asyncio.wait_for(_serve(LoadedConfig(config, "<test>", "0" * 16), None, uvloop=False), 60)
+    assert f"are bound to the same socket address (127.0.0.1:{port})" in caplog.text
+    with socket.socket() as probe:  # both listeners closed again
+        probe.bind(("127.0.0.1", port))
+
+
+def test_a_supervisor_stops_when_a_worker_finds_its_listeners_overlap(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """The worker's exit status says a restart would bind the same sockets: no restart loop, exit 1."""
+    from proxy.process.workers import LISTENERS_OVERLAP, Supervisor
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")  # the supervisor sets it: restored after the test
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    worker = tmp_path / "worker.py"
+    worker.write_text(f"raise SystemExit({LISTENERS_OVERLAP})\n")
+    supervisor = Supervisor(2, None, 5.0)
+    started: list[int] = []
+
+    def start(slot: int) -> None:
+        started.append(slot)
+        supervisor.workers[slot] = subprocess.Popen([sys.executable, str(worker)])
+
+    supervisor._start = start  # type: ignore[method-assign]
+    try:
+        assert supervisor.run() == 1
+    finally:
+        for signum, handler in handlers.items():  # and so are the handlers it installs
+            signal.signal(signum, handler)
+    assert sorted(started) == [0, 1]  # none started again: each would bind the same way

@@ -5,8 +5,8 @@ the Dockerfile statically (its base, user, install step, entrypoint and health c
 what it copies exists and is in the build context) and by running its default command and its
 health check as the image would; docker-compose.yaml against the Compose Specification's JSON
 schema, with the files it mounts checked by their own readers (the gateway's config check,
-promtool, Grafana's provisioning layout); the Kubernetes manifests in deploy/ against the
-Kubernetes API's schemas in strict mode, and against each other and the image."""
+promtool, Grafana's provisioning layout). The Kubernetes manifests, rendered from
+deploy/kubernetes/, are checked in tests/test_kubernetes.py."""
 
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import jsonschema
-import kubernetes_validate
 import pytest
 import yaml
 
@@ -42,7 +41,7 @@ from tests.dockerfile import (
     ignored,
     image,
     image_port,
-    image_uid,
+    install_target,
     readme_run_it,
     venv_and_pip,
 )
@@ -50,12 +49,6 @@ from tests.dockerfile import (
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 COMPOSE = ROOT / "docker-compose.yaml"
-
-# The Kubernetes release the manifests are checked against: the oldest one whose schemas every
-# kubernetes-validate the test extras allow (>=1.30) ships, and still one that has every API
-# used here (autoscaling/v2 and policy/v1 are GA since 1.23 and 1.21).
-KUBERNETES_VERSION = "1.30.0"
-
 
 # --- the Dockerfile -------------------------------------------------------------------------
 
@@ -78,18 +71,37 @@ def test_the_image_is_slim_python_run_by_a_user_that_is_not_root() -> None:
 def test_the_image_installs_the_package_as_the_readme_does() -> None:
     commands = readme_run_it()
     _, readme_args = venv_and_pip(commands)
-    # The README installs editable for development; the image installs the same target for good.
+    # The README installs editable for development; the image installs the same target for good,
+    # with the s3 extra, so every store of docs/url-delivery.md works in it.
     expected = [arg for arg in readme_args if arg not in ("-e", "--editable")]
     (build,) = [stage for stage in dockerfile_stages() if any("pip install" in run for run in stage.runs)]
     (run,) = [run for run in build.runs if "pip install" in run]
     venv, args = venv_and_pip([shlex.split(part) for part in run.split("&&")])
-    assert args == expected, f"the image runs pip install {args}, the README {readme_args}"
-    target = posixpath.normpath(posixpath.join(build.workdir, expected[-1]))
+    path, extras = install_target(args[-1])
+    assert [*args[:-1], path] == expected, f"the image runs pip install {args}, the README {readme_args}"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert extras == ["s3"] and "s3" in project["project"]["optional-dependencies"]
+    target = posixpath.normpath(posixpath.join(build.workdir, path))
     assert posixpath.join(target, "pyproject.toml") in copied(build), "pip installs the copied project"
     final = image()
     assert venv in copied(final, from_stage=build.name).values(), "the runtime stage takes the build's venv"
     serve = commands[-1]
     assert [Path(serve[0]).name, *serve[1:]] == final.entrypoint, "README's last command is the entrypoint"
+
+
+def test_no_document_installs_this_project_from_a_package_index_by_name() -> None:
+    """The name `modelgate` on the public package index is another project's: `pip install
+    modelgate[s3]` installed it. The gateway is installed from this repository, extras and all."""
+    by_name = re.compile(r"\b(?:pip3?|pipx|uv\s+pip|python3?\s+-m\s+pip)\s+install\s+(?:-{1,2}[\w-]+\s+)*"
+                         r"['\"]?modelgate\b", re.I)
+    documents = [ROOT / "README.md", ROOT / "Dockerfile", *ROOT.glob("docs/**/*.md"), *ROOT.glob("deploy/**/*.md"),
+                 *ROOT.glob("examples/**/*"), *ROOT.glob("dashboards/**/*.md"), *ROOT.glob("bench/**/*.md")]
+    found = [f"{path.relative_to(ROOT)}: {match.group(0)}" for path in documents if path.is_file()
+             for match in by_name.finditer(path.read_text(encoding="utf-8", errors="replace"))]
+    assert found == []
+    assert by_name.search("pip install 'modelgate[s3]'") and not by_name.search("pip install -e '.[s3]'")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "pip install -e '.[s3]'" in readme and "pip install -e '.[s3]'" in (ROOT / "docs/url-delivery.md").read_text()
 
 
 def test_everything_the_dockerfile_copies_exists_and_is_in_the_build_context() -> None:
@@ -106,7 +118,7 @@ def test_everything_the_dockerfile_copies_exists_and_is_in_the_build_context() -
                 assert not ignored(source, patterns), f"COPY {source}: left out by .dockerignore"
     (build,) = [stage for stage in stages if any("pip install" in run for run in stage.runs)]
     _, args = venv_and_pip([shlex.split(part) for run in build.runs for part in run.split("&&")])
-    target = posixpath.normpath(posixpath.join(build.workdir, args[-1]))
+    target = posixpath.normpath(posixpath.join(build.workdir, install_target(args[-1])[0]))
     in_install_dir = {posixpath.relpath(path, target) for path in copied(build) if path.startswith(target + "/")}
     # What `pip install .` reads: pyproject.toml, the readme it names, and every package it finds.
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
@@ -335,108 +347,6 @@ def test_grafana_provisions_the_prometheus_datasource_and_the_dashboard() -> Non
     assert variable["query"] == datasource["type"], "the dashboard's datasource variable finds it"
 
 
-# --- Kubernetes -----------------------------------------------------------------------------
-
-
-def manifests() -> list[tuple[str, dict[str, Any]]]:
-    """Every document in deploy/ that is a Kubernetes object: it has an apiVersion and a kind."""
-    found = []
-    for path in sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml")]):
-        for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):
-            if isinstance(document, dict) and "apiVersion" in document and "kind" in document:
-                found.append((str(path.relative_to(ROOT)), document))
-    return found
-
-
-def the(kind: str) -> dict[str, Any]:
-    (document,) = [document for _, document in manifests() if document["kind"] == kind]
-    return document
-
-
-def test_the_deploy_folder_has_every_kubernetes_object_the_gateway_needs() -> None:
-    kinds = sorted(document["kind"] for _, document in manifests())
-    assert kinds == sorted(["ConfigMap", "Secret", "Deployment", "Service",
-                            "PodDisruptionBudget", "HorizontalPodAutoscaler"])
-
-
-@pytest.mark.parametrize("where, document", manifests(),
-                         ids=[f"{where}:{d['kind']}/{d['metadata']['name']}" for where, d in manifests()])
-def test_kubernetes_manifest_matches_the_api_schema(where: str, document: dict[str, Any]) -> None:
-    try:
-        kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as error:
-        pytest.fail(f"{where}: {'.'.join(map(str, error.path))}: {error.message}")
-    except kubernetes_validate.utils.SchemaNotFoundError as error:
-        pytest.fail(f"{where}: {error.message}")  # an unknown kind or API version is an error, not a pass
-
-
-def test_the_strict_schemas_refuse_unknown_and_mistyped_fields() -> None:
-    deployment = the("Deployment")
-    for path, value in ((("spec", "template", "spec", "containers", 0, "readinessprobe"), {}),
-                        (("spec", "template", "spec", "terminationGracePeriodSeconds"), "75")):
-        broken = copy.deepcopy(deployment)
-        node = broken
-        for step in path[:-1]:
-            node = node[step]
-        node[path[-1]] = value
-        with pytest.raises(kubernetes_validate.ValidationError):
-            kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
-
-
-def test_the_autoscaler_and_the_disruption_budget_fit_the_deployment() -> None:
-    deployment, hpa, pdb = the("Deployment"), the("HorizontalPodAutoscaler"), the("PodDisruptionBudget")
-    labels = deployment["spec"]["template"]["metadata"]["labels"]
-    selector = deployment["spec"]["selector"]["matchLabels"]
-    assert selector.items() <= labels.items()
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": deployment["apiVersion"], "kind": "Deployment",
-                                             "name": deployment["metadata"]["name"]}
-    assert "replicas" not in deployment["spec"], "the autoscaler owns the count; apply would reset it"
-    (metric,) = hpa["spec"]["metrics"]
-    assert metric["type"] == "Resource" and metric["resource"]["name"] == "cpu"
-    assert metric["resource"]["target"]["type"] == "Utilization"
-    for container in deployment["spec"]["template"]["spec"]["containers"]:
-        assert "cpu" in container["resources"]["requests"], "CPU utilization is measured against the request"
-    assert pdb["spec"]["selector"] == {"matchLabels": selector}
-    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert hpa["spec"]["minReplicas"] - pdb["spec"]["maxUnavailable"] >= 2, "a drain leaves two pods serving"
-    service = the("Service")
-    assert service["spec"]["selector"].items() <= labels.items()
-
-
-def test_the_deployment_runs_the_image_as_built() -> None:
-    deployment = the("Deployment")
-    pod = deployment["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["securityContext"]["runAsUser"] == image_uid()
-    assert container["securityContext"]["allowPrivilegeEscalation"] is False
-    # The container's args follow the image's entrypoint: `modelgate serve -c <the ConfigMap's file>`.
-    args = container["args"]
-    assert image().entrypoint == ["modelgate", "serve"] and args[0] == "-c"
-    mount_path, key = posixpath.split(args[1])
-    (volume_name,) = [mount["name"] for mount in container["volumeMounts"] if mount["mountPath"] == mount_path]
-    (volume,) = [volume for volume in pod["volumes"] if volume["name"] == volume_name]
-    config_map = the("ConfigMap")
-    assert volume["configMap"]["name"] == config_map["metadata"]["name"] and key in config_map["data"]
-    server = yaml.safe_load(config_map["data"][key])["server"]
-    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-    assert server["listen"] == f"0.0.0.0:{image_port()}" and ports["http"] == image_port()
-    # The admin listener on every address of the pod, so Prometheus reaches it; named, scraped, not in the Service.
-    assert server["admin_listen"] == f"0.0.0.0:{ports['admin']}"
-    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
-    assert annotations["prometheus.io/port"] == str(ports["admin"]) and annotations["prometheus.io/path"] == "/metrics"
-    service_ports = the("Service")["spec"]["ports"]
-    assert {port["targetPort"] for port in service_ports} == {"http"}
-    assert ports["admin"] not in {port["port"] for port in service_ports}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    volumes = {volume["name"] for volume in pod["volumes"]}
-    assert {mount["name"] for mount in container["volumeMounts"]} <= volumes, "a mount names no volume"
-    if container["securityContext"].get("readOnlyRootFilesystem"):
-        assert "/tmp" in {mount["mountPath"] for mount in container["volumeMounts"]}, \
-            "the workers' metrics files and spooled bodies need a writable /tmp"
-
-
 # --- load balancers -------------------------------------------------------------------------
 
 
@@ -452,6 +362,6 @@ def test_the_load_balancers_never_pass_the_admin_port_or_metrics_on() -> None:
     haproxy = (DEPLOY / "haproxy.cfg").read_text(encoding="utf-8")
     servers = re.findall(r"^\s*server\s+\S+\s+[\d.]+:(\d+)", haproxy, re.MULTILINE)
     assert servers and set(servers) == {str(port)}
-    assert "http-request deny deny_status 404 if { path /metrics }" in haproxy
+    assert "http-request deny deny_status 404 if { path,url_dec -i /metrics }" in haproxy  # %6detrics too
     assert "option httpchk GET /readyz" in haproxy  # the bare verdict: all a load balancer reads
     assert admin_port != port

@@ -126,7 +126,7 @@ async def test_journaled_records_postgresql_did_not_take_are_written_by_another_
 
     key = f"test-{tmp_path.name}:ledger:journal"
     away = LedgerWriter("postgresql://postgres@127.0.0.1:1/nowhere", 100, 0.05,
-                        [FileSpool(tmp_path / "away", 1 << 20)], 0.5, Journal(share(redis_url), key, 1000, 1.0))
+                        [FileSpool(tmp_path / "away", 1 << 20)], 0.5, Journal(share(redis_url), key, 1 << 20, 1.0))
     for index in range(5):
         await away.journaled(record(index))
     assert away.journal is not None
@@ -143,7 +143,7 @@ async def test_journaled_records_postgresql_did_not_take_are_written_by_another_
 
     written = counted("written")
     other = LedgerWriter(ledger_db, 100, 0.05, [FileSpool(tmp_path / "other", 1 << 20)], 0.5,
-                         Journal(share(redis_url), key, 1000, 1.0))
+                         Journal(share(redis_url), key, 1 << 20, 1.0))
     await other.start()
     found = await rows_when(ledger_db, 5)
     await asyncio.sleep(1.5)  # a second write of any of them would come in this time
@@ -169,7 +169,7 @@ async def test_a_record_the_journal_cannot_take_goes_the_old_way(ledger_db, tmp_
 
     unjournaled = counted("unjournaled")
     writer = LedgerWriter(ledger_db, 100, 0.05, [FileSpool(tmp_path / "spool", 1 << 20)], 0.5,
-                          Journal(share("redis://127.0.0.1:1/0"), "nowhere:ledger:journal", 1000, 1.0))
+                          Journal(share("redis://127.0.0.1:1/0"), "nowhere:ledger:journal", 1 << 20, 1.0))
     started = time.monotonic()
     await writer.journaled(record(1))
     assert time.monotonic() - started < WAIT_S + 0.5

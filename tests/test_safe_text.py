@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import csv
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -16,8 +17,10 @@ from urllib.parse import quote
 
 import aiohttp
 import pytest
+from prometheus_client import REGISTRY
 
 from proxy.observability.safe_text import csv_cell, shown
+from proxy.process import log_guard
 from proxy.request.redact import Redactor
 from tests.conftest import DEMO_KEY, MESSAGE_HEADERS, REDIS_URL
 from tests.raw_http import Received, recording_upstream, send_raw
@@ -113,6 +116,10 @@ ECHOED = {
     "percent": quote(CREDENTIAL, safe=""),
     "percent every byte, upper-cased": "".join(f"%{b:02x}" for b in CREDENTIAL.upper().encode()),
     "json slash": CREDENTIAL.replace("/", "\\/"),
+    # JSON text, as .NET and Gson write it: some characters \u00XX-escaped, hex in either case.
+    "json \\u00XX": CREDENTIAL.replace("+", "\\u002B").replace("/", "\\u002f").replace("-", "\\u002D"),
+    "json \\u00XX, every character": "".join(f"\\u{ord(c):04x}" for c in CREDENTIAL),
+    "base64, json-escaped padding": b64(b"x" + RAW_CREDENTIAL).replace("=", "\\u003d"),
     "hex": RAW_CREDENTIAL.hex(),
     "HEX": RAW_CREDENTIAL.hex().upper(),
     "base64": b64(RAW_CREDENTIAL),
@@ -129,9 +136,12 @@ ECHOED = {
 def echoing_every_spelling(received: Received) -> bytes:
     """An upstream whose error quotes its credential in every spelling: in its body, one field
     each, and in headers. A large one (past what is held) is redacted as it streams."""
-    # JSON text spells a slash `\/` where the decoded value has `/`: that one is put in as JSON text.
-    body = json.dumps({"error": {"message": "bad request", "echo": {**ECHOED, "json slash": "SLASHED"}}}).encode()
-    body = body.replace(b"SLASHED", ECHOED["json slash"].encode())
+    # JSON text spells a slash `\/` or a character `\u00XX` where the decoded value has the
+    # character itself: those are put in as JSON text.
+    escaped = {name: f"ESCAPED-{n}-" for n, (name, value) in enumerate(ECHOED.items()) if "\\" in value}
+    body = json.dumps({"error": {"message": "bad request", "echo": {**ECHOED, **escaped}}}).encode()
+    for name, placeholder in escaped.items():
+        body = body.replace(placeholder.encode(), ECHOED[name].encode())
     if received.path == "/v1/messages":
         body = b" . " * 30_000 + b"\n".join(value.encode() + b" . " * 7_001 for value in ECHOED.values())
     headers = (f"X-Debug-Authorization: Basic {b64(b'gateway:' + RAW_CREDENTIAL)}\r\n"
@@ -163,6 +173,30 @@ async def test_an_upstream_echoing_its_credential_in_any_spelling_has_each_redac
         assert "secret" not in everything  # no piece of the credential's own words either
 
 
+# What .NET's and Gson's encoders write for a credential whose Base64-like characters they escape.
+ESCAPING = "Xk9+Lm2/Qr7pZtW4=="
+
+
+def escaping_encoders(_: Received) -> bytes:
+    body = (b'{"error": {"message": "key Xk9\\u002BLm2/Qr7pZtW4\\u003D\\u003D is not allowed", '
+            b'"gson": "Xk9\\u002bLm2\\/Qr7pZtW4\\u003d\\u003d", "b64": "' + b64(ESCAPING.encode()).encode() + b'"}}')
+    return (f"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            f"X-Echo: Xk9\\u002BLm2\\u002FQr7pZtW4==\r\n\r\n").encode() + body
+
+
+async def test_a_credential_json_escaped_by_the_upstreams_encoder_is_redacted(start_gateway) -> None:  # noqa: ANN001
+    server, _ = recording_upstream(escaping_encoders)
+    async with server:
+        gw = await start_gateway(config(server.url).replace("credential: upstream-secret-9f8e7d",
+                                                            f'credential: "{ESCAPING}"'))
+        answer = await send_raw(gw.url, *post("/v1/responses", bearer(ALICE), b'{"model":"respmodel-4o","input":"x"}'))
+    assert answer.status == 400
+    assert answer.json() == {"error": {"message": "key [redacted] is not allowed", "gson": "[redacted]",
+                                       "b64": "[redacted]"}}
+    assert answer.headers["x-echo"] == "[redacted]"
+    assert b"Lm2" not in answer.body and "Lm2" not in repr(answer.headers)
+
+
 def test_a_streamed_body_is_redacted_as_the_whole_is_however_it_is_cut() -> None:
     redactor = Redactor(CREDENTIAL)
     body = b" | ".join(value.encode() for value in ECHOED.values()) + b" | end"
@@ -173,6 +207,9 @@ def test_a_streamed_body_is_redacted_as_the_whole_is_however_it_is_cut() -> None
         pieces = [stream.feed(body[i:i + size]) for i in range(0, len(body), size)]
         assert b"".join(pieces) + stream.flush() == whole, size
     assert Redactor("abc").text("ABC YWJj 616263") == "[redacted] YWJj 616263"  # too short to look for encoded
+    # A Base64 spelling whose `+` and `/` a JSON encoder escaped (its `+/` come from `>` and `?`).
+    spelled = b64(b"sk->>>???").replace("+", "\\u002B").replace("/", "\\u002f")
+    assert "\\u002B" in spelled and Redactor("sk->>>???").text(f"key {spelled}.") == "key [redacted]."
 
 
 # aiohttp's parser refuses these before any endpoint runs: the answer is JSON and quotes nothing.
@@ -189,6 +226,83 @@ async def test_a_request_aiohttp_refuses_gets_json_without_its_bytes(gateway) ->
         assert DEMO_KEY.encode() not in answer.body and b"KKKK" not in answer.body and b"\x01" not in answer.body
     async with aiohttp.ClientSession() as http, http.get(gateway.url + "/healthz") as answer:
         assert answer.status == 200  # and the gateway goes on
+
+
+async def test_the_admin_listener_refuses_what_the_parser_refuses_in_json_too(gateway) -> None:  # noqa: ANN001
+    control = b"GET /metrics HTTP/1.1\r\nAuthorization: Bearer sk-secret\x01x"
+    long_line = b"GET /metrics HTTP/1.1\r\nAuthorization: Bearer sk-secret" + b"K" * 40_000
+    in_target = b"GET /metrics?token=sk-secret\x01 HTTP/1.1"
+    for head, status, code in ((control, 400, "malformed_request"), (long_line, 431, "request_header_fields_too_large"),
+                               (in_target, 400, "malformed_request")):
+        answer = await send_raw(gateway.admin, head)
+        assert (answer.status, answer.headers["content-type"]) == (status, "application/json"), answer
+        assert answer.json()["error"]["code"] == code  # type: ignore[index]
+        assert b"sk-secret" not in answer.body and b"KKKK" not in answer.body and b"\x01" not in answer.body
+    async with aiohttp.ClientSession() as http, http.get(gateway.admin + "/metrics") as answer:
+        assert answer.status == 200  # and the listener goes on
+
+
+async def test_malformed_requests_are_a_clients_fault_logged_once_per_kind_a_while_and_all_counted(
+        gateway, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, clock) -> None:  # noqa: ANN001
+    """Anyone can send thousands: they must not flood the log at error, nor trip alerts on it."""
+    monkeypatch.setattr(log_guard._FILTER, "clock", clock, raising=False)  # other tests' refusals are not this one's
+    monkeypatch.setattr(log_guard._FILTER, "logged_at", {}, raising=False)
+    monkeypatch.setattr(log_guard._FILTER, "unlogged", {}, raising=False)
+    control = f"POST /v1/messages HTTP/1.1\r\nx-api-key: {DEMO_KEY}\x01more".encode()
+    bad_target = b"GET /v1/models\x01 HTTP/1.1"
+
+    def said() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage().startswith("malformed request refused")]
+
+    with caplog.at_level(logging.INFO):
+        for _ in range(20):
+            assert (await send_raw(gateway.url, control)).status == 400
+        assert len(said()) == 1
+        kind = said()[0].kind  # type: ignore[attr-defined]
+        counted = REGISTRY.get_sample_value("modelgate_malformed_requests_total", {"kind": kind})
+        clock.advance(log_guard.SAMPLE_S - 1)
+        assert (await send_raw(gateway.admin, control)).status == 400  # the admin listener's count too
+        clock.advance(1)
+        for _ in range(3):
+            assert (await send_raw(gateway.url, control)).status == 400
+            assert (await send_raw(gateway.url, bad_target)).status == 400
+    lines = [(r.levelno, r.kind, r.suppressed, r.getMessage()) for r in said()]  # type: ignore[attr-defined]
+    other = lines[-1][1]
+    assert other != kind
+    # The first of a kind, then the next SAMPLE_S later with the 20 it held back (19, and the admin's).
+    assert lines == [(logging.WARNING, kind, 0, f"malformed request refused: {kind} (400)"),
+                     (logging.WARNING, kind, 20, f"malformed request refused: {kind} (400)"),
+                     (logging.WARNING, other, 0, f"malformed request refused: {other} (400)")]
+    assert not any(r.levelno >= logging.ERROR for r in caplog.records if r.name.startswith("aiohttp"))
+    assert REGISTRY.get_sample_value("modelgate_malformed_requests_total", {"kind": kind}) == counted + 4
+    assert REGISTRY.get_sample_value("modelgate_malformed_requests_total", {"kind": other}) >= 3
+
+
+# aiohttp's own 417 for an Expect other than 100-continue was plain text repeating the value.
+EXPECT = f"Expect: <script>alert(1)</script>{DEMO_KEY}\r\n"
+
+
+@pytest.mark.parametrize("listener", ["public", "admin"])
+@pytest.mark.parametrize("target", ["/v1/messages", "/nowhere", "/metrics"])
+async def test_an_expectation_the_gateway_cannot_meet_is_a_json_417_without_its_value(
+        gateway, listener: str, target: str) -> None:  # noqa: ANN001
+    url = gateway.url if listener == "public" else gateway.admin
+    body = b'{"model":"msgmodel-haiku-4-5","max_tokens":5,"messages":[{"role":"user","content":"x"}]}'
+    head = (f"POST {target} HTTP/1.1\r\nx-api-key: {DEMO_KEY}\r\nmsgapi-version: 2023-06-01\r\n{EXPECT}"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}").encode()
+    answer = await send_raw(url, head, body)
+    assert (answer.status, answer.headers["content-type"]) == (417, "application/json"), answer
+    assert answer.json()["error"]["code"] == "expectation_failed"  # type: ignore[index]
+    assert answer.json()["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert b"script" not in answer.body and DEMO_KEY.encode() not in answer.body
+    assert answer.headers.get("connection", "").lower() == "close"
+
+
+async def test_100_continue_is_still_met(gateway) -> None:  # noqa: ANN001
+    chat = {"model": "msgmodel-haiku-4-5", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+    async with aiohttp.ClientSession() as http, http.post(gateway.url + "/v1/messages", json=chat, expect100=True,
+                                                          headers=MESSAGE_HEADERS) as answer:
+        assert answer.status == 200, await answer.text()
 
 
 # State URLs: check-config names what is wrong with one without a piece of its password.

@@ -256,7 +256,8 @@ async def test_the_state_store_and_the_webhook_shelves_work_on_a_cluster(redis_c
         for n in range(3):
             await store.push("video:tasks:t", f"task{n}", 60, keep=2)
         assert await store.recent("video:tasks:t", 5) == ["task2", "task1"]
-        assert len({key_slot(queue.key(s).encode()) for s in Shelf} | {key_slot(queue.key_lease.encode())}) == 1
+        keys = [queue.key(s) for s in Shelf] + [queue.counter(s) for s in Shelf] + [queue.key_lease]
+        assert len({key_slot(key.encode()) for key in keys}) == 1
         for n in range(3):
             await queue.put(QueuedWebhook("POST", "/api/stripe/webhook", [], f"evt_{n}".encode(), f"r{n}"))
         first = await queue.oldest(block_ms=10)

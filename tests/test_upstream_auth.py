@@ -1,6 +1,8 @@
-"""An upstream refusing the channel's credential (401/403) is the gateway's fault: a 502
+"""An upstream refusing the channel's credential (401) is the gateway's fault: a 502
 `upstream_auth_failed` in the endpoint's own shape (the upstream's words never relayed), logged
-at error with the channel, counted, and the channel's breaker opened for every other request."""
+at error with the channel, counted, and the channel's breaker opened for every other request.
+A 403 refuses one request (a model the account may not use): a 502 `upstream_forbidden`, and
+the channel stays in rotation."""
 
 from __future__ import annotations
 
@@ -13,10 +15,12 @@ from aiohttp import web
 from prometheus_client import REGISTRY
 
 from proxy.config.model import SimulatorSettings
+from proxy.observability.access_log import AccessLog
 from proxy.policy.resilience import ChannelHealth
 from simulator import build_simulator_app
 from simulator.core import Simulator
 from tests.conftest import BEARER, DEMO_KEY, MESSAGE_HEADERS
+from tests.raw_http import Received, json_answer, recording_upstream
 
 RESPONSE = {"model": "respmodel-4o", "input": "hi"}
 MESSAGE = {"model": "msgmodel-sonnet-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
@@ -36,13 +40,16 @@ async def keyed_upstream() -> AsyncIterator[tuple[Simulator, str]]:
     await runner.cleanup()
 
 
-def auth_failures(channel: str) -> float | None:
-    return REGISTRY.get_sample_value("modelgate_upstream_errors_total", {"channel": channel, "kind": "status_auth"})
+def auth_failures(channel: str, kind: str = "status_auth") -> float | None:
+    return REGISTRY.get_sample_value("modelgate_upstream_errors_total", {"channel": channel, "kind": kind})
 
 
 async def test_an_upstream_401_is_a_502_of_the_gateways_and_opens_the_breaker(
-        start_gateway, http, keyed_upstream, caplog: pytest.LogCaptureFixture) -> None:  # noqa: ANN001
+        start_gateway, http, keyed_upstream, caplog: pytest.LogCaptureFixture,  # noqa: ANN001
+        monkeypatch: pytest.MonkeyPatch) -> None:
     sim, url = keyed_upstream
+    access_lines: list[dict[str, object]] = []
+    monkeypatch.setattr(AccessLog, "write", lambda self, event: access_lines.append(event))
     gw = await start_gateway(f"channels: [{{name: rotated, base_url: '{url}', credential: {WRONG}}}]")
     assert auth_failures("rotated") == 0.0  # counted from 0, so the first one is an increase
     with caplog.at_level(logging.INFO):
@@ -67,6 +74,8 @@ async def test_an_upstream_401_is_a_502_of_the_gateways_and_opens_the_breaker(
     assert [(r.levelno, getattr(r, "channel", None), getattr(r, "status", None)) for r in said] == [
         (logging.ERROR, "rotated", 401)]
     assert not any(WRONG in r.getMessage() or WRONG in str(r.__dict__) for r in caplog.records)
+    # The access line says what the client was sent: the gateway's own answer, all its bytes.
+    assert [(line["status"], line["bytes_out"]) for line in access_lines][:1] == [(502, len(text.encode()))]
 
 
 @pytest.mark.parametrize("status", [401, 403])
@@ -80,15 +89,85 @@ async def test_in_every_format_its_own_shape(start_gateway, http, status: int, c
     }[call]
     async with http.post(gw.url + path, json=body, headers=headers) as answer:
         assert answer.status == 502
+        assert answer.headers["x-should-retry"] == "false"
         error = (await answer.json())["error"]
+    code = {401: "upstream_auth_failed", 403: "upstream_forbidden"}[status]
     if call == "content":  # google.rpc: the machine code is an ErrorInfo reason
         assert error["code"] == 502 and error["status"] == "UNAVAILABLE"
-        assert error["details"][0]["reason"] == "upstream_auth_failed"
+        assert error["details"][0]["reason"] == code
     else:
-        assert error["code"] == "upstream_auth_failed"
+        assert error["code"] == code
     assert "simulated upstream fault" not in error["message"]
     assert f"answered {status}" in error["message"]
-    assert gw.channel("only").health.is_open
+    assert gw.channel("only").health.is_open is (status == 401)  # a 403 is this request's, not the channel's
+
+
+MESSAGE_ANSWER = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+                  "content": [{"type": "text", "text": "hi"}], "usage": {"input_tokens": 1, "output_tokens": 1}}
+# What Anthropic answers a model the account may not use; it names the account.
+FORBIDDEN = {"type": "error", "error": {"type": "permission_error",
+                                        "message": "Your organization org-gw-4711 may not use model 'forbidden'"}}
+
+
+def forbidding(model: str):  # noqa: ANN201
+    """An upstream that answers 403 permission_error to requests for `model`, and 200 to others."""
+    def answer(received: Received) -> bytes:
+        refused = json.loads(received.body).get("model") == model
+        return json_answer(403, FORBIDDEN) if refused else json_answer(200, MESSAGE_ANSWER)
+    return recording_upstream(answer)
+
+
+def two_channels(a: str, b: str, b_priority: int = 0) -> str:
+    return f"""
+channels:
+  - {{name: a, base_url: "{a}", credential: sk-upstream-a-1111, models: ["*"]}}
+  - {{name: b, base_url: "{b}", credential: sk-upstream-b-2222, models: ["*"], priority: {b_priority}}}
+"""
+
+
+async def test_a_403_for_one_model_opens_no_breaker_and_the_others_are_served(start_gateway, http) -> None:  # noqa: ANN001
+    """Both channels' accounts may not use one model. Before, one request for it opened both
+    breakers (30 s of 503 `no_healthy_channel` for every tenant); now each 403 is that request's
+    alone: it goes to the other channel, then the client gets a 502 `upstream_forbidden`, and the
+    channels serve every other request."""
+    (up_a, got_a), (up_b, got_b) = forbidding("forbidden"), forbidding("forbidden")
+    async with up_a, up_b:
+        gw = await start_gateway(two_channels(up_a.url, up_b.url))
+        kinds = ("status_auth", "status_forbidden")
+        before = {(c, kind): auth_failures(c, kind) or 0.0 for c in "ab" for kind in kinds}
+        forbidden = {**MESSAGE, "model": "forbidden"}
+        for n in range(1, 8):  # past breaker_failures (5), had they counted
+            async with http.post(gw.url + "/v1/messages", json=forbidden, headers=MESSAGE_HEADERS) as answer:
+                assert answer.status == 502, await answer.text()
+                assert answer.headers["x-should-retry"] == "false"
+                text = await answer.text()
+            error = json.loads(text)["error"]
+            assert error["code"] == "upstream_forbidden" and error["type"] == "server_error"
+            assert "answered 403: it refused this request" in error["message"]
+            # The upstream's words name its account: not relayed.
+            assert "org-gw-4711" not in text and "permission_error" not in text
+            assert len(got_a) == len(got_b) == n  # the other channel was tried: another account may be permitted
+            for name in "ab":
+                health = gw.channel(name).health
+                assert not health.is_open and health.failures == 0 and health.available()
+        async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers=MESSAGE_HEADERS) as answer:
+            assert answer.status == 200, await answer.text()
+    for name in "ab":
+        assert auth_failures(name, "status_forbidden") == before[(name, "status_forbidden")] + 7
+        assert auth_failures(name) == before[(name, "status_auth")]  # nothing for the credential alert
+
+
+async def test_a_403_goes_to_a_channel_whose_account_is_permitted(start_gateway, http) -> None:  # noqa: ANN001
+    forbids, permits = forbidding("forbidden"), forbidding("none-of-these")
+    (up_a, got_a), (up_b, got_b) = forbids, permits
+    async with up_a, up_b:
+        gw = await start_gateway(two_channels(up_a.url, up_b.url, b_priority=1))  # a first
+        for _ in range(2):
+            async with http.post(gw.url + "/v1/messages", json={**MESSAGE, "model": "forbidden"},
+                                 headers=MESSAGE_HEADERS) as answer:
+                assert answer.status == 200, await answer.text()
+        assert len(got_a) == len(got_b) == 2  # a stays first: its 403 did not take it out of rotation
+        assert not gw.channel("a").health.is_open
 
 
 async def test_another_channel_serves_it_a_video_submission_too(start_gateway, http) -> None:  # noqa: ANN001

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from plugins.webhook_queue.queue import Shelf, WebhookQueue
+from plugins.webhook_queue.queue import Backlog, Bounds, Shelf, WebhookQueue
 from tests.conftest import free_port
 
 SIGNED = {"Stripe-Signature": "t=1700000000,v1=5257a869e7ecebeda32affa62cdca3fa51cad7e77a0e56ff536d0ce8e108d8bd",
@@ -38,7 +38,7 @@ class Backend:
             self.received.append((request.path_qs, request.headers.copy(), await request.read()))
             return web.json_response({"ok": True}, status=self.statuses.pop(0) if self.statuses else 200)
 
-        app = web.Application()
+        app = web.Application(client_max_size=64 * 1024 * 1024)  # what a route may be allowed to take
         app.router.add_post("/api/{provider}/webhook", webhook)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
@@ -188,8 +188,8 @@ async def test_the_backlog_gauge_counts_a_queue_that_can_be_counted_but_not_read
         async def hold_lease(self, token: str, ttl_ms: int) -> bool:
             return self.leased
 
-        async def depth(self) -> int:
-            return 7
+        async def backlog(self) -> Backlog:
+            return Backlog(7, 7000)
 
         async def oldest(self, block_ms: int) -> None:
             raise RedisError("the node that holds the queue is gone")
@@ -199,6 +199,8 @@ async def test_the_backlog_gauge_counts_a_queue_that_can_be_counted_but_not_read
     with pytest.raises(RedisError):
         await deliverer._turn()
     assert REGISTRY.get_sample_value("modelgate_webhook_queue_depth") == 7
+    assert REGISTRY.get_sample_value("modelgate_webhook_queue_bytes") == 7000
     queue.leased = False
     assert not await deliverer._turn()
     assert REGISTRY.get_sample_value("modelgate_webhook_queue_depth") == 0
+    assert REGISTRY.get_sample_value("modelgate_webhook_queue_bytes") == 0

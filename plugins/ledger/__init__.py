@@ -55,7 +55,6 @@ UNPRICED = Counter("modelgate_unpriced_requests", "Requests whose model no row o
 
 _IMAGES = "ledger.images"
 _VIDEO_CREATES = frozenset({"video_generations", "videos"})
-_RECORD_BYTES = 1024  # the most a record takes in a spool (its model name cut to 256): what bounds the Redis spool
 _PENDING = "ledger:pending:"
 _SETTLED_HERE = 10_000  # ids of ended generations this process settled: not taken again
 
@@ -146,10 +145,13 @@ class Ledger(Plugin):
         settings: LedgerSettings = self.settings
         if settings.database_url is None:
             return
-        slot = f"ledger:{settings.database_url}:{settings.spool_dir}"
-        if slot not in self.resources:  # one writer for the gateway's life; a reload keeps it
+        # One writer per spool folder for the gateway's life (two would share its files); a reload
+        # keeps it, and one that names another database URL (a rotated password) points it there.
+        slot = f"ledger:{settings.spool_dir}"
+        if slot not in self.resources:
             self.resources[slot] = await _writer(self.config, settings)
         self.writer = self.resources[slot]
+        self.writer.use_database(settings.database_url)
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
         if ex.format.name == "images" and (image := ImagesFormat.image_in_event(event)) is not None:
@@ -236,17 +238,17 @@ async def _writer(config: GatewayConfig, settings: LedgerSettings) -> LedgerWrit
 
     spools: list[Any] = []
     journal = None
+    spool_bytes = int(settings.spool_max_mb * 1024 * 1024)
     if settings.redis_spool and config.state.backend == "redis":
         from plugins.ledger.journal import Journal, orphan_age_s
         from proxy.state.shared import share
 
-        records = max(1, int(settings.spool_max_mb * 1024 * 1024 / _RECORD_BYTES))
-        batches = max(1, records // settings.batch_size)
-        spools.append(RedisSpool(share(config.state.url), config.state.prefix + "ledger:spool", batches))
+        # Each stream holds at most spool_max_mb, in bytes as written, as the file spool does on disk.
+        spools.append(RedisSpool(share(config.state.url), config.state.prefix + "ledger:spool", spool_bytes))
         # A stream of its own: an older release draining `ledger:spool` would delete entries it cannot read.
-        journal = Journal(share(config.state.url), config.state.prefix + "ledger:journal", records,
+        journal = Journal(share(config.state.url), config.state.prefix + "ledger:journal", spool_bytes,
                           orphan_age_s(settings.flush_interval_s, settings.write_timeout_s))
-    spools.append(FileSpool(Path(settings.spool_dir), int(settings.spool_max_mb * 1024 * 1024)))
+    spools.append(FileSpool(Path(settings.spool_dir), spool_bytes))
     assert settings.database_url is not None
     writer = LedgerWriter(settings.database_url, settings.batch_size, settings.flush_interval_s, spools,
                           settings.write_timeout_s, journal)

@@ -20,8 +20,11 @@ entry per record), made as that turn's pipeline is sent (proxy/state/gathering.p
 its answer are parsed once for all of them, where an XADD each cost a request 15 to 20 us of
 CPU under load, and it still rides the pipeline of the requests' settlements.
 
-Bounded: its length is read once a writer turn; at `max_entries` (`spool_max_mb` at 1 KB a
-record) records are not journaled until it shrinks, and go the old way (memory, then a spool).
+Bounded by the bytes it holds as written (`spool_max_mb`), counted beside the stream by the
+scripts that append and remove (proxy/state/stream_bytes.py): a record that would pass the bound is
+not journaled, and goes the old way (memory, then a spool). The append script checks the bound
+itself, so it holds exactly across instances at no cost to the request path; the writer reads the
+count once a turn as well, so that at the bound records are not even sent until it shrinks.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from redis.exceptions import RedisError
 from plugins.ledger.record import UsageRecord
 from plugins.ledger.spool import Taken
 from plugins.ledger.writer import LEDGER_RECORDS
+from proxy.state.stream_bytes import LUA as STREAM_BYTES, beside
 from proxy.wire import jsonutil
 
 log = logging.getLogger("modelgate.ledger")
@@ -43,11 +47,29 @@ WAIT_S = 0.5  # the longest a request waits for its record's append, as the limi
 _JOURNALED = LEDGER_RECORDS.labels("journaled")
 _UNJOURNALED = LEDGER_RECORDS.labels("unjournaled")
 
-# One entry per record, each ARGV a record's JSON; the entries' ids, in order.
-_APPEND = """
-local ids = {}
-for i = 1, #ARGV do ids[i] = redis.call('XADD', KEYS[1], '*', 'record', ARGV[i]) end
+# One entry per record (ARGV[2] on, each a record's JSON) while the bytes the stream holds stay
+# within ARGV[1]; the entries' ids in order, false for a record that did not fit.
+_APPEND = STREAM_BYTES + """
+local most, bytes, ids = tonumber(ARGV[1]), held(KEYS[1], KEYS[2]), {}
+for i = 2, #ARGV do
+  local n = 6 + #ARGV[i]
+  if bytes + n > most then
+    ids[i - 1] = false
+  else
+    ids[i - 1] = redis.call('XADD', KEYS[1], '*', 'record', ARGV[i])
+    bytes = bytes + n
+  end
+end
+redis.call('SET', KEYS[2], bytes)
 return ids
+"""
+# The entries ARGV names, written: removed, and their bytes with them.
+_REMOVE = STREAM_BYTES + """
+for i = 1, #ARGV do remove(KEYS[1], KEYS[2], ARGV[i]) end
+return 0
+"""
+_HELD = STREAM_BYTES + """
+return held(KEYS[1], KEYS[2])
 """
 _MOST_A_CALL = 500  # records in one script call (a busy turn makes several)
 
@@ -71,11 +93,12 @@ def orphan_age_s(flush_interval_s: float, write_timeout_s: float) -> float:
 class Journal:
     """The stream, through the process's shared client (proxy/state/shared.py)."""
 
-    def __init__(self, shared: Any, key: str, max_entries: int, orphan_after_s: float) -> None:
+    def __init__(self, shared: Any, key: str, max_bytes: int, orphan_after_s: float) -> None:
         self._shared = shared
         self._calls = shared.calls
         self.key = key
-        self.max_entries = max_entries
+        self._keys = [key, beside(key)]
+        self.max_bytes = max_bytes
         self.orphan_after_ms = int(orphan_after_s * 1000)
         self.full = False
         self._failing = False
@@ -83,6 +106,8 @@ class Journal:
         self._after = "-"  # where this turn's scan for orphans goes on from (past entries it cannot read)
         self._orphans = shared.client.register_script(_ORPHANS)
         self._append = shared.client.register_script(_APPEND)
+        self._remove = shared.client.register_script(_REMOVE)
+        self._held = shared.client.register_script(_HELD)
         # This turn's records, and the future each of their requests waits on (one per request:
         # a request cancelled meanwhile cancels its own, never the others').
         self._records: list[bytes] = []
@@ -106,7 +131,7 @@ class Journal:
         records, waiting, self._records, self._waiting = self._records, self._waiting, [], []
         loop = asyncio.get_running_loop()
         for start in range(0, len(records), _MOST_A_CALL):
-            called = self._calls.script(self._append, [self.key], records[start:start + _MOST_A_CALL])
+            called = self._calls.script(self._append, self._keys, [self.max_bytes, *records[start:start + _MOST_A_CALL]])
             them = waiting[start:start + _MOST_A_CALL]
             late = loop.call_later(WAIT_S, self._answered, them, None, TimeoutError())
             called.add_done_callback(lambda done, them=them, late=late: self._took(done, them, late))
@@ -121,15 +146,18 @@ class Journal:
         else:
             self._answered(waiting, called.result(), None)
 
-    def _answered(self, waiting: list[asyncio.Future[bytes | None]], entries: list[bytes] | None,
+    def _answered(self, waiting: list[asyncio.Future[bytes | None]], entries: list[bytes | None] | None,
                   failure: BaseException | None) -> None:
-        """Each request hears its entry's id, or None: its record is not journaled (Redis refused,
-        failed or did not answer in time; one that answers later holds an orphan, written once)."""
-        heard = 0  # not those that heard already (the call answered after WAIT_S) or left
+        """Each request hears its entry's id, or None: its record is not journaled (it did not fit
+        within the bound; Redis refused, failed or did not answer in time: one that answers later
+        holds an orphan, written once)."""
+        heard = taken = 0  # not those that heard already (the call answered after WAIT_S) or left
         for index, answer in enumerate(waiting):
             if not answer.done():
-                answer.set_result(entries[index] if entries is not None else None)
+                entry = entries[index] if entries is not None else None
+                answer.set_result(entry)
                 heard += 1
+                taken += entry is not None
         if not heard:
             return
         if entries is None:
@@ -139,23 +167,28 @@ class Journal:
                 log.warning("ledger: the journal in Redis did not take records (%s); they wait in memory until "
                             "it does", type(failure).__name__)
             return
-        _JOURNALED.inc(heard)
+        _JOURNALED.inc(taken)
+        if heard > taken:  # at the bound: those go the old way, and the next ones are not sent
+            _UNJOURNALED.inc(heard - taken)
+            self._mark_full(True)
         if self._failing:
             self._failing = False
             log.info("ledger: the journal in Redis takes records again")
 
     async def measure(self) -> None:
-        """Read the journal's length (once a writer turn, never per request): at the bound it takes
-        no more records until it shrinks."""
+        """Read the bytes the journal holds (once a writer turn, never per request): at the bound
+        it is sent no more records until it shrinks."""
         self._after = "-"
         try:
-            length = await asyncio.wait_for(self._calls.command("XLEN", self.key), WAIT_S)
+            held = await asyncio.wait_for(self._calls.script(self._held, self._keys, []), WAIT_S)
         except (RedisError, OSError, TimeoutError):
             return  # an append would fail as fast; the flag stays as last read
-        full = length >= self.max_entries
+        self._mark_full(held >= self.max_bytes)
+
+    def _mark_full(self, full: bool) -> None:
         if full and not self.full:
-            log.error("ledger: the journal in Redis holds its most (%d records, spool_max_mb); records are not "
-                      "journaled until it shrinks (a killed process loses those it holds)", self.max_entries)
+            log.error("ledger: the journal in Redis holds its most (%d bytes, spool_max_mb); records are not "
+                      "journaled until it shrinks (a killed process loses those it holds)", self.max_bytes)
         elif self.full and not full:
             log.info("ledger: the journal in Redis takes records again")
         self.full = full
@@ -164,7 +197,7 @@ class Journal:
         """The records of `entries` are written: their entries go (one XDEL). Never raises: entries
         left are written again as orphans, once."""
         try:
-            await asyncio.wait_for(self._calls.command("XDEL", self.key, *entries), WAIT_S)
+            await asyncio.wait_for(self._calls.script(self._remove, self._keys, entries), WAIT_S)
         except (RedisError, OSError, TimeoutError) as exc:
             log.warning("ledger: journal entries of written records not removed (%s): they are written again, "
                         "once", type(exc).__name__)
@@ -196,7 +229,7 @@ class Journal:
 
     async def done(self, taken: Taken) -> None:
         if taken.token:
-            await self._calls.command("XDEL", self.key, *taken.token)
+            await self._calls.script(self._remove, self._keys, taken.token)
 
     async def close(self) -> None:
         from proxy.state.shared import unshare

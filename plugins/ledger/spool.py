@@ -2,8 +2,8 @@
 state is in Redis (any instance drains it), and always a local append-only file, for when
 Redis is away too.
 
-Both are bounded: past the bound a record is dropped, counted and logged, never blocking a
-request. Draining may hand a record out twice (an instance that died between writing a batch and
+Both are bounded by the bytes they hold as written (`spool_max_mb` each): past the bound a record
+is dropped, counted and logged, never blocking a request. Draining may hand a record out twice (an instance that died between writing a batch and
 removing it, two instances draining one stream): the ledger's write is idempotent on request id.
 """
 
@@ -22,6 +22,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from plugins.ledger.record import UsageRecord
+from proxy.state.stream_bytes import LUA as STREAM_BYTES, beside, run
 from proxy.wire import jsonutil
 
 log = logging.getLogger("modelgate.ledger")
@@ -137,22 +138,40 @@ class FileSpool:
         return None
 
 
-class RedisSpool:
-    """A Redis stream of batches, shared by every instance on the same state store."""
+# A batch at the stream's end unless the bytes it holds would pass ARGV[1] (then nil).
+_PUT = STREAM_BYTES + """
+if held(KEYS[1], KEYS[2]) + size(ARGV, 2) > tonumber(ARGV[1]) then return false end
+return add(KEYS[1], KEYS[2], ARGV, 2)
+"""
+# The entries ARGV names, written: removed, and their bytes with them.
+_DONE = STREAM_BYTES + """
+for i = 1, #ARGV do remove(KEYS[1], KEYS[2], ARGV[i]) end
+return 0
+"""
+_HELD = STREAM_BYTES + """
+return held(KEYS[1], KEYS[2])
+"""
 
-    def __init__(self, shared: Any, key: str, max_batches: int) -> None:
+
+class RedisSpool:
+    """A Redis stream of batches, shared by every instance on the same state store, bounded by the
+    bytes it holds as written (proxy/state/stream_bytes.py): a record's size varies too much for a
+    count of batches to bound anything."""
+
+    def __init__(self, shared: Any, key: str, max_bytes: int) -> None:
         self._shared = shared  # the process's client for the state URL (proxy/state/shared.py), given back on close
         self._client = shared.client
         self._key = key
-        self.max_batches = max_batches
+        self._keys = [key, beside(key)]
+        self.max_bytes = max_bytes
+        self._put = self._client.register_script(_PUT)
+        self._done = self._client.register_script(_DONE)
+        self._held = self._client.register_script(_HELD)
 
     async def put(self, records: Sequence[UsageRecord]) -> bool:
         data = jsonutil.dumps([r.to_json() for r in records])
         try:
-            if await self._client.xlen(self._key) >= self.max_batches:
-                return False
-            await self._client.xadd(self._key, {"records": data})
-            return True
+            return await run(self._client, self._put, self._keys, [self.max_bytes, "records", data]) is not None
         except (RedisError, OSError, TimeoutError) as exc:  # the store away: the file takes them
             log.warning("the ledger's Redis spool is unavailable: %s", type(exc).__name__)
             return False
@@ -168,10 +187,11 @@ class RedisSpool:
         return Taken(records, [entry_id for entry_id, _ in entries])
 
     async def done(self, taken: Taken) -> None:
-        await self._client.xdel(self._key, *taken.token)
+        await run(self._client, self._done, self._keys, taken.token)
 
-    async def size(self) -> int:
-        return int(await self._client.xlen(self._key))
+    async def held(self) -> int:
+        """The bytes the stream holds, as written."""
+        return int(await run(self._client, self._held, self._keys, []))
 
     async def close(self) -> None:
         from proxy.state.shared import unshare

@@ -79,6 +79,21 @@ class LedgerWriter:
         self._down_until = 0.0  # PostgreSQL failed: no write is tried before this (monotonic)
         self._refusals: tuple[type[BaseException], ...] = ()  # PostgreSQL refusing what a batch holds
         self._away = False
+        self._retired: asyncio.Task[None] | None = None  # a pool a new database URL replaced, closing
+
+    def use_database(self, database_url: str) -> None:
+        """Write from now on with `database_url` (a reload's: a rotated password, another server).
+        The pool made with the old one is closed once its batch is written; the next batch
+        connects anew."""
+        if database_url == self.database_url:
+            return
+        self.database_url = database_url
+        self._down_until = 0.0  # the old URL's failures say nothing of the new one
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            self._retired = asyncio.get_running_loop().create_task(pool.close(), name="ledger pool retired")
+            self._retired.add_done_callback(lambda task: task.cancelled() or task.exception())  # seen: no warning
+        log.info("ledger: the database URL changed; the next batch connects with the new one")
 
     def submit(self, record: UsageRecord, entry: bytes | None = None) -> None:
         """Take a record, and the id of its journal entry if it has one (on the request path:
@@ -129,6 +144,11 @@ class LedgerWriter:
                 await asyncio.wait_for(pool.close(), 2.0)
             except (TimeoutError, OSError):
                 pool.terminate()
+        if self._retired is not None:
+            try:
+                await asyncio.wait_for(self._retired, 2.0)
+            except Exception:  # noqa: BLE001 - a pool already replaced: how it ends is no loss
+                pass
 
     async def _run(self) -> None:
         while True:
@@ -206,7 +226,8 @@ class LedgerWriter:
         if self._pool is None:
             import asyncpg
 
-            pool = await asyncpg.create_pool(self.database_url, min_size=1, max_size=2, timeout=self.write_timeout_s,
+            url = self.database_url
+            pool = await asyncpg.create_pool(url, min_size=1, max_size=2, timeout=self.write_timeout_s,
                                              command_timeout=self.write_timeout_s)
             try:
                 async with pool.acquire() as connection:
@@ -214,6 +235,9 @@ class LedgerWriter:
             except BaseException:
                 pool.terminate()
                 raise
+            if url != self.database_url:  # a reload gave another URL while this one connected
+                pool.terminate()
+                return await self._connected()
             self._pool = pool
             log.info("ledger: PostgreSQL answers; records are written")
         return self._pool

@@ -9,7 +9,7 @@ import hashlib
 import json
 import sys
 
-from plugins.webhook_queue.queue import QueuedWebhook, RedisError, Shelf
+from plugins.webhook_queue.queue import QueuedWebhook, QueueFull, RedisError, Shelf
 from proxy.config import GatewayConfig
 
 
@@ -49,9 +49,14 @@ async def _run(config: GatewayConfig, args: argparse.Namespace) -> int:
         if args.action == "list":
             for webhook in await queue.entries(shelf, args.limit):
                 print(json.dumps(describe(webhook, args.bodies)))
-            print(f"{shelf.value}: {await queue.depth(shelf)} entries", file=sys.stderr)
+            backlog = await queue.backlog(shelf)
+            print(f"{shelf.value}: {backlog.entries} entries, {backlog.bytes} bytes", file=sys.stderr)
         else:
-            queued = await queue.replay(shelf, None if args.all else list(args.ids))
+            try:
+                queued = await queue.replay(shelf, None if args.all else list(args.ids))
+            except QueueFull as exc:  # within the pending shelf's bounds, as a callback from outside would be
+                print(f"the pending shelf is full: {exc}", file=sys.stderr)
+                return 1
             for entry_id in queued:
                 print(entry_id)
             print(f"queued {len(queued)} webhook(s) again from {shelf.value}", file=sys.stderr)

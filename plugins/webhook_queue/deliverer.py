@@ -16,7 +16,7 @@ import os
 
 from multidict import CIMultiDict
 
-from plugins.webhook_queue import WEBHOOK_DELIVERIES, WEBHOOK_QUEUE_DEPTH
+from plugins.webhook_queue import WEBHOOK_DELIVERIES, WEBHOOK_QUEUE_BYTES, WEBHOOK_QUEUE_DEPTH, WEBHOOK_TRIMMED
 from plugins.webhook_queue.queue import QueuedWebhook, RedisError, Shelf, WebhookQueue
 from proxy.policy.channels import ChannelSet
 from proxy.upstream import PoolExhausted, UpstreamError
@@ -76,10 +76,13 @@ class Deliverer:
         """Deliver the oldest callback if this instance holds the lease; False means wait."""
         if not await self.queue.hold_lease(self.token, self.lease_ms):
             WEBHOOK_QUEUE_DEPTH.set(0)  # the gauge is the max over processes: the lease holder's says it
+            WEBHOOK_QUEUE_BYTES.set(0)
             return False
         # Read before the callback is: a queue that can be counted but not read (a failed node, a
         # broken stream) still shows its growing backlog, and ModelgateWebhookBacklog fires.
-        WEBHOOK_QUEUE_DEPTH.set(await self.queue.depth())
+        backlog = await self.queue.backlog()
+        WEBHOOK_QUEUE_DEPTH.set(backlog.entries)
+        WEBHOOK_QUEUE_BYTES.set(backlog.bytes)
         webhook = await self.queue.oldest(block_ms=min(1000, self.lease_ms // 3))
         if webhook is None:
             return True  # nothing waiting: look again at once, the read itself waited
@@ -89,7 +92,9 @@ class Deliverer:
             log.warning("webhook delivery failed; will retry",
                         extra={"webhook_id": webhook.id, "request_id": webhook.request_id, "outcome": outcome})
             return False
-        await self.queue.settle(webhook, outcome, shelf)
+        dropped = await self.queue.settle(webhook, outcome, shelf)
+        if dropped > 0:  # the shelf's oldest, settled long ago, made room within its bounds
+            WEBHOOK_TRIMMED.labels(shelf.value).inc(dropped)
         WEBHOOK_DELIVERIES.labels(shelf.value).inc()
         level = logging.INFO if shelf is Shelf.DELIVERED else logging.ERROR
         log.log(level, "webhook %s", shelf.value, extra={"webhook_id": webhook.id, "request_id": webhook.request_id,

@@ -1,4 +1,4 @@
-"""Loading a config file: YAML, then `${VAR}` expansion, then the schema, then plugin names.
+"""Loading a config file: YAML, then `${VAR}` and `${file:}` expansion, then the schema, then plugin names.
 
 Every problem is reported at once, each with the key path and why, so one run of
 `modelgate check-config` shows everything to fix.
@@ -9,14 +9,16 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from proxy.config.env import expand
+from proxy.config.env import PLACEHOLDER_PROBLEM, expand
+from proxy.config.files import UnreadableFile, digest, read_file
 from proxy.config.model import (
     ChannelConfig,
     GatewayConfig,
@@ -31,27 +33,34 @@ from proxy.config.problems import all_field_names, cross_section_problems
 
 __all__ = [
     "ChannelConfig", "ConfigError", "GatewayConfig", "LoadedConfig", "RouteConfig", "ServerConfig",
-    "SimulatorSettings", "StateConfig", "Timeouts", "load_config", "parse_config",
+    "SimulatorSettings", "StateConfig", "Timeouts", "config_from_text", "load_config", "parse_config",
+    "refuse_empty_reload",
 ]
 
 
 class ConfigError(Exception):
-    """A config that must not be used; `problems` holds one `path: why` line each."""
+    """A config that must not be used; `problems` holds one `path: why` line each, and `files`
+    the files the attempt read (as `LoadedConfig.files`), so a watcher knows what to watch for a
+    fix: a secret file that is missing now may be mounted in a moment."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], files: Mapping[str, str | None] | None = None) -> None:
         super().__init__("\n".join(problems))
         self.problems = problems
+        self.files: dict[str, str | None] = dict(files or {})
 
 
 class LoadedConfig:
-    """A validated config and where it came from."""
+    """A validated config, where it came from, and every file it was read from: the config file
+    and each `${file:}`, with the digest of what each held then (None: it could not be read)."""
 
-    __slots__ = ("config", "source", "digest")
+    __slots__ = ("config", "source", "digest", "files")
 
-    def __init__(self, config: GatewayConfig, source: str, digest: str) -> None:
+    def __init__(self, config: GatewayConfig, source: str, digest: str,
+                 files: Mapping[str, str | None] | None = None) -> None:
         self.config = config
         self.source = source
         self.digest = digest
+        self.files: dict[str, str | None] = dict(files or {})
 
 
 # `modelgate serve --listen` sets it: the address wins over the file's, in workers and reloads too.
@@ -60,17 +69,46 @@ LISTEN_ENV = "MODELGATE_LISTEN"
 ADMIN_LISTEN_ENV = "MODELGATE_ADMIN_LISTEN"
 
 
-def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> LoadedConfig:
-    """Read and validate `path`; None gives the embedded defaults."""
+def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None, *,
+                reloading: bool = False) -> LoadedConfig:
+    """Read and validate `path`; None gives the embedded defaults. `reloading`: an empty file is
+    refused (`refuse_empty_reload`)."""
+    environ = os.environ if environ is None else environ
     if path is None:
-        config = parse_config("", os.environ if environ is None else environ)
+        config = parse_config("", environ)
         return LoadedConfig(config, "<embedded defaults>", hashlib.sha256(b"").hexdigest()[:16])
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError([f"<file>: cannot read {path}: {exc.strerror or exc}"]) from None
-    config = parse_config(text, os.environ if environ is None else environ)
-    return LoadedConfig(config, str(path), text_digest(text))
+        data = read_file(str(path))
+    except UnreadableFile as exc:
+        raise ConfigError([f"<file>: cannot read {path}: {exc.reason}"], {str(path): None}) from None
+    if reloading:
+        refuse_empty_reload(str(path), data)
+    try:  # as text files are read: universal newlines, so the digest is the one it always was
+        text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+    except UnicodeDecodeError:
+        raise ConfigError([f"<file>: {path} is not UTF-8 text"], {str(path): digest(data)}) from None
+    return config_from_text(text, str(path), environ, {str(path): digest(data)})
+
+
+def refuse_empty_reload(path: str, data: bytes) -> None:
+    """An empty config file is valid (the embedded defaults: the demo key, the simulator), and a
+    file rewritten in place is empty between its truncation and its first write: a reload that
+    read it then would serve the defaults. A reload refuses it; a start still takes it."""
+    if not data.strip():
+        raise ConfigError([f"<file>: {path} is empty: a reload keeps the running config (only a start "
+                           "takes an empty file, as the embedded defaults)"], {path: digest(data)})
+
+
+def config_from_text(text: str, source: str, environ: Mapping[str, str],
+                     files: Mapping[str, str | None] | None = None) -> LoadedConfig:
+    """Validate a config's text; `files` are those already read for it (the file it came from)."""
+    read = dict(files or {})
+    try:
+        config = _parse(text, environ, read)
+    except ConfigError as exc:
+        exc.files = read
+        raise
+    return LoadedConfig(config, source, text_digest(text), read)
 
 
 def text_digest(text: str) -> str:
@@ -79,6 +117,10 @@ def text_digest(text: str) -> str:
 
 
 def parse_config(text: str, environ: Mapping[str, str]) -> GatewayConfig:
+    return _parse(text, environ, {})
+
+
+def _parse(text: str, environ: Mapping[str, str], files: MutableMapping[str, str | None]) -> GatewayConfig:
     try:
         tree = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -89,7 +131,7 @@ def parse_config(text: str, environ: Mapping[str, str]) -> GatewayConfig:
         tree = {}
     if not isinstance(tree, dict):
         raise ConfigError(["<root>: must be a mapping of sections (server, channels, ...)"])
-    tree, problems = expand(tree, environ)
+    tree, problems = expand(tree, environ, files=files)
     server = tree.get("server", {})
     if environ.get(LISTEN_ENV) and isinstance(server, dict):  # a broken section is reported as it is
         tree["server"] = server = {**server, "listen": environ[LISTEN_ENV]}
@@ -111,9 +153,19 @@ def parse_config(text: str, environ: Mapping[str, str]) -> GatewayConfig:
             if key.model_extra:
                 key.model_extra.update(key_settings(key.model_extra))
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(_placeholders_first(problems))
     assert config is not None
     return config
+
+
+def _placeholders_first(problems: list[str]) -> list[str]:
+    """A value still holding a placeholder is said to once: what its key's own rules say of the
+    placeholder (not a URL, too short) is no news, and would bury the line that says what to edit."""
+    def key_of(problem: str) -> str:
+        return re.sub(r"\[(\d+)\]", r".\1", problem.split(": ", 1)[0])  # plugins write list indices with dots
+
+    held = {key_of(problem) for problem in problems if PLACEHOLDER_PROBLEM in problem}
+    return [problem for problem in problems if PLACEHOLDER_PROBLEM in problem or key_of(problem) not in held]
 
 
 def _describe(error: Any) -> str:

@@ -7,9 +7,12 @@ endpoint from the in-process upstream simulator with memory state.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
+import ipaddress
 import os
 import re
+import socket
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
@@ -26,7 +29,6 @@ _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token
 _LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:\s]+):(?P<port>\d{1,5})\Z")
 
 _ADMIN_TOKEN = re.compile(r"^[!-~]{16,}\Z")  # it is compared with a header's Bearer value
-_ANY_ADDRESS = {"", "0.0.0.0", "::", "[::]"}
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 
@@ -39,13 +41,44 @@ def _host_port(value: str) -> str:
 
 
 def same_address(one: str, other: str) -> bool:
-    """Whether two HOST:PORT listeners would take the same socket: the same port, and the same
-    host or one listening on every address."""
+    """Whether two HOST:PORT listeners would take each other's connections: the same port, and an
+    address in common or one listening on every address.
+
+    Hosts are compared by the addresses a bind would take for them, not as text: `localhost`,
+    `127.1` and `127.0.0.1` are one address, `[::1]` and `[0:0:0:0:0:0:0:1]` another, and a
+    hostname is its addresses. Workers bind both listeners with SO_REUSEPORT, so two spellings of
+    one address would not fail to bind: the kernel would spread clients over the admin listener
+    and scrapes over the clients' one. Names are resolved only when the ports are the same; one
+    that does not resolve is no overlap here (its bind fails, and says why), and a started gateway
+    compares the sockets it bound as well (proxy/process/server.py)."""
     a, b = _LISTEN.match(one), _LISTEN.match(other)
     if a is None or b is None or int(a["port"]) != int(b["port"]):
         return False
-    hosts = {a["host"].lower(), b["host"].lower()}
-    return len(hosts) == 1 or bool(hosts & _ANY_ADDRESS)
+    if a["host"].lower() == b["host"].lower():
+        return True
+    first, second = bound_addresses(a["host"].strip("[]")), bound_addresses(b["host"].strip("[]"))
+    return any(address.is_unspecified for address in first | second) or bool(first & second)
+
+
+@functools.lru_cache(maxsize=64)
+def bound_addresses(host: str) -> frozenset[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The addresses a listener on `host` binds, resolved as the server resolves them (numeric
+    forms need no lookup; `localhost` and the like come from the hosts file). Kept once resolved:
+    every reload checks the listeners again, from the event loop, and they change only at a restart."""
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError):  # no such name, or no name at all
+        return frozenset()
+    return frozenset(normal_address(address[0]) for family, _, _, _, address in found
+                     if family in (socket.AF_INET, socket.AF_INET6))
+
+
+def normal_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """One spelling per address: an IPv6 zone dropped, an IPv4-mapped IPv6 address as IPv4."""
+    address = ipaddress.ip_address(text.split("%", 1)[0])
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
 
 
 def _simple_name(value: str) -> str:
@@ -110,6 +143,12 @@ class ServerConfig(Strict):
     admin_listen: str | None = "127.0.0.1:8081"
     # Set: the main listener serves the admin routes too, to `Authorization: Bearer <admin_token>`.
     admin_token: str | None = Field(default=None, repr=False)
+    # How often the config file and each `${file:}` it names are read again: a change reloads the
+    # config as SIGHUP does (a mounted Secret or ConfigMap changes in place); 0: only SIGHUP does.
+    watch_config_s: float = Field(default=1.0, ge=0, le=3600)
+    # A change is reloaded once the files have read the same for this long (two looks at least):
+    # a file being rewritten in place is not loaded half-written (proxy/process/watch.py).
+    watch_settle_s: float = Field(default=2.0, ge=0, le=3600)
 
     @field_validator("listen")
     @classmethod
@@ -264,6 +303,13 @@ class ChannelConfig(Strict):
             if not pattern:
                 raise ValueError("an empty model pattern matches nothing")
             fnmatch.translate(pattern)
+        return value
+
+    @field_validator("credential")
+    @classmethod
+    def _credential_fits_a_header(cls, value: str | None) -> str | None:
+        if value is not None and re.search(r"[\x00-\x1f\x7f]", value):  # a two-line file: every request would fail
+            raise ValueError("holds a line break or another control character")
         return value
 
     @model_validator(mode="after")

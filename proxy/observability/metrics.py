@@ -70,15 +70,20 @@ CLIENT_ABORTS = Counter("modelgate_client_aborts", "Clients that went away befor
                         ["route", "phase"])
 TOKENS = Counter("modelgate_tokens", "Tokens the upstream reported", ["model", "key", "direction"])
 UPSTREAM_ERRORS = Counter("modelgate_upstream_errors", "Failed upstream attempts", ["channel", "kind"])
-# Its kind for an upstream refusing a channel's credential (a row of the forwarder's FAILURES),
-# counted from 0 for every channel.
+# Its kind for an upstream refusing a channel's credential (a 401; a row of the forwarder's
+# FAILURES), counted from 0 for every channel; and for one refusing a request alone (a 403).
 CREDENTIAL_REFUSED = "status_auth"
+REQUEST_FORBIDDEN = "status_forbidden"
 POOL_EXHAUSTED = Counter("modelgate_upstream_pool_exhausted", "Requests that found every connection a channel's "
                          "pool may open (pool.max_connections) busy past the connect timeout", ["channel"])
 UPSTREAM_RETRIES = Counter("modelgate_upstream_retries", "Requests sent again to another channel, by why",
                            ["route", "reason"])
 CHANNEL_UP = Gauge("modelgate_channel_up", "1 while a channel's breaker is closed; 0 while it is open",
                    ["channel"], multiprocess_mode="liveall")
+# By the parser's exception class (aiohttp has a dozen): a bounded label. The log shows one line
+# per kind per 10 s (proxy/process/log_guard.py); this counts them all.
+MALFORMED_REQUESTS = Counter("modelgate_malformed_requests", "Requests the HTTP parser refused (answered 400 or "
+                             "431 in JSON, on either listener), by the parser's exception", ["kind"])
 CONNECTIONS_REFUSED = Counter("modelgate_connections_refused", "Client connections closed as they were accepted: "
                               "past server.max_connections and its headroom")
 # Admission control (proxy/process/admission.py): what was refused before its body was read, and the bound.

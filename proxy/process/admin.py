@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from proxy.config.model import ServerConfig
+from proxy.config.model import ServerConfig, normal_address
 from proxy.formats import ACCOUNT
+from proxy.process.refusals import refuse_in_json
 from proxy.request.client_limits import parser_limits
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -115,6 +118,13 @@ class AdminSurface:
         return app
 
 
+def _bound(site: web.TCPSite) -> set[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]]:
+    server = site._server  # aiohttp keeps the asyncio server here, and has no public way to it
+    sockets = getattr(server, "sockets", None) or ()
+    return {(normal_address(sock.getsockname()[0]), sock.getsockname()[1]) for sock in sockets
+            if sock.family in (socket.AF_INET, socket.AF_INET6)}
+
+
 def _add(app: web.Application, method: str, path: str, handler: Handler) -> None:
     if method == "GET":  # HEAD too, as for every other GET path of the gateway
         app.router.add_get(path, handler)
@@ -142,6 +152,10 @@ class AdminListener:
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0,
                                keepalive_timeout=config.keepalive_timeout_s, **parser_limits(config))
         await runner.setup()
+        assert runner.server is not None
+        # What the HTTP parser refuses here is answered in JSON too, never in its bytes (an
+        # Authorization line with a control character in it would be quoted back whole).
+        refuse_in_json(runner.server)
         site = web.TCPSite(runner, host, configured_port if port is None else port, backlog=128, reuse_port=reuse_port)
         try:
             await site.start()
@@ -151,6 +165,20 @@ class AdminListener:
         bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         shown = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
         return cls(runner, site, f"http://[{shown}]:{bound}" if ":" in shown else f"http://{shown}:{bound}")
+
+    def shares_with(self, site: web.TCPSite) -> list[str]:
+        """The socket addresses this listener and `site` (the main listener) both took: the same
+        port, and the same address or either on every address. The config check compares hosts as
+        they resolved then; this compares what was bound, which no spelling, resolver or change of
+        a name's address since can hide. Workers bind with SO_REUSEPORT, so an overlap binds without
+        an error and the kernel spreads each port's connections over both listeners."""
+        mine, theirs = _bound(self.site), _bound(site)
+        shared = []
+        for address, port in mine:
+            for other, other_port in theirs:
+                if port == other_port and (address == other or address.is_unspecified or other.is_unspecified):
+                    shared.append(f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}")
+        return sorted(set(shared))
 
     async def stop_accepting(self) -> None:
         await self.site.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import time
 from pathlib import Path
@@ -60,6 +61,9 @@ class GatewayApp:
         self.admission = Admission(loaded.config.server)
         self.admin = AdminSurface(loaded.config.server.admin_token)  # /metrics and the like: proxy/process/admin.py
         self.reloads = 0
+        # The files the last reload read, taken or refused (LoadedConfig.files): what a watcher
+        # compares with next.
+        self.last_files: dict[str, str | None] = dict(loaded.files)
         self._reload_lock = asyncio.Lock()
 
     @property
@@ -124,12 +128,14 @@ class GatewayApp:
         """Load the config file again; keep the running config when the new one is invalid."""
         async with self._reload_lock:
             try:
-                loaded = load_config(self.config_path)
+                loaded = load_config(self.config_path, reloading=True)
             except ConfigError as exc:
+                self.last_files = exc.files
                 log.error("config reload refused; keeping the running config",
                           extra={"problems": exc.problems, "source": str(self.config_path)})
                 count_reload("refused")
                 return False
+            self.last_files = loaded.files
             later = _restart_only_changes(self.loaded.config, loaded.config)
             if later:
                 log.warning("%s changes take effect at the next restart", ", ".join(later), extra={"settings": later})
@@ -149,7 +155,7 @@ class GatewayApp:
             self.reloads += 1
             old.retire()
             log.info("config reloaded", extra={"digest": loaded.digest, "source": loaded.source,
-                                               "draining": old.in_flight})
+                                               "draining": old.in_flight, "pid": os.getpid()})
             return True
 
 

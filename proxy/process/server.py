@@ -16,15 +16,27 @@ from proxy.config import LoadedConfig, text_digest
 from proxy.config.model import ServerConfig, worker_count
 from proxy.observability.access_log import configure_logging
 from proxy.process.admin import AdminListener
-from proxy.process.app import APP_KEY, build_admin_app, build_app
+from proxy.process.app import APP_KEY, GatewayApp, build_admin_app, build_app
 from proxy.process.drain import accept_queued
 from proxy.process.refusals import refuse_in_json
-from proxy.process.workers import RELOAD_ENV, Supervisor, bind_to_supervisor, is_worker, port_taken
+from proxy.process.watch import FileWatch, reload_on_change
+from proxy.process.workers import (
+    LISTENERS_OVERLAP,
+    RELOAD_ENV,
+    Supervisor,
+    bind_to_supervisor,
+    is_worker,
+    port_taken,
+)
 from proxy.request.client_limits import parser_limits
 
 log = logging.getLogger("modelgate.server")
 
 FINAL_GRACE_S = 0.25
+
+
+class ListenersOverlap(Exception):
+    """The admin listener and the main one were bound to a socket address in common."""
 
 
 def install_uvloop() -> bool:
@@ -55,11 +67,15 @@ def serve(loaded: LoadedConfig, config_path: str | Path | None) -> int:
                           "(server.%s)", shown, setting, extra={setting: shown})
                 return 1
     if count > 1 and not is_worker():
-        return Supervisor(count, config_path, server.drain_timeout_s).run()
+        return Supervisor(count, config_path, server.drain_timeout_s, loaded.files, server.watch_config_s,
+                          server.watch_settle_s).run()
     raise_descriptor_limit()
     uvloop = install_uvloop()
     # A worker starts from its supervisor's last good copy, and reloads the operator's file.
-    asyncio.run(_serve(loaded, os.environ.get(RELOAD_ENV) or config_path, uvloop, started_from=config_path))
+    try:
+        asyncio.run(_serve(loaded, os.environ.get(RELOAD_ENV) or config_path, uvloop, started_from=config_path))
+    except ListenersOverlap:
+        return LISTENERS_OVERLAP if is_worker() else 1  # a worker's supervisor stops: a restart would bind the same
     return 0
 
 
@@ -108,6 +124,17 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
         if server.admin_listen else None
     site = web.TCPSite(runner, server.host, server.port, backlog=server.listen_backlog, reuse_port=is_worker())
     await site.start()
+    if admin is not None and (shared := admin.shares_with(site)):
+        # Checked before anything else runs: the overlap would send clients to the admin routes,
+        # and scrapes to the clients' routes, for as long as the gateway ran.
+        log.error("server.admin_listen (%s) and server.listen (%s) are bound to the same socket address (%s): "
+                  "each would take the other's connections; not starting. Give the admin listener an address "
+                  "of its own (another port, or null to turn it off)", server.admin_listen, server.listen,
+                  ", ".join(shared), extra={"listen": server.listen, "admin_listen": server.admin_listen})
+        await site.stop()
+        await admin.close()
+        await runner.cleanup()
+        raise ListenersOverlap(shared)
     owner = app[APP_KEY]
     # What startup built (config, schemas, routes, metrics) lives as long as the process: moved
     # out of the collector's reach, the collections that traffic triggers no longer scan it.
@@ -117,11 +144,14 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    watching: asyncio.Task[None] | None = None
     if config_path is not None:
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(owner.reload()))
         if started_from is not None and _changed_since(started_from, loaded.digest):
             # A SIGHUP came while this worker started, before it could take one: catch up.
             loop.create_task(owner.reload())
+        if not is_worker():  # a worker's supervisor watches for it, and signals
+            watching = loop.create_task(_watch_files(owner), name="config watch")
     base_url = _base_url(server)
     log.info("modelgate listening on %s", base_url, extra={
         "listen": server.listen, "base_url": base_url, "admin_url": admin.url if admin else None,
@@ -130,6 +160,8 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
     try:
         await stop.wait()
     finally:
+        if watching is not None:
+            watching.cancel()
         log.info("modelgate stopping", extra={"drain_timeout_s": server.drain_timeout_s})
         await stop_listening(site, runner)
         if admin is not None:
@@ -152,6 +184,18 @@ async def stop_listening(site: web.TCPSite, runner: web.AppRunner) -> None:
     loop = asyncio.get_running_loop()
     for conn in queued:
         await loop.connect_accepted_socket(runner.server, conn)  # type: ignore[arg-type]
+
+
+async def _watch_files(owner: GatewayApp) -> None:
+    async def reload() -> dict[str, str | None]:
+        await owner.reload()
+        return owner.last_files
+
+    def settings() -> ServerConfig:  # as the last good config says
+        return owner.loaded.config.server
+
+    await reload_on_change(FileWatch(owner.loaded.files), lambda: settings().watch_config_s,
+                           lambda: settings().watch_settle_s, reload)
 
 
 def _changed_since(path: str | Path, digest: str) -> bool:

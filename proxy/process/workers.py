@@ -4,7 +4,8 @@ Each worker is a whole gateway on its own event loop, bound to the port with SO_
 the kernel spreads connections among them. The supervisor only watches: it passes SIGTERM
 (drain) and SIGHUP (reload) on, starts a worker again when one dies, and gives the workers a
 shared directory for prometheus-client's multiprocess mode, so any worker's /metrics shows
-the sum of all of them.
+the sum of all of them. It also watches the config file and the secret files it names
+(proxy/process/watch.py): a change is a SIGHUP of its own, so every worker reloads at once.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
+
+from proxy.process.watch import FileWatch
 
 log = logging.getLogger("modelgate.workers")
 
@@ -28,6 +32,9 @@ RELOAD_ENV = "MODELGATE_RELOAD_FROM"  # the config file a worker reloads (it sta
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 _CRASH_LOOP = 5       # workers dying this soon after starting, this many times in a row: give up
 _CRASH_WINDOW_S = 2.0
+# A worker's exit status when its listeners were bound to the same socket address (sysexits'
+# EX_CONFIG): every worker started again would bind them the same way, so the supervisor stops.
+LISTENERS_OVERLAP = 78
 
 
 def is_worker() -> bool:
@@ -81,7 +88,8 @@ def port_taken(host: str, port: int) -> bool:
 class Supervisor:
     """Starts the workers, restarts the ones that die, and stops them all on SIGTERM."""
 
-    def __init__(self, count: int, config_path: str | Path | None, drain_timeout_s: float) -> None:
+    def __init__(self, count: int, config_path: str | Path | None, drain_timeout_s: float,
+                 files: Mapping[str, str | None] | None = None, watch_s: float = 0.0, settle_s: float = 0.0) -> None:
         self.count = count
         self.config_path = config_path
         self.drain_timeout_s = drain_timeout_s
@@ -96,11 +104,16 @@ class Supervisor:
         self.workers: dict[int, subprocess.Popen[bytes]] = {}
         self.stopping = False
         self.quick_deaths = 0
+        # What the config read when loaded (LoadedConfig.files), and how often to look again.
+        self.watch = FileWatch(files or {})
+        self.watch_s = watch_s
+        self.settle_s = settle_s
+        self._hangup = False  # a SIGHUP not yet passed on: the watch loop does it, never two at once
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
-        signal.signal(signal.SIGHUP, self._reload)
+        signal.signal(signal.SIGHUP, self._hung_up)
         try:
             for slot in range(self.count):
                 self._start(slot)
@@ -124,12 +137,27 @@ class Supervisor:
 
     def _watch(self) -> int:
         started = {slot: time.monotonic() for slot in self.workers}
+        next_look = time.monotonic() + self.watch_s
         while not self.stopping:
             time.sleep(0.2)
+            if self._hangup:
+                self._hangup = False
+                self._reload()
+            elif self.watch_s and self.config_path is not None and time.monotonic() >= next_look:
+                next_look = time.monotonic() + self.watch_s
+                if changed := self.watch.changed(self.settle_s):
+                    log.info("config files changed; reloading every worker", extra={"files": changed})
+                    self._reload()
             for slot, process in list(self.workers.items()):
                 if self.stopping or process.poll() is None:
                     continue
                 self._mark_dead(process.pid)
+                if process.returncode == LISTENERS_OVERLAP:
+                    log.error("a worker found server.admin_listen bound where server.listen is; stopping",
+                              extra={"pid": process.pid})
+                    self._stop()
+                    self._wait_all()
+                    return 1
                 quick = time.monotonic() - started[slot] < _CRASH_WINDOW_S
                 self.quick_deaths = self.quick_deaths + 1 if quick else 0
                 if self.quick_deaths >= _CRASH_LOOP:
@@ -160,18 +188,32 @@ class Supervisor:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
 
-    def _reload(self, *_: object) -> None:
+    def _hung_up(self, *_: object) -> None:
+        self._hangup = True
+
+    def _reload(self) -> None:
         """Pass SIGHUP on (each worker reloads the file, and counts the outcome); a file that is
         valid becomes what a worker started from now on starts from."""
         if self.config_path is not None and self.good_config is not None:
-            from proxy.config import ConfigError, parse_config
+            from proxy.config import ConfigError, config_from_text, refuse_empty_reload
+            from proxy.config.files import UnreadableFile, digest, read_file
 
+            path = str(self.config_path)
+            data = b""
             try:
-                text = Path(self.config_path).read_text(encoding="utf-8")
-                parse_config(text, os.environ)
-            except (OSError, ConfigError):
-                pass  # refused by the workers too, who say why; new workers keep the last good one
+                data = read_file(path)
+                refuse_empty_reload(path, data)  # the workers refuse it too
+                text = data.decode("utf-8")
+                loaded = config_from_text(text, path, os.environ, {path: digest(data)})
+            except (UnreadableFile, UnicodeDecodeError):
+                # refused by the workers too, who say why; new workers keep the last good one
+                self.watch.loaded({path: digest(data) if data else None})
+            except ConfigError as exc:
+                self.watch.loaded(exc.files)
             else:
+                self.watch.loaded(loaded.files)
+                self.watch_s = loaded.config.server.watch_config_s
+                self.settle_s = loaded.config.server.watch_settle_s
                 staged = self.good_config.with_suffix(".new")
                 staged.write_text(text, encoding="utf-8")
                 staged.replace(self.good_config)

@@ -14,15 +14,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 from aiohttp import StreamReader, web
 
+from proxy.config import GatewayConfig
 from proxy.request.exchange import Exchange
 from proxy.request.headers import content_codings
 from proxy.schemas.common import Violation
 from proxy.wire.multipart import MultipartObserver
-from proxy.wire.routes import Body
+from proxy.wire.routes import Body, Route
 
 _SPOOL_IN_MEMORY = 4 * 1024 * 1024
 _MEDIA_TYPE = re.compile(r"(?:application|text|multipart|image|audio|video|font|model|message)/[A-Za-z0-9.+-]{1,64}")
 _READ_SIZE = 256 * 1024
+_MB = 1024 * 1024
 
 
 class BodyError(Exception):
@@ -65,6 +67,20 @@ class Pace:
 
     def _late(self) -> BodyError:
         return BodyError(408, f"the request body did not arrive within {self.total_s:g}s")
+
+
+def body_limits(config: GatewayConfig, route: Route) -> tuple[int, int]:
+    """Bytes allowed for a whole body and for a streamed upload: `routes.<route>.max_body_mb`, else
+    the route's own limit (within the server's), else the server's."""
+    server = config.server
+    configured = config.routes.get(route.name)  # type: ignore[call-overload]
+    if configured is not None and configured.max_body_mb is not None:
+        limit = int(configured.max_body_mb * _MB)
+        return limit, limit
+    if route.max_body_mb is not None:
+        limit = int(min(route.max_body_mb, server.max_json_body_mb) * _MB)
+        return limit, limit
+    return int(server.max_json_body_mb * _MB), int(server.max_upload_mb * _MB)
 
 
 async def read_body(ex: Exchange, limit: int, upload_limit: int | None = None, idle_s: float = 30.0,

@@ -131,6 +131,8 @@ class Exchange:
                 response.headers.setdefault(name, value)
         response.headers[id_header] = self.request_id
         self.outcome.status = response.status
+        if isinstance(response, web.Response) and isinstance(response.body, bytes):
+            self.outcome.bytes_out = len(response.body)  # what the access line says was sent
         return response
 
     def error_response(self, status: int, message: str, code: str | None = None,

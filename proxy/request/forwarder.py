@@ -6,9 +6,13 @@ the channel's breaker counts it, and when a resend is safe. By default a request
 (to another channel, never back to one tried) only when it provably never reached an upstream;
 GET requests, and chat routes that opt in with `routes.<route>.failover_unanswered`, also when
 the upstream took it and closed or went quiet before a byte of answer (it may have billed).
-On a keyed route an upstream's 401 or 403 refuses the channel's credential, never the client's
-key (which never travels upstream): it is the gateway's fault, answered as a 502 of its own,
-and it opens the channel's breaker at once, since every request there would meet it.
+On a keyed route an upstream's 401 refuses the channel's credential, never the client's key
+(which never travels upstream): it is the gateway's fault, answered as a 502 of its own, and it
+opens the channel's breaker at once, since every request there would meet it. A 403 there is
+about this request (a model, a region, a resource the gateway's upstream account may not use):
+it says nothing of the channel's health, so it neither opens the breaker nor counts toward it;
+the request may go to another channel (another account may be permitted), and with none left
+its client gets a 502 of the gateway's own, `upstream_forbidden`.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from aiohttp import web
 from opentelemetry.trace import Span, SpanKind
 
 from proxy.formats import ACCOUNT
-from proxy.observability.metrics import CREDENTIAL_REFUSED
+from proxy.observability.metrics import CREDENTIAL_REFUSED, REQUEST_FORBIDDEN
 from proxy.observability.tracing import inject, start_child
 from proxy.pipeline import Pipeline
 from proxy.policy.channels import Channel
@@ -49,7 +53,8 @@ from proxy.upstream import (
 from proxy.wire.routes import CHAT_ROUTES, ModelFrom, Pin
 
 _IDEMPOTENT = frozenset({"GET", "HEAD"})
-_REFUSING_STATUSES = frozenset({401, 403})
+# On a keyed route, the upstream's refusals: a 401 of the credential itself, a 403 of this request.
+_REFUSALS = {401: CREDENTIAL_REFUSED, 403: REQUEST_FORBIDDEN}
 
 log = logging.getLogger("modelgate.forwarder")
 
@@ -59,8 +64,9 @@ class Resend(Enum):
     UNANSWERED = "unanswered"          # written, no byte of answer: GETs, and chat routes that opt in
     IDEMPOTENT = "idempotent"          # a broken answer: GETs only
     ERROR_ANSWER = "error answer"      # the upstream answered with an error: not a submission or webhook
-    # The upstream refused the request before doing any work (the channel's credential): nothing
-    # ran, nothing was billed, so any request may go to another channel, a video submission too.
+    # The upstream refused the request before doing any work (the channel's credential, or this
+    # request's permission there): nothing ran, nothing was billed, so any request may go to
+    # another channel, a video submission too.
     REFUSED = "refused"
     NEVER = "never"
 
@@ -89,11 +95,22 @@ FAILURES: dict[str, Failure] = {
     "connection": Failure(502, True, Resend.IDEMPOTENT, "upstream_broke_off", "broke off its answer"),
     "status_5xx": Failure(None, True, Resend.ERROR_ANSWER, "", "answered with a server error"),
     "status_429": Failure(None, False, Resend.ERROR_ANSWER, "", "answered 429"),
-    # A 401/403 on a keyed route: relayed, it told the client its own key was bad. Its body is
-    # the upstream's words about the gateway's credential: never relayed.
+    # A 401 on a keyed route: relayed, it told the client its own key was bad. Its body is the
+    # upstream's words about the gateway's credential: never relayed. Wrong for every request
+    # alike, so it opens the breaker at once.
     CREDENTIAL_REFUSED: Failure(502, True, Resend.REFUSED, "upstream_auth_failed",
-                           "refused the gateway's own credential (the gateway's configuration is at fault, "
-                           "not this request's key)", opens=True),
+                                "refused the gateway's own credential (the gateway's configuration is at fault, "
+                                "not this request's key)", opens=True),
+    # A 403 on a keyed route: the credential was taken, this request was not (Anthropic's
+    # `permission_error` for a model the account may not use, a region, a resource not the
+    # account's). Not the channel's health: counting it would let requests for one such model
+    # open every channel's breaker and take the gateway down for every tenant. Not relayed
+    # either: relayed, an SDK tells the client its own key lacks the permission, and the body
+    # speaks of the gateway's upstream account (its organisation, project, tier), which
+    # redacting the credential does not hide.
+    REQUEST_FORBIDDEN: Failure(502, False, Resend.REFUSED, "upstream_forbidden",
+                               "refused this request: the gateway's account there may not use this model, "
+                               "region or resource (not this request's key)"),
 }
 
 
@@ -103,8 +120,8 @@ def status_kind(ex: Exchange, status: int) -> str | None:
         return "status_5xx"
     if status == 429:
         return "status_429"
-    if status in _REFUSING_STATUSES and ex.route.takes_key:  # the account routes carry the client's own
-        return CREDENTIAL_REFUSED
+    if status in _REFUSALS and ex.route.takes_key:  # the account routes carry the client's own
+        return _REFUSALS[status]
     return None
 
 

@@ -21,7 +21,7 @@ from proxy.process.admission import RETRY_AFTER_S, Admission
 from proxy.process.drain import SHUTTING_DOWN, Drain
 from proxy.process.runtime import Runtime
 from proxy.request.affinity import Affinity
-from proxy.request.body import BodyError, read_body
+from proxy.request.body import BodyError, body_limits, read_body
 from proxy.request.client_limits import ConnectionCount, header_problem
 from proxy.request.deciding_fields import resolve_model, settle_json
 from proxy.request.exchange import Exchange
@@ -140,7 +140,7 @@ class Gateway:
         if ex.route.local:  # `GET /v1/models`, which several SDKs call, speaks the asking one's format
             ex.format = ex.format.shape_for(ex.request.headers, ex.target.key_values())
         try:
-            await read_body(ex, *self._body_limits(ex, runtime), server.client_idle_s,
+            await read_body(ex, *body_limits(runtime.config, ex.route), server.client_idle_s,
                             self._body_timeout(ex, runtime))
         except BodyError as exc:
             refusal = ex.error_response(exc.status, str(exc), param=exc.param)
@@ -215,16 +215,6 @@ class Gateway:
         if route is not None and route.body_timeout_s is not None:
             return route.body_timeout_s
         return runtime.config.server.body_timeout_s
-
-    @staticmethod
-    def _body_limits(ex: Exchange, runtime: Runtime) -> tuple[int, int]:
-        """Bytes allowed for a whole body and for a streamed upload: the route's own limit, else the server's."""
-        server = runtime.config.server
-        route = runtime.config.routes.get(ex.route.name)  # type: ignore[call-overload]
-        if route is not None and route.max_body_mb is not None:
-            limit = int(route.max_body_mb * 1024 * 1024)
-            return limit, limit
-        return int(server.max_json_body_mb * 1024 * 1024), int(server.max_upload_mb * 1024 * 1024)
 
     def _over_client_limits(self, ex: Exchange, server: ServerConfig) -> web.Response | None:
         if self.connections.open > server.max_connections:

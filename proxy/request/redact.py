@@ -9,13 +9,15 @@ caught). The spellings:
 
 - as is, in any letter case (an upstream that upper-cases what it quotes), each character
   also percent-encoded (`%2D` or `%2d` for `-`, a form's `+` for a space) or JSON-escaped
-  (`\\/` for `/`);
+  (`\\/` for `/`; any ASCII character as `\\u00XX`, hex digits in either case: .NET writes `+`
+  as `\\u002B`, Gson `=` as `\\u003d`);
 - hex, in either case;
 - Base64, standard and URL-safe, padded or not: alone, after `Bearer `, and inside a Basic
   credential (`user:secret`, `:secret`). The secret starts anywhere in the encoded bytes, so
   it is looked for at each of the three alignments of a byte in a Base64 group: the characters
-  that encode only the secret's bits are the same whatever surrounds it. A match is widened to
-  the whole Base64 run around it (a Basic credential goes whole), padding included.
+  that encode only the secret's bits are the same whatever surrounds it. `+`, `/` and the `=`
+  of padding may come percent- or JSON-escaped. A match is widened to the whole Base64 run
+  around it (a Basic credential goes whole), padding included.
 
 Encoded spellings are looked for only when the secret has at least `ENCODED_FROM` bytes: a
 shorter one's Base64 is too short to tell from other text. The patterns are compiled once, when
@@ -32,7 +34,7 @@ MARKER = "[redacted]"
 _MARKER_BYTES = MARKER.encode()
 ENCODED_FROM = 6
 _BASE64_CHARACTERS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_"
-_RUN = re.compile(b"[" + re.escape(_BASE64_CHARACTERS) + b"]*(?:=|%3[dD]){0,2}")
+_RUN = re.compile(b"[" + re.escape(_BASE64_CHARACTERS) + b"]*(?:=|%3[dD]|\\\\[uU]003[dD]){0,2}")
 _TEXT_RUN = re.compile(_RUN.pattern.decode())
 
 
@@ -45,11 +47,20 @@ def _cases(byte: int) -> list[int]:
     return sorted({byte, ord(chr(byte).lower()), ord(chr(byte).upper())}) if byte < 0x80 else [byte]
 
 
+def _json_escape(hex_digits: bytes) -> tuple[bytes, bytes]:
+    """A JSON string's `\\u00XX` for a character (`hex_digits` its pattern): JSON writes the
+    `u` lower-case, an upstream upper-casing its whole message the `U` too."""
+    return b"\\", b"[uU]00" + hex_digits
+
+
 def _byte_spellings(byte: int) -> list[tuple[bytes, bytes]]:
     """How one byte of the secret may be spelled: (its first byte, a pattern for the rest)."""
     cases = _cases(byte)
     spellings = [(bytes([c]), b"") for c in cases]
-    spellings.append((b"%", b"(?:" + b"|".join(_either_case(f"{c:02x}") for c in cases) + b")"))
+    hex_digits = b"(?:" + b"|".join(_either_case(f"{c:02x}") for c in cases) + b")"
+    spellings.append((b"%", hex_digits))
+    if byte < 0x80:  # a JSON encoder may escape any character (a byte past ASCII is part of one, not one)
+        spellings.append(_json_escape(hex_digits))
     if byte == 0x20:
         spellings.append((b"+", b""))  # a form's space
     elif byte == 0x2F:
@@ -76,7 +87,8 @@ def _base64_cores(secret: bytes) -> list[bytes]:
 
 
 # In a URL or a JSON string a standard alphabet's `+` and `/` may come escaped.
-_BASE64_ESCAPED = {ord("+"): [(b"+", b""), (b"%", b"2[bB]")], ord("/"): [(b"/", b""), (b"\\", b"/"), (b"%", b"2[fF]")]}
+_BASE64_ESCAPED = {ord("+"): [(b"+", b""), (b"%", b"2[bB]"), _json_escape(b"2[bB]")],
+                   ord("/"): [(b"/", b""), (b"\\", b"/"), (b"%", b"2[fF]"), _json_escape(b"2[fF]")]}
 
 
 def _base64_spellings(char: int) -> list[tuple[bytes, bytes]]:
@@ -113,9 +125,9 @@ class Redactor:
                             for n, (kind, first, rest) in enumerate(_branches(raw)))
         self._pattern = re.compile(pattern)
         self._text_pattern = re.compile(pattern.decode("utf-8", "surrogateescape"))
-        longest = 3 * len(raw)  # each byte percent-encoded
-        if len(raw) >= ENCODED_FROM:  # each Base64 character percent-encoded
-            longest = max(longest, 3 * max(map(len, _base64_cores(raw))))
+        longest = 6 * len(raw)  # each byte JSON-escaped (`\\u002B`)
+        if len(raw) >= ENCODED_FROM:  # each Base64 character so (only `+` and `/` may be, but a bound will do)
+            longest = max(longest, 6 * max(map(len, _base64_cores(raw))))
         self._hold = longest - 1  # a spelling cut at a chunk's end is held back whole
 
     def text(self, value: str) -> str:

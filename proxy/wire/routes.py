@@ -53,6 +53,9 @@ class Route:
     # it. A route that reads what another request made (a status poll, a download, a stored
     # response) is never charged: it may settle that request's charge instead.
     spends_tokens: bool = True
+    # A body limit of its own, below the server's, unless `routes.<route>.max_body_mb` says otherwise:
+    # for a route anyone may post to without a key whose bodies are small by nature.
+    max_body_mb: float | None = None
 
     @property
     def metered(self) -> bool:
@@ -86,7 +89,9 @@ ROUTES: tuple[Route, ...] = (
     Route("responses", 11, "POST", "/v1/responses", RESPONSES, Body.JSON, ModelFrom.BODY,
           creates=Pin.RESPONSE, follows=Pin.RESPONSE),
     Route("login_2fa", 12, "POST", "/api/user/login/2fa", ACCOUNT, Body.RAW, ModelFrom.NONE),
-    Route("payment_webhook", 13, "POST", "/api/{provider}/webhook", ACCOUNT, Body.RAW, ModelFrom.NONE),
+    # Payment callbacks are a few KB; the queue keeps them in the shared Redis.
+    Route("payment_webhook", 13, "POST", "/api/{provider}/webhook", ACCOUNT, Body.RAW, ModelFrom.NONE,
+          max_body_mb=1.0),
     # The calls an official SDK makes around the 13 (number 0: not in the interface), each with its
     # format's key places, and pinned to the channel that made the object it names.
     Route("count_tokens", 0, "POST", "/v1/messages/count_tokens", MESSAGES, Body.JSON, ModelFrom.BODY,
