@@ -1,7 +1,8 @@
 """A fast fake upstream for the benchmark: raw asyncio HTTP/1.1, canned answers, keep-alive.
 
 It must never be the bottleneck, so it skips aiohttp: one JSON message answer, and an
-SSE stream of N events spaced by D ms when the body asks for `"stream":true`.
+SSE stream of N events spaced by D ms when the body asks for `"stream":true`. A request with
+`x-delay-ms: N` gets its JSON answer N ms late, as a model that takes that long would.
 Usage: python bench/upstream.py PORT [EVENTS] [GAP_MS]
 """
 
@@ -62,8 +63,15 @@ class Upstream(asyncio.Protocol):
                 if at >= 0:
                     gap = float(head[at + 9:head.find(b"\r\n", at) if head.find(b"\r\n", at) > 0 else None]) / 1000
                 asyncio.get_running_loop().create_task(self.stream(gap))
+            elif (at := head.find(b"x-delay-ms:")) >= 0:
+                delay = float(head[at + 11:head.find(b"\r\n", at) if head.find(b"\r\n", at) > 0 else None]) / 1000
+                asyncio.get_running_loop().call_later(delay, self.answer)
             else:
-                self.transport.write(JSON_HEAD + MESSAGE)  # type: ignore[union-attr]
+                self.answer()
+
+    def answer(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(JSON_HEAD + MESSAGE)
 
     async def stream(self, gap_s: float) -> None:
         transport = self.transport

@@ -119,6 +119,11 @@ class ServerConfig(Strict):
     drain_timeout_s: PositiveFloat = 60.0       # on SIGTERM: how long in-flight requests may take to finish
     request_id_header: str = "X-Request-Id"
     max_connections: int = Field(default=10_000, ge=1)      # client connections; past it requests get 503
+    # Requests one worker serves at once, streams included; past it 503 `overloaded` before the body
+    # is read. "auto": a bound that follows the worker's measured capacity (proxy/process/admission.py).
+    max_in_flight: int | Literal["auto"] = "auto"
+    max_loop_delay_ms: float = Field(default=10.0, ge=1, le=10_000)  # auto: the event-loop delay it keeps under
+    listen_backlog: int = Field(default=1024, ge=1, le=65_535)  # connections the kernel queues unaccepted (next start)
     max_header_kb: int = Field(default=32, ge=1, le=1024)  # request line and headers together: 431 past it
     max_headers: int = Field(default=100, ge=8, le=1000)
     client_idle_s: PositiveFloat = 30.0         # longest silence inside a request body: 408 past it
@@ -163,6 +168,13 @@ class ServerConfig(Strict):
             raise ValueError("must be at least 16 printable ASCII characters with no spaces "
                              "(for example the output of `openssl rand -hex 32`)")
         return value
+
+    @field_validator("max_in_flight", mode="before")
+    @classmethod
+    def _in_flight_bound(cls, value: Any) -> int | str:
+        if value == "auto" or isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        raise ValueError("a number of requests (at least 1), or 'auto'")
 
     @field_validator("public_base_url")
     @classmethod

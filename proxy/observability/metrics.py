@@ -86,6 +86,14 @@ MALFORMED_REQUESTS = Counter("modelgate_malformed_requests", "Requests the HTTP 
                              "431 in JSON, on either listener), by the parser's exception", ["kind"])
 CONNECTIONS_REFUSED = Counter("modelgate_connections_refused", "Client connections closed as they were accepted: "
                               "past server.max_connections and its headroom")
+# Admission control (proxy/process/admission.py): what was refused before its body was read, and the bound.
+SHED = Counter("modelgate_requests_shed", "Requests answered 503 before their body was read: the worker at its "
+               "bound on requests in flight (overloaded), or draining past its cut point (server_shutting_down)",
+               ["route", "reason"])
+IN_FLIGHT_LIMIT = Gauge("modelgate_in_flight_limit", "The bound on requests in flight (server.max_in_flight), "
+                        "summed over live workers", multiprocess_mode="livesum")
+LOOP_DELAY = Gauge("modelgate_loop_delay_seconds", "How late the event loop ran a timer, median over the last "
+                   "tenth of a second (with max_in_flight auto); the worst live worker's", multiprocess_mode="livemax")
 TRACE_SPANS = Counter("modelgate_trace_spans", "Finished spans by what became of them: exported, rejected by the "
                       "collector, dropped (export queue full) or failed (never delivered)", ["outcome"])
 STATE_STORE_UP = Gauge("modelgate_state_store_up", "1 while the shared state store answers its probe, 0 while not",

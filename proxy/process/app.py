@@ -22,6 +22,7 @@ from proxy.observability.tracing import Tracing
 from proxy.plugin import STATE_REACHABLE, STATE_STORE, PluginRoute
 from proxy.policy.channels import Channel
 from proxy.process.admin import AdminSurface
+from proxy.process.admission import Admission
 from proxy.process.drain import Drain, close_when_draining
 from proxy.process.log_guard import guard_aiohttp_logs
 from proxy.process.readiness import StoreProbe
@@ -57,6 +58,7 @@ class GatewayApp:
         self.gateway: Gateway | None = None
         self.connections = ConnectionCount()
         self.drain = Drain()
+        self.admission = Admission(loaded.config.server)
         self.admin = AdminSurface(loaded.config.server.admin_token)  # /metrics and the like: proxy/process/admin.py
         self.reloads = 0
         # The files the last reload read, taken or refused (LoadedConfig.files): what a watcher
@@ -97,10 +99,13 @@ class GatewayApp:
         runtime = await Runtime.build(self.loaded, self.simulator_url, self.resources)
         self.affinity = Affinity(self.store, config.state.affinity_ttl_s, config.state.pending_pins,
                                  reachable=lambda: probe.ok)
-        self.gateway = Gateway(runtime, self.affinity, self.tracing, self.connections, self.drain)
+        self.gateway = Gateway(runtime, self.affinity, self.tracing, self.connections, self.drain, self.admission)
+        gateway = self.gateway
+        self.admission.start(lambda: gateway.in_flight)
         set_config_info(self.loaded.digest)
 
     async def stop(self) -> None:
+        self.admission.stop()
         if self.gateway is not None:
             runtime = self.gateway.runtime
             runtime.retire()
@@ -142,6 +147,7 @@ class GatewayApp:
                 return False
             assert self.gateway is not None
             old, self.gateway.runtime = self.gateway.runtime, runtime
+            self.admission.configure(loaded.config.server)
             set_config_info(loaded.digest, previous=self.loaded.digest)
             count_reload("ok")
             self.admin.set_token(loaded.config.server.admin_token)

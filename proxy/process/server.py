@@ -17,6 +17,7 @@ from proxy.config.model import ServerConfig, worker_count
 from proxy.observability.access_log import configure_logging
 from proxy.process.admin import AdminListener
 from proxy.process.app import APP_KEY, GatewayApp, build_admin_app, build_app
+from proxy.process.drain import accept_queued
 from proxy.process.refusals import refuse_in_json
 from proxy.process.watch import FileWatch, reload_on_change
 from proxy.process.workers import (
@@ -121,7 +122,7 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
     # share both ports; a lone process keeps them to itself, so a second one fails loudly.
     admin = await AdminListener.start(build_admin_app(app), server, reuse_port=is_worker()) \
         if server.admin_listen else None
-    site = web.TCPSite(runner, server.host, server.port, backlog=1024, reuse_port=is_worker())
+    site = web.TCPSite(runner, server.host, server.port, backlog=server.listen_backlog, reuse_port=is_worker())
     await site.start()
     if admin is not None and (shared := admin.shares_with(site)):
         # Checked before anything else runs: the overlap would send clients to the admin routes,
@@ -162,13 +163,27 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
         if watching is not None:
             watching.cancel()
         log.info("modelgate stopping", extra={"drain_timeout_s": server.drain_timeout_s})
-        await site.stop()  # no new connections
+        await stop_listening(site, runner)
         if admin is not None:
             await admin.stop_accepting()  # both ports are free for the gateway that follows
-        await owner.drain.run(lambda: owner.gateway.in_flight if owner.gateway else 0, server.drain_timeout_s)
+        assert runner.server is not None
+        handlers = runner.server
+        await owner.drain.run(lambda: owner.gateway.in_flight if owner.gateway else 0, server.drain_timeout_s,
+                              lambda: handlers.connections)
         await runner.cleanup()  # cancels what is left, within FINAL_GRACE_S
         if admin is not None:
             await admin.close()
+
+
+async def stop_listening(site: web.TCPSite, runner: web.AppRunner) -> None:
+    """No new connections; those the kernel had queued are taken first and drained like the rest
+    (closing a listener resets what waits on it)."""
+    listening = site._server  # type: ignore[attr-defined]  # aiohttp keeps the asyncio server there
+    queued = accept_queued(listening.sockets if listening is not None else [])
+    await site.stop()  # closes the listeners before anything else runs: nothing else queues on them
+    loop = asyncio.get_running_loop()
+    for conn in queued:
+        await loop.connect_accepted_socket(runner.server, conn)  # type: ignore[arg-type]
 
 
 async def _watch_files(owner: GatewayApp) -> None:

@@ -14,9 +14,11 @@ from multidict import CIMultiDict
 
 from proxy.config.model import ServerConfig
 from proxy.observability.access_log import log_exchange
+from proxy.observability.metrics import SHED, child
 from proxy.observability.tracing import Tracing, end_request
 from proxy.policy.catalog import listing
-from proxy.process.drain import Drain
+from proxy.process.admission import RETRY_AFTER_S, Admission
+from proxy.process.drain import SHUTTING_DOWN, Drain
 from proxy.process.runtime import Runtime
 from proxy.request.affinity import Affinity
 from proxy.request.body import BodyError, body_limits, read_body
@@ -36,6 +38,7 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # cheaper than a uuid4 (an os.urandom call) per request.
 _ID_PREFIX = os.urandom(8).hex()
 _ID_COUNTER = itertools.count(1)
+_REFUSALS: dict[tuple[str, str], bytes] = {}  # the body of a 503 refusal, by format and reason
 
 
 def new_request_id() -> str:
@@ -54,19 +57,24 @@ def _forget(lookup: asyncio.Task[object]) -> None:
 class Gateway:
     """Holds the live Runtime and serves each request against the one current when it arrived."""
 
-    __slots__ = ("runtime", "affinity", "tracing", "connections", "forwarder", "in_flight", "drain")
+    __slots__ = ("runtime", "affinity", "tracing", "connections", "forwarder", "in_flight", "drain", "admission")
 
     def __init__(self, runtime: Runtime, affinity: Affinity, tracing: Tracing,
-                 connections: ConnectionCount | None = None, drain: Drain | None = None) -> None:
+                 connections: ConnectionCount | None = None, drain: Drain | None = None,
+                 admission: Admission | None = None) -> None:
         self.runtime = runtime
         self.affinity = affinity
         self.tracing = tracing
         self.connections = connections or ConnectionCount()
         self.forwarder = Forwarder(affinity, drain)
         self.drain = drain
+        self.admission = admission or Admission(runtime.config.server)
         self.in_flight = 0  # every runtime's: a reload swaps the runtime, not the requests running
 
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
+        # Admission comes first, from the head alone: a refusal reads no body and runs no plugin.
+        if self.drain is not None and self.drain.cutting or not self.admission.admits(self.in_flight):
+            return self._refuse(request, route)
         runtime = self.runtime
         runtime.enter()
         self.in_flight += 1
@@ -101,8 +109,11 @@ class Gateway:
             try:
                 if ex.outcome.status == 0 and response is not None:
                     ex.outcome.status = response.status
-                if response is not None and self.drain is not None and self.drain.draining:
-                    response.force_close()  # its connection goes when it ends: a retry finds a live gateway
+                if response is not None and self.drain is not None and self.drain.cutting:
+                    # A stream cut by the drain takes its connection with it: the retry its error event
+                    # asks for goes to a live gateway. (One that ended by itself keeps its connection a
+                    # moment, so a next request already on its way is answered: proxy/process/drain.py.)
+                    response.force_close()
                 await runtime.pipelines[route.name].run_complete(ex)
                 now = time.perf_counter()
                 overhead = ex.overhead_seconds(now)  # read once: metrics, trace and access line agree
@@ -156,6 +167,32 @@ class Gateway:
         if refusal is not None:
             return ex.answer_locally(refusal, id_header)
         return await self.forwarder.forward(ex, runtime, pipeline)
+
+    def _refuse(self, request: web.Request, route: Route) -> web.Response:
+        """503 before anything else is done: this worker is at its bound on requests in flight
+        (proxy/process/admission.py), or is draining past its cut point, where a request could not
+        be finished in time. Counted in a metric; an overloaded worker's refusals get no access line
+        each (that would be most of its work; the admission logs them once a second)."""
+        config = self.runtime.config.server
+        if self.drain is not None and self.drain.cutting:
+            reason, retry = SHUTTING_DOWN, "0"  # another instance can answer it now
+            message = "this gateway instance is shutting down; retry, another one will answer"
+        else:
+            reason, retry = "overloaded", str(RETRY_AFTER_S)
+            message = "the gateway is overloaded: it is serving all the requests it can at once; retry shortly"
+        fmt = route.format
+        body = _REFUSALS.get((fmt.name, reason))
+        if body is None:  # made once: refusing must stay cheap while the worker is busiest
+            body = _REFUSALS[fmt.name, reason] = jsonutil.dumps(fmt.error_payload(503, message, reason))
+        incoming = request.headers.get(config.request_id_header, "")
+        request_id = incoming if incoming and _REQUEST_ID.match(incoming) else new_request_id()
+        child(SHED, route.name, reason).inc()
+        if reason == SHUTTING_DOWN:  # few, and the last this instance answers: each gets its access line
+            ex = Exchange(request, route, request_id)
+            ex.outcome.status, ex.outcome.error = 503, message
+            log_exchange(ex, self.runtime.config.observability.logging, time.perf_counter(), 0.0)
+        return web.Response(status=503, body=body, content_type="application/json",
+                            headers={"Retry-After": retry, config.request_id_header: request_id})
 
     @staticmethod
     def _local_answer(ex: Exchange, runtime: Runtime) -> web.Response:

@@ -1,0 +1,144 @@
+"""`Admission`: how many requests one worker serves at once, and what the others are told.
+
+A request past the bound is answered at once with a 503 in its endpoint's shape, code
+`overloaded` and `Retry-After: 1`, decided from its head before a byte of its body is read (so a
+refusal costs the worker little), and counted in `modelgate_requests_shed_total`. Only the
+interface's endpoints are admitted this way: `/healthz`, `/readyz` and `/metrics` never are, so a
+load balancer and Prometheus see an overloaded worker as it is.
+
+The bound is `server.max_in_flight`. A number fixes it. `auto`, the default, derives it from what
+the worker can do, measured as it runs: every PROBE_S a timer notes how late the event loop ran
+it. That delay is the worker's own queue (every step of every request waits that long for the
+CPU), and it grows with the worker's own load only, never with a slow upstream or a slow client.
+At the end of each window (WINDOW_S, and at least MIN_PROBES probes, so one stall of the loop is
+not taken for a load) the bound moves on the window's median delay, as a congestion window moves
+on a delay signal (TCP Vegas; Netflix's concurrency-limits):
+
+- over `server.max_loop_delay_ms`: cut to the requests in flight times target/delay (kept
+  between 0.5 and 0.9), so it bites at once however high it had grown (unless fewer than
+  MIN_LIMIT are in flight: then they are not what holds the loop up);
+- under half of it, while the bound was used (a request refused, or 90% of it in flight):
+  doubled, so a worker with CPU to spare does not go on refusing;
+- in between, while used: one more.
+
+It starts at `server.max_connections` (a connection carries one request at a time, so no more
+can be in flight) and never rises above it, nor falls below MIN_LIMIT: a worker that keeps up
+never refuses anything, whatever it holds.
+
+Streams count as one request each for as long as they run, as a short call does. A stream
+waiting on its upstream holds a slot but no CPU, so it adds nothing to the delay and the `auto`
+bound grows past the streams held; what a stream does cost (an event relayed now and then)
+shows in the delay like any other work. Weighing streams less would take a second bound and a
+guess at the weight. A fixed `max_in_flight` must be sized for the streams a worker holds plus
+its short calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+
+from proxy.config.model import ServerConfig
+from proxy.observability.metrics import IN_FLIGHT_LIMIT, LOOP_DELAY
+
+log = logging.getLogger("modelgate.admission")
+
+PROBE_S = 0.01     # the timer whose lateness is the delay; 100 wake-ups a second cost the worker nothing measurable
+WINDOW_S = 0.1     # the bound moves at most this often: a few probes even when each is late
+MIN_PROBES = 3
+MIN_LIMIT = 16     # what an overloaded worker still admits: it serves some, rather than refusing all
+RETRY_AFTER_S = 1  # a short wait: overload passes, or the balancer sends the retry elsewhere
+_USED = 0.9        # the share of the bound in flight that counts as using it
+_LOG_EVERY_S = 1.0
+
+
+class Admission:
+    """The bound on requests in flight in this worker, and the probe that moves it (`auto`)."""
+
+    __slots__ = ("limit", "auto", "ceiling", "target_s", "delay_s", "_clock", "_window_start", "_delays",
+                 "_peak", "_refused", "_unlogged", "_logged_at", "_timer", "_in_flight")
+
+    def __init__(self, server: ServerConfig, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._window_start = clock()
+        self._delays: list[float] = []
+        self._peak = 0          # the most requests in flight this window
+        self._refused = 0       # refusals this window
+        self._unlogged = 0      # refusals not yet in a log line
+        self._logged_at = -math.inf
+        self._timer: asyncio.TimerHandle | None = None
+        self._in_flight: Callable[[], int] = lambda: 0
+        self.delay_s = 0.0      # the last window's median delay
+        self.limit = 0.0
+        self.configure(server)
+
+    def configure(self, server: ServerConfig) -> None:
+        """Take the bound's settings: at start, and at each reload (an `auto` bound keeps what it learnt)."""
+        self.auto = server.max_in_flight == "auto"
+        self.ceiling = server.max_connections if server.max_in_flight == "auto" else server.max_in_flight
+        self.target_s = server.max_loop_delay_ms / 1000
+        self.limit = min(self.limit, self.ceiling) if self.auto and self.limit else float(self.ceiling)
+        IN_FLIGHT_LIMIT.set(int(self.limit))
+
+    def admits(self, in_flight: int) -> bool:
+        """Whether a request that finds `in_flight` others being served may be served too."""
+        if in_flight < self.limit:
+            if in_flight >= self._peak:
+                self._peak = in_flight + 1
+            return True
+        self._refused += 1
+        self._unlogged += 1
+        now = self._clock()
+        if now - self._logged_at >= _LOG_EVERY_S:
+            # Refusals get no access line each (under overload that would be most of the work): one line a second.
+            log.warning("overloaded: refusing requests with 503", extra={
+                "refused": self._unlogged, "in_flight": in_flight, "max_in_flight": int(self.limit),
+                "loop_delay_ms": round(self.delay_s * 1000, 1)})
+            self._unlogged, self._logged_at = 0, now
+        return False
+
+    def observe(self, delay_s: float, in_flight: int) -> None:
+        """One probe's delay; at the end of a window the bound moves (`auto` only)."""
+        self._delays.append(delay_s)
+        now = self._clock()
+        if now - self._window_start < WINDOW_S or len(self._delays) < MIN_PROBES:
+            return
+        delays = sorted(self._delays)
+        delay = self.delay_s = delays[len(delays) // 2]
+        before = int(self.limit)
+        if self.auto:
+            used = self._refused > 0 or self._peak >= _USED * self.limit
+            if delay > self.target_s:
+                floor = min(MIN_LIMIT, self.ceiling)
+                if in_flight >= floor:
+                    shrink = min(0.9, max(0.5, self.target_s / delay))
+                    self.limit = max(float(floor), min(self.limit, in_flight) * shrink)
+            elif used:
+                grown = self.limit * 2 if delay < self.target_s / 2 else self.limit + 1
+                self.limit = min(float(self.ceiling), grown)
+        LOOP_DELAY.set(delay)
+        if int(self.limit) != before:
+            IN_FLIGHT_LIMIT.set(int(self.limit))
+        self._delays.clear()
+        self._peak, self._refused, self._window_start = in_flight, 0, now
+
+    def start(self, in_flight: Callable[[], int]) -> None:
+        """Probe the event loop's delay from now on (for the metric too, when the bound is fixed)."""
+        self._in_flight = in_flight
+        if self._timer is None:
+            self._schedule()
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _schedule(self) -> None:
+        self._timer = asyncio.get_running_loop().call_later(PROBE_S, self._probe, self._clock() + PROBE_S)
+
+    def _probe(self, due: float) -> None:
+        self.observe(max(0.0, self._clock() - due), self._in_flight())
+        self._schedule()

@@ -1,0 +1,197 @@
+"""Admission control: past its bound on requests in flight a worker answers 503 `overloaded` with
+Retry-After, in the endpoint's shape, before reading a body; what it admitted is served; the
+`auto` bound follows the event loop's delay (driven here by a stepped clock)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from urllib.parse import urlsplit
+
+import aiohttp
+import pytest
+from multidict import CIMultiDict
+from prometheus_client import REGISTRY
+
+from proxy.config import parse_config
+from proxy.process.admission import MIN_LIMIT, PROBE_S, WINDOW_S, Admission
+from tests.conftest import BEARER, DEMO_KEY, MESSAGE_HEADERS, SteppedClock
+
+SLOW = {"x-sim-latency-ms": "3000"}  # the simulator holds each admitted request this long
+MESSAGE = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+CONTENT = {"contents": [{"parts": [{"text": "hi"}]}]}
+RESPONSE = {"model": "respmodel-4o", "input": "hi"}
+
+
+def shed(route: str, reason: str = "overloaded") -> float:
+    return REGISTRY.get_sample_value("modelgate_requests_shed_total", {"route": route, "reason": reason}) or 0.0
+
+
+async def until(check, what: str) -> None:  # noqa: ANN001
+    for _ in range(500):  # bounded: 5 s
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never: {what}")
+
+
+async def test_past_its_bound_a_gateway_answers_503_overloaded_and_serves_what_it_admitted(start_gateway) -> None:  # noqa: ANN001
+    gw = await start_gateway("""
+        server: {max_in_flight: 4}
+        observability: {logging: {access_log: false}}
+    """)
+    before = {route: shed(route) for route in ("messages", "generate_content", "responses")}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        async def post(path: str, body: dict, headers: dict) -> tuple[int, CIMultiDict[str], dict]:
+            async with http.post(gw.url + path, json=body, headers=headers) as answer:
+                return answer.status, CIMultiDict(answer.headers), await answer.json()
+
+        admitted = [asyncio.ensure_future(post("/v1/messages", MESSAGE, {**MESSAGE_HEADERS, **SLOW}))
+                    for _ in range(4)]
+        await until(lambda: len(gw.sim().requests) == 4, "four requests upstream")
+        # Far more than it admits, at once, in three formats: each is answered, in its own shape.
+        excess = [post("/v1/messages", MESSAGE, MESSAGE_HEADERS) for _ in range(12)]
+        excess += [post(f"/v1beta/models/genmodel-2.0-flash:generateContent?key={DEMO_KEY}", CONTENT, {})
+                   for _ in range(12)]
+        excess += [post("/v1/responses", RESPONSE, BEARER) for _ in range(12)]
+        refused = await asyncio.gather(*excess)
+        # Never shed, however full: the health checks and the metrics, on either listener.
+        for url in (gw.url + "/healthz", gw.url + "/readyz", gw.admin + "/readyz", gw.admin + "/metrics"):
+            async with http.get(url) as answer:
+                assert answer.status == 200, url
+        served = await asyncio.gather(*admitted)
+    assert [status for status, _, _ in served] == [200] * 4
+    assert all(body["type"] == "message" for _, _, body in served)
+    assert {status for status, _, _ in refused} == {503}
+    assert all(headers["Retry-After"] == "1" and headers.get("X-Request-Id") for _, headers, _ in refused)
+    messages, content, responses = refused[:12], refused[12:24], refused[24:]
+    assert all(body["error"]["code"] == "overloaded" and body["error"]["type"] == "server_error"
+               for _, _, body in messages)
+    assert all(body["error"]["status"] == "UNAVAILABLE" and body["error"]["details"][0]["reason"] == "overloaded"
+               for _, _, body in content)
+    assert all(body["error"]["code"] == "overloaded" for _, _, body in responses)
+    assert len(gw.sim().requests) == 4  # nothing refused went upstream
+    assert shed("messages") - before["messages"] == 12 and shed("responses") - before["responses"] == 12
+    assert shed("generate_content") - before["generate_content"] == 12
+    async with aiohttp.ClientSession() as http:  # the bound is free again: served
+        async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
+            assert answer.status == 200
+
+
+async def test_the_refusal_is_decided_before_the_body_is_read(start_gateway) -> None:  # noqa: ANN001
+    """A request over the bound whose 10 MB body has barely begun is answered at once: no byte
+    more of it is waited for."""
+    gw = await start_gateway("server: {max_in_flight: 1}\n")
+    async with aiohttp.ClientSession() as http:
+        held = asyncio.ensure_future(http.post(gw.url + "/v1/responses", json=RESPONSE, headers={**BEARER, **SLOW}))
+        await until(lambda: len(gw.sim().requests) == 1, "one request upstream")
+        parts = urlsplit(gw.url)
+        reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+        writer.write(b"POST /v1/responses HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer sk-demo-key\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 10485760\r\n\r\n{\"model\":")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in head
+        async with await held as answer:
+            assert answer.status == 200
+
+
+def admission(text: str = "", clock: SteppedClock | None = None) -> tuple[Admission, SteppedClock]:
+    clock = clock or SteppedClock()
+    return Admission(parse_config(text, {}).server, clock), clock
+
+
+def windows(gate: Admission, clock: SteppedClock, delay_s: float, in_flight: int, count: int = 1) -> None:
+    """`count` windows of probes that each found the loop `delay_s` late, with `in_flight` requests."""
+    probes = int(WINDOW_S / PROBE_S)
+    for _ in range(count):
+        for index in range(probes):
+            clock.advance(PROBE_S if index < probes - 1 else WINDOW_S)  # the last one surely ends the window
+            gate.observe(delay_s, in_flight)
+
+
+def test_a_fixed_bound_admits_that_many_and_never_moves() -> None:
+    gate, clock = admission("server: {max_in_flight: 3}")
+    assert [gate.admits(n) for n in range(5)] == [True, True, True, False, False]
+    windows(gate, clock, 0.5, 3, count=5)   # however late the loop
+    windows(gate, clock, 0.0, 3, count=5)   # or idle
+    assert gate.limit == 3 and gate.delay_s == 0.0
+
+
+def test_auto_starts_at_max_connections_and_cuts_to_what_is_in_flight_when_the_loop_is_late() -> None:
+    gate, clock = admission("server: {max_connections: 5000}")
+    assert gate.limit == 5000 and gate.admits(4999) and not gate.admits(5000)
+    windows(gate, clock, 0.020, 400)  # twice the 10 ms target, 400 in flight: at once to 400 * 0.5
+    assert gate.limit == 200
+    assert gate.admits(199) and not gate.admits(200)
+    windows(gate, clock, 0.011, 200)  # just over: by a tenth of what is in flight
+    assert gate.limit == pytest.approx(180)
+    windows(gate, clock, 1.0, 180, count=20)
+    assert gate.limit == MIN_LIMIT  # never below: an overloaded worker still serves some
+
+
+def test_auto_grows_back_only_while_the_bound_is_used_and_the_loop_keeps_up() -> None:
+    gate, clock = admission("server: {max_connections: 1000}")
+    windows(gate, clock, 0.050, 100)
+    assert gate.limit == 50
+    windows(gate, clock, 0.001, 10, count=3)  # the 100 still in flight used it: doubled; then 10 do not: it stays
+    assert gate.limit == 100
+    assert not gate.admits(100)               # a refusal uses it: doubled at the next window
+    windows(gate, clock, 0.001, 10)
+    assert gate.limit == 200
+    gate.admits(190)                          # 90% of it in flight uses it too; a loop near its target adds one
+    windows(gate, clock, 0.007, 10)
+    assert gate.limit == 201
+    for _ in range(10):
+        gate.admits(int(gate.limit) - 1)
+        windows(gate, clock, 0.001, 10)
+    assert gate.limit == 1000                 # never above max_connections
+
+
+def test_one_stall_of_the_loop_or_a_few_requests_in_flight_do_not_cut_the_bound() -> None:
+    gate, clock = admission()
+    for index in range(int(WINDOW_S / PROBE_S)):  # a reload's or a collection's pause in a quiet window
+        clock.advance(PROBE_S)
+        gate.observe(0.400 if index == 0 else 0.001, 500)
+    assert gate.limit == 10_000
+    windows(gate, clock, 0.5, MIN_LIMIT - 1, count=3)  # late with next to nothing in flight: not theirs
+    assert gate.limit == 10_000
+    clock.advance(1.0)
+    gate.observe(0.5, 500)  # one probe over a long stretch is not a window either
+    assert gate.limit == 10_000
+
+
+def test_a_reload_keeps_what_auto_learnt_and_a_fixed_bound_takes_over() -> None:
+    gate, clock = admission()
+    windows(gate, clock, 0.040, 800)
+    assert gate.limit == 400
+    gate.configure(parse_config("server: {max_loop_delay_ms: 20}", {}).server)
+    assert gate.limit == 400 and gate.target_s == 0.020
+    gate.configure(parse_config("server: {max_in_flight: 64}", {}).server)
+    assert gate.limit == 64 and not gate.auto
+
+
+async def test_the_probe_measures_how_late_the_loop_runs() -> None:
+    """Blocking the loop (as a flood of work would) shows as delay, and cuts the `auto` bound."""
+    gate = Admission(parse_config("server: {max_loop_delay_ms: 5}", {}).server)
+    gate.start(lambda: 1000)
+    try:
+        for _ in range(60):  # bounded: each pass blocks the loop 30 ms, then lets the probe run
+            time.sleep(0.03)
+            await asyncio.sleep(0)
+            if gate.limit < 10_000:
+                break
+    finally:
+        gate.stop()
+    assert gate.delay_s >= 0.005 and gate.limit <= 900
+
+
+async def test_check_config_names_a_bad_bound() -> None:
+    from proxy.config import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        parse_config("server: {max_in_flight: none, listen_backlog: 0}\n", {})
+    text = "\n".join(refused.value.problems)
+    assert "server.max_in_flight: a number of requests (at least 1), or 'auto'" in text
+    assert re.search(r"server\.listen_backlog: .*greater than or equal to 1", text)
