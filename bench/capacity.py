@@ -38,7 +38,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from bench.capacity_report import DOC, write  # noqa: E402
-from bench.procs import free_port, wait_port  # noqa: E402
+from bench.procs import free_port, no_admin_listeners, wait_port  # noqa: E402
 from bench.run import cpu_seconds, start  # noqa: E402
 from plugins.budget.counters import RESERVE, SETTLE  # noqa: E402
 from plugins.ledger.journal import _APPEND  # noqa: E402
@@ -487,6 +487,7 @@ async def phases(work: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> int:
+    no_admin_listeners()
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=200, help="sequential requests per route")
     parser.add_argument("--duration", type=int, default=4, help="seconds of each wrk run")

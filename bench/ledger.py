@@ -32,7 +32,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from bench.procs import free_port, wait_port  # noqa: E402
+from bench.procs import free_port, no_admin_listeners, wait_port  # noqa: E402
 from bench.results import update_section  # noqa: E402
 from bench.run import BODY, HEADERS, Target, checkout, run_wrk, start  # noqa: E402
 
@@ -109,6 +109,7 @@ def pin_postgres(core: int | None, saved: dict[int, set[int]] | None = None,
 
 
 def main() -> int:
+    no_admin_listeners()
     parser = argparse.ArgumentParser()
     parser.add_argument("--duration", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=10)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from bench.procs import free_port, wait_port  # noqa: E402
+from bench.procs import free_port, no_admin_listeners, wait_port  # noqa: E402
 from bench.results import update_section  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -241,6 +241,7 @@ def offer(gateway: str, url: str, pid: int, delay_ms: int, rate: float, share: f
 
 
 def main() -> int:
+    no_admin_listeners()
     parser = argparse.ArgumentParser()
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--print-only", action="store_true", help="print the section, do not write RESULTS.md")

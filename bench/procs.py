@@ -9,10 +9,15 @@ from pathlib import Path
 
 from proxy.config import ADMIN_LISTEN_ENV
 
-# The benchmarks run gateways side by side and scrape none of them: no admin listener, so they do
-# not meet on its default port. An environment variable rather than a config key or a flag, since
-# a baseline checked out from before the admin listener ignores it (and would refuse either).
-os.environ.setdefault(ADMIN_LISTEN_ENV, "")
+
+
+def no_admin_listeners() -> None:
+    """The benchmarks run gateways side by side and scrape none of them: no admin listener, so they
+    do not meet on its default port. An environment variable rather than a config key or a flag,
+    since a baseline checked out from before the admin listener ignores it (and would refuse
+    either). Set by a benchmark's main, never on import: a test importing these helpers must not
+    turn off the admin listener of every gateway the test session starts."""
+    os.environ.setdefault(ADMIN_LISTEN_ENV, "")
 
 
 def free_port() -> int:

@@ -30,7 +30,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from bench.procs import free_port, wait_port  # noqa: E402
+from bench.procs import free_port, no_admin_listeners, wait_port  # noqa: E402
 from bench.results import update_section  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -160,6 +160,7 @@ async def measure_gaps(target: Target, concurrency: int, gap_ms: int) -> None:
 
 
 def main() -> int:
+    no_admin_listeners()
     parser = argparse.ArgumentParser()
     parser.add_argument("--duration", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)

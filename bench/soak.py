@@ -19,7 +19,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from bench.procs import free_port, rss_kb, wait_port  # noqa: E402
+from bench.procs import free_port, no_admin_listeners, rss_kb, wait_port  # noqa: E402
 from bench.results import update_section  # noqa: E402
 
 KEY = "soak-key-0001"
@@ -70,6 +70,7 @@ async def worker(url: str, deadline: float, counts: dict[str, int], tasks: list[
 
 
 async def main() -> int:
+    no_admin_listeners()
     parser = argparse.ArgumentParser()
     parser.add_argument("--minutes", type=float, default=10)
     parser.add_argument("--concurrency", type=int, default=16)

@@ -26,7 +26,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from bench.procs import free_port, tree_rss_kb, wait_port  # noqa: E402
+from bench.procs import free_port, no_admin_listeners, tree_rss_kb, wait_port  # noqa: E402
 from bench.results import update_section  # noqa: E402
 
 KEY = "streams-key-0001"
@@ -130,6 +130,7 @@ async def measure(streams: int, workers: int, events: int, work: Path) -> dict[s
 
 
 async def main() -> int:
+    no_admin_listeners()
     parser = argparse.ArgumentParser()
     parser.add_argument("--streams", nargs="+", default=["1000", "9500", "10000@2"],
                         help="stream counts; N@W spreads N streams over W worker processes")
