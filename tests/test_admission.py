@@ -97,9 +97,10 @@ async def test_the_refusal_is_decided_before_the_body_is_read(start_gateway) -> 
             assert answer.status == 200
 
 
-def admission(text: str = "", clock: SteppedClock | None = None) -> tuple[Admission, SteppedClock]:
+def admission(server: str = "", clock: SteppedClock | None = None) -> tuple[Admission, SteppedClock]:
+    """A bound kept for a loop delay of 10 ms (the delays below are read against it), with `server` settings."""
     clock = clock or SteppedClock()
-    return Admission(parse_config(text, {}).server, clock), clock
+    return Admission(parse_config(f"server: {{max_loop_delay_ms: 10, {server}}}", {}).server, clock), clock
 
 
 def windows(gate: Admission, clock: SteppedClock, delay_s: float, in_flight: int, count: int = 1) -> None:
@@ -112,7 +113,7 @@ def windows(gate: Admission, clock: SteppedClock, delay_s: float, in_flight: int
 
 
 def test_a_fixed_bound_admits_that_many_and_never_moves() -> None:
-    gate, clock = admission("server: {max_in_flight: 3}")
+    gate, clock = admission("max_in_flight: 3")
     assert [gate.admits(n) for n in range(5)] == [True, True, True, False, False]
     windows(gate, clock, 0.5, 3, count=5)   # however late the loop
     windows(gate, clock, 0.0, 3, count=5)   # or idle
@@ -120,7 +121,7 @@ def test_a_fixed_bound_admits_that_many_and_never_moves() -> None:
 
 
 def test_auto_starts_at_max_connections_and_cuts_to_what_is_in_flight_when_the_loop_is_late() -> None:
-    gate, clock = admission("server: {max_connections: 5000}")
+    gate, clock = admission("max_connections: 5000")
     assert gate.limit == 5000 and gate.admits(4999) and not gate.admits(5000)
     windows(gate, clock, 0.020, 400)  # twice the 10 ms target, 400 in flight: at once to 400 * 0.5
     assert gate.limit == 200
@@ -132,7 +133,7 @@ def test_auto_starts_at_max_connections_and_cuts_to_what_is_in_flight_when_the_l
 
 
 def test_auto_grows_back_only_while_the_bound_is_used_and_the_loop_keeps_up() -> None:
-    gate, clock = admission("server: {max_connections: 1000}")
+    gate, clock = admission("max_connections: 1000")
     windows(gate, clock, 0.050, 100)
     assert gate.limit == 50
     windows(gate, clock, 0.001, 10, count=3)  # the 100 still in flight used it: doubled; then 10 do not: it stays

@@ -122,7 +122,7 @@ class ServerConfig(Strict):
     # Requests one worker serves at once, streams included; past it 503 `overloaded` before the body
     # is read. "auto": a bound that follows the worker's measured capacity (proxy/process/admission.py).
     max_in_flight: int | Literal["auto"] = "auto"
-    max_loop_delay_ms: float = Field(default=10.0, ge=1, le=10_000)  # auto: the event-loop delay it keeps under
+    max_loop_delay_ms: float = Field(default=50.0, ge=1, le=10_000)  # auto: the event-loop delay it keeps under
     listen_backlog: int = Field(default=1024, ge=1, le=65_535)  # connections the kernel queues unaccepted (next start)
     max_header_kb: int = Field(default=32, ge=1, le=1024)  # request line and headers together: 431 past it
     max_headers: int = Field(default=100, ge=8, le=1000)
