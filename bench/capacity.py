@@ -38,7 +38,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from bench.capacity_report import DOC, write  # noqa: E402
-from bench.procs import free_port, no_admin_listeners, wait_port  # noqa: E402
+from bench.procs import cpu_model, free_port, no_admin_listeners, wait_port  # noqa: E402
 from bench.run import cpu_seconds, start  # noqa: E402
 from plugins.budget.counters import RESERVE, SETTLE  # noqa: E402
 from plugins.ledger.journal import _APPEND  # noqa: E402
@@ -414,8 +414,7 @@ async def cluster_phase(work: Path, upstream: str, requests: int) -> dict[str, A
 
 
 def facts() -> dict[str, str]:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = cpu_model()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     status = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, cwd=ROOT).stdout
     dirty = [line for line in status.splitlines() if line[3:] not in ("docs/capacity.md", "bench/RESULTS.md")]  # ours

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from bench.procs import free_port, no_admin_listeners, wait_port  # noqa: E402
+from bench.procs import cpu_model, free_port, no_admin_listeners, wait_port  # noqa: E402
 from bench.results import update_section  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -303,8 +303,7 @@ def main() -> int:
 def report(measured: float, runs: list[Run], args: argparse.Namespace) -> str:
     import platform
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = cpu_model()
     lines = [
         "## Overload: three times capacity",
         "",

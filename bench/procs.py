@@ -20,6 +20,14 @@ def no_admin_listeners() -> None:
     os.environ.setdefault(ADMIN_LISTEN_ENV, "")
 
 
+def cpu_model() -> str:
+    """The processor's name, as the benchmarks' reports give the machine."""
+    import platform
+
+    return next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")), platform.processor())
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

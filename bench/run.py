@@ -30,7 +30,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from bench.procs import free_port, no_admin_listeners, wait_port  # noqa: E402
+from bench.procs import cpu_model, free_port, no_admin_listeners, wait_port  # noqa: E402
 from bench.results import update_section  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -239,8 +239,7 @@ def write_results(out: Path, targets: list[Target], args: argparse.Namespace) ->
     direct, forwarder, gateway = named["direct"], named["aiohttp forwarder"], named["modelgate"]
     all_on, all_off = named["modelgate, observability all on"], named["modelgate, observability all off"]
     med = statistics.median
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = cpu_model()
     lines = [
         "## Throughput and latency",
         "",

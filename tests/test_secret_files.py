@@ -8,12 +8,12 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -274,6 +274,20 @@ def upstream_saw(simulator_url: str, request_id: str) -> str | None:
     return None
 
 
+def credential_sent(gateway_url: str, simulator_url: str, prefix: str) -> Callable[[], str | None]:
+    """A call that sends one request through the gateway (on one kept connection) and says which
+    credential the upstream saw with it."""
+    connection = http.client.HTTPConnection(gateway_url.removeprefix("http://"), timeout=10)
+    sent = iter(range(1000))
+
+    def credential_upstream() -> str | None:
+        request_id = f"{prefix}-{next(sent)}"
+        assert ask(connection, "gateway-key-0001", request_id) == 200
+        return upstream_saw(simulator_url, request_id)
+
+    return credential_upstream
+
+
 def until(condition: Any, within_s: float) -> bool:
     """Poll `condition` until it holds, for `within_s` at most (a bound, not a measurement)."""
     deadline = time.monotonic() + within_s
@@ -356,13 +370,7 @@ async def test_one_process_reloads_by_itself_and_keeps_the_last_good_config_when
     secrets.write({"upstream-credential": f"{UPSTREAM_SECRET}\n"})
     simulator = spawn("simulator")
     gateway = spawn("gateway", config=SINGLE.format(upstream=simulator.url, secrets=secrets.root))
-    connection = http.client.HTTPConnection(gateway.url.removeprefix("http://"), timeout=10)
-    sent = iter(range(1000))
-
-    def credential_upstream() -> str | None:
-        request_id = f"single-{next(sent)}"
-        assert ask(connection, "gateway-key-0001", request_id) == 200
-        return upstream_saw(simulator.url, request_id)
+    credential_upstream = credential_sent(gateway.url, simulator.url, "single")
 
     assert credential_upstream() == f"Bearer {UPSTREAM_SECRET}"
     secrets.write({"upstream-credential": "upstream-s3cret-two\n"})
@@ -379,7 +387,6 @@ async def test_one_process_reloads_by_itself_and_keeps_the_last_good_config_when
 
     secrets.write({"upstream-credential": "upstream-s3cret-three\n"})  # back: taken at once
     assert until(lambda: credential_upstream() == "Bearer upstream-s3cret-three", within_s=5.0)
-    connection.close()
     assert gateway.proc.poll() is None
 
 
@@ -500,13 +507,7 @@ async def test_a_secret_file_caught_empty_keeps_the_running_credential(spawn, tm
     credential.write_text(f"{UPSTREAM_SECRET}\n")
     simulator = spawn("simulator")
     gateway = spawn("gateway", config=CREDENTIAL_FILE.format(upstream=simulator.url, credential=credential))
-    connection = http.client.HTTPConnection(gateway.url.removeprefix("http://"), timeout=10)
-    sent = iter(range(1000))
-
-    def credential_upstream() -> str | None:
-        request_id = f"empty-{next(sent)}"
-        assert ask(connection, "gateway-key-0001", request_id) == 200
-        return upstream_saw(simulator.url, request_id)
+    credential_upstream = credential_sent(gateway.url, simulator.url, "empty")
 
     assert credential_upstream() == f"Bearer {UPSTREAM_SECRET}"
     credential.write_text("")  # truncated, and the rest not written yet
@@ -518,5 +519,4 @@ async def test_a_secret_file_caught_empty_keeps_the_running_credential(spawn, tm
 
     credential.write_text("upstream-s3cret-two\n")
     assert until(lambda: credential_upstream() == "Bearer upstream-s3cret-two", within_s=15.0)
-    connection.close()
     assert "s3cret" not in gateway.log.read_text()

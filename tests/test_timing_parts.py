@@ -70,15 +70,22 @@ async def test_an_earlier_attempts_upstream_time_is_upstream_time(start_gateway,
     assert timing["gateway"] < timing["backoff"] and timing["gateway"] < timing["upstream"]
 
 
+async def holding_the_one_connection(gw, http, latency_ms: int) -> asyncio.Future:  # noqa: ANN001
+    """A request the upstream answers after `latency_ms`, sent and seen upstream: it holds the
+    channel's one pooled connection meanwhile."""
+    holding = asyncio.ensure_future(http.post(gw.url + "/v1/messages", json=MESSAGE,
+                                              headers={**MESSAGE_HEADERS, "x-sim-latency-ms": str(latency_ms)}))
+    async with asyncio.timeout(10):
+        while not gw.sim("only").requests:
+            await asyncio.sleep(0.01)
+    return holding
+
+
 async def test_a_pool_slot_wait_is_its_own_part(start_gateway, http) -> None:  # noqa: ANN001
     gw = await start_gateway("channels: [{name: only, base_url: simulator, pool: {max_connections: 1}}]")
     count = sample("modelgate_request_wait_seconds_count", phase="pool_slot")
     # The one connection the pool may open is held by a request the upstream answers after 800 ms.
-    holding = asyncio.ensure_future(http.post(gw.url + "/v1/messages", json=MESSAGE,
-                                              headers={**MESSAGE_HEADERS, "x-sim-latency-ms": "800"}))
-    async with asyncio.timeout(10):
-        while not gw.sim("only").requests:
-            await asyncio.sleep(0.01)
+    holding = await holding_the_one_connection(gw, http, 800)
     async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers=MESSAGE_HEADERS) as answer:
         assert answer.status == 200
         timing = parts(answer.headers["Server-Timing"])
@@ -92,11 +99,7 @@ async def test_a_pool_slot_wait_is_its_own_part(start_gateway, http) -> None:  #
 async def test_a_full_pool_answers_with_its_wait_in_server_timing(start_gateway, http) -> None:  # noqa: ANN001
     gw = await start_gateway("channels: [{name: only, base_url: simulator, timeouts: {connect_s: 0.3},\n"
                              "            pool: {max_connections: 1}}]")
-    holding = asyncio.ensure_future(http.post(gw.url + "/v1/messages", json=MESSAGE,
-                                              headers={**MESSAGE_HEADERS, "x-sim-latency-ms": "3000"}))
-    async with asyncio.timeout(10):
-        while not gw.sim("only").requests:
-            await asyncio.sleep(0.01)
+    holding = await holding_the_one_connection(gw, http, 3000)
     async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers=MESSAGE_HEADERS) as answer:
         assert answer.status == 503
         assert (await answer.json())["error"]["code"] == "upstream_pool_exhausted"
