@@ -26,7 +26,24 @@ from proxy.process.app import APP_KEY, GatewayApp, build_admin_app, build_app
 from proxy.process.server import start_runner
 from simulator.core import Simulator
 
-REDIS_URL = os.environ.get("MODELGATE_TEST_REDIS", "redis://127.0.0.1:6379/15")
+
+def _test_redis_url() -> str:
+    """The Redis database this test process empties and uses: MODELGATE_TEST_REDIS (db 15 by
+    default), and under parallel workers (pytest -n) one database lower for each worker after
+    the first, so workers never flush each other's state."""
+    base = os.environ.get("MODELGATE_TEST_REDIS", "redis://127.0.0.1:6379/15")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # xdist names its workers gw0, gw1, ...
+    offset = int(worker.removeprefix("gw") or 0)
+    if offset == 0:
+        return base
+    head, _, db = base.rpartition("/")
+    number = int(db) - offset
+    if number < 0:
+        raise RuntimeError(f"{base}: too few Redis databases below it for worker {worker}")
+    return f"{head}/{number}"
+
+
+REDIS_URL = _test_redis_url()
 # The embedded config's key, and the places the spec reads it on the response and message formats.
 DEMO_KEY = "sk-demo-key"
 BEARER = {"Authorization": f"Bearer {DEMO_KEY}"}
