@@ -98,15 +98,16 @@ class Pipeline:
         if not hooks:
             return
         # All as tasks, started together: their first calls come in the next turn, in one pipeline.
+        # Waited on as one (a shield each cost a future and two callbacks per hook).
         loop = asyncio.get_running_loop()
         running = [loop.create_task(_complete(hook, ex)) for hook in hooks]
+        together = running[0] if len(running) == 1 else asyncio.gather(*running)  # _complete raises nothing
         cancelled = 0
-        for task in running:
-            while not task.done():
-                try:
-                    await asyncio.shield(task)
-                except asyncio.CancelledError:
-                    cancelled += 1  # the handler's, not the hook's: it goes on
+        while not together.done():
+            try:
+                await asyncio.shield(together)
+            except asyncio.CancelledError:
+                cancelled += 1  # the handler's, not the hooks': they go on
         current = asyncio.current_task()
         for _ in range(cancelled if current is not None else 0):  # the answer is over: nothing left to stop
             current.uncancel()  # type: ignore[union-attr]

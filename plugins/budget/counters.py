@@ -9,12 +9,13 @@ while what is spent and reserved leaves room for its most.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from proxy.state.gathering import answer_within
 
 
 @dataclass(slots=True, frozen=True)
@@ -232,8 +233,7 @@ class RedisCounters:
         from redis.exceptions import RedisError
 
         try:
-            async with asyncio.timeout(_WAIT_S):
-                return await pending
+            return await answer_within(pending, _WAIT_S)
         except (RedisError, OSError, TimeoutError) as exc:
             raise CountersUnavailable(type(exc).__name__) from exc
 

@@ -38,6 +38,7 @@ from redis.exceptions import RedisError
 from plugins.ledger.record import UsageRecord
 from plugins.ledger.spool import Taken
 from plugins.ledger.writer import LEDGER_RECORDS
+from proxy.state.gathering import answer_within
 from proxy.state.stream_bytes import LUA as STREAM_BYTES, beside
 from proxy.wire import jsonutil
 
@@ -180,7 +181,7 @@ class Journal:
         it is sent no more records until it shrinks."""
         self._after = "-"
         try:
-            held = await asyncio.wait_for(self._calls.script(self._held, self._keys, []), WAIT_S)
+            held = await answer_within(self._calls.script(self._held, self._keys, []), WAIT_S)
         except (RedisError, OSError, TimeoutError):
             return  # an append would fail as fast; the flag stays as last read
         self._mark_full(held >= self.max_bytes)
@@ -197,7 +198,7 @@ class Journal:
         """The records of `entries` are written: their entries go (one XDEL). Never raises: entries
         left are written again as orphans, once."""
         try:
-            await asyncio.wait_for(self._calls.script(self._remove, self._keys, entries), WAIT_S)
+            await answer_within(self._calls.script(self._remove, self._keys, entries), WAIT_S)
         except (RedisError, OSError, TimeoutError) as exc:
             log.warning("ledger: journal entries of written records not removed (%s): they are written again, "
                         "once", type(exc).__name__)

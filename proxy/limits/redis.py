@@ -38,6 +38,7 @@ from redis.exceptions import DataError, NoScriptError, RedisError, ResponseError
 from proxy.limits import Check, Decision, Kind, LimiterUnavailable
 from proxy.limits.heartbeat import LEASE_LIFE_S, RENEW_EVERY_S, Heartbeat
 from proxy.state.connect import Mode, mode_of
+from proxy.state.gathering import answer_within
 from proxy.state.shared import share, unshare
 
 log = logging.getLogger("modelgate.ratelimit")
@@ -436,7 +437,7 @@ class RedisLimiter:
 
     async def _run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         try:
-            return await asyncio.wait_for(self._shared.calls.script(script, keys, args), _WAIT_S)
+            return await answer_within(self._shared.calls.script(script, keys, args), _WAIT_S)
         except TimeoutError as exc:
             raise LimiterUnavailable(f"no answer within {_WAIT_S}s") from exc
 

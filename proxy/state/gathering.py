@@ -25,7 +25,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError, DataError, NoScriptError, ResponseError
@@ -33,6 +33,24 @@ from redis.exceptions import ConnectionError, DataError, NoScriptError, Response
 from proxy.state.packing import pack
 
 log = logging.getLogger("modelgate.state")
+
+T = TypeVar("T")
+
+
+async def answer_within(answer: asyncio.Future[T], seconds: float) -> T:
+    """A call's answer, or TimeoutError once `seconds` have passed without one (the answer
+    arriving later is dropped). One timer on the loop: asyncio.wait_for adds a future, a callback
+    and a turn of the loop to every call, and a request makes two or three of them."""
+    late = asyncio.get_running_loop().call_later(seconds, _expire, answer)
+    try:
+        return await answer
+    finally:
+        late.cancel()
+
+
+def _expire(answer: asyncio.Future[Any]) -> None:
+    if not answer.done():
+        answer.set_exception(TimeoutError())
 
 
 @dataclass(slots=True)
