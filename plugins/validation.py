@@ -4,9 +4,15 @@ upstream money. A violation is a 400 in the endpoint's shape naming the field's 
 JSON bodies are checked against the route's schema (proxy.schemas). Multipart edits have
 their leading fields checked at once and their files (count, size, PNG/WEBP/JPG by magic
 bytes, mask size and dimensions) as they stream; unknown fields are forwarded.
+
+A value an open enumeration does not list (proxy/schemas/enums.py) passes to the upstream and
+is counted by its field, and logged once per field and value while the process runs;
+`validation.strict_enums` refuses it instead.
 """
 
 from __future__ import annotations
+
+import logging
 
 from aiohttp import web
 from prometheus_client import Counter
@@ -14,10 +20,12 @@ from pydantic import BaseModel, ValidationError
 
 from proxy.config import GatewayConfig
 from proxy.observability.metrics import rule_label
+from proxy.observability.safe_text import shown
 from proxy.plugin import Joins, Plugin
 from proxy.request.body import MultipartBody
 from proxy.request.exchange import Exchange
-from proxy.schemas import JSON_SCHEMAS, GenerateContentRequest, ImageEditForm, VideosRequest, Violation, check
+from proxy.schemas import (JSON_SCHEMAS, EnumCheck, GenerateContentRequest, ImageEditForm, VideosRequest, Violation,
+                           check)
 from proxy.schemas.common import first_violation, violation_of
 from proxy.schemas.imagefiles import sniff
 from proxy.schemas.images import MAX_EDIT_IMAGES, MAX_IMAGE_BYTES, MAX_MASK_BYTES
@@ -26,6 +34,40 @@ from proxy.wire.routes import Body
 
 VALIDATION_FAILURES = Counter("modelgate_validation_failures", "Requests refused by a validation rule",
                               ["route", "rule"])
+# The field is an open enumeration's label (a bounded set: proxy.schemas.enums.OPEN_FIELDS), never the value.
+UNKNOWN_VALUES = Counter("modelgate_validation_unknown_values", "Values of an open enumeration the interface does "
+                         "not list, passed to the upstream, by route and field", ["route", "field"])
+log = logging.getLogger("modelgate.validation")
+
+SHOWN_CHARS = 80  # of a value, in its log line (the whole value goes upstream)
+
+
+class FirstSeen:
+    """Which (field, value) pairs were logged already in this process: the first of each is, up
+    to `most` pairs in all, so a client sending a new value each time neither grows the process
+    nor floods the log (past it, values are only counted, and the log says so once)."""
+
+    __slots__ = ("seen", "most", "full")
+
+    def __init__(self, most: int = 1000) -> None:
+        self.seen: set[tuple[str, str]] = set()
+        self.most = most
+        self.full = False
+
+    def first(self, key: tuple[str, str]) -> bool:
+        if key in self.seen:
+            return False
+        if len(self.seen) >= self.most:
+            if not self.full:
+                self.full = True
+                log.info("unlisted enumeration values: %d logged, the rest only counted "
+                         "(modelgate_validation_unknown_values_total)", self.most)
+            return False
+        self.seen.add(key)
+        return True
+
+
+LOGGED = FirstSeen()
 
 _IMAGE_FIELDS = ("image", "image[]")
 
@@ -38,6 +80,7 @@ class Validation(Plugin):
 
     def configure(self, config: GatewayConfig) -> None:
         self.strict = config.server.strict_interface
+        self.strict_enums = config.validation.strict_enums
 
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
         route = ex.route
@@ -50,16 +93,23 @@ class Validation(Plugin):
         schema = JSON_SCHEMAS.get(route.name)
         if schema is None:
             return None
-        parsed, violation = check(schema, ex.json())
+        enums = EnumCheck(strict=self.strict_enums)
+        parsed, violation = check(schema, ex.json(), enums=enums)
         if violation is not None:
             return refuse(ex, violation)
+        note_unknown(route.name, enums.unknown)
         if route.always_streams and isinstance(parsed, GenerateContentRequest) and parsed.asks_for_image_urls():
             return refuse(ex, Violation("generationConfig.responseFormat.image.delivery",
                                         "URL delivery needs a non-streaming request"))
         return None
 
     def _check_form(self, ex: Exchange, body: MultipartBody) -> web.StreamResponse | None:
-        check = check_video_form if ex.route.name == "videos" else check_edit_form
+        videos = ex.route.name == "videos"
+        fields = FormFields(VideosRequest if videos else ImageEditForm, self.strict_enums, ex.route.name)
+
+        def check(observer: MultipartObserver, finished: bool) -> Violation | None:
+            return (check_video_form if videos else check_edit_form)(observer, finished, fields)
+
         body.checks.append(check)
         violation = check(body.observer, body.observer.done)
         return refuse(ex, violation) if violation is not None else None
@@ -70,7 +120,36 @@ def refuse(ex: Exchange, violation: Violation) -> web.Response:
     return ex.error_response(400, str(violation), param=violation.path or None)
 
 
-def check_edit_form(observer: MultipartObserver, finished: bool) -> Violation | None:
+def note_unknown(route: str, found: list[tuple[str, str]]) -> None:
+    """Count each value an open enumeration let pass; log the first of each (field, value)."""
+    for field, value in found:
+        UNKNOWN_VALUES.labels(route, field).inc()
+        if not LOGGED.first((field, value[:SHOWN_CHARS])):  # the part shown is the part remembered
+            continue
+        more = "..." if len(value) > SHOWN_CHARS else ""
+        log.info("a value the interface does not list went to the upstream", extra={
+            "route": route, "field": field, "value": shown(value[:SHOWN_CHARS]) + more})
+
+
+class FormFields:
+    """A form's text fields against `schema` for one request: open enumerations as configured,
+    and the values they let pass noted once, when the whole form has passed."""
+
+    __slots__ = ("schema", "strict_enums", "route", "noted")
+
+    def __init__(self, schema: type[BaseModel], strict_enums: bool, route: str) -> None:
+        self.schema, self.strict_enums, self.route, self.noted = schema, strict_enums, route, False
+
+    def __call__(self, observer: MultipartObserver, finished: bool) -> Violation | None:
+        enums = EnumCheck(strict=self.strict_enums)
+        violation = _lax_fields(self.schema, observer, finished, enums)
+        if violation is None and finished and not self.noted:
+            self.noted = True
+            note_unknown(self.route, enums.unknown)
+        return violation
+
+
+def check_edit_form(observer: MultipartObserver, finished: bool, fields: FormFields) -> Violation | None:
     """Endpoint 7's multipart rules over what has been read so far (all of it when `finished`)."""
     images = [p for p in observer.files() if p.name in _IMAGE_FIELDS]
     if len(images) > MAX_EDIT_IMAGES:
@@ -96,10 +175,12 @@ def check_edit_form(observer: MultipartObserver, finished: bool) -> Violation | 
                 (info.width, info.height) != (first_info.width, first_info.height)):
             return Violation("mask", f"must have the image's size ({first_info.width}x{first_info.height}), "
                                      f"not {info.width}x{info.height}")
-    return _form_fields(observer, finished)
+    if finished and not any(p.name in _IMAGE_FIELDS for p in observer.files()):
+        return Violation("image", "is required: one file, or up to 16 as image[]")
+    return fields(observer, finished)
 
 
-def check_video_form(observer: MultipartObserver, finished: bool) -> Violation | None:
+def check_video_form(observer: MultipartObserver, finished: bool, fields: FormFields) -> Violation | None:
     """Endpoint 3 as the SDK sends it: its text fields, and an optional reference image."""
     for part in observer.files():
         if part.name != "input_reference":
@@ -110,16 +191,11 @@ def check_video_form(observer: MultipartObserver, finished: bool) -> Violation |
             info = sniff(part.head)
             if info is None or info.kind not in ("png", "webp", "jpeg"):
                 return Violation("input_reference", "must be a PNG, WEBP or JPG image")
-    return _lax_fields(VideosRequest, observer, finished)
+    return fields(observer, finished)
 
 
-def _form_fields(observer: MultipartObserver, finished: bool) -> Violation | None:
-    if finished and not any(p.name in _IMAGE_FIELDS for p in observer.files()):
-        return Violation("image", "is required: one file, or up to 16 as image[]")
-    return _lax_fields(ImageEditForm, observer, finished)
-
-
-def _lax_fields(schema: type[BaseModel], observer: MultipartObserver, finished: bool) -> Violation | None:
+def _lax_fields(schema: type[BaseModel], observer: MultipartObserver, finished: bool,
+                enums: EnumCheck) -> Violation | None:
     """A form's text fields against `schema`: each given once (readers differ on which of two
     counts) and within the field limit (a longer one is no parameter the gateway can check)."""
     seen: set[str] = set()
@@ -133,7 +209,7 @@ def _lax_fields(schema: type[BaseModel], observer: MultipartObserver, finished: 
         seen.add(part.name)
     try:
         # whole values only (one still arriving reads short); lax: form values are text ("3", "true")
-        schema.model_validate(observer.fields())
+        schema.model_validate(observer.fields(), context=enums)
     except ValidationError as exc:
         if finished:
             return first_violation(exc)

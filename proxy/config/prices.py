@@ -27,8 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Amount = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
 
-# SIZE/QUALITY: a size as the spec writes it (1024x1024, auto, 2K) or *, then a quality or *.
-_IMAGE_PRICE_KEY = re.compile(r"^(\*|auto|\d{1,5}x\d{1,5}|\d{1,2}K)/(\*|auto|low|medium|high|xhigh|max)$")
+# SIZE/QUALITY: a size as the spec writes it (1024x1024, auto, 2K) or *, then a quality (every one
+# the images schema takes: proxy/schemas/images.py QUALITIES) or *.
+_IMAGE_PRICE_KEY = re.compile(r"^(\*|auto|\d{1,5}x\d{1,5}|\d{1,2}K)/(\*|auto|low|medium|high|xhigh|max|standard|hd)$")
 
 
 class PriceConfig(BaseModel):
@@ -52,7 +53,7 @@ class PriceConfig(BaseModel):
         for key in value:
             if not _IMAGE_PRICE_KEY.match(key):
                 raise ValueError(f"{key!r} is not SIZE/QUALITY: a size (1024x1024, 1536x1024, auto, 2K or *), "
-                                 "a slash, and a quality (low, medium, high, xhigh, max, auto or *)")
+                                 "a slash, and a quality (low, medium, high, xhigh, max, standard, hd, auto or *)")
         return value
 
 

@@ -23,14 +23,15 @@ class MessageFormat(Format):
     asking_less = "a lower max_tokens (and no larger limit under another name)"
     sdk_key_locations = (KeyLocation.BEARER,)  # the message SDK's `api_key` travels as a Bearer token
     # The version header the spec names, and the one the format's SDKs send; either satisfies
-    # endpoint 8 (the second unless `server.strict_interface`).
+    # endpoint 8 (the second unless `server.strict_interface`). When both come, the spec's is the
+    # client's version and the other is dropped (`place_version`): an SDK sends its own on every
+    # call, whatever version the client set in the spec's header, so two that differ are no
+    # mistake of the client's to refuse (the SDK upgrade that changes its value breaks nothing).
     version_header = "msgapi-version"
     sdk_version_header = "anthropic-version"
 
     def missing_version(self, headers: Mapping[str, str], strict: bool) -> tuple[str, str] | None:
         spec, sdk = headers.get(self.version_header), headers.get(self.sdk_version_header)
-        if spec and sdk and spec != sdk and not strict:  # a channel may be sent either: they must agree
-            return self.version_header, f"differs from {self.sdk_version_header} ({spec!r} and {sdk!r}): send one"
         if spec or not strict and sdk:
             return None
         also = "" if strict else f" ({self.sdk_version_header} is read in its place)"
@@ -38,14 +39,15 @@ class MessageFormat(Format):
 
     def place_version(self, headers: CIMultiDict[str], name: str | None, sent: CIMultiDictProxy[str]) -> None:
         """Send the client's API version under the header a channel asks for (`version_header`),
-        and only there; None: as the client sent it. Set afresh for every attempt, from what the
-        client sent, so a channel failed over from leaves no choice of its own behind."""
+        and only there; None: under the header the client sent it in (the spec's, when it sent
+        both). Set afresh for every attempt, from what the client sent, so a channel failed over
+        from leaves no choice of its own behind."""
         for header in (self.version_header, self.sdk_version_header):
             headers.popall(header, None)
         if name is None:
-            for header in (self.version_header, self.sdk_version_header):
-                for value in sent.getall(header, []):
-                    headers.add(header, value)
+            header = self.version_header if sent.get(self.version_header) else self.sdk_version_header
+            for value in sent.getall(header, []):
+                headers.add(header, value)
             return
         value = sent.get(self.version_header) or sent.get(self.sdk_version_header)
         if value:

@@ -330,9 +330,16 @@ async def _unmatched(request: web.Request) -> web.Response:
         path = request.raw_path.partition("#")[0].partition("?")[0]
         fmt = next((r.format for pattern, r in _TEMPLATES if pattern.match(path)), ACCOUNT)
         return fmt.error_response(400, "the request target must not carry a #fragment", "invalid_request_target")
-    allowed = sorted({r.method for pattern, r in _TEMPLATES if pattern.match(request.path)})
+    matches = [r for pattern, r in _TEMPLATES if pattern.match(request.path)]
+    if not any(r.number or "{" not in r.path for r in matches):
+        # Only the gateway's own routes, each naming an object by id, fit the path, and only
+        # because an id took a segment: an id cannot be told from a name the gateway does not
+        # serve (`POST /v1/responses/input_tokens`), so that is no endpoint (404), not a method
+        # an object refuses (405). The interface's routes, and fixed paths, keep their 405.
+        matches = []
+    allowed = sorted({r.method for r in matches})
     if allowed:
-        fmt: Format = next(r.format for pattern, r in _TEMPLATES if pattern.match(request.path))
+        fmt: Format = matches[0].format
         return fmt.error_response(405, f"{request.method} is not allowed on {_shown(request)}",
                                   headers={"Allow": ", ".join(allowed)})
     return _format_of(request.path).error_response(

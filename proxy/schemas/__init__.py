@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from proxy.schemas.common import Violation, first_violation
 from proxy.schemas.content import GenerateContentRequest
+from proxy.schemas.enums import EnumCheck
 from proxy.schemas.images import ImageEditForm, ImageEditRequest, ImageGenerationRequest
 from proxy.schemas.message import MessageRequest
 from proxy.schemas.response import ResponseRequest
@@ -29,13 +30,17 @@ JSON_SCHEMAS: dict[str, type[BaseModel]] = {
 }
 
 
-def check(schema: type[BaseModel], body: Any, *, strict: bool = True) -> tuple[BaseModel | None, Violation | None]:
+def check(schema: type[BaseModel], body: Any, *, strict: bool = True,
+          enums: EnumCheck | None = None) -> tuple[BaseModel | None, Violation | None]:
+    """The body against `schema` (`strict`: no type coercion); `enums` says whether open
+    enumerations are closed, and gathers the unlisted values they let pass."""
     if not isinstance(body, dict):
         return None, Violation("", "the body must be a JSON object")
     try:
-        return schema.model_validate(body, strict=strict), None
+        return schema.model_validate(body, strict=strict, context=enums), None
     except ValidationError as exc:
         return None, first_violation(exc)
 
 
-__all__ = ["JSON_SCHEMAS", "GenerateContentRequest", "ImageEditForm", "Violation", "VideosRequest", "check"]
+__all__ = ["JSON_SCHEMAS", "EnumCheck", "GenerateContentRequest", "ImageEditForm", "Violation", "VideosRequest",
+           "check"]

@@ -39,9 +39,10 @@ def tagged(members: dict[str, Any], pick: Callable[[Any], str] = by_type, other:
     return Annotated[Union[tuple(options)], Discriminator(choose)]  # noqa: UP007
 
 
-def text_or(kind: Any) -> Any:
-    """`str` or something else, told apart without pydantic guessing (clean error paths)."""
-    return Annotated[Union[Annotated[str, Tag(MARK + "str")], Annotated[kind, Tag(MARK + "other")]],  # noqa: UP007
+def text_or(kind: Any, text: Any = str) -> Any:
+    """`str` (or the string type `text`) or something else, told apart without pydantic guessing
+    (clean error paths)."""
+    return Annotated[Union[Annotated[text, Tag(MARK + "str")], Annotated[kind, Tag(MARK + "other")]],  # noqa: UP007
                      Discriminator(lambda v: MARK + ("str" if isinstance(v, str) else "other"))]
 
 

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, Field, model_validator
 
 from proxy.schemas.common import Model
+from proxy.schemas.enums import UPSTREAMS, open_enum
 
 
 def field(camel: str, default: Any = None, **rules: Any) -> Any:
@@ -50,12 +51,14 @@ class FunctionResponse(Model):
 
 
 class ExecutableCode(Model):
-    language: Literal["LANGUAGE_UNSPECIFIED", "PYTHON"] | None = None
+    language: open_enum("contents[].parts[].executableCode.language", ("LANGUAGE_UNSPECIFIED", "PYTHON"),
+                        UPSTREAMS) | None = None
     code: str | None = None
 
 
 class CodeExecutionResult(Model):
-    outcome: Literal["OUTCOME_UNSPECIFIED", "OUTCOME_OK", "OUTCOME_FAILED", "OUTCOME_DEADLINE_EXCEEDED"]
+    outcome: open_enum("contents[].parts[].codeExecutionResult.outcome", ("OUTCOME_UNSPECIFIED", "OUTCOME_OK",
+                       "OUTCOME_FAILED", "OUTCOME_DEADLINE_EXCEEDED"), UPSTREAMS)
     output: str | None = None
 
 
@@ -71,7 +74,7 @@ class Part(Model):
 
 class Content(Model):
     parts: list[Part]
-    role: Literal["user", "model", "function", "tool"] | None = None
+    role: open_enum("contents[].role", ("user", "model", "function", "tool"), UPSTREAMS) | None = None
 
 
 class FunctionDeclaration(Model):
@@ -86,7 +89,8 @@ class Tool(Model):
 
 
 class FunctionCallingConfig(Model):
-    mode: Literal["MODE_UNSPECIFIED", "AUTO", "ANY", "NONE"] | None = None
+    mode: open_enum("toolConfig.functionCallingConfig.mode", ("MODE_UNSPECIFIED", "AUTO", "ANY", "NONE"),
+                    UPSTREAMS) | None = None
     allowedFunctionNames: list[str] | None = field("allowedFunctionNames")
 
 
@@ -95,12 +99,13 @@ class ToolConfig(Model):
 
 
 class SafetySetting(Model):
-    category: Literal[HARM_CATEGORIES]  # type: ignore[valid-type]
-    threshold: Literal[THRESHOLDS]  # type: ignore[valid-type]
+    category: open_enum("safetySettings[].category", HARM_CATEGORIES, UPSTREAMS)  # type: ignore[valid-type]
+    threshold: open_enum("safetySettings[].threshold", THRESHOLDS, UPSTREAMS)  # type: ignore[valid-type]
 
 
 class Schema(Model):
-    type: Literal[SCHEMA_TYPES + tuple(t.lower() for t in SCHEMA_TYPES[1:])]  # type: ignore[valid-type]
+    type: open_enum("generationConfig.responseSchema.type",  # type: ignore[valid-type]
+                    SCHEMA_TYPES + tuple(t.lower() for t in SCHEMA_TYPES[1:]), UPSTREAMS)
     items: Schema | None = None
     properties: dict[str, Schema] | None = None
     required: list[str] | None = None
@@ -116,6 +121,8 @@ class ImageConfig(Model):
 
 
 class ImageDelivery(Model):
+    # Closed: the gateway's own switch for URL delivery (2.8, 7.3: only uppercase URI), which
+    # rewrites the answer; no SDK's generate_content config can send it.
     delivery: Literal["URI"] | None = None
 
 
@@ -129,14 +136,18 @@ class ThinkingConfig(Model):
 
 
 class SpeechConfig(Model):
-    languageCode: Literal[LANGUAGES] | None = field("languageCode")  # type: ignore[valid-type]
+    languageCode: open_enum("generationConfig.speechConfig.languageCode",  # type: ignore[valid-type]
+                            LANGUAGES, UPSTREAMS) | None = field("languageCode")
 
 
 class GenerationConfig(Model):
     stopSequences: list[str] | None = field("stopSequences", max_length=5)
-    responseMimeType: Literal["text/plain", "application/json", "text/x.enum"] | None = field("responseMimeType")
+    responseMimeType: open_enum("generationConfig.responseMimeType",  # type: ignore[valid-type]
+                                ("text/plain", "application/json", "text/x.enum"), UPSTREAMS) | None = field("responseMimeType")
     responseSchema: Schema | None = field("responseSchema")
-    responseModalities: list[Literal["TEXT", "IMAGE", "AUDIO"]] | None = field("responseModalities")
+    # Open: URL delivery goes by the answer's images, not by the modalities asked for.
+    responseModalities: list[open_enum("generationConfig.responseModalities[]",  # type: ignore[valid-type]
+                                       ("TEXT", "IMAGE", "AUDIO"), UPSTREAMS)] | None = field("responseModalities")
     candidateCount: int | None = field("candidateCount", ge=1)
     maxOutputTokens: int | None = field("maxOutputTokens", ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -150,8 +161,9 @@ class GenerationConfig(Model):
     enableEnhancedCivicAnswers: bool | None = field("enableEnhancedCivicAnswers")
     speechConfig: SpeechConfig | None = field("speechConfig")
     thinkingConfig: ThinkingConfig | None = field("thinkingConfig")
-    mediaResolution: Literal["MEDIA_RESOLUTION_UNSPECIFIED", "MEDIA_RESOLUTION_LOW", "MEDIA_RESOLUTION_MEDIUM",
-                             "MEDIA_RESOLUTION_HIGH"] | None = field("mediaResolution")
+    mediaResolution: open_enum("generationConfig.mediaResolution", (  # type: ignore[valid-type]
+        "MEDIA_RESOLUTION_UNSPECIFIED", "MEDIA_RESOLUTION_LOW", "MEDIA_RESOLUTION_MEDIUM", "MEDIA_RESOLUTION_HIGH"),
+        UPSTREAMS) | None = field("mediaResolution")
     imageConfig: ImageConfig | None = field("imageConfig")
     responseFormat: ResponseFormat | None = field("responseFormat")
 

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from proxy.schemas.common import Model
+from proxy.schemas.enums import UPSTREAMS, open_enum
 from proxy.schemas.imagefiles import sniff
 
 CUSTOM_SIZE_MODELS = ("imagegen-2", "imagegen-2.5-sunburst", "imagegen-2.5-flare",
@@ -20,6 +21,9 @@ MAX_EDIT_IMAGES = 16
 MAX_IMAGE_BYTES = 25 * 1024 * 1024
 MAX_MASK_BYTES = 4 * 1024 * 1024
 _SIZE = re.compile(r"^(\d+)x(\d+)$")
+# 2.4's qualities, and those the images SDK also sends (`standard`, `hd`): a closed list, since
+# charges read it (proxy/config/prices.py prices by size and quality), tracking the SDK's.
+QUALITIES = ("low", "medium", "high", "auto", "xhigh", "max", "standard", "hd")
 
 
 def custom_size_problem(size: str) -> str | None:
@@ -43,14 +47,17 @@ class ImageOptions(Model):
     """The parameters generations and edits share (2.4, 2.5)."""
 
     prompt: str = Field(min_length=1, max_length=32000)
+    # Closed: routing, prices and the size and quality rules below go by the model.
     model: Literal[IMAGE_MODELS]  # type: ignore[valid-type]
     n: int | None = Field(default=None, ge=1, le=10)
-    size: str | None = None
-    quality: Literal["low", "medium", "high", "auto", "xhigh", "max"] | None = None
-    background: Literal["transparent", "opaque", "auto"] | None = None
-    output_format: Literal["png", "jpeg", "webp"] | None = None
+    size: str | None = None  # 2.4's sizes, or 2.6's custom ones: the cross-field rules below
+    quality: Literal[QUALITIES] | None = None  # type: ignore[valid-type]
+    background: open_enum("background", ("transparent", "opaque", "auto"), UPSTREAMS) | None = None
+    # Open: URL delivery stores what the image's own bytes say it is (plugins/url_delivery), never this.
+    output_format: open_enum("output_format", ("png", "jpeg", "webp"), UPSTREAMS) | None = None
     output_compression: int | None = Field(default=None, ge=0, le=100)
-    moderation: Literal["low", "auto"] | None = None
+    moderation: open_enum("moderation", ("low", "auto"), UPSTREAMS) | None = None
+    # Closed: `url` switches URL delivery on, which rewrites the answer (2.4, 7.3: lowercase only).
     response_format: Literal["url", "b64_json"] | None = None
     stream: bool | None = None
     partial_images: int | None = Field(default=None, ge=0, le=3)
@@ -92,12 +99,17 @@ class ImageReference(Model):
         return self
 
 
-class ImageEditRequest(ImageOptions):
+class ImageEditOptions(ImageOptions):
+    """What edits add to the shared parameters, in either variant of endpoint 7 (2.5)."""
+
+    input_fidelity: open_enum("input_fidelity", ("high", "low"), UPSTREAMS) | None = None
+
+
+class ImageEditRequest(ImageEditOptions):
     """The JSON variant of endpoint 7."""
 
     images: list[ImageReference] = Field(min_length=1, max_length=MAX_EDIT_IMAGES)
     mask: ImageReference | None = None
-    input_fidelity: Literal["high", "low"] | None = None
 
     @model_validator(mode="after")
     def _data_urls_are_images(self) -> ImageEditRequest:
@@ -112,10 +124,8 @@ class ImageEditRequest(ImageOptions):
         return self
 
 
-class ImageEditForm(ImageOptions):
+class ImageEditForm(ImageEditOptions):
     """The fields of the multipart variant of endpoint 7 (the files are checked as they stream)."""
-
-    input_fidelity: Literal["high", "low"] | None = None
 
 
 def data_url_problem(url: str | None, limit: int, kinds: tuple[str, ...]) -> str | None:

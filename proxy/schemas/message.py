@@ -7,27 +7,48 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from proxy.schemas.common import AnyObject, Model, tagged, text_or
+from proxy.schemas.enums import UPSTREAMS, open_enum, open_tagged
 
 
 class CacheControl(Model):
-    type: Literal["ephemeral"]
+    type: open_enum("cache_control.type", ("ephemeral",), UPSTREAMS)
 
 
 class TextBlock(Model):
+    # Closed: where it is no member of a tagged union (`system`), a text block is all 2.9 allows.
     type: Literal["text"]
     text: str = Field(min_length=1)
     cache_control: CacheControl | None = None
 
 
-class ImageSource(Model):
+class Base64Source(Model):
     type: Literal["base64"]
-    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+    media_type: open_enum("messages[].content[].source.media_type",  # type: ignore[valid-type]
+                          ("image/jpeg", "image/png", "image/gif", "image/webp"), UPSTREAMS)
     data: str
+
+
+class UrlSource(Model):
+    """An image the upstream fetches itself (the SDK's URLImageSourceParam): the gateway never does."""
+
+    type: Literal["url"]
+    url: str = Field(min_length=1)
+
+
+class FileSource(Model):
+    """An image uploaded to the upstream's file store before (the SDK's FileImageSourceParam)."""
+
+    type: Literal["file"]
+    file_id: str = Field(min_length=1)
+
+
+ImageSource = open_tagged({"base64": Base64Source, "url": UrlSource, "file": FileSource},
+                          "OtherImageSource", "messages[].content[].source.type", UPSTREAMS)
 
 
 class ImageBlock(Model):
     type: Literal["image"]
-    source: ImageSource
+    source: ImageSource  # type: ignore[valid-type]
     cache_control: CacheControl | None = None
 
 
@@ -39,7 +60,9 @@ class ToolUseBlock(Model):
     cache_control: CacheControl | None = None
 
 
-ResultPart = tagged({"text": TextBlock, "image": ImageBlock})
+# Known parts are checked; newer ones (documents, search results ...) pass, noted.
+ResultPart = open_tagged({"text": TextBlock, "image": ImageBlock}, "OtherResultPart",
+                         "messages[].content[].content[].type", UPSTREAMS)
 
 
 class ToolResultBlock(Model):
@@ -62,7 +85,8 @@ Block = tagged({"text": TextBlock, "image": ImageBlock, "tool_use": ToolUseBlock
 
 
 class Message(Model):
-    role: Literal["user", "assistant"]
+    # Open: 4 rule 4's check (tool results in user messages) needs only to know `assistant`.
+    role: open_enum("messages[].role", ("user", "assistant"), UPSTREAMS)
     content: text_or(list[Block])  # type: ignore[valid-type]
 
 
@@ -109,7 +133,7 @@ class CustomTool(Model):
 
 class ComputerTool(Model):
     type: Literal["computer_20241022"]
-    name: Literal["computer"]
+    name: open_enum("tools[].name", ("computer",), UPSTREAMS)
     display_width_px: int = Field(ge=1)
     display_height_px: int = Field(ge=1)
     display_number: int | None = Field(default=None, ge=0)
@@ -117,12 +141,12 @@ class ComputerTool(Model):
 
 class BashTool(Model):
     type: Literal["bash_20241022"]
-    name: Literal["bash"]
+    name: open_enum("tools[].name", ("bash",), UPSTREAMS)
 
 
 class TextEditorTool(Model):
     type: Literal["text_editor_20241022"]
-    name: Literal["str_replace_editor"]
+    name: open_enum("tools[].name", ("str_replace_editor",), UPSTREAMS)
 
 
 def _tool_kind(value: Any) -> str:
@@ -148,8 +172,8 @@ class MessageRequest(Model):
     # Known thinking types are checked; newer ones ("adaptive" ...) pass to the upstream, as blocks do.
     thinking: tagged({"enabled": ThinkingEnabled, "disabled": ThinkingDisabled},  # type: ignore[valid-type]
                      other=AnyObject) | None = None
-    tool_choice: tagged({"auto": ToolChoiceAuto, "any": ToolChoiceAny, "tool": ToolChoiceTool,  # type: ignore[valid-type]
-                         "none": ToolChoiceNone}) | None = None
+    tool_choice: open_tagged({"auto": ToolChoiceAuto, "any": ToolChoiceAny, "tool": ToolChoiceTool,  # type: ignore[valid-type]
+                              "none": ToolChoiceNone}, "OtherMessageToolChoice", "tool_choice.type", UPSTREAMS) | None = None
     tools: list[Tool] | None = None  # type: ignore[valid-type]
 
     @model_validator(mode="after")

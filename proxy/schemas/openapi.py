@@ -81,7 +81,8 @@ def _operation(route: Route) -> dict[str, Any]:
     if route.name == "messages":
         operation["parameters"] += [
             {"name": "msgapi-version", "in": "header", "required": False, "schema": {"type": "string", "example": "2023-06-01"},
-             "description": "Required, or anthropic-version in its place (not with server.strict_interface)"},
+             "description": "Required, or anthropic-version in its place (not with server.strict_interface); "
+                            "with both, this one is used"},
             {"name": "msgapi-beta", "in": "header", "required": False, "schema": {"type": "string"}}]
     if route.always_streams:
         operation["parameters"].append({"name": "alt", "in": "query", "required": False, "schema": {"const": "sse"}})

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from proxy.schemas.common import AnyObject, Model, tagged, text_or
+from proxy.schemas.enums import UPSTREAMS, open_enum, open_tagged
 
 
 class InputText(Model):
@@ -16,7 +17,7 @@ class InputText(Model):
 
 class InputImage(Model):
     type: Literal["input_image"]
-    detail: Literal["high", "low", "auto"] | None = None
+    detail: open_enum("input[].content[].detail", ("high", "low", "auto"), UPSTREAMS) | None = None
     file_id: str | None = None
     image_url: str | None = None
 
@@ -34,7 +35,7 @@ ContentPart = tagged({"input_text": InputText, "input_image": InputImage, "input
 
 class MessageItem(Model):
     type: Literal["message"] | None = None
-    role: Literal["user", "assistant", "system", "developer"]
+    role: open_enum("input[].role", ("user", "assistant", "system", "developer"), UPSTREAMS)
     content: text_or(list[ContentPart])  # type: ignore[valid-type]
 
 
@@ -43,7 +44,7 @@ class FunctionCallOutput(Model):
     call_id: str
     output: str
     id: str | None = None
-    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    status: open_enum("input[].status", ("in_progress", "completed", "incomplete"), UPSTREAMS) | None = None
 
 
 class ComputerCallOutput(Model):
@@ -61,7 +62,7 @@ class ItemReference(Model):
 
 
 class SummaryText(Model):
-    type: Literal["summary_text"]
+    type: open_enum("input[].summary[].type", ("summary_text",), UPSTREAMS)
     text: str
 
 
@@ -111,7 +112,7 @@ class FunctionTool(Model):
 
 
 class UserLocation(Model):
-    type: Literal["approximate"]
+    type: open_enum("tools[].user_location.type", ("approximate",), UPSTREAMS)
     city: str | None = None
     country: str | None = Field(default=None, pattern=r"^[A-Za-z]{2}$")
     region: str | None = None
@@ -120,7 +121,7 @@ class UserLocation(Model):
 
 class WebSearchTool(Model):
     type: Literal["web_search_preview", "web_search_preview_2025_03_11"]
-    search_context_size: Literal["low", "medium", "high"] | None = None
+    search_context_size: open_enum("tools[].search_context_size", ("low", "medium", "high"), UPSTREAMS) | None = None
     user_location: UserLocation | None = None
     domains: list[str] | None = None
 
@@ -146,8 +147,10 @@ class FunctionToolChoice(Model):
     name: str = Field(min_length=1)
 
 
-ToolChoice = tagged({"file_search": HostedToolChoice, "web_search_preview": HostedToolChoice,
-                     "computer_use_preview": HostedToolChoice, "function": FunctionToolChoice})
+ToolChoice = open_tagged({"file_search": HostedToolChoice, "web_search_preview": HostedToolChoice,
+                          "computer_use_preview": HostedToolChoice, "function": FunctionToolChoice},
+                         "OtherResponseToolChoice", "tool_choice.type", UPSTREAMS)
+ToolChoiceWord = open_enum("tool_choice", ("none", "auto", "required"), UPSTREAMS)
 
 
 class TextFormatText(Model):
@@ -167,14 +170,15 @@ class TextFormatJsonObject(Model):
 
 
 class TextOptions(Model):
-    format: tagged({"text": TextFormatText, "json_schema": TextFormatJsonSchema,  # type: ignore[valid-type]
-                    "json_object": TextFormatJsonObject}) | None = None
+    format: open_tagged({"text": TextFormatText, "json_schema": TextFormatJsonSchema,  # type: ignore[valid-type]
+                         "json_object": TextFormatJsonObject}, "OtherTextFormat", "text.format.type", UPSTREAMS) | None = None
 
 
 class Reasoning(Model):
-    effort: Literal["low", "medium", "high"] | None = None
-    summary: Literal["auto", "concise", "detailed"] | None = None
-    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+    # Output limits and charges go by the tokens the upstream reports, not by the effort asked for.
+    effort: open_enum("reasoning.effort", ("low", "medium", "high"), UPSTREAMS) | None = None
+    summary: open_enum("reasoning.summary", ("auto", "concise", "detailed"), UPSTREAMS) | None = None
+    generate_summary: open_enum("reasoning.generate_summary", ("auto", "concise", "detailed"), UPSTREAMS) | None = None
 
 
 INCLUDES = ("file_search_call.results", "message.input_image.image_url",
@@ -184,22 +188,24 @@ INCLUDES = ("file_search_call.results", "message.input_image.image_url",
 class ResponseRequest(Model):
     model: str = Field(min_length=1)
     input: text_or(list[InputItem])  # type: ignore[valid-type]
-    include: list[Literal[INCLUDES]] | None = None  # type: ignore[valid-type]
+    include: list[open_enum("include[]", INCLUDES, UPSTREAMS)] | None = None  # type: ignore[valid-type]
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     metadata: dict[str, str] | None = None
     parallel_tool_calls: bool | None = None
     previous_response_id: str | None = None
     reasoning: Reasoning | None = None
-    service_tier: Literal["auto", "default", "flex"] | None = None
+    # Open too: the price table prices by model and tokens, never by tier (a dearer tier is the
+    # upstream's bill to the operator, as its other options are).
+    service_tier: open_enum("service_tier", ("auto", "default", "flex"), UPSTREAMS) | None = None
     store: bool | None = None
     stream: bool | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     text: TextOptions | None = None
-    tool_choice: text_or(ToolChoice) | None = None  # type: ignore[valid-type]
+    tool_choice: text_or(ToolChoice, ToolChoiceWord) | None = None  # type: ignore[valid-type]
     tools: list[Tool] | None = None  # type: ignore[valid-type]
     top_p: float | None = Field(default=None, ge=0, le=1)
-    truncation: Literal["disabled", "auto"] | None = None
+    truncation: open_enum("truncation", ("disabled", "auto"), UPSTREAMS) | None = None
     user: str | None = None
 
     @field_validator("metadata")
@@ -214,11 +220,4 @@ class ResponseRequest(Model):
                 raise ValueError(f"key {key[:20]!r}... is longer than 64 characters")
             if len(item) > 512:
                 raise ValueError(f"the value of {key!r} is longer than 512 characters")
-        return value
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _tool_choice_words(cls, value: Any) -> Any:
-        if isinstance(value, str) and value not in ("none", "auto", "required"):
-            raise ValueError("must be 'none', 'auto', 'required' or a tool object")
         return value

@@ -1,0 +1,250 @@
+"""Clients of tomorrow (issue 30, cases 1-7): what the newest SDKs send is not refused for a value
+the interface's tables do not list yet, and what an unlisted value does is counted and logged.
+
+Each case goes client -> gateway -> simulator through real sockets, with the SDK that sends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+
+import anthropic
+import openai
+import orjson
+import pytest
+from google import genai
+from google.genai import types as genai_types
+from prometheus_client.parser import text_string_to_metric_families
+
+from plugins.validation import FirstSeen
+from proxy.schemas.enums import OPEN_FIELDS
+from tests.conftest import BEARER, DEMO_KEY, MESSAGE_HEADERS
+from tests.test_validation import form, png
+
+RESPONSE = {"model": "respmodel-4o", "input": "hi"}
+MESSAGE = {"model": "msgmodel-sonnet-4-5", "max_tokens": 64}
+PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4DwABBAEAwS2OUAAAAABJRU5ErkJggg=="
+
+
+def sent(gw) -> dict:  # noqa: ANN001
+    """The JSON body the upstream received last."""
+    return json.loads(gw.last_upstream_request().body)
+
+
+# -- cases 1 and 2: the response format --
+
+@pytest.mark.parametrize("effort", ["minimal", "none", "xhigh"])
+async def test_case_1_newer_reasoning_efforts_reach_the_upstream(gateway, effort):  # noqa: ANN001
+    client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key=DEMO_KEY)
+    answer = await client.responses.create(model="respmodel-5", input="Think", reasoning={"effort": effort})
+    assert answer.status == "completed"
+    assert sent(gateway)["reasoning"] == {"effort": effort}
+
+
+async def test_case_2_the_priority_service_tier_reaches_the_upstream(gateway):  # noqa: ANN001
+    client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key=DEMO_KEY)
+    answer = await client.responses.create(model="respmodel-4o", input="Hi", service_tier="priority")
+    assert answer.status == "completed"
+    assert sent(gateway)["service_tier"] == "priority"
+
+
+# -- case 3: the message format's image sources, as anthropic 2.14's types define them --
+
+@pytest.mark.parametrize("source", [{"type": "url", "url": "https://example.com/cat.png"},
+                                    {"type": "file", "file_id": "file_011CNha8iCJcU1wXNR6q4V8w"},
+                                    {"type": "base64", "media_type": "image/png", "data": PNG_B64}])
+async def test_case_3_image_blocks_take_every_source_the_sdk_defines(gateway, source):  # noqa: ANN001
+    client = anthropic.AsyncAnthropic(base_url=gateway.url, api_key=DEMO_KEY)
+    message = await client.messages.create(**MESSAGE, messages=[{"role": "user", "content": [
+        {"type": "image", "source": source}, {"type": "text", "text": "What is this?"}]}])
+    assert message.type == "message"
+    assert sent(gateway)["messages"][0]["content"][0]["source"] == source
+
+
+# -- cases 4 and 5: content generation, as google-genai (and pydantic-ai through it) sends it --
+
+def content_client(gateway) -> genai.Client:  # noqa: ANN001
+    return genai.Client(api_key=DEMO_KEY, http_options=genai_types.HttpOptions(base_url=gateway.url))
+
+
+async def test_case_4_a_tool_with_validated_function_calling_works(gateway):  # noqa: ANN001
+    weather = genai_types.FunctionDeclaration(name="get_weather", description="The weather in a city",
+                                              parameters={"type": "OBJECT", "properties": {"city": {"type": "STRING"}}})
+    config = genai_types.GenerateContentConfig(
+        tools=[genai_types.Tool(function_declarations=[weather])],
+        tool_config=genai_types.ToolConfig(function_calling_config=genai_types.FunctionCallingConfig(
+            mode=genai_types.FunctionCallingConfigMode.VALIDATED)))
+    answer = await content_client(gateway).aio.models.generate_content(
+        model="genmodel-2.0-flash", contents="Weather in Paris?", config=config)
+    assert answer.candidates
+    assert sent(gateway)["toolConfig"] == {"functionCallingConfig": {"mode": "VALIDATED"}}
+
+
+async def test_case_5_newer_harm_categories_work(gateway):  # noqa: ANN001
+    categories = [c for c in genai_types.HarmCategory if c.name == "HARM_CATEGORY_JAILBREAK"
+                  or c.name.startswith("HARM_CATEGORY_IMAGE_")]
+    assert len(categories) >= 2
+    config = genai_types.GenerateContentConfig(safety_settings=[
+        genai_types.SafetySetting(category=c, threshold=genai_types.HarmBlockThreshold.BLOCK_ONLY_HIGH)
+        for c in categories])
+    answer = await content_client(gateway).aio.models.generate_content(
+        model="genmodel-2.0-flash", contents="Hello", config=config)
+    assert answer.text
+    assert [s["category"] for s in sent(gateway)["safetySettings"]] == [c.value for c in categories]
+
+
+# -- case 6: both version headers --
+
+MESSAGE_CONFIG = "channels: [{name: simulator, base_url: simulator%s}]\n"
+
+
+async def test_case_6_the_sdk_with_the_interfaces_version_header_set_too_works(gateway):  # noqa: ANN001
+    client = anthropic.Anthropic(api_key=DEMO_KEY, base_url=gateway.url,
+                                 default_headers={"msgapi-version": "2023-06-01"})
+    message = await asyncio.to_thread(client.messages.create, **MESSAGE,
+                                      messages=[{"role": "user", "content": "Hello"}])
+    assert message.content[0].text
+    upstream = gateway.last_upstream_request()
+    # The SDK sends its own anthropic-version (another value) on every call: the interface's wins.
+    assert upstream.header("msgapi-version") == "2023-06-01" and upstream.header("anthropic-version") is None
+
+
+@pytest.mark.parametrize(("setting", "upstream_header"), [
+    ("", "msgapi-version"), (", version_header: anthropic-version", "anthropic-version"),
+    (", version_header: msgapi-version", "msgapi-version")])
+@pytest.mark.parametrize("strict", [False, True])
+async def test_case_6_when_both_version_headers_come_the_interfaces_goes_upstream(
+        start_gateway, http, setting, upstream_header, strict):  # noqa: ANN001
+    gw = await start_gateway(MESSAGE_CONFIG % setting + ("server: {strict_interface: true}\n" if strict else ""))
+    headers = {"x-api-key": DEMO_KEY, "msgapi-version": "2023-06-01", "anthropic-version": "2099-01-01"}
+    body = {**MESSAGE, "messages": [{"role": "user", "content": "hi"}]}
+    async with http.post(gw.url + "/v1/messages", json=body, headers=headers) as answer:
+        assert answer.status == 200, await answer.text()
+    got = {name.lower(): value for name, value in gw.last_upstream_request().headers}
+    assert got[upstream_header] == "2023-06-01"
+    assert ({"msgapi-version", "anthropic-version"} - {upstream_header}).isdisjoint(got)
+
+
+# -- case 7: unknown paths under /v1/responses/ --
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("POST", "/v1/responses/input_tokens"), ("POST", "/v1/responses/compact"), ("GET", "/v1/responses/x/y/z"),
+    ("DELETE", "/v1/responses/resp_1/input_items"), ("GET", "/v1/responses/resp_1/cancel"),
+    ("POST", "/v1/responses/resp_1/input_items"), ("PUT", "/v1/responses/resp_1"), ("DELETE", "/v1/responses/")])
+async def test_case_7_an_unknown_path_under_responses_is_the_formats_404(gateway, http, method, path):  # noqa: ANN001
+    async with http.request(method, gateway.url + path, json={"model": "respmodel-4o", "input": "hi"},
+                            headers=BEARER) as answer:
+        assert answer.status == 404, await answer.text()
+        error = (await answer.json())["error"]
+    assert error["type"] == "not_found_error" and error["code"] == "not_found" and "Allow" not in answer.headers
+    assert len(gateway.sim().requests) == 0
+
+
+async def test_case_7_the_sdks_token_count_is_a_not_found_error(gateway):  # noqa: ANN001
+    client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key=DEMO_KEY)
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.input_tokens.count(model="respmodel-4o", input="one two three")
+
+
+async def test_case_7_the_real_routes_still_answer_and_the_interfaces_405_stays(gateway, http):  # noqa: ANN001
+    client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key=DEMO_KEY)
+    made = await client.responses.create(model="respmodel-4o", input="Hello", background=True)
+    assert (await client.responses.retrieve(made.id)).id == made.id
+    assert [item async for item in client.responses.input_items.list(made.id)]
+    await client.responses.cancel(made.id)
+    await client.responses.delete(made.id)
+    async with http.get(gateway.url + "/v1/responses", headers=BEARER) as answer:  # endpoint 11 takes POST only
+        assert answer.status == 405 and answer.headers["Allow"] == "POST"
+    async with http.get(gateway.url + "/v1/video/generations/task_1/x", headers=BEARER) as answer:
+        assert answer.status == 404
+
+
+# -- an unlisted value: counted, logged once, forwarded as the client wrote it --
+
+async def scrape(http, url: str) -> dict[tuple[str, str], float]:  # noqa: ANN001
+    async with http.get(url + "/metrics") as answer:
+        text = await answer.text()
+    return {(s.labels["route"], s.labels["field"]): s.value for family in text_string_to_metric_families(text)
+            if family.name == "modelgate_validation_unknown_values"
+            for s in family.samples if s.name.endswith("_total")}
+
+
+async def test_an_unlisted_value_is_counted_by_field_and_logged_once(gateway, http, caplog):  # noqa: ANN001
+    first, second = f"effort-{uuid.uuid4().hex}", f"effort-{uuid.uuid4().hex}"
+    before = await scrape(http, gateway.admin)
+    with caplog.at_level(logging.INFO, logger="modelgate.validation"):
+        for effort in (first, first, second):
+            async with http.post(gateway.url + "/v1/responses", headers=BEARER,
+                                 json={**RESPONSE, "reasoning": {"effort": effort}, "service_tier": "auto"}) as answer:
+                assert answer.status == 200
+    after = await scrape(http, gateway.admin)
+    key = ("responses", "reasoning.effort")
+    assert after[key] - before.get(key, 0) == 3
+    assert {field for _, field in after} <= OPEN_FIELDS  # labels are declared fields, never values
+    logged = [r for r in caplog.records if r.name == "modelgate.validation" and getattr(r, "field", None)]
+    assert [(r.field, r.value, r.route) for r in logged] == [("reasoning.effort", first, "responses"),
+                                                             ("reasoning.effort", second, "responses")]
+
+
+async def test_a_logged_value_is_escaped_and_cut_short(gateway, http, caplog):  # noqa: ANN001
+    hostile = f"\x1b[2J\u202e{uuid.uuid4().hex}" + "x" * 200
+    with caplog.at_level(logging.INFO, logger="modelgate.validation"):
+        async with http.post(gateway.url + "/v1/responses", headers=BEARER,
+                             json={**RESPONSE, "truncation": hostile}) as answer:
+            assert answer.status == 200
+    shown = next(r.value for r in caplog.records if getattr(r, "field", None) == "truncation")
+    assert shown.startswith("\\x1b[2J\\u202e") and shown.endswith("...") and len(shown) < 110
+    assert sent(gateway)["truncation"] == hostile  # the whole value goes upstream
+
+
+def test_the_values_remembered_for_the_log_are_bounded():
+    seen = FirstSeen(most=2)
+    assert [seen.first(("f", v)) for v in ("a", "a", "b", "c", "a", "d")] == [True, False, True, False, False, False]
+    assert seen.full and len(seen.seen) == 2
+
+
+async def test_an_unlisted_value_in_a_form_passes_and_is_counted_once(gateway, http):  # noqa: ANN001
+    before = await scrape(http, gateway.admin)
+    data = form(("model", "imagegen-2", None), ("prompt", "edit", None), ("input_fidelity", "exact", None),
+                ("image", png(64, 64), "a.png"))
+    async with http.post(gateway.url + "/v1/images/edits", data=data, headers=BEARER) as answer:
+        assert answer.status == 200, await answer.text()
+    after = await scrape(http, gateway.admin)
+    assert after[("image_edits", "input_fidelity")] - before.get(("image_edits", "input_fidelity"), 0) == 1
+
+
+async def test_strict_enums_refuse_an_unlisted_value_in_a_form(start_gateway, http):  # noqa: ANN001
+    gw = await start_gateway("validation: {strict_enums: true}\n")
+    data = form(("model", "imagegen-2", None), ("prompt", "edit", None), ("input_fidelity", "exact", None),
+                ("image", png(64, 64), "a.png"))
+    async with http.post(gw.url + "/v1/images/edits", data=data, headers=BEARER) as answer:
+        assert answer.status == 400
+        assert (await answer.json())["error"]["param"] == "input_fidelity"
+
+
+async def test_an_unlisted_value_survives_the_gateway_encoding_the_body_again(start_gateway, http):  # noqa: ANN001
+    # A renamed model makes the gateway send a body it encoded itself: the value must be the client's.
+    gw = await start_gateway("channels: [{name: simulator, base_url: simulator, rename: {respmodel-4o: up-4o}}]\n")
+    raw = b'{"model":"respmodel-4o","input":"hi","reasoning":{"effort":"ne\\u0077\\u2028\xc3\xa9\\"\\\\\\/\xf0\x9f\x98\x80"}}'
+    async with http.post(gw.url + "/v1/responses", data=raw,
+                         headers={**BEARER, "Content-Type": "application/json"}) as answer:
+        assert answer.status == 200, await answer.text()
+    upstream = sent(gw)
+    assert upstream["model"] == "up-4o"  # encoded again, indeed
+    assert upstream["reasoning"]["effort"] == orjson.loads(raw)["reasoning"]["effort"] == "new\u2028\u00e9\"\\/\U0001f600"
+
+
+async def test_a_message_value_of_tomorrow_passes_in_every_shape(gateway, http):  # noqa: ANN001
+    # A tool_result holding a document, a role the SDK added, an image type the interface does not list.
+    body = {**MESSAGE, "messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t", "content": [
+                {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/avif", "data": PNG_B64}}]}]}
+    async with http.post(gateway.url + "/v1/messages", json=body, headers=MESSAGE_HEADERS) as answer:
+        assert answer.status == 200, await answer.text()
+    assert sent(gateway)["messages"] == body["messages"]
