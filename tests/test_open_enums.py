@@ -51,6 +51,22 @@ async def test_case_2_the_priority_service_tier_reaches_the_upstream(gateway):  
     assert sent(gateway)["service_tier"] == "priority"
 
 
+
+async def test_a_tool_output_given_as_content_parts_reaches_the_upstream(gateway):  # noqa: ANN001
+    """The interface names a string; the openai SDK's type also lets a tool return content parts."""
+    client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key=DEMO_KEY)
+    output = [{"type": "input_text", "text": "sunny, 21 C"},
+              {"type": "input_image", "image_url": "data:image/png;base64," + PNG_B64}]
+    answer = await client.responses.create(model="respmodel-4o", input=[
+        {"role": "user", "content": "Weather?"},
+        {"type": "function_call", "call_id": "call_1", "name": "weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": output}])
+    assert answer.status == "completed"
+    assert sent(gateway)["input"][2]["output"] == output
+    with pytest.raises(openai.BadRequestError):  # a type rule still holds: not a number
+        await client.responses.create(model="respmodel-4o", input=[
+            {"type": "function_call_output", "call_id": "call_1", "output": 42}])
+
 # -- case 3: the message format's image sources, as anthropic 2.14's types define them --
 
 @pytest.mark.parametrize("source", [{"type": "url", "url": "https://example.com/cat.png"},

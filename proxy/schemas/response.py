@@ -42,7 +42,9 @@ class MessageItem(Model):
 class FunctionCallOutput(Model):
     type: Literal["function_call_output"]
     call_id: str
-    output: str
+    # The interface names a string; the openai SDK also sends a list of content parts (a tool that
+    # returns an image or a file), which its upstream takes: refusing it would break that client.
+    output: text_or(list[ContentPart])  # type: ignore[valid-type]
     id: str | None = None
     status: open_enum("input[].status", ("in_progress", "completed", "incomplete"), UPSTREAMS) | None = None
 
