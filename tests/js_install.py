@@ -7,6 +7,7 @@ run of pytest alone works on a machine .ci/run never prepared."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import subprocess
@@ -34,6 +35,15 @@ def installed() -> Path:
         if shutil.which(tool) is None:
             raise RuntimeError(f"{tool} is not on PATH: the JavaScript client tests need node and npm")
     TARGET.mkdir(parents=True, exist_ok=True)
+    # Two test runs starting at once on a fresh machine install one after the other, not into each other.
+    with (TARGET / ".install.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not is_current():
+            _install()
+    return TARGET
+
+
+def _install() -> None:
     STAMP.unlink(missing_ok=True)
     for name in ("package.json", "package-lock.json"):
         shutil.copyfile(SOURCE / name, TARGET / name)
@@ -47,7 +57,6 @@ def installed() -> Path:
     print("JavaScript clients installed:", ", ".join(f"{n}@{v}" for n, v in sorted(versions.items())),
           file=sys.stderr)
     shutil.copyfile(SOURCE / "package-lock.json", STAMP)
-    return TARGET
 
 
 if __name__ == "__main__":

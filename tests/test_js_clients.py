@@ -23,7 +23,8 @@ from tests.conftest import DEMO_KEY, RunningGateway, gateway_starter
 from tests.js_install import SOURCE, installed
 
 # A channel whose simulator answers after the channel's first-byte timeout: every call is the
-# gateway's own 504. Its breaker never opens, so each case meets that 504, not a 503.
+# gateway's own 504. Its breaker never opens, so each case meets that 504, not a 503; its access
+# log is off (its last line would come after the test's output is captured).
 SLOW = """
     channels:
       - name: slow
@@ -31,7 +32,11 @@ SLOW = """
         timeouts: {first_byte_s: 0.2}
         simulator: {latency_ms: 1000}
     resilience: {breaker_failures: 1000}
+    observability: {logging: {access_log: false}}
 """
+# One worker runs the whole file under pytest-xdist (.ci/run distributes by these groups): one
+# node process, not one per worker.
+pytestmark = pytest.mark.xdist_group("js_clients")
 WORDS = "the quick brown fox jumps over a lazy dog".split()
 
 
