@@ -112,7 +112,8 @@ UPSTREAM_PATHS = {
 def test_each_call_reaches_the_upstream_once_with_the_channels_key(run: Run, case: str) -> None:
     [upstream] = run.upstream(case)
     assert upstream.path == UPSTREAM_PATHS[case]
-    assert DEMO_KEY not in repr(upstream.headers) + upstream.query  # the client's key never goes upstream
+    sent = repr(upstream.headers) + upstream.query
+    assert "sim-upstream-key" in sent and DEMO_KEY not in sent  # the embedded channel's credential, never the client's
 
 
 @pytest.mark.parametrize("sdk", ["openai", "anthropic", "genai"])

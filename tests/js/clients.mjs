@@ -147,7 +147,8 @@ const failure = (error) => ({
   status: error?.status ?? error?.statusCode ?? error?.lastError?.statusCode ?? null,
   attempts: error?.errors?.length ?? null,
 });
-const version = (name) => JSON.parse(readFileSync(new URL(`./node_modules/${name}/package.json`, import.meta.url))).version;
+const version = (name) =>
+  JSON.parse(readFileSync(new URL(`./node_modules/${name}/package.json`, import.meta.url))).version;
 console.log(JSON.stringify({ case: "versions", ok: true, value: Object.fromEntries(
   ["openai", "@anthropic-ai/sdk", "@google/genai", "ai", "@ai-sdk/openai", "@ai-sdk/anthropic", "@ai-sdk/google", "zod"]
     .map((name) => [name, version(name)])) }));
