@@ -8,19 +8,10 @@ from aiohttp import web
 
 from proxy.formats import CONTENT, MESSAGES
 from proxy.wire import jsonutil
-from simulator.core import Answer, Simulator, count_words, json_answer, sse, stream, words
+from simulator.core import Answer, Simulator, count_words, json_answer, sse, stream
 from simulator.media import is_image_model, png_base64
-
-
-def placeholder_args(schema: Any) -> dict[str, Any]:
-    """Arguments that satisfy a tool's schema well enough to look like a real call."""
-    if not isinstance(schema, dict):
-        return {}
-    props = schema.get("properties") or {}
-    kinds = {"string": "simulated", "STRING": "simulated", "integer": 1, "INTEGER": 1, "number": 1.0,
-             "NUMBER": 1.0, "boolean": True, "BOOLEAN": True}
-    return {name: kinds.get((spec or {}).get("type"), "simulated")
-            for name, spec in props.items() if name in (schema.get("required") or list(props))}
+from simulator.schema_values import value_for
+from simulator.turns import Conversation, Offered, answer_pieces, arguments, next_call, result_text
 
 
 # --- message format ---------------------------------------------------------------------------
@@ -31,22 +22,26 @@ async def messages(sim: Simulator, request: web.Request) -> web.StreamResponse:
         raise Answer(MESSAGES.error_response(400, "body must be a JSON object"))
     model = body.get("model", "msgmodel-sonnet-4-5")
     input_tokens = count_words(body.get("messages")) + count_words(body.get("system"))
-    text = " ".join(words(knobs.output_tokens))
-    tool = _pending_tool(body.get("tools"), body.get("messages"))
+    conversation = _message_conversation(body)
+    tool = next_call(conversation)
+    # A tool call is the whole answer, with no words before it: an agent streaming the answer
+    # (pydantic-ai's run_stream) takes the first text as the final output and ends its loop there.
+    pieces = answer_pieces(conversation, knobs.output_tokens)
     message_id = sim.new_id("msg")
-    blocks: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": "".join(pieces)}]
+    output_tokens = len(pieces)
     stop_reason = "end_turn"
     if tool is not None:
-        blocks.append({"type": "tool_use", "id": sim.new_id("toolu"), "name": tool["name"],
-                       "input": placeholder_args(tool.get("input_schema"))})
+        blocks = [{"type": "tool_use", "id": sim.new_id("toolu"), "name": tool.name, "input": arguments(tool)}]
+        output_tokens = knobs.output_tokens
         stop_reason = "tool_use"
-    usage = {"input_tokens": input_tokens, "output_tokens": knobs.output_tokens,
+    usage = {"input_tokens": input_tokens, "output_tokens": output_tokens,
              "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
     said = {} if knobs.no_usage else {"usage": usage}
     if not body.get("stream"):
-        sim.produce(input_tokens, knobs.output_tokens)
+        sim.produce(input_tokens, output_tokens)
         if not knobs.no_usage:
-            sim.report(input_tokens, knobs.output_tokens)
+            sim.report(input_tokens, output_tokens)
         return json_answer({"id": message_id, "type": "message", "role": "assistant", "model": model,
                             "content": blocks, "stop_reason": stop_reason, "stop_sequence": None, **said}, request)
 
@@ -60,20 +55,21 @@ async def messages(sim: Simulator, request: web.Request) -> web.StreamResponse:
             if block["type"] == "text":
                 yield sse("content_block_start", {"type": "content_block_start", "index": index,
                                                   "content_block": {"type": "text", "text": ""}})
-                for i, word in enumerate(words(knobs.output_tokens)):
+                for piece in pieces:
                     sim.produce(output_tokens=1)
                     yield sse("content_block_delta", {"type": "content_block_delta", "index": index,
-                                                      "delta": {"type": "text_delta", "text": word if i == 0 else " " + word}})
+                                                      "delta": {"type": "text_delta", "text": piece}})
             else:
+                sim.produce(output_tokens=output_tokens)
                 yield sse("content_block_start", {"type": "content_block_start", "index": index, "content_block":
                                                   {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}})
                 yield sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta":
                                                   {"type": "input_json_delta", "partial_json": jsonutil.dumps(block["input"]).decode()}})
             yield sse("content_block_stop", {"type": "content_block_stop", "index": index})
-        final = {"input_tokens": input_tokens, "output_tokens": knobs.output_tokens}
+        final = {"input_tokens": input_tokens, "output_tokens": output_tokens}
         closing = {} if knobs.no_usage else {"usage": final}
         if not knobs.no_usage:
-            sim.report(input_tokens, knobs.output_tokens)
+            sim.report(input_tokens, output_tokens)
         yield sse("message_delta", {"type": "message_delta",
                                     "delta": {"stop_reason": stop_reason, "stop_sequence": None, **closing}, **closing})
         yield sse("message_stop", {"type": "message_stop"})
@@ -81,15 +77,33 @@ async def messages(sim: Simulator, request: web.Request) -> web.StreamResponse:
     return await stream(sim, request, knobs, events())
 
 
-def _pending_tool(tools: Any, history: Any) -> dict[str, Any] | None:
-    """The tool to call: the first custom tool, unless the last turn already answered a call."""
-    if not isinstance(tools, list) or not tools or not isinstance(tools[0], dict):
-        return None
-    last = history[-1] if isinstance(history, list) and history else None
-    content = last.get("content") if isinstance(last, dict) else None
-    if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content):
-        return None
-    return tools[0]
+def _message_conversation(body: dict[str, Any]) -> Conversation:
+    """A message-format request as the turn logic reads it (simulator/turns.py)."""
+    conversation = Conversation(tools=[Offered(t["name"], t.get("input_schema")) for t in _list(body.get("tools"))
+                                       if isinstance(t, dict) and isinstance(t.get("name"), str)])
+    choice = body.get("tool_choice")
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind in ("auto", "none"):
+        conversation.choice = kind
+    elif kind == "any":
+        conversation.choice = "required"
+    elif kind == "tool":
+        conversation.named = choice.get("name")  # type: ignore[union-attr]
+    history = _list(body.get("messages"))
+    for message in history:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and message.get("role") == "assistant":
+            conversation.called += [b.get("name") for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
+    last = history[-1] if history and isinstance(history[-1], dict) else {}
+    if last.get("role") == "user" and isinstance(last.get("content"), list):
+        conversation.results = [result_text(b.get("content")) for b in last["content"]
+                                if isinstance(b, dict) and b.get("type") == "tool_result"]
+    for holder in (body.get("output_config"), body):  # structured outputs: `output_config.format`, or the beta's `output_format`
+        fmt = holder.get("format" if holder is not body else "output_format") if isinstance(holder, dict) else None
+        if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+            conversation.schema = fmt.get("schema") if isinstance(fmt.get("schema"), dict) else {}
+            break
+    return conversation
 
 
 # --- content-generation format ----------------------------------------------------------------
@@ -112,14 +126,18 @@ async def generate_content(sim: Simulator, request: web.Request) -> web.StreamRe
                  {"inlineData": {"mimeType": "image/png", "data": png_base64(256, 256)}}]
         return await _content_answer(sim, request, knobs, streaming, [parts], model, response_id, prompt_tokens,
                                1290, "IMAGE")
-    call = _function_call(body.get("tools"), body.get("contents"))
-    if call is not None:
+    conversation, enum_text = _content_conversation(body)
+    tool = next_call(conversation)
+    if tool is not None:
+        call = {"name": tool.name, "args": arguments(tool)}
         return await _content_answer(sim, request, knobs, streaming, [[{"functionCall": call}]], model, response_id,
-                               prompt_tokens, 8, "TEXT")
-    text = words(knobs.output_tokens)
-    chunks = [[{"text": (" " if i else "") + w}] for i, w in enumerate(text)] if streaming else [[{"text": " ".join(text)}]]
+                                     prompt_tokens, 8, "TEXT")
+    pieces = answer_pieces(conversation, knobs.output_tokens)
+    if enum_text:  # `text/x.enum`: one of the schema's values, bare
+        pieces = [str(value_for(conversation.schema))]
+    chunks = [[{"text": p}] for p in pieces] if streaming else [[{"text": "".join(pieces)}]]
     return await _content_answer(sim, request, knobs, streaming, chunks, model, response_id, prompt_tokens,
-                           knobs.output_tokens, "TEXT")
+                                 len(pieces), "TEXT")
 
 
 async def _content_answer(sim: Simulator, request: web.Request, knobs: Any, streaming: bool, chunks: list[list[dict[str, Any]]],
@@ -150,16 +168,44 @@ async def _content_answer(sim: Simulator, request: web.Request, knobs: Any, stre
     return await stream(sim, request, knobs, events)
 
 
-def _function_call(tools: Any, contents: Any) -> dict[str, Any] | None:
-    if not isinstance(tools, list):
-        return None
-    if isinstance(contents, list) and contents and isinstance(contents[-1], dict):
-        parts = contents[-1].get("parts") or []
-        if any(isinstance(p, dict) and ("functionResponse" in p or "function_response" in p) for p in parts):
-            return None
-    for tool in tools:
-        declarations = (tool or {}).get("functionDeclarations") or (tool or {}).get("function_declarations")
-        if declarations:
-            first = declarations[0]
-            return {"name": first.get("name", "tool"), "args": placeholder_args(first.get("parameters"))}
-    return None
+def _content_conversation(body: dict[str, Any]) -> tuple[Conversation, bool]:
+    """A content-generation request as the turn logic reads it (both spellings of every field),
+    and whether the answer is to be a bare enum value (`text/x.enum`)."""
+    def get(holder: Any, camel: str) -> Any:
+        snake = "".join("_" + c.lower() if c.isupper() else c for c in camel)
+        return (holder.get(camel, holder.get(snake)) if isinstance(holder, dict) else None)
+
+    conversation = Conversation()
+    for tool in _list(body.get("tools")):
+        for declaration in _list(get(tool, "functionDeclarations")):
+            if isinstance(declaration, dict) and isinstance(declaration.get("name"), str):
+                schema = get(declaration, "parametersJsonSchema") or get(declaration, "parameters")
+                conversation.tools.append(Offered(declaration["name"], schema))
+    calling = get(get(body, "toolConfig"), "functionCallingConfig")
+    mode = get(calling, "mode")
+    # AUTO and VALIDATED (AUTO with the arguments checked) leave the choice to the model
+    conversation.choice = {"ANY": "required", "NONE": "none"}.get(mode, "auto") if isinstance(mode, str) else "auto"
+    allowed = get(calling, "allowedFunctionNames")
+    if isinstance(allowed, list) and allowed:
+        conversation.allowed = {name for name in allowed if isinstance(name, str)}
+    contents = body.get("contents")
+    contents = contents if isinstance(contents, list) else [contents]
+    for content in contents:
+        if isinstance(content, dict) and content.get("role") == "model":
+            conversation.called += [get(get(p, "functionCall"), "name") for p in _list(content.get("parts"))
+                                    if get(p, "functionCall") is not None]
+    last = contents[-1] if contents and isinstance(contents[-1], dict) else {}
+    conversation.results = [result_text(get(get(p, "functionResponse"), "response"))
+                            for p in _list(last.get("parts")) if isinstance(get(p, "functionResponse"), dict)]
+    config = get(body, "generationConfig")
+    schema = get(config, "responseJsonSchema") or get(config, "responseSchema")
+    mime = get(config, "responseMimeType")
+    if isinstance(schema, dict):
+        conversation.schema = schema
+    elif mime == "application/json":
+        conversation.schema = True
+    return conversation, mime == "text/x.enum" and isinstance(schema, dict)
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

@@ -13,8 +13,8 @@ from aiohttp import web
 
 from proxy.formats import RESPONSES
 from proxy.wire import jsonutil
-from simulator.chat import placeholder_args
-from simulator.core import Answer, Knobs, Simulator, count_words, json_answer, now, sse, stream, words
+from simulator.core import Answer, Knobs, Simulator, count_words, json_answer, now, sse, stream
+from simulator.turns import Conversation, Offered, answer_pieces, arguments, next_call, result_text
 
 
 async def responses(sim: Simulator, request: web.Request) -> web.StreamResponse:
@@ -52,25 +52,66 @@ async def responses(sim: Simulator, request: web.Request) -> web.StreamResponse:
 def _make(sim: Simulator, body: dict[str, Any], knobs: Knobs, turn: int) -> dict[str, Any]:
     """Everything a response is: its final object, and what its stream is made of."""
     input_tokens = count_words(body.get("input")) + count_words(body.get("instructions"))
-    text_words = [f"Turn {turn}:"] + words(knobs.output_tokens - 1)
+    conversation = _conversation(sim, body)
+    tool = next_call(conversation)
+    pieces = answer_pieces(conversation, knobs.output_tokens,
+                           lead=[f"Turn {turn}:"] if conversation.schema is None else None)
     item_id = sim.new_id("msg")
-    tool = next((t for t in body.get("tools") or [] if isinstance(t, dict) and t.get("type") == "function"), None)
     message = {"type": "message", "id": item_id, "status": "completed", "role": "assistant",
-               "content": [{"type": "output_text", "text": " ".join(text_words), "annotations": []}]}
+               "content": [{"type": "output_text", "text": "".join(pieces), "annotations": []}]}
     output: list[dict[str, Any]] = [message]
+    output_tokens = len(pieces)
     if tool is not None:
         output = [{"type": "function_call", "id": sim.new_id("fc"), "call_id": sim.new_id("call"),
-                   "name": tool.get("name", "tool"), "status": "completed",
-                   "arguments": jsonutil.dumps(placeholder_args(tool.get("parameters"))).decode()}]
+                   "name": tool.name, "status": "completed",
+                   "arguments": jsonutil.dumps(arguments(tool)).decode()}]
+        output_tokens = knobs.output_tokens
     usage = None if knobs.no_usage else {
         "input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": knobs.output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": input_tokens + knobs.output_tokens}
+        "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": input_tokens + output_tokens}
     response_id = sim.new_id("resp")
     return {"response": _response_object(body, response_id, "completed", output, usage),
             "started": _response_object(body, response_id, "in_progress", [], None),
-            "message": message, "text_words": text_words, "tool": tool is not None,
-            "input_tokens": input_tokens, "output_tokens": knobs.output_tokens}
+            "message": message, "pieces": pieces, "tool": tool is not None,
+            "input_tokens": input_tokens, "output_tokens": output_tokens}
+
+
+def _conversation(sim: Simulator, body: dict[str, Any]) -> Conversation:
+    """The request as the turn logic reads it (simulator/turns.py)."""
+    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+    conversation = Conversation(tools=[Offered(t["name"], t.get("parameters")) for t in tools
+                                       if isinstance(t, dict) and t.get("type") == "function"
+                                       and isinstance(t.get("name"), str)])
+    choice = body.get("tool_choice")
+    if choice in ("auto", "none", "required"):
+        conversation.choice = choice
+    elif isinstance(choice, dict) and choice.get("type") == "function":
+        conversation.named = choice.get("name")
+    elif isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        conversation.choice = "required" if choice.get("mode") == "required" else "auto"
+        allowed = choice.get("tools") if isinstance(choice.get("tools"), list) else []
+        conversation.allowed = {t.get("name") for t in allowed if isinstance(t, dict)}
+    items = body.get("input") if isinstance(body.get("input"), list) else []
+    conversation.called = [i.get("name") for i in items if isinstance(i, dict) and i.get("type") == "function_call"]
+    previous, hops = body.get("previous_response_id"), 0
+    while (stored := sim.responses.get(previous)) is not None and hops < 100:  # type: ignore[arg-type]
+        conversation.called += [o.get("name") for o in stored["response"]["output"] if o.get("type") == "function_call"]
+        previous, hops = stored["response"].get("previous_response_id"), hops + 1
+    for item in reversed(items):  # the tool results given since the user last spoke
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "function_call_output":
+            conversation.results.insert(0, result_text(item.get("output")))
+        elif item.get("role") == "user":
+            break
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        conversation.schema = fmt.get("schema") if isinstance(fmt.get("schema"), dict) else {}
+    elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        conversation.schema = True
+    return conversation
 
 
 def _events(sim: Simulator, made: dict[str, Any], counted: bool, no_usage: bool = False,
@@ -94,18 +135,24 @@ def _events(sim: Simulator, made: dict[str, Any], counted: bool, no_usage: bool 
         if made["tool"]:
             if not counted:
                 sim.produce(output_tokens=made["output_tokens"])
-            yield event("response.output_item.added", output_index=0, item={**final["output"][0], "status": "in_progress"})
-            yield event("response.output_item.done", output_index=0, item=final["output"][0])
+            call = final["output"][0]
+            yield event("response.output_item.added", output_index=0,
+                        item={**call, "arguments": "", "status": "in_progress"})
+            yield event("response.function_call_arguments.delta", item_id=call["id"], output_index=0,
+                        delta=call["arguments"])
+            yield event("response.function_call_arguments.done", item_id=call["id"], output_index=0,
+                        name=call["name"], arguments=call["arguments"])
+            yield event("response.output_item.done", output_index=0, item=call)
         else:
             yield event("response.output_item.added", output_index=0,
                         item={**message, "status": "in_progress", "content": []})
             part = {"type": "output_text", "text": "", "annotations": []}
             yield event("response.content_part.added", item_id=item_id, output_index=0, content_index=0, part=part)
-            for i, word in enumerate(made["text_words"]):
+            for piece in made["pieces"]:
                 if not counted:
                     sim.produce(output_tokens=1)
                 yield event("response.output_text.delta", item_id=item_id, output_index=0, content_index=0,
-                            delta=word if i == 0 else " " + word)
+                            delta=piece)
             yield event("response.output_text.done", item_id=item_id, output_index=0, content_index=0, text=text)
             yield event("response.content_part.done", item_id=item_id, output_index=0, content_index=0,
                         part={**part, "text": text})
