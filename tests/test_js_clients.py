@@ -153,8 +153,8 @@ def test_the_ai_sdk_tool_loop_ends_with_text_after_the_tools_result(run: Run, pr
     # Arguments made from the tool's schema (zod's, as JSON Schema in each format's own field).
     assert call["toolName"] == "weather" and isinstance(call["input"].get("city"), str) and call["input"]["city"]
     assert called["toolResults"] == [{"city": call["input"]["city"], "celsius": 21}]
-    assert answered["toolCalls"] == [] and answered["text"] and result["finishReason"] == "stop"
-    assert result["text"] == answered["text"]
+    assert answered["toolCalls"] == [] and result["finishReason"] == "stop"
+    assert result["text"] == answered["text"] and '"celsius":21' in answered["text"]  # the simulator quotes the result
     first, second = run.upstream(f"ai {provider} tool loop")
     assert b'"weather"' in first.body and b"celsius" in second.body  # the tool went up, then its result
 
