@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import socket
@@ -10,7 +9,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,10 +98,11 @@ class RunningGateway:
         return self.sim(name).requests[-1]
 
 
-@pytest.fixture
-async def start_gateway(tmp_path: Path) -> AsyncIterator[Callable[..., asyncio.Future]]:
-    """Start a gateway in this process from YAML text (or the embedded defaults); its admin
-    listener, unless the config turns it off, goes on a free port on the configured host."""
+@asynccontextmanager
+async def gateway_starter(config_dir: Path) -> AsyncIterator[Callable[..., Awaitable[RunningGateway]]]:
+    """Start gateways in this process from YAML text (or the embedded defaults), each config
+    file written to `config_dir`; its admin listener, unless the config turns it off, goes on a
+    free port on the configured host. All are stopped on leaving."""
     runners: list[web.AppRunner] = []
     admins: list[AdminListener] = []
 
@@ -110,7 +111,7 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[Callable[..., asyncio.F
             loaded = load_config(None)
             path = None
         else:
-            path = tmp_path / f"config-{len(runners)}.yaml"
+            path = config_dir / f"config-{len(runners)}.yaml"
             path.write_text(textwrap.dedent(yaml_text))
             loaded = load_config(path, env if env is not None else os.environ)
         app = build_app(loaded, path)
@@ -125,11 +126,20 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[Callable[..., asyncio.F
             admins.append(admin)
         return RunningGateway(f"http://127.0.0.1:{port}", app[APP_KEY], runner, admin.url if admin else None)
 
-    yield start
-    for admin in admins:
-        await admin.close()
-    for runner in reversed(runners):
-        await runner.cleanup()
+    try:
+        yield start
+    finally:
+        for admin in admins:
+            await admin.close()
+        for runner in reversed(runners):
+            await runner.cleanup()
+
+
+@pytest.fixture
+async def start_gateway(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[RunningGateway]]]:
+    """Start a gateway in this process for the test (gateway_starter); all stop after it."""
+    async with gateway_starter(tmp_path) as start:
+        yield start
 
 
 @pytest.fixture
