@@ -279,6 +279,31 @@ async def _emptied_test_database() -> str:
     return REDIS_URL
 
 
+@pytest.fixture(scope="session")
+def lone_redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Redis server of this test process's own, for the tests that hold a server busy (a script
+    running for seconds) or flush its scripts: on the shared server that would stall, or unload
+    scripts under, the tests the other processes run meanwhile."""
+    from tests.redis_topologies import RedisProcesses
+
+    processes = RedisProcesses(tmp_path_factory.mktemp("lone-redis"))
+    port = free_port()
+    processes.start(port)
+    yield f"redis://127.0.0.1:{port}/0"
+    processes.stop()
+
+
+@pytest.fixture
+async def lone_redis(lone_redis_server: str) -> str:
+    """`lone_redis_server`, emptied first."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(lone_redis_server)
+    await client.flushall()
+    await client.aclose()
+    return lone_redis_server
+
+
 POSTGRES = os.environ.get("MODELGATE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 

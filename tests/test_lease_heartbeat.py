@@ -144,8 +144,8 @@ async def test_a_released_lease_is_never_put_back_by_a_renewal_racing_its_releas
 async def test_a_lease_whose_holder_stops_renewing_lapses_and_one_renewed_does_not(shared_redis: str) -> None:
     """Two holders of one key's leases; one stops renewing (as a killed process does). Its lease
     lapses within a life; the other's, renewed, outlives several, through a Redis that forgot its
-    scripts (a restart or a failover) meanwhile: the Cluster and the Sentinel-named primary are the
-    tests' own, the one server others share (whose scripts the gathering's own test forgets)."""
+    scripts (a restart or a failover) meanwhile where the server is the tests' own (the Cluster and
+    the Sentinel-named primary; the one server every test process shares keeps its scripts)."""
     one = Check("key:k:concurrent", "key-concurrent", Kind.CONCURRENT, 2, 0, subject="key:k")
     alive = RedisLimiter(shared_redis, "lapse:", lease_life_s=LIFE_S, renew_every_s=EVERY_S)
     dead = RedisLimiter(shared_redis, "lapse:", lease_life_s=LIFE_S, renew_every_s=EVERY_S)

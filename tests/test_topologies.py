@@ -73,13 +73,13 @@ async def test_a_burst_past_the_pool_waits_its_turn_instead_of_failing(redis_url
     assert [d.allowed for d in found].count(True) == 100
 
 
-async def test_calls_gathered_into_one_pipeline_survive_a_redis_that_forgot_its_scripts(redis_url: str) -> None:
+async def test_calls_gathered_into_one_pipeline_survive_a_redis_that_forgot_its_scripts(lone_redis: str) -> None:
     """Under load the limiter's calls share pipelines; after a restart or failover Redis knows no
     script, and the gathered calls are answered all the same (loaded, then sent once more)."""
     import redis.asyncio as aioredis
 
-    limiter = RedisLimiter(redis_url, "gathered:")
-    client = aioredis.Redis.from_url(redis_url)
+    limiter = RedisLimiter(lone_redis, "gathered:")
+    client = aioredis.Redis.from_url(lone_redis)
     checks = [Check("key:g:rpm", "key-rpm", Kind.REQUESTS, 150, 60, subject="key:g")]
     try:
         first = await asyncio.gather(*(limiter.acquire(checks, f"a{i}") for i in range(100)))
@@ -112,13 +112,13 @@ async def _emptied(limiter: RedisLimiter, client: Any, key: str, within_s: float
 
 
 @pytest.mark.parametrize("stall_us", [900_000, 2_600_000])  # past the limiter's wait; past the client's timeout too
-async def test_a_check_answered_too_late_is_given_back_once_it_has_run(redis_url: str, stall_us: int) -> None:
+async def test_a_check_answered_too_late_is_given_back_once_it_has_run(lone_redis: str, stall_us: int) -> None:
     """A check that waits past the limiter's deadline lets the fail mode decide; when Redis then
     runs it, what it took (a lease, which would hold its slot until it lapsed) is given back."""
     import redis.asyncio as aioredis
 
-    limiter = RedisLimiter(redis_url, "late:")
-    client = aioredis.Redis.from_url(redis_url)
+    limiter = RedisLimiter(lone_redis, "late:")
+    client = aioredis.Redis.from_url(lone_redis)
     try:
         await limiter.acquire([LEASE], "warm")  # connections open, script loaded
         await limiter.finish([LEASE], "warm", None)
@@ -134,13 +134,13 @@ async def test_a_check_answered_too_late_is_given_back_once_it_has_run(redis_url
         await client.aclose()
 
 
-async def test_a_check_whose_client_went_away_is_given_back_once_it_has_run(redis_url: str) -> None:
+async def test_a_check_whose_client_went_away_is_given_back_once_it_has_run(lone_redis: str) -> None:
     """A client that leaves while its check waits on Redis cancels the check, not what Redis does
     with it: the lease it takes then is given back, not held until it lapses."""
     import redis.asyncio as aioredis
 
-    limiter = RedisLimiter(redis_url, "gone:")
-    client = aioredis.Redis.from_url(redis_url)
+    limiter = RedisLimiter(lone_redis, "gone:")
+    client = aioredis.Redis.from_url(lone_redis)
     try:
         await limiter.acquire([LEASE], "warm")
         await limiter.finish([LEASE], "warm", None)
@@ -177,13 +177,13 @@ async def test_a_give_back_that_reaches_redis_first_stops_the_check_that_comes_l
         await client.aclose()
 
 
-async def test_a_settlement_redis_could_not_take_is_made_once_it_can(redis_url: str) -> None:
+async def test_a_settlement_redis_could_not_take_is_made_once_it_can(lone_redis: str) -> None:
     """A stream that ends while Redis is away must not hold its lease (a concurrency slot) until it
     lapses: the limiter tries the settlement again every second until Redis takes it."""
     import redis.asyncio as aioredis
 
-    limiter = RedisLimiter(redis_url, "unsettled:")
-    client = aioredis.Redis.from_url(redis_url)
+    limiter = RedisLimiter(lone_redis, "unsettled:")
+    client = aioredis.Redis.from_url(lone_redis)
     try:
         assert (await limiter.acquire([LEASE], "streamed")).allowed
         assert (await limiter.acquire([LEASE], "unsent")).allowed
@@ -313,15 +313,15 @@ async def test_on_a_cluster_the_store_is_away_while_any_primary_is_though_one_no
         await asyncio.to_thread(cluster.processes.stop)
 
 
-async def test_a_callback_no_replica_confirmed_is_refused_but_kept(redis_url: str) -> None:
+async def test_a_callback_no_replica_confirmed_is_refused_but_kept(lone_redis: str) -> None:
     """`replica_acks` on a server without replicas: the add happens (and is delivered, at least once),
     but the provider is told to retry; so too after Redis forgot the queue's script."""
     import redis.asyncio as aioredis
 
     from plugins.webhook_queue.queue import QueueUnsafe
 
-    queue = WebhookQueue(redis_url, "unsafe:", replica_acks=1, replica_wait_s=0.05)
-    client = aioredis.Redis.from_url(redis_url)
+    queue = WebhookQueue(lone_redis, "unsafe:", replica_acks=1, replica_wait_s=0.05)
+    client = aioredis.Redis.from_url(lone_redis)
     try:
         for n in range(2):
             with pytest.raises(QueueUnsafe):
