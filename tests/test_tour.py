@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from pathlib import Path
 
@@ -18,6 +19,10 @@ async def test_every_tour_command_succeeds_against_the_embedded_defaults(spawn):
     assert output.decode().rstrip().endswith("tour: every call succeeded")
     log = gateway.log.read_text()
     assert f"modelgate listening on {gateway.url}" in log  # the startup line names the base URL
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    assert lines and all(line.get("logger", "").startswith("modelgate") for line in lines
+                         if line.get("logger") != "aiohttp.server"), "every line names the part it comes from"
+    assert {"modelgate.access", "modelgate.server"} <= {line.get("logger") for line in lines}
 
 
 def test_readme_tour_and_the_script_run_the_same_calls():

@@ -112,7 +112,9 @@ def configure_logging(config: LoggingConfig) -> None:
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, _shown,
                     structlog.processors.format_exc_info, renderer],
-        foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder()],
+        # Each line names its logger (modelgate.validation, modelgate.ledger ...), as access lines do,
+        # so a log pipeline can pick out one part's lines.
+        foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name, structlog.stdlib.ExtraAdder()],
     ))
     root = logging.getLogger()
     root.handlers[:] = [handler]
