@@ -130,6 +130,7 @@ JSON_CASES = [
     ("a url image source needs its url", "/v1/messages", MSG, {**MESSAGE, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url"}}]}]}, "messages[0].content[0].source.url"),
     ("a file image source needs its file_id", "/v1/messages", MSG, {**MESSAGE, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": ""}}]}]}, "messages[0].content[0].source.file_id"),
     ("quality stays closed (charges read it)", "/v1/images/generations", BEARER, {**IMAGE, "quality": "ultra"}, "quality"),
+    ("service_tier stays closed (the upstream bills by it)", "/v1/responses", BEARER, {**RESPONSE, "service_tier": "gold"}, "service_tier"),
 ]
 
 
@@ -168,7 +169,6 @@ OPEN_CASES = [
     ("tool_choice words", "/v1/responses", BEARER, {**RESPONSE, "tool_choice": "sometimes"}, "tool_choice"),
     ("truncation values", "/v1/responses", BEARER, {**RESPONSE, "truncation": "middle"}, "truncation"),
     ("reasoning effort values", "/v1/responses", BEARER, {**RESPONSE, "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
-    ("service_tier values", "/v1/responses", BEARER, {**RESPONSE, "service_tier": "gold"}, "service_tier"),
 ]
 STRICT_ENUMS = "validation: {strict_enums: true}\n"
 

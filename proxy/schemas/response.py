@@ -199,7 +199,10 @@ class ResponseRequest(Model):
     reasoning: Reasoning | None = None
     # Open too: the price table prices by model and tokens, never by tier (a dearer tier is the
     # upstream's bill to the operator, as its other options are).
-    service_tier: open_enum("service_tier", ("auto", "default", "flex"), UPSTREAMS) | None = None
+    # Closed: a tier changes what the upstream bills (priority and fast cost more than default),
+    # and the price table prices tokens at one rate, so a tier nobody has looked at must not pass
+    # unseen. The list is the interface's and the openai SDK's (ServiceTier), and tracks the SDK.
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"] | None = None
     store: bool | None = None
     stream: bool | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
