@@ -1,6 +1,7 @@
-"""The JavaScript clients tests/test_js_clients.py drives, installed once into `.venv/js/` (beside
-the venv's Python, so a fresh clone installs them and a second run finds them): the exact tree
-tests/js/package-lock.json names, installed again only when that lock file changes.
+"""The JavaScript clients tests/test_js_clients.py drives (and whose TypeScript declarations
+tests/test_js_sdk_types.py reads), installed once into `.venv/js/` (beside the venv's Python, so a
+fresh clone installs them and a second run finds them): the exact tree tests/js/package-lock.json
+names, installed again only when that lock file changes.
 
 `python -m tests.js_install` is how .ci/run installs them; the tests call `installed()` too, so a
 run of pytest alone works on a machine .ci/run never prepared."""
