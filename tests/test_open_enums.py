@@ -144,6 +144,16 @@ async def test_case_6_when_both_version_headers_come_the_interfaces_goes_upstrea
     assert ({"msgapi-version", "anthropic-version"} - {upstream_header}).isdisjoint(got)
 
 
+async def test_case_6_both_headers_with_one_value_both_go_to_a_channel_that_names_none(gateway, http):  # noqa: ANN001
+    """An upstream that reads either header (a channel without `version_header`) finds the version."""
+    headers = {"x-api-key": DEMO_KEY, "msgapi-version": "2023-06-01", "anthropic-version": "2023-06-01"}
+    body = {**MESSAGE, "messages": [{"role": "user", "content": "hi"}]}
+    async with http.post(gateway.url + "/v1/messages", json=body, headers=headers) as answer:
+        assert answer.status == 200, await answer.text()
+    got = {name.lower(): value for name, value in gateway.last_upstream_request().headers}
+    assert got["msgapi-version"] == got["anthropic-version"] == "2023-06-01"
+
+
 # -- case 7: unknown paths under /v1/responses/ --
 
 @pytest.mark.parametrize(("method", "path"), [

@@ -283,7 +283,8 @@ class ChannelConfig(Strict):
     # removes it and turns the Base64 answer into URLs when URL delivery was asked for.
     accepts_response_format: bool = True
     # Message format: the header the client's API version goes upstream in (the value of
-    # msgapi-version or anthropic-version, whichever came); unset, both go as the client sent them.
+    # msgapi-version or anthropic-version, whichever came); unset, as the client sent it (both
+    # headers when both came with one value, msgapi-version alone when they differ).
     version_header: Literal["msgapi-version", "anthropic-version"] | None = None
     # Content generation: the API version in the upstream path (`v1beta/models/...`); unset, the
     # client's own (`/v1/` or `/v1beta/`).

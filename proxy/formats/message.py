@@ -39,15 +39,20 @@ class MessageFormat(Format):
 
     def place_version(self, headers: CIMultiDict[str], name: str | None, sent: CIMultiDictProxy[str]) -> None:
         """Send the client's API version under the header a channel asks for (`version_header`),
-        and only there; None: under the header the client sent it in (the spec's, when it sent
-        both). Set afresh for every attempt, from what the client sent, so a channel failed over
-        from leaves no choice of its own behind."""
+        and only there; None: under the header the client sent it in (both, when both came with
+        one value: an upstream reading either finds it; the spec's alone when they differ). Set
+        afresh for every attempt, from what the client sent, so a channel failed over from leaves
+        no choice of its own behind."""
         for header in (self.version_header, self.sdk_version_header):
             headers.popall(header, None)
         if name is None:
-            header = self.version_header if sent.get(self.version_header) else self.sdk_version_header
-            for value in sent.getall(header, []):
-                headers.add(header, value)
+            spec, sdk = sent.getall(self.version_header, []), sent.getall(self.sdk_version_header, [])
+            kept = [self.version_header] if spec else []
+            if not spec or sdk == spec:
+                kept.append(self.sdk_version_header)
+            for header in kept:
+                for value in sent.getall(header, []):
+                    headers.add(header, value)
             return
         value = sent.get(self.version_header) or sent.get(self.sdk_version_header)
         if value:
