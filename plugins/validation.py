@@ -6,8 +6,9 @@ their leading fields checked at once and their files (count, size, PNG/WEBP/JPG 
 bytes, mask size and dimensions) as they stream; unknown fields are forwarded.
 
 A value an open enumeration does not list (proxy/schemas/enums.py) passes to the upstream and
-is counted by its field, and logged once per field and value while the process runs;
-`validation.strict_enums` refuses it instead.
+is counted by its field, and logged once per field and value while the process runs (a few new
+ones a request, a bounded number a field); `validation.strict_enums` refuses it instead, and a
+body with more than `MOST_UNLISTED` of them is refused in every mode.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError
 
 from proxy.config import GatewayConfig
-from proxy.observability.metrics import rule_label
-from proxy.observability.safe_text import shown
+from proxy.observability.metrics import child, rule_label
 from proxy.plugin import Joins, Plugin
 from proxy.request.body import MultipartBody
 from proxy.request.exchange import Exchange
 from proxy.schemas import (JSON_SCHEMAS, EnumCheck, GenerateContentRequest, ImageEditForm, VideosRequest, Violation,
                            check)
 from proxy.schemas.common import first_violation, violation_of
+from proxy.schemas.enums import MOST_UNLISTED
 from proxy.schemas.imagefiles import sniff
 from proxy.schemas.images import MAX_EDIT_IMAGES, MAX_IMAGE_BYTES, MAX_MASK_BYTES
 from proxy.wire.multipart import MultipartObserver
@@ -40,30 +41,34 @@ UNKNOWN_VALUES = Counter("modelgate_validation_unknown_values", "Values of an op
 log = logging.getLogger("modelgate.validation")
 
 SHOWN_CHARS = 80  # of a value, in its log line (the whole value goes upstream)
+LOGGED_PER_REQUEST = 4  # new (field, value) pairs one request may log: one request cannot fill a field's room
 
 
 class FirstSeen:
     """Which (field, value) pairs were logged already in this process: the first of each is, up
-    to `most` pairs in all, so a client sending a new value each time neither grows the process
-    nor floods the log (past it, values are only counted, and the log says so once)."""
+    to `most` values a field, so a client sending a new value each time neither grows the process
+    nor floods the log, and a flood in one field leaves the others' new values logged (past it,
+    that field's values are only counted, and the log says so once). Fields are the schemas'
+    labels (proxy.schemas.enums.OPEN_FIELDS): the whole is bounded by their number times `most`."""
 
     __slots__ = ("seen", "most", "full")
 
-    def __init__(self, most: int = 1000) -> None:
-        self.seen: set[tuple[str, str]] = set()
+    def __init__(self, most: int = 64) -> None:
+        self.seen: dict[str, set[str]] = {}
         self.most = most
-        self.full = False
+        self.full: set[str] = set()
 
-    def first(self, key: tuple[str, str]) -> bool:
-        if key in self.seen:
+    def first(self, field: str, value: str) -> bool:
+        values = self.seen.setdefault(field, set())
+        if value in values:
             return False
-        if len(self.seen) >= self.most:
-            if not self.full:
-                self.full = True
-                log.info("unlisted enumeration values: %d logged, the rest only counted "
-                         "(modelgate_validation_unknown_values_total)", self.most)
+        if len(values) >= self.most:
+            if field not in self.full:
+                self.full.add(field)
+                log.info("unlisted enumeration values: %d logged for this field, the rest only counted "
+                         "(modelgate_validation_unknown_values_total)", self.most, extra={"field": field})
             return False
-        self.seen.add(key)
+        values.add(value)
         return True
 
 
@@ -97,7 +102,9 @@ class Validation(Plugin):
         parsed, violation = check(schema, ex.json(), enums=enums)
         if violation is not None:
             return refuse(ex, violation)
-        note_unknown(route.name, enums.unknown)
+        if (field := enums.over_bound()) is not None:
+            return refuse(ex, Violation(field, too_many()))
+        note_unknown(enums, ex.route.name, ex.request_id, ex.key_name)
         if route.always_streams and isinstance(parsed, GenerateContentRequest) and parsed.asks_for_image_urls():
             return refuse(ex, Violation("generationConfig.responseFormat.image.delivery",
                                         "URL delivery needs a non-streaming request"))
@@ -105,7 +112,7 @@ class Validation(Plugin):
 
     def _check_form(self, ex: Exchange, body: MultipartBody) -> web.StreamResponse | None:
         videos = ex.route.name == "videos"
-        fields = FormFields(VideosRequest if videos else ImageEditForm, self.strict_enums, ex.route.name)
+        fields = FormFields(VideosRequest if videos else ImageEditForm, self.strict_enums, ex)
 
         def check(observer: MultipartObserver, finished: bool) -> Violation | None:
             return (check_video_form if videos else check_edit_form)(observer, finished, fields)
@@ -120,32 +127,48 @@ def refuse(ex: Exchange, violation: Violation) -> web.Response:
     return ex.error_response(400, str(violation), param=violation.path or None)
 
 
-def note_unknown(route: str, found: list[tuple[str, str]]) -> None:
-    """Count each value an open enumeration let pass; log the first of each (field, value)."""
-    for field, value in found:
-        UNKNOWN_VALUES.labels(route, field).inc()
-        if not LOGGED.first((field, value[:SHOWN_CHARS])):  # the part shown is the part remembered
+def too_many() -> str:
+    return (f"the body carries more than {MOST_UNLISTED} values that the interface's enumerations do not "
+            "list (all fields together); no more are taken in one request")
+
+
+def note_unknown(enums: EnumCheck, route: str, request_id: str, key_name: str | None) -> None:
+    """Count the values open enumerations let pass, once a field for the request; log the first
+    few of them this process has not logged yet, each with the request's id and key."""
+    for field, count in enums.counts.items():
+        child(UNKNOWN_VALUES, route, field).inc(count)
+    logged = 0
+    for field, value in enums.kept:
+        if logged == LOGGED_PER_REQUEST:
+            break
+        if not LOGGED.first(field, value[:SHOWN_CHARS]):  # the part shown is the part remembered
             continue
+        logged += 1
         more = "..." if len(value) > SHOWN_CHARS else ""
+        # The value is client text: the log's own processor shows it safely (proxy/observability/
+        # access_log.py), once; escaping it here too doubled every backslash.
         log.info("a value the interface does not list went to the upstream", extra={
-            "route": route, "field": field, "value": shown(value[:SHOWN_CHARS]) + more})
+            "request_id": request_id, "key_name": key_name, "route": route, "field": field,
+            "value": value[:SHOWN_CHARS] + more})
 
 
 class FormFields:
     """A form's text fields against `schema` for one request: open enumerations as configured,
     and the values they let pass noted once, when the whole form has passed."""
 
-    __slots__ = ("schema", "strict_enums", "route", "noted")
+    __slots__ = ("schema", "strict_enums", "who", "noted")
 
-    def __init__(self, schema: type[BaseModel], strict_enums: bool, route: str) -> None:
-        self.schema, self.strict_enums, self.route, self.noted = schema, strict_enums, route, False
+    def __init__(self, schema: type[BaseModel], strict_enums: bool, ex: Exchange) -> None:
+        self.schema, self.strict_enums, self.noted = schema, strict_enums, False
+        # What the log line names, not the exchange: the body holding this check is the exchange's.
+        self.who = (ex.route.name, ex.request_id, ex.key_name)
 
     def __call__(self, observer: MultipartObserver, finished: bool) -> Violation | None:
         enums = EnumCheck(strict=self.strict_enums)
         violation = _lax_fields(self.schema, observer, finished, enums)
         if violation is None and finished and not self.noted:
             self.noted = True
-            note_unknown(self.route, enums.unknown)
+            note_unknown(enums, *self.who)  # each field is given once: a form never nears the bound
         return violation
 
 

@@ -11,6 +11,7 @@ import json
 import logging
 import uuid
 
+import aiohttp
 import anthropic
 import openai
 import orjson
@@ -19,8 +20,8 @@ from google import genai
 from google.genai import types as genai_types
 from prometheus_client.parser import text_string_to_metric_families
 
-from plugins.validation import FirstSeen
-from proxy.schemas.enums import OPEN_FIELDS
+from plugins.validation import LOGGED_PER_REQUEST, FirstSeen
+from proxy.schemas.enums import MOST_UNLISTED, OPEN_FIELDS
 from tests.conftest import BEARER, DEMO_KEY, MESSAGE_HEADERS
 from tests.test_validation import form, png
 
@@ -215,21 +216,80 @@ async def test_an_unlisted_value_is_counted_by_field_and_logged_once(gateway, ht
                                                              ("reasoning.effort", second, "responses")]
 
 
-async def test_a_logged_value_is_escaped_and_cut_short(gateway, http, caplog):  # noqa: ANN001
-    hostile = f"\x1b[2J\u202e{uuid.uuid4().hex}" + "x" * 200
+async def test_a_logged_value_is_escaped_once_cut_short_and_names_its_request(spawn):  # noqa: ANN001
+    gw = spawn("defaults")
+    hostile = f"x\x00y\r\n\u202e\\{uuid.uuid4().hex}" + "z" * 200
+    async with aiohttp.ClientSession() as http:
+        async with http.post(gw.url + "/v1/responses", headers=BEARER, json={**RESPONSE, "truncation": hostile}) as answer:
+            assert answer.status == 200
+            request_id = answer.headers["X-Request-Id"]
+    gw.proc.terminate()
+    gw.proc.wait(timeout=20)
+    lines = [orjson.loads(line) for line in gw.log.read_text().splitlines() if line.startswith("{")]
+    [line] = [line for line in lines if line.get("field") == "truncation"]
+    assert line["logger"] == "modelgate.validation" and line["route"] == "responses"
+    assert line["request_id"] == request_id and line["key_name"] == "demo"
+    # Shown as proxy/observability/safe_text.py shows client text, once: one backslash an escape,
+    # two for the backslash the client sent.
+    assert line["value"].startswith("x\\x00y\\r\\n\\u202e\\\\") and line["value"].endswith("...")
+    assert len(line["value"]) < 110
+
+
+async def test_a_request_counts_all_its_unlisted_values_and_logs_a_few(gateway, http, caplog):  # noqa: ANN001
+    flood = [f"include-{n}-{uuid.uuid4().hex}" for n in range(MOST_UNLISTED - 10)]
+    later = f"include-later-{uuid.uuid4().hex}"
+    before = await scrape(http, gateway.admin)
     with caplog.at_level(logging.INFO, logger="modelgate.validation"):
         async with http.post(gateway.url + "/v1/responses", headers=BEARER,
-                             json={**RESPONSE, "truncation": hostile}) as answer:
+                             json={**RESPONSE, "include": [*flood, flood[0], "reasoning.encrypted_content"]}) as answer:
+            assert answer.status == 200, await answer.text()
+            flood_id = answer.headers["X-Request-Id"]
+        middle = await scrape(http, gateway.admin)
+        async with http.post(gateway.url + "/v1/responses", headers=BEARER,
+                             json={**RESPONSE, "include": [later]}) as answer:
             assert answer.status == 200
-    shown = next(r.value for r in caplog.records if getattr(r, "field", None) == "truncation")
-    assert shown.startswith("\\x1b[2J\\u202e") and shown.endswith("...") and len(shown) < 110
-    assert sent(gateway)["truncation"] == hostile  # the whole value goes upstream
+    after = await scrape(http, gateway.admin)
+    key = ("responses", "include[]")
+    assert middle[key] - before.get(key, 0) == len(flood) + 1  # each unlisted value, the repeated one too
+    assert after[key] - middle[key] == 1
+    logged = [r for r in caplog.records if getattr(r, "field", None) == "include[]"]
+    # A few of the flood's, in the order sent; the flood did not use up the room the later value needed.
+    assert [r.value for r in logged] == [*flood[:LOGGED_PER_REQUEST], later]
+    assert {r.request_id for r in logged[:-1]} == {flood_id} and logged[-1].request_id != flood_id
+    assert sent(gateway)["include"] == [later]
 
 
-def test_the_values_remembered_for_the_log_are_bounded():
+@pytest.mark.parametrize("count", [MOST_UNLISTED, MOST_UNLISTED + 1])
+async def test_more_unlisted_values_than_the_bound_are_refused(gateway, http, count):  # noqa: ANN001
+    # All fields together: one unlisted effort, the rest in include.
+    body = {**RESPONSE, "reasoning": {"effort": "effort-of-tomorrow"},
+            "include": [f"include-{n}" for n in range(count - 1)]}
+    requests = len(gateway.sim().requests)
+    async with http.post(gateway.url + "/v1/responses", headers=BEARER, json=body) as answer:
+        if count == MOST_UNLISTED:
+            assert answer.status == 200, await answer.text()
+            return
+        assert answer.status == 400
+        error = (await answer.json())["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "include[]"
+    assert f"more than {MOST_UNLISTED} values" in error["message"]
+    assert len(gateway.sim().requests) == requests  # never sent upstream
+
+
+async def test_the_bound_holds_in_the_message_format_too(gateway, http):  # noqa: ANN001
+    body = {**MESSAGE, "messages": [{"role": f"role-{n}", "content": "hi"} for n in range(MOST_UNLISTED + 1)]}
+    async with http.post(gateway.url + "/v1/messages", json=body, headers=MESSAGE_HEADERS) as answer:
+        assert answer.status == 400
+        error = await answer.json()
+    assert error["error"]["type"] == "invalid_request_error"
+    assert error["error"]["message"].startswith(f"messages[].role: the body carries more than {MOST_UNLISTED}")
+
+
+def test_the_values_remembered_for_the_log_are_bounded_by_field():
     seen = FirstSeen(most=2)
-    assert [seen.first(("f", v)) for v in ("a", "a", "b", "c", "a", "d")] == [True, False, True, False, False, False]
-    assert seen.full and len(seen.seen) == 2
+    assert [seen.first("f", v) for v in ("a", "a", "b", "c", "a", "d")] == [True, False, True, False, False, False]
+    assert seen.first("g", "c")  # a flood in one field leaves the others room
+    assert seen.full == {"f"} and seen.seen == {"f": {"a", "b"}, "g": {"c"}}
 
 
 async def test_an_unlisted_value_in_a_form_passes_and_is_counted_once(gateway, http):  # noqa: ANN001

@@ -7,6 +7,11 @@ interface does not list passes to the upstream, which is the authority on it, an
 the validation's `EnumCheck` (the validation plugin counts and logs it). A value of another type
 is still refused: that is a type rule, not a list.
 
+A client chooses how many values it sends (ten million in one body's `include`), so the work per
+value is kept to what a plain string costs plus one Python call: a listed value is one set
+lookup; an unlisted one adds to its field's count, and the first few distinct ones are kept for
+the log. Past `MOST_UNLISTED` in one request the plugin refuses it: no SDK sends that many.
+
 Closed enumerations stay `Literal`s in the schemas, each with its reason written beside it: the
 ones that change routing (a model list), billing (what charges read) or what the gateway does
 (a URL-delivery switch). With `validation.strict_enums` every open one is closed again, as the
@@ -29,15 +34,40 @@ UPSTREAMS = "the upstream's to judge: the gateway neither routes, bills nor acts
 # Every open field's label, as the metric and the log name it: a bounded set, fixed at import.
 OPEN_FIELDS: set[str] = set()
 _UNKNOWN_KIND = "has an unknown or missing 'type'"
+# Unlisted values one request may carry, all fields together: a client SDK sends a handful (a
+# newer effort, a harm category or two); a body with more is refused (docs/security.md, "Bounds").
+MOST_UNLISTED = 256
+# Distinct (field, value) pairs one request keeps for the log; the rest are only counted.
+KEPT_PER_REQUEST = 16
 
 
 @dataclass(slots=True)
 class EnumCheck:
     """What one request's validation is told and tells: whether open enumerations are closed
-    (`strict`), and the (field, value) pairs it let pass that the interface does not list."""
+    (`strict`), and what it let pass that the interface does not list: how many values by field
+    (`counts`, keyed by labels from the schemas, so bounded), all fields together (`total`), and
+    the first `KEPT_PER_REQUEST` distinct (field, value) pairs (`kept`, in order). Counting stops
+    one past `MOST_UNLISTED`: such a request is refused."""
 
     strict: bool = False
-    unknown: list[tuple[str, str]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    total: int = 0
+    kept: dict[tuple[str, str], None] = field(default_factory=dict)
+
+    def noted(self, label: str, value: str) -> None:
+        """One unlisted value of the field `label`: counted, and kept while there is room."""
+        self.total += 1
+        counts = self.counts
+        counts[label] = counts.get(label, 0) + 1
+        if len(self.kept) < KEPT_PER_REQUEST:
+            self.kept[(label, value)] = None
+
+    def over_bound(self) -> str | None:
+        """When the request carries more than `MOST_UNLISTED` unlisted values, the field with
+        the most of them (a request's error names one field); else None."""
+        if self.total <= MOST_UNLISTED:
+            return None
+        return max(self.counts, key=self.counts.__getitem__)
 
 
 @dataclass(slots=True, frozen=True)
@@ -59,9 +89,16 @@ def open_enum(label: str, values: tuple[str, ...], why: str) -> Any:
     OPEN_FIELDS.add(label)
 
     def known_or_noted(value: str, info: ValidationInfo) -> str:
-        if value not in known:
-            _note(info, label, value, PydanticCustomError("literal_error", "Input should be {expected}",
-                                                          {"expected": expected}))
+        # Called for every value of the field, a list's too: a listed one costs a set lookup, and
+        # an unlisted one past the bound a comparison (the request is refused: nothing to note).
+        if value in known:
+            return value
+        check = info.context
+        # Without a request's context (a schema check of its own) nobody is told.
+        if type(check) is EnumCheck and check.total <= MOST_UNLISTED:
+            if check.strict:
+                raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+            check.noted(label, value)
         return value
 
     schema = {"anyOf": [{"type": "string", "enum": list(values)}, {"type": "string"}],
@@ -85,7 +122,11 @@ class OpenKind(AnyObject):
         kind = value.get("type")
         if not isinstance(kind, str):  # missing, or not a string: the type rule, open or not
             raise ValueError(_UNKNOWN_KIND)
-        _note(info, cls.open_field, kind, ValueError(_UNKNOWN_KIND))
+        check = info.context
+        if type(check) is EnumCheck and check.total <= MOST_UNLISTED:  # as open_enum's check does
+            if check.strict:
+                raise ValueError(_UNKNOWN_KIND)
+            check.noted(cls.open_field, kind)
         return value
 
 
@@ -100,15 +141,6 @@ def open_tagged(members: dict[str, Any], name: str, label: str, why: str, pick: 
     """A tagged union (proxy.schemas.common.tagged) whose known types are checked in full and any
     other type passes, noted (`label` names its `type` field)."""
     return tagged(members, pick, other=open_kinds(name, label, tuple(members), why))
-
-
-def _note(info: ValidationInfo, label: str, value: str, refusal: Exception) -> None:
-    check = info.context
-    if not isinstance(check, EnumCheck):
-        return  # checked without a request's context: open, and nobody to tell
-    if check.strict:
-        raise refusal
-    check.unknown.append((label, value))
 
 
 def _spoken(values: tuple[str, ...]) -> str:
