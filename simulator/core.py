@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import logging
 import time
 import uuid
 from collections import Counter, deque
@@ -145,6 +146,7 @@ class Simulator:
 
     async def receive(self, request: web.Request, fmt: Format) -> tuple[Any, Knobs]:
         """Record the request, check its upstream key, apply latency and faults; the JSON body back."""
+        request[_FORMAT] = fmt  # an answer to a failure below is in this format's error shape
         record = RecordedRequest(request.method, request.path, request.raw_path.partition("?")[2],
                                  [(str(k), v) for k, v in request.headers.items()])
         self.requests.append(record)
@@ -209,6 +211,11 @@ class Simulator:
                 "produced": dict(self.produced), "status_calls": dict(self.status_calls)}
 
 
+_FORMAT = web.RequestKey("simulator.format", Format)  # the format the request's handler reads it as
+_STREAMING = web.RequestKey("simulator.streaming", bool)
+log = logging.getLogger("modelgate.simulator")
+
+
 class Answer(Exception):
     """Ends a simulator handler early with a ready response (auth failures, injected faults)."""
 
@@ -227,6 +234,19 @@ def answer_early(sim: Simulator) -> Any:
         except (asyncio.CancelledError, ConnectionError):
             sim.aborted += 1  # the caller went away before the answer was complete
             raise
+        except web.HTTPException:
+            raise  # aiohttp's own answers (no such route, method not allowed)
+        except Exception:
+            # A request this simulator did not foresee: answered as an upstream would, in the
+            # format's error shape (aiohttp's own 500 is plain text no client parses), and logged.
+            log.exception("simulator failed answering %s %s", request.method, request.path)
+            if request.get(_STREAMING):
+                raise
+            fmt = request.get(_FORMAT)
+            message = "simulated upstream: internal error"
+            if fmt is not None:
+                return fmt.error_response(500, message)
+            return web.json_response({"error": {"message": message, "type": "api_error"}}, status=500)
 
     return middleware
 
@@ -270,6 +290,7 @@ async def stream(sim: Simulator, request: web.Request, knobs: Knobs, events: Ite
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                            "Cache-Control": "no-cache"})
     await response.prepare(request)
+    request[_STREAMING] = True  # its headers are sent: a failure now can only cut it
     sim.open_streams += 1
     sim.streams_started += 1
     delay = knobs.chunk_delay_ms / 1000

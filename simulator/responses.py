@@ -91,7 +91,7 @@ def _conversation(sim: Simulator, body: dict[str, Any]) -> Conversation:
     elif isinstance(choice, dict) and choice.get("type") == "allowed_tools":
         conversation.choice = "required" if choice.get("mode") == "required" else "auto"
         allowed = choice.get("tools") if isinstance(choice.get("tools"), list) else []
-        conversation.allowed = {t.get("name") for t in allowed if isinstance(t, dict)}
+        conversation.allowed = {t["name"] for t in allowed if isinstance(t, dict) and isinstance(t.get("name"), str)}
     items = body.get("input") if isinstance(body.get("input"), list) else []
     conversation.called = [i.get("name") for i in items if isinstance(i, dict) and i.get("type") == "function_call"]
     previous, hops = body.get("previous_response_id"), 0

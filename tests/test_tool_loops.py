@@ -5,18 +5,25 @@ structured answers validate against the caller's schema, in every chat format, s
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, Literal
 
+import aiohttp
 import anthropic
 import jsonschema
 import openai
 import pytest
 from google import genai
 from google.genai import types as genai_types
+from aiohttp import web
 from pydantic import BaseModel, Field
 
-from tests.conftest import DEMO_KEY
+from proxy.config.model import SimulatorSettings
+from proxy.formats import MESSAGES, RESPONSES
+from simulator import build_simulator_app, turns
+from simulator.core import Simulator
+from tests.conftest import DEMO_KEY, MESSAGE_HEADERS
 
 RESPONSE_MODEL, MESSAGE_MODEL, CONTENT_MODEL = "respmodel-4o", "msgmodel-sonnet-4-5", "genmodel-2.0-flash"
 WEATHER = "18 degrees and sunny"  # what every tool here answers: recognisable in the final text
@@ -225,3 +232,91 @@ async def test_structured_answers_validate_against_every_kind_of_schema(gateway)
             jsonschema.validate(json.loads(answer.output_text), schema)
         except jsonschema.ValidationError as error:
             raise AssertionError(f"{name}: {answer.output_text}") from error
+
+
+# -- hostile schemas: the simulator shares the gateway's event loop on its embedded defaults --
+
+ARGUMENTS_CAP = 65_536  # characters of JSON one made value may hold (simulator/schema_values.py)
+A_LOOP_OF_ALL_OF = {"type": "object", "$defs": {"A": {"allOf": [{"$ref": "#/$defs/A"}] * 5}},
+                    "properties": {"x": {"$ref": "#/$defs/A"}}, "required": ["x"]}
+# Each was once minutes of one core, hundreds of megabytes, or an exception (aiohttp's plain-text 500).
+HOSTILE: dict[str, dict[str, Any]] = {
+    "allOf cycling through $ref, five wide": A_LOOP_OF_ALL_OF,
+    "allOf cycling through $ref, fifty wide": {**A_LOOP_OF_ALL_OF, "$defs": {"A": {"allOf": [{"$ref": "#/$defs/A"}] * 50}}},
+    "ten thousand items of a 20 KB const": {"type": "object", "required": ["a"], "properties": {"a": {
+        "type": "array", "minItems": 10_000, "items": {"const": "x" * 20_000}}}},
+    "ten thousand items of a 100k-value enum": {"type": "object", "required": ["a"], "properties": {"a": {
+        "type": "array", "minItems": 10_000, "items": {"enum": list(range(100_000))}}}},
+    "ten thousand strings of 16k characters": {"type": "object", "required": ["a"], "properties": {"a": {
+        "type": "array", "minItems": 10_000, "items": {"type": "string", "minLength": 16_384}}}},
+    "infinite minItems": {"type": "object", "required": ["a"], "properties": {"a": {"type": "array", "minItems": "inf"}}},
+    "infinite minimum": {"type": "object", "required": ["a", "b"], "properties": {
+        "a": {"type": "integer", "minimum": "inf"}, "b": {"type": "integer", "minimum": "1e400"}}},
+    "a step finer than a double": {"type": "object", "required": ["a"], "properties": {
+        "a": {"multipleOf": 1e-320, "minimum": 1e300}}},
+    "arrays of a thousand, thirty deep": {"type": "object", "required": ["a"], "properties": {
+        "a": json.loads('{"type": "array", "minItems": 1000, "items": ' * 30 + "{}" + "}" * 30)}},
+}
+
+
+async def _bystander(session: Any, url: str) -> int:
+    async with session.post(url + "/v1/messages", headers=MESSAGE_HEADERS, json={
+            "model": MESSAGE_MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}) as answer:
+        await answer.read()
+        return answer.status
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+async def test_a_hostile_tool_schema_gets_bounded_arguments_and_stalls_no_one(spawn, name: str) -> None:  # noqa: ANN001
+    gateway = spawn("defaults")  # a process of its own: a frozen loop there cannot freeze this test's timeout
+    timeout = aiohttp.ClientTimeout(total=10)  # far past what an answer takes: reaching it is the failure
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        async def hostile() -> tuple[int, Any]:
+            async with session.post(gateway.url + "/v1/messages", headers=MESSAGE_HEADERS, json={
+                    "model": MESSAGE_MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": QUESTION}],
+                    "tools": [{"name": "t", "input_schema": HOSTILE[name]}]}) as answer:
+                return answer.status, await answer.json()
+
+        (status, body), bystander = await asyncio.gather(hostile(), _bystander(session, gateway.url))
+    assert (status, bystander) == (200, 200), body
+    call = next(block for block in body["content"] if block["type"] == "tool_use")
+    assert isinstance(call["input"], dict)
+    assert len(json.dumps(call["input"], separators=(",", ":"))) <= ARGUMENTS_CAP
+
+
+async def test_a_tool_choice_of_any_shape_is_tolerated(gateway) -> None:  # noqa: ANN001
+    client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key=DEMO_KEY)
+    tools: Any = [{"type": "function", "name": "get_weather", "parameters": WEATHER_SCHEMA}]
+    for names in ([{"name": {"a": 1}}], [{"name": ["get_weather"]}, {"type": "function", "name": "get_weather"}]):
+        answer = await client.responses.create(model=RESPONSE_MODEL, input=QUESTION, tools=tools, tool_choice={
+            "type": "allowed_tools", "mode": "auto", "tools": names})  # type: ignore[arg-type,typeddict-item]
+        assert answer.status == "completed"
+
+
+async def test_an_unforeseen_simulator_failure_is_a_500_in_the_formats_error_shape(monkeypatch, caplog) -> None:  # noqa: ANN001
+    def broken(schema: Any) -> Any:
+        raise RuntimeError("a bug in the simulator")
+
+    monkeypatch.setattr(turns, "value_for", broken)
+    runner = web.AppRunner(build_simulator_app(Simulator("upstream", SimulatorSettings())))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url + "/v1/messages", json={
+                    "model": MESSAGE_MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+                    "tools": [{"name": "t", "input_schema": {"type": "object"}}]}) as answer:
+                assert answer.status == 500
+                assert answer.content_type == "application/json"
+                assert await answer.json() == MESSAGES.error_payload(500, "simulated upstream: internal error")
+            async with session.post(url + "/v1/responses", json={
+                    "model": RESPONSE_MODEL, "input": "hi", "tools": [{"type": "function", "name": "t", "parameters": {"type": "object"}}]}) as answer:
+                assert answer.status == 500
+                assert await answer.json() == RESPONSES.error_payload(500, "simulated upstream: internal error")
+    finally:
+        await runner.cleanup()
+    failures = [r for r in caplog.records if r.name == "modelgate.simulator" and r.exc_info]
+    assert [r.getMessage() for r in failures] == [
+        "simulator failed answering POST /v1/messages", "simulator failed answering POST /v1/responses"]
