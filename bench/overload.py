@@ -8,13 +8,17 @@ the upstream answering at once and 50 ms late (a model is slower still; the gate
 queueing is what grows), against the gateway as configured by default (`max_in_flight: auto`)
 and against one that admits everything (`max_in_flight` = `max_connections`, as before
 admission control). Latency is counted from when a request was due to go, so a generator that
-falls behind does not hide the wait. The gateway is pinned to core 0; the generator and the
-upstream share core 1.
+falls behind does not hide the wait. Each gateway is pinned to core 0 and held to a share of it
+by a CPU quota (`--gateway-cpu`, 0.3; a cgroup of its own, bench/procs.py), the upstream takes
+the rest of core 0, and the generator has core 1 to itself: with all three at full speed, a
+Python generator cannot offer three times what a gateway serves, and sharing a core it starved
+the upstream instead (the gateways then sat idle while requests waited). `--gateway-cpu 1`: no
+quota, the generator and the upstream sharing core 1 as before.
 
 Reports admitted (200) p50/p99 against the unloaded p99, the share answered 503 `overloaded`,
 and anything lost (no answer, or a connection broken) to bench/RESULTS.md, section "overload".
 
-Usage: python bench/overload.py [--duration S] [--print-only]
+Usage: python bench/overload.py [--duration S] [--gateway-cpu SHARE] [--print-only]
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from bench.procs import cpu_model, free_port, no_admin_listeners, wait_port  # noqa: E402
+from bench.procs import CpuQuota, cpu_model, free_port, no_admin_listeners, wait_port  # noqa: E402
 from bench.results import update_section  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -245,6 +249,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--print-only", action="store_true", help="print the section, do not write RESULTS.md")
+    parser.add_argument("--gateway-cpu", type=float, default=0.3,
+                        help="the share of core 0 each gateway may use (1: no quota)")
     parser.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int)
     parser.add_argument("--rate", type=float)
@@ -258,8 +264,13 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="modelgate-overload-"))
     args.load_before = os.getloadavg()[0]
     up_port = free_port()
-    procs = [start([sys.executable, str(HERE / "upstream.py"), str(up_port)], 1, work / "upstream.log")]
+    # With the gateways held to a share of core 0, the upstream takes the rest of it, and the
+    # generator has core 1 to itself: offering three times what a gateway serves, it must not be
+    # what runs out of CPU first (sharing core 1, it starved the upstream, and the gateways sat idle).
+    up_core = 0 if args.gateway_cpu < 1 else 1
+    procs = [start([sys.executable, str(HERE / "upstream.py"), str(up_port)], up_core, work / "upstream.log")]
     gateways: dict[str, tuple[str, int]] = {}
+    quotas: list[CpuQuota] = []
     try:
         wait_port(up_port)
         for name, extra in GATEWAYS.items():
@@ -270,6 +281,8 @@ def main() -> int:
                               f"channels: [{{name: bench, base_url: 'http://127.0.0.1:{up_port}', credential: up}}]\n")
             procs.append(start([sys.executable, "-m", "proxy", "serve", "-c", str(config)], 0, work / f"{port}.log"))
             gateways[name] = (f"http://127.0.0.1:{port}", procs[-1].pid)
+            if args.gateway_cpu < 1:
+                quotas.append(CpuQuota(procs[-1].pid, args.gateway_cpu))
         for url, _ in gateways.values():
             wait_port(int(url.rsplit(":", 1)[1]))
         auto_url, auto_pid = gateways["auto"]
@@ -290,6 +303,8 @@ def main() -> int:
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=30)
+        for quota in quotas:
+            quota.remove()
     args.load_after = os.getloadavg()[0]
     section = report(measured, runs, args)
     if args.print_only:
@@ -308,11 +323,14 @@ def report(measured: float, runs: list[Run], args: argparse.Namespace) -> str:
         "## Overload: three times capacity",
         "",
         f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python bench/overload.py --duration "
-        f"{args.duration:g}`. Machine: {os.cpu_count()} cores ({cpu}), Python {platform.python_version()}; "
+        f"{args.duration:g} --gateway-cpu {args.gateway_cpu:g}`. Machine: {os.cpu_count()} cores ({cpu}), Python {platform.python_version()}; "
         f"load average {args.load_before:.1f} at the start and {args.load_after:.1f} at the end (anything else "
         "running skews every figure: compare the capacity with the throughput section's). "
-        "One gateway process on its defaults (access lines and metrics on) pinned to core 0; the open-loop "
-        "generator and the bench upstream share core 1. Capacity: "
+        "One gateway process on its defaults (access lines and metrics on) pinned to core 0"
+        + (f", held to {args.gateway_cpu:.0%} of it by a CPU quota (the kernel's CPU controller), the bench "
+           "upstream on the rest of core 0, and the open-loop generator alone on core 1 (so that it can offer "
+           "three times what a gateway serves)" if args.gateway_cpu < 1 else
+           "; the open-loop generator and the bench upstream share core 1") + ". Capacity: "
         f"{measured:,.0f} requests/s of `POST /v1/messages` (wrk, 64 connections, upstream answering at once), "
         f"{args.cpu_ms[0]:.3f} ms of the gateway's CPU a request; a refusal (503 `overloaded`) costs "
         f"{args.cpu_ms[1]:.3f} ms, {args.cpu_ms[1] / args.cpu_ms[0]:.0%} of that, so at 3x capacity refusing "

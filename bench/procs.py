@@ -10,7 +10,6 @@ from pathlib import Path
 from proxy.config import ADMIN_LISTEN_ENV
 
 
-
 def no_admin_listeners() -> None:
     """The benchmarks run gateways side by side and scrape none of them: no admin listener, so they
     do not meet on its default port. An environment variable rather than a config key or a flag,
@@ -64,3 +63,31 @@ def children(pid: int) -> list[int]:
 def tree_rss_kb(pid: int) -> int:
     """RSS of a process and all its descendants: a supervisor and its workers together."""
     return rss_kb(pid) + sum(tree_rss_kb(child) for child in children(pid))
+
+
+class CpuQuota:
+    """A process held to `share` of one core by the kernel's CPU controller (a cgroup of its own),
+    so a benchmark can overload it with load generated on the other core. The quota is handed out
+    every `period_us` (4 ms: the process waits at most that long minus its share for its next
+    slice). Works with cgroup v1 (`cpu.cfs_quota_us`) and v2 (`cpu.max`); raises OSError where
+    neither may be written (not root, or no CPU controller)."""
+
+    def __init__(self, pid: int, share: float, period_us: int = 4000) -> None:
+        v1 = Path("/sys/fs/cgroup/cpu")
+        self.v2 = not (v1 / "cpu.cfs_quota_us").exists()
+        self.group = (Path("/sys/fs/cgroup") if self.v2 else v1) / f"modelgate-bench-{pid}"
+        self.group.mkdir(exist_ok=True)
+        quota = max(1000, int(share * period_us))
+        if self.v2:
+            (self.group / "cpu.max").write_text(f"{quota} {period_us}")
+        else:
+            (self.group / "cpu.cfs_period_us").write_text(str(period_us))
+            (self.group / "cpu.cfs_quota_us").write_text(str(quota))
+        (self.group / "cgroup.procs").write_text(str(pid))
+
+    def remove(self) -> None:
+        """Once the process has exited (a group holding a process cannot be removed)."""
+        try:
+            self.group.rmdir()
+        except OSError:
+            pass
