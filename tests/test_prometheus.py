@@ -60,6 +60,7 @@ async def mixed_load(url: str, seconds: float) -> None:
         ("/v1/video/generations", bearer, {"model": "videogen-3.0-generate-001", "prompt": "x"}),
         ("/v1/responses", {**bearer, "x-sim-fault": "status=503"}, {"model": "respmodel-4o", "input": "x"}),
         ("/v1/messages", msg, {**message, "max_tokens": 0}),
+        ("/v1/responses", bearer, {"model": "respmodel-4o", "input": "x", "reasoning": {"effort": "tomorrow"}}),
         ("/v1/messages", {"msgapi-version": "1"}, message),
         ("/v1/responses", {"Authorization": "Bearer tight-key-001"}, {"model": "respmodel-4o", "input": "x"}),
     ]
