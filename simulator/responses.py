@@ -226,4 +226,6 @@ def _response_object(body: dict[str, Any], response_id: str, status: str, output
             "text": body.get("text") or {"format": {"type": "text"}}, "tool_choice": body.get("tool_choice", "auto"),
             "tools": body.get("tools") or [], "top_p": body.get("top_p", 1.0),
             "truncation": body.get("truncation", "disabled"), "usage": usage, "user": body.get("user"),
+            # the tier that served it, as an upstream says: the one asked for, `auto` served as `default`
+            "service_tier": "default" if body.get("service_tier") in (None, "auto") else body.get("service_tier"),
             "metadata": body.get("metadata") or {}}

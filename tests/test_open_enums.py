@@ -48,7 +48,7 @@ async def test_case_1_newer_reasoning_efforts_reach_the_upstream(gateway, effort
 async def test_case_2_the_priority_service_tier_reaches_the_upstream(gateway):  # noqa: ANN001
     client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key=DEMO_KEY)
     answer = await client.responses.create(model="respmodel-4o", input="Hi", service_tier="priority")
-    assert answer.status == "completed"
+    assert answer.status == "completed" and answer.service_tier == "priority"  # the simulator says the tier it used
     assert sent(gateway)["service_tier"] == "priority"
 
 
