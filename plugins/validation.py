@@ -23,6 +23,7 @@ from proxy.config import GatewayConfig
 from proxy.observability.metrics import child, rule_label
 from proxy.plugin import Joins, Plugin
 from proxy.request.body import MultipartBody
+from proxy.request.headers import content_codings
 from proxy.request.exchange import Exchange
 from proxy.schemas import (JSON_SCHEMAS, EnumCheck, GenerateContentRequest, ImageEditForm, VideosRequest, Violation,
                            check)
@@ -75,6 +76,10 @@ class FirstSeen:
 LOGGED = FirstSeen()
 
 _IMAGE_FIELDS = ("image", "image[]")
+# The closed enumerations' names (proxy/schemas: the gateway goes by their values), as they appear
+# in a JSON body; under `strict_enums` every checked name counts, and every body is sent re-encoded.
+_CHECKED_NAMES = tuple(f'"{name}"'.encode() for name in ("quality", "size", "response_format", "service_tier",
+                                                         "delivery", "seconds", "durationSeconds"))
 
 
 class Validation(Plugin):
@@ -105,6 +110,12 @@ class Validation(Plugin):
         if (field := enums.over_bound()) is not None:
             return refuse(ex, Violation(field, too_many()))
         note_unknown(enums, ex.route.name, ex.request_id, ex.key_name)
+        raw = ex.body or b""
+        if not ex.body_changed and parsed is not None and (
+                self.strict_enums or content_codings(ex.headers) or any(raw.count(n) > 1 for n in _CHECKED_NAMES)):
+            # What was checked is what goes: a name given twice in one object is read by this
+            # parser at its last value, by some upstreams at its first.
+            ex.set_json(ex.json())
         if route.always_streams and isinstance(parsed, GenerateContentRequest) and parsed.asks_for_image_urls():
             return refuse(ex, Violation("generationConfig.responseFormat.image.delivery",
                                         "URL delivery needs a non-streaming request"))

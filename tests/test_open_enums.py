@@ -334,3 +334,25 @@ async def test_a_message_value_of_tomorrow_passes_in_every_shape(gateway, http):
     async with http.post(gateway.url + "/v1/messages", json=body, headers=MESSAGE_HEADERS) as answer:
         assert answer.status == 200, await answer.text()
     assert sent(gateway)["messages"] == body["messages"]
+
+
+# -- a checked name given twice: the upstream reads what was checked --
+
+async def test_a_closed_field_given_twice_goes_upstream_as_checked(gateway, http):  # noqa: ANN001
+    """The gateway's parser keeps a name's last value; an upstream's may keep the first."""
+    raw = b'{"model":"respmodel-4o","input":"hi","service_tier":"gold","service_tier":"priority"}'
+    async with http.post(gateway.url + "/v1/responses", data=raw,
+                         headers={**BEARER, "Content-Type": "application/json"}) as answer:
+        assert answer.status == 200, await answer.text()
+    assert gateway.last_upstream_request().body.count(b"service_tier") == 1
+    assert sent(gateway)["service_tier"] == "priority"
+
+
+async def test_with_strict_enums_every_body_goes_upstream_as_checked(start_gateway, http):  # noqa: ANN001
+    gw = await start_gateway("validation: {strict_enums: true}\n")
+    raw = b'{"model":"respmodel-4o","input":"hi","reasoning":{"effort":"ultra","effort":"low"}}'
+    async with http.post(gw.url + "/v1/responses", data=raw,
+                         headers={**BEARER, "Content-Type": "application/json"}) as answer:
+        assert answer.status == 200, await answer.text()
+    assert b"ultra" not in gw.last_upstream_request().body
+    assert sent(gw)["reasoning"] == {"effort": "low"}
