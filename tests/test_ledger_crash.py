@@ -178,3 +178,38 @@ async def test_a_record_the_journal_cannot_take_goes_the_old_way(ledger_db, tmp_
     [row] = await rows_when(ledger_db, 1)
     await writer.close()
     assert row["request_id"] == "r1"
+
+
+async def test_a_record_postgresql_refuses_is_set_aside_and_the_rest_of_its_batch_written(
+        ledger_db, tmp_path) -> None:  # noqa: ANN001
+    """One record PostgreSQL cannot take (a count past its column, a NUL in a text) fails its whole
+    batch, which is split until that record stands alone. (A count past any column is bounded
+    when the record is made: record_of.)"""
+    import dataclasses
+
+    import asyncpg
+
+    from plugins.ledger.spool import FileSpool
+    from plugins.ledger.writer import LedgerWriter
+
+    batch = [record(n) for n in range(6)]
+    batch[1] = dataclasses.replace(batch[1], input_tokens=2**63 + 5)  # past a bigint column
+    batch[4] = dataclasses.replace(batch[4], model="m\x00m")
+    batch.append(dataclasses.replace(record(0), cost=0.1234567891234))  # cost kept to billionths
+    refused, spooled = counted("refused"), counted("spooled")
+    writer = LedgerWriter(ledger_db, 100, 0.05, [FileSpool(tmp_path / "spool", 1 << 20)], 0.5)
+    await writer.start()
+    for each in batch:
+        writer.submit(each)
+    await rows_when(ledger_db, 4)
+    await writer.close()
+    assert counted("refused") - refused == 2 and counted("spooled") == spooled  # refused records are not spooled
+    connection = await asyncpg.connect(ledger_db)
+    try:
+        found = {row["request_id"]: row["cost"] for row in await connection.fetch("SELECT request_id, cost FROM usage_records")}
+    finally:
+        await connection.close()
+    assert sorted(found) == ["r0", "r2", "r3", "r5"]
+    from decimal import Decimal
+
+    assert found["r0"] in (Decimal(0), Decimal("0.123456789"))  # r0 and its repeat: one row; to billionths

@@ -24,6 +24,7 @@ from proxy.wire import jsonutil
 
 _MODEL_CHARACTERS = 256  # the schemas' longest model name; a longer one is kept cut (it was refused anyway)
 _MOST_COST = 1e11  # under the column's numeric(24, 12) bound: an upstream's absurd count is no unwritable record
+_MOST_TOKENS = 2**63 - 1  # the bigint columns' bound, and what JSON encodes as a number (the journal, the spool)
 
 
 @dataclass(slots=True)
@@ -101,8 +102,9 @@ def record_of(ex: Exchange, prices: PriceTable, images: list[ImageMade], video_s
         client_request_id=ex.request_id if ex.request_id != ex.gateway_id else None,
         key_name=ex.key_name, tenant=ex.tenant, route=ex.route.name, model=_clipped(ex.model),
         upstream_model=_clipped(ex.upstream_model), channel=ex.channel.name if ex.channel is not None else None,
-        status=ex.outcome.status, input_tokens=usage.input_tokens, cached_input_tokens=usage.cached_input_tokens,
-        output_tokens=usage.output_tokens, reasoning_tokens=usage.reasoning_tokens, images=len(images),
+        status=ex.outcome.status, input_tokens=_bounded(usage.input_tokens),
+        cached_input_tokens=_bounded(usage.cached_input_tokens), output_tokens=_bounded(usage.output_tokens),
+        reasoning_tokens=_bounded(usage.reasoning_tokens), images=len(images),
         video_seconds=video_seconds, cost=min(charge.cost, _MOST_COST), priced=charge.priced,
         duration_ms=round(duration_s * 1000, 3), client_aborted=ex.outcome.client_aborted, estimated=estimated,
         cut_by=ex.outcome.cut_by)
@@ -130,6 +132,12 @@ def settled(record: UsageRecord, generation: Generation, prices: PriceTable) -> 
                    video_seconds=seconds, cost=min(charge.cost, _MOST_COST), priced=charge.priced,
                    estimated=estimated if counts_tokens else record.estimated and seconds > 0, pending=False,
                    settled_at=datetime.now(timezone.utc))
+
+
+def _bounded(count: int | None) -> int | None:
+    """An upstream's token count within what a row (and a record's JSON) can hold."""
+    return count if count is None or -_MOST_TOKENS <= count <= _MOST_TOKENS else \
+        max(-_MOST_TOKENS, min(count, _MOST_TOKENS))
 
 
 def _clipped(model: str | None) -> str | None:
