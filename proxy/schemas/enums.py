@@ -1,7 +1,7 @@
 """Enumerations the interface lists: open ones, whose unlisted values pass, and how they are noted.
 
 Upstream APIs and their SDKs add values to an enumeration every month (a reasoning effort, a
-service tier, a harm category); a gateway that refuses a value its upstream takes breaks clients
+harm category, a function-calling mode); a gateway that refuses a value its upstream takes breaks clients
 for nothing. So an enumeration is open unless it steers the gateway itself: a string the
 interface does not list passes to the upstream, which is the authority on it, and is noted in
 the validation's `EnumCheck` (the validation plugin counts and logs it). A value of another type
