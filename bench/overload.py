@@ -300,9 +300,16 @@ def main() -> int:
             for name, (url, pid) in gateways.items():
                 runs.append(offer(name, url, pid, delay_ms, 3 * measured, 3.0, args.duration, work))
     finally:
-        for proc in procs:
+        for proc in procs:  # all told at once; one that does not stop in time is killed, and said so
             proc.terminate()
-            proc.wait(timeout=30)
+        for proc in procs:
+            try:
+                proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                print(f"process {proc.pid} ({' '.join(map(str, proc.args[-3:]))}) did not stop within 90 s of "
+                      "SIGTERM: killed", file=sys.stderr, flush=True)
+                proc.kill()
+                proc.wait()
         for quota in quotas:
             quota.remove()
     args.load_after = os.getloadavg()[0]
