@@ -38,7 +38,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from bench.capacity_report import DOC, write  # noqa: E402
-from bench.procs import cpu_model, free_port, no_admin_listeners, wait_port  # noqa: E402
+from bench.procs import cpu_model, free_port, no_admin_listeners, stop_all, wait_port  # noqa: E402
 from bench.run import cpu_seconds, start  # noqa: E402
 from plugins.budget.counters import RESERVE, SETTLE  # noqa: E402
 from plugins.ledger.journal import _APPEND  # noqa: E402
@@ -357,9 +357,7 @@ def per_core(work: Path, upstream: str, redis_pid: int, redis_port: int, seconds
             for (proc, url), script, found in zip(started, scripts, runs):
                 found.append(wrk_round(url, proc.pid, seconds, script, redis_pid, redis_port))
     finally:
-        for proc, _ in started:
-            proc.terminate()
-            proc.wait(timeout=15)
+        stop_all((proc for proc, _ in started), 15)
     return [PerCore(label, **{k: statistics.median(r[k] for r in found) for k in found[0]},
                     low=min(r["gateway_ms"] for r in found), high=max(r["gateway_ms"] for r in found))
             for (label, *_), found in zip(setups, runs)]
@@ -478,9 +476,7 @@ async def phases(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         cluster = await cluster_phase(work, upstream, args.requests)
         print(f"cluster: {cluster}", flush=True)
     finally:
-        for proc in (fast, redis_proc):
-            proc.terminate()
-            proc.wait(timeout=15)
+        stop_all((fast, redis_proc), 15)
     return {"rows": rows, "background": background, "cores": cores, "entry": entry, "held": held,
             "cluster": cluster, "requests": args.requests, "duration": args.duration, "rounds": args.rounds}
 

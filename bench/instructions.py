@@ -32,7 +32,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from bench.ledger import LIMITS, POSTGRES, PRICES, REDIS, database, forget  # noqa: E402
-from bench.procs import free_port, no_admin_listeners, wait_port  # noqa: E402
+from bench.procs import free_port, no_admin_listeners, stop_all, wait_port  # noqa: E402
 from bench.results import update_section  # noqa: E402
 from bench.run import BODY, HEADERS, checkout, start  # noqa: E402
 
@@ -97,12 +97,7 @@ def measure(name: str, config: Path, tree: Path | None, work: Path, requests: in
         idle, idle_seconds = counted(proc.pid, out, lambda: time.sleep(idle_s))
         loaded, seconds = counted(proc.pid, out, lambda: (asyncio.run(send(url, requests)), time.sleep(2)))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_all([proc], 60)
     idle_rate = idle / idle_seconds
     count = Count(name, (loaded - idle_rate * seconds) / requests, idle_rate, seconds)
     print(f"{name:26} {count.per_request:12,.0f} instructions a request (idle {idle_rate:,.0f}/s)", flush=True)

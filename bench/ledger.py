@@ -32,7 +32,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from bench.procs import free_port, no_admin_listeners, wait_port  # noqa: E402
+from bench.procs import free_port, no_admin_listeners, stop_all, wait_port  # noqa: E402
 from bench.results import update_section  # noqa: E402
 from bench.run import BODY, HEADERS, Target, checkout, run_wrk, start  # noqa: E402
 
@@ -174,14 +174,7 @@ def main() -> int:
                       f"cpu={target.cpu_ms[args.concurrency][-1]:.4f} ms/request", flush=True)
         written = asyncio.run(rows(ledger_url))
     finally:
-        for proc in procs:  # all told at once; one that does not stop in time is killed, not left running
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all(procs, 15)
         for pid, nice in niceness.items():
             os.setpriority(os.PRIO_PROCESS, pid, nice)
         asyncio.run(database("drop", name))

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from bench.procs import CpuQuota, cpu_model, free_port, no_admin_listeners, wait_port  # noqa: E402
+from bench.procs import CpuQuota, cpu_model, free_port, no_admin_listeners, stop_all, wait_port  # noqa: E402
 from bench.results import update_section  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -300,16 +300,7 @@ def main() -> int:
             for name, (url, pid) in gateways.items():
                 runs.append(offer(name, url, pid, delay_ms, 3 * measured, 3.0, args.duration, work))
     finally:
-        for proc in procs:  # all told at once; one that does not stop in time is killed, and said so
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                print(f"process {proc.pid} ({' '.join(map(str, proc.args[-3:]))}) did not stop within 90 s of "
-                      "SIGTERM: killed", file=sys.stderr, flush=True)
-                proc.kill()
-                proc.wait()
+        stop_all(procs, 90)
         for quota in quotas:
             quota.remove()
     args.load_after = os.getloadavg()[0]

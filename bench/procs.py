@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from proxy.config import ADMIN_LISTEN_ENV
@@ -25,6 +28,23 @@ def cpu_model() -> str:
 
     return next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                  if line.startswith("model name")), platform.processor())
+
+
+def stop_all(procs: Iterable[subprocess.Popen[bytes]], timeout_s: float) -> None:
+    """SIGTERM to every process at once, then each waited on for `timeout_s`: one that is still
+    running is killed, and said so (waiting on them one by one, a process that never stopped
+    aborted the loop and left the others running)."""
+    procs = list(procs)
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            print(f"process {proc.pid} ({' '.join(map(str, proc.args[-3:]))}) did not stop within {timeout_s:g} s of "
+                  "SIGTERM: killed", file=sys.stderr, flush=True)
+            proc.kill()
+            proc.wait()
 
 
 def free_port() -> int:

@@ -30,7 +30,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from bench.procs import cpu_model, free_port, no_admin_listeners, wait_port  # noqa: E402
+from bench.procs import cpu_model, free_port, no_admin_listeners, stop_all, wait_port  # noqa: E402
 from bench.results import update_section  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -218,9 +218,7 @@ def main() -> int:
                 asyncio.run(measure_gaps(target, 64, 10))
         write_results(Path(args.out), targets, args)
     finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=10)
+        stop_all(procs, 10)
     print(Path(args.out).read_text())
     return 0
 
