@@ -35,6 +35,11 @@ def sent(gw) -> dict:  # noqa: ANN001
     return json.loads(gw.last_upstream_request().body)
 
 
+async def post_raw_response(http, gw, raw: bytes) -> None:  # noqa: ANN001
+    """A response-format request whose JSON bytes are the test's own (escapes, a name given twice), answered 200."""
+    await post_raw_response(http, gw, raw)
+
+
 # -- cases 1 and 2: the response format --
 
 @pytest.mark.parametrize("effort", ["minimal", "none", "xhigh"])
@@ -315,9 +320,7 @@ async def test_an_unlisted_value_survives_the_gateway_encoding_the_body_again(st
     # A renamed model makes the gateway send a body it encoded itself: the value must be the client's.
     gw = await start_gateway("channels: [{name: simulator, base_url: simulator, rename: {respmodel-4o: up-4o}}]\n")
     raw = b'{"model":"respmodel-4o","input":"hi","reasoning":{"effort":"ne\\u0077\\u2028\xc3\xa9\\"\\\\\\/\xf0\x9f\x98\x80"}}'
-    async with http.post(gw.url + "/v1/responses", data=raw,
-                         headers={**BEARER, "Content-Type": "application/json"}) as answer:
-        assert answer.status == 200, await answer.text()
+    await post_raw_response(http, gw, raw)
     upstream = sent(gw)
     assert upstream["model"] == "up-4o"  # encoded again, indeed
     assert upstream["reasoning"]["effort"] == orjson.loads(raw)["reasoning"]["effort"] == "new\u2028\u00e9\"\\/\U0001f600"
@@ -341,9 +344,7 @@ async def test_a_message_value_of_tomorrow_passes_in_every_shape(gateway, http):
 async def test_a_closed_field_given_twice_goes_upstream_as_checked(gateway, http):  # noqa: ANN001
     """The gateway's parser keeps a name's last value; an upstream's may keep the first."""
     raw = b'{"model":"respmodel-4o","input":"hi","service_tier":"gold","service_tier":"priority"}'
-    async with http.post(gateway.url + "/v1/responses", data=raw,
-                         headers={**BEARER, "Content-Type": "application/json"}) as answer:
-        assert answer.status == 200, await answer.text()
+    await post_raw_response(http, gateway, raw)
     assert gateway.last_upstream_request().body.count(b"service_tier") == 1
     assert sent(gateway)["service_tier"] == "priority"
 
@@ -351,8 +352,6 @@ async def test_a_closed_field_given_twice_goes_upstream_as_checked(gateway, http
 async def test_with_strict_enums_every_body_goes_upstream_as_checked(start_gateway, http):  # noqa: ANN001
     gw = await start_gateway("validation: {strict_enums: true}\n")
     raw = b'{"model":"respmodel-4o","input":"hi","reasoning":{"effort":"ultra","effort":"low"}}'
-    async with http.post(gw.url + "/v1/responses", data=raw,
-                         headers={**BEARER, "Content-Type": "application/json"}) as answer:
-        assert answer.status == 200, await answer.text()
+    await post_raw_response(http, gw, raw)
     assert b"ultra" not in gw.last_upstream_request().body
     assert sent(gw)["reasoning"] == {"effort": "low"}
