@@ -68,10 +68,20 @@ def clock() -> SteppedClock:
     return SteppedClock()
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port nothing listens on, and one this process has not handed out before: the kernel
+    may give a just-closed port again at once, and a gateway's listen and admin ports asked
+    for one after the other then came back equal."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @dataclass
