@@ -19,6 +19,7 @@ class FakePipeline:
     def __init__(self, answers: list[object], fails: Exception | None = None) -> None:
         self.answers, self.fails = answers, fails
         self.sent: list[tuple[object, ...]] = []
+        self.writes: list[list[tuple[object, ...]]] = []  # what each write on the connection held
 
     async def __aenter__(self) -> FakePipeline:
         return self
@@ -53,12 +54,19 @@ class FakeConnection:
 
         reader = hiredis.Reader()
         reader.feed(packed)
+        self.pipeline.writes.append([])
         while (command := reader.gets()) is not False:  # recorded as sent, numbers read back as numbers
             self.pipeline.sent.append(tuple(int(p) if p.isdigit() else p.decode() for p in command))
+            self.pipeline.writes[-1].append(self.pipeline.sent[-1])
         if self.pipeline.fails is not None:
             raise self.pipeline.fails
 
-    async def read_response(self) -> object:
+    socket_timeout = 5.0
+
+    async def can_read(self) -> bool:  # a kept connection is checked before it is used again
+        return False
+
+    async def read_response(self, timeout: float | None = None) -> object:
         answer = self.unread.pop(0)
         if isinstance(answer, Exception):
             raise answer
@@ -129,12 +137,10 @@ async def test_a_gathered_call_that_ran_hears_its_own_answer_though_a_forgotten_
         gate = asyncio.Semaphore(4)
         pipelines: list[FakePipeline] = []
 
-        def pipeline(self, transaction: bool) -> FakePipeline:
-            self.pipelines.append(FakePipeline(["ran", NoScriptError("NOSCRIPT"), b"value"]))
+        def pipeline(self, transaction: bool) -> FakePipeline:  # then the reload, as the server goes away
+            self.pipelines.append(FakePipeline(["ran", NoScriptError("NOSCRIPT"), b"value",
+                                                RedisConnectionError("the server went away")]))
             return self.pipelines[-1]
-
-        async def script_load(self, text: str) -> None:
-            raise RedisConnectionError("the server went away")
 
     client = Client()
     calls = Gatherer(client)
@@ -142,9 +148,11 @@ async def test_a_gathered_call_that_ran_hears_its_own_answer_though_a_forgotten_
     made_together = [calls.script(acquire, ["k"], [1]), calls.script(finish, ["k"], [2]), calls.command("GET", "x")]
     results = await asyncio.gather(*made_together, return_exceptions=True)
     assert results[0] == "ran" and isinstance(results[1], RedisConnectionError) and results[2] == b"value"
-    assert len(client.pipelines) == 1, "calls made in one turn share one pipeline"
-    assert client.pipelines[0].sent == [("EVALSHA", "acquire", 1, "k", 1), ("EVALSHA", "finish", 1, "k", 2),
-                                        ("GET", "x")]
+    first, reload = client.pipelines[0].writes
+    assert first == [("EVALSHA", "acquire", 1, "k", 1), ("EVALSHA", "finish", 1, "k", 2), ("GET", "x")], \
+        "calls made in one turn share one pipeline"
+    assert reload == [("SCRIPT", "LOAD", "-- finish"), ("EVALSHA", "finish", 1, "k", 2)], \
+        "the script is loaded on the connection that sends its call again"
 
 
 async def test_a_pipeline_of_reads_is_sent_again_when_its_connection_failed_but_never_one_with_a_script() -> None:
@@ -187,7 +195,7 @@ async def test_a_connection_that_failed_takes_the_kept_ones_with_it() -> None:
     class Slow(FakeConnection):
         dropped = False
 
-        async def read_response(self) -> object:
+        async def read_response(self, timeout: float | None = None) -> object:
             await asyncio.sleep(0.01)  # pipelines overlap: each gets a connection of its own
             return await super().read_response()
 
@@ -235,22 +243,21 @@ async def test_a_large_write_goes_alone_and_holds_up_no_other_call() -> None:
 
     class Client(FakeClient):
         gate = asyncio.Semaphore(4)
-        alone: list[object] = []
+        pipelines: list[FakePipeline] = []
 
-        def pipeline(self, transaction: bool) -> FakePipeline:
-            return FakePipeline([b"a", b"b"])
+        def pipeline(self, transaction: bool) -> FakePipeline:  # the large write's goes first, at once
+            self.pipelines.append(FakePipeline(["stored", b"a", b"b"]))
+            return self.pipelines[-1]
 
     class Script:
         sha, script = "s", "-- s"
 
-        async def __call__(self, keys: list[str], args: list[object]) -> str:
-            Client.alone.append(args[0])
-            return "stored"
-
-    calls = Gatherer(Client())
+    client = Client()
+    calls = Gatherer(client)
     found = await asyncio.gather(calls.command("GET", "a"), calls.script(Script(), ["blob"], [b"x" * 10], alone=True),
                                  calls.command("GET", "b"))
-    assert found == [b"a", "stored", b"b"] and Client.alone == [b"x" * 10]
+    assert found == [b"a", "stored", b"b"]
+    assert client.pipelines[0].writes == [[("EVALSHA", "s", 1, "blob", "x" * 10)], [("GET", "a"), ("GET", "b")]]
 
 
 async def test_a_call_made_as_the_turn_s_pipeline_is_sent_goes_in_it() -> None:

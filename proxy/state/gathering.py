@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -133,10 +134,12 @@ class Gatherer:
 
     async def _send(self, calls: list[_Call]) -> None:
         try:
-            if len(calls) == 1:  # nothing to gather: a script object loads itself if Redis lost it
+            if not self._gathers:  # a Cluster's client, which routes each call to its node
                 _settle(calls[0].answer, await self._alone(calls[0]))
                 return
             try:
+                # One call alone goes this way too: redis-py's own path for it (its pool's lock and
+                # bookkeeping, a script object's round of EVALSHA) cost several times as much.
                 answers = await self._pipeline(calls)
             except DataError:
                 # A call that cannot be packed (a string UTF-8 cannot hold, say) fails its pipeline
@@ -160,10 +163,16 @@ class Gatherer:
                 if not isinstance(result, NoScriptError):  # its callers hear its own answer
                     _settle(call.answer, result)
             if lost:
-                for script in {calls[i].script for i in lost}:
-                    await self._client.script_load(script.script)  # type: ignore[union-attr]
-                for i, again in zip(lost, await self._pipeline([calls[i] for i in lost])):
-                    _settle(calls[i].answer, again)
+                # Loaded in the pipeline that sends them again, on a connection just seen to answer
+                # (another of the pool's may be one the server closed, not yet known to be).
+                scripts = list({calls[i].script.sha: calls[i].script for i in lost}.values())  # type: ignore[union-attr]
+                loads = [_Call(("SCRIPT", "LOAD", script.script), None, True,  # type: ignore[union-attr]
+                               asyncio.get_running_loop().create_future()) for script in scripts]
+                again = await self._pipeline([*loads, *(calls[i] for i in lost)])
+                if failed := next((a for a in again[:len(loads)] if isinstance(a, BaseException)), None):
+                    raise failed
+                for i, answer in zip(lost, again[len(loads):]):
+                    _settle(calls[i].answer, answer)
         except BaseException as exc:  # the connection failed, or this task was cancelled: every call hears it
             for call in calls:
                 if not call.answer.done():
@@ -182,6 +191,22 @@ class Gatherer:
                 raise
             return await self._client.execute_command(*call.args)
 
+    async def _connection(self) -> Any:
+        """A kept connection still fit to send on, or one from the client's pool (which checks its
+        own). A kept one the server closed meanwhile (a restart, a failover, its idle timeout) is
+        dropped before a byte goes on it: nothing on it ran, and nothing need be refused."""
+        pool = self._client.connection_pool
+        while self._idle:
+            kept = self._idle.pop()
+            try:
+                if not await kept.can_read():  # closed, or holding bytes nobody asked for
+                    return kept
+            except (ConnectionError, OSError):
+                pass
+            await kept.disconnect()
+            await pool.release(kept)
+        return await pool.get_connection()
+
     async def _pipeline(self, calls: Sequence[_Call]) -> list[Any]:
         """The calls on one connection: packed in one write, their answers read in order, each
         through the client's callback for its command (what redis-py's pipeline does, less its
@@ -193,19 +218,22 @@ class Gatherer:
         packed = b"".join(pack(*(("EVALSHA", call.script.sha, *call.args) if call.script is not None else call.args))
                           for call in calls)  # a call that cannot be packed fails here, before a byte is sent
         async with client.gate:  # one connection's turn
-            connection = self._idle.pop() if self._idle else await client.connection_pool.get_connection()
+            connection = await self._connection()
             try:
                 await connection.send_packed_command(packed, check_health=False)
                 callbacks = client.response_callbacks
                 answers: list[Any] = []
-                for call in calls:
-                    try:
-                        answer = await connection.read_response()
-                    except ResponseError as exc:
-                        answers.append(exc)
-                        continue
-                    callback = None if call.script is not None else callbacks.get(call.args[0])
-                    answers.append(callback(answer) if callback is not None else answer)
+                # One timeout for all the answers: each read under a timeout of its own (redis-py's
+                # way) cost a timer set and cancelled per call. Past it, the builtin TimeoutError.
+                async with asyncio.timeout(connection.socket_timeout):
+                    for call in calls:
+                        try:
+                            answer = await connection.read_response(timeout=math.inf)  # under the one above
+                        except ResponseError as exc:
+                            answers.append(exc)
+                            continue
+                        callback = None if call.script is not None else callbacks.get(call.args[0])
+                        answers.append(callback(answer) if callback is not None else answer)
             except BaseException as exc:
                 # Dropped; and when the connection failed (a Redis restarted, a primary failed over),
                 # the kept ones with it: they are as stale, and redis-py's pool checks each it hands out.
