@@ -63,6 +63,18 @@ class FakeConnection:
 
     socket_timeout = 5.0
 
+    async def exchange(self, packed: bytes, count: int) -> list[object]:  # as proxy/state/packing.py's
+        from redis.exceptions import ResponseError
+
+        await self.send_packed_command(packed)
+        answers: list[object] = []
+        for _ in range(count):
+            try:
+                answers.append(await self.read_response())
+            except ResponseError as exc:
+                answers.append(exc)
+        return answers
+
     async def can_read(self) -> bool:  # a kept connection is checked before it is used again
         return False
 

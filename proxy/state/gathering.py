@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -220,20 +219,17 @@ class Gatherer:
         async with client.gate:  # one connection's turn
             connection = await self._connection()
             try:
-                await connection.send_packed_command(packed, check_health=False)
+                # One timeout for the write and all the answers (past it, the builtin TimeoutError).
+                async with asyncio.timeout(connection.socket_timeout):
+                    read = await connection.exchange(packed, len(calls))  # proxy/state/packing.py
                 callbacks = client.response_callbacks
                 answers: list[Any] = []
-                # One timeout for all the answers: each read under a timeout of its own (redis-py's
-                # way) cost a timer set and cancelled per call. Past it, the builtin TimeoutError.
-                async with asyncio.timeout(connection.socket_timeout):
-                    for call in calls:
-                        try:
-                            answer = await connection.read_response(timeout=math.inf)  # under the one above
-                        except ResponseError as exc:
-                            answers.append(exc)
-                            continue
-                        callback = None if call.script is not None else callbacks.get(call.args[0])
-                        answers.append(callback(answer) if callback is not None else answer)
+                for call, answer in zip(calls, read):
+                    if isinstance(answer, ResponseError):
+                        answers.append(answer)
+                        continue
+                    callback = None if call.script is not None else callbacks.get(call.args[0])
+                    answers.append(callback(answer) if callback is not None else answer)
             except BaseException as exc:
                 # Dropped; and when the connection failed (a Redis restarted, a primary failed over),
                 # the kept ones with it: they are as stale, and redis-py's pool checks each it hands out.
