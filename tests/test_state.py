@@ -84,7 +84,7 @@ class FakeConnection:
             raise answer
         return answer
 
-    async def disconnect(self) -> None:
+    async def disconnect(self, nowait: bool = False) -> None:
         return None
 
 
@@ -167,6 +167,65 @@ async def test_a_gathered_call_that_ran_hears_its_own_answer_though_a_forgotten_
         "the script is loaded on the connection that sends its call again"
 
 
+async def test_a_forgotten_script_redis_will_not_load_fails_its_own_calls_only() -> None:
+    """Two scripts Redis forgot, reloaded together: the one that does not compile fails its own
+    call with the reason; the other's call, which ran, hears its own answer."""
+    from redis.exceptions import NoScriptError, ResponseError
+
+    from proxy.state.gathering import Gatherer
+
+    class Script:
+        def __init__(self, sha: str) -> None:
+            self.sha, self.script = sha, f"-- {sha}"
+
+    class Client(FakeClient):
+        gate = asyncio.Semaphore(4)
+
+        def pipeline(self, transaction: bool) -> FakePipeline:  # then: its load, the other's, their calls again
+            return FakePipeline([NoScriptError("NOSCRIPT"), NoScriptError("NOSCRIPT"),
+                                 "good", ResponseError("Error compiling script"), "ran", NoScriptError("NOSCRIPT")])
+
+    calls = Gatherer(Client())
+    good, broken = Script("good"), Script("broken")
+    results = await asyncio.gather(calls.script(good, ["k"], [1]), calls.script(broken, ["k"], [2]),
+                                   return_exceptions=True)
+    assert results[0] == "ran"
+    assert isinstance(results[1], ResponseError) and "compiling" in str(results[1])
+
+
+async def test_a_connection_that_fails_to_close_still_gives_its_slot_back() -> None:
+    """A stalled Redis: closing the connection raises too (its buffer never drains), and the pool's
+    slot must come back all the same, or each such failure costs one for good."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from proxy.state.gathering import Gatherer
+
+    released: list[object] = []
+
+    class Stuck(FakeConnection):
+        async def disconnect(self, nowait: bool = False) -> None:
+            raise TimeoutError("Timed out closing connection")
+
+    class Client(FakeClient):
+        gate = asyncio.Semaphore(4)
+
+        @property
+        def connection_pool(self) -> object:
+            class Pool:
+                async def get_connection(self) -> FakeConnection:
+                    return Stuck(FakePipeline([RedisConnectionError("reset")]))
+
+                async def release(self, connection: FakeConnection) -> None:
+                    released.append(connection)
+
+            return Pool()
+
+    calls = Gatherer(Client())
+    with pytest.raises(RedisConnectionError):
+        await calls.command("GET", "x", resend=False)
+    assert len(released) == 1
+
+
 async def test_a_pipeline_of_reads_is_sent_again_when_its_connection_failed_but_never_one_with_a_script() -> None:
     from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -211,7 +270,7 @@ async def test_a_connection_that_failed_takes_the_kept_ones_with_it() -> None:
             await asyncio.sleep(0.01)  # pipelines overlap: each gets a connection of its own
             return await super().read_response()
 
-        async def disconnect(self) -> None:
+        async def disconnect(self, nowait: bool = False) -> None:
             self.dropped = True
 
     class Client(FakeClient):

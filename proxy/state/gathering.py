@@ -28,13 +28,16 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError, DataError, NoScriptError, ResponseError
+from redis.exceptions import ConnectionError, DataError, NoScriptError, ReadOnlyError, ResponseError
 
 from proxy.state.packing import pack
 
 log = logging.getLogger("modelgate.state")
 
 T = TypeVar("T")
+# Connections kept between pipelines: a burst may take many more, which then go back to the pool
+# (its slack above the calls in flight is small: the client's own commands need some).
+_MOST_KEPT = 32
 
 
 async def answer_within(answer: asyncio.Future[T], seconds: float) -> T:
@@ -62,7 +65,7 @@ class _Call:
 
 
 class Gatherer:
-    __slots__ = ("_client", "_gathers", "_queued", "_sending", "_idle", "_before", "_scheduled")
+    __slots__ = ("_client", "_gathers", "_queued", "_sending", "_idle", "_before", "_scheduled", "_to_primary")
 
     def __init__(self, client: Any, gathers: bool = True) -> None:
         self._client = client
@@ -72,8 +75,10 @@ class Gatherer:
         self._scheduled = False  # this turn's calls are to be sent
         self._sending: set[asyncio.Task[None]] = set()  # referenced until done
         # Connections of the client's pool this gatherer keeps for its pipelines (as many as ran at
-        # once); the client's close disconnects them with the rest of its pool.
+        # once, up to _MOST_KEPT); the client's close disconnects them with the rest of its pool.
         self._idle: list[Any] = []
+        # Sentinel's primary (a Cluster's client has no one pool)
+        self._to_primary = bool(getattr(getattr(client, "connection_pool", None), "is_master", False))
 
     @property
     def gathers(self) -> bool:
@@ -168,10 +173,11 @@ class Gatherer:
                 loads = [_Call(("SCRIPT", "LOAD", script.script), None, True,  # type: ignore[union-attr]
                                asyncio.get_running_loop().create_future()) for script in scripts]
                 again = await self._pipeline([*loads, *(calls[i] for i in lost)])
-                if failed := next((a for a in again[:len(loads)] if isinstance(a, BaseException)), None):
-                    raise failed
+                # A script that cannot be loaded fails its own calls only (they hear why).
+                unloaded = {script.sha: answer for script, answer in zip(scripts, again)  # type: ignore[union-attr]
+                            if isinstance(answer, BaseException)}
                 for i, answer in zip(lost, again[len(loads):]):
-                    _settle(calls[i].answer, answer)
+                    _settle(calls[i].answer, unloaded.get(calls[i].script.sha, answer))  # type: ignore[union-attr]
         except BaseException as exc:  # the connection failed, or this task was cancelled: every call hears it
             for call in calls:
                 if not call.answer.done():
@@ -194,17 +200,26 @@ class Gatherer:
         """A kept connection still fit to send on, or one from the client's pool (which checks its
         own). A kept one the server closed meanwhile (a restart, a failover, its idle timeout) is
         dropped before a byte goes on it: nothing on it ran, and nothing need be refused."""
-        pool = self._client.connection_pool
         while self._idle:
             kept = self._idle.pop()
-            try:
-                if not await kept.can_read():  # closed, or holding bytes nobody asked for
-                    return kept
-            except (ConnectionError, OSError):
-                pass
-            await kept.disconnect()
-            await pool.release(kept)
-        return await pool.get_connection()
+            if _unbroken(kept):
+                try:
+                    if not await kept.can_read():  # closed, or holding bytes nobody asked for
+                        return kept
+                except (ConnectionError, OSError):
+                    pass
+            await self._drop(kept)
+        return await self._client.connection_pool.get_connection()
+
+    async def _drop(self, connection: Any) -> None:
+        """Disconnect, not waiting on a send buffer a stalled Redis never drains, and give its slot
+        in the pool back whatever happens (a slot not given back is one less for good)."""
+        try:
+            await connection.disconnect(nowait=True)
+        except Exception:  # noqa: BLE001 - closing what failed may fail too
+            pass
+        finally:
+            await self._client.connection_pool.release(connection)
 
     async def _pipeline(self, calls: Sequence[_Call]) -> list[Any]:
         """The calls on one connection: packed in one write, their answers read in order, each
@@ -222,6 +237,11 @@ class Gatherer:
                 # One timeout for the write and all the answers (past it, the builtin TimeoutError).
                 async with asyncio.timeout(connection.socket_timeout):
                     read = await connection.exchange(packed, len(calls))  # proxy/state/packing.py
+                if self._to_primary and any(isinstance(answer, ReadOnlyError) for answer in read):
+                    # The primary Sentinel named is a replica now (demoted without its clients being
+                    # killed): as redis-py's Sentinel connection does, the connection fails, is
+                    # dropped with the kept ones, and what may run twice goes again (refused, it never ran).
+                    raise ConnectionError("the primary is now a replica")
                 callbacks = client.response_callbacks
                 answers: list[Any] = []
                 for call, answer in zip(calls, read):
@@ -233,15 +253,28 @@ class Gatherer:
             except BaseException as exc:
                 # Dropped; and when the connection failed (a Redis restarted, a primary failed over),
                 # the kept ones with it: they are as stale, and redis-py's pool checks each it hands out.
-                dropped = [connection, *(self._idle if isinstance(exc, (ConnectionError, OSError)) else ())]
+                # Not for a timeout (a slow Redis): the others are fine, and would be made again for nothing.
+                failed = isinstance(exc, (ConnectionError, OSError)) and not isinstance(exc, TimeoutError)
+                dropped = [connection, *(self._idle if failed else ())]
                 if len(dropped) > 1:
                     self._idle = []
                 for stale in dropped:
-                    await stale.disconnect()
-                    await client.connection_pool.release(stale)
+                    await self._drop(stale)
                 raise
-            self._idle.append(connection)
+            if len(self._idle) < _MOST_KEPT:
+                self._idle.append(connection)
+            else:  # a burst's connections go back to the pool, for the client's own commands
+                await client.connection_pool.release(connection)
             return answers
+
+
+def _unbroken(connection: Any) -> bool:
+    """Not reset by the peer (a reset sets an error on the reader, not its end of file, which
+    can_read looks for) nor closing."""
+    reader, writer = getattr(connection, "_reader", None), getattr(connection, "_writer", None)
+    if reader is not None and reader.exception() is not None:
+        return False
+    return writer is None or not writer.transport.is_closing()
 
 
 def _settle(answer: asyncio.Future[Any], result: Any) -> None:

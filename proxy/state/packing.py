@@ -70,7 +70,10 @@ class HiredisPacking:
                 if answer is _NOT_ENOUGH:
                     await parser.read_from_socket()  # raises ConnectionError at the end of the stream
                 elif _PUSH is not None and isinstance(answer, _PUSH):
-                    continue  # a RESP3 push (no call of ours asks for one): not an answer
+                    # A RESP3 push is never an answer (no call of ours subscribes). redis-py's push
+                    # handlers are not called: the maintenance notices they serve are a managed
+                    # Redis's, which open-source Redis does not send.
+                    continue
                 elif isinstance(answer, ConnectionError):
                     raise answer
                 else:
