@@ -146,8 +146,12 @@ class RateLimit(Plugin):
         return None
 
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
-        """A whole answer is here, and with it what the request cost: settled now, not once the
-        answer is sent, so the call goes with the answer's other state writes (its pin, its image)."""
+        """A whole answer is here, and with it what the request cost. An answer that may write state
+        of its own now (the pin of an id it hands out, an image stored for URL delivery, a video
+        status cached) is settled now, so the call goes with those writes; a chat answer handing
+        out no id, in on_complete, with the request's other
+        bookkeeping (its budgets' settlement, its record's journal entry): one round trip, not two.
+        The answer's body waits for that bookkeeping either way (proxy/request/relay.py)."""
         checks: list[Check] | None = ex.plugin_state.get(self.name)
         if not checks or _SETTLING in ex.plugin_state:
             return
@@ -155,7 +159,8 @@ class RateLimit(Plugin):
             usage = ex.format.usage_from_body(upstream.json())  # the usage plugin, if any, reads it later
             if usage is not None:
                 ex.usage.update(usage)
-        ex.plugin_state[_SETTLING] = asyncio.get_running_loop().create_task(self._settle(ex, checks))
+        if ex.route.creates is not None or not ex.format.reports_usage or ex.format.name == "images":
+            ex.plugin_state[_SETTLING] = asyncio.get_running_loop().create_task(self._settle(ex, checks))
 
     async def on_complete(self, ex: Exchange) -> None:
         settling: asyncio.Task[None] | None = ex.plugin_state.get(_SETTLING)
