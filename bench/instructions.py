@@ -1,7 +1,7 @@
 """What the usage ledger costs a request, counted in instructions: each gateway runs under
 valgrind's callgrind, which counts the instructions a process executes, so the figure is the
-same whatever else the machine runs (bench/ledger.py's CPU seconds swing by tens of percent
-from one round to the next on a shared machine).
+same, or nearly (below), whatever else the machine runs (bench/ledger.py's CPU seconds swing by
+tens of percent from one round to the next on a shared machine).
 
 Each variant of bench/ledger.py --state redis (ledger off, on, on without the journal; and the
 same at each `--baseline` ref) is started under callgrind, warmed up, its counters zeroed,
@@ -9,9 +9,11 @@ sent `--requests` requests of `POST /v1/messages` (16 at a time), and its counte
 gateway does by the clock alone (timers, probes, the writer's flushes) is counted too, and runs
 far more often per request under callgrind's slowdown: it is measured with the gateway idle for
 `--idle` seconds before the requests and taken out at the same rate. Instructions are not time
-(a cache miss costs more than an add), but they change with the code alone.
+(a cache miss costs more than an add), and not quite the code's alone either: how many calls
+share a Redis pipeline goes with timing, and the same gateway moved by up to 3% from one run to
+the next. Compare within one run.
 
-Usage: python bench/instructions.py [--requests N] [--idle S] [--baseline REF ...] [--print-only]
+Usage: python bench/instructions.py [--requests N] [--idle S] [--rounds R] [--baseline REF ...] [--print-only]
 """
 
 from __future__ import annotations
@@ -38,6 +40,14 @@ from bench.run import BODY, HEADERS, checkout, start  # noqa: E402
 
 HERE = Path(__file__).parent
 CONCURRENCY = 16
+# The writer's batches as large as they are at full speed. Under callgrind a gateway serves some
+# 70 requests a second, so at the default (a batch each second) each batch held ~70 records where
+# it holds up to 1,000 unslowed: its fixed work (a transaction, the journal's measure, the spools'
+# and the orphans' scans) came to 15,000-25,000 instructions a record that it does not cost, and
+# the baseline's idle polling (10 million instructions a second) made its subtracted idle rate
+# swing by a tenth of a request. A batch of 200 records, and no clock-driven turn in the counted
+# window, for every tree alike (the baseline's writer takes both settings too).
+WRITER = "batch_size: 200, flush_interval_s: 60"
 
 
 @dataclass(slots=True)
@@ -104,12 +114,17 @@ def measure(name: str, config: Path, tree: Path | None, work: Path, requests: in
     return count
 
 
+def _median(found: list[Count]) -> Count:
+    return sorted(found, key=lambda count: count.per_request)[len(found) // 2]
+
+
 def main() -> int:
     no_admin_listeners()
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--idle", type=float, default=20.0, help="seconds the idle rate is measured over")
     parser.add_argument("--baseline", nargs="*", default=[], help="git refs whose gateways are counted too")
+    parser.add_argument("--rounds", type=int, default=3, help="each gateway measured this many times, interleaved")
     parser.add_argument("--print-only", action="store_true", help="leave bench/RESULTS.md as it is")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="modelgate-instructions-"))
@@ -119,16 +134,21 @@ def main() -> int:
     up_port = free_port()
     upstream = start([sys.executable, str(HERE / "upstream.py"), str(up_port), "20"], 1, work / "upstream.log")
     prefix = f"{name}:"
-    counts: dict[str, Count] = {}
+    measured: dict[str, list[Count]] = {}
     try:
         wait_port(up_port)
-        on = f"plugins: {{ledger: {{database_url: '{ledger_url}', spool_dir: '{work / 'spool'}'MORE}}}}\n" + PRICES
+        on = (f"plugins: {{ledger: {{database_url: '{ledger_url}', spool_dir: '{work / 'spool'}', {WRITER}MORE}}}}\n"
+              + PRICES)
+        runs: list[tuple[str, Path | None, str]] = []
         for ref, tree in [("", None)] + [(ref, checkout(ref, work)) for ref in args.baseline]:
-            variants = [("ledger off", ""), ("ledger on", on.replace("MORE", ""))]
+            at = f" at {ref}" if ref else ""
+            runs += [("ledger off" + at, tree, ""), ("ledger on" + at, tree, on.replace("MORE", ""))]
             if not ref:
-                variants.append(("ledger on, no journal", on.replace("MORE", ", redis_spool: false")))
-            for label, extra in variants:
-                label += f" at {ref}" if ref else ""
+                runs.append(("ledger on, no journal", tree, on.replace("MORE", ", redis_spool: false")))
+        # Round by round, every gateway once a round: what the machine did meanwhile (how many calls
+        # then shared a Redis pipeline) falls on all of them alike; the median of the rounds is kept.
+        for _ in range(args.rounds):
+            for label, tree, extra in runs:
                 port = free_port()
                 config = work / f"{port}.yaml"
                 config.write_text(f'server: {{listen: "127.0.0.1:{port}", workers: 1}}\n'
@@ -137,20 +157,26 @@ def main() -> int:
                                   f"channels: [{{name: bench, base_url: 'http://127.0.0.1:{up_port}', "
                                   "credential: upstream-key}]\n"
                                   f"state: {{backend: redis, url: '{REDIS}', prefix: '{prefix}{port}:'}}\n" + extra)
-                counts[label] = measure(label, config, tree, work, args.requests, args.idle)
+                measured.setdefault(label, []).append(measure(label, config, tree, work, args.requests, args.idle))
     finally:
         upstream.terminate()
         upstream.wait(timeout=15)
         asyncio.run(database("drop", name))
         asyncio.run(forget(prefix))
+    counts = {label: _median(found) for label, found in measured.items()}
     lines = ["## Usage ledger cost in instructions, Redis state", "",
-             f"`python bench/instructions.py --requests {args.requests} --idle {args.idle:g}"
+             f"`python bench/instructions.py --requests {args.requests} --idle {args.idle:g} --rounds {args.rounds}"
              + (" --baseline " + " ".join(args.baseline) if args.baseline else "") + "`: each gateway of "
              "bench/ledger.py --state redis under callgrind, its instructions over the requests (16 at a time) "
-             "less what it runs idle for as long; the same on any machine, busy or not. Target: ledger on "
-             "not above the baseline's.", "",
-             "| gateway | instructions a request | idle, a second |", "|---|---|---|"]
-    lines += [f"| {c.name} | {c.per_request:,.0f} | {c.idle_per_s:,.0f} |" for c in counts.values()]
+             "less what it runs idle for as long, in rounds (each gateway once a round; the median round "
+             "kept). The ledger's writer in every tree writes batches of 200 and turns by the clock once a "
+             f"minute (`{WRITER}`: the batches it writes at full speed; see WRITER in bench/instructions.py). "
+             "Target: ledger on not above the baseline's.", "",
+             "| gateway | instructions a request (median) | rounds, lowest to highest | idle, a second |",
+             "|---|---|---|---|"]
+    lines += [f"| {c.name} | {c.per_request:,.0f} | "
+              + " / ".join(f"{r.per_request:,.0f}" for r in sorted(measured[c.name], key=lambda r: r.per_request))
+              + f" | {c.idle_per_s:,.0f} |" for c in counts.values()]
     lines.append("")
     for ref in ["", *args.baseline]:
         at = f" at {ref}" if ref else ""
