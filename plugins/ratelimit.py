@@ -90,7 +90,8 @@ class RateLimit(Plugin):
         if self.owns_limiter:
             from proxy.limits.redis import RedisLimiter
 
-            self.limiter: Limiter = RedisLimiter(config.state.url, config.state.prefix)
+            self.limiter: Limiter = RedisLimiter(config.state.url, config.state.prefix,
+                                                 wait_s=config.state.check_timeout_s)
         else:
             # Kept by the running gateway, so a config reload does not forget who used what.
             self.limiter = self.resources.setdefault("ratelimit.memory", MemoryLimiter())  # type: ignore[assignment]

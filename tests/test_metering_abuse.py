@@ -43,9 +43,12 @@ SIMULATOR = ("{name: simulator, base_url: simulator, simulator: {chunk_delay_ms:
              "video_queued_s: 0, video_processing_s: 0}}")
 
 
-def metered(redis_url: str, ledger_db: str, spool: str, keys: str, budget: str = "{}", prices: str = PRICES) -> str:
+# Checks wait up to 5 s on Redis: a loaded test host can stall half a second, and a budget that
+# failed open then would let these tests' hostile requests through.
+def metered(redis_url: str, ledger_db: str, spool: str, keys: str, budget: str = "{}", prices: str = PRICES,
+            check_timeout_s: float = 5) -> str:
     return textwrap.dedent(f"""
-        state: {{backend: redis, url: '{redis_url}'}}
+        state: {{backend: redis, url: '{redis_url}', check_timeout_s: {check_timeout_s}}}
         keys: {keys}
         channels: [{SIMULATOR}]
         observability: {{logging: {{access_log: false}}}}
@@ -663,9 +666,9 @@ async def test_a_sweep_of_every_way_to_slip_past_a_10000_token_budget(ledger_db,
     assert not any(r["pending"] for r in found if r["route"] == "responses")  # each read back, and settled
 
 
-async def test_spending_served_while_the_state_store_was_away_is_counted_once_it_is_back(
-        ledger_db, start_gateway, http, tmp_path) -> None:  # noqa: ANN001
-    import signal as signals
+@pytest.fixture
+def own_redis(tmp_path):  # noqa: ANN001, ANN201
+    """A Redis of the test's own, to stop (SIGSTOP) and resume: (its URL, its process)."""
     import subprocess
 
     from tests.conftest import free_port
@@ -673,23 +676,59 @@ async def test_spending_served_while_the_state_store_was_away_is_counted_once_it
     port = free_port()
     redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                               "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    time.sleep(0.3)
+    yield f"redis://127.0.0.1:{port}/0", redis
+    redis.terminate()
+    redis.wait(timeout=10)
+
+
+async def test_spending_served_while_the_state_store_was_away_is_counted_once_it_is_back(
+        ledger_db, start_gateway, http, tmp_path, own_redis) -> None:  # noqa: ANN001
+    import signal as signals
+
+    url, redis = own_redis
+    keys = f"[{{name: spender, key: {KEY}, budget: {{tokens_per_day: 100000}}}}]"
+    # The default wait: the probe has seen the store go before the requests below arrive.
+    gateway = await start_gateway(metered(url, ledger_db, str(tmp_path / "spool"), keys, check_timeout_s=0.5))
+    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 900, "messages": [{"role": "user", "content": "hi"}]}
+    assert (await post(http, gateway.url + "/v1/messages", body, {**MSG, "x-sim-output-tokens": "500"}))[0] == 200
+    redis.send_signal(signals.SIGSTOP)  # away: budgets fail open (the default), and serve
     try:
-        await asyncio.sleep(0.3)
-        url = f"redis://127.0.0.1:{port}/0"
-        keys = f"[{{name: spender, key: {KEY}, budget: {{tokens_per_day: 100000}}}}]"
-        gateway = await start_gateway(metered(url, ledger_db, str(tmp_path / "spool"), keys))
-        body = {"model": "msgmodel-haiku-4-5", "max_tokens": 900, "messages": [{"role": "user", "content": "hi"}]}
-        assert (await post(http, gateway.url + "/v1/messages", body, {**MSG, "x-sim-output-tokens": "500"}))[0] == 200
-        redis.send_signal(signals.SIGSTOP)  # away: budgets fail open (the default), and serve
-        try:
-            await asyncio.sleep(2.5)  # the store's probe has seen it go: no request waits on it
-            served = await asyncio.gather(*(post(http, gateway.url + "/v1/messages", body,
-                                                 {**MSG, "x-sim-output-tokens": "500"}) for _ in range(3)))
-            assert [status for status, _ in served] == [200] * 3
-        finally:
-            redis.send_signal(signals.SIGCONT)
-        held, found = await agreed(url, ledger_db, 4, within_s=20)
-        assert held == 4 * (500 + 1)  # the three served unchecked are in the counter too
+        await asyncio.sleep(2.5)  # the store's probe has seen it go: no request waits on it
+        served = await asyncio.gather(*(post(http, gateway.url + "/v1/messages", body,
+                                             {**MSG, "x-sim-output-tokens": "500"}) for _ in range(3)))
+        assert [status for status, _ in served] == [200] * 3
     finally:
-        redis.terminate()
-        redis.wait(timeout=10)
+        redis.send_signal(signals.SIGCONT)
+    held, found = await agreed(url, ledger_db, 4, within_s=20)
+    assert held == 4 * (500 + 1)  # the three served unchecked are in the counter too
+
+
+async def test_a_reservation_that_never_reached_the_store_is_counted_once_it_is_back(
+        ledger_db, start_gateway, http, tmp_path, own_redis) -> None:  # noqa: ANN001
+    """The store stalls before its probe notices: a reservation waiting for a new connection (whose
+    handshake the stalled store never answers) times out unsent, so it never ran, and what its
+    request spends is counted once the store is back."""
+    import signal as signals
+
+    import redis.asyncio as aioredis
+
+    url, redis = own_redis
+    keys = f"[{{name: spender, key: {KEY}, budget: {{tokens_per_day: 100000}}}}]"
+    gateway = await start_gateway(metered(url, ledger_db, str(tmp_path / "spool"), keys, check_timeout_s=0.2))
+    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 900, "messages": [{"role": "user", "content": "hi"}]}
+    assert (await post(http, gateway.url + "/v1/messages", body, {**MSG, "x-sim-output-tokens": "500"}))[0] == 200
+    client = aioredis.Redis.from_url(url)
+    try:
+        await client.client_kill_filter(_type="normal", skipme=True)  # the gateway's kept connections go
+    finally:
+        await client.aclose()
+    redis.send_signal(signals.SIGSTOP)
+    try:
+        served = await asyncio.gather(*(post(http, gateway.url + "/v1/messages", body,
+                                             {**MSG, "x-sim-output-tokens": "500"}) for _ in range(3)))
+        assert [status for status, _ in served] == [200] * 3  # failing open
+    finally:
+        redis.send_signal(signals.SIGCONT)
+    held, found = await agreed(url, ledger_db, 4, within_s=20)
+    assert held == 4 * (500 + 1)  # neither lost nor counted twice

@@ -226,6 +226,44 @@ async def test_a_connection_that_fails_to_close_still_gives_its_slot_back() -> N
     assert len(released) == 1
 
 
+async def test_a_call_that_timed_out_unsent_is_never_sent_but_one_whose_caller_left_is() -> None:
+    """A stalled Redis holds the connection a turn's pipeline waits for. A call whose caller was told
+    it timed out unsent (so never ran, and may be counted elsewhere) must not run later; a call
+    whose caller was cancelled (its client went away) still makes the write it started."""
+    from proxy.state.gathering import Gatherer, answer_within
+
+    ready = asyncio.Event()
+    pipeline = FakePipeline([b"kept"])
+
+    class Client(FakeClient):
+        gate = asyncio.Semaphore(4)
+
+        @property
+        def connection_pool(self) -> object:
+            class Pool:
+                async def get_connection(self) -> FakeConnection:
+                    await ready.wait()  # a new connection's handshake, which the stalled Redis answers late
+                    return FakeConnection(pipeline)
+
+                async def release(self, connection: FakeConnection) -> None:
+                    return None
+
+            return Pool()
+
+    calls = Gatherer(Client())
+    expiring, leaving = calls.command("INCR", "reserved", resend=False), calls.command("SET", "pin", "x")
+    left = asyncio.ensure_future(leaving)
+    await asyncio.sleep(0)
+    with pytest.raises(TimeoutError):
+        await answer_within(expiring, 0.01)
+    left.cancel()
+    assert not expiring.sent
+    ready.set()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert pipeline.sent == [("SET", "pin", "x")]
+
+
 async def test_a_pipeline_of_reads_is_sent_again_when_its_connection_failed_but_never_one_with_a_script() -> None:
     from redis.exceptions import ConnectionError as RedisConnectionError
 

@@ -134,6 +134,25 @@ async def test_a_check_answered_too_late_is_given_back_once_it_has_run(lone_redi
         await client.aclose()
 
 
+async def test_a_check_waits_as_long_as_state_check_timeout_s_says(lone_redis: str) -> None:
+    """`state.check_timeout_s` is the limiter's wait: a stall of most of a second, past the default
+    half second, is waited out by a limiter told to wait a second and a half."""
+    import redis.asyncio as aioredis
+
+    limiter = RedisLimiter(lone_redis, "patient:", wait_s=1.5)
+    client = aioredis.Redis.from_url(lone_redis)
+    try:
+        await limiter.acquire([LEASE], "warm")
+        await limiter.finish([LEASE], "warm", None)
+        blocking = await _stalled(client, 900_000)
+        assert (await limiter.acquire([LEASE, KEY], "patient")).allowed
+        await blocking
+        await limiter.finish([LEASE, KEY], "patient", None)
+    finally:
+        await limiter.close()
+        await client.aclose()
+
+
 async def test_a_check_whose_client_went_away_is_given_back_once_it_has_run(lone_redis: str) -> None:
     """A client that leaves while its check waits on Redis cancels the check, not what Redis does
     with it: the lease it takes then is given back, not held until it lapses."""

@@ -118,7 +118,7 @@ class Budget(Plugin):
         elif self.redis:
             from plugins.budget.counters import RedisCounters
 
-            self.counters = RedisCounters(config.state.url)
+            self.counters = RedisCounters(config.state.url, config.state.check_timeout_s)
         else:
             self.counters = self.resources.setdefault("budget.memory", MemoryCounters())
         self.late = LateCounts(self.counters) if self.counters is not None else None
@@ -170,7 +170,7 @@ class Budget(Plugin):
         under_way = False
         try:
             if skipped:
-                raise CountersUnavailable("the state store is unreachable")
+                raise CountersUnavailable("the state store is unreachable", unsent=True)
             for subject, windows, amounts in planned:
                 reserving = asyncio.ensure_future(self.counters.reserve(windows, amounts))  # type: ignore[union-attr]
                 try:
@@ -193,7 +193,9 @@ class Budget(Plugin):
                     self._rebuild(subject, reserved.made, now.timestamp())
         except CountersUnavailable as exc:  # the fail mode decides
             await self._give_back(taken)
-            if skipped:  # (a reservation that timed out may still be made, late: it is not counted again)
+            # Not asked, or its reservation never went: counted once the store is back. (One that
+            # went and timed out may still be made, late: it is not counted again.)
+            if exc.unsent:
                 ex.plugin_state[_UNCOUNTED] = ([windows for _, windows, _ in planned], most)
             return self._unavailable(ex, exc)
         except asyncio.CancelledError:  # the client left: what was reserved goes back

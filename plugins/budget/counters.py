@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from proxy.state.gathering import answer_within
+from proxy.state.gathering import Answer, answer_within
 
 
 @dataclass(slots=True, frozen=True)
@@ -64,7 +64,12 @@ class Reserved:
 
 
 class CountersUnavailable(Exception):
-    """The shared store did not answer (in time)."""
+    """The shared store did not answer (in time). `unsent`: the call never went to it, so it
+    certainly did not run (a reservation that did go may still be made, late)."""
+
+    def __init__(self, why: str, unsent: bool = False) -> None:
+        super().__init__(why)
+        self.unsent = unsent
 
 
 class Counters(Protocol):
@@ -147,8 +152,6 @@ class MemoryCounters:
                 del self._values[key]
 
 
-_WAIT_S = 0.5  # as the limiter: past it the fail mode decides
-
 # KEYS: the windows' counters. ARGV: each window's limit, amount and ttl. Reserves every amount
 # only if each window has room; answers {refused index (0: none), value of each window, and for
 # each window 1 if this call made its counter (0 else)}.
@@ -198,10 +201,11 @@ class RedisCounters:
     """In the shared state store: every instance counts in the same windows. A subject's windows
     share a hash tag on a Cluster, so one script reserves them all."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, wait_s: float = 0.5) -> None:
         from proxy.state.shared import share
 
         self._shared = share(url)
+        self._wait_s = wait_s  # as the limiter's (state.check_timeout_s): past it the fail mode decides
         self._reserve = self._shared.client.register_script(RESERVE)
         self._settle = self._shared.client.register_script(SETTLE)
         self._add = self._shared.client.register_script(ADD)
@@ -229,13 +233,13 @@ class RedisCounters:
         found = await self._call(self._shared.calls.command("GETDEL", key, resend=False))
         return found.decode() if found is not None else None
 
-    async def _call(self, pending: Any) -> Any:
+    async def _call(self, pending: Answer) -> Any:
         from redis.exceptions import RedisError
 
         try:
-            return await answer_within(pending, _WAIT_S)
+            return await answer_within(pending, self._wait_s)
         except (RedisError, OSError, TimeoutError) as exc:
-            raise CountersUnavailable(type(exc).__name__) from exc
+            raise CountersUnavailable(type(exc).__name__, unsent=not pending.sent) from exc
 
     async def add(self, windows: Sequence[Window], amounts: Sequence[float]) -> None:
         args = [repr(a) for a in amounts] + [w.ttl_s for w in windows]

@@ -207,6 +207,8 @@ class StateConfig(Strict):
     affinity_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
     max_items: int = Field(default=200_000, ge=100)  # memory backend: entries per store, oldest dropped first
     pending_pins: int = Field(default=10_000, ge=0)  # ids made while the store is away, kept until it returns
+    # How long a limit or budget check waits on the store before its fail mode decides.
+    check_timeout_s: float = Field(default=0.5, gt=0, le=10)
 
     @field_validator("url")
     @classmethod

@@ -43,9 +43,6 @@ from proxy.state.shared import share, unshare
 
 log = logging.getLogger("modelgate.ratelimit")
 
-# The longest a check waits on Redis before the fail mode decides (the shared client's own
-# timeouts are longer, for the image store's writes).
-_WAIT_S = 0.5
 _RETRY_S = 1.0  # between tries of settlements Redis could not take
 _MAX_UNSETTLED = 10_000
 _RENEW_BATCH = 500  # leases per renewal call: a round for thousands of streams does not hold Redis up in one script
@@ -208,7 +205,10 @@ return gone
 
 class RedisLimiter:
     def __init__(self, url: str, prefix: str, lease_life_s: float = LEASE_LIFE_S,
-                 renew_every_s: float = RENEW_EVERY_S) -> None:
+                 renew_every_s: float = RENEW_EVERY_S, wait_s: float = 0.5) -> None:
+        # wait_s (state.check_timeout_s): the longest a check waits on Redis before the fail mode
+        # decides (the shared client's own timeouts are longer, for the image store's writes).
+        self._wait_s = wait_s
         # Scripts are never resent: one that timed out may have run, and a second run would count
         # the request's tokens twice. An error is the fail mode's to decide.
         self._shared = share(url)
@@ -437,9 +437,9 @@ class RedisLimiter:
 
     async def _run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         try:
-            return await answer_within(self._shared.calls.script(script, keys, args), _WAIT_S)
+            return await answer_within(self._shared.calls.script(script, keys, args), self._wait_s)
         except TimeoutError as exc:
-            raise LimiterUnavailable(f"no answer within {_WAIT_S}s") from exc
+            raise LimiterUnavailable(f"no answer within {self._wait_s}s") from exc
 
     def _keys(self, checks: Sequence[Check], request_id: str) -> list[str]:
         """Each check's keys, then the request's give-back mark (in the first check's slot)."""

@@ -88,7 +88,7 @@ class GatewayApp:
         config = self.loaded.config
         self.tracing.start()
         self.store = make_store(config.state)
-        self.probe = StoreProbe(self.store)
+        self.probe = StoreProbe(self.store, config.state.check_timeout_s)
         await self.probe.check()
         self.probe.start()
         probe = self.probe

@@ -21,14 +21,14 @@ from proxy.state import StateStore
 log = logging.getLogger("modelgate.readiness")
 
 INTERVAL_S = 1.0
-TIMEOUT_S = 0.5
 
 
 class StoreProbe:
-    __slots__ = ("_store", "ok", "since", "_task")
+    __slots__ = ("_store", "_timeout_s", "ok", "since", "_task")
 
-    def __init__(self, store: StateStore) -> None:
+    def __init__(self, store: StateStore, timeout_s: float = 0.5) -> None:
         self._store = store
+        self._timeout_s = timeout_s  # state.check_timeout_s: a store slower than a check waits is away
         self.ok = True
         self.since = time.monotonic()  # when `ok` last changed
         self._task: asyncio.Task[None] | None = None
@@ -45,9 +45,9 @@ class StoreProbe:
     async def check(self) -> bool:
         why = "it did not answer"
         try:
-            ok = await asyncio.wait_for(self._store.ping(), TIMEOUT_S)
+            ok = await asyncio.wait_for(self._store.ping(), self._timeout_s)
         except TimeoutError:
-            ok, why = False, f"no answer within {TIMEOUT_S} s"
+            ok, why = False, f"no answer within {self._timeout_s} s"
         except Exception as exc:  # whatever the client raises, the probe goes on: it is readiness's only source
             ok, why = False, f"{type(exc).__name__}: {exc}"
         if ok != self.ok:
