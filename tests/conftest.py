@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -108,6 +109,27 @@ class RunningGateway:
         return self.sim(name).requests[-1]
 
 
+STOP_WITHIN_S = 90
+
+
+def waiting_tasks() -> str:
+    """Every task of the running loop, with the chain of awaits it is stopped at."""
+    lines = []
+    for task in asyncio.all_tasks():
+        lines.append(repr(task))
+        step: Any = task.get_coro()
+        for _ in range(50):
+            frame = getattr(step, "cr_frame", None) or getattr(step, "ag_frame", None) or getattr(step, "gi_frame", None)
+            if frame is None:
+                lines.append(f"    on {step!r}")
+                break
+            lines.append(f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+            step = getattr(step, "cr_await", None) or getattr(step, "ag_await", None) or getattr(step, "gi_yieldfrom", None)
+            if step is None:
+                break
+    return "\n".join(lines)
+
+
 @asynccontextmanager
 async def gateway_starter(config_dir: Path) -> AsyncIterator[Callable[..., Awaitable[RunningGateway]]]:
     """Start gateways in this process from YAML text (or the embedded defaults), each config
@@ -142,7 +164,13 @@ async def gateway_starter(config_dir: Path) -> AsyncIterator[Callable[..., Await
         for admin in admins:
             await admin.close()
         for runner in reversed(runners):
-            await runner.cleanup()
+            try:
+                # A stop that never ends fails its test with what every task waits on (it has hung
+                # a run's teardown twice, untraced): the gateway's own grace periods are shorter.
+                await asyncio.wait_for(runner.cleanup(), STOP_WITHIN_S)
+            except TimeoutError:
+                raise AssertionError(f"the gateway did not stop within {STOP_WITHIN_S} s; its tasks:\n"
+                                     + waiting_tasks()) from None
 
 
 @pytest.fixture
