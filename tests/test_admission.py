@@ -15,7 +15,7 @@ from multidict import CIMultiDict
 from prometheus_client import REGISTRY
 
 from proxy.config import parse_config
-from proxy.process.admission import MIN_LIMIT, PROBE_S, WINDOW_S, Admission
+from proxy.process.admission import MIN_LIMIT, MIN_SHARE, PROBE_S, WINDOW_S, Admission
 from tests.conftest import BEARER, DEMO_KEY, MESSAGE_HEADERS, SteppedClock
 
 SLOW = {"x-sim-latency-ms": "3000"}  # the simulator holds each admitted request this long
@@ -148,6 +148,56 @@ def test_auto_grows_back_only_while_the_bound_is_used_and_the_loop_keeps_up() ->
         gate.admits(int(gate.limit) - 1)
         windows(gate, clock, 0.001, 10)
     assert gate.limit == 1000                 # never above max_connections
+
+
+def busy_windows(gate: Admission, clock: SteppedClock, delay_s: float, in_flight: int, arrivals: int,
+                 count: int = 1) -> list[bool]:
+    """`windows`, with `arrivals` requests asked about in each: what each was told."""
+    told = []
+    for _ in range(count):
+        told += [gate.admits(in_flight) for _ in range(arrivals)]
+        windows(gate, clock, delay_s, in_flight)
+    return told
+
+
+def test_auto_admits_a_share_of_short_requests_while_they_make_the_loop_late() -> None:
+    """Few in flight, many arriving, the loop late: the bound on requests in flight cannot help,
+    so a share of the arrivals is admitted, spread evenly, and it grows back once the loop keeps up."""
+    gate, clock = admission()
+    busy_windows(gate, clock, 0.020, 2, arrivals=50)   # twice the target: half
+    assert gate.share == 0.5 and gate.limit == 10_000
+    told = [gate.admits(2) for _ in range(100)]
+    assert told.count(True) == 50 and all(a != b for a, b in zip(told, told[1:]))  # every other one
+    busy_windows(gate, clock, 1.0, 2, arrivals=50, count=30)
+    assert gate.share == MIN_SHARE  # never below: it still serves some
+    busy_windows(gate, clock, 0.007, 2, arrivals=50, count=3)  # near the target: held
+    assert gate.share == MIN_SHARE
+    busy_windows(gate, clock, 0.001, 2, arrivals=50, count=20)  # well under it: a quarter more a window
+    assert gate.share == 1.0 and all(gate.admits(2) for _ in range(100))
+
+
+def test_a_late_loop_with_few_arrivals_or_a_fixed_bound_admits_every_request() -> None:
+    gate, clock = admission()
+    busy_windows(gate, clock, 0.5, 2, arrivals=MIN_LIMIT - 1, count=3)  # a pause of the loop's own
+    assert gate.share == 1.0
+    fixed, clock = admission("max_in_flight: 100")
+    busy_windows(fixed, clock, 0.5, 2, arrivals=50, count=3)
+    assert fixed.share == 1.0 and all(fixed.admits(2) for _ in range(20))
+
+
+async def test_while_shedding_a_loop_late_right_now_admits_next_to_nothing(clock: SteppedClock) -> None:
+    """The window's median comes a window late; the probe's timer overdue says it now. Before a
+    window has cut the share, an overdue timer alone refuses nothing (a collection, a large body)."""
+    gate, clock = admission(clock=clock)
+    gate.start(lambda: 2)  # the timer is due PROBE_S from the stepped clock's now, and never runs here
+    try:
+        clock.advance(PROBE_S + 0.05)  # overdue by 50 ms, five times the target
+        assert all(gate.admits(2) for _ in range(100))
+        gate.share = 0.5
+        told = [gate.admits(2) for _ in range(100)]
+        assert told.count(True) == 100 * MIN_SHARE
+    finally:
+        gate.stop()
 
 
 def test_one_stall_of_the_loop_or_a_few_requests_in_flight_do_not_cut_the_bound() -> None:

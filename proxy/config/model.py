@@ -117,7 +117,8 @@ class ServerConfig(Strict):
     max_stream_event_mb: PositiveFloat = 8.0
     max_upload_mb: PositiveFloat = 512.0        # multipart edits (streamed): 16 images under 25 MB fit
     drain_timeout_s: PositiveFloat = 60.0       # on SIGTERM: how long in-flight requests may take to finish
-    request_id_header: str = "X-Request-Id"
+    # An HTTP token: the name goes into answers as it is written (proxy/process/shedding.py writes its own heads).
+    request_id_header: str = Field(default="X-Request-Id", pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
     max_connections: int = Field(default=10_000, ge=1)      # client connections; past it requests get 503
     # Requests one worker serves at once, streams included; past it 503 `overloaded` before the body
     # is read. "auto": a bound that follows the worker's measured capacity (proxy/process/admission.py).

@@ -21,6 +21,22 @@ on a delay signal (TCP Vegas; Netflix's concurrency-limits):
   doubled, so a worker with CPU to spare does not go on refusing;
 - in between, while used: one more.
 
+A bound on requests in flight cannot help when each request is short: the worker may have a
+handful in flight and still fall behind, what it has not read yet waiting in the kernel (in the
+sockets' buffers, then in the listening socket's queues, where a client's connection waits for
+its SYN to be retried, seconds). So when the loop runs late with fewer than MIN_LIMIT in flight
+and at least MIN_LIMIT requests arrived in the window (the requests are what holds it up, not a
+pause of the loop's own), `auto` also admits only a share of the requests that arrive, spread
+evenly (the others are refused as past the bound): cut as the bound is (target/delay, kept
+between 0.5 and 0.9), never below MIN_SHARE; a quarter more each window the loop keeps under half
+its target. While it sheds so, a request that arrives when the probe's timer is overdue by more
+than the target (the loop is that late now, not only on the window's median) is admitted at
+MIN_SHARE: the backlog is cleared by refusing, not by waiting a window. (Not before a window has
+cut the share: a single pause of the loop, a collection or a large body parsed, would then refuse
+the burst that arrived during it.) A refusal while shedding is decided on the connection as the
+request's head is parsed, at a fraction of what one through the web framework costs
+(proxy/process/shedding.py).
+
 It starts at `server.max_connections` (a connection carries one request at a time, so no more
 can be in flight) and never rises above it, nor falls below MIN_LIMIT: a worker that keeps up
 never refuses anything, whatever it holds.
@@ -41,6 +57,8 @@ import math
 import time
 from collections.abc import Callable
 
+from aiohttp import web
+
 from proxy.config.model import ServerConfig
 from proxy.observability.metrics import IN_FLIGHT_LIMIT, LOOP_DELAY
 
@@ -50,16 +68,26 @@ PROBE_S = 0.01     # the timer whose lateness is the delay; 100 wake-ups a secon
 WINDOW_S = 0.1     # the bound moves at most this often: a few probes even when each is late
 MIN_PROBES = 3
 MIN_LIMIT = 16     # what an overloaded worker still admits: it serves some, rather than refusing all
+MIN_SHARE = 0.05   # the least share of arriving requests `auto` admits, for the same reason
+_REGROW = 1.25     # the admitted share's growth a window, while the loop keeps under half its target
 RETRY_AFTER_S = 1  # a short wait: overload passes, or the balancer sends the retry elsewhere
 _USED = 0.9        # the share of the bound in flight that counts as using it
 _LOG_EVERY_S = 1.0
 
 
+def admitted(request: web.BaseRequest) -> bool:
+    """Whether this request was admitted on its connection as its head was parsed
+    (proxy/process/shedding.py); the mark is taken, so it answers once."""
+    take = getattr(request.protocol, "take_admission", None)
+    return take is not None and take()
+
+
 class Admission:
     """The bound on requests in flight in this worker, and the probe that moves it (`auto`)."""
 
-    __slots__ = ("limit", "auto", "ceiling", "target_s", "delay_s", "_clock", "_window_start", "_delays",
-                 "_peak", "_refused", "_unlogged", "_logged_at", "_timer", "_in_flight")
+    __slots__ = ("limit", "share", "auto", "ceiling", "target_s", "delay_s", "_clock", "_window_start", "_delays",
+                 "_peak", "_refused", "_arrived", "_credit", "_due", "_unlogged", "_logged_at", "_timer",
+                 "_in_flight")
 
     def __init__(self, server: ServerConfig, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
@@ -67,12 +95,16 @@ class Admission:
         self._delays: list[float] = []
         self._peak = 0          # the most requests in flight this window
         self._refused = 0       # refusals this window
+        self._arrived = 0       # requests asked about this window
+        self._credit = 0.0      # spreads the admitted share evenly: one admitted each time it reaches 1
+        self._due = math.inf    # when the probe's timer is due to run next
         self._unlogged = 0      # refusals not yet in a log line
         self._logged_at = -math.inf
         self._timer: asyncio.TimerHandle | None = None
         self._in_flight: Callable[[], int] = lambda: 0
         self.delay_s = 0.0      # the last window's median delay
         self.limit = 0.0
+        self.share = 1.0        # the share of arriving requests admitted below the bound (`auto`)
         self.configure(server)
 
     def configure(self, server: ServerConfig) -> None:
@@ -81,11 +113,21 @@ class Admission:
         self.ceiling = server.max_connections if server.max_in_flight == "auto" else server.max_in_flight
         self.target_s = server.max_loop_delay_ms / 1000
         self.limit = min(self.limit, self.ceiling) if self.auto and self.limit else float(self.ceiling)
+        if not self.auto:
+            self.share = 1.0
         IN_FLIGHT_LIMIT.set(int(self.limit))
+
+    def shedding(self, in_flight: int) -> bool:
+        """Whether requests are being refused now (a share cut, or the bound reached)."""
+        return self.share < 1.0 or in_flight >= self.limit
 
     def admits(self, in_flight: int) -> bool:
         """Whether a request that finds `in_flight` others being served may be served too."""
-        if in_flight < self.limit:
+        self._arrived += 1
+        share = self.share
+        if share < 1.0 and self._clock() - self._due > self.target_s:
+            share = MIN_SHARE  # already shedding, and the loop is that late now: next to nothing until it catches up
+        if in_flight < self.limit and (share >= 1.0 or self._by_share(share)):
             if in_flight >= self._peak:
                 self._peak = in_flight + 1
             return True
@@ -96,8 +138,15 @@ class Admission:
             # Refusals get no access line each (under overload that would be most of the work): one line a second.
             log.warning("overloaded: refusing requests with 503", extra={
                 "refused": self._unlogged, "in_flight": in_flight, "max_in_flight": int(self.limit),
-                "loop_delay_ms": round(self.delay_s * 1000, 1)})
+                "admitted_share": round(self.share, 3), "loop_delay_ms": round(self.delay_s * 1000, 1)})
             self._unlogged, self._logged_at = 0, now
+        return False
+
+    def _by_share(self, share: float) -> bool:
+        self._credit += share
+        if self._credit >= 1.0:
+            self._credit -= 1.0
+            return True
         return False
 
     def observe(self, delay_s: float, in_flight: int) -> None:
@@ -113,17 +162,22 @@ class Admission:
             used = self._refused > 0 or self._peak >= _USED * self.limit
             if delay > self.target_s:
                 floor = min(MIN_LIMIT, self.ceiling)
+                shrink = min(0.9, max(0.5, self.target_s / delay))
                 if in_flight >= floor:
-                    shrink = min(0.9, max(0.5, self.target_s / delay))
                     self.limit = max(float(floor), min(self.limit, in_flight) * shrink)
-            elif used:
-                grown = self.limit * 2 if delay < self.target_s / 2 else self.limit + 1
-                self.limit = min(float(self.ceiling), grown)
+                elif self._arrived >= MIN_LIMIT:  # short requests, too many of them
+                    self.share = max(MIN_SHARE, self.share * shrink)
+            else:
+                if used:
+                    grown = self.limit * 2 if delay < self.target_s / 2 else self.limit + 1
+                    self.limit = min(float(self.ceiling), grown)
+                if self.share < 1.0 and delay < self.target_s / 2:
+                    self.share = min(1.0, self.share * _REGROW)
         LOOP_DELAY.set(delay)
         if int(self.limit) != before:
             IN_FLIGHT_LIMIT.set(int(self.limit))
         self._delays.clear()
-        self._peak, self._refused, self._window_start = in_flight, 0, now
+        self._peak, self._refused, self._arrived, self._window_start = in_flight, 0, 0, now
 
     def start(self, in_flight: Callable[[], int]) -> None:
         """Probe the event loop's delay from now on (for the metric too, when the bound is fixed)."""
@@ -135,9 +189,11 @@ class Admission:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._due = math.inf
 
     def _schedule(self) -> None:
-        self._timer = asyncio.get_running_loop().call_later(PROBE_S, self._probe, self._clock() + PROBE_S)
+        self._due = self._clock() + PROBE_S
+        self._timer = asyncio.get_running_loop().call_later(PROBE_S, self._probe, self._due)
 
     def _probe(self, due: float) -> None:
         self.observe(max(0.0, self._clock() - due), self._in_flight())

@@ -19,6 +19,7 @@ from proxy.process.admin import AdminListener
 from proxy.process.app import APP_KEY, GatewayApp, build_admin_app, build_app
 from proxy.process.drain import accept_queued
 from proxy.process.refusals import refuse_in_json
+from proxy.process.shedding import shed_on_connections
 from proxy.process.watch import FileWatch, reload_on_change
 from proxy.process.workers import (
     LISTENERS_OVERLAP,
@@ -29,6 +30,7 @@ from proxy.process.workers import (
     port_taken,
 )
 from proxy.request.client_limits import parser_limits
+from proxy.wire.routes import ALIASES, ROUTES
 
 log = logging.getLogger("modelgate.server")
 
@@ -109,7 +111,10 @@ async def start_runner(app: web.Application, config: ServerConfig) -> web.AppRun
     await runner.setup()
     assert runner.server is not None
     refuse_in_json(runner.server)  # what the HTTP parser refuses is answered in JSON, not in its bytes
-    app[APP_KEY].connections.watch(runner.server, config.max_connections)
+    owner = app[APP_KEY]
+    assert owner.gateway is not None, "the gateway starts with the runner's setup"
+    shed_on_connections(runner.server, owner.gateway, (*ROUTES, *ALIASES))  # cheap refusals while it sheds
+    owner.connections.watch(runner.server, config.max_connections)
     return runner
 
 

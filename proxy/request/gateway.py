@@ -17,7 +17,7 @@ from proxy.observability.access_log import log_exchange
 from proxy.observability.metrics import SHED, child
 from proxy.observability.tracing import Tracing, end_request
 from proxy.policy.catalog import listing
-from proxy.process.admission import RETRY_AFTER_S, Admission
+from proxy.process.admission import RETRY_AFTER_S, Admission, admitted
 from proxy.process.drain import SHUTTING_DOWN, Drain
 from proxy.process.runtime import Runtime
 from proxy.request.affinity import Affinity
@@ -43,6 +43,23 @@ _REFUSALS: dict[tuple[str, str], bytes] = {}  # the body of a 503 refusal, by fo
 
 def new_request_id() -> str:
     return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
+
+
+def answer_id(incoming: str) -> str:
+    """The id an answer names: the caller's own when it is a safe one, else a new one."""
+    return incoming if incoming and _REQUEST_ID.match(incoming) else new_request_id()
+
+
+OVERLOADED_MESSAGE = "the gateway is overloaded: it is serving all the requests it can at once; retry shortly"
+
+
+def refusal_body(route: Route, reason: str, message: str) -> bytes:
+    """The body of a 503 refusal on `route`, made once: refusing must stay cheap while the worker is busiest."""
+    fmt = route.format
+    body = _REFUSALS.get((fmt.name, reason))
+    if body is None:
+        body = _REFUSALS[fmt.name, reason] = jsonutil.dumps(fmt.error_payload(503, message, reason))
+    return body
 
 
 def _forget(lookup: asyncio.Task[object]) -> None:
@@ -73,7 +90,10 @@ class Gateway:
 
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
         # Admission comes first, from the head alone: a refusal reads no body and runs no plugin.
-        if self.drain is not None and self.drain.cutting or not self.admission.admits(self.in_flight):
+        # (While the worker sheds, it may have been decided on the connection already: proxy/process/shedding.py.)
+        admitted_already = admitted(request)  # taken whatever follows: it was counted as waiting
+        if self.drain is not None and self.drain.cutting or not (admitted_already or
+                                                                 self.admission.admits(self.in_flight)):
             return self._refuse(request, route)
         runtime = self.runtime
         runtime.enter()
@@ -178,14 +198,9 @@ class Gateway:
             reason, retry = SHUTTING_DOWN, "0"  # another instance can answer it now
             message = "this gateway instance is shutting down; retry, another one will answer"
         else:
-            reason, retry = "overloaded", str(RETRY_AFTER_S)
-            message = "the gateway is overloaded: it is serving all the requests it can at once; retry shortly"
-        fmt = route.format
-        body = _REFUSALS.get((fmt.name, reason))
-        if body is None:  # made once: refusing must stay cheap while the worker is busiest
-            body = _REFUSALS[fmt.name, reason] = jsonutil.dumps(fmt.error_payload(503, message, reason))
-        incoming = request.headers.get(config.request_id_header, "")
-        request_id = incoming if incoming and _REQUEST_ID.match(incoming) else new_request_id()
+            reason, retry, message = "overloaded", str(RETRY_AFTER_S), OVERLOADED_MESSAGE
+        body = refusal_body(route, reason, message)
+        request_id = answer_id(request.headers.get(config.request_id_header, ""))
         child(SHED, route.name, reason).inc()
         if reason == SHUTTING_DOWN:  # few, and the last this instance answers: each gets its access line
             ex = Exchange(request, route, request_id)
