@@ -5,6 +5,7 @@ to the bytes redis-py itself would send."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -193,6 +194,27 @@ async def test_a_forgotten_script_redis_will_not_load_fails_its_own_calls_only()
     assert isinstance(results[1], ResponseError) and "compiling" in str(results[1])
 
 
+class PooledClient(FakeClient):
+    """A client whose pool hands out what `connect` makes, and gives each back to `released`."""
+
+    def __init__(self, connect: Any, released: Any = lambda connection: None) -> None:
+        self.gate = asyncio.Semaphore(4)
+        self._connect, self._released = connect, released
+
+    @property
+    def connection_pool(self) -> object:
+        client = self
+
+        class Pool:
+            async def get_connection(self) -> FakeConnection:
+                return await client._connect()
+
+            async def release(self, connection: FakeConnection) -> None:
+                client._released(connection)
+
+        return Pool()
+
+
 async def test_a_connection_that_fails_to_close_still_gives_its_slot_back() -> None:
     """A stalled Redis: closing the connection raises too (its buffer never drains), and the pool's
     slot must come back all the same, or each such failure costs one for good."""
@@ -206,21 +228,10 @@ async def test_a_connection_that_fails_to_close_still_gives_its_slot_back() -> N
         async def disconnect(self, nowait: bool = False) -> None:
             raise TimeoutError("Timed out closing connection")
 
-    class Client(FakeClient):
-        gate = asyncio.Semaphore(4)
+    async def stuck() -> FakeConnection:
+        return Stuck(FakePipeline([RedisConnectionError("reset")]))
 
-        @property
-        def connection_pool(self) -> object:
-            class Pool:
-                async def get_connection(self) -> FakeConnection:
-                    return Stuck(FakePipeline([RedisConnectionError("reset")]))
-
-                async def release(self, connection: FakeConnection) -> None:
-                    released.append(connection)
-
-            return Pool()
-
-    calls = Gatherer(Client())
+    calls = Gatherer(PooledClient(stuck, released.append))
     with pytest.raises(RedisConnectionError):
         await calls.command("GET", "x", resend=False)
     assert len(released) == 1
@@ -235,22 +246,11 @@ async def test_a_call_that_timed_out_unsent_is_never_sent_but_one_whose_caller_l
     ready = asyncio.Event()
     pipeline = FakePipeline([b"kept"])
 
-    class Client(FakeClient):
-        gate = asyncio.Semaphore(4)
+    async def handshake() -> FakeConnection:
+        await ready.wait()  # a new connection's, which the stalled Redis answers late
+        return FakeConnection(pipeline)
 
-        @property
-        def connection_pool(self) -> object:
-            class Pool:
-                async def get_connection(self) -> FakeConnection:
-                    await ready.wait()  # a new connection's handshake, which the stalled Redis answers late
-                    return FakeConnection(pipeline)
-
-                async def release(self, connection: FakeConnection) -> None:
-                    return None
-
-            return Pool()
-
-    calls = Gatherer(Client())
+    calls = Gatherer(PooledClient(handshake))
     expiring, leaving = calls.command("INCR", "reserved", resend=False), calls.command("SET", "pin", "x")
     left = asyncio.ensure_future(leaving)
     await asyncio.sleep(0)
