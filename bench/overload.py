@@ -5,8 +5,9 @@ bench upstream, as bench/run.py measures throughput). Then an open-loop generato
 at a fixed rate, whatever the answers do (a closed loop would slow down with the gateway and
 hide its queue): 10% of capacity for the unloaded latency, then 3x capacity. Each rate runs with
 the upstream answering at once and 50 ms late (a model is slower still; the gateway's own
-queueing is what grows), against the gateway as configured by default (`max_in_flight: auto`)
-and against one that admits everything (`max_in_flight` = `max_connections`, as before
+queueing is what grows), against the gateway as configured by default (`max_in_flight: auto`),
+the same with the tighter target a latency bound asks for (`max_loop_delay_ms: 10`), and against
+one that admits everything (`max_in_flight` = `max_connections`, as before
 admission control). Latency is counted from when a request was due to go, so a generator that
 falls behind does not hide the wait. Each gateway is pinned to core 0 and held to a share of it
 by a CPU quota (`--gateway-cpu`, 0.3; a cgroup of its own, bench/procs.py), the upstream takes
