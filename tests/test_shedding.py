@@ -169,7 +169,7 @@ async def test_a_request_admitted_on_its_connection_is_decided_once(start_gatewa
             [(status, _, _)] = await answers(reader, 1)
             statuses.append(status.split(b" ")[1])
         assert statuses.count(b"200") == 4 and statuses.count(b"503") == 4
-        assert gw.runner.server.shedder.waiting == 0  # each admitted one was counted until its handler ran
+        assert gw.owner.gateway.admission.waiting == 0  # each admitted one was counted until its handler ran
     finally:
         writer.close()
 

@@ -9,13 +9,14 @@ while what is spent and reserved leaves room for its most.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from proxy.state.gathering import Answer, answer_within
+from proxy.state.gathering import Receipt, answer_within
 
 
 @dataclass(slots=True, frozen=True)
@@ -214,8 +215,9 @@ class RedisCounters:
         args: list[Any] = []
         for window, amount in zip(windows, amounts):
             args += [repr(window.limit), repr(amount), window.ttl_s]
-        refused, values, made = await self._call(self._shared.calls.script(self._reserve, [w.key for w in windows],
-                                                                           args))
+        # With its receipt: a reservation that timed out unsent never ran (its request is counted later).
+        refused, values, made = await self._call(*self._shared.calls.script_with_receipt(
+            self._reserve, [w.key for w in windows], args))
         return Reserved(windows[refused - 1] if refused else None, [float(v) for v in values],
                         [w for w, new in zip(windows, made) if new and not refused])
 
@@ -233,13 +235,13 @@ class RedisCounters:
         found = await self._call(self._shared.calls.command("GETDEL", key, resend=False))
         return found.decode() if found is not None else None
 
-    async def _call(self, pending: Answer) -> Any:
+    async def _call(self, pending: asyncio.Future[Any], receipt: Receipt | None = None) -> Any:
         from redis.exceptions import RedisError
 
         try:
             return await answer_within(pending, self._wait_s)
         except (RedisError, OSError, TimeoutError) as exc:
-            raise CountersUnavailable(type(exc).__name__, unsent=not pending.sent) from exc
+            raise CountersUnavailable(type(exc).__name__, unsent=receipt is not None and not receipt.sent) from exc
 
     async def add(self, windows: Sequence[Window], amounts: Sequence[float]) -> None:
         args = [repr(a) for a in amounts] + [w.ttl_s for w in windows]

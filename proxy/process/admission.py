@@ -77,7 +77,8 @@ _LOG_EVERY_S = 1.0
 
 def admitted(request: web.BaseRequest) -> bool:
     """Whether this request was admitted on its connection as its head was parsed
-    (proxy/process/shedding.py); the mark is taken, so it answers once."""
+    (proxy/process/shedding.py, counted in `Admission.waiting` until then); the mark is taken,
+    so it answers once."""
     take = getattr(request.protocol, "take_admission", None)
     return take is not None and take()
 
@@ -85,7 +86,7 @@ def admitted(request: web.BaseRequest) -> bool:
 class Admission:
     """The bound on requests in flight in this worker, and the probe that moves it (`auto`)."""
 
-    __slots__ = ("limit", "share", "auto", "ceiling", "target_s", "delay_s", "_clock", "_window_start", "_delays",
+    __slots__ = ("limit", "share", "waiting", "auto", "ceiling", "target_s", "delay_s", "_clock", "_window_start", "_delays",
                  "_peak", "_refused", "_arrived", "_credit", "_due", "_unlogged", "_logged_at", "_timer",
                  "_in_flight")
 
@@ -105,6 +106,9 @@ class Admission:
         self.delay_s = 0.0      # the last window's median delay
         self.limit = 0.0
         self.share = 1.0        # the share of arriving requests admitted below the bound (`auto`)
+        # Admitted on their connections and not yet handled (proxy/process/shedding.py): the
+        # gateway counts a request in flight once its handler runs, a turn of the loop later.
+        self.waiting = 0
         self.configure(server)
 
     def configure(self, server: ServerConfig) -> None:
@@ -117,9 +121,6 @@ class Admission:
             self.share = 1.0
         IN_FLIGHT_LIMIT.set(int(self.limit))
 
-    def shedding(self, in_flight: int) -> bool:
-        """Whether requests are being refused now (a share cut, or the bound reached)."""
-        return self.share < 1.0 or in_flight >= self.limit
 
     def admits(self, in_flight: int) -> bool:
         """Whether a request that finds `in_flight` others being served may be served too."""

@@ -70,21 +70,17 @@ class Endpoints:
 class Shedder:
     """Decides, from a parsed head, whether a request is refused on its connection."""
 
-    __slots__ = ("gateway", "endpoints", "waiting")
+    __slots__ = ("gateway", "admission", "endpoints")
 
     def __init__(self, gateway: Gateway, routes: Iterable[Route]) -> None:
         self.gateway = gateway
+        self.admission = gateway.admission
         self.endpoints = Endpoints(routes)
-        # Admitted here and not yet in the gateway's count (it counts a request once its handler
-        # runs, a turn of the loop later): counted with it, or the connections read in one turn
-        # would all be decided against the same count, past the bound.
-        self.waiting = 0
 
     def in_flight(self) -> int:
-        return self.gateway.in_flight + self.waiting
-
-    def shedding(self) -> bool:
-        return self.gateway.admission.shedding(self.in_flight())
+        """The gateway's count, with the requests admitted here that it has not counted yet: the
+        connections read in one turn would otherwise all be decided against the same count."""
+        return self.gateway.in_flight + self.admission.waiting
 
     def refuses(self, handler: SheddingHandler, message: Any, payload: Any) -> bool:
         """Refuse `message` on `handler`'s connection (True), or leave it to aiohttp, marked
@@ -104,9 +100,10 @@ class Shedder:
         route = self.endpoints.find(message.method, path) if _PLAIN.fullmatch(path) else None
         if route is None:
             return False
-        if gateway.admission.admits(self.in_flight()):
+        admission = self.admission
+        if admission.admits(self.in_flight()):
             handler.admitted = True
-            self.waiting += 1
+            admission.waiting += 1
             return False
         body = refusal_body(route, "overloaded", OVERLOADED_MESSAGE)
         request_id = answer_id(message.headers.get(server.request_id_header, ""))
@@ -122,11 +119,12 @@ class Shedder:
 class SheddingHandler(RefusingHandler):
     """aiohttp's connection handler, letting the server's `Shedder` refuse while the worker sheds."""
 
-    __slots__ = ("admitted",)
+    __slots__ = ("admitted", "shedder")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.admitted = False  # the next request this connection hands over was admitted already
+        self.shedder: Shedder | None = getattr(self._manager, "shedder", None)
 
     @property
     def requests_seen(self) -> int:
@@ -137,7 +135,7 @@ class SheddingHandler(RefusingHandler):
         if not self.admitted:
             return False
         self.admitted = False
-        self._manager.shedder.waiting -= 1  # type: ignore[union-attr]
+        self.shedder.admission.waiting -= 1  # type: ignore[union-attr]
         return True
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -152,14 +150,20 @@ class SheddingHandler(RefusingHandler):
             self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
 
     def data_received(self, data: bytes) -> None:
-        shedder: Shedder | None = getattr(self._manager, "shedder", None)
-        waiter = self._waiter
-        # Decided here only while aiohttp's handler waits for the next request (nothing in progress
-        # or queued on this connection, so an answer written now is in its place) and the worker sheds.
-        if (shedder is None or waiter is None or waiter.done() or self._messages or self._upgraded
-                or not shedder.shedding()):
-            super().data_received(data)
-            return
+        # Decided here only while the worker sheds (a share cut, or the bound reached: checked
+        # inline, as this runs for every read) and aiohttp's handler waits for the next request
+        # (nothing in progress or queued on this connection, so an answer written now is in its place).
+        shedder = self.shedder
+        if shedder is not None:
+            admission = shedder.admission
+            if admission.share < 1.0 or shedder.gateway.in_flight + admission.waiting >= admission.limit:
+                waiter = self._waiter
+                if waiter is not None and not waiter.done() and not self._messages and not self._upgraded:
+                    self._shed(shedder, waiter, data)
+                    return
+        RequestHandler.data_received(self, data)
+
+    def _shed(self, shedder: Shedder, waiter: Any, data: bytes) -> None:
         # aiohttp parses and queues as ever; its handler is woken below, for what is not refused.
         self._waiter = None
         try:

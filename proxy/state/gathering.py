@@ -18,9 +18,9 @@ may make them one call instead: it asks to be called back as the turn's calls ar
 On a Cluster nothing is gathered: its client pipelines no scripts, and splits a pipeline by
 node anyway. Each call goes at once, to its own node.
 
-A call's answer says whether the call was sent (`Answer.sent`). One that timed out unsent
-(waiting for a connection a stalled Redis never finished) is then never sent, so it certainly did
-not run: a caller counting what it could not record needs to know.
+A call that timed out before it was sent (its pipeline waiting for a connection a stalled Redis
+never finished) is then never sent, so it certainly did not run: a caller counting what it could
+not record needs to know, and asks for the call's receipt (`script_with_receipt`) to read it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError, DataError, NoScriptError, ReadOnlyError, ResponseError
@@ -42,15 +42,6 @@ T = TypeVar("T")
 # Connections kept between pipelines: a burst may take many more, which then go back to the pool
 # (its slack above the calls in flight is small: the client's own commands need some).
 _MOST_KEPT = 32
-
-
-class Answer(asyncio.Future):  # type: ignore[type-arg]
-    """A call's answer; `sent`: its bytes went to Redis (it may have run, answered or not)."""
-    __slots__ = ("sent",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sent = False
 
 
 async def answer_within(answer: asyncio.Future[T], seconds: float) -> T:
@@ -74,7 +65,12 @@ class _Call:
     args: tuple[Any, ...]           # a command and its arguments; for a script, its keys and arguments
     script: AsyncScript | None
     resend: bool                    # may run twice
-    answer: Answer
+    answer: asyncio.Future[Any]     # a plain future: a subclass would take the tasks awaiting it off asyncio's fast path
+    sent: bool = False              # its bytes went to Redis (it may have run, answered or not)
+
+
+class Receipt(Protocol):
+    sent: bool
 
 
 class Gatherer:
@@ -98,17 +94,23 @@ class Gatherer:
         """Whether calls of one turn share a pipeline (not on a Cluster)."""
         return self._gathers
 
-    def command(self, *args: Any, resend: bool = True) -> Answer:
+    def command(self, *args: Any, resend: bool = True) -> asyncio.Future[Any]:
         """Send `args` (a command name and its arguments) with the calls of this turn; the future
         holds Redis's answer, or what Redis or the connection raised. `resend`: it may run twice."""
-        return self._queue(_Call(args, None, resend, Answer()))
+        return self._queue(_Call(args, None, resend, asyncio.get_running_loop().create_future()))
 
     def script(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
-               alone: bool = False) -> Answer:
+               alone: bool = False) -> asyncio.Future[Any]:
         """Run `script` with the calls of this turn (never twice); `alone`: at once, on its own
         (a large write, which would hold up every call that shared its pipeline)."""
-        call = _Call((len(keys), *keys, *args), script, False, Answer())
+        call = _Call((len(keys), *keys, *args), script, False, asyncio.get_running_loop().create_future())
         return self._queue(call, alone)
+
+    def script_with_receipt(self, script: AsyncScript, keys: Sequence[str],
+                            args: Sequence[Any]) -> tuple[asyncio.Future[Any], Receipt]:
+        """`script`, with the receipt that says, once its answer timed out, whether it was sent."""
+        call = _Call((len(keys), *keys, *args), script, False, asyncio.get_running_loop().create_future())
+        return self._queue(call), call
 
     def at_flush(self, make_calls: Callable[[], None]) -> None:
         """Call `make_calls` once, just before the calls of this turn are sent: the calls it makes
@@ -119,7 +121,7 @@ class Gatherer:
         self._schedule()
         self._before.append(make_calls)
 
-    def _queue(self, call: _Call, alone: bool = False) -> Answer:
+    def _queue(self, call: _Call, alone: bool = False) -> asyncio.Future[Any]:
         if alone or not self._gathers:
             self._start([call])
         else:
@@ -152,7 +154,7 @@ class Gatherer:
     async def _send(self, calls: list[_Call]) -> None:
         try:
             if not self._gathers:  # a Cluster's client, which routes each call to its node
-                calls[0].answer.sent = True  # as good as: when its bytes go is the client's to say
+                calls[0].sent = True  # as good as: when its bytes go is the client's to say
                 _settle(calls[0].answer, await self._alone(calls[0]))
                 return
             try:
@@ -163,7 +165,7 @@ class Gatherer:
                 # A call that cannot be packed (a string UTF-8 cannot hold, say) fails its pipeline
                 # before a byte is sent: each call then goes alone, so only that one hears of it.
                 for call in calls:
-                    call.answer.sent = True  # as good as (see above)
+                    call.sent = True  # as good as (see above)
                 alone = await asyncio.gather(*(self._alone(c) for c in calls), return_exceptions=True)
                 for call, result in zip(calls, alone):
                     _settle(call.answer, result)
@@ -186,7 +188,8 @@ class Gatherer:
                 # Loaded in the pipeline that sends them again, on a connection just seen to answer
                 # (another of the pool's may be one the server closed, not yet known to be).
                 scripts = list({calls[i].script.sha: calls[i].script for i in lost}.values())  # type: ignore[union-attr]
-                loads = [_Call(("SCRIPT", "LOAD", script.script), None, True, Answer())  # type: ignore[union-attr]
+                loads = [_Call(("SCRIPT", "LOAD", script.script), None, True,  # type: ignore[union-attr]
+                               asyncio.get_running_loop().create_future())
                          for script in scripts]
                 again = await self._pipeline([*loads, *(calls[i] for i in lost)])
                 # A script that cannot be loaded fails its own calls only (they hear why).
@@ -248,22 +251,26 @@ class Gatherer:
         packed = _packed(calls)  # a call that cannot be packed fails here, before a byte is sent
         async with client.gate:  # one connection's turn
             connection = await self._connection()
-            live = calls
-            if any(_expired(call) for call in calls):
-                # Its caller stopped waiting (a stalled Redis, a new connection's handshake) and was
-                # told it timed out unsent: never sent, that stays true. (One whose caller was
-                # cancelled goes: a request that went away still makes the writes it started.)
-                live = [call for call in calls if not _expired(call)]
+            # A call whose caller stopped waiting (a stalled Redis, a new connection's handshake) was
+            # told it timed out unsent: never sent, that stays true. (One whose caller was cancelled
+            # goes: a request that went away still makes the writes it started.)
+            expired = False
+            for call in calls:
+                answer = call.answer
+                if answer.done() and not answer.cancelled() and not call.sent:
+                    expired = True
+                else:
+                    call.sent = True
+            live = [call for call in calls if call.sent] if expired else calls
+            if expired:
                 packed = _packed(live)
             try:
-                for call in live:
-                    call.answer.sent = True
                 # One timeout for the write and all the answers (past it, the builtin TimeoutError).
                 async with asyncio.timeout(connection.socket_timeout):
                     read = await connection.exchange(packed, len(live)) if live else []  # proxy/state/packing.py
                 if live is not calls:  # an answer nobody waits for in the place of each call not sent
                     given = iter(read)
-                    read = [next(given) if call.answer.sent else TimeoutError() for call in calls]
+                    read = [next(given) if call.sent else TimeoutError() for call in calls]
                 if self._to_primary and any(isinstance(answer, ReadOnlyError) for answer in read):
                     # The primary Sentinel named is a replica now (demoted without its clients being
                     # killed): as redis-py's Sentinel connection does, the connection fails, is
@@ -293,10 +300,6 @@ class Gatherer:
             else:  # a burst's connections go back to the pool, for the client's own commands
                 await client.connection_pool.release(connection)
             return answers
-
-
-def _expired(call: _Call) -> bool:
-    return call.answer.done() and not call.answer.cancelled()
 
 
 def _packed(calls: Sequence[_Call]) -> bytes:
