@@ -361,7 +361,8 @@ def report(measured: float, runs: list[Run], args: argparse.Namespace) -> str:
                          f"{r.overloaded:,} ({r.overloaded / max(1, answered):.0%}) | {r.lost} | "
                          f"{r.pct(0.5):.2f} | {r.pct(0.99):.2f} | {ratio:.1f}x | {r.cpu_share:.0%} |")
             if r.share > 1 and r.gateway.startswith("auto"):
-                verdicts.append(f"- upstream {delay_ms} ms, {r.gateway}: admitted p99 {r.pct(0.99):.2f} ms is {ratio:.1f}x the "
+                verdicts.append(f"- upstream {delay_ms} ms, {r.gateway}: "
+                                f"admitted p99 {r.pct(0.99):.2f} ms is {ratio:.1f}x the "
                                 f"unloaded {unloaded:.2f} ms (target: at most 2x) — {'met' if ratio <= 2 else 'NOT met'}; "
                                 f"{r.overloaded / max(1, answered):.0%} answered 503 overloaded; "
                                 f"{r.lost} unanswered")

@@ -119,12 +119,14 @@ def waiting_tasks() -> str:
         lines.append(repr(task))
         step: Any = task.get_coro()
         for _ in range(50):
-            frame = getattr(step, "cr_frame", None) or getattr(step, "ag_frame", None) or getattr(step, "gi_frame", None)
+            frame = (getattr(step, "cr_frame", None) or getattr(step, "ag_frame", None)
+                     or getattr(step, "gi_frame", None))
             if frame is None:
                 lines.append(f"    on {step!r}")
                 break
             lines.append(f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
-            step = getattr(step, "cr_await", None) or getattr(step, "ag_await", None) or getattr(step, "gi_yieldfrom", None)
+            step = (getattr(step, "cr_await", None) or getattr(step, "ag_await", None)
+                    or getattr(step, "gi_yieldfrom", None))
             if step is None:
                 break
     return "\n".join(lines)

@@ -86,8 +86,8 @@ def admitted(request: web.BaseRequest) -> bool:
 class Admission:
     """The bound on requests in flight in this worker, and the probe that moves it (`auto`)."""
 
-    __slots__ = ("limit", "share", "waiting", "auto", "ceiling", "target_s", "delay_s", "_clock", "_window_start", "_delays",
-                 "_peak", "_refused", "_arrived", "_credit", "_due", "_unlogged", "_logged_at", "_timer",
+    __slots__ = ("limit", "share", "waiting", "auto", "ceiling", "target_s", "delay_s", "_clock", "_window_start",
+                 "_delays", "_peak", "_refused", "_arrived", "_credit", "_due", "_unlogged", "_logged_at", "_timer",
                  "_in_flight")
 
     def __init__(self, server: ServerConfig, clock: Callable[[], float] = time.perf_counter) -> None:

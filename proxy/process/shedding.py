@@ -12,7 +12,8 @@ then; admitted, it goes on to aiohttp as any other, marked so that it is not dec
 Only the plain case is decided here; anything else goes aiohttp's way, which decides the same:
 a connection with a request in progress or queued (answers keep their order), a body not all
 arrived (what is left would have to be read and dropped), a request that asks to close or to
-upgrade, one with an `Expect` (aiohttp's way answers those it does not do with a 417), HTTP/1.0, a target with escapes or off the interface's endpoints, a worker draining, a
+upgrade, one with an `Expect` (aiohttp's way answers those it does not do with a 417),
+HTTP/1.0, a target with escapes or off the interface's endpoints, a worker draining, a
 connection at its `keepalive_requests`, and a client not reading its answers (SEND_BOUND bytes
 of them waiting: aiohttp then waits for it rather than buffering more).
 """

@@ -91,10 +91,12 @@ class Gateway:
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
         # Admission comes first, from the head alone: a refusal reads no body and runs no plugin.
         # (While the worker sheds, it may have been decided on the connection already: proxy/process/shedding.py.)
-        # Taken whatever follows: it was counted as waiting (looked for only while some are).
-        admitted_already = self.admission.waiting > 0 and admitted(request)
+        # Taken whatever follows: it was counted as waiting (looked for only while some are). Those
+        # still waiting count against the bound here too, as they do on the connections.
+        waiting = self.admission.waiting
+        admitted_already = waiting > 0 and admitted(request)
         if self.drain is not None and self.drain.cutting or not (admitted_already or
-                                                                 self.admission.admits(self.in_flight)):
+                                                                 self.admission.admits(self.in_flight + waiting)):
             return self._refuse(request, route)
         runtime = self.runtime
         runtime.enter()

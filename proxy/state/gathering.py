@@ -65,7 +65,8 @@ class _Call:
     args: tuple[Any, ...]           # a command and its arguments; for a script, its keys and arguments
     script: AsyncScript | None
     resend: bool                    # may run twice
-    answer: asyncio.Future[Any]     # a plain future: a subclass would take the tasks awaiting it off asyncio's fast path
+    # A plain future: a subclass would take the tasks awaiting it off asyncio's fast path.
+    answer: asyncio.Future[Any]
     sent: bool = False              # its bytes went to Redis (it may have run, answered or not)
 
 
