@@ -136,7 +136,12 @@ def waiting_tasks() -> str:
 async def gateway_starter(config_dir: Path) -> AsyncIterator[Callable[..., Awaitable[RunningGateway]]]:
     """Start gateways in this process from YAML text (or the embedded defaults), each config
     file written to `config_dir`; its admin listener, unless the config turns it off, goes on a
-    free port on the configured host. All are stopped on leaving."""
+    free port on the configured host. All are stopped on leaving.
+
+    A gateway in the test's own process shares its thread with the test's clients, so the CPU
+    that thread keeps busy is theirs as much as the gateway's: `server.max_cpu_busy` is 1 (no
+    bound) unless the YAML names it (until a reload reads the file again). The loop-delay signal
+    stays on, as configured."""
     runners: list[web.AppRunner] = []
     admins: list[AdminListener] = []
 
@@ -148,6 +153,9 @@ async def gateway_starter(config_dir: Path) -> AsyncIterator[Callable[..., Await
             path = config_dir / f"config-{len(runners)}.yaml"
             path.write_text(textwrap.dedent(yaml_text))
             loaded = load_config(path, env if env is not None else os.environ)
+        if "max_cpu_busy" not in (yaml_text or ""):
+            server = loaded.config.server.model_copy(update={"max_cpu_busy": 1.0})
+            loaded.config = loaded.config.model_copy(update={"server": server})
         app = build_app(loaded, path)
         runner = await start_runner(app, loaded.config.server)
         site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -5,6 +5,8 @@ Retry-After, in the endpoint's shape, before reading a body; what it admitted is
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import re
 import time
 from urllib.parse import urlsplit
@@ -15,7 +17,8 @@ from multidict import CIMultiDict
 from prometheus_client import REGISTRY
 
 from proxy.config import parse_config
-from proxy.process.admission import MIN_LIMIT, MIN_SHARE, PROBE_S, WINDOW_S, Admission
+from proxy.process.admission import CUT_S, MIN_CUT_ARRIVALS, MIN_LIMIT, MIN_SHARE, PROBE_S, WINDOW_S, Admission
+from proxy.process.cpu import REREAD_S, WorkerCpu, quota_cores
 from tests.conftest import BEARER, DEMO_KEY, MESSAGE_HEADERS, SteppedClock
 
 SLOW = {"x-sim-latency-ms": "3000"}  # the simulator holds each admitted request this long
@@ -97,10 +100,21 @@ async def test_the_refusal_is_decided_before_the_body_is_read(start_gateway) -> 
             assert answer.status == 200
 
 
-def admission(server: str = "", clock: SteppedClock | None = None) -> tuple[Admission, SteppedClock]:
-    """A bound kept for a loop delay of 10 ms (the delays below are read against it), with `server` settings."""
+class Cpu:
+    """The CPU time a test says the worker's loop used (`used`), on a quota of `cores`."""
+
+    def __init__(self, clock: SteppedClock, cores: float | None = None) -> None:
+        self.seconds = 0.0
+        self.worker = WorkerCpu(1, quota=lambda: cores, used=lambda: self.seconds, clock=clock)
+
+
+def admission(server: str = "", clock: SteppedClock | None = None,
+              cpu: Cpu | None = None) -> tuple[Admission, SteppedClock]:
+    """A bound kept for a loop delay of 10 ms (the delays below are read against it), with `server`
+    settings, on a CPU that stays idle unless `cpu` is told otherwise."""
     clock = clock or SteppedClock()
-    return Admission(parse_config(f"server: {{max_loop_delay_ms: 10, {server}}}", {}).server, clock), clock
+    cpu = cpu or Cpu(clock)
+    return Admission(parse_config(f"server: {{max_loop_delay_ms: 10, {server}}}", {}).server, clock, cpu.worker), clock
 
 
 def windows(gate: Admission, clock: SteppedClock, delay_s: float, in_flight: int, count: int = 1) -> None:
@@ -176,6 +190,87 @@ def test_auto_admits_a_share_of_short_requests_while_they_make_the_loop_late() -
     assert gate.share == 1.0 and all(gate.admits(2) for _ in range(100))
 
 
+def run_busy(gate: Admission, clock: SteppedClock, cpu: Cpu, seconds: float, busy: float,
+             arrivals: int, delay_s: float = 0.001) -> None:
+    """`seconds` of probes, each finding the loop `delay_s` late, the CPU `busy` (of what the worker
+    may use: a quarter of a core here) and `arrivals` requests asked about since the last."""
+    for _ in range(round(seconds / PROBE_S)):
+        for _ in range(arrivals):
+            gate.admits(2)
+        clock.advance(PROBE_S)
+        cpu.seconds += busy * 0.25 * PROBE_S
+        gate.observe(delay_s, 2)
+
+
+def test_auto_admits_a_share_of_requests_while_they_keep_the_cpu_busier_than_max_cpu_busy() -> None:
+    """Read every CUT_S, not each window: a saturated CPU halves the share at once (what is asked
+    of it is unknown), a CPU just past the target cuts it by as much; it grows back a quarter a
+    window once the CPU has room and the loop keeps up. The quota is what the worker may use."""
+    clock = SteppedClock()
+    cpu = Cpu(clock, cores=0.25)
+    gate, _ = admission("max_cpu_busy: 0.8", clock, cpu)
+    run_busy(gate, clock, cpu, CUT_S, busy=1.0, arrivals=2)
+    assert gate.share == 0.5 and gate.limit == 10_000  # the loop kept up (1 ms late): the CPU alone said it
+    run_busy(gate, clock, cpu, CUT_S, busy=1.0, arrivals=2)
+    assert gate.share == 0.25
+    run_busy(gate, clock, cpu, CUT_S, busy=0.9, arrivals=2)
+    assert gate.share == pytest.approx(0.25 * 0.8 / 0.9)
+    run_busy(gate, clock, cpu, 2.0, busy=1.0, arrivals=2)
+    assert gate.share == MIN_SHARE  # it still serves some
+    told = [gate.admits(2) for _ in range(100)]
+    assert told.count(True) == 100 * MIN_SHARE
+    run_busy(gate, clock, cpu, 3 * WINDOW_S, busy=0.7, arrivals=2)  # room, but not enough: held
+    assert gate.share == MIN_SHARE
+    run_busy(gate, clock, cpu, 3 * WINDOW_S, busy=1.0, arrivals=2)
+    run_busy(gate, clock, cpu, 3 * WINDOW_S, busy=0.5, arrivals=2, delay_s=0.008)  # room, the loop late: held
+    assert gate.share == MIN_SHARE
+    run_busy(gate, clock, cpu, 20 * WINDOW_S, busy=0.5, arrivals=2)
+    assert gate.share == 1.0
+
+
+def test_a_busy_cpu_with_few_arrivals_or_max_cpu_busy_1_admits_every_request() -> None:
+    """A busy CPU the requests do not account for (fewer than MIN_CUT_ARRIVALS in CUT_S: a large
+    body parsed, a reload) cuts nothing; nor does any CPU with `max_cpu_busy: 1`, or a fixed bound."""
+    for server, arrivals in (("", (MIN_CUT_ARRIVALS - 1) // 3), ("max_cpu_busy: 1", 5), ("max_in_flight: 100", 5)):
+        clock = SteppedClock()
+        cpu = Cpu(clock, cores=0.25)
+        gate, _ = admission(server, clock, cpu)
+        run_busy(gate, clock, cpu, 1.0, busy=1.0, arrivals=arrivals)
+        assert gate.share == 1.0, server
+        assert gate.busy == pytest.approx(1.0)
+
+
+def test_what_a_worker_may_use_is_its_share_of_the_cores_and_of_its_group_s_cpu_quota(tmp_path) -> None:  # noqa: ANN001
+    proc = tmp_path / "cgroup"
+    (tmp_path / "cpu" / "pods" / "a").mkdir(parents=True)
+    (tmp_path / "cpu" / "pods" / "a" / "cpu.cfs_quota_us").write_text("50000\n")
+    (tmp_path / "cpu" / "pods" / "a" / "cpu.cfs_period_us").write_text("100000\n")
+    proc.write_text("4:memory:/pods/a\n2:cpu:/pods/a\n")
+    assert quota_cores(proc, tmp_path) == 0.5  # cgroup v1
+    (tmp_path / "cpu" / "pods" / "a" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert quota_cores(proc, tmp_path) is None  # no quota
+    (tmp_path / "pods" / "b").mkdir(parents=True)
+    (tmp_path / "pods" / "b" / "cpu.max").write_text("150000 100000\n")
+    proc.write_text("0::/pods/b\n")
+    assert quota_cores(proc, tmp_path) == 1.5  # cgroup v2
+    (tmp_path / "pods" / "b" / "cpu.max").write_text("max 100000\n")
+    assert quota_cores(proc, tmp_path) is None
+    assert quota_cores(tmp_path / "absent", tmp_path) is None
+
+    clock = SteppedClock()
+    quota: list[float | None] = [1.5]
+    cpu = WorkerCpu(2, quota=lambda: quota[0], clock=clock)
+    cores = len(os.sched_getaffinity(0))
+    assert cpu.available() == min(1.0, min(cores, 1.5) / 2)  # two workers share the quota
+    quota[0] = 0.2
+    assert cpu.available() == min(1.0, min(cores, 1.5) / 2)  # read again only after REREAD_S
+    clock.advance(REREAD_S)
+    assert cpu.available() == pytest.approx(0.1)
+    quota[0] = None
+    clock.advance(REREAD_S)
+    assert cpu.available() == min(1.0, cores / 2)
+
+
 def test_a_late_loop_with_few_arrivals_or_a_fixed_bound_admits_every_request() -> None:
     gate, clock = admission()
     busy_windows(gate, clock, 0.5, 2, arrivals=MIN_LIMIT - 1, count=3)  # a pause of the loop's own
@@ -246,3 +341,58 @@ async def test_check_config_names_a_bad_bound() -> None:
     text = "\n".join(refused.value.problems)
     assert "server.max_in_flight: a number of requests (at least 1), or 'auto'" in text
     assert re.search(r"server\.listen_backlog: .*greater than or equal to 1", text)
+
+
+async def test_a_worker_held_to_a_cpu_quota_sheds_as_its_cpu_fills(spawn) -> None:  # noqa: ANN001
+    """A gateway process in a control group of its own, held to a tenth of a core by the kernel's
+    CPU controller, offered far more than that serves: with the loop-delay signal set out of reach,
+    it refuses with 503 `overloaded` because its CPU is busier than `max_cpu_busy`, answers every
+    request, and says how busy it is on /metrics."""
+    from bench.procs import CpuQuota
+
+    gw = spawn("gateway", config="""
+        server: {listen: '127.0.0.1:{PORT}', max_loop_delay_ms: 10000, max_cpu_busy: 0.8}
+        observability: {logging: {access_log: false}}
+    """)
+    try:
+        quota = CpuQuota(gw.proc.pid, 0.1)
+    except OSError as exc:  # not root, or no CPU controller: nothing to hold the process to
+        pytest.skip(f"no CPU quota can be set here: {exc}")
+    statuses: list[int] = []
+    codes: set[str] = set()
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http:
+            async def client() -> None:
+                deadline = time.monotonic() + 4
+                while time.monotonic() < deadline:
+                    async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers=MESSAGE_HEADERS) as answer:
+                        statuses.append(answer.status)
+                        if answer.status == 503:
+                            assert answer.headers["Retry-After"] == "1"
+                            codes.add((await answer.json())["error"]["code"])
+                        else:
+                            await answer.read()
+
+            async def scrape() -> list[float]:  # while the load lasts: the gauge is the last tenth of a second's
+                seen = []
+                for _ in range(6):
+                    await asyncio.sleep(0.5)
+                    async with http.get(gw.admin + "/metrics") as answer:
+                        gauge = re.search(r"^modelgate_cpu_busy_ratio (\S+)$", await answer.text(), re.M)
+                        seen.append(float(gauge[1]) if gauge else 0.0)
+                return seen
+
+            *_, busy = await asyncio.gather(*(client() for _ in range(64)), scrape())
+            async with http.get(gw.admin + "/metrics") as answer:
+                metrics = await answer.text()
+    finally:
+        gw.proc.terminate()
+        gw.proc.wait(30)
+        quota.remove()
+    assert set(statuses) == {200, 503} and codes == {"overloaded"}, (len(statuses), set(statuses), codes)
+    assert max(busy) > 0.5, busy
+    shed_total = sum(float(value) for value in
+                     re.findall(r'^modelgate_requests_shed_total\{[^}]*reason="overloaded"[^}]*\} (\S+)$', metrics, re.M))
+    assert shed_total == statuses.count(503)
+    refusals = [json.loads(line) for line in gw.log.read_text().splitlines() if "refusing requests with 503" in line]
+    assert refusals and max(line["cpu_busy"] for line in refusals) > 0.8

@@ -124,6 +124,7 @@ class ServerConfig(Strict):
     # is read. "auto": a bound that follows the worker's measured capacity (proxy/process/admission.py).
     max_in_flight: int | Literal["auto"] = "auto"
     max_loop_delay_ms: float = Field(default=50.0, ge=1, le=10_000)  # auto: the event-loop delay it keeps under
+    max_cpu_busy: float = Field(default=0.9, gt=0, le=1)  # auto: the share of its CPU a worker keeps busy, at most (1: no bound)
     listen_backlog: int = Field(default=1024, ge=1, le=65_535)  # connections the kernel queues unaccepted (next start)
     max_header_kb: int = Field(default=32, ge=1, le=1024)  # request line and headers together: 431 past it
     max_headers: int = Field(default=100, ge=8, le=1000)

@@ -94,6 +94,9 @@ IN_FLIGHT_LIMIT = Gauge("modelgate_in_flight_limit", "The bound on requests in f
                         "summed over live workers", multiprocess_mode="livesum")
 LOOP_DELAY = Gauge("modelgate_loop_delay_seconds", "How late the event loop ran a timer, median over the last "
                    "tenth of a second (with max_in_flight auto); the worst live worker's", multiprocess_mode="livemax")
+CPU_BUSY = Gauge("modelgate_cpu_busy_ratio", "The share of the CPU it may use that a worker's event loop kept busy "
+                 "over the last tenth of a second (server.max_cpu_busy); the busiest live worker's",
+                 multiprocess_mode="livemax")
 TRACE_SPANS = Counter("modelgate_trace_spans", "Finished spans by what became of them: exported, rejected by the "
                       "collector, dropped (export queue full) or failed (never delivered)", ["outcome"])
 STATE_STORE_UP = Gauge("modelgate_state_store_up", "1 while the shared state store answers its probe, 0 while not",

@@ -37,6 +37,15 @@ the burst that arrived during it.) A refusal while shedding is decided on the co
 request's head is parsed, at a fraction of what one through the web framework costs
 (proxy/process/shedding.py).
 
+The loop's delay shows a queue once it has formed; the CPU's busy share shows one forming. So
+every CUT_S `auto` also reads the CPU time the loop's thread used against what the worker may
+use (proxy/process/cpu.py: one core, less under a CPU quota or with workers sharing cores): past
+`server.max_cpu_busy`, with at least MIN_CUT_ARRIVALS requests arriving meanwhile to account for
+it, the admitted share is cut by target/busy (to no less than half), or halved when the CPU is
+SATURATED (what is asked of it is then unknown). It regrows only while the CPU keeps under _ROOM
+of its target as well as the loop under half of its. Read this often, not each window: at an
+overload's onset every window waited is a window of requests queued.
+
 It starts at `server.max_connections` (a connection carries one request at a time, so no more
 can be in flight) and never rises above it, nor falls below MIN_LIMIT: a worker that keeps up
 never refuses anything, whatever it holds.
@@ -60,7 +69,8 @@ from collections.abc import Callable
 from aiohttp import web
 
 from proxy.config.model import ServerConfig
-from proxy.observability.metrics import IN_FLIGHT_LIMIT, LOOP_DELAY
+from proxy.observability.metrics import CPU_BUSY, IN_FLIGHT_LIMIT, LOOP_DELAY
+from proxy.process.cpu import WorkerCpu
 
 log = logging.getLogger("modelgate.admission")
 
@@ -69,7 +79,11 @@ WINDOW_S = 0.1     # the bound moves at most this often: a few probes even when 
 MIN_PROBES = 3
 MIN_LIMIT = 16     # what an overloaded worker still admits: it serves some, rather than refusing all
 MIN_SHARE = 0.05   # the least share of arriving requests `auto` admits, for the same reason
+CUT_S = 0.03       # how often the CPU's busy share is read against `max_cpu_busy`: onset is where the wait grows
+MIN_CUT_ARRIVALS = 5  # arrivals in that time for a busy CPU to be the requests' doing (5 in 30 ms: 170 a second)
+SATURATED = 0.97   # busy past this, the CPU is saturated: what is asked of it is unknown, so the share halves
 _REGROW = 1.25     # the admitted share's growth a window, while the loop keeps under half its target
+_ROOM = 0.85       # ... and the CPU under this share of `max_cpu_busy`
 RETRY_AFTER_S = 1  # a short wait: overload passes, or the balancer sends the retry elsewhere
 _USED = 0.9        # the share of the bound in flight that counts as using it
 _LOG_EVERY_S = 1.0
@@ -86,13 +100,17 @@ def admitted(request: web.BaseRequest) -> bool:
 class Admission:
     """The bound on requests in flight in this worker, and the probe that moves it (`auto`)."""
 
-    __slots__ = ("limit", "share", "waiting", "auto", "ceiling", "target_s", "delay_s", "_clock", "_window_start",
-                 "_delays", "_peak", "_refused", "_arrived", "_credit", "_due", "_unlogged", "_logged_at", "_timer",
-                 "_in_flight")
+    __slots__ = ("limit", "share", "waiting", "auto", "ceiling", "target_s", "busy_target", "delay_s", "busy", "cpu",
+                 "_clock", "_window_start", "_delays", "_peak", "_refused", "_arrived", "_credit", "_due", "_unlogged",
+                 "_logged_at", "_timer", "_in_flight", "_used_at", "_cut_at", "_used_at_cut", "_arrived_at_cut")
 
-    def __init__(self, server: ServerConfig, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, server: ServerConfig, clock: Callable[[], float] = time.perf_counter,
+                 cpu: WorkerCpu | None = None) -> None:
         self._clock = clock
-        self._window_start = clock()
+        self.cpu = cpu or WorkerCpu()
+        self._window_start = self._cut_at = clock()
+        self._used_at = self._used_at_cut = self.cpu.used()
+        self._arrived_at_cut = 0
         self._delays: list[float] = []
         self._peak = 0          # the most requests in flight this window
         self._refused = 0       # refusals this window
@@ -104,6 +122,7 @@ class Admission:
         self._timer: asyncio.TimerHandle | None = None
         self._in_flight: Callable[[], int] = lambda: 0
         self.delay_s = 0.0      # the last window's median delay
+        self.busy = 0.0         # the share of its CPU the worker kept busy over the last window
         self.limit = 0.0
         self.share = 1.0        # the share of arriving requests admitted below the bound (`auto`)
         # Admitted on their connections and not yet handled (proxy/process/shedding.py): the
@@ -116,6 +135,7 @@ class Admission:
         self.auto = server.max_in_flight == "auto"
         self.ceiling = server.max_connections if server.max_in_flight == "auto" else server.max_in_flight
         self.target_s = server.max_loop_delay_ms / 1000
+        self.busy_target = server.max_cpu_busy
         self.limit = min(self.limit, self.ceiling) if self.auto and self.limit else float(self.ceiling)
         if not self.auto:
             self.share = 1.0
@@ -139,7 +159,8 @@ class Admission:
             # Refusals get no access line each (under overload that would be most of the work): one line a second.
             log.warning("overloaded: refusing requests with 503", extra={
                 "refused": self._unlogged, "in_flight": in_flight, "max_in_flight": int(self.limit),
-                "admitted_share": round(self.share, 3), "loop_delay_ms": round(self.delay_s * 1000, 1)})
+                "admitted_share": round(self.share, 3), "loop_delay_ms": round(self.delay_s * 1000, 1),
+                "cpu_busy": round(self.busy, 2)})
             self._unlogged, self._logged_at = 0, now
         return False
 
@@ -154,13 +175,18 @@ class Admission:
         """One probe's delay; at the end of a window the bound moves (`auto` only)."""
         self._delays.append(delay_s)
         now = self._clock()
+        if now - self._cut_at >= CUT_S - PROBE_S / 2:  # at the probe nearest CUT_S
+            self._check_busy(now)
         if now - self._window_start < WINDOW_S or len(self._delays) < MIN_PROBES:
             return
         delays = sorted(self._delays)
         delay = self.delay_s = delays[len(delays) // 2]
+        used = self.cpu.used()
+        busy = self.busy = (used - self._used_at) / max(1e-9, now - self._window_start) / self.cpu.available()
+        self._used_at = used
         before = int(self.limit)
         if self.auto:
-            used = self._refused > 0 or self._peak >= _USED * self.limit
+            bound_used = self._refused > 0 or self._peak >= _USED * self.limit
             if delay > self.target_s:
                 floor = min(MIN_LIMIT, self.ceiling)
                 shrink = min(0.9, max(0.5, self.target_s / delay))
@@ -169,16 +195,30 @@ class Admission:
                 elif self._arrived >= MIN_LIMIT:  # short requests, too many of them
                     self.share = max(MIN_SHARE, self.share * shrink)
             else:
-                if used:
+                if bound_used:
                     grown = self.limit * 2 if delay < self.target_s / 2 else self.limit + 1
                     self.limit = min(float(self.ceiling), grown)
-                if self.share < 1.0 and delay < self.target_s / 2:
+                if self.share < 1.0 and delay < self.target_s / 2 and busy < _ROOM * self.busy_target:
                     self.share = min(1.0, self.share * _REGROW)
         LOOP_DELAY.set(delay)
+        CPU_BUSY.set(busy)
         if int(self.limit) != before:
             IN_FLIGHT_LIMIT.set(int(self.limit))
         self._delays.clear()
         self._peak, self._refused, self._arrived, self._window_start = in_flight, 0, 0, now
+        self._arrived_at_cut = 0
+
+    def _check_busy(self, now: float) -> None:
+        """Every CUT_S: past `max_cpu_busy`, with the requests arriving to account for it, the
+        admitted share is cut (`auto` only). Read this often, not each window: at the onset of an
+        overload every window waited is a window of requests queued."""
+        used = self.cpu.used()
+        if self.auto and self.busy_target < 1.0 and self._arrived - self._arrived_at_cut >= MIN_CUT_ARRIVALS:
+            busy = (used - self._used_at_cut) / max(1e-9, now - self._cut_at) / self.cpu.available()
+            if busy > self.busy_target:
+                cut = 0.5 if busy > SATURATED else max(0.5, self.busy_target / busy)
+                self.share = max(MIN_SHARE, self.share * cut)
+        self._cut_at, self._used_at_cut, self._arrived_at_cut = now, used, self._arrived
 
     def start(self, in_flight: Callable[[], int]) -> None:
         """Probe the event loop's delay from now on (for the metric too, when the bound is fixed)."""

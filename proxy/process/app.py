@@ -14,7 +14,7 @@ from aiohttp import web
 from aiohttp.web_urldispatcher import PlainResource
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from proxy.config import ConfigError, LoadedConfig, load_config
+from proxy.config import ConfigError, LoadedConfig, load_config, worker_count
 from proxy.formats import ACCOUNT, CONTENT, MESSAGES
 from proxy.formats.base import Format
 from proxy.observability.metrics import count_reload, exposition, set_config_info
@@ -23,6 +23,7 @@ from proxy.plugin import STATE_REACHABLE, STATE_STORE, PluginRoute
 from proxy.policy.channels import Channel
 from proxy.process.admin import AdminSurface
 from proxy.process.admission import Admission
+from proxy.process.cpu import WorkerCpu
 from proxy.process.drain import Drain, close_when_draining
 from proxy.process.log_guard import guard_aiohttp_logs
 from proxy.process.readiness import StoreProbe
@@ -58,7 +59,8 @@ class GatewayApp:
         self.gateway: Gateway | None = None
         self.connections = ConnectionCount()
         self.drain = Drain()
-        self.admission = Admission(loaded.config.server)
+        # Its share of the CPU is its share of the cores (and quota) with the other workers.
+        self.admission = Admission(loaded.config.server, cpu=WorkerCpu(worker_count(loaded.config)))
         self.admin = AdminSurface(loaded.config.server.admin_token)  # /metrics and the like: proxy/process/admin.py
         self.reloads = 0
         # The files the last reload read, taken or refused (LoadedConfig.files): what a watcher
