@@ -17,7 +17,7 @@ from multidict import CIMultiDict
 from prometheus_client import REGISTRY
 
 from proxy.config import parse_config
-from proxy.process.admission import CUT_S, MIN_CUT_ARRIVALS, MIN_LIMIT, MIN_SHARE, PROBE_S, WINDOW_S, Admission
+from proxy.process.admission import BEHIND, CUT_S, MIN_CUT_ARRIVALS, MIN_LIMIT, MIN_SHARE, PROBE_S, WINDOW_S, Admission
 from proxy.process.cpu import REREAD_S, WorkerCpu, quota_cores
 from tests.conftest import BEARER, DEMO_KEY, MESSAGE_HEADERS, SteppedClock
 
@@ -190,8 +190,11 @@ def test_auto_admits_a_share_of_short_requests_while_they_make_the_loop_late() -
     assert gate.share == 1.0 and all(gate.admits(2) for _ in range(100))
 
 
+BEHIND_S = 0.010 * BEHIND  # late enough, against the 10 ms target, for a busy CPU to count
+
+
 def run_busy(gate: Admission, clock: SteppedClock, cpu: Cpu, seconds: float, busy: float,
-             arrivals: int, delay_s: float = 0.001) -> None:
+             arrivals: int, delay_s: float = BEHIND_S) -> None:
     """`seconds` of probes, each finding the loop `delay_s` late, the CPU `busy` (of what the worker
     may use: a quarter of a core here) and `arrivals` requests asked about since the last."""
     for _ in range(round(seconds / PROBE_S)):
@@ -203,14 +206,15 @@ def run_busy(gate: Admission, clock: SteppedClock, cpu: Cpu, seconds: float, bus
 
 
 def test_auto_admits_a_share_of_requests_while_they_keep_the_cpu_busier_than_max_cpu_busy() -> None:
-    """Read every CUT_S, not each window: a saturated CPU halves the share at once (what is asked
-    of it is unknown), a CPU just past the target cuts it by as much; it grows back a quarter a
-    window once the CPU has room and the loop keeps up. The quota is what the worker may use."""
+    """Read every CUT_S, not each window: a saturated CPU with the loop falling behind halves the
+    share at once (what is asked of it is unknown), a CPU just past the target cuts it by as much;
+    it grows back a quarter a window once the CPU has room and the loop keeps up. The quota is
+    what the worker may use."""
     clock = SteppedClock()
     cpu = Cpu(clock, cores=0.25)
     gate, _ = admission("max_cpu_busy: 0.8", clock, cpu)
     run_busy(gate, clock, cpu, CUT_S, busy=1.0, arrivals=2)
-    assert gate.share == 0.5 and gate.limit == 10_000  # the loop kept up (1 ms late): the CPU alone said it
+    assert gate.share == 0.5 and gate.limit == 10_000  # the loop only a fifth of its target late: the CPU said it
     run_busy(gate, clock, cpu, CUT_S, busy=1.0, arrivals=2)
     assert gate.share == 0.25
     run_busy(gate, clock, cpu, CUT_S, busy=0.9, arrivals=2)
@@ -224,8 +228,18 @@ def test_auto_admits_a_share_of_requests_while_they_keep_the_cpu_busier_than_max
     run_busy(gate, clock, cpu, 3 * WINDOW_S, busy=1.0, arrivals=2)
     run_busy(gate, clock, cpu, 3 * WINDOW_S, busy=0.5, arrivals=2, delay_s=0.008)  # room, the loop late: held
     assert gate.share == MIN_SHARE
-    run_busy(gate, clock, cpu, 20 * WINDOW_S, busy=0.5, arrivals=2)
+    run_busy(gate, clock, cpu, 20 * WINDOW_S, busy=0.5, arrivals=2, delay_s=0.001)
     assert gate.share == 1.0
+
+
+def test_a_saturated_cpu_whose_loop_keeps_up_admits_every_request() -> None:
+    """A fixed number of clients, each sending again once answered, can saturate a worker's CPU
+    without making a queue longer than they are: its loop keeps up, and it sheds nothing."""
+    clock = SteppedClock()
+    cpu = Cpu(clock, cores=0.25)
+    gate, _ = admission("max_cpu_busy: 0.8", clock, cpu)
+    run_busy(gate, clock, cpu, 2.0, busy=1.0, arrivals=5, delay_s=BEHIND_S * 0.9)
+    assert gate.share == 1.0 and gate.busy == pytest.approx(1.0)
 
 
 def test_a_busy_cpu_with_few_arrivals_or_max_cpu_busy_1_admits_every_request() -> None:
@@ -345,13 +359,13 @@ async def test_check_config_names_a_bad_bound() -> None:
 
 async def test_a_worker_held_to_a_cpu_quota_sheds_as_its_cpu_fills(spawn) -> None:  # noqa: ANN001
     """A gateway process in a control group of its own, held to a tenth of a core by the kernel's
-    CPU controller, offered far more than that serves: with the loop-delay signal set out of reach,
-    it refuses with 503 `overloaded` because its CPU is busier than `max_cpu_busy`, answers every
-    request, and says how busy it is on /metrics."""
+    CPU controller, offered far more than that serves: it reads its CPU as busy against that tenth
+    (not against a core), refuses with 503 `overloaded`, answers every request, and says how busy
+    it is on /metrics and in its refusals' log lines."""
     from bench.procs import CpuQuota
 
     gw = spawn("gateway", config="""
-        server: {listen: '127.0.0.1:{PORT}', max_loop_delay_ms: 10000, max_cpu_busy: 0.8}
+        server: {listen: '127.0.0.1:{PORT}', max_cpu_busy: 0.8}
         observability: {logging: {access_log: false}}
     """)
     try:

@@ -41,8 +41,9 @@ The loop's delay shows a queue once it has formed; the CPU's busy share shows on
 every CUT_S `auto` also reads the CPU time the loop's thread used against what the worker may
 use (proxy/process/cpu.py: one core, less under a CPU quota or with workers sharing cores): past
 `server.max_cpu_busy`, with at least MIN_CUT_ARRIVALS requests arriving meanwhile to account for
-it, the admitted share is cut by target/busy (to no less than half), or halved when the CPU is
-SATURATED (what is asked of it is then unknown). It regrows only while the CPU keeps under _ROOM
+it and the loop late by a fifth of its target (BEHIND: the CPU is busy and falling behind, not
+only busy), the admitted share is cut by target/busy (to no less than half), or halved when the
+CPU is SATURATED (what is asked of it is then unknown). It regrows only while the CPU keeps under _ROOM
 of its target as well as the loop under half of its. Read this often, not each window: at an
 overload's onset every window waited is a window of requests queued.
 
@@ -82,6 +83,11 @@ MIN_SHARE = 0.05   # the least share of arriving requests `auto` admits, for the
 CUT_S = 0.03       # how often the CPU's busy share is read against `max_cpu_busy`: onset is where the wait grows
 MIN_CUT_ARRIVALS = 5  # arrivals in that time for a busy CPU to be the requests' doing (5 in 30 ms: 170 a second)
 SATURATED = 0.97   # busy past this, the CPU is saturated: what is asked of it is unknown, so the share halves
+# ... and only while the loop runs this share of `max_loop_delay_ms` late: a CPU saturated by a
+# fixed number of clients (each waiting for its answer before it sends again) queues no more than
+# they are, and its loop keeps up (64 such clients: under 2 ms late; 256: 6-9 ms); a worker
+# offered more than it serves falls further behind each turn.
+BEHIND = 0.2
 _REGROW = 1.25     # the admitted share's growth a window, while the loop keeps under half its target
 _ROOM = 0.85       # ... and the CPU under this share of `max_cpu_busy`
 RETRY_AFTER_S = 1  # a short wait: overload passes, or the balancer sends the retry elsewhere
@@ -102,7 +108,8 @@ class Admission:
 
     __slots__ = ("limit", "share", "waiting", "auto", "ceiling", "target_s", "busy_target", "delay_s", "busy", "cpu",
                  "_clock", "_window_start", "_delays", "_peak", "_refused", "_arrived", "_credit", "_due", "_unlogged",
-                 "_logged_at", "_timer", "_in_flight", "_used_at", "_cut_at", "_used_at_cut", "_arrived_at_cut")
+                 "_logged_at", "_timer", "_in_flight", "_used_at", "_cut_at", "_used_at_cut", "_arrived_at_cut",
+                 "_cut_from")
 
     def __init__(self, server: ServerConfig, clock: Callable[[], float] = time.perf_counter,
                  cpu: WorkerCpu | None = None) -> None:
@@ -111,6 +118,7 @@ class Admission:
         self._window_start = self._cut_at = clock()
         self._used_at = self._used_at_cut = self.cpu.used()
         self._arrived_at_cut = 0
+        self._cut_from = 0      # the first of `_delays` since the CPU was last read
         self._delays: list[float] = []
         self._peak = 0          # the most requests in flight this window
         self._refused = 0       # refusals this window
@@ -206,19 +214,22 @@ class Admission:
             IN_FLIGHT_LIMIT.set(int(self.limit))
         self._delays.clear()
         self._peak, self._refused, self._arrived, self._window_start = in_flight, 0, 0, now
-        self._arrived_at_cut = 0
+        self._arrived_at_cut = self._cut_from = 0
 
     def _check_busy(self, now: float) -> None:
-        """Every CUT_S: past `max_cpu_busy`, with the requests arriving to account for it, the
-        admitted share is cut (`auto` only). Read this often, not each window: at the onset of an
-        overload every window waited is a window of requests queued."""
+        """Every CUT_S: past `max_cpu_busy`, with the requests arriving to account for it and the
+        loop falling behind, the admitted share is cut (`auto` only). Read this often, not each
+        window: at the onset of an overload every window waited is a window of requests queued."""
         used = self.cpu.used()
-        if self.auto and self.busy_target < 1.0 and self._arrived - self._arrived_at_cut >= MIN_CUT_ARRIVALS:
+        late = sorted(self._delays[self._cut_from:])
+        if (self.auto and self.busy_target < 1.0 and self._arrived - self._arrived_at_cut >= MIN_CUT_ARRIVALS
+                and late and late[len(late) // 2] >= self.target_s * BEHIND):
             busy = (used - self._used_at_cut) / max(1e-9, now - self._cut_at) / self.cpu.available()
             if busy > self.busy_target:
                 cut = 0.5 if busy > SATURATED else max(0.5, self.busy_target / busy)
                 self.share = max(MIN_SHARE, self.share * cut)
         self._cut_at, self._used_at_cut, self._arrived_at_cut = now, used, self._arrived
+        self._cut_from = len(self._delays)
 
     def start(self, in_flight: Callable[[], int]) -> None:
         """Probe the event loop's delay from now on (for the metric too, when the bound is fixed)."""
