@@ -21,7 +21,6 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from urllib.parse import urlsplit
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
@@ -39,6 +38,7 @@ from proxy.registry import configured_without
 from proxy.request.charges import DEFAULT_OUTPUT_TOKENS, left_open, most_of, read_ended
 from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.state import StateStore, make_store
+from proxy.state.postgres import postgres_url
 from proxy.wire import jsonutil
 from proxy.wire.routes import ROUTES
 from proxy.wire.sse import SSEEvent
@@ -78,16 +78,7 @@ class LedgerSettings(BaseModel):
     @field_validator("database_url")
     @classmethod
     def _postgres_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        try:
-            parts = urlsplit(value)
-            parts.port  # noqa: B018 (read for its check: a port that is no number raises)
-        except ValueError:
-            parts = None
-        if parts is None or parts.scheme not in ("postgresql", "postgres") or not parts.hostname:
-            raise ValueError("a PostgreSQL URL: postgresql://user:password@host:5432/database")
-        return value
+        return postgres_url(value)
 
 
 class Ledger(Plugin):

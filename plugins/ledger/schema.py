@@ -1,14 +1,13 @@
-"""The ledger's tables in PostgreSQL, created and migrated by the gateway itself.
-
-Each migration runs once, in order, inside one transaction with the version it brings, under an
-advisory lock, so instances starting together migrate once. A database whose version is newer
-than this release knows is left alone, and the ledger says so and spools (an older instance
-during a rolling upgrade never writes into a shape it does not know).
+"""The ledger's tables in PostgreSQL, created and migrated by the gateway itself
+(proxy/state/postgres.py). A database migrated by a newer release is left alone, and the ledger
+says so and spools.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from proxy.state.postgres import Schema
 
 _LOCK = 0x6D676C64  # 'mgld': the advisory lock the migrations take
 
@@ -54,20 +53,9 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 
-class SchemaTooNew(Exception):
-    """The database was migrated by a newer release."""
+SCHEMA = Schema("the ledger's schema", "modelgate_ledger_schema", _LOCK, MIGRATIONS)
 
 
 async def migrate(connection: Any) -> int:
-    """Bring the schema up to date; the version it is at after."""
-    async with connection.transaction():
-        await connection.execute("SELECT pg_advisory_xact_lock($1)", _LOCK)
-        await connection.execute("CREATE TABLE IF NOT EXISTS modelgate_ledger_schema "
-                                 "(version integer NOT NULL, migrated_at timestamptz NOT NULL DEFAULT now())")
-        version = await connection.fetchval("SELECT coalesce(max(version), 0) FROM modelgate_ledger_schema")
-        if version > len(MIGRATIONS):
-            raise SchemaTooNew(f"the ledger's schema is at version {version}; this release knows {len(MIGRATIONS)}")
-        for number in range(version + 1, len(MIGRATIONS) + 1):
-            await connection.execute(MIGRATIONS[number - 1])
-            await connection.execute("INSERT INTO modelgate_ledger_schema (version) VALUES ($1)", number)
-        return len(MIGRATIONS)
+    """Bring the ledger's schema up to date; the version it is at after."""
+    return await SCHEMA.migrate(connection)
