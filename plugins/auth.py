@@ -18,7 +18,7 @@ from aiohttp import web
 from proxy.config import GatewayConfig
 from proxy.formats.base import KeyLocation
 from proxy.observability.metrics import AUTH_REFUSALS
-from proxy.plugin import Joins, Plugin
+from proxy.plugin import STORED_KEYS, Joins, Plugin
 from proxy.policy.keys import KeyRing
 from proxy.request.exchange import Exchange
 
@@ -36,7 +36,7 @@ class Auth(Plugin):
         return ex.error_response(status, message, code)
 
     def configure(self, config: GatewayConfig) -> None:
-        self.keys = KeyRing.from_config(config)
+        self.keys = KeyRing.from_config(config, self.resources.get(STORED_KEYS))
         self.strict = config.server.strict_interface
 
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:

@@ -46,6 +46,9 @@ STATE_REACHABLE = "state.reachable"
 # gateway closes it, after the plugins). A plugin keeping state beside the pins uses it, so its
 # writes can go with a pin (`Exchange.with_pin`).
 STATE_STORE = "state.store"
+# Keys managed at run time (proxy/keystore/directory.py: a StoredKeyLookup; absent: no key store).
+# The auth plugin finds a presented key there after the config's keys.
+STORED_KEYS = "keys.stored"
 
 
 @dataclass(slots=True, frozen=True)

@@ -316,6 +316,11 @@ def _key_settings_problems(key: dict[str, Any], where: str) -> list[str]:
     return problems
 
 
+def key_settings_problems(key: dict[str, Any], where: str) -> list[str]:
+    """What is wrong with a key entry's fields beyond the core's: unknown, or not as its plugin reads them."""
+    return _key_settings_problems(key, where)
+
+
 def key_settings(extra: dict[str, Any]) -> dict[str, Any]:
     """A key entry's plugin fields, as their plugins' models read them (`"false"` is False)."""
     out: dict[str, Any] = {}

@@ -113,7 +113,9 @@ class Budget(Plugin):
         self.tagged = self.redis and topology.mode_of(config.state.url) is topology.Mode.CLUSTER
         self.prefix = config.state.prefix + "budget:"
         self.counters: Counters | None = None
-        if not self.settings.tenants and not any((key.model_extra or {}).get("budget") for key in config.keys):
+        # Keys made at run time (key_store) may name a budget any time: with a key store, never idle.
+        if not self.settings.tenants and not config.key_store.database_url \
+                and not any((key.model_extra or {}).get("budget") for key in config.keys):
             self.idle("on_request", "on_event", "on_response", "on_complete")  # no budget named: nothing to hold
         elif self.redis:
             from plugins.budget.counters import RedisCounters

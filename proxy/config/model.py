@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from proxy.config.key_store import KeyStoreConfig
 from proxy.config.prices import PriceConfig
 from proxy.formats import FORMAT_NAMES
 from proxy.state import connect as topology
@@ -466,6 +467,7 @@ class GatewayConfig(Strict):
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     resilience: ResilienceConfig = Field(default_factory=ResilienceConfig)
     prices: list[PriceConfig] = Field(default_factory=list)  # proxy/config/prices.py
+    key_store: KeyStoreConfig = Field(default_factory=KeyStoreConfig)  # proxy/config/key_store.py
 
     @field_validator("routes")
     @classmethod

@@ -94,6 +94,8 @@ IN_FLIGHT_LIMIT = Gauge("modelgate_in_flight_limit", "The bound on requests in f
                         "summed over live workers", multiprocess_mode="livesum")
 LOOP_DELAY = Gauge("modelgate_loop_delay_seconds", "How late the event loop ran a timer, median over the last "
                    "tenth of a second (with max_in_flight auto); the worst live worker's", multiprocess_mode="livemax")
+ADMIN_REQUESTS = Counter("modelgate_admin_requests", "Admin API requests by the caller's role and the answer's "
+                         "status", ["role", "status"])
 CPU_BUSY = Gauge("modelgate_cpu_busy_ratio", "The share of the CPU it may use that a worker's event loop kept busy "
                  "over the last tenth of a second (server.max_cpu_busy); the busiest live worker's",
                  multiprocess_mode="livemax")

@@ -13,7 +13,7 @@ import hmac
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
 
 
 def digest(key: str) -> bytes:
@@ -60,22 +60,32 @@ class GatewayKey:
 
 
 
+def gateway_key(entry: Any) -> GatewayKey:
+    """The key a `keys[]` entry (a KeyConfig, from the config file or the key store) describes."""
+    return GatewayKey.build(entry.name, bytes.fromhex(entry.digest_hex()), enabled=entry.enabled,
+                            expires_at=entry.expires_at, models=entry.models, endpoints=entry.endpoints,
+                            labels=entry.labels, limits=entry.limits, settings=entry.model_extra)
+
+
+class StoredKeyLookup(Protocol):
+    """Keys managed at run time (proxy/keystore/directory.py), found by digest."""
+
+    def find_digest(self, wanted: bytes) -> GatewayKey | None: ...
+
+
 class KeyRing:
-    """The configured keys, found by the digest of a presented key."""
+    """The configured keys, then the stored ones, found by the digest of a presented key."""
 
-    __slots__ = ("_by_digest",)
+    __slots__ = ("_by_digest", "_stored")
 
-    def __init__(self, keys: list[GatewayKey]) -> None:
+    def __init__(self, keys: list[GatewayKey], stored: StoredKeyLookup | None = None) -> None:
         self._by_digest = {k.sha256: k for k in keys}
+        self._stored = stored
 
     @classmethod
-    def from_config(cls, config: Any) -> KeyRing:
-        """The keys of a GatewayConfig."""
-        return cls([
-            GatewayKey.build(k.name, bytes.fromhex(k.digest_hex()), enabled=k.enabled, expires_at=k.expires_at,
-                             models=k.models, endpoints=k.endpoints, labels=k.labels,
-                             limits=k.limits, settings=k.model_extra)
-            for k in config.keys])
+    def from_config(cls, config: Any, stored: StoredKeyLookup | None = None) -> KeyRing:
+        """The keys of a GatewayConfig, and those of the key store when it has one."""
+        return cls([gateway_key(k) for k in config.keys], stored)
 
     def find(self, presented: str) -> GatewayKey | None:
         """The key presented, or None; a key that is not text (undecodable bytes) is no key."""
@@ -84,6 +94,8 @@ class KeyRing:
         except UnicodeEncodeError:
             return None
         found = self._by_digest.get(wanted)
+        if found is None and self._stored is not None:
+            return self._stored.find_digest(wanted)
         if found is None or not hmac.compare_digest(found.sha256, wanted):
             return None
         return found

@@ -10,7 +10,8 @@ status: what a load balancer needs, and nothing it must not show.
 
 `AdminSurface` is the list of those routes. Whatever else is administrative (a key-management
 API) is added to it with `add` before the application is built; both listeners then serve it.
-The admin listener asks no token: where it listens is its protection (docs/security.md).
+The admin listener asks no token: where it listens is its protection (docs/security.md). (The
+key store's API asks every caller who it is, on either listener: proxy/keystore/api.py.)
 """
 
 from __future__ import annotations

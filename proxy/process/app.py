@@ -19,7 +19,12 @@ from proxy.formats import ACCOUNT, CONTENT, MESSAGES
 from proxy.formats.base import Format
 from proxy.observability.metrics import count_reload, exposition, set_config_info
 from proxy.observability.tracing import Tracing
-from proxy.plugin import STATE_REACHABLE, STATE_STORE, PluginRoute
+from proxy.keystore.api import PREFIX as API_PREFIX
+from proxy.keystore.api import AdminApi
+from proxy.keystore.directory import KeySync, StoredKeys
+from proxy.keystore.operations import AdminOps
+from proxy.keystore.store import KeyStore
+from proxy.plugin import STATE_REACHABLE, STATE_STORE, STORED_KEYS, PluginRoute
 from proxy.policy.channels import Channel
 from proxy.process.admin import AdminSurface
 from proxy.process.admission import Admission
@@ -62,6 +67,10 @@ class GatewayApp:
         # Its share of the CPU is its share of the cores (and quota) with the other workers.
         self.admission = Admission(loaded.config.server, cpu=WorkerCpu(worker_count(loaded.config)))
         self.admin = AdminSurface(loaded.config.server.admin_token)  # /metrics and the like: proxy/process/admin.py
+        # Keys managed at run time (proxy/keystore/), when the config names a database for them.
+        url = loaded.config.key_store.database_url
+        self.key_store = KeyStore(url, loaded.config.key_store.timeout_s) if url else None
+        self.key_sync: KeySync | None = None
         self.reloads = 0
         # The files the last reload read, taken or refused (LoadedConfig.files): what a watcher
         # compares with next.
@@ -98,6 +107,11 @@ class GatewayApp:
         self.resources[STATE_REACHABLE] = lambda: probe.ok
         store = self.store
         self.resources[STATE_STORE] = lambda: store
+        if self.key_store is not None:
+            stored = StoredKeys()
+            self.key_sync = KeySync(self.key_store, stored, config.key_store.resync_s)
+            await self.key_sync.start()
+            self.resources[STORED_KEYS] = stored
         runtime = await Runtime.build(self.loaded, self.simulator_url, self.resources)
         self.affinity = Affinity(self.store, config.state.affinity_ttl_s, config.state.pending_pins,
                                  reachable=lambda: probe.ok)
@@ -108,6 +122,10 @@ class GatewayApp:
 
     async def stop(self) -> None:
         self.admission.stop()
+        if self.key_sync is not None:
+            await self.key_sync.stop()
+        if self.key_store is not None:
+            await self.key_store.close()
         if self.gateway is not None:
             runtime = self.gateway.runtime
             runtime.retire()
@@ -169,6 +187,7 @@ def _restart_only_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:
     when the process starts."""
     return [name for name, before, after in (
         ("state", old.state, new.state),
+        ("key_store", old.key_store, new.key_store),
         ("server.listen", old.server.listen, new.server.listen),
         ("server.admin_listen", old.server.admin_listen, new.server.admin_listen)) if before != after]
 
@@ -196,6 +215,10 @@ def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
     app.router.add_get("/healthz", _healthz)
     owner.admin.add("GET", "/metrics", _metrics)
     owner.admin.add("GET", "/readyz", _readyz, public=_readiness_status)
+    if owner.key_store is not None:
+        api = AdminApi(AdminOps(owner.key_store, lambda: owner.loaded.config.keys), owner.admin.authorized)
+        for method, path, handler in api.routes():
+            owner.admin.add(method, API_PREFIX + path, handler)
     for extra in plugin_routes(loaded.config, admin=True):
         owner.admin.add(extra.method, extra.path, _plugin_handler(owner, extra))
     for extra in plugin_routes(loaded.config):

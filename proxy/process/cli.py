@@ -1,4 +1,5 @@
-"""The `modelgate` command: serve, check-config, openapi, simulate, and the commands plugins add."""
+"""The `modelgate` command: serve, check-config, openapi, simulate, the key store's (keys,
+tenants, admin-token, audit), and the commands plugins add."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import os
 import sys
 
 from proxy.config import ADMIN_LISTEN_ENV, LISTEN_ENV, ConfigError, load_config
+from proxy.keystore.cli import COMMANDS as ADMIN_COMMANDS
+from proxy.keystore.cli import add_commands as add_admin_commands
+from proxy.keystore.cli import run as run_admin
 from proxy.plugin import PluginCommand
 from proxy.registry import config_warnings, plugin_commands
 
@@ -40,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     simulate.add_argument("--video-queued-s", type=float, default=1.0)
     simulate.add_argument("--video-processing-s", type=float, default=2.0)
 
+    add_admin_commands(commands)  # keys, tenants, admin-token, audit (proxy/keystore/cli.py)
+
     extra: dict[str, PluginCommand] = {}
     for command in plugin_commands():
         if command.name in commands.choices:  # the gateway's own commands, or a plugin's that came first
@@ -55,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         return _check_config(args.file or args.config_file)
     if args.command == "openapi":
         return _openapi(args.output)
+    if args.command in ADMIN_COMMANDS:
+        return _admin(args)
     if args.command == "simulate":
         from simulator.server import run_simulator
 
@@ -83,6 +91,17 @@ def main(argv: list[str] | None = None) -> int:
     from proxy.process.server import serve as run
 
     return run(loaded, path)
+
+
+def _admin(args: argparse.Namespace) -> int:
+    config = None
+    if args.config:
+        try:
+            config = load_config(args.config).config
+        except ConfigError as exc:
+            _print_problems(args.config, exc.problems)
+            return 1
+    return run_admin(args, config)
 
 
 def _openapi(output: str | None) -> int:

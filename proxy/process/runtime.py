@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 from proxy.config import LoadedConfig
 from proxy.observability.observer import Observer
 from proxy.pipeline import Pipeline
-from proxy.plugin import Plugin
+from proxy.plugin import STORED_KEYS, Plugin
 from proxy.policy.channels import Channel, ChannelSet
 from proxy.policy.health_checks import HealthChecks
-from proxy.policy.keys import KeyRing
+from proxy.policy.keys import KeyRing, StoredKeyLookup
 from proxy.policy.resilience import ChannelHealth
 from proxy.registry import build_plugin, config_warnings, plugin_names
 from proxy.wire.routes import ROUTES
@@ -34,7 +34,7 @@ class Runtime:
                  "in_flight", "_retired", "_closed")
 
     def __init__(self, loaded: LoadedConfig, channels: ChannelSet, pipelines: dict[str, Pipeline],
-                 plugins: list[Plugin]) -> None:
+                 plugins: list[Plugin], stored_keys: StoredKeyLookup | None = None) -> None:
         self.loaded = loaded
         self.config = loaded.config
         self.channels = channels
@@ -42,7 +42,8 @@ class Runtime:
         self.plugins = plugins
         self.observer = Observer(loaded.config)
         self.health = HealthChecks(channels.channels)
-        self.keys = KeyRing.from_config(loaded.config)  # to know a gateway key wherever it travels
+        # To know a gateway key wherever it travels, the key store's too.
+        self.keys = KeyRing.from_config(loaded.config, stored_keys)
         self.in_flight = 0
         self._retired = False
         self._closed = asyncio.Event()
@@ -69,7 +70,8 @@ class Runtime:
                 if name not in instances:
                     instances[name] = build_plugin(config, name, resources)
             pipelines[route.name] = Pipeline([instances[n] for n in names])
-        runtime = cls(loaded, ChannelSet(channels), pipelines, list(instances.values()))
+        runtime = cls(loaded, ChannelSet(channels), pipelines, list(instances.values()),
+                      (resources or {}).get(STORED_KEYS))
         try:
             await runtime.channels.open()
             runtime.health.start()

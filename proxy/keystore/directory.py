@@ -1,0 +1,191 @@
+"""`StoredKeys`: every process's copy of the stored keys, and `KeySync`, which keeps it current.
+
+A request's key is found in memory, by digest, as a configured key is: no database or Redis call
+on the request path, so a flood of unknown keys costs what it always did. The copy is brought up
+to date from the store by revision (every row changed since the last one read, deletions
+included): at start, when PostgreSQL notifies a change (LISTEN on a connection of its own, so a
+change reaches every process within a round trip), and in full every `key_store.resync_s` (and
+once the store answers again after a failure), so a notice lost with a connection heals. While PostgreSQL is away, the last keys read keep
+working; a process that starts then serves the config's keys until it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from proxy.keystore.records import StoredKey
+from proxy.keystore.schema import CHANNEL
+from proxy.keystore.store import KeyStore
+from proxy.policy.keys import GatewayKey
+
+log = logging.getLogger("modelgate.keystore")
+
+RETRY_S = 0.5  # while the store does not answer, how often it is tried
+
+STORED_KEYS_HELD = Gauge("modelgate_stored_keys", "Stored keys this process holds, by state", ["state"],
+                         multiprocess_mode="livemax")
+KEY_STORE_LAG = Histogram("modelgate_key_store_propagation_seconds",
+                          "From a stored key's change committed to this process holding it",
+                          buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 30, 120))
+KEY_STORE_SYNCS = Counter("modelgate_key_store_syncs", "Reads of the key store's changes, by outcome", ["outcome"])
+
+
+class StoredKeys:
+    """The stored keys by digest (and, during a rotation's grace, by their previous digest)."""
+
+    __slots__ = ("revision", "_by_digest", "_previous", "_rows")
+
+    def __init__(self) -> None:
+        self.revision = 0
+        self._by_digest: dict[bytes, GatewayKey] = {}
+        self._previous: dict[bytes, tuple[GatewayKey, datetime]] = {}
+        self._rows: dict[str, StoredKey] = {}  # by name: what is held now
+
+    def find_digest(self, wanted: bytes) -> GatewayKey | None:
+        found = self._by_digest.get(wanted)
+        if found is not None:
+            return found if hmac.compare_digest(found.sha256, wanted) else None
+        previous = self._previous.get(wanted)
+        if previous is not None and datetime.now(timezone.utc) < previous[1] \
+                and hmac.compare_digest(previous[0].sha256, wanted):
+            return previous[0]
+        return None
+
+    def names(self) -> set[str]:
+        return set(self._rows)
+
+    def replace(self, revision: int, rows: list[StoredKey]) -> None:
+        """Hold exactly `rows`, every key stored as of `revision` (a full re-read)."""
+        for name in self.names() - {row.name for row in rows}:
+            self._drop(name)
+        self.revision = 0
+        self.apply(rows, observe=False)
+        self.revision = revision
+        self._count()
+
+    def apply(self, rows: list[StoredKey], observe: bool = True) -> None:
+        """Take rows changed since `revision`, in revision order."""
+        now = time.time()
+        for row in rows:
+            self._drop(row.name)
+            if row.deleted_at is None:
+                try:
+                    self._by_digest[row.sha256] = row.gateway_key()
+                    if row.previous_sha256 is not None and row.previous_until is not None:
+                        self._previous[row.previous_sha256] = (row.gateway_key(row.previous_sha256),
+                                                               row.previous_until)
+                    self._rows[row.name] = row
+                except ValueError:  # written by a newer release, or by hand: refused, as the API would
+                    log.error("a stored key does not validate; it is not served", extra={"key_name": row.name})
+            self.revision = max(self.revision, row.revision)
+            if observe:
+                KEY_STORE_LAG.observe(max(0.0, now - row.updated_at.timestamp()))
+        if rows:
+            self._count()
+
+    def _drop(self, name: str) -> None:
+        held = self._rows.pop(name, None)
+        if held is not None:
+            self._by_digest.pop(held.sha256, None)
+            if held.previous_sha256 is not None:
+                self._previous.pop(held.previous_sha256, None)
+
+    def _count(self) -> None:
+        now = datetime.now(timezone.utc)
+        states = {"active": 0, "disabled": 0, "expired": 0}
+        for row in self._rows.values():
+            states[row.state(now)] = states.get(row.state(now), 0) + 1
+        for state, count in states.items():
+            STORED_KEYS_HELD.labels(state).set(count)
+
+
+class KeySync:
+    """Keeps a StoredKeys current from a KeyStore (see the module's text)."""
+
+    def __init__(self, store: KeyStore, keys: StoredKeys, resync_s: float) -> None:
+        self.store = store
+        self.keys = keys
+        self.resync_s = resync_s
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._listener: Any = None
+        self.reachable = False
+
+    async def start(self) -> None:
+        """Read what is stored now (a store that does not answer is left to the loop), then keep up."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.refresh(full=True), self.store.timeout_s)
+        self._task = asyncio.create_task(self._run(), name="key-store-sync")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self._close_listener()
+
+    async def refresh(self, full: bool = False) -> None:
+        """What changed since the revision held; with `full`, everything (what heals a change the
+        revisions could not show: a row changed by hand, or a notice and a read both lost)."""
+        try:
+            if full:
+                revision, rows = await self.store.all_keys()
+            else:
+                rows = await self.store.keys_since(self.keys.revision)
+        except Exception:
+            self.reachable = False
+            KEY_STORE_SYNCS.labels("failed").inc()
+            raise
+        self.reachable = True
+        if full:
+            self.keys.replace(revision, rows)
+        else:
+            self.keys.apply(rows)
+        KEY_STORE_SYNCS.labels("ok").inc()
+
+    async def _run(self) -> None:
+        wait, full = self.resync_s, False
+        while True:
+            try:
+                await self._listen()
+                await self.refresh(full)
+                wait = self.resync_s
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # PostgreSQL away: the keys held keep working; tried again soon
+                if wait == self.resync_s:
+                    log.warning("the key store cannot be read; the keys held keep working",
+                                extra={"error": type(exc).__name__})
+                await self._close_listener()
+                wait = min(self.resync_s, RETRY_S)  # back within a second of PostgreSQL, not a resync later
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), wait)
+                full = False  # told of a change: what changed since
+            except TimeoutError:
+                full = True  # the resync, or the store back after a failure: everything
+
+    async def _listen(self) -> None:
+        if self._listener is not None and not self._listener.is_closed():
+            return
+        import asyncpg
+
+        self._listener = await asyncpg.connect(self.store.url, timeout=self.store.timeout_s)
+        await self._listener.add_listener(CHANNEL, lambda *_: self._wake.set())
+        self._listener.add_termination_listener(lambda *_: self._wake.set())
+        # What changed while no one listened is read next, by revision.
+
+    async def _close_listener(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(Exception):
+                await listener.close(timeout=1)

@@ -1,0 +1,365 @@
+"""Keys, tenants and admin tokens managed at run time: made with the CLI against one instance,
+seen by every instance within a second, checked against the caller's role, every attempt in the
+audit trail; unknown keys never reach the database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import aiohttp
+import asyncpg
+import pytest
+
+from tests.conftest import MESSAGE_HEADERS, POSTGRES
+
+OWNER = "owner-token-0123456789abcdef"
+MESSAGE = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+# The promise is a second (modelgate_key_store_propagation_seconds shows tens of milliseconds);
+# the tests allow three, for a CI host running three test processes each with gateways of their own.
+PROPAGATION_S = 3.0
+
+
+def config(redis_url: str, database_url: str, prefix: str) -> str:
+    return f"""
+        server: {{listen: '127.0.0.1:{{PORT}}', admin_listen: '127.0.0.1:{{ADMIN_PORT}}', admin_token: {OWNER}}}
+        state: {{backend: redis, url: "{redis_url}", prefix: "{prefix}:"}}
+        key_store: {{database_url: "{database_url}", resync_s: 3600}}
+        observability: {{logging: {{access_log: false}}}}
+    """
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "proxy", *args], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parent.parent)
+
+
+async def status(http: aiohttp.ClientSession, url: str, secret: str) -> int:
+    async with http.post(url + "/v1/messages", json=MESSAGE, headers={**MESSAGE_HEADERS, "x-api-key": secret}) as answer:
+        await answer.read()
+        return answer.status
+
+
+async def within(seconds: float, check, what: str = "") -> float:  # noqa: ANN001
+    """How long `check()` took to come true; fails past `seconds`."""
+    start = time.monotonic()
+    while not await check():
+        if time.monotonic() - start > seconds:
+            raise AssertionError(f"not within {seconds} s: {what}")
+        await asyncio.sleep(0.02)
+    return time.monotonic() - start
+
+
+@pytest.fixture
+def three(spawn, redis_url: str, ledger_db: str, tmp_path: Path):  # noqa: ANN001, ANN201
+    return [spawn("gateway", config=config(redis_url, ledger_db, tmp_path.name)) for _ in range(3)]
+
+
+async def test_a_key_made_on_one_instance_serves_on_all_three_within_a_second_and_is_revoked_as_fast(three) -> None:  # noqa: ANN001
+    a, b, c = three
+    made = cli("keys", "create", "ci", "--models", "msgmodel-*", "--rpm", "600",
+               "--admin-url", a.admin, "--admin-token", OWNER)
+    assert made.returncode == 0, made.stderr
+    secret = made.stdout.strip().splitlines()[-1]  # the secret alone on the last line
+    shown = json.loads(made.stdout.rsplit("\n", 2)[0])
+    assert shown["name"] == "ci" and shown["source"] == "store" and secret not in json.dumps(shown)
+    async with aiohttp.ClientSession() as http:
+        for gateway in (a, b, c):
+            assert await within(PROPAGATION_S, lambda g=gateway: _is(http, g.url, secret, 200)) <= PROPAGATION_S
+        async with http.post(b.url + "/v1/messages", json={**MESSAGE, "model": "genmodel-2.0-flash"},
+                             headers={**MESSAGE_HEADERS, "x-api-key": secret}) as answer:
+            assert answer.status == 403  # the stored key's models hold as a configured key's do
+
+        disabled = cli("keys", "disable", "ci", "--admin-url", b.admin, "--admin-token", OWNER)
+        assert disabled.returncode == 0, disabled.stderr
+        for gateway in (a, b, c):
+            await within(PROPAGATION_S, lambda g=gateway: _is(http, g.url, secret, 401))
+
+        assert cli("keys", "enable", "ci", "--admin-url", c.admin, "--admin-token", OWNER).returncode == 0
+        for gateway in (a, b, c):
+            await within(PROPAGATION_S, lambda g=gateway: _is(http, g.url, secret, 200))
+
+        rotated = cli("keys", "rotate", "ci", "--grace-s", "8", "--admin-url", a.admin, "--admin-token", OWNER)
+        assert rotated.returncode == 0, rotated.stderr
+        fresh = rotated.stdout.strip().splitlines()[-1]
+        grace_ends = datetime.fromisoformat(json.loads(rotated.stdout.rsplit("\n", 2)[0])["previous_valid_until"])
+        for gateway in (a, b, c):
+            await within(PROPAGATION_S, lambda g=gateway: _is(http, g.url, fresh, 200))
+            assert await status(http, gateway.url, secret) == 200  # the old secret, within its grace
+        await asyncio.sleep(max(0.0, (grace_ends - datetime.now(timezone.utc)).total_seconds() + 0.2))
+        for gateway in (a, b, c):
+            assert await status(http, gateway.url, secret) == 401  # and not after it
+            assert await status(http, gateway.url, fresh) == 200
+
+        assert cli("keys", "delete", "ci", "--admin-url", a.admin, "--admin-token", OWNER).returncode == 0
+        for gateway in (a, b, c):
+            await within(PROPAGATION_S, lambda g=gateway: _is(http, g.url, fresh, 401))
+
+
+async def _is(http: aiohttp.ClientSession, url: str, secret: str, wanted: int) -> bool:
+    return await status(http, url, secret) == wanted
+
+
+async def test_a_tenant_admin_sees_and_changes_its_tenant_s_keys_only_and_every_attempt_is_audited(three) -> None:  # noqa: ANN001
+    a, b, _ = three
+    owner = ("--admin-url", a.admin, "--admin-token", OWNER)
+    for tenant in ("acme", "globex"):
+        assert cli("tenants", "create", tenant, *owner).returncode == 0
+    assert cli("keys", "create", "globex-batch", "--tenant", "globex", *owner).returncode == 0
+    made = cli("admin-token", "create", "acme-ops", "--role", "tenant-admin", "--tenant", "acme", *owner)
+    assert made.returncode == 0, made.stderr
+    acme = ("--admin-url", b.admin, "--admin-token", made.stdout.strip().splitlines()[-1])
+
+    own = cli("keys", "create", "acme-web", *acme)  # its tenant, without naming it
+    assert own.returncode == 0, own.stderr and json.loads(own.stdout.rsplit("\n", 2)[0])["tenant"] == "acme"
+    listed = json.loads(cli("keys", "list", *acme).stdout)
+    assert [key["name"] for key in listed["keys"]] == ["acme-web"]  # not globex's, nor the config's
+    for attempt in (("keys", "show", "globex-batch"), ("keys", "disable", "globex-batch"),
+                    ("keys", "create", "sneaky", "--tenant", "globex"), ("tenants", "delete", "globex"),
+                    ("admin-token", "create", "me-too", "--role", "owner")):
+        refused = cli(*attempt, *acme)
+        assert refused.returncode == 1 and "403 forbidden" in refused.stderr, (attempt, refused.stderr)
+    assert cli("keys", "list", "--tenant", "globex", *acme).returncode == 1
+
+    trail = json.loads(cli("audit", "--limit", "50", *owner).stdout)["entries"]
+    denied = [(e["action"], e["target"]) for e in trail if e["outcome"] == "denied"]
+    assert sorted(denied) == [("admin_token.create", "me-too"), ("key.create", "sneaky"),
+                              ("key.disable", "globex-batch"), ("tenant.delete", "globex")]
+    assert all(e["actor"] == "token:acme-ops" and e["role"] == "tenant-admin" for e in trail
+               if e["outcome"] == "denied")
+    made_by_acme = next(e for e in trail if e["action"] == "key.create" and e["target"] == "acme-web")
+    assert made_by_acme["actor"] == "token:acme-ops" and made_by_acme["after"]["tenant"] == "acme"
+    assert not any("mg-" in json.dumps(e) for e in trail)  # no secret, ever
+    # The tenant-admin's own trail is its tenant's only.
+    seen = json.loads(cli("audit", *acme).stdout)["entries"]
+    assert seen and all(e["tenant"] == "acme" for e in seen)
+
+
+async def test_the_admin_api_asks_every_caller_who_it_is_and_says_what_is_wrong_with_a_field(three) -> None:  # noqa: ANN001
+    a = three[0]
+    async with aiohttp.ClientSession() as http:
+        async with http.get(a.admin + "/admin/v1/keys") as answer:  # the admin listener, no token
+            assert answer.status == 401 and (await answer.json())["error"]["code"] == "admin_credential_required"
+        async with http.get(a.admin + "/admin/v1/keys", headers={"Authorization": "Bearer nope"}) as answer:
+            assert answer.status == 401
+        async with http.get(a.url + "/admin/v1/keys") as answer:  # the clients' listener: server.admin_token only
+            assert answer.status == 401 and (await answer.json())["error"]["code"] == "admin_token_required"
+        owner = {"Authorization": f"Bearer {OWNER}"}
+        for body, field in (({"name": "x", "limits": {"rpm": 0}}, "limits.rpm"),
+                            ({"name": "x", "models": []}, "models"),
+                            ({"name": "x", "budget": {"tokens_per_dy": 5}}, "budget.tokens_per_dy"),
+                            ({"name": "x", "key": "my-own-secret"}, "key"),
+                            ({"name": "bad name"}, "name"),
+                            ({"name": "demo"}, "name"),  # the config file's key
+                            ({"name": "x", "tenant": "nobody"}, "tenant")):
+            async with http.post(a.admin + "/admin/v1/keys", json=body, headers=owner) as answer:
+                error = (await answer.json())["error"]
+                assert answer.status in (400, 409) and error["field"] == field, (body, error)
+        async with http.post(a.admin + "/admin/v1/keys", data=b"{not json", headers=owner) as answer:
+            assert answer.status == 400
+        async with http.patch(a.admin + "/admin/v1/keys/demo", json={"enabled": False}, headers=owner) as answer:
+            assert answer.status == 409 and (await answer.json())["error"]["code"] == "configured_key"
+        again = {**owner, "Idempotency-Key": "create-ci-1"}
+        async with http.post(a.admin + "/admin/v1/keys", json={"name": "ci"}, headers=again) as first:
+            assert first.status == 201 and (await first.json())["secret"].startswith("mg-")
+        async with http.post(a.admin + "/admin/v1/keys", json={"name": "ci"}, headers=again) as retried:
+            body = await retried.json()
+            assert retried.status == 200 and body["replayed"] and body["secret"] is None
+        async with http.get(a.admin + "/admin/v1/keys", headers=owner) as answer:
+            sources = {key["name"]: key["source"] for key in (await answer.json())["keys"]}
+            assert sources == {"ci": "store", "demo": "config"}
+
+
+async def test_random_keys_never_reach_the_database(spawn, redis_url: str, ledger_db: str, tmp_path: Path) -> None:  # noqa: ANN001
+    """10,000 requests with random keys: not one statement in the key store's database. Read off
+    pg_stat_activity, which is live: a session's last change of state, and no new session."""
+    gateway = spawn("gateway", config=config(redis_url, ledger_db, tmp_path.name))
+    database = ledger_db.rsplit("/", 1)[1]
+    stats = await asyncpg.connect(POSTGRES)  # a session in another database
+
+    async def sessions() -> dict[int, object]:
+        rows = await stats.fetch("SELECT pid, state_change FROM pg_stat_activity WHERE datname = $1", database)
+        return {row["pid"]: row["state_change"] for row in rows}
+
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http:
+            await within(5, lambda: _is(http, gateway.url, "mg-warm-up", 401))
+            before = await sessions()
+            assert before  # the gateway's listening session, at least
+
+            async def burst(offset: int) -> list[int]:
+                return [await status(http, gateway.url, f"mg-random-{offset}-{n}") for n in range(200)]
+
+            found = await asyncio.gather(*(burst(i) for i in range(50)))
+        assert {code for codes in found for code in codes} == {401}
+        assert await sessions() == before
+    finally:
+        await stats.close()
+
+
+class LonePostgres:
+    """A PostgreSQL server of the test's own (initdb into a temporary directory), which it may stop
+    and start again without touching the one the other tests share."""
+
+    def __init__(self, root: Path, port: int) -> None:
+        self.data, self.port, self.root = root / "data", port, root
+        self.url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run(["runuser", "-u", "postgres", "--", "pg_ctl", "-D", str(self.data), *args],
+                       check=True, capture_output=True, timeout=60)
+
+    def start(self) -> None:
+        self._ctl("-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1", "-l",
+                  str(self.root / "log"), "-w", "start")
+
+    def stop(self) -> None:
+        self._ctl("-m", "fast", "-w", "stop")
+
+
+@pytest.fixture
+def lone_postgres():  # noqa: ANN201
+    import shutil
+    import tempfile
+
+    from bench.procs import free_port
+
+    # Not under pytest's own temporary directory: the server runs as `postgres`, which may not enter it.
+    root = Path(tempfile.mkdtemp(prefix="modelgate-postgres-"))
+    shutil.chown(root, "postgres")
+    root.chmod(0o700)
+    subprocess.run(["runuser", "-u", "postgres", "--", "initdb", "-D", str(root / "data"), "-A", "trust",
+                    "-U", "postgres"], check=True, capture_output=True, timeout=120)
+    server = LonePostgres(root, free_port())
+    server.start()
+    yield server
+    subprocess.run(["runuser", "-u", "postgres", "--", "pg_ctl", "-D", str(server.data), "-m", "immediate", "stop"],
+                   capture_output=True, timeout=60)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_with_postgresql_stopped_keys_held_keep_working_and_a_change_after_it_is_back_reaches_all(
+        spawn, redis_url: str, lone_postgres: LonePostgres, tmp_path: Path) -> None:  # noqa: ANN001
+    a, b = (spawn("gateway", config=config(redis_url, lone_postgres.url, tmp_path.name)) for _ in range(2))
+    owner = ("--admin-url", a.admin, "--admin-token", OWNER)
+    made = cli("keys", "create", "held", *owner)
+    assert made.returncode == 0, made.stderr
+    held = made.stdout.strip().splitlines()[-1]
+    async with aiohttp.ClientSession() as http:
+        for gateway in (a, b):
+            await within(PROPAGATION_S, lambda g=gateway: _is(http, g.url, held, 200))
+        lone_postgres.stop()
+        for gateway in (a, b):
+            assert await status(http, gateway.url, held) == 200  # the keys held keep working
+        refused = cli("keys", "create", "later", *owner)
+        assert refused.returncode == 2 and "503 key_store_unavailable" in refused.stderr
+        async with http.get(a.admin + "/readyz") as answer:
+            assert answer.status == 200  # a shared store away pulls no instance out of its balancer
+        lone_postgres.start()
+        made = cli("keys", "create", "later", *owner)
+        assert made.returncode == 0, made.stderr
+        later = made.stdout.strip().splitlines()[-1]
+        for gateway in (a, b):
+            await within(PROPAGATION_S, lambda g=gateway: _is(http, g.url, later, 200))
+
+
+async def test_a_stored_key_s_limits_and_budget_hold_as_a_configured_key_s_do(three) -> None:  # noqa: ANN001
+    """Stored with the same fields as a `keys[]` entry, read by the same plugins: a rate limit and
+    a token budget named only in the key store hold (on another instance than the one that made them)."""
+    a, b, _ = three
+    owner = ("--admin-url", a.admin, "--admin-token", OWNER)
+    limited = cli("keys", "create", "slow", "--rpm", "2", *owner)
+    budgeted = cli("keys", "create", "thrifty", "--set", 'budget={"tokens_per_day": 40}', *owner)
+    assert limited.returncode == budgeted.returncode == 0, limited.stderr + budgeted.stderr
+    slow, thrifty = (made.stdout.strip().splitlines()[-1] for made in (limited, budgeted))
+    async with aiohttp.ClientSession() as http:
+        await within(PROPAGATION_S, lambda: _is(http, b.url, slow, 200))
+        assert await status(http, b.url, slow) == 200
+        assert await status(http, b.url, slow) == 429
+        # A request may spend 33 tokens (its max_tokens and input): one fits the day's 40, a second does not.
+        await within(PROPAGATION_S, lambda: _is(http, b.url, thrifty, 200), "thrifty")
+        async with http.post(b.url + "/v1/messages", json=MESSAGE,
+                             headers={**MESSAGE_HEADERS, "x-api-key": thrifty}) as answer:
+            assert answer.status == 429 and (await answer.json())["error"]["code"] == "budget_exceeded"
+
+
+async def test_changes_made_at_once_on_two_instances_all_reach_every_instance(three) -> None:  # noqa: ANN001
+    """Thirty keys disabled at the same moment through two instances: each change commits in the
+    order its revision was taken, so no instance reads past one and serves a revoked key on."""
+    a, b, c = three
+    owner = {"Authorization": f"Bearer {OWNER}"}
+    async with aiohttp.ClientSession() as http:
+        secrets = []
+        for n in range(30):
+            async with http.post(a.admin + "/admin/v1/keys", json={"name": f"k{n}"}, headers=owner) as answer:
+                secrets.append((await answer.json())["secret"])
+        for gateway in (a, b, c):
+            await within(PROPAGATION_S, lambda g=gateway: _is(http, g.url, secrets[-1], 200))
+
+        async def disable(n: int) -> int:
+            admin = (a, b)[n % 2].admin
+            async with http.post(f"{admin}/admin/v1/keys/k{n}/disable", headers=owner) as answer:
+                return answer.status
+
+        assert set(await asyncio.gather(*(disable(n) for n in range(30)))) == {200}
+        for gateway in (a, b, c):
+            for secret in secrets:
+                await within(PROPAGATION_S, lambda g=gateway, s=secret: _is(http, g.url, s, 401))
+
+
+async def test_what_a_hostile_admin_sends_is_refused_as_a_4xx_without_leaking_a_thing(three) -> None:  # noqa: ANN001
+    a = three[0]
+    owner_cli = ("--admin-url", a.admin, "--admin-token", OWNER)
+    for tenant in ("acme", "globex"):
+        assert cli("tenants", "create", tenant, *owner_cli).returncode == 0
+    tokens = {}
+    for tenant in ("acme", "globex"):
+        made = cli("admin-token", "create", f"{tenant}-ops", "--role", "tenant-admin", "--tenant", tenant, *owner_cli)
+        tokens[tenant] = {"Authorization": "Bearer " + made.stdout.strip().splitlines()[-1]}
+    owner = {"Authorization": f"Bearer {OWNER}"}
+    async with aiohttp.ClientSession() as http:
+        async def call(method: str, path: str, headers: dict, body: object = None) -> tuple[int, dict]:
+            async with http.request(method, a.admin + "/admin/v1" + path, json=body, headers=headers) as answer:
+                return answer.status, await answer.json()
+
+        # An Idempotency-Key is the caller's own: another's finds nothing of it, and a replay must be the same create.
+        made = await call("POST", "/keys", {**tokens["acme"], "Idempotency-Key": "deploy-1"}, {"name": "acme-web"})
+        assert made[0] == 201
+        stolen = await call("POST", "/keys", {**tokens["globex"], "Idempotency-Key": "deploy-1"}, {"name": "gx"})
+        assert stolen[0] == 201 and stolen[1]["name"] == "gx" and stolen[1]["tenant"] == "globex"
+        reused = await call("POST", "/keys", {**tokens["acme"], "Idempotency-Key": "deploy-1"}, {"name": "other"})
+        assert reused[0] == 409 and "acme-web" not in json.dumps(reused[1])
+        assert (await call("POST", "/keys", {**owner, "Idempotency-Key": "x" * 300}, {"name": "y"}))[0] == 400
+        # Values PostgreSQL cannot hold, and names no record can have: 4xx, never the store's 503.
+        for method, path, body in (("POST", "/keys", {"name": "nul", "labels": {"x": "\u0000"}}),
+                                   ("GET", "/keys/acme-web%00", None), ("DELETE", "/tenants/acme%00", None),
+                                   ("GET", "/audit?before=99999999999999999999999", None),
+                                   ("GET", "/audit?actor=%00", None),
+                                   ("POST", "/admin-tokens", {"name": "t", "role": "viewer",
+                                                              "expires_at": "9999-12-31T23:59:59-14:00"}),
+                                   ("POST", "/admin-tokens", {"name": "t", "role": "viewer",
+                                                              "expires_at": "2000-01-01T00:00:00Z"})):
+            answer = await call(method, path, owner, body)
+            assert 400 <= answer[0] < 500, (method, path, answer)
+        # The config file's keys are no tenant's: a tenant-admin learns nothing of them.
+        assert (await call("GET", "/keys/demo", tokens["acme"]))[0] == 404
+        assert (await call("GET", "/keys/demo", owner))[1]["source"] == "config"
+        assert (await call("GET", "/audit?tenant=globex", tokens["acme"]))[0] == 403
+        # Denied attempts are the trail of the tenant that made them, not of the one they aimed at.
+        assert (await call("DELETE", "/tenants/globex", tokens["acme"]))[0] == 403
+        globex_trail = (await call("GET", "/audit", tokens["globex"]))[1]["entries"]
+        assert not any(e["actor"] == "token:acme-ops" for e in globex_trail)
+        # A change to limits changes what it names and keeps the rest.
+        await call("POST", "/keys", owner, {"name": "both", "limits": {"rpm": 5, "tpm": 200000}})
+        changed = await call("PATCH", "/keys/both", owner, {"limits": {"rpm": 1000}})
+        assert changed[1]["limits"] == {"rpm": 1000, "tpm": 200000}
+        # A deleted tenant's admins go with it: its name taken again later is not theirs.
+        assert (await call("DELETE", "/keys/gx", owner))[0] == 200
+        assert (await call("DELETE", "/tenants/globex", owner))[0] == 200
+        assert (await call("POST", "/tenants", owner, {"name": "globex"}))[0] == 201
+        assert (await call("GET", "/keys", tokens["globex"]))[0] == 401
