@@ -25,11 +25,12 @@ MESSAGE = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role":
 PROPAGATION_S = 3.0
 
 
-def config(redis_url: str, database_url: str, prefix: str) -> str:
+def config(redis_url: str, database_url: str, prefix: str, key_store: str = "") -> str:
+    """Gateways sharing Redis and a key store; `key_store`: more of that section (`, oidc: {...}`)."""
     return f"""
         server: {{listen: '127.0.0.1:{{PORT}}', admin_listen: '127.0.0.1:{{ADMIN_PORT}}', admin_token: {OWNER}}}
         state: {{backend: redis, url: "{redis_url}", prefix: "{prefix}:"}}
-        key_store: {{database_url: "{database_url}", resync_s: 3600}}
+        key_store: {{database_url: "{database_url}", resync_s: 3600{key_store}}}
         observability: {{logging: {{access_log: false}}}}
     """
 
@@ -363,3 +364,85 @@ async def test_what_a_hostile_admin_sends_is_refused_as_a_4xx_without_leaking_a_
         assert (await call("DELETE", "/tenants/globex", owner))[0] == 200
         assert (await call("POST", "/tenants", owner, {"name": "globex"}))[0] == 201
         assert (await call("GET", "/keys", tokens["globex"]))[0] == 401
+
+
+class Issuer:
+    """An OIDC issuer of the test's own: its key set served over HTTP, and tokens it signs."""
+
+    def __init__(self) -> None:
+        from joserfc.jwk import RSAKey
+
+        self.key = RSAKey.generate_key(2048, private=True, parameters={"kid": "current"})
+        self.url = ""
+
+    def jwks(self) -> dict:
+        return {"keys": [self.key.as_dict(private=False)]}
+
+    def token(self, key=None, **claims) -> str:  # noqa: ANN001
+        from joserfc import jwt
+
+        key = key or self.key
+        body = {"iss": "https://issuer.test", "aud": "modelgate-admin", "sub": "alice",
+                "exp": int(time.time()) + 300, "modelgate_role": "operator", **claims}
+        return jwt.encode({"alg": "RS256", "kid": key.kid}, {k: v for k, v in body.items() if v is not None}, key)
+
+
+@pytest.fixture
+async def issuer():  # noqa: ANN201
+    from aiohttp import web
+
+    from bench.procs import free_port
+
+    found = Issuer()
+    app = web.Application()
+    app.router.add_get("/jwks", lambda _: web.json_response(found.jwks()))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    found.url = f"http://127.0.0.1:{port}/jwks"
+    yield found
+    await runner.cleanup()
+
+
+async def test_an_oidc_token_from_the_configured_issuer_names_its_caller_and_nothing_else_passes(
+        spawn, redis_url: str, ledger_db: str, tmp_path: Path, issuer: Issuer) -> None:  # noqa: ANN001
+    from joserfc.jwk import RSAKey
+
+    oidc = (f', oidc: {{issuer: "https://issuer.test", audience: modelgate-admin, jwks_url: "{issuer.url}", '
+            'jwks_cache_s: 1}')
+    gateway = spawn("gateway", config=config(redis_url, ledger_db, tmp_path.name, oidc))
+
+    async def call(token: str, method: str = "GET", path: str = "/keys", body: dict | None = None) -> tuple[int, dict]:
+        async with aiohttp.ClientSession() as http, http.request(
+                method, gateway.admin + "/admin/v1" + path, json=body, headers={"Authorization": f"Bearer {token}"}) as answer:
+            return answer.status, await answer.json()
+
+    assert (await call(issuer.token()))[0] == 200
+    status_, made = await call(issuer.token(sub="bob"), "POST", "/keys", {"name": "via-sso"})
+    assert status_ == 201 and made["created_by"] == "oidc:bob"
+    assert (await call(issuer.token(modelgate_role="viewer"), "POST", "/keys", {"name": "no"}))[0] == 403
+    rogue = RSAKey.generate_key(2048, private=True, parameters={"kid": "current"})
+    stranger = RSAKey.generate_key(2048, private=True, parameters={"kid": "elsewhere"})
+    import base64
+    unsigned = ".".join(base64.urlsafe_b64encode(json.dumps(part).encode()).rstrip(b"=").decode() for part in (
+        {"alg": "none"}, {"iss": "https://issuer.test", "aud": "modelgate-admin", "sub": "eve",
+                          "exp": int(time.time()) + 300, "modelgate_role": "owner"})) + "."
+    for why, token in (("expired", issuer.token(exp=int(time.time()) - 120)),
+                       ("another audience", issuer.token(aud="someone-else")),
+                       ("another issuer", issuer.token(iss="https://evil.test")),
+                       ("unsigned", unsigned),
+                       ("signed by another key under the issuer's kid", issuer.token(key=rogue)),
+                       ("signed by a key the issuer does not publish", issuer.token(key=stranger)),
+                       ("no role", issuer.token(modelgate_role=None)),
+                       ("an unknown role", issuer.token(modelgate_role="root")),
+                       ("a tenant-admin without a tenant", issuer.token(modelgate_role="tenant-admin"))):
+        status_, body = await call(token)
+        assert status_ == 401 and body["error"]["code"] == "invalid_admin_credential", (why, status_, body)
+    # The issuer rotates its key: a token under the new kid is accepted once the set is fetched
+    # again (kept a second here, jwks_cache_s).
+    issuer.key = RSAKey.generate_key(2048, private=True, parameters={"kid": "next"})
+    await asyncio.sleep(1.1)
+    assert (await call(issuer.token()))[0] == 200
+    trail = (await call(issuer.token(), path="/audit"))[1]["entries"]
+    assert any(e["actor"] == "oidc:bob" and e["action"] == "key.create" for e in trail)

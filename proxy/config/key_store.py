@@ -10,9 +10,36 @@ Off until `database_url` is set: the keys are then the config file's alone.
 
 from __future__ import annotations
 
+import re
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from proxy.state.postgres import postgres_url
+
+
+class OidcConfig(BaseModel):
+    """OIDC sign-in to the admin API (proxy/keystore/oidc.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    issuer: str = Field(min_length=1)
+    audience: str = Field(min_length=1)
+    jwks_url: str  # the issuer's published keys (its discovery document's `jwks_uri`)
+    role_claim: str = "modelgate_role"
+    tenant_claim: str = "modelgate_tenant"
+    # Asymmetric only: a shared-secret algorithm would let anyone holding the "public" key sign.
+    algorithms: list[Literal["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512",
+                             "EdDSA"]] = Field(default_factory=lambda: ["RS256", "ES256", "PS256", "EdDSA"], min_length=1)
+    jwks_cache_s: float = Field(default=300.0, ge=1, le=86_400)
+    leeway_s: int = Field(default=30, ge=0, le=300)  # clock skew allowed on exp and nbf
+
+    @field_validator("jwks_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not re.fullmatch(r"https?://[^\s/?#]+(/\S*)?", value):
+            raise ValueError("an http(s) URL")
+        return value
 
 
 class KeyStoreConfig(BaseModel):
@@ -24,16 +51,9 @@ class KeyStoreConfig(BaseModel):
     resync_s: float = Field(default=30.0, ge=1, le=3600)
     # How long a call to the store may take before the admin API answers 503.
     timeout_s: float = Field(default=5.0, gt=0, le=60)
+    oidc: OidcConfig | None = None  # bearer JWTs from an issuer, beside admin tokens
 
     @field_validator("database_url")
     @classmethod
     def _postgres_url(cls, value: str | None) -> str | None:
         return postgres_url(value)
-        try:
-            parts = urlsplit(value)
-            parts.port  # noqa: B018 (read for its check: a port that is no number raises)
-        except ValueError:
-            parts = None
-        if parts is None or parts.scheme not in ("postgresql", "postgres") or not parts.hostname:
-            raise ValueError("a PostgreSQL URL: postgresql://user:password@host:5432/database")
-        return value

@@ -22,9 +22,11 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import asyncpg
 from aiohttp import web
 
+from proxy.keystore.oidc import OidcRefused, OidcVerifier
 from proxy.keystore.operations import AdminError, AdminOps
 from proxy.keystore.records import Actor
 from proxy.observability.metrics import ADMIN_REQUESTS
@@ -47,8 +49,9 @@ class AdminApi:
     `server.admin_token` (True), another credential (False) or none (None)."""
 
     def __init__(self, ops: AdminOps, is_admin_token: Callable[[web.Request], bool | None],
-                 owner: str = "admin_token") -> None:
+                 owner: str = "admin_token", oidc: OidcVerifier | None = None) -> None:
         self.ops = ops
+        self.oidc = oidc  # bearer JWTs from the configured issuer, when there is one
         self.is_admin_token = is_admin_token
         self.owner = owner  # the audit trail's name for whoever holds that token
 
@@ -129,6 +132,15 @@ class AdminApi:
         if scheme.lower() != "bearer" or not credential.strip():
             raise AdminError(401, "admin_credential_required",
                              "the admin API needs an admin token: Authorization: Bearer <token>")
+        token = credential.strip()
+        if self.oidc is not None and token.count(".") == 2:  # a JWT: no admin token has two dots
+            try:
+                return await self.oidc.actor(token, source, request_id)
+            except OidcRefused as exc:
+                raise AdminError(401, "invalid_admin_credential", str(exc)) from None
+            except (OSError, TimeoutError, aiohttp.ClientError):
+                raise AdminError(503, "identity_provider_unavailable",
+                                 "the issuer's keys cannot be read; retry later") from None
         found = await self.ops.store.admin_token(
             hashlib.sha256(credential.strip().encode("utf-8", "surrogateescape")).digest())
         if found is None:

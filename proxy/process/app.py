@@ -22,6 +22,7 @@ from proxy.observability.tracing import Tracing
 from proxy.keystore.api import PREFIX as API_PREFIX
 from proxy.keystore.api import AdminApi
 from proxy.keystore.directory import KeySync, StoredKeys
+from proxy.keystore.oidc import OidcVerifier
 from proxy.keystore.operations import AdminOps
 from proxy.keystore.store import KeyStore
 from proxy.plugin import STATE_REACHABLE, STATE_STORE, STORED_KEYS, PluginRoute
@@ -216,7 +217,9 @@ def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
     owner.admin.add("GET", "/metrics", _metrics)
     owner.admin.add("GET", "/readyz", _readyz, public=_readiness_status)
     if owner.key_store is not None:
-        api = AdminApi(AdminOps(owner.key_store, lambda: owner.loaded.config.keys), owner.admin.authorized)
+        oidc = loaded.config.key_store.oidc
+        api = AdminApi(AdminOps(owner.key_store, lambda: owner.loaded.config.keys), owner.admin.authorized,
+                       oidc=OidcVerifier(oidc) if oidc is not None else None)
         for method, path, handler in api.routes():
             owner.admin.add(method, API_PREFIX + path, handler)
     for extra in plugin_routes(loaded.config, admin=True):
