@@ -130,7 +130,8 @@ async def test_a_tenant_admin_sees_and_changes_its_tenant_s_keys_only_and_every_
     trail = json.loads(cli("audit", "--limit", "50", *owner).stdout)["entries"]
     denied = [(e["action"], e["target"]) for e in trail if e["outcome"] == "denied"]
     assert sorted(denied) == [("admin_token.create", "me-too"), ("key.create", "sneaky"),
-                              ("key.disable", "globex-batch"), ("tenant.delete", "globex")]
+                              ("key.disable", "globex-batch"), ("key.list", None), ("key.read", "globex-batch"),
+                              ("tenant.delete", "globex")]
     assert all(e["actor"] == "token:acme-ops" and e["role"] == "tenant-admin" for e in trail
                if e["outcome"] == "denied")
     made_by_acme = next(e for e in trail if e["action"] == "key.create" and e["target"] == "acme-web")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from proxy.state.postgres import postgres_url
 
@@ -52,6 +52,12 @@ class KeyStoreConfig(BaseModel):
     # How long a call to the store may take before the admin API answers 503.
     timeout_s: float = Field(default=5.0, gt=0, le=60)
     oidc: OidcConfig | None = None  # bearer JWTs from an issuer, beside admin tokens
+
+    @model_validator(mode="after")
+    def _oidc_needs_the_store(self) -> KeyStoreConfig:
+        if self.oidc is not None and self.database_url is None:
+            raise ValueError("oidc signs in to the admin API, which needs database_url")
+        return self
 
     @field_validator("database_url")
     @classmethod

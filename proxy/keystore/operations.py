@@ -85,11 +85,10 @@ class AdminOps:
     async def _check(self, actor: Actor, kind: str, mode: str, tenant: str | None, action: str,
                      target: str | None = None) -> None:
         if not allowed(actor, kind, mode, tenant):
-            if mode == WRITE:  # reads denied are answered, not kept: a viewer's list is not an event
-                # In the trail of the tenant the caller is held to (a tenant-admin's attempts are
-                # its own tenant's to see), not in the one it tried to reach.
-                scope = actor.tenant if actor.role == "tenant-admin" else tenant
-                await self.store.record(actor, action, "denied", kind=kind, target=target, tenant=scope)
+            # Every attempt is kept, a read as a change: in the trail of the tenant the caller is
+            # held to (a tenant-admin's attempts are its own tenant's to see), not of the one it tried.
+            scope = actor.tenant if actor.role == "tenant-admin" else tenant
+            await self.store.record(actor, action, "denied", kind=kind, target=target, tenant=scope)
             raise AdminError(403, "forbidden", f"role '{actor.role}' may not {mode} this {kind.replace('_', ' ')}")
 
     # --- keys ---
