@@ -213,22 +213,24 @@ def test_auto_admits_a_share_of_requests_while_they_keep_the_cpu_busier_than_max
     clock = SteppedClock()
     cpu = Cpu(clock, cores=0.25)
     gate, _ = admission("max_cpu_busy: 0.8", clock, cpu)
-    run_busy(gate, clock, cpu, CUT_S, busy=1.0, arrivals=2)
+    run_busy(gate, clock, cpu, CUT_S, busy=1.0, arrivals=5)
+    assert gate.share == 1.0  # behind at one reading: a stall, maybe
+    run_busy(gate, clock, cpu, CUT_S, busy=1.0, arrivals=5)
     assert gate.share == 0.5 and gate.limit == 10_000  # the loop only a fifth of its target late: the CPU said it
-    run_busy(gate, clock, cpu, CUT_S, busy=1.0, arrivals=2)
+    run_busy(gate, clock, cpu, CUT_S, busy=1.0, arrivals=5)
     assert gate.share == 0.25
-    run_busy(gate, clock, cpu, CUT_S, busy=0.9, arrivals=2)
+    run_busy(gate, clock, cpu, CUT_S, busy=0.9, arrivals=5)
     assert gate.share == pytest.approx(0.25 * 0.8 / 0.9)
-    run_busy(gate, clock, cpu, 2.0, busy=1.0, arrivals=2)
+    run_busy(gate, clock, cpu, 2.0, busy=1.0, arrivals=5)
     assert gate.share == MIN_SHARE  # it still serves some
     told = [gate.admits(2) for _ in range(100)]
     assert told.count(True) == 100 * MIN_SHARE
-    run_busy(gate, clock, cpu, 3 * WINDOW_S, busy=0.7, arrivals=2)  # room, but not enough: held
+    run_busy(gate, clock, cpu, 3 * WINDOW_S, busy=0.7, arrivals=5)  # room, but not enough: held
     assert gate.share == MIN_SHARE
-    run_busy(gate, clock, cpu, 3 * WINDOW_S, busy=1.0, arrivals=2)
-    run_busy(gate, clock, cpu, 3 * WINDOW_S, busy=0.5, arrivals=2, delay_s=0.008)  # room, the loop late: held
+    run_busy(gate, clock, cpu, 3 * WINDOW_S, busy=1.0, arrivals=5)
+    run_busy(gate, clock, cpu, 3 * WINDOW_S, busy=0.5, arrivals=5, delay_s=0.008)  # room, the loop late: held
     assert gate.share == MIN_SHARE
-    run_busy(gate, clock, cpu, 20 * WINDOW_S, busy=0.5, arrivals=2, delay_s=0.001)
+    run_busy(gate, clock, cpu, 20 * WINDOW_S, busy=0.5, arrivals=5, delay_s=0.001)
     assert gate.share == 1.0
 
 
@@ -240,6 +242,16 @@ def test_a_saturated_cpu_whose_loop_keeps_up_admits_every_request() -> None:
     gate, _ = admission("max_cpu_busy: 0.8", clock, cpu)
     run_busy(gate, clock, cpu, 2.0, busy=1.0, arrivals=5, delay_s=BEHIND_S * 0.9)
     assert gate.share == 1.0 and gate.busy == pytest.approx(1.0)
+    run_busy(gate, clock, cpu, CUT_S, busy=1.0, arrivals=5)  # one reading behind: a stall, not a queue
+    assert gate.share == 1.0
+    run_busy(gate, clock, cpu, 3 * CUT_S, busy=1.0, arrivals=5)  # a longer one: cut
+    run_busy(gate, clock, cpu, WINDOW_S, busy=1.0, arrivals=5, delay_s=BEHIND_S * 0.4)
+    cut = gate.share
+    assert cut < 1.0
+    run_busy(gate, clock, cpu, 5 * WINDOW_S, busy=1.0, arrivals=5, delay_s=BEHIND_S * 0.4)
+    assert cut < gate.share <= cut * 1.06 ** 5  # the CPU has no room, the loop keeps up: back slowly
+    run_busy(gate, clock, cpu, 5.0, busy=1.0, arrivals=5, delay_s=BEHIND_S * 0.4)
+    assert gate.share == 1.0  # and in the end wholly: the stall's cut does not last as long as the load
 
 
 def test_a_busy_cpu_with_few_arrivals_or_max_cpu_busy_1_admits_every_request() -> None:

@@ -41,10 +41,11 @@ The loop's delay shows a queue once it has formed; the CPU's busy share shows on
 every CUT_S `auto` also reads the CPU time the loop's thread used against what the worker may
 use (proxy/process/cpu.py: one core, less under a CPU quota or with workers sharing cores): past
 `server.max_cpu_busy`, with at least MIN_CUT_ARRIVALS requests arriving meanwhile to account for
-it and the loop late by a fifth of its target (BEHIND: the CPU is busy and falling behind, not
-only busy), the admitted share is cut by target/busy (to no less than half), or halved when the
-CPU is SATURATED (what is asked of it is then unknown). It regrows only while the CPU keeps under _ROOM
-of its target as well as the loop under half of its. Read this often, not each window: at an
+it and the loop late by a fifth of its target at two readings running (BEHIND: the CPU is busy
+and falling behind, not only busy, nor held up once), the admitted share is cut by target/busy (to no less than half), or halved when the
+CPU is SATURATED (what is asked of it is then unknown). It regrows while the CPU keeps under _ROOM of
+its target as well as the loop under half of its; while the CPU is busy but the loop keeps well
+up (under half of BEHIND), only slowly (_CREEP). Read this often, not each window: at an
 overload's onset every window waited is a window of requests queued.
 
 It starts at `server.max_connections` (a connection carries one request at a time, so no more
@@ -90,6 +91,7 @@ SATURATED = 0.97   # busy past this, the CPU is saturated: what is asked of it i
 BEHIND = 0.2
 _REGROW = 1.25     # the admitted share's growth a window, while the loop keeps under half its target
 _ROOM = 0.85       # ... and the CPU under this share of `max_cpu_busy`
+_CREEP = 1.05      # its growth a window while the CPU has no room but the loop keeps well up
 RETRY_AFTER_S = 1  # a short wait: overload passes, or the balancer sends the retry elsewhere
 _USED = 0.9        # the share of the bound in flight that counts as using it
 _LOG_EVERY_S = 1.0
@@ -109,7 +111,7 @@ class Admission:
     __slots__ = ("limit", "share", "waiting", "auto", "ceiling", "target_s", "busy_target", "delay_s", "busy", "cpu",
                  "_clock", "_window_start", "_delays", "_peak", "_refused", "_arrived", "_credit", "_due", "_unlogged",
                  "_logged_at", "_timer", "_in_flight", "_used_at", "_cut_at", "_used_at_cut", "_arrived_at_cut",
-                 "_cut_from")
+                 "_cut_from", "_behind")
 
     def __init__(self, server: ServerConfig, clock: Callable[[], float] = time.perf_counter,
                  cpu: WorkerCpu | None = None) -> None:
@@ -119,6 +121,7 @@ class Admission:
         self._used_at = self._used_at_cut = self.cpu.used()
         self._arrived_at_cut = 0
         self._cut_from = 0      # the first of `_delays` since the CPU was last read
+        self._behind = 0        # readings of the CPU running that found the loop behind
         self._delays: list[float] = []
         self._peak = 0          # the most requests in flight this window
         self._refused = 0       # refusals this window
@@ -206,8 +209,15 @@ class Admission:
                 if bound_used:
                     grown = self.limit * 2 if delay < self.target_s / 2 else self.limit + 1
                     self.limit = min(float(self.ceiling), grown)
-                if self.share < 1.0 and delay < self.target_s / 2 and busy < _ROOM * self.busy_target:
-                    self.share = min(1.0, self.share * _REGROW)
+                if self.share < 1.0 and delay < self.target_s / 2:
+                    if busy < _ROOM * self.busy_target:
+                        self.share = min(1.0, self.share * _REGROW)
+                    elif delay < self.target_s * BEHIND / 2:
+                        # Busy, but keeping up: a closed loop of clients saturating the CPU, or an
+                        # overload held just below where it queues. Grown back slowly, so a cut made
+                        # by one stall (a collection, a burst of keys made live) does not last as
+                        # long as the load, while an overload it holds comes back only a little.
+                        self.share = min(1.0, self.share * _CREEP)
         LOOP_DELAY.set(delay)
         CPU_BUSY.set(busy)
         if int(self.limit) != before:
@@ -222,8 +232,10 @@ class Admission:
         window: at the onset of an overload every window waited is a window of requests queued."""
         used = self.cpu.used()
         late = sorted(self._delays[self._cut_from:])
+        # Behind for two readings running: one stall of the loop (a collection) is one reading.
+        self._behind = self._behind + 1 if late and late[len(late) // 2] >= self.target_s * BEHIND else 0
         if (self.auto and self.busy_target < 1.0 and self._arrived - self._arrived_at_cut >= MIN_CUT_ARRIVALS
-                and late and late[len(late) // 2] >= self.target_s * BEHIND):
+                and self._behind >= 2):
             busy = (used - self._used_at_cut) / max(1e-9, now - self._cut_at) / self.cpu.available()
             if busy > self.busy_target:
                 cut = 0.5 if busy > SATURATED else max(0.5, self.busy_target / busy)
