@@ -447,3 +447,48 @@ async def test_an_oidc_token_from_the_configured_issuer_names_its_caller_and_not
     assert (await call(issuer.token()))[0] == 200
     trail = (await call(issuer.token(), path="/audit"))[1]["entries"]
     assert any(e["actor"] == "oidc:bob" and e["action"] == "key.create" for e in trail)
+
+
+async def test_a_notice_that_arrives_while_the_keys_are_being_read_is_not_lost() -> None:
+    """A change notified while the previous one is still being read is read next, at once, not a
+    resync later (the notice used to be cleared with the read it arrived during)."""
+    from proxy.keystore.directory import KeySync, StoredKeys
+
+    class Store:
+        url, timeout_s = "postgresql://unused@127.0.0.1/none", 1.0
+
+        def __init__(self) -> None:
+            self.reads = 0
+            self.release = asyncio.Event()
+
+        async def keys_since(self, revision: int) -> list:
+            self.reads += 1
+            if self.reads == 2:  # the read a notice woke: another notice arrives while it runs
+                sync._wake.set()
+                await self.release.wait()
+            return []
+
+        async def revisions(self) -> tuple[int, dict]:
+            return 0, {}
+
+    store = Store()
+    sync = KeySync(store, StoredKeys(), resync_s=3600)  # type: ignore[arg-type]
+
+    async def listening() -> None:
+        return None
+
+    sync._listen = listening  # type: ignore[method-assign]  # no PostgreSQL here: the notices are the test's
+    await sync.start()
+    try:
+        await asyncio.sleep(0.05)
+        reads = store.reads
+        sync._wake.set()
+        await asyncio.sleep(0.05)
+        store.release.set()
+        for _ in range(100):
+            if store.reads > reads + 1:
+                break
+            await asyncio.sleep(0.01)
+        assert store.reads > reads + 1
+    finally:
+        await sync.stop()

@@ -29,6 +29,7 @@ from proxy.policy.keys import GatewayKey
 log = logging.getLogger("modelgate.keystore")
 
 RETRY_S = 0.5  # while the store does not answer, how often it is tried
+BATCH = 200    # keys made live between two turns of the loop
 
 STORED_KEYS_HELD = Gauge("modelgate_stored_keys", "Stored keys this process holds, by state", ["state"],
                          multiprocess_mode="livemax")
@@ -62,14 +63,17 @@ class StoredKeys:
     def names(self) -> set[str]:
         return set(self._rows)
 
-    def replace(self, revision: int, rows: list[StoredKey]) -> None:
-        """Hold exactly `rows`, every key stored as of `revision` (a full re-read)."""
-        for name in self.names() - {row.name for row in rows}:
+    def differing(self, stored: dict[str, int]) -> tuple[set[str], list[str]]:
+        """Against every key stored now (name: revision): the names held that are stored no more,
+        and the names stored that are not held as they are."""
+        gone = self.names() - stored.keys()
+        changed = [name for name, revision in stored.items()
+                   if (held := self._rows.get(name)) is None or held.revision != revision]
+        return gone, changed
+
+    def drop(self, names: set[str]) -> None:
+        for name in names:
             self._drop(name)
-        self.revision = 0
-        self.apply(rows, observe=False)
-        self.revision = revision
-        self._count()
 
     def apply(self, rows: list[StoredKey], observe: bool = True) -> None:
         """Take rows changed since `revision`, in revision order."""
@@ -88,8 +92,6 @@ class StoredKeys:
             self.revision = max(self.revision, row.revision)
             if observe:
                 KEY_STORE_LAG.observe(max(0.0, now - row.updated_at.timestamp()))
-        if rows:
-            self._count()
 
     def _drop(self, name: str) -> None:
         held = self._rows.pop(name, None)
@@ -98,11 +100,13 @@ class StoredKeys:
             if held.previous_sha256 is not None:
                 self._previous.pop(held.previous_sha256, None)
 
-    def _count(self) -> None:
+    def count(self) -> None:
+        """The gauge of keys held by state, once a read has been taken."""
         now = datetime.now(timezone.utc)
         states = {"active": 0, "disabled": 0, "expired": 0}
         for row in self._rows.values():
-            states[row.state(now)] = states.get(row.state(now), 0) + 1
+            state = row.state(now)
+            states[state] = states.get(state, 0) + 1
         for state, count in states.items():
             STORED_KEYS_HELD.labels(state).set(count)
 
@@ -134,11 +138,15 @@ class KeySync:
         await self._close_listener()
 
     async def refresh(self, full: bool = False) -> None:
-        """What changed since the revision held; with `full`, everything (what heals a change the
-        revisions could not show: a row changed by hand, or a notice and a read both lost)."""
+        """What changed since the revision held; with `full`, every key's revision compared with
+        what is held (what heals a change the revisions could not show: a row changed by hand),
+        and only the keys that differ read. Rows are taken a batch at a time, the loop let run
+        between: ten thousand keys read at once would hold every request up for a second."""
         try:
             if full:
-                revision, rows = await self.store.all_keys()
+                revision, stored = await self.store.revisions()
+                gone, changed = self.keys.differing(stored)
+                rows = await self.store.keys_named(changed) if changed else []
             else:
                 rows = await self.store.keys_since(self.keys.revision)
         except Exception:
@@ -147,14 +155,21 @@ class KeySync:
             raise
         self.reachable = True
         if full:
-            self.keys.replace(revision, rows)
-        else:
-            self.keys.apply(rows)
+            self.keys.drop(gone)
+        for start in range(0, len(rows), BATCH):
+            self.keys.apply(rows[start:start + BATCH], observe=not full)
+            await asyncio.sleep(0)
+        if full:
+            self.keys.revision = max(self.keys.revision, revision)
+        if rows or full:
+            self.keys.count()
         KEY_STORE_SYNCS.labels("ok").inc()
 
     async def _run(self) -> None:
         wait, full = self.resync_s, False
         while True:
+            # Cleared before the read, not after: a notice that arrives while it runs wakes the next.
+            self._wake.clear()
             try:
                 await self._listen()
                 await self.refresh(full)
@@ -167,7 +182,6 @@ class KeySync:
                                 extra={"error": type(exc).__name__})
                 await self._close_listener()
                 wait = min(self.resync_s, RETRY_S)  # back within a second of PostgreSQL, not a resync later
-            self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), wait)
                 full = False  # told of a change: what changed since

@@ -158,12 +158,19 @@ class KeyStore:
 
     # --- changing ---
 
-    async def all_keys(self) -> tuple[int, list[StoredKey]]:
-        """Every key held now and the revision they are as of (a full re-read)."""
+    async def revisions(self) -> tuple[int, dict[str, int]]:
+        """Every key stored now by name, with the revision of its last change, and the revision
+        all of it is as of: what a full re-read compares with what a process holds."""
         async with await self._acquire() as connection, connection.transaction(isolation="repeatable_read"):
             revision = await connection.fetchval("SELECT coalesce(max(revision), 0) FROM stored_keys")
-            rows = await connection.fetch(f"SELECT {_KEY_COLUMNS} FROM stored_keys WHERE deleted_at IS NULL")
-        return revision, [_key(row) for row in rows]
+            rows = await connection.fetch("SELECT name, revision FROM stored_keys WHERE deleted_at IS NULL")
+        return revision, {row["name"]: row["revision"] for row in rows}
+
+    async def keys_named(self, names: list[str]) -> list[StoredKey]:
+        async with await self._acquire() as connection:
+            rows = await connection.fetch(f"SELECT {_KEY_COLUMNS} FROM stored_keys WHERE name = any($1::text[]) "
+                                          "AND deleted_at IS NULL ORDER BY revision", names)
+        return [_key(row) for row in rows]
 
     async def record(self, actor: Actor, action: str, outcome: str, *, kind: str | None = None,
                      target: str | None = None, tenant: str | None = None) -> None:
