@@ -5,8 +5,9 @@ on the request path, so a flood of unknown keys costs what it always did. The co
 to date from the store by revision (every row changed since the last one read, deletions
 included): at start, when PostgreSQL notifies a change (LISTEN on a connection of its own, so a
 change reaches every process within a round trip), and in full every `key_store.resync_s` (and
-once the store answers again after a failure), so a notice lost with a connection heals. While PostgreSQL is away, the last keys read keep
-working; a process that starts then serves the config's keys until it is back.
+once the store answers again after a failure), so a notice lost with a connection heals. While
+PostgreSQL is away, the last keys read keep working; a process that starts then serves the
+config's keys until it is back.
 """
 
 from __future__ import annotations

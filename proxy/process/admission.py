@@ -39,14 +39,15 @@ request's head is parsed, at a fraction of what one through the web framework co
 
 The loop's delay shows a queue once it has formed; the CPU's busy share shows one forming. So
 every CUT_S `auto` also reads the CPU time the loop's thread used against what the worker may
-use (proxy/process/cpu.py: one core, less under a CPU quota or with workers sharing cores): past
+use (proxy/process/cpu.py: one core, less under a CPU quota or with workers sharing cores). Past
 `server.max_cpu_busy`, with at least MIN_CUT_ARRIVALS requests arriving meanwhile to account for
-it and the loop late by a fifth of its target at two readings running (BEHIND: the CPU is busy
-and falling behind, not only busy, nor held up once), the admitted share is cut by target/busy (to no less than half), or halved when the
-CPU is SATURATED (what is asked of it is then unknown). It regrows while the CPU keeps under _ROOM of
-its target as well as the loop under half of its; while the CPU is busy but the loop keeps well
-up (under half of BEHIND), only slowly (_CREEP). Read this often, not each window: at an
-overload's onset every window waited is a window of requests queued.
+it, and the loop a fifth of its target late at two readings running (BEHIND: busy and falling
+behind, not only busy, nor held up once), the admitted share is cut by target/busy (to no less
+than half), or halved when the CPU is SATURATED (what is asked of it is then unknown). It
+regrows while the CPU keeps under _ROOM of its target and the loop under half of its; while the
+CPU is busy but the loop keeps well up (under half of BEHIND), only slowly (_CREEP). Read this
+often, not each window: at an overload's onset every window waited is a window of requests
+queued.
 
 It starts at `server.max_connections` (a connection carries one request at a time, so no more
 can be in flight) and never rises above it, nor falls below MIN_LIMIT: a worker that keeps up
