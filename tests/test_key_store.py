@@ -492,3 +492,13 @@ async def test_a_notice_that_arrives_while_the_keys_are_being_read_is_not_lost()
         assert store.reads > reads + 1
     finally:
         await sync.stop()
+
+
+def test_check_config_says_where_the_keys_come_from_without_the_store_s_password(tmp_path: Path) -> None:
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text("key_store: {database_url: 'postgresql://gw:s3cret-pw@db.example:5433/modelgate'}\n")
+    checked = cli("check-config", str(config_file))
+    assert checked.returncode == 0, checked.stderr
+    assert "keys: 1 from this file; more managed at run time in the key store (db.example:5433/modelgate" \
+        in checked.stdout
+    assert "s3cret" not in checked.stdout + checked.stderr

@@ -140,9 +140,22 @@ def _check_config(path: str) -> int:
         return 1
     config = loaded.config
     print(f"{path}: ok ({len(config.channels)} channel(s), digest {loaded.digest})")
+    # Where the keys come from: this file's, and the key store's when there is one (listed by
+    # `modelgate keys list`, each with its source).
+    stored = config.key_store.database_url
+    print(f"  keys: {len(config.keys)} from this file" + (
+        f"; more managed at run time in the key store ({_where(stored)}: modelgate keys list)" if stored else ""))
     for warning in config_warnings(config):  # served as written, but its operator must know
         print(f"  warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _where(url: str) -> str:
+    """A database URL without its credentials: host, port and database."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or 5432}{parts.path}"
 
 
 def _print_problems(path: str, problems: list[str]) -> None:
