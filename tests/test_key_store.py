@@ -117,7 +117,8 @@ async def test_a_tenant_admin_sees_and_changes_its_tenant_s_keys_only_and_every_
     acme = ("--admin-url", b.admin, "--admin-token", made.stdout.strip().splitlines()[-1])
 
     own = cli("keys", "create", "acme-web", *acme)  # its tenant, without naming it
-    assert own.returncode == 0, own.stderr and json.loads(own.stdout.rsplit("\n", 2)[0])["tenant"] == "acme"
+    assert own.returncode == 0, own.stderr
+    assert json.loads(own.stdout.rsplit("\n", 2)[0])["tenant"] == "acme"
     listed = json.loads(cli("keys", "list", *acme).stdout)
     assert [key["name"] for key in listed["keys"]] == ["acme-web"]  # not globex's, nor the config's
     for attempt in (("keys", "show", "globex-batch"), ("keys", "disable", "globex-batch"),
@@ -502,3 +503,20 @@ def test_check_config_says_where_the_keys_come_from_without_the_store_s_password
     assert "keys: 1 from this file; more managed at run time in the key store (db.example:5433/modelgate" \
         in checked.stdout
     assert "s3cret" not in checked.stdout + checked.stderr
+
+
+async def test_an_admin_body_sent_in_pieces_is_read_whole(three) -> None:  # noqa: ANN001
+    """A body that arrives in several reads (a slow client, a large one) is the whole body, not its first piece."""
+    a = three[0]
+    host, port = a.admin.removeprefix("http://").split(":")
+    body = json.dumps({"name": "pieces", "labels": {"note": "x" * 20_000}}).encode()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(f"POST /admin/v1/keys HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {OWNER}\r\n"
+                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                 "Connection: close\r\n\r\n".encode() + body[:100])
+    await writer.drain()
+    await asyncio.sleep(0.2)
+    writer.write(body[100:])
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 201"), answer[:300]

@@ -152,9 +152,11 @@ class AdminApi:
 async def _body(request: web.Request) -> Any:
     if request.content_length is not None and request.content_length > MAX_BODY:
         raise AdminError(413, "body_too_large", f"an admin request's body is at most {MAX_BODY} bytes")
-    raw = await request.content.read(MAX_BODY + 1)
-    if len(raw) > MAX_BODY:
-        raise AdminError(413, "body_too_large", f"an admin request's body is at most {MAX_BODY} bytes")
+    raw = b""
+    while chunk := await request.content.read(MAX_BODY + 1 - len(raw)):  # a read gives what has arrived
+        raw += chunk
+        if len(raw) > MAX_BODY:
+            raise AdminError(413, "body_too_large", f"an admin request's body is at most {MAX_BODY} bytes")
     if not raw.strip():
         return None
     try:
