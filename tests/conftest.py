@@ -132,6 +132,9 @@ def waiting_tasks() -> str:
     return "\n".join(lines)
 
 
+ADMISSION_SETTINGS = ("max_in_flight", "max_loop_delay_ms", "max_cpu_busy")
+
+
 @asynccontextmanager
 async def gateway_starter(config_dir: Path) -> AsyncIterator[Callable[..., Awaitable[RunningGateway]]]:
     """Start gateways in this process from YAML text (or the embedded defaults), each config
@@ -139,9 +142,11 @@ async def gateway_starter(config_dir: Path) -> AsyncIterator[Callable[..., Await
     free port on the configured host. All are stopped on leaving.
 
     A gateway in the test's own process shares its thread with the test's clients, so the CPU
-    that thread keeps busy is theirs as much as the gateway's: `server.max_cpu_busy` is 1 (no
-    bound) unless the YAML names it (until a reload reads the file again). The loop-delay signal
-    stays on, as configured."""
+    that thread keeps busy and the delays its loop runs late are theirs as much as the gateway's:
+    unless the YAML names one of admission's settings, `server.max_in_flight` is a fixed bound far
+    past any test's crowd (100 pollers of one in-process gateway were refused on a CI host whose
+    three test processes shared two cores) and `server.max_cpu_busy` is 1 (until a reload reads
+    the file again). Gateways spawned as processes keep `auto`."""
     runners: list[web.AppRunner] = []
     admins: list[AdminListener] = []
 
@@ -153,8 +158,8 @@ async def gateway_starter(config_dir: Path) -> AsyncIterator[Callable[..., Await
             path = config_dir / f"config-{len(runners)}.yaml"
             path.write_text(textwrap.dedent(yaml_text))
             loaded = load_config(path, env if env is not None else os.environ)
-        if "max_cpu_busy" not in (yaml_text or ""):
-            server = loaded.config.server.model_copy(update={"max_cpu_busy": 1.0})
+        if not any(name in (yaml_text or "") for name in ADMISSION_SETTINGS):
+            server = loaded.config.server.model_copy(update={"max_in_flight": 100_000, "max_cpu_busy": 1.0})
             loaded.config = loaded.config.model_copy(update={"server": server})
         app = build_app(loaded, path)
         runner = await start_runner(app, loaded.config.server)
