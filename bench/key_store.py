@@ -102,7 +102,7 @@ def main() -> int:
     finally:
         stop_all(procs, 30)
         subprocess.run(["psql", POSTGRES, "-qc", f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'])
-    active = next((line for line in held.splitlines() if line.startswith('modelgate_stored_keys{state="active"}')), "")
+    active = next((line for line in held.splitlines() if line.startswith('modelgate_keys{source="stored",state="active"}')), "")
     base, stored = (statistics.median(values) for values in cpu.values())
     lines = ["## The key store on the request path", "",
              f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python bench/key_store.py --rounds "

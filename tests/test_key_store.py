@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
@@ -80,6 +81,9 @@ async def test_a_key_made_on_one_instance_serves_on_all_three_within_a_second_an
         assert disabled.returncode == 0, disabled.stderr
         for gateway in (a, b, c):
             await within(PROPAGATION_S, lambda g=gateway: _is(http, g.url, secret, 401))
+        held = await _keys_held(http, c.admin)
+        assert held["stored", "disabled"] == 1 and held["stored", "active"] == 0, held
+        assert held["config", "active"] == 1 and held["config", "disabled"] == 0, held  # the config's demo key
 
         assert cli("keys", "enable", "ci", "--admin-url", c.admin, "--admin-token", OWNER).returncode == 0
         for gateway in (a, b, c):
@@ -100,6 +104,14 @@ async def test_a_key_made_on_one_instance_serves_on_all_three_within_a_second_an
         assert cli("keys", "delete", "ci", "--admin-url", a.admin, "--admin-token", OWNER).returncode == 0
         for gateway in (a, b, c):
             await within(PROPAGATION_S, lambda g=gateway: _is(http, g.url, fresh, 401))
+
+
+async def _keys_held(http: aiohttp.ClientSession, admin_url: str) -> dict[tuple[str, str], float]:
+    """`modelgate_keys` as an instance's admin listener shows it, by (source, state)."""
+    async with http.get(admin_url + "/metrics") as answer:
+        text = await answer.text()
+    return {(source, state): float(value) for source, state, value in
+            re.findall(r'^modelgate_keys\{source="(\w+)",state="(\w+)"\} (\S+)$', text, re.M)}
 
 
 async def _is(http: aiohttp.ClientSession, url: str, secret: str, wanted: int) -> bool:

@@ -20,20 +20,18 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Histogram
 
 from proxy.keystore.records import StoredKey
 from proxy.keystore.schema import CHANNEL
 from proxy.keystore.store import KeyStore
-from proxy.policy.keys import GatewayKey
+from proxy.policy.keys import GatewayKey, count_keys
 
 log = logging.getLogger("modelgate.keystore")
 
 RETRY_S = 0.5  # while the store does not answer, how often it is tried
 BATCH = 200    # keys made live between two turns of the loop
 
-STORED_KEYS_HELD = Gauge("modelgate_stored_keys", "Stored keys this process holds, by state", ["state"],
-                         multiprocess_mode="livemax")
 KEY_STORE_LAG = Histogram("modelgate_key_store_propagation_seconds",
                           "From a stored key's change committed to this process holding it",
                           buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 30, 120))
@@ -102,14 +100,9 @@ class StoredKeys:
                 self._previous.pop(held.previous_sha256, None)
 
     def count(self) -> None:
-        """The gauge of keys held by state, once a read has been taken."""
+        """The gauge of keys held by state (`modelgate_keys{source="stored"}`), once a read has been taken."""
         now = datetime.now(timezone.utc)
-        states = {"active": 0, "disabled": 0, "expired": 0}
-        for row in self._rows.values():
-            state = row.state(now)
-            states[state] = states.get(state, 0) + 1
-        for state, count in states.items():
-            STORED_KEYS_HELD.labels(state).set(count)
+        count_keys("stored", [row.state(now) for row in self._rows.values()])
 
 
 class KeySync:

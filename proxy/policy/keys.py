@@ -15,9 +15,22 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from prometheus_client import Gauge
+
 
 def digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
+
+
+KEYS_HELD = Gauge("modelgate_keys", "Gateway keys a process holds, by where they come from (config, stored) "
+                  "and state (active, disabled, expired)", ["source", "state"], multiprocess_mode="livemax")
+KEY_STATES = ("active", "disabled", "expired")
+
+
+def count_keys(source: str, states: list[str]) -> None:
+    """The gauge of one source's keys by state, from the state of each key it holds."""
+    for state in KEY_STATES:
+        KEYS_HELD.labels(source, state).set(states.count(state))
 
 
 # The label that puts keys in one tenant: ids made with one of them can be followed by all.
@@ -52,6 +65,9 @@ class GatewayKey:
     def expired(self, now: datetime | None = None) -> bool:
         return self.expires_at is not None and (now or datetime.now(timezone.utc)) >= self.expires_at
 
+    def state(self, now: datetime) -> str:
+        return "disabled" if not self.enabled else "expired" if self.expired(now) else "active"
+
     def allows_model(self, model: str) -> bool:
         return self._models is None or self._models.fullmatch(model) is not None
 
@@ -84,8 +100,12 @@ class KeyRing:
 
     @classmethod
     def from_config(cls, config: Any, stored: StoredKeyLookup | None = None) -> KeyRing:
-        """The keys of a GatewayConfig, and those of the key store when it has one."""
-        return cls([gateway_key(k) for k in config.keys], stored)
+        """The keys of a GatewayConfig, and those of the key store when it has one; the config's are
+        counted by state as they are loaded (at start and at each reload)."""
+        keys = [gateway_key(k) for k in config.keys]
+        now = datetime.now(timezone.utc)
+        count_keys("config", [key.state(now) for key in keys])
+        return cls(keys, stored)
 
     def find(self, presented: str) -> GatewayKey | None:
         """The key presented, or None; a key that is not text (undecodable bytes) is no key."""
