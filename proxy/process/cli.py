@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
 
     openapi = commands.add_parser("openapi", help="print the gateway's interface as an OpenAPI 3.1 document")
     openapi.add_argument("-o", "--output", help="write to this file instead of standard output")
+    openapi.add_argument("--admin", action="store_true",
+                         help="the admin API's document (served on the admin listener) instead of the interface's")
 
     simulate = commands.add_parser("simulate", help="run the upstream simulator on its own")
     simulate.add_argument("--host", default="127.0.0.1")
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             check.error("name one config file: check-config FILE, or check-config -c FILE")
         return _check_config(args.file or args.config_file)
     if args.command == "openapi":
-        return _openapi(args.output)
+        return _openapi(args.output, args.admin)
     if args.command in ADMIN_COMMANDS:
         return _admin(args)
     if args.command == "simulate":
@@ -104,12 +106,15 @@ def _admin(args: argparse.Namespace) -> int:
     return run_admin(args, config)
 
 
-def _openapi(output: str | None) -> int:
+def _openapi(output: str | None, admin: bool = False) -> int:
     import json
 
-    from proxy.schemas.openapi import openapi_document
+    if admin:
+        from proxy.keystore.openapi import admin_openapi_document as document
+    else:
+        from proxy.schemas.openapi import openapi_document as document
 
-    text = json.dumps(openapi_document(), indent=2, sort_keys=False) + "\n"
+    text = json.dumps(document(), indent=2, sort_keys=False) + "\n"
     if output:
         with open(output, "w", encoding="utf-8") as out:
             out.write(text)
