@@ -52,6 +52,15 @@ STORED_KEYS = "keys.stored"
 
 
 @dataclass(slots=True, frozen=True)
+class Subject:
+    """Whom the admin API asks a plugin about (`Plugin.report`): a key (`key` set; `tenant` its
+    owner, `tenant:NAME` or `key:NAME`, as `GatewayKey.tenant`) or a tenant (`key` None)."""
+    name: str
+    tenant: str
+    key: Any = None  # the GatewayKey, for a key
+
+
+@dataclass(slots=True, frozen=True)
 class Capability:
     """What one plugin sets on the exchange for the ones after it, and the routes it can exist on
     (a requirement is void where it cannot: the account routes have no caller)."""
@@ -188,6 +197,12 @@ class Plugin:
         """Why this instance cannot serve right now, as far as this plugin knows (`/readyz` says
         so and answers 503), or None; `state_ok`: the state store answers its probe. A plugin
         whose configured fail mode serves on says None."""
+        return None
+
+    async def report(self, subject: Subject) -> dict[str, Any] | None:
+        """What this plugin knows of a key or a tenant now (what it spent, what is left of its
+        budget), for the admin API's usage reads: a JSON-ready dict, or None when it keeps nothing
+        of them. Read only; off the request path."""
         return None
 
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:

@@ -26,13 +26,15 @@ MESSAGE = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role":
 PROPAGATION_S = 3.0
 
 
-def config(redis_url: str, database_url: str, prefix: str, key_store: str = "") -> str:
-    """Gateways sharing Redis and a key store; `key_store`: more of that section (`, oidc: {...}`)."""
+def config(redis_url: str, database_url: str, prefix: str, key_store: str = "", more: str = "") -> str:
+    """Gateways sharing Redis and a key store; `key_store`: more of that section (`, oidc: {...}`);
+    `more`: more sections, at the top level."""
     return f"""
         server: {{listen: '127.0.0.1:{{PORT}}', admin_listen: '127.0.0.1:{{ADMIN_PORT}}', admin_token: {OWNER}}}
         state: {{backend: redis, url: "{redis_url}", prefix: "{prefix}:"}}
         key_store: {{database_url: "{database_url}", resync_s: 3600{key_store}}}
         observability: {{logging: {{access_log: false}}}}
+        {more}
     """
 
 
@@ -301,6 +303,64 @@ async def test_a_stored_key_s_limits_and_budget_hold_as_a_configured_key_s_do(th
         async with http.post(b.url + "/v1/messages", json=MESSAGE,
                              headers={**MESSAGE_HEADERS, "x-api-key": thrifty}) as answer:
             assert answer.status == 429 and (await answer.json())["error"]["code"] == "budget_exceeded"
+
+
+async def test_a_key_s_and_a_tenant_s_spend_and_budgets_are_read_where_their_admins_may(
+        spawn, redis_url: str, ledger_db: str, tmp_path: Path) -> None:  # noqa: ANN001
+    """`keys usage` and `tenants usage`: what the ledger recorded today and this month, and each
+    budget window's limit, spend and remainder, the two agreeing; a tenant-admin reads its own
+    tenant's and no other's; the key store alone (-c) cannot answer it."""
+    more = (f"plugins: {{ledger: {{database_url: '{ledger_db}', flush_interval_s: 0.1}}, "
+            "budget: {tenants: {acme: {tokens_per_month: 100000}}}}")
+    a, b = (spawn("gateway", config=config(redis_url, ledger_db, tmp_path.name, more=more)) for _ in range(2))
+    owner = ("--admin-url", a.admin, "--admin-token", OWNER)
+    for tenant in ("acme", "globex"):
+        assert cli("tenants", "create", tenant, *owner).returncode == 0
+    made = cli("keys", "create", "acme-web", "--tenant", "acme", "--set", 'budget={"tokens_per_day": 5000}', *owner)
+    assert made.returncode == 0, made.stderr
+    secret = made.stdout.strip().splitlines()[-1]
+    other = cli("keys", "create", "globex-batch", "--tenant", "globex", *owner)
+    async with aiohttp.ClientSession() as http:
+        await within(PROPAGATION_S, lambda: _is(http, b.url, secret, 200))
+        for _ in range(3):
+            assert await status(http, b.url, secret) == 200
+        globex_secret = other.stdout.strip().splitlines()[-1]
+        await within(PROPAGATION_S, lambda: _is(http, a.url, globex_secret, 200))  # another tenant's spend
+
+        async def recorded() -> bool:
+            shown = json.loads(cli("keys", "usage", "acme-web", *owner).stdout)
+            return shown["reports"]["ledger"]["today"]["requests"] == 4
+        await within(10, recorded, "the ledger's rows")
+
+    key = json.loads(cli("keys", "usage", "acme-web", *owner).stdout)
+    assert key["name"] == "acme-web" and key["tenant"] == "acme"
+    today = key["reports"]["ledger"]["today"]
+    spent = today["input_tokens"] + today["output_tokens"]
+    assert spent > 0 and key["reports"]["ledger"]["this_month"]["requests"] == 4
+    windows = {w["name"]: w for w in key["reports"]["budget"]["windows"]}
+    assert set(windows) == {"key-day-tokens", "tenant-month-tokens"}
+    assert windows["key-day-tokens"]["spent"] == spent and windows["key-day-tokens"]["limit"] == 5000
+    assert windows["key-day-tokens"]["remaining"] == 5000 - spent
+    assert windows["tenant-month-tokens"]["spent"] == spent  # the tenant's one key
+
+    tenant = json.loads(cli("tenants", "usage", "acme", *owner).stdout)
+    assert tenant["reports"]["ledger"]["today"]["input_tokens"] == today["input_tokens"]
+    assert [w["name"] for w in tenant["reports"]["budget"]["windows"]] == ["tenant-month-tokens"]
+
+    token = cli("admin-token", "create", "acme-ops", "--role", "tenant-admin", "--tenant", "acme", *owner)
+    acme = ("--admin-url", b.admin, "--admin-token", token.stdout.strip().splitlines()[-1])
+    assert json.loads(cli("tenants", "usage", "acme", *acme).stdout)["reports"]["budget"] == tenant["reports"]["budget"]
+    for attempt in (("keys", "usage", "globex-batch"), ("tenants", "usage", "globex")):
+        refused = cli(*attempt, *acme)
+        assert refused.returncode == 1 and "403 forbidden" in refused.stderr, (attempt, refused.stderr)
+    denied = [e["action"] for e in json.loads(cli("audit", "--actor", "token:acme-ops", *owner).stdout)["entries"]
+              if e["outcome"] == "denied"]
+    assert sorted(denied) == ["key.usage", "tenant.usage"]
+
+    bootstrap = tmp_path / "bootstrap.yaml"
+    bootstrap.write_text(f"key_store: {{database_url: '{ledger_db}'}}\n")
+    direct = cli("keys", "usage", "acme-web", "-c", str(bootstrap))
+    assert direct.returncode == 1 and "needs_a_gateway" in direct.stderr, direct.stderr
 
 
 async def test_changes_made_at_once_on_two_instances_all_reach_every_instance(three) -> None:  # noqa: ANN001

@@ -35,7 +35,7 @@ from proxy.formats import Generation
 from proxy.formats.images import ImagesFormat
 from proxy.formats.video import VideoTasks
 from proxy.observability.metrics import child
-from proxy.plugin import Joins, Plugin
+from proxy.plugin import Joins, Plugin, Subject
 from proxy.policy.prices import PriceTable
 from proxy.request.charges import DEFAULT_OUTPUT_TOKENS, Most, left_open, most_of, read_ended
 from proxy.request.body import MultipartBody
@@ -320,16 +320,40 @@ class Budget(Plugin):
         return f"{self.prefix}open:{generation_id}"
 
     def _subjects(self, ex: Exchange) -> list[tuple[str, BudgetLimits]]:
-        if ex.key is None:
-            return []
+        return self._budgets_of(ex.key, ex.key.tenant) if ex.key is not None else []
+
+    def _budgets_of(self, key: Any, tenant: str) -> list[tuple[str, BudgetLimits]]:
+        """The budgets a request of `key` counts against (its own, its tenant's); `key` None: the
+        tenant's alone."""
         found = []
-        own = ex.key.settings.get("budget")
+        own = key.settings.get("budget") if key is not None else None
         if own is not None:
-            found.append((f"key:{ex.key.name}", own))
-        label = ex.key.tenant.removeprefix("tenant:") if ex.key.tenant.startswith("tenant:") else None
+            found.append((f"key:{key.name}", own))
+        label = tenant.removeprefix("tenant:") if tenant.startswith("tenant:") else None
         if label is not None and label in self.settings.tenants:
-            found.append((ex.key.tenant, self.settings.tenants[label]))
+            found.append((tenant, self.settings.tenants[label]))
         return found
+
+    async def report(self, subject: Subject) -> dict[str, Any] | None:
+        """Each budget window of the key (and its tenant), or of the tenant: its limit, what is
+        spent and reserved now, what is left and when it resets."""
+        if self.counters is None:
+            return None
+        now = datetime.now(timezone.utc)
+        windows = [window for name, limits in self._budgets_of(subject.key, subject.tenant)
+                   for window in self._windows(name, limits, now)]
+        if not windows:
+            return {"windows": []}
+        values: list[float] = []
+        for subject_windows in _by_subject(windows):  # one read a subject: its windows share a slot
+            try:
+                values += await self.counters.read(subject_windows)
+            except CountersUnavailable:
+                return {"windows": [], "unavailable": "the state store does not answer"}
+        return {"windows": [{"name": window.name, "limit": window.limit, "spent": value,
+                             "remaining": max(0.0, window.limit - value),
+                             "resets_at": datetime.fromtimestamp(window.resets_at, timezone.utc).isoformat()}
+                            for window, value in zip(windows, values)]}
 
     def _windows(self, subject: str, limits: BudgetLimits, now: datetime) -> list[Window]:
         base = f"{self.prefix}{{{subject}}}" if self.tagged else f"{self.prefix}{subject}"
@@ -397,3 +421,13 @@ class Budget(Plugin):
         return ex.error_response(503, "budgets cannot be checked right now; retry shortly", "budget_unavailable",
                                  headers={"Retry-After": "1"})
 
+
+def _by_subject(windows: list[Window]) -> list[list[Window]]:
+    """Windows in runs of one subject (a key's, a tenant's), in order."""
+    runs: list[list[Window]] = []
+    for window in windows:
+        if runs and runs[-1][0].key.rsplit(":", 2)[0] == window.key.rsplit(":", 2)[0]:
+            runs[-1].append(window)
+        else:
+            runs.append([window])
+    return runs

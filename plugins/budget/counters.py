@@ -91,6 +91,9 @@ class Counters(Protocol):
     async def claim(self, key: str) -> str | None:
         """Take what `hold` kept at `key`, once: the first claim gets it, later ones None."""
 
+    async def read(self, windows: Sequence[Window]) -> list[float]:
+        """What each window holds now (spent and reserved), for a report: 0 for one not begun."""
+
     async def close(self) -> None: ...
 
 
@@ -139,6 +142,10 @@ class MemoryCounters:
     async def claim(self, key: str) -> str | None:
         found = self._held.pop(key, None)
         return found[0] if found is not None and found[1] > self._clock() else None
+
+    async def read(self, windows: Sequence[Window]) -> list[float]:
+        now = self._clock()
+        return [self._get(window.key, now) for window in windows]
 
     async def close(self) -> None:
         return None
@@ -234,6 +241,11 @@ class RedisCounters:
         # GETDEL is never resent: sent again after it ran, it would find nothing and lose the claim.
         found = await self._call(self._shared.calls.command("GETDEL", key, resend=False))
         return found.decode() if found is not None else None
+
+    async def read(self, windows: Sequence[Window]) -> list[float]:
+        # One subject's windows a call (they share a hash tag on a Cluster, so one slot).
+        found = await self._call(self._shared.calls.command("MGET", *[w.key for w in windows]))
+        return [float(value) if value is not None else 0.0 for value in found]
 
     async def _call(self, pending: asyncio.Future[Any], receipt: Receipt | None = None) -> Any:
         from redis.exceptions import RedisError

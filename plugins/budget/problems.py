@@ -24,8 +24,9 @@ def budget_problems(config: GatewayConfig, cls: type[Plugin]) -> list[str]:
         problems.append(f"{costed[0]}: a cost budget, and no prices: every request would cost 0 (add `prices`, "
                         "docs/ledger.md)")
     labels = {key.labels.get("tenant") for key in config.keys}
-    problems += [f"plugins.{cls.name}.tenants.{label}: no key has the tenant label {label!r}"
-                 for label in tenants if label not in labels]
+    if not config.key_store.database_url:  # with a key store, the tenant's keys may be stored ones
+        problems += [f"plugins.{cls.name}.tenants.{label}: no key has the tenant label {label!r}"
+                     for label in tenants if label not in labels]
     budgeted = [f"keys[{i}].budget" for i, key in enumerate(config.keys) if (key.model_extra or {}).get("budget")]
     budgeted += [f"plugins.{cls.name}.tenants.{label}" for label in tenants]
     if budgeted:  # a charged route escapes it; a follow-up without it never settles what a generation held

@@ -30,7 +30,7 @@ from plugins.ledger.record import UsageRecord, held, record_of, settled
 from proxy.config import GatewayConfig
 from proxy.formats import Generation
 from proxy.observability.metrics import ModelLabels, child
-from proxy.plugin import STATE_STORE, Joins, Plugin, PluginCommand
+from proxy.plugin import STATE_STORE, Joins, Plugin, PluginCommand, Subject
 from proxy.formats.images import ImagesFormat
 from proxy.formats.video import VideoTasks
 from proxy.policy.prices import PriceTable
@@ -143,6 +143,23 @@ class Ledger(Plugin):
             self.resources[slot] = await _writer(self.config, settings)
         self.writer = self.resources[slot]
         self.writer.use_database(settings.database_url)
+
+    async def report(self, subject: Subject) -> dict[str, Any] | None:
+        """What the ledger has recorded of the key or tenant today and this month."""
+        database_url = self.settings.database_url
+        if database_url is None:
+            return None
+        from datetime import datetime, timezone
+
+        import asyncpg
+
+        from plugins.ledger.report import spend_of
+
+        column, value = ("key_name", subject.name) if subject.key is not None else ("tenant", subject.tenant)
+        try:
+            return await spend_of(database_url, column, value, datetime.now(timezone.utc))
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            return {"unavailable": f"the ledger's database does not answer ({type(exc).__name__})"}
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
         if ex.format.name == "images" and (image := ImagesFormat.image_in_event(event)) is not None:

@@ -7,6 +7,7 @@ admin token from the key store (its role). Answers are JSON; errors are
     GET    /admin/v1/keys[?tenant=&label=k=v&state=]   POST /admin/v1/keys (Idempotency-Key: ...)
     GET    /admin/v1/keys/{name}      PATCH /admin/v1/keys/{name}      DELETE /admin/v1/keys/{name}
     POST   /admin/v1/keys/{name}/disable | /enable | /rotate {"grace_s": 3600}
+    GET    /admin/v1/keys/{name}/usage    GET /admin/v1/tenants/{name}/usage  (spend, budgets' windows)
     GET    /admin/v1/tenants          POST /admin/v1/tenants
     GET    /admin/v1/tenants/{name}   PATCH /admin/v1/tenants/{name}   DELETE /admin/v1/tenants/{name}
     GET    /admin/v1/admin-tokens     POST /admin/v1/admin-tokens     DELETE /admin/v1/admin-tokens/{name}
@@ -68,11 +69,13 @@ class AdminApi:
             ("POST", "/keys/{name}/disable", self._call(lambda a, r, b: ops.set_enabled(a, r.match_info["name"], False))),
             ("POST", "/keys/{name}/enable", self._call(lambda a, r, b: ops.set_enabled(a, r.match_info["name"], True))),
             ("POST", "/keys/{name}/rotate", self._call(lambda a, r, b: ops.rotate_key(a, r.match_info["name"], b))),
+            ("GET", "/keys/{name}/usage", self._call(lambda a, r, b: ops.key_usage(a, r.match_info["name"]))),
             ("GET", "/tenants", self._call(lambda a, r, b: ops.list_tenants(a))),
             ("POST", "/tenants", self._call(lambda a, r, b: ops.create_tenant(a, b), created=True)),
             ("GET", "/tenants/{name}", self._call(lambda a, r, b: ops.get_tenant(a, r.match_info["name"]))),
             ("PATCH", "/tenants/{name}", self._call(lambda a, r, b: ops.update_tenant(a, r.match_info["name"], b))),
             ("DELETE", "/tenants/{name}", self._call(lambda a, r, b: ops.delete_tenant(a, r.match_info["name"]))),
+            ("GET", "/tenants/{name}/usage", self._call(lambda a, r, b: ops.tenant_usage(a, r.match_info["name"]))),
             ("GET", "/admin-tokens", self._call(lambda a, r, b: ops.list_admin_tokens(a))),
             ("POST", "/admin-tokens", self._call(lambda a, r, b: ops.create_admin_token(a, b), created=True)),
             ("DELETE", "/admin-tokens/{name}", self._call(

@@ -43,6 +43,8 @@ def add_commands(commands: Any) -> None:
     listing.add_argument("--state", choices=("active", "disabled", "expired"))
     for action in ("show", "disable", "enable", "delete"):
         actions.add_parser(action).add_argument("name")
+    actions.add_parser("usage", help="its spend today and this month, its budgets' windows (a running "
+                       "gateway's plugins answer: --admin-url)").add_argument("name")
     update = actions.add_parser("update", help="change a key's settings (the ones given)")
     update.add_argument("name")
     _key_settings(update)
@@ -59,6 +61,8 @@ def add_commands(commands: Any) -> None:
     actions.add_parser("list")
     for action in ("show", "delete"):
         actions.add_parser(action).add_argument("name")
+    actions.add_parser("usage", help="the tenant's spend and budgets, every key of it together (--admin-url)"
+                       ).add_argument("name")
 
     tokens = commands.add_parser("admin-token", help="admin tokens: who may use the admin API")
     actions = _Leaves(tokens.add_subparsers(dest="action", required=True), target)
@@ -166,6 +170,8 @@ def request_of(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | Non
             return "POST", "/tenants", {"name": args.name, "labels": _labels(args.label)}, {}
         if action == "update":
             return "PATCH", path, {"labels": _labels(args.label)}, {}
+        if action == "usage":
+            return "GET", path + "/usage", None, {}
         return ("GET" if action == "show" else "DELETE"), path, None, {}
     if action == "list":
         query = {k: v for k, v in (("tenant", args.tenant), ("label", args.label), ("state", args.state)) if v}
@@ -181,6 +187,8 @@ def request_of(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | Non
         return "POST", path + "/rotate", {"grace_s": args.grace_s}, {}
     if action in ("disable", "enable"):
         return "POST", f"{path}/{action}", None, {}
+    if action == "usage":
+        return "GET", path + "/usage", None, {}
     return ("GET" if action == "show" else "DELETE"), path, None, {}
 
 
@@ -242,7 +250,7 @@ async def _direct(config: Any, method: str, path: str, body: dict[str, Any] | No
         return 400, {"error": {"code": "no_key_store", "message": "the config names no key_store.database_url"}}
     token = secrets.token_urlsafe(32)
     store = KeyStore(config.key_store.database_url, config.key_store.timeout_s)
-    api = AdminApi(AdminOps(store, lambda: config.keys),
+    api = AdminApi(AdminOps(store, lambda: config.keys, reporters=None),
                    lambda request: hmac.compare_digest(request.headers.get("Authorization", ""), f"Bearer {token}"),
                    owner=f"cli:{getpass.getuser()}")
     app = web.Application()

@@ -76,6 +76,11 @@ def _schemas() -> dict[str, Any]:
                 "expires_at": _TIME}},
             "AdminTokenWithSecret": {"allOf": [_ref("AdminToken"), {"type": "object", "properties": {
                 "secret": {"type": "string", "description": "shown once, here"}}}]},
+            "Usage": {"type": "object", "required": ["name", "at", "reports"], "properties": {
+                "name": {"type": "string"}, "tenant": {"type": ["string", "null"]}, "at": _TIME,
+                "reports": {"type": "object", "description": "by plugin: `ledger` (today, this_month: requests, "
+                            "tokens, cost ...), `budget` (windows: name, limit, spent, remaining, resets_at)",
+                            "additionalProperties": {"type": "object"}}}},
             "Deleted": {"type": "object", "required": ["name", "deleted"],
                         "properties": {"name": {"type": "string"}, "deleted": {"const": True}}},
             "AuditEntry": {"type": "object", "properties": {
@@ -110,11 +115,15 @@ OPERATIONS: list[tuple[str, str, str, str | None, dict[str, Any], list[str]]] = 
     ("POST", "/keys/{name}/enable", "Enable a stored key", None, _ref("Key"), []),
     ("POST", "/keys/{name}/rotate", "A new secret; the old one works for grace_s more", "Rotation",
      _ref("KeyWithSecret"), []),
+    ("GET", "/keys/{name}/usage", "What the running gateway's plugins know of a key now: its spend today and "
+     "this month (the ledger), its budgets' windows (the budget)", None, _ref("Usage"), []),
     ("GET", "/tenants", "List tenants", None, _list("tenants", "Tenant"), []),
     ("POST", "/tenants", "Create a tenant", "NewTenant", _ref("Tenant"), []),
     ("GET", "/tenants/{name}", "A tenant", None, _ref("Tenant"), []),
     ("PATCH", "/tenants/{name}", "Change a tenant's labels", "TenantChange", _ref("Tenant"), []),
     ("DELETE", "/tenants/{name}", "Delete a tenant with no keys", None, _ref("Deleted"), []),
+    ("GET", "/tenants/{name}/usage", "A tenant's spend and budgets, every key of it together", None,
+     _ref("Usage"), []),
     ("GET", "/admin-tokens", "List admin tokens (never their secrets)", None, _list("admin_tokens", "AdminToken"), []),
     ("POST", "/admin-tokens", "Create an admin token; its secret is in this answer only", "NewAdminToken",
      _ref("AdminTokenWithSecret"), []),

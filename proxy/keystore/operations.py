@@ -14,6 +14,8 @@ from typing import Any
 from proxy.keystore.access import READ, WRITE, allowed
 from proxy.keystore.records import ROLES, Actor, SpecProblem, checked_spec
 from proxy.keystore.store import Conflict, KeyStore, NotFound
+from proxy.plugin import Plugin, Subject
+from proxy.policy.keys import gateway_key
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _UNSET = object()
@@ -78,9 +80,13 @@ def _spec(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 class AdminOps:
     """The operations, over one KeyStore; `configured` names the config file's keys (read only here)."""
 
-    def __init__(self, store: KeyStore, configured: Callable[[], list[Any]]) -> None:
+    def __init__(self, store: KeyStore, configured: Callable[[], list[Any]],
+                 reporters: Callable[[], list[Plugin]] | None = None) -> None:
         self.store = store
         self.configured = configured
+        # The running config's plugins, asked what they know of a key or tenant (None: no gateway
+        # runs here, as for the CLI's -c, and usage reads are refused).
+        self.reporters = reporters
 
     async def _check(self, actor: Actor, kind: str, mode: str, tenant: str | None, action: str,
                      target: str | None = None) -> None:
@@ -203,6 +209,37 @@ class AdminOps:
                 raise AdminError(409, "configured_key", f"'{name}' is a key of the config file, read only here: "
                                  "change it there") from None
             raise AdminError(404, "not_found", f"no key named '{name}'") from None
+
+    async def key_usage(self, actor: Actor, name: str) -> dict[str, Any]:
+        """What the plugins know of a key now: its spend (the ledger), its budgets' windows."""
+        configured = self._configured(actor, name)
+        if configured is not None:
+            await self._check(actor, "key", READ, None, "key.usage", name)
+            key = gateway_key(configured)
+        else:
+            stored = await self._stored(actor, name)
+            await self._check(actor, "key", READ, stored.tenant, "key.usage", name)
+            key = stored.gateway_key()
+        return {"name": name, "tenant": key.tenant.removeprefix("tenant:") if key.tenant.startswith("tenant:")
+                else None, **await self._reports(Subject(name, key.tenant, key))}
+
+    async def tenant_usage(self, actor: Actor, name: str) -> dict[str, Any]:
+        """What the plugins know of a tenant (every key of it together) now."""
+        _path_name(name)
+        await self._check(actor, "tenant", READ, name, "tenant.usage", name)
+        await self._tenant(name)
+        return {"name": name, **await self._reports(Subject(name, f"tenant:{name}"))}
+
+    async def _reports(self, subject: Subject) -> dict[str, Any]:
+        if self.reporters is None:
+            raise AdminError(400, "needs_a_gateway", "spend and budgets are read by a running gateway's plugins: "
+                             "ask one (--admin-url), not the key store (-c)")
+        reports = {}
+        for plugin in self.reporters():
+            found = await plugin.report(subject)
+            if found is not None:
+                reports[plugin.name] = found
+        return {"at": datetime.now(timezone.utc).isoformat(), "reports": reports}
 
     # --- tenants ---
 

@@ -218,7 +218,8 @@ def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
     owner.admin.add("GET", "/readyz", _readyz, public=_readiness_status)
     if owner.key_store is not None:
         oidc = loaded.config.key_store.oidc
-        api = AdminApi(AdminOps(owner.key_store, lambda: owner.loaded.config.keys), owner.admin.authorized,
+        api = AdminApi(AdminOps(owner.key_store, lambda: owner.loaded.config.keys, lambda: owner.runtime.plugins),
+                       owner.admin.authorized,
                        oidc=OidcVerifier(oidc) if oidc is not None else None)
         for method, path, handler in api.routes():
             owner.admin.add(method, API_PREFIX + path, handler)
