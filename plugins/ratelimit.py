@@ -1,4 +1,5 @@
-"""Rate limits per key, per key and model, per route, and per client IP on keyless routes.
+"""Rate limits per key, per key and model, per stored tenant (every key of it together), per route,
+and per client IP on keyless routes.
 
 Requests and tokens are counted over an exact sliding minute; concurrent requests hold a
 lease until their answer ends or their client leaves (a whole answer read at once: until it is
@@ -27,7 +28,7 @@ from proxy.config.model import Rates
 from proxy.limits import Check, Kind, Limiter, LimiterUnavailable
 from proxy.limits.memory import MemoryLimiter
 from proxy.observability.metrics import child
-from proxy.plugin import Joins, Plugin
+from proxy.plugin import STORED_TENANTS, Joins, Plugin
 from proxy.policy.prices import PriceTable
 from proxy.request.charges import DEFAULT_OUTPUT_TOKENS, most_of
 from proxy.request.exchange import Exchange, UpstreamResponse
@@ -96,6 +97,7 @@ class RateLimit(Plugin):
             # Kept by the running gateway, so a config reload does not forget who used what.
             self.limiter = self.resources.setdefault("ratelimit.memory", MemoryLimiter())  # type: ignore[assignment]
         self.unavailable = False
+        self.stored_tenants = self.resources.get(STORED_TENANTS)  # tenants' limits made at run time
 
     async def stop(self) -> None:
         if self.owns_limiter:
@@ -203,6 +205,13 @@ class RateLimit(Plugin):
                         if fnmatch.fnmatchcase(ex.model, pattern):
                             checks += self._rates(f"key:{key.name}:model:{ex.model}", "key-model", rates, ex)
                             break
+            tenant = self.stored_tenants.tenant(key.tenant[7:]) \
+                if self.stored_tenants is not None and key.tenant.startswith("tenant:") else None
+            if tenant is not None and tenant.limits is not None:  # every key of the tenant together
+                checks += self._rates(key.tenant, "tenant", tenant.limits, ex)
+                if tenant.limits.concurrent:
+                    checks.append(Check(f"{key.tenant}:concurrent", "tenant-concurrent", Kind.CONCURRENT,
+                                        tenant.limits.concurrent, 0, subject=key.tenant))
         if route in settings.routes:
             checks += self._rates(f"route:{route}", "route", settings.routes[route], ex)
         if ex.format.key_location.value == "none" and route in settings.per_ip:

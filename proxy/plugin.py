@@ -49,6 +49,9 @@ STATE_STORE = "state.store"
 # Keys managed at run time (proxy/keystore/directory.py: a StoredKeyLookup; absent: no key store).
 # The auth plugin finds a presented key there after the config's keys.
 STORED_KEYS = "keys.stored"
+# Tenants managed at run time, with their limits and plugins' tenant fields (a StoredTenantLookup;
+# absent: no key store): a plugin that holds something for a tenant finds its settings there.
+STORED_TENANTS = "tenants.stored"
 
 
 @dataclass(slots=True, frozen=True)
@@ -126,6 +129,7 @@ class Plugin:
     name: ClassVar[str] = "plugin"
     Settings: ClassVar[type[BaseModel] | None] = None     # `plugins.<name>`, validated by check-config
     KeySettings: ClassVar[type[BaseModel] | None] = None  # fields this plugin reads on each `keys[]` entry
+    TenantSettings: ClassVar[type[BaseModel] | None] = None  # fields it reads on a stored tenant (the key store)
     provides: ClassVar[frozenset[str]] = frozenset()      # capabilities set on the exchange (CAPABILITIES)
     requires: ClassVar[frozenset[str]] = frozenset()      # capabilities an earlier plugin must provide
     uses: ClassVar[frozenset[str]] = frozenset()          # ... that a plugin anywhere in the pipeline must (read at the end)

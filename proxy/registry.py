@@ -302,6 +302,32 @@ def key_fields() -> dict[str, type[BaseModel]]:
     return fields
 
 
+def tenant_fields() -> dict[str, type[BaseModel]]:
+    """The fields registered plugins read on a stored tenant (`TenantSettings`), and the model of each."""
+    fields: dict[str, type[BaseModel]] = {}
+    for cls in registered_classes().values():
+        if cls.TenantSettings is not None:
+            fields.update(dict.fromkeys(cls.TenantSettings.model_fields, cls.TenantSettings))
+    return fields
+
+
+def tenant_settings(entry: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A stored tenant's plugin fields as their plugins' models read them, and what is wrong with
+    them (each problem `FIELD: message`): unknown fields, or values their plugin refuses."""
+    known = tenant_fields()
+    problems = [f"{field}: unknown field (a tenant takes {', '.join(sorted(known)) or 'no plugin field'})"
+                for field in sorted(set(entry) - set(known))]
+    out: dict[str, Any] = {}
+    for model, values in _per_plugin(entry, known):
+        found = _model_problems(model, "", values, "")
+        if found:
+            problems += [problem.lstrip(".") for problem in found]
+            continue
+        read = model.model_validate(values)
+        out.update({f: getattr(read, f) for f in values})
+    return out, problems
+
+
 def _key_settings_problems(key: dict[str, Any], where: str) -> list[str]:
     from proxy.config.model import KeyConfig
 

@@ -363,6 +363,51 @@ async def test_a_key_s_and_a_tenant_s_spend_and_budgets_are_read_where_their_adm
     assert direct.returncode == 1 and "needs_a_gateway" in direct.stderr, direct.stderr
 
 
+async def test_a_stored_tenant_s_limits_and_budget_hold_for_all_its_keys_together(three) -> None:  # noqa: ANN001
+    """A tenant made with `--rpm 3` and a token budget: its two keys share them, on another
+    instance than the one that made them; raising the limit reaches every instance, as a key's
+    change does; a tenant-admin may read its tenant's settings and not change them."""
+    a, b, c = three
+    owner = ("--admin-url", a.admin, "--admin-token", OWNER)
+    made = cli("tenants", "create", "acme", "--rpm", "3", *owner)
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["limits"] == {"rpm": 3}
+    thrifty = cli("tenants", "create", "globex", "--set", 'budget={"tokens_per_day": 40}', *owner)
+    assert thrifty.returncode == 0, thrifty.stderr
+    secrets = [cli("keys", "create", name, "--tenant", tenant, *owner).stdout.strip().splitlines()[-1]
+               for name, tenant in (("acme-web", "acme"), ("acme-batch", "acme"), ("globex-web", "globex"))]
+    async with aiohttp.ClientSession() as http:
+        await within(PROPAGATION_S, lambda: _is(http, b.url, secrets[1], 200), "acme-batch")  # 1 of acme's 3
+        assert await status(http, b.url, secrets[0]) == 200
+        assert await status(http, c.url, secrets[1]) == 200
+        async with http.post(b.url + "/v1/messages", json=MESSAGE,
+                             headers={**MESSAGE_HEADERS, "x-api-key": secrets[0]}) as answer:
+            assert answer.status == 429, await answer.text()
+            assert '"tenant-rpm"' in answer.headers["RateLimit-Policy"]
+
+        # A request may spend 33 tokens: one fits globex's day of 40, a second does not, whichever key.
+        await within(PROPAGATION_S, lambda: _is(http, c.url, secrets[2], 200), "globex-web")
+        async with http.post(c.url + "/v1/messages", json=MESSAGE,
+                             headers={**MESSAGE_HEADERS, "x-api-key": secrets[2]}) as answer:
+            assert answer.status == 429 and (await answer.json())["error"]["code"] == "budget_exceeded"
+        windows = json.loads(cli("tenants", "usage", "globex", *owner).stdout)["reports"]["budget"]["windows"]
+        assert [(w["name"], w["limit"]) for w in windows] == [("tenant-day-tokens", 40)]
+
+        raised = cli("tenants", "update", "acme", "--rpm", "100", *owner)
+        assert raised.returncode == 0, raised.stderr
+        assert json.loads(raised.stdout)["limits"] == {"rpm": 100}
+        for gateway in (a, b, c):
+            await within(PROPAGATION_S, lambda g=gateway: _is(http, g.url, secrets[0], 200), "the raised limit")
+
+    bad = cli("tenants", "update", "acme", "--set", 'budget={"tokens_per_dy": 5}', *owner)
+    assert bad.returncode == 1 and "budget.tokens_per_dy" in bad.stderr, bad.stderr
+    token = cli("admin-token", "create", "acme-ops", "--role", "tenant-admin", "--tenant", "acme", *owner)
+    acme = ("--admin-url", c.admin, "--admin-token", token.stdout.strip().splitlines()[-1])
+    assert json.loads(cli("tenants", "show", "acme", *acme).stdout)["limits"] == {"rpm": 100}
+    refused = cli("tenants", "update", "acme", "--rpm", "100000", *acme)
+    assert refused.returncode == 1 and "403 forbidden" in refused.stderr, refused.stderr
+
+
 async def test_changes_made_at_once_on_two_instances_all_reach_every_instance(three) -> None:  # noqa: ANN001
     """Thirty keys disabled at the same moment through two instances: each change commits in the
     order its revision was taken, so no instance reads past one and serves a revoked key on."""

@@ -35,7 +35,7 @@ from proxy.formats import Generation
 from proxy.formats.images import ImagesFormat
 from proxy.formats.video import VideoTasks
 from proxy.observability.metrics import child
-from proxy.plugin import Joins, Plugin, Subject
+from proxy.plugin import STORED_TENANTS, Joins, Plugin, Subject
 from proxy.policy.prices import PriceTable
 from proxy.request.charges import DEFAULT_OUTPUT_TOKENS, Most, left_open, most_of, read_ended
 from proxy.request.body import MultipartBody
@@ -94,6 +94,7 @@ class Budget(Plugin):
     name = "budget"
     Settings = BudgetSettings
     KeySettings = BudgetKey
+    TenantSettings = BudgetKey  # a stored tenant's `budget`, for every key of it together
     # The keyed endpoints, where those that charge reserve, and the calls that read what a
     # generation made (status polls, a stored response, its cancel), which settle a charge it left open.
     joins = Joins(keyed=True, local=False, metered=True)
@@ -124,6 +125,7 @@ class Budget(Plugin):
         else:
             self.counters = self.resources.setdefault("budget.memory", MemoryCounters())
         self.late = LateCounts(self.counters) if self.counters is not None else None
+        self.stored_tenants = self.resources.get(STORED_TENANTS)  # tenants' budgets made at run time
         self.unavailable = False
         ledger = config.plugins.get("ledger")
         self.ledger_url = None
@@ -330,8 +332,13 @@ class Budget(Plugin):
         if own is not None:
             found.append((f"key:{key.name}", own))
         label = tenant.removeprefix("tenant:") if tenant.startswith("tenant:") else None
-        if label is not None and label in self.settings.tenants:
+        if label is None:
+            return found
+        if label in self.settings.tenants:  # the config's word first (GitOps), then the key store's
             found.append((tenant, self.settings.tenants[label]))
+        elif self.stored_tenants is not None and (stored := self.stored_tenants.tenant(label)) is not None \
+                and (budget := stored.settings.get("budget")) is not None:
+            found.append((tenant, budget))
         return found
 
     async def report(self, subject: Subject) -> dict[str, Any] | None:

@@ -336,8 +336,13 @@ class Rates(Strict):
     tpm: int | None = Field(default=None, ge=1)
 
 
-class KeyLimits(Rates):
+class TenantLimits(Rates):
+    """A stored tenant's limits: every key of it together (the key store)."""
+
     concurrent: int | None = Field(default=None, ge=1)
+
+
+class KeyLimits(TenantLimits):
     models: dict[str, Rates] = Field(default_factory=dict)  # glob -> limits for this key on those models
 
 

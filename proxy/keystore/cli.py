@@ -55,9 +55,11 @@ def add_commands(commands: Any) -> None:
     tenants = commands.add_parser("tenants", help="tenants in the key store")
     actions = _Leaves(tenants.add_subparsers(dest="action", required=True), target)
     for action in ("create", "update"):
-        parser = actions.add_parser(action)
+        parser = actions.add_parser(action, help="limits (--rpm, --tpm, --concurrent) and --set budget=JSON hold "
+                                    "for every key of the tenant together")
         parser.add_argument("name")
         parser.add_argument("--label", action="append", default=[], metavar="NAME=VALUE")
+        _limits_and_fields(parser)
     actions.add_parser("list")
     for action in ("show", "delete"):
         actions.add_parser(action).add_argument("name")
@@ -105,12 +107,16 @@ def _key_settings(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", nargs="+", metavar="GLOB")
     parser.add_argument("--endpoints", nargs="+", metavar="ROUTE")
     parser.add_argument("--label", action="append", default=[], metavar="NAME=VALUE")
+    _limits_and_fields(parser)
+    parser.add_argument("--expires", metavar="ISO8601")
+
+
+def _limits_and_fields(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rpm", type=int)
     parser.add_argument("--tpm", type=int)
     parser.add_argument("--concurrent", type=int)
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
-                        help="a field a plugin reads on keys, as JSON (see docs/administration.md)")
-    parser.add_argument("--expires", metavar="ISO8601")
+                        help="a field a plugin reads (a budget, say), as JSON (see docs/administration.md)")
 
 
 def _labels(pairs: list[str]) -> dict[str, str]:
@@ -125,9 +131,9 @@ def _labels(pairs: list[str]) -> dict[str, str]:
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     spec: dict[str, Any] = {}
-    if args.models:
+    if getattr(args, "models", None):
         spec["models"] = args.models
-    if args.endpoints:
+    if getattr(args, "endpoints", None):
         spec["endpoints"] = args.endpoints
     if args.label:
         spec["labels"] = _labels(args.label)
@@ -142,7 +148,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"--set {field}: not JSON") from None
         if not sep:
             raise SystemExit(f"--set {pair!r}: FIELD=JSON")
-    if args.expires:
+    if getattr(args, "expires", None):
         spec["expires_at"] = args.expires
     return spec
 
@@ -167,9 +173,9 @@ def request_of(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | Non
             return "GET", "/tenants", None, {}
         path = f"/tenants/{quote(args.name, safe='')}"
         if action == "create":
-            return "POST", "/tenants", {"name": args.name, "labels": _labels(args.label)}, {}
+            return "POST", "/tenants", {"name": args.name, **_settings(args)}, {}
         if action == "update":
-            return "PATCH", path, {"labels": _labels(args.label)}, {}
+            return "PATCH", path, _settings(args), {}
         if action == "usage":
             return "GET", path + "/usage", None, {}
         return ("GET" if action == "show" else "DELETE"), path, None, {}

@@ -1,4 +1,5 @@
-"""`StoredKeys`: every process's copy of the stored keys, and `KeySync`, which keeps it current.
+"""`StoredKeys`: every process's copy of the stored keys (and `StoredTenants`, of the tenants'
+settings), and `KeySync`, which keeps them current.
 
 A request's key is found in memory, by digest, as a configured key is: no database or Redis call
 on the request path, so a flood of unknown keys costs what it always did. The copy is brought up
@@ -22,10 +23,10 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
-from proxy.keystore.records import StoredKey
+from proxy.keystore.records import StoredKey, Tenant
 from proxy.keystore.schema import CHANNEL
 from proxy.keystore.store import KeyStore
-from proxy.policy.keys import GatewayKey, count_keys
+from proxy.policy.keys import GatewayKey, GatewayTenant, count_keys
 
 log = logging.getLogger("modelgate.keystore")
 
@@ -105,12 +106,36 @@ class StoredKeys:
         count_keys("stored", [row.state(now) for row in self._rows.values()])
 
 
+class StoredTenants:
+    """The stored tenants that have settings of their own (limits, a budget), by name."""
+
+    __slots__ = ("_by_name",)
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, GatewayTenant] = {}
+
+    def tenant(self, name: str) -> GatewayTenant | None:
+        return self._by_name.get(name)
+
+    def replace(self, rows: dict[str, Tenant]) -> None:
+        """Take every tenant with settings, as stored now (a few hundred at most: read whole)."""
+        found = {}
+        for name, row in rows.items():
+            try:
+                found[name] = row.gateway_tenant()
+            except ValueError:  # written by a newer release, or by hand: its keys go without its settings
+                log.error("a stored tenant's settings do not validate; they do not hold", extra={"tenant": name})
+        self._by_name = found
+
+
 class KeySync:
     """Keeps a StoredKeys current from a KeyStore (see the module's text)."""
 
-    def __init__(self, store: KeyStore, keys: StoredKeys, resync_s: float) -> None:
+    def __init__(self, store: KeyStore, keys: StoredKeys, resync_s: float,
+                 tenants: StoredTenants | None = None) -> None:
         self.store = store
         self.keys = keys
+        self.tenants = tenants if tenants is not None else StoredTenants()
         self.resync_s = resync_s
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -143,11 +168,13 @@ class KeySync:
                 rows = await self.store.keys_named(changed) if changed else []
             else:
                 rows = await self.store.keys_since(self.keys.revision)
+            tenants = await self.store.tenant_specs()
         except Exception:
             self.reachable = False
             KEY_STORE_SYNCS.labels("failed").inc()
             raise
         self.reachable = True
+        self.tenants.replace(tenants)
         if full:
             self.keys.drop(gone)
         for start in range(0, len(rows), BATCH):

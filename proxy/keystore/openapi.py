@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy import __version__
-from proxy.config.model import KeyConfig
+from proxy.config.model import KeyConfig, TenantLimits
 from proxy.keystore.records import ROLES
 
 _REF = "#/components/schemas/{model}"
@@ -53,16 +53,18 @@ def _schemas() -> dict[str, Any]:
     with_secret = {"allOf": [_ref("Key"), {"type": "object", "properties": {"secret": {
         "type": ["string", "null"], "description": "shown once, here; null when an Idempotency-Key replays a create"},
         "replayed": {"type": "boolean"}}}]}
-    tenant = {"type": "object", "required": ["name", "labels"], "properties": {
+    tenant_settings = {"type": "object", "additionalProperties": True,  # plugins' tenant fields: a budget
+                       "properties": {"limits": TenantLimits.model_json_schema(ref_template=_REF)}}
+    tenant = {"allOf": [_ref("TenantSettings"), {"type": "object", "required": ["name", "labels"], "properties": {
         "name": _NAME, "labels": _LABELS, "created_at": _TIME, "created_by": {"type": "string"},
-        "updated_at": _TIME, "updated_by": {"type": "string"}}}
+        "updated_at": _TIME, "updated_by": {"type": "string"}}}]}
     return {**definitions, "KeySettings": settings, "Key": key_view, "KeyWithSecret": with_secret,
             "NewKey": {"allOf": [_ref("KeySettings"), {"type": "object", "required": ["name"], "properties": {
                 "name": _NAME, "tenant": _NAME}}]},
-            "Tenant": tenant,
-            "NewTenant": {"type": "object", "required": ["name"], "additionalProperties": False,
-                          "properties": {"name": _NAME, "labels": _LABELS}},
-            "TenantChange": {"type": "object", "additionalProperties": False, "properties": {"labels": _LABELS}},
+            "Tenant": tenant, "TenantSettings": tenant_settings,
+            "NewTenant": {"allOf": [_ref("TenantSettings"), {"type": "object", "required": ["name"],
+                                                             "properties": {"name": _NAME, "labels": _LABELS}}]},
+            "TenantChange": {"allOf": [_ref("TenantSettings"), {"type": "object", "properties": {"labels": _LABELS}}]},
             "Rotation": {"type": "object", "properties": {"grace_s": {
                 "type": "number", "minimum": 0, "maximum": 2_592_000,
                 "description": "seconds the old secret keeps working"}}},
@@ -120,7 +122,8 @@ OPERATIONS: list[tuple[str, str, str, str | None, dict[str, Any], list[str]]] = 
     ("GET", "/tenants", "List tenants", None, _list("tenants", "Tenant"), []),
     ("POST", "/tenants", "Create a tenant", "NewTenant", _ref("Tenant"), []),
     ("GET", "/tenants/{name}", "A tenant", None, _ref("Tenant"), []),
-    ("PATCH", "/tenants/{name}", "Change a tenant's labels", "TenantChange", _ref("Tenant"), []),
+    ("PATCH", "/tenants/{name}", "Change a tenant's labels (given whole) and settings (merged; null resets one)",
+     "TenantChange", _ref("Tenant"), []),
     ("DELETE", "/tenants/{name}", "Delete a tenant with no keys", None, _ref("Deleted"), []),
     ("GET", "/tenants/{name}/usage", "A tenant's spend and budgets, every key of it together", None,
      _ref("Usage"), []),

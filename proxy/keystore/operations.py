@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from proxy.keystore.access import READ, WRITE, allowed
-from proxy.keystore.records import ROLES, Actor, SpecProblem, checked_spec
+from proxy.keystore.records import ROLES, Actor, SpecProblem, checked_spec, checked_tenant_spec
 from proxy.keystore.store import Conflict, KeyStore, NotFound
 from proxy.plugin import Plugin, Subject
 from proxy.policy.keys import gateway_key
@@ -64,6 +64,15 @@ def _labels(value: Any, field: str = "labels") -> dict[str, str]:
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise AdminError(400, "invalid_field", "an object of text values", field)
     return value
+
+
+def _tenant_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """A tenant's settings (limits, plugins' tenant fields) as given, once they validate."""
+    try:
+        checked_tenant_spec(spec)
+    except SpecProblem as exc:
+        raise AdminError(400, "invalid_field", exc.message, exc.field or None) from None
+    return spec
 
 
 def _spec(name: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -257,24 +266,30 @@ class AdminOps:
 
     async def create_tenant(self, actor: Actor, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
-            raise AdminError(400, "invalid_body", "a JSON object: {\"name\": ..., \"labels\": {...}}")
-        name = _name(body.get("name"))
-        unknown = set(body) - {"name", "labels"}
-        if unknown:
-            raise AdminError(400, "invalid_field", "unknown field", sorted(unknown)[0])
+            raise AdminError(400, "invalid_body", "a JSON object: {\"name\": ..., \"labels\": {...}, "
+                             "\"limits\": {...}, \"budget\": {...}}")
+        fields = dict(body)
+        name = _name(fields.pop("name", None))
+        labels = _labels(fields.pop("labels", {}))
         await self._check(actor, "tenant", WRITE, name, "tenant.create", name)
         try:
-            return (await self.store.create_tenant(actor, name, _labels(body.get("labels", {})))).view()
+            return (await self.store.create_tenant(actor, name, labels, _tenant_spec(fields))).view()
         except Conflict as exc:
             raise AdminError(409, "conflict", str(exc), "name") from None
 
     async def update_tenant(self, actor: Actor, name: str, body: Any) -> dict[str, Any]:
+        """New labels (given whole), and settings merged into the tenant's (null resets one)."""
         _path_name(name)
-        if not isinstance(body, dict) or set(body) - {"labels"}:
-            raise AdminError(400, "invalid_body", "a JSON object: {\"labels\": {...}}")
+        if not isinstance(body, dict):
+            raise AdminError(400, "invalid_body", "a JSON object: {\"labels\": {...}, \"limits\": {...}, ...}")
+        if "name" in body:
+            raise AdminError(400, "invalid_field", "a tenant's name cannot change", "name")
         await self._check(actor, "tenant", WRITE, name, "tenant.update", name)
-        await self._tenant(name)
-        return (await self.store.update_tenant(actor, name, _labels(body.get("labels", {})))).view()
+        tenant = await self._tenant(name)
+        changes = dict(body)
+        labels = _labels(changes.pop("labels")) if "labels" in changes else tenant.labels
+        spec = _tenant_spec(_merged(tenant.spec, changes))
+        return (await self.store.update_tenant(actor, name, labels, spec)).view()
 
     async def delete_tenant(self, actor: Actor, name: str) -> dict[str, Any]:
         _path_name(name)

@@ -17,9 +17,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from proxy.config.model import KeyConfig
-from proxy.policy.keys import TENANT_LABEL, GatewayKey, gateway_key
-from proxy.registry import key_settings, key_settings_problems
+from proxy.config.model import KeyConfig, TenantLimits
+from proxy.policy.keys import TENANT_LABEL, GatewayKey, GatewayTenant, gateway_key
+from proxy.registry import key_settings, key_settings_problems, tenant_settings
 
 SECRET_PREFIX = "mg-"
 ROLES = ("owner", "operator", "viewer", "tenant-admin")
@@ -56,6 +56,24 @@ def checked_spec(name: str, spec: dict[str, Any]) -> KeyConfig:
     except ValidationError as exc:
         error = exc.errors()[0]
         raise SpecProblem(".".join(str(part) for part in error["loc"]), error["msg"]) from None
+
+
+def checked_tenant_spec(spec: dict[str, Any]) -> GatewayTenant:
+    """A tenant's settings (`limits`, plugins' tenant fields) as requests will meet them, or SpecProblem."""
+    if not isinstance(spec, dict):
+        raise SpecProblem("", "the tenant's settings must be an object")
+    fields = dict(spec)
+    limits = fields.pop("limits", None)
+    try:
+        read_limits = TenantLimits.model_validate(limits) if limits is not None else None
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise SpecProblem(".".join(["limits", *(str(part) for part in error["loc"])]), error["msg"]) from None
+    settings, problems = tenant_settings(fields)
+    if problems:
+        where, _, message = problems[0].partition(": ")
+        raise SpecProblem(where, message)
+    return GatewayTenant("", read_limits, settings)
 
 
 @dataclass(slots=True, frozen=True)
@@ -117,9 +135,14 @@ class Tenant:
     created_by: str
     updated_at: datetime
     updated_by: str
+    spec: dict[str, Any] = field(default_factory=dict)  # limits and plugins' fields, as written
+
+    def gateway_tenant(self) -> GatewayTenant:
+        read = checked_tenant_spec(self.spec)
+        return GatewayTenant(self.name, read.limits, read.settings)
 
     def view(self) -> dict[str, Any]:
-        return {"name": self.name, "labels": self.labels,
+        return {"name": self.name, "labels": self.labels, **self.spec,
                 "created_at": self.created_at.isoformat(), "created_by": self.created_by,
                 "updated_at": self.updated_at.isoformat(), "updated_by": self.updated_by}
 

@@ -84,6 +84,10 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE RULE audit_log_no_update AS ON UPDATE TO audit_log DO INSTEAD NOTHING;
     CREATE RULE audit_log_no_delete AS ON DELETE TO audit_log DO INSTEAD NOTHING;
     """,
+    # 2: a tenant's own limits and plugins' fields (its budget), for every key of it together.
+    """
+    ALTER TABLE tenants ADD COLUMN spec jsonb NOT NULL DEFAULT '{}';
+    """,
 )
 
 

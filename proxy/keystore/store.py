@@ -18,7 +18,7 @@ from proxy.keystore.schema import CHANNEL, SCHEMA
 
 _KEY_COLUMNS = ("name, sha256, previous_sha256, previous_until, tenant, spec, revision, created_at, created_by, "
                 "updated_at, updated_by, deleted_at")
-_TENANT_COLUMNS = "name, labels, created_at, created_by, updated_at, updated_by"
+_TENANT_COLUMNS = "name, labels, created_at, created_by, updated_at, updated_by, spec"
 
 
 class Conflict(Exception):
@@ -38,7 +38,7 @@ def _key(row: Any) -> StoredKey:
 
 def _tenant(row: Any) -> Tenant:
     return Tenant(row["name"], json.loads(row["labels"]), row["created_at"], row["created_by"],
-                  row["updated_at"], row["updated_by"])
+                  row["updated_at"], row["updated_by"], json.loads(row["spec"]))
 
 
 _WRITE_LOCK = 0x6D676B77  # 'mgkw': held by each change until it commits
@@ -247,27 +247,41 @@ class KeyStore:
             await _notify(connection, key.revision)
         return key
 
-    async def create_tenant(self, actor: Actor, name: str, labels: dict[str, str]) -> Tenant:
+    async def tenant_specs(self) -> dict[str, Tenant]:
+        """Every tenant with settings of its own (limits, a budget), by name: what requests meet."""
+        async with await self._acquire() as connection:
+            rows = await connection.fetch(f"SELECT {_TENANT_COLUMNS} FROM tenants WHERE deleted_at IS NULL "
+                                          "AND spec <> '{}'::jsonb")
+        return {row["name"]: _tenant(row) for row in rows}
+
+    async def create_tenant(self, actor: Actor, name: str, labels: dict[str, str],
+                            spec: dict[str, Any] | None = None) -> Tenant:
         async with self._change() as connection:
             if await connection.fetchval("SELECT 1 FROM tenants WHERE name = $1 AND deleted_at IS NULL", name):
                 raise Conflict(f"a tenant named '{name}' exists")
             revision = await connection.fetchval("SELECT nextval('key_store_revision')")
             row = await connection.fetchrow(
-                f"INSERT INTO tenants (name, labels, revision, created_by, updated_by) VALUES ($1, $2, $3, $4, $4) "
-                f"RETURNING {_TENANT_COLUMNS}", name, json.dumps(labels), revision, actor.name)
+                f"INSERT INTO tenants (name, labels, spec, revision, created_by, updated_by) "
+                f"VALUES ($1, $2, $3, $4, $5, $5) RETURNING {_TENANT_COLUMNS}",
+                name, json.dumps(labels), json.dumps(spec or {}), revision, actor.name)
             tenant = _tenant(row)
             await _audit(connection, actor, "tenant.create", "ok", "tenant", name, name, None, tenant.view())
+            await _notify(connection, revision)
         return tenant
 
-    async def update_tenant(self, actor: Actor, name: str, labels: dict[str, str]) -> Tenant:
+    async def update_tenant(self, actor: Actor, name: str, labels: dict[str, str],
+                            spec: dict[str, Any] | None = None) -> Tenant:
+        """New labels, and (given) new settings in place of the old."""
         async with self._change() as connection:
             before = await self.tenant(name, connection)
             row = await connection.fetchrow(
-                f"UPDATE tenants SET labels = $2, revision = nextval('key_store_revision'), updated_at = now(), "
-                f"updated_by = $3 WHERE name = $1 AND deleted_at IS NULL RETURNING {_TENANT_COLUMNS}",
-                name, json.dumps(labels), actor.name)
+                f"UPDATE tenants SET labels = $2, spec = $3, revision = nextval('key_store_revision'), "
+                f"updated_at = now(), updated_by = $4 WHERE name = $1 AND deleted_at IS NULL "
+                f"RETURNING {_TENANT_COLUMNS}, revision",
+                name, json.dumps(labels), json.dumps(spec if spec is not None else before.spec), actor.name)
             tenant = _tenant(row)
             await _audit(connection, actor, "tenant.update", "ok", "tenant", name, name, before.view(), tenant.view())
+            await _notify(connection, row["revision"])
         return tenant
 
     async def delete_tenant(self, actor: Actor, name: str) -> None:
@@ -278,13 +292,15 @@ class KeyStore:
                                              "AND deleted_at IS NULL", name)
             if keys:
                 raise Conflict(f"tenant '{name}' still has {keys} key(s): delete them first")
-            await connection.execute("UPDATE tenants SET deleted_at = now(), revision = nextval('key_store_revision'),"
-                                     " updated_by = $2 WHERE name = $1 AND deleted_at IS NULL", name, actor.name)
+            revision = await connection.fetchval(
+                "UPDATE tenants SET deleted_at = now(), revision = nextval('key_store_revision'), updated_by = $2 "
+                "WHERE name = $1 AND deleted_at IS NULL RETURNING revision", name, actor.name)
             # Its admins go with it: a token naming a tenant of the same name made later is no token of that one.
             tokens = await connection.fetch("UPDATE admin_tokens SET deleted_at = now() WHERE tenant = $1 "
                                             "AND deleted_at IS NULL RETURNING name", name)
             await _audit(connection, actor, "tenant.delete", "ok", "tenant", name, name, before.view(),
                          {"admin_tokens_deleted": sorted(row["name"] for row in tokens)} if tokens else None)
+            await _notify(connection, revision)
 
     async def create_admin_token(self, actor: Actor, name: str, role: str, tenant: str | None,
                                  expires_at: datetime | None) -> str:

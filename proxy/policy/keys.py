@@ -83,6 +83,21 @@ def gateway_key(entry: Any) -> GatewayKey:
                             labels=entry.labels, limits=entry.limits, settings=entry.model_extra)
 
 
+@dataclass(slots=True, frozen=True)
+class GatewayTenant:
+    """A stored tenant as requests meet it: its limits (every key of it together) and its plugins'
+    fields (a budget, say), read by their models."""
+    name: str
+    limits: Any = None  # a TenantLimits, or None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+class StoredTenantLookup(Protocol):
+    """Tenants managed at run time (proxy/keystore/directory.py), found by name (a key's `tenant` label)."""
+
+    def tenant(self, name: str) -> GatewayTenant | None: ...
+
+
 class StoredKeyLookup(Protocol):
     """Keys managed at run time (proxy/keystore/directory.py), found by digest."""
 

@@ -25,7 +25,7 @@ from proxy.keystore.directory import KeySync, StoredKeys
 from proxy.keystore.oidc import OidcVerifier
 from proxy.keystore.operations import AdminOps
 from proxy.keystore.store import KeyStore
-from proxy.plugin import STATE_REACHABLE, STATE_STORE, STORED_KEYS, PluginRoute
+from proxy.plugin import STATE_REACHABLE, STATE_STORE, STORED_KEYS, STORED_TENANTS, PluginRoute
 from proxy.policy.channels import Channel
 from proxy.process.admin import AdminSurface
 from proxy.process.admission import Admission
@@ -113,6 +113,7 @@ class GatewayApp:
             self.key_sync = KeySync(self.key_store, stored, config.key_store.resync_s)
             await self.key_sync.start()
             self.resources[STORED_KEYS] = stored
+            self.resources[STORED_TENANTS] = self.key_sync.tenants
         runtime = await Runtime.build(self.loaded, self.simulator_url, self.resources)
         self.affinity = Affinity(self.store, config.state.affinity_ttl_s, config.state.pending_pins,
                                  reachable=lambda: probe.ok)
