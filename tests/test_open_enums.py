@@ -357,3 +357,73 @@ async def test_with_strict_enums_every_body_goes_upstream_as_checked(start_gatew
     await post_raw_response(http, gw, raw)
     assert b"ultra" not in gw.last_upstream_request().body
     assert sent(gw)["reasoning"] == {"effort": "low"}
+
+
+# -- what the SDKs' own types allow, beyond the enumerations (found trying the newest SDKs) --
+
+async def test_google_genai_s_float_top_k_reaches_the_upstream(gateway):  # noqa: ANN001
+    # The SDK types top_k as a float: top_k=40 goes out as 40.0.
+    answer = await content_client(gateway).aio.models.generate_content(
+        model="genmodel-2.0-flash", contents="Hello", config=genai_types.GenerateContentConfig(top_k=40))
+    assert answer.text
+    assert sent(gateway)["generationConfig"]["topK"] == 40
+
+
+async def test_a_response_schema_with_a_union_reaches_the_upstream(gateway, http):  # noqa: ANN001
+    from pydantic import BaseModel
+
+    class Answer(BaseModel):
+        value: int | str
+
+    # The SDK writes the union as `any_of` with no type, in snake case.
+    answer = await content_client(gateway).aio.models.generate_content(
+        model="genmodel-2.0-flash", contents="A value", config=genai_types.GenerateContentConfig(
+            response_mime_type="application/json", response_schema=Answer))
+    assert answer.text
+    schema = sent(gateway)["generationConfig"]
+    schema = schema.get("responseSchema") or schema["response_schema"]
+    union = schema["properties"]["value"]
+    assert "type" not in union and len(union.get("anyOf") or union["any_of"]) == 2
+    body = {"contents": [{"parts": [{"text": "A value"}]}], "generationConfig": {"responseMimeType": "application/json",
+            "responseSchema": {"type": "OBJECT", "properties": {"a": {"anyOf": [{"type": "STRING"}, {"type": 3}]}}}}}
+    async with http.post(gateway.url + "/v1beta/models/genmodel-2.0-flash:generateContent", json=body,
+                         headers={"x-goog-api-key": DEMO_KEY}) as refused:
+        assert refused.status == 400  # the union's members are still schemas, checked
+        assert "anyOf[1].type" in (await refused.json())["error"]["message"]
+
+
+async def test_a_tool_result_without_content_reaches_the_upstream(gateway):  # noqa: ANN001
+    client = anthropic.AsyncAnthropic(api_key=DEMO_KEY, base_url=gateway.url)
+    message = await client.messages.create(**MESSAGE, messages=[
+        {"role": "user", "content": "Run it"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "run", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1"}]}])
+    assert message.content
+    assert sent(gateway)["messages"][2]["content"] == [{"type": "tool_result", "tool_use_id": "t1"}]
+
+
+@pytest.mark.parametrize("instead", [{"prompt": {"id": "pmpt_123", "version": "2", "variables": {"city": "Paris"}}},
+                                     {"conversation": "conv_123"}, {"previous_response_id": "resp_123"}])
+async def test_a_response_without_input_but_with_what_gives_it_is_not_refused(gateway, http, instead):  # noqa: ANN001
+    async with http.post(gateway.url + "/v1/responses", json={"model": "respmodel-4o", **instead},
+                         headers=BEARER) as answer:
+        assert answer.status != 400, await answer.text()
+        if "previous_response_id" in instead:  # an id nobody here handed out: not found, as ever
+            assert answer.status == 404
+            return
+    assert {k: v for k, v in sent(gateway).items() if k in instead} == instead
+
+
+async def test_a_response_with_nothing_to_read_is_still_a_400(gateway, http):  # noqa: ANN001
+    async with http.post(gateway.url + "/v1/responses", json={"model": "respmodel-4o"}, headers=BEARER) as answer:
+        assert answer.status == 400
+        assert (await answer.json())["error"]["message"].startswith("input: is required")
+
+
+async def test_a_response_stream_the_upstream_broke_raises_the_gateway_s_message_in_the_sdk(gateway):  # noqa: ANN001
+    client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key=DEMO_KEY,
+                                default_headers={"x-sim-fault": "drop-after=3"})
+    with pytest.raises(openai.APIError, match="upstream closed the stream before it finished"):
+        async with client.responses.stream(model="respmodel-4o", input="Tell me a long story") as stream:
+            async for _ in stream:
+                pass

@@ -62,6 +62,11 @@ class ResponseFormat(Format):
         return usage
 
     def stream_error(self, status: int, message: str, code: str | None = None) -> bytes:
-        payload = {"type": "error", "code": code or ("server_error" if status >= 500 else "invalid_request"),
-                   "message": message, "param": None}
+        code = code or ("server_error" if status >= 500 else "invalid_request")
+        # The response format's error event, and the same again under `error`: the openai SDKs raise
+        # an APIError with its message only for an event that carries one (else the stream just ends,
+        # and a client learns no more than that no response.completed came).
+        payload = {"type": "error", "code": code, "message": message, "param": None,
+                   "error": {"type": "server_error" if status >= 500 else "invalid_request_error", "code": code,
+                             "message": message}}
         return b"event: error\ndata: " + jsonutil.dumps(payload) + b"\n\n"

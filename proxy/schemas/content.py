@@ -104,8 +104,10 @@ class SafetySetting(Model):
 
 
 class Schema(Model):
+    # Optional, as in the SDK's Schema: a union (`anyOf`, which the SDK makes of `int | str`) names none.
     type: open_enum("generationConfig.responseSchema.type",  # type: ignore[valid-type]
-                    SCHEMA_TYPES + tuple(t.lower() for t in SCHEMA_TYPES[1:]), UPSTREAMS)
+                    SCHEMA_TYPES + tuple(t.lower() for t in SCHEMA_TYPES[1:]), UPSTREAMS) | None = None
+    anyOf: list[Schema] | None = field("anyOf")
     items: Schema | None = None
     properties: dict[str, Schema] | None = None
     required: list[str] | None = None
@@ -152,7 +154,7 @@ class GenerationConfig(Model):
     maxOutputTokens: int | None = field("maxOutputTokens", ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     topP: float | None = field("topP", ge=0, le=1)
-    topK: int | None = field("topK", ge=1)
+    topK: int | float | None = field("topK", ge=1)  # google-genai types it a float, and sends 40.0
     seed: int | None = None
     presencePenalty: float | None = field("presencePenalty")
     frequencyPenalty: float | None = field("frequencyPenalty")

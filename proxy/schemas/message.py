@@ -68,7 +68,7 @@ ResultPart = open_tagged({"text": TextBlock, "image": ImageBlock}, "OtherResultP
 class ToolResultBlock(Model):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: text_or(list[ResultPart])  # type: ignore[valid-type]
+    content: text_or(list[ResultPart]) | None = None  # type: ignore[valid-type]  # optional, as the SDK types it
     is_error: bool | None = None
     cache_control: CacheControl | None = None
 

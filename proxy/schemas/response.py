@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from proxy.schemas.common import AnyObject, Model, tagged, text_or
 from proxy.schemas.enums import UPSTREAMS, open_enum, open_tagged
@@ -189,7 +189,9 @@ INCLUDES = ("file_search_call.results", "message.input_image.image_url",
 
 class ResponseRequest(Model):
     model: str = Field(min_length=1)
-    input: text_or(list[InputItem])  # type: ignore[valid-type]
+    # Optional as in the SDK's own type: a stored prompt, a conversation or a previous response
+    # can be the whole of what the model reads; with none of them it is required (below).
+    input: text_or(list[InputItem]) | None = None  # type: ignore[valid-type]
     include: list[open_enum("include[]", INCLUDES, UPSTREAMS)] | None = None  # type: ignore[valid-type]
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
@@ -197,8 +199,6 @@ class ResponseRequest(Model):
     parallel_tool_calls: bool | None = None
     previous_response_id: str | None = None
     reasoning: Reasoning | None = None
-    # Open too: the price table prices by model and tokens, never by tier (a dearer tier is the
-    # upstream's bill to the operator, as its other options are).
     # Closed: a tier changes what the upstream bills (priority and fast cost more than default),
     # and the price table prices tokens at one rate, so a tier nobody has looked at must not pass
     # unseen. The list is the interface's and the openai SDK's (ServiceTier), and tracks the SDK.
@@ -212,6 +212,14 @@ class ResponseRequest(Model):
     top_p: float | None = Field(default=None, ge=0, le=1)
     truncation: open_enum("truncation", ("disabled", "auto"), UPSTREAMS) | None = None
     user: str | None = None
+
+    @model_validator(mode="after")
+    def _something_to_read(self) -> ResponseRequest:
+        extra = self.model_extra or {}
+        if self.input is None and self.previous_response_id is None and extra.get("prompt") is None \
+                and extra.get("conversation") is None:
+            raise ValueError("input: is required (unless prompt, conversation or previous_response_id gives it)")
+        return self
 
     @field_validator("metadata")
     @classmethod
