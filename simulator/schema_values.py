@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import regex
 
 from proxy.wire import jsonutil
 
@@ -28,6 +31,7 @@ _WORK = 100_000     # steps one value may take (see _Making): a schema's shape c
 _SIZE = 65_536      # characters of JSON one value may hold
 _RESERVE = _SIZE // 4  # kept for what is required: optional properties and items stop short of it
 _LONGEST = 16_384   # characters one string may hold
+_PATTERN_S = 0.05   # seconds the caller's patterns may take, all of one value's together
 _EXACT = 2.0 ** 53  # a numeric keyword past this (or not finite) is no bound a tool means: ignored
 _NOTHING: Any = object()  # no value fits what is left of the budget: the holder leaves it out
 _STRINGS = ("simulated", "a", "A", "0", "abc", "a-b", "a_b", "A1", "x@example.com")
@@ -65,6 +69,7 @@ class _Making:
     root: Any
     work: int = _WORK
     room: int = _SIZE
+    pattern_s: float = _PATTERN_S  # what is left of the patterns' time
     known: dict[tuple[str, int], tuple[Any, Any]] = field(default_factory=dict)
 
     def spend(self, steps: int) -> bool:
@@ -335,9 +340,21 @@ def _string(schema: dict[str, Any], index: int, m: _Making) -> str:
     pattern = schema.get("pattern")
     if isinstance(pattern, str) and m.spend(1 + len(pattern) // 16):
         try:
-            matcher = re.compile(pattern)
-            candidates = [c for c in candidates if matcher.search(c)] or candidates
-        except (re.error, RecursionError, OverflowError):
+            # The caller's pattern, run with a time bound (`regex`, not `re`): a nested repeat such
+            # as `(.*)*Z` backtracks for ever on a 36-character candidate, and held the loop.
+            matcher = regex.compile(pattern)
+            matching = []
+            for candidate in candidates:
+                if m.pattern_s <= 0:
+                    break
+                began = time.perf_counter()
+                try:
+                    if matcher.search(candidate, timeout=m.pattern_s):
+                        matching.append(candidate)
+                finally:
+                    m.pattern_s -= time.perf_counter() - began
+            candidates = matching or candidates
+        except (regex.error, RecursionError, OverflowError, TimeoutError):
             pass
     text = candidates[0]
     least, most = _count(schema.get("minLength")), _count(schema.get("maxLength"))

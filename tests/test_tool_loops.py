@@ -256,6 +256,12 @@ HOSTILE: dict[str, dict[str, Any]] = {
         "a": {"multipleOf": 1e-320, "minimum": 1e300}}},
     "arrays of a thousand, thirty deep": {"type": "object", "required": ["a"], "properties": {
         "a": json.loads('{"type": "array", "minItems": 1000, "items": ' * 30 + "{}" + "}" * 30)}},
+    "a pattern that backtracks for ever": {"type": "object", "required": ["a"], "properties": {
+        "a": {"type": "string", "format": "uuid", "pattern": "(.*)*Z"}}},
+    "a thousand such patterns": {"type": "object", "required": [f"p{n}" for n in range(1000)], "properties": {
+        f"p{n}": {"type": "string", "format": "uuid", "pattern": "(.*)*Z"} for n in range(1000)}},
+    "objects four hundred deep": {"type": "object", "required": ["a"], "properties": {
+        "a": json.loads('{"type": "object", "required": ["a"], "properties": {"a": ' * 400 + "{}" + "}}" * 400)}},
 }
 
 

@@ -290,6 +290,11 @@ MULTIPART_CASES = [
     ("mask has the image's size", [*FIELDS, ("image", SMALL, "a.png"), ("mask", png(32, 64), "m.png")], "mask"),
     ("an image is required", [*FIELDS], "image"),
     ("form fields follow the rules", [*FIELDS, ("n", "11", None), ("image", SMALL, "a.png")], "n"),
+    ("a count in plain digits (the budget read 1_0 as one image, the upstream made ten)",
+     [*FIELDS, ("n", "1_0", None), ("image", SMALL, "a.png")], "n"),
+    ("a count in ASCII digits", [*FIELDS, ("n", "\u0661\u0660", None), ("image", SMALL, "a.png")], "n"),
+    ("a number in plain digits", [*FIELDS, ("output_compression", "5e1", None), ("image", SMALL, "a.png")],
+     "output_compression"),
     ("fields after the files too", [("model", "imagegen-2", None), ("image", SMALL, "a.png"), ("prompt", "p", None), ("quality", "xhigh", None)], "quality"),
 ]
 
