@@ -427,3 +427,58 @@ async def test_a_response_stream_the_upstream_broke_raises_the_gateway_s_message
         async with client.responses.stream(model="respmodel-4o", input="Tell me a long story") as stream:
             async for _ in stream:
                 pass
+
+
+@pytest.mark.parametrize("strict", [False, True])
+async def test_a_body_too_deep_to_encode_again_is_a_400_not_a_500(start_gateway, http, strict):  # noqa: ANN001
+    """Legal JSON 300 levels deep, in a body the gateway must encode again (a closed field named
+    twice; every body under strict_enums): its encoder stops at 254 levels, where the parser did not."""
+    gw = await start_gateway("validation: {strict_enums: true}\n" if strict else None)
+    raw = (b'{"model":"respmodel-4o","input":"hi","service_tier":"auto","service_tier":"auto","x":'
+           + b"[" * 300 + b"]" * 300 + b"}")
+    async with http.post(gw.url + "/v1/responses", data=raw,
+                         headers={**BEARER, "Content-Type": "application/json"}) as answer:
+        assert answer.status == 400, await answer.text()
+        assert "nested too deeply" in (await answer.json())["error"]["message"]
+    assert not gw.sim().requests
+
+
+async def test_a_content_field_given_in_both_spellings_is_refused(gateway, http):  # noqa: ANN001
+    """One spelling is checked; the other went upstream unchecked (strict mode and the gateway's
+    own delivery switch passed that way)."""
+    body = {"contents": [{"parts": [{"text": "hi"}]}], "generationConfig": {},
+            "generation_config": {"temperature": 99, "responseFormat": {"image": {"delivery": "bogus"}}}}
+    async with http.post(gateway.url + "/v1beta/models/genmodel-2.0-flash:generateContent", json=body,
+                         headers={"x-goog-api-key": DEMO_KEY}) as answer:
+        assert answer.status == 400
+        assert "given as both generationConfig and generation_config" in (await answer.json())["error"]["message"]
+    assert not gateway.sim().requests
+
+
+@pytest.mark.parametrize("size", ["３８４０x２１６０", "\u0663\u0668\u0664\u0660x\u0662\u0661\u0666\u0660",
+                                  "1024x1024\n", "0001024x0001024"])
+async def test_a_custom_size_is_written_in_plain_digits(gateway, http, size):  # noqa: ANN001
+    async with http.post(gateway.url + "/v1/images/generations", headers=BEARER,
+                         json={"model": "imagegen-2", "prompt": "a cat", "size": size}) as answer:
+        assert answer.status == 400, await answer.text()
+        assert (await answer.json())["error"]["param"] == "size"
+
+
+async def test_an_empty_version_header_is_no_version_and_is_not_forwarded(gateway, http):  # noqa: ANN001
+    headers = {"x-api-key": DEMO_KEY, "msgapi-version": "", "anthropic-version": "2023-06-01"}
+    async with http.post(gateway.url + "/v1/messages", headers=headers,
+                         json={**MESSAGE, "messages": [{"role": "user", "content": "hi"}]}) as answer:
+        assert answer.status == 200, await answer.text()
+    upstream = gateway.last_upstream_request()
+    assert upstream.header("anthropic-version") == "2023-06-01" and upstream.header("msgapi-version") is None
+
+
+@pytest.mark.parametrize("lines", [[("msgapi-version", "2023-06-01"), ("msgapi-version", "2025-01-01")],
+                                   [("msgapi-version", "2023-06-01, 2025-01-01")]])
+async def test_one_version_header_with_two_values_is_refused(gateway, http, lines):  # noqa: ANN001
+    headers = [("x-api-key", DEMO_KEY), ("Content-Type", "application/json"), *lines]
+    async with http.post(gateway.url + "/v1/messages", headers=headers, data=orjson.dumps(
+            {**MESSAGE, "messages": [{"role": "user", "content": "hi"}]})) as answer:
+        assert answer.status == 400, await answer.text()
+        assert "different values" in (await answer.json())["error"]["message"]
+    assert not gateway.sim().requests

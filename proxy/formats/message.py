@@ -31,7 +31,10 @@ class MessageFormat(Format):
     sdk_version_header = "anthropic-version"
 
     def missing_version(self, headers: Mapping[str, str], strict: bool) -> tuple[str, str] | None:
-        spec, sdk = headers.get(self.version_header), headers.get(self.sdk_version_header)
+        for header in (self.version_header, self.sdk_version_header):
+            if len(set(_values(headers, header))) > 1:  # which would an upstream read? Not the gateway's guess
+                return header, "given more than once, with different values: send one"
+        spec, sdk = _version(headers, self.version_header), _version(headers, self.sdk_version_header)
         if spec or not strict and sdk:
             return None
         also = "" if strict else f" ({self.sdk_version_header} is read in its place)"
@@ -45,18 +48,15 @@ class MessageFormat(Format):
         no choice of its own behind."""
         for header in (self.version_header, self.sdk_version_header):
             headers.popall(header, None)
+        spec, sdk = _version(sent, self.version_header), _version(sent, self.sdk_version_header)
         if name is None:
-            spec, sdk = sent.getall(self.version_header, []), sent.getall(self.sdk_version_header, [])
-            kept = [self.version_header] if spec else []
-            if not spec or sdk == spec:
-                kept.append(self.sdk_version_header)
-            for header in kept:
-                for value in sent.getall(header, []):
-                    headers.add(header, value)
+            if spec:
+                headers[self.version_header] = spec
+            if sdk and (not spec or sdk == spec):
+                headers[self.sdk_version_header] = sdk
             return
-        value = sent.get(self.version_header) or sent.get(self.sdk_version_header)
-        if value:
-            headers[name] = value
+        if spec or sdk:
+            headers[name] = spec or sdk  # type: ignore[assignment]
 
     def model_entry(self, model: str) -> dict[str, Any]:
         return {"type": "model", "id": model, "display_name": model, "created_at": "1970-01-01T00:00:00Z"}
@@ -108,3 +108,15 @@ def _usage(usage: dict[str, Any], final: bool = True) -> Usage:
     written = token_count(usage, "cache_creation_input_tokens")
     whole = None if fresh is None else fresh + (read or 0) + (written or 0)
     return Usage(whole, token_count(usage, "output_tokens"), read, final=final)
+
+
+def _values(headers: Mapping[str, str], name: str) -> list[str]:
+    """A header's values, each line's own and each of a comma-joined line's, blank ones left out."""
+    lines = headers.getall(name, []) if hasattr(headers, "getall") else [headers[name]] if name in headers else []
+    return [value.strip() for line in lines for value in line.split(",") if value.strip()]
+
+
+def _version(headers: Mapping[str, str], name: str) -> str | None:
+    """The one version a header carries (an empty one is none), once it is known to be one."""
+    found = _values(headers, name)
+    return found[0] if found else None

@@ -112,9 +112,14 @@ class Exchange:
         return self.json()
 
     def set_json(self, value: Any) -> None:
-        """Replace the body: it is encoded again and forwarded in place of the client's bytes."""
+        """Replace the body: it is encoded again and forwarded in place of the client's bytes.
+        BodyTooDeep when the encoder cannot (JSON nested past its 254 levels, which the parser took)."""
+        try:
+            body = jsonutil.dumps(value)
+        except jsonutil.JSONEncodeError as exc:
+            raise BodyTooDeep(str(exc)) from None
         self._json = value
-        self.body = jsonutil.dumps(value)
+        self.body = body
         self.body_changed = True
 
     def restore_body(self, body: bytes | None, changed: bool) -> None:
@@ -241,6 +246,10 @@ class AnswerLimit:
 
     def refusal(self, ex: Exchange) -> web.Response:
         return ex.error_response(502, self.message, self.code)
+
+
+class BodyTooDeep(ValueError):
+    """A request body the gateway must encode again and cannot: a 400, never forwarded."""
 
 
 class AnswerTooLarge(Exception):

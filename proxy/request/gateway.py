@@ -24,7 +24,7 @@ from proxy.request.affinity import Affinity
 from proxy.request.body import BodyError, body_limits, read_body
 from proxy.request.client_limits import ConnectionCount, header_problem
 from proxy.request.deciding_fields import resolve_model, settle_json
-from proxy.request.exchange import Exchange
+from proxy.request.exchange import BodyTooDeep, Exchange
 from proxy.request.forwarder import Forwarder
 from proxy.request.headers import add_forwarding, end_to_end
 from proxy.request.target import TargetError, build_target
@@ -179,7 +179,11 @@ class Gateway:
         # awaits (its limit check): one round trip. Whose the followed id is, the pipeline checks.
         self.affinity.follow(ex)
         pipeline.run_prefetch(ex)
-        answer = await pipeline.run_request(ex, self.affinity.check_owner)
+        try:
+            answer = await pipeline.run_request(ex, self.affinity.check_owner)
+        except BodyTooDeep:  # answered as a plugin's refusal is, so what the ones before it hold is given back
+            answer = ex.error_response(400, "the body is nested too deeply for the gateway to forward it "
+                                       "(at most 254 levels)", "invalid_request")
         if answer is None and ex.follow_lookup is not None:  # never forwarded unchecked, whatever a pipeline did
             answer = await self.affinity.check_owner(ex)
         if answer is not None:

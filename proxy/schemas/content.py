@@ -10,13 +10,37 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, model_validator
 
-from proxy.schemas.common import Model
+from proxy.schemas import common
 from proxy.schemas.enums import UPSTREAMS, open_enum
 
 
 def field(camel: str, default: Any = None, **rules: Any) -> Any:
     snake = re.sub(r"(?<!^)([A-Z])", r"_\1", camel).lower()
     return Field(default=default, validation_alias=AliasChoices(camel, snake), serialization_alias=camel, **rules)
+
+
+class Model(common.Model):
+    """A content-generation object: a field the spec shows in two spellings is taken in either,
+    never both. Given both, one would be checked and the other forwarded unchecked (an upstream
+    may read either), the gateway's own switches and strict mode passed that way."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_spelling(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for camel, snake in _spellings(cls):
+                if camel in data and snake in data:
+                    raise ValueError(f"{camel}: given as both {camel} and {snake}: send one")
+        return data
+
+
+def _spellings(model: type[common.Model]) -> list[tuple[str, str]]:
+    found = model.__dict__.get("_spelled_twice")
+    if found is None:
+        found = [tuple(info.validation_alias.choices) for info in model.model_fields.values()
+                 if isinstance(info.validation_alias, AliasChoices) and len(info.validation_alias.choices) == 2]
+        model._spelled_twice = found  # type: ignore[attr-defined]  # worked out once a model
+    return found
 
 
 HARM_CATEGORIES = ("HARM_CATEGORY_HARASSMENT", "HARM_CATEGORY_HATE_SPEECH", "HARM_CATEGORY_SEXUALLY_EXPLICIT",

@@ -20,7 +20,9 @@ STANDARD_SIZES = ("1024x1024", "1536x1024", "1024x1536", "auto")
 MAX_EDIT_IMAGES = 16
 MAX_IMAGE_BYTES = 25 * 1024 * 1024
 MAX_MASK_BYTES = 4 * 1024 * 1024
-_SIZE = re.compile(r"^(\d+)x(\d+)$")
+# ASCII digits, no leading zero, nothing after: prices match the size as written (`\d` took
+# fullwidth and Arabic-Indic digits, `$` a trailing newline).
+_SIZE = re.compile(r"([1-9][0-9]{0,5})x([1-9][0-9]{0,5})")
 # 2.4's qualities, and those the images SDK also sends (`standard`, `hd`): a closed list, since
 # charges read it (proxy/config/prices.py prices by size and quality), tracking the SDK's.
 QUALITIES = ("low", "medium", "high", "auto", "xhigh", "max", "standard", "hd")
@@ -28,7 +30,7 @@ QUALITIES = ("low", "medium", "high", "auto", "xhigh", "max", "standard", "hd")
 
 def custom_size_problem(size: str) -> str | None:
     """Why WIDTHxHEIGHT breaks spec 2.6 (all limits inclusive), or None."""
-    match = _SIZE.match(size)
+    match = _SIZE.fullmatch(size)
     if not match:
         return f"must be one of {', '.join(STANDARD_SIZES)} or WIDTHxHEIGHT"
     width, height = int(match[1]), int(match[2])

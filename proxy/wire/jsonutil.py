@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 
 JSONDecodeError = orjson.JSONDecodeError
+JSONEncodeError = orjson.JSONEncodeError
 
 
 def loads(data: bytes | bytearray | memoryview | str) -> Any:
