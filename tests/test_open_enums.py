@@ -482,3 +482,30 @@ async def test_one_version_header_with_two_values_is_refused(gateway, http, line
         assert answer.status == 400, await answer.text()
         assert "different values" in (await answer.json())["error"]["message"]
     assert not gateway.sim().requests
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/v1/responses", {**RESPONSE, "service_tier": "auto", "\u017fervice_tier": "priority"}, "service_tier"),
+    ("/v1/responses", {**RESPONSE, "Max_output_tokens": 100000}, "max_output_tokens"),
+    ("/v1/images/generations", {"model": "imagegen-2", "prompt": "a cat", "n": 1, "N": 10}, "n"),
+    ("/v1/images/generations", {"model": "imagegen-2", "prompt": "a cat", "QUALITY": "high"}, "quality"),
+    ("/v1beta/models/genmodel-2.0-flash:generateContent",
+     {"contents": [{"parts": [{"text": "hi"}]}], "generationConfig": {"CandidateCount": 8}},
+     "generationConfig.candidateCount"),
+    ("/v1/video/generations", {"model": "videogen-3.0-generate-001", "prompt": "waves",
+                               "metadata": {"SampleCount": 4}}, "metadata.sampleCount"),
+])
+async def test_a_checked_field_in_other_letter_case_is_refused(gateway, http, path, body, field):  # noqa: ANN001
+    """A case-insensitive upstream reads the value the gateway neither checked nor reserved for."""
+    headers = {"x-goog-api-key": DEMO_KEY} if "generateContent" in path else BEARER
+    async with http.post(gateway.url + path, json=body, headers=headers) as answer:
+        assert answer.status == 400, await answer.text()
+        assert f"{field}: given in other letter case" in await answer.text()
+    assert not gateway.sim().requests
+
+
+async def test_a_response_s_own_metadata_and_a_tool_s_properties_may_name_anything(gateway, http):  # noqa: ANN001
+    body = {**RESPONSE, "metadata": {"Size": "large", "N": "3"}, "tools": [{"type": "function", "name": "f",
+            "parameters": {"type": "object", "properties": {"Quality": {"type": "string"}}}}]}
+    async with http.post(gateway.url + "/v1/responses", json=body, headers=BEARER) as answer:
+        assert answer.status == 200, await answer.text()

@@ -65,6 +65,12 @@ def settle_json(ex: Exchange) -> web.Response | None:
             continue  # the field itself, or an ASCII name no case could make one
         if (folded := _fold(name)) in FIELDS:
             return ex.error_response(400, f"{folded}: given again in other letter case", param=folded)
+    holding = _HOLDING_VIDEO if ex.route.name in ("video_generations", "videos") else _HOLDING
+    refusal = _other_case(ex, body, "") or next(
+        (found for inner in holding if isinstance(nested := body.get(inner), dict)
+         and (found := _other_case(ex, nested, inner + "."))), None)
+    if refusal is not None:
+        return refusal
     if _ESCAPED_LETTER.search(raw) or raw.count(_MODEL_NAME) > 1 or raw.count(_PREVIOUS_NAME) > 1:
         ex.set_json(body)
     return None
@@ -85,6 +91,30 @@ def settle_counts(ex: Exchange) -> None:
         body = ex.json()
         if body is not None:
             ex.set_json(body)
+
+
+# What reservations and prices go by besides FIELDS: the counts (proxy/formats/counts.py) and the
+# closed fields (a tier, a quality, a size), at the top and in the objects that hold them. Named
+# in another case, a case-insensitive upstream (Go's encoding/json) reads the value the gateway
+# neither checked nor reserved for: `"N": 10` beside `"n": 1`, `"ſervice_tier"`. Only these objects
+# are looked in: deeper, a tool's schema may well name a property `Size`, and a response's
+# `metadata` holds whatever names its caller likes.
+_CHECKED = ("n", "partial_images", "max_tokens", "max_output_tokens", "max_completion_tokens", "seconds",
+            "service_tier", "quality", "size", "response_format", "maxOutputTokens", "candidateCount", "candidate_count", "sampleCount", "sample_count", "durationSeconds",
+            "duration_seconds")
+_CHECKED_FOLDED = {name.lower(): name for name in _CHECKED}
+_HOLDING = ("generationConfig", "generation_config")
+_HOLDING_VIDEO = ("metadata", "parameters")  # a video's; elsewhere `metadata` is the caller's own names
+
+
+def _other_case(ex: Exchange, fields: dict[str, object], where: str) -> web.Response | None:
+    for name in fields:
+        folded = name.lower() if name.isascii() else _fold(name)
+        wanted = _CHECKED_FOLDED.get(folded)
+        if wanted is not None and name not in _CHECKED:
+            return ex.error_response(400, f"{where}{wanted}: given in other letter case ('{where}{name}' is "
+                                     f"not '{where}{wanted}'): send it as named", param=where + wanted)
+    return None
 
 
 def _fold(name: str) -> str:
