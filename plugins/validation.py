@@ -107,6 +107,7 @@ class Validation(Plugin):
         if schema is None:
             return None
         enums = EnumCheck(strict=self.strict_enums)
+        enums.betas = ex.format.betas(ex.request.headers)
         parsed, violation = check(schema, ex.json(), enums=enums)
         if violation is not None:
             return refuse(ex, violation)

@@ -509,3 +509,12 @@ async def test_a_response_s_own_metadata_and_a_tool_s_properties_may_name_anythi
             "parameters": {"type": "object", "properties": {"Quality": {"type": "string"}}}}]}
     async with http.post(gateway.url + "/v1/responses", json=body, headers=BEARER) as answer:
         assert answer.status == 200, await answer.text()
+
+
+@pytest.mark.parametrize(("beta", "status"), [(None, 400), ("interleaved-thinking-2025-05-14", 200)])
+async def test_a_thinking_budget_past_max_tokens_passes_with_interleaved_thinking(gateway, http, beta, status):  # noqa: ANN001
+    headers = {**MESSAGE_HEADERS, **({"anthropic-beta": beta} if beta else {})}
+    async with http.post(gateway.url + "/v1/messages", headers=headers, json={
+            "model": "msgmodel-sonnet-4-5", "max_tokens": 2048, "thinking": {"type": "enabled", "budget_tokens": 4096},
+            "messages": [{"role": "user", "content": "hi"}]}) as answer:
+        assert answer.status == status, await answer.text()

@@ -146,6 +146,10 @@ class Format:
         """The Base64 images of a (parsed) answer, each with its place."""
         return []
 
+    def betas(self, headers: CIMultiDictProxy[str]) -> str:
+        """The beta features a request asks for, comma-separated ('' for a format without them)."""
+        return ""
+
     def missing_version(self, headers: Mapping[str, str], strict: bool) -> tuple[str, str] | None:
         """The version header a request of this format lacks and what to tell the client, or
         None: only the message format asks for one."""

@@ -30,6 +30,9 @@ class MessageFormat(Format):
     version_header = "msgapi-version"
     sdk_version_header = "anthropic-version"
 
+    def betas(self, headers: CIMultiDictProxy[str]) -> str:
+        return ",".join((*headers.getall("msgapi-beta", ()), *headers.getall("anthropic-beta", ())))
+
     def missing_version(self, headers: Mapping[str, str], strict: bool) -> tuple[str, str] | None:
         for header in (self.version_header, self.sdk_version_header):
             if len(set(_values(headers, header))) > 1:  # which would an upstream read? Not the gateway's guess

@@ -50,6 +50,9 @@ class EnumCheck:
     one past `MOST_UNLISTED`: such a request is refused."""
 
     strict: bool = False
+    # The beta features the request asks for (msgapi-beta, anthropic-beta): some lift a rule (a
+    # thinking budget past max_tokens, with interleaved thinking).
+    betas: str = ""
     counts: dict[str, int] = field(default_factory=dict)
     total: int = 0
     kept: dict[tuple[str, str], None] = field(default_factory=dict)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
 from proxy.schemas.common import AnyObject, Model, tagged, text_or
 from proxy.schemas.enums import UPSTREAMS, open_enum, open_tagged
@@ -177,9 +177,13 @@ class MessageRequest(Model):
     tools: list[Tool] | None = None  # type: ignore[valid-type]
 
     @model_validator(mode="after")
-    def _cross_field_rules(self) -> MessageRequest:
-        if isinstance(self.thinking, ThinkingEnabled) and self.thinking.budget_tokens >= self.max_tokens:
-            raise ValueError("thinking.budget_tokens: must be less than max_tokens")
+    def _cross_field_rules(self, info: ValidationInfo) -> MessageRequest:
+        # With interleaved thinking the budget is the whole turn's, tool calls included: it may pass max_tokens.
+        interleaved = "interleaved-thinking" in getattr(info.context, "betas", "")
+        if isinstance(self.thinking, ThinkingEnabled) and self.thinking.budget_tokens >= self.max_tokens \
+                and not interleaved:
+            raise ValueError("thinking.budget_tokens: must be less than max_tokens (unless the interleaved-thinking "
+                             "beta is asked for)")
         for index, message in enumerate(self.messages):
             if message.role == "assistant" and isinstance(message.content, list):
                 for at, block in enumerate(message.content):
