@@ -345,6 +345,17 @@ _TEMPLATES = [(re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", r.path.replace("{m
 _SERVED = ", ".join(dict.fromkeys(f"{r.method} {r.path}" for r in (*ROUTES, *ALIASES)))
 
 
+def _served(path: str, fmt: Format) -> str:
+    """The endpoints near a 404's path (those under its first two segments, else its format's),
+    or all of them: an SDK's exception quotes the message whole, and every route made it 1.5 KB."""
+    prefix = "/".join(path.split("/", 3)[:3]) + "/"
+    near = [r for r in (*ROUTES, *ALIASES) if (r.path + "/").startswith(prefix)] \
+        or ([r for r in (*ROUTES, *ALIASES) if r.format is fmt] if fmt is not ACCOUNT else [])
+    if not near:
+        return _SERVED
+    return ", ".join(dict.fromkeys(f"{r.method} {r.path}" for r in near)) + " (all of them: modelgate openapi)"
+
+
 def _format_of(path: str) -> Format:
     """The format a path belongs to, for the shape of its 404 or 405: an SDK shows only errors
     in its own format's shape."""
@@ -372,8 +383,9 @@ async def _unmatched(request: web.Request) -> web.Response:
         fmt: Format = matches[0].format
         return fmt.error_response(405, f"{request.method} is not allowed on {_shown(request)}",
                                   headers={"Allow": ", ".join(allowed)})
-    return _format_of(request.path).error_response(
-        404, f"no endpoint at {request.method} {_shown(request)}; this gateway serves {_SERVED}", "not_found")
+    fmt = _format_of(request.path)
+    return fmt.error_response(404, f"no endpoint at {request.method} {_shown(request)}; this gateway serves "
+                              f"{_served(request.path, fmt)}", "not_found")
 
 
 def _shown(request: web.Request) -> str:
