@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,15 +59,16 @@ class Count:
     seconds: float      # how long the requests took under callgrind
 
 
-async def send(url: str, count: int) -> None:
-    """`count` requests at CONCURRENCY at once, each answered 200."""
+async def send(url: str, count: int, headers: dict[str, str] | None = None) -> None:
+    """`count` requests at CONCURRENCY at once, each answered 200 (`headers`: the bench's key's, unless given)."""
+    headers = headers or HEADERS
     left = count
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CONCURRENCY)) as http:
         async def one_after_another() -> None:
             nonlocal left
             while left > 0:
                 left -= 1
-                async with http.post(url + "/v1/messages", data=BODY, headers=HEADERS) as answer:
+                async with http.post(url + "/v1/messages", data=BODY, headers=headers) as answer:
                     await answer.read()
                     if answer.status != 200:
                         raise RuntimeError(f"{url}: {answer.status}")
@@ -89,7 +91,10 @@ def counted(pid: int, out: Path, action: object) -> tuple[float, float]:
     raise RuntimeError(f"callgrind wrote no counts for {pid}")
 
 
-def measure(name: str, config: Path, tree: Path | None, work: Path, requests: int, idle_s: float) -> Count:
+def measure(name: str, config: Path, tree: Path | None, work: Path, requests: int, idle_s: float,
+            prepare: Callable[[], dict[str, str]] | None = None) -> Count:
+    """One gateway's instructions a request; `prepare()`, once it listens, readies it and says
+    the headers its requests carry."""
     port = int(re.search(r"127\.0\.0\.1:(\d+)", config.read_text())[1])  # type: ignore[index]
     out = work / f"callgrind-{port}"
     env = {**os.environ, "PYTHONHASHSEED": "0"}
@@ -100,12 +105,13 @@ def measure(name: str, config: Path, tree: Path | None, work: Path, requests: in
     url = f"http://127.0.0.1:{port}"
     try:
         wait_port(port, timeout=300)
-        asyncio.run(send(url, 300))  # warm: connections open, scripts loaded, caches filled
+        headers = prepare() if prepare is not None else HEADERS
+        asyncio.run(send(url, 300, headers))  # warm: connections open, scripts loaded, caches filled
         time.sleep(3)  # the warm-up's records written
         # Idle first: after the requests, what they left to do (their records' writes) would be
         # taken for what the gateway does by the clock, and subtracted from them.
         idle, idle_seconds = counted(proc.pid, out, lambda: time.sleep(idle_s))
-        loaded, seconds = counted(proc.pid, out, lambda: (asyncio.run(send(url, requests)), time.sleep(2)))
+        loaded, seconds = counted(proc.pid, out, lambda: (asyncio.run(send(url, requests, headers)), time.sleep(2)))
     finally:
         stop_all([proc], 60)
     idle_rate = idle / idle_seconds

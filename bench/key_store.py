@@ -8,7 +8,12 @@ alternating so that a drift of the machine falls on both; the gateway's CPU seco
 /proc. The 10,000 keys are written straight into the store's table (their digests random, as any
 secret's is), and the key wrk presents is made through the admin API, as an operator would.
 
-Usage: python bench/key_store.py [--rounds R] [--keys N] [--print-only]
+With `--instructions`, each gateway runs under callgrind instead (bench/instructions.py's way:
+instructions a request, 16 at a time, the idle rate taken out), which a busy machine moves far
+less than CPU seconds: each round starts both gateways afresh, the stored one filled and holding
+every key before it is counted.
+
+Usage: python bench/key_store.py [--rounds R] [--keys N] [--instructions] [--print-only]
 """
 
 from __future__ import annotations
@@ -51,12 +56,94 @@ async def fill(url: str, count: int) -> None:
         await connection.close()
 
 
+def _admin(url: str, method: str, path: str, body: dict | None = None) -> dict:
+    request = urllib.request.Request(url + path, method=method, data=json.dumps(body).encode() if body else None,
+                                     headers={"Authorization": f"Bearer {OWNER}", "Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(request, timeout=60).read())
+
+
+def _held(admin: str) -> int:
+    text = urllib.request.urlopen(admin + "/metrics", timeout=60).read().decode()
+    line = next((line for line in text.splitlines() if line.startswith('modelgate_keys{source="stored",state="active"}')),
+                "x 0")
+    return int(float(line.split()[-1]))
+
+
+def instructions(args: argparse.Namespace) -> int:
+    from bench.instructions import measure
+
+    work = Path(tempfile.mkdtemp(prefix="modelgate-keystore-instr-"))
+    database = f"mg_bench_ks_{uuid.uuid4().hex[:8]}"
+    subprocess.run(["psql", POSTGRES, "-qc", f'CREATE DATABASE "{database}"'], check=True)
+    db_url = POSTGRES.rsplit("/", 1)[0] + "/" + database
+    up_port = free_port()
+    upstream = subprocess.Popen([sys.executable, str(HERE / "upstream.py"), str(up_port)],
+                                stdout=(work / "upstream.log").open("wb"), stderr=subprocess.STDOUT)
+    stored: dict[str, str] = {}  # the stored key's secret, once made
+    counts: dict[str, list[float]] = {"config keys only": [], f"{args.keys:,} stored keys": []}
+    try:
+        wait_port(up_port)
+        for _ in range(args.rounds):
+            for name in counts:
+                port, admin = free_port(), free_port()
+                extra = f"key_store: {{database_url: '{db_url}'}}\n" if "stored" in name else ""
+                config = work / f"{port}.yaml"
+                config.write_text(f"server: {{listen: '127.0.0.1:{port}', admin_listen: '127.0.0.1:{admin}', "
+                                  f"admin_token: {OWNER}, workers: 1, max_in_flight: 100000}}\n{extra}"
+                                  "observability: {logging: {access_log: false}}\n"
+                                  f"keys: [{{name: bench, key: {KEY}}}]\n"
+                                  f"channels: [{{name: bench, base_url: 'http://127.0.0.1:{up_port}', credential: up}}]\n")
+                admin_url = f"http://127.0.0.1:{admin}"
+
+                def prepare(stored_gateway: bool = "stored" in name, admin_url: str = admin_url) -> dict[str, str]:
+                    headers = {"Content-Type": "application/json", "msgapi-version": "2023-06-01", "x-api-key": KEY}
+                    if not stored_gateway:
+                        return headers
+                    wait_port(int(admin_url.rsplit(":", 1)[1]), timeout=300)
+                    if not stored:
+                        asyncio.run(fill(db_url, args.keys))
+                        stored["secret"] = _admin(admin_url, "POST", "/admin/v1/keys", {"name": "bench-stored"})["secret"]
+                    deadline = time.monotonic() + 600
+                    while _held(admin_url) < args.keys + 1:  # every key made live (slow under callgrind)
+                        if time.monotonic() > deadline:
+                            raise RuntimeError("the stored gateway never held every key")
+                        time.sleep(1)
+                    return {**headers, "x-api-key": stored["secret"]}
+
+                counts[name].append(measure(name, config, None, work, args.requests, args.idle, prepare).per_request)
+    finally:
+        stop_all([upstream], 30)
+        subprocess.run(["psql", POSTGRES, "-qc", f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'])
+    base, with_keys = (statistics.median(values) for values in counts.values())
+    lines = ["## The key store on the request path, in instructions", "",
+             f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python bench/key_store.py "
+             f"--instructions --rounds {args.rounds} --keys {args.keys} --requests {args.requests}`. Machine: "
+             f"{os.cpu_count()} cores ({cpu_model()}). One worker each under callgrind (bench/instructions.py's "
+             "way): instructions a request, 16 at a time, `POST /v1/messages`, the idle rate taken out; each round "
+             "starts both afresh, the stored one holding every key (and the key presented a stored one).",
+             "", "| gateway | instructions a request (median) | rounds |", "|---|---|---|"]
+    for name, values in counts.items():
+        lines.append(f"| {name} | {statistics.median(values):,.0f} | {' / '.join(f'{v:,.0f}' for v in values)} |")
+    lines += ["", f"Stored against config-only: {with_keys - base:+,.0f} instructions a request "
+              f"({(with_keys / base - 1) * 100:+.1f}%).", ""]
+    section = "\n".join(lines)
+    print(section)
+    if not args.print_only:
+        update_section("key_store_instructions", section)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--instructions", action="store_true", help="count instructions under callgrind")
+    parser.add_argument("--requests", type=int, default=1000, help="with --instructions: requests counted")
+    parser.add_argument("--idle", type=float, default=10.0, help="with --instructions: seconds of idle measured")
     parser.add_argument("--print-only", action="store_true")
     args = parser.parse_args()
+    if args.instructions:
+        return instructions(args)
     work = Path(tempfile.mkdtemp(prefix="modelgate-keystore-"))
     database = f"mg_bench_ks_{uuid.uuid4().hex[:8]}"
     subprocess.run(["psql", POSTGRES, "-qc", f'CREATE DATABASE "{database}"'], check=True)
