@@ -22,7 +22,7 @@ class Pipeline:
     """The plugins of one route, with each hook list holding only real implementations."""
 
     __slots__ = ("plugins", "prefetch_hooks", "request_hooks", "owner_check_at", "upstream_hooks", "response_hooks",
-                 "reads_answers", "event_hooks", "complete_hooks")
+                 "reads_answers", "event_hooks", "complete_hooks", "complete_checks")
 
     def __init__(self, plugins: list[Plugin]) -> None:
         self.plugins = plugins
@@ -37,6 +37,10 @@ class Pipeline:
         self.reads_answers = any(getattr(hook, "__self__").reads_answers for hook in self.response_hooks)
         self.event_hooks = _implemented(plugins, "on_event")
         self.complete_hooks = _implemented(plugins, "on_complete")
+        # Each hook's `completes` where its plugin has one of its own (None: the list is used whole).
+        checks = [plugin.completes if type(plugin).completes is not Plugin.completes else None
+                  for plugin in (getattr(hook, "__self__") for hook in self.complete_hooks)]
+        self.complete_checks = checks if any(checks) else None
 
     def run_prefetch(self, ex: Exchange) -> None:
         for hook in self.prefetch_hooks:
@@ -95,6 +99,8 @@ class Pipeline:
         hook's own calls are bounded (a state store waited on for at most half a second), so a
         drain that runs out waits that long at most."""
         hooks = self.complete_hooks
+        if self.complete_checks is not None:  # hooks with nothing to do for this exchange are not run
+            hooks = [hook for hook, wants in zip(hooks, self.complete_checks) if wants is None or wants(ex)]
         if not hooks:
             return
         # All as tasks, started together: their first calls come in the next turn, in one pipeline.

@@ -223,3 +223,9 @@ class Plugin:
 
     async def on_complete(self, ex: Exchange) -> None:
         return None
+
+    def completes(self, ex: Exchange) -> bool:
+        """Whether `on_complete` has anything to do for this exchange. A plugin that can tell
+        cheaply that it has not (it held nothing for the request) says so, and its hook is not
+        run as a task for it; the base class's: always."""
+        return True

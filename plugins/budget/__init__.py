@@ -244,6 +244,12 @@ class Budget(Plugin):
         if generation is not None and self.counters is not None:
             await self._settle_open(ex.followed_id, generation)  # type: ignore[arg-type]
 
+    def completes(self, ex: Exchange) -> bool:
+        # A reservation made or left to count, or a follow-up that may read a generation's end
+        # (read_ended): a key without a budget costs no task after its answer.
+        state = ex.plugin_state
+        return _STATE in state or _UNCOUNTED in state or ex.followed_id is not None and ex.route.creates is None
+
     async def _top_up(self, ex: Exchange) -> Violation | None:
         """A form is whole, before its last chunk goes upstream: what it asks for after its files
         (`n`, `partial_images`, the seconds of a video) is reserved too, or the request refused
