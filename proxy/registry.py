@@ -295,19 +295,19 @@ def _model_problems(model: type[BaseModel] | None, where: str, values: dict[str,
 
 def key_fields() -> dict[str, type[BaseModel]]:
     """The fields registered plugins add to each key entry, and the settings model of each."""
-    fields: dict[str, type[BaseModel]] = {}
-    for cls in registered_classes().values():
-        if cls.KeySettings is not None:
-            fields.update(dict.fromkeys(cls.KeySettings.model_fields, cls.KeySettings))
-    return fields
+    return _declared("KeySettings")
 
 
 def tenant_fields() -> dict[str, type[BaseModel]]:
     """The fields registered plugins read on a stored tenant (`TenantSettings`), and the model of each."""
+    return _declared("TenantSettings")
+
+
+def _declared(settings: str) -> dict[str, type[BaseModel]]:
     fields: dict[str, type[BaseModel]] = {}
     for cls in registered_classes().values():
-        if cls.TenantSettings is not None:
-            fields.update(dict.fromkeys(cls.TenantSettings.model_fields, cls.TenantSettings))
+        if (model := getattr(cls, settings)) is not None:
+            fields.update(dict.fromkeys(model.model_fields, model))
     return fields
 
 
