@@ -408,6 +408,32 @@ async def test_a_stored_tenant_s_limits_and_budget_hold_for_all_its_keys_togethe
     assert refused.returncode == 1 and "403 forbidden" in refused.stderr, refused.stderr
 
 
+@pytest.mark.parametrize("revoked_streams", ["end", "finish"])
+async def test_a_stream_open_under_a_key_disabled_meanwhile_ends_or_finishes_as_configured(
+        spawn, redis_url: str, ledger_db: str, tmp_path: Path, revoked_streams: str) -> None:  # noqa: ANN001
+    slow = "channels: [{name: simulator, base_url: simulator, simulator: {chunk_delay_ms: 150, output_tokens: 30}}]"
+    gateway = spawn("gateway", config=config(redis_url, ledger_db, tmp_path.name,
+                                             f", revoked_streams: {revoked_streams}", more=slow))
+    owner = ("--admin-url", gateway.admin, "--admin-token", OWNER)
+    secret = cli("keys", "create", "streamer", *owner).stdout.strip().splitlines()[-1]
+    async with aiohttp.ClientSession() as http:
+        await within(PROPAGATION_S, lambda: _is(http, gateway.url, secret, 200))
+        async with http.post(gateway.url + "/v1/messages", json={**MESSAGE, "max_tokens": 64, "stream": True},
+                             headers={**MESSAGE_HEADERS, "x-api-key": secret}) as answer:
+            assert answer.status == 200
+            first = await answer.content.readuntil(b"\n\n")
+            assert b"message_start" in first
+            disabled = time.monotonic()
+            assert cli("keys", "disable", "streamer", *owner).returncode == 0
+            rest = await answer.content.read()
+            took = time.monotonic() - disabled
+    if revoked_streams == "end":
+        assert b"api_key_revoked" in rest and b"message_stop" not in rest, rest[-300:]
+        assert took < PROPAGATION_S, took  # the whole stream takes 4.5 s
+    else:
+        assert b"message_stop" in rest and b"api_key_revoked" not in rest, rest[-300:]
+
+
 async def test_changes_made_at_once_on_two_instances_all_reach_every_instance(three) -> None:  # noqa: ANN001
     """Thirty keys disabled at the same moment through two instances: each change commits in the
     order its revision was taken, so no instance reads past one and serves a revoked key on."""

@@ -4,6 +4,7 @@ how each process keeps its copy of them current (proxy/keystore/).
     key_store:
       database_url: ${MODELGATE_DATABASE_URL}   # the ledger's database serves as well
       resync_s: 30                              # a full re-read now and then heals a missed notice
+      revoked_streams: end                      # streams open under a revoked key: end, or finish
 
 Off until `database_url` is set: the keys are then the config file's alone.
 """
@@ -52,6 +53,9 @@ class KeyStoreConfig(BaseModel):
     # How long a call to the store may take before the admin API answers 503.
     timeout_s: float = Field(default=5.0, gt=0, le=60)
     oidc: OidcConfig | None = None  # bearer JWTs from an issuer, beside admin tokens
+    # A stream already open under a key that is disabled, deleted or expires: ended with the
+    # format's error event (401 api_key_revoked) within a second, or let run to its end.
+    revoked_streams: Literal["end", "finish"] = "end"
 
     @model_validator(mode="after")
     def _oidc_needs_the_store(self) -> KeyStoreConfig:

@@ -19,6 +19,7 @@ import hmac
 import logging
 import time
 from datetime import datetime, timezone
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import Counter, Histogram
@@ -100,6 +101,11 @@ class StoredKeys:
             if held.previous_sha256 is not None:
                 self._previous.pop(held.previous_sha256, None)
 
+    def not_serving(self) -> set[str]:
+        """The names of the keys held that are disabled or expired now."""
+        now = datetime.now(timezone.utc)
+        return {name for name, row in self._rows.items() if row.state(now) != "active"}
+
     def count(self) -> None:
         """The gauge of keys held by state (`modelgate_keys{source="stored"}`), once a read has been taken."""
         now = datetime.now(timezone.utc)
@@ -132,9 +138,13 @@ class KeySync:
     """Keeps a StoredKeys current from a KeyStore (see the module's text)."""
 
     def __init__(self, store: KeyStore, keys: StoredKeys, resync_s: float,
-                 tenants: StoredTenants | None = None) -> None:
+                 tenants: StoredTenants | None = None,
+                 revoked: Callable[[set[str]], object] | None = None) -> None:
         self.store = store
         self.keys = keys
+        # Told the names of keys that no longer serve (disabled, expired or deleted) after each
+        # read, so that streams open under them end (key_store.revoked_streams); None: they finish.
+        self.revoked = revoked
         self.tenants = tenants if tenants is not None else StoredTenants()
         self.resync_s = resync_s
         self._wake = asyncio.Event()
@@ -161,6 +171,7 @@ class KeySync:
         what is held (what heals a change the revisions could not show: a row changed by hand),
         and only the keys that differ read. Rows are taken a batch at a time, the loop let run
         between: ten thousand keys read at once would hold every request up for a second."""
+        gone: set[str] = set()
         try:
             if full:
                 revision, stored = await self.store.revisions()
@@ -184,6 +195,8 @@ class KeySync:
             self.keys.revision = max(self.keys.revision, revision)
         if rows or full:
             self.keys.count()
+        if self.revoked is not None and (rows or full):
+            self.revoked(gone | {row.name for row in rows if row.deleted_at is not None} | self.keys.not_serving())
         KEY_STORE_SYNCS.labels("ok").inc()
 
     async def _run(self) -> None:

@@ -110,7 +110,9 @@ class GatewayApp:
         self.resources[STATE_STORE] = lambda: store
         if self.key_store is not None:
             stored = StoredKeys()
-            self.key_sync = KeySync(self.key_store, stored, config.key_store.resync_s)
+            drain = self.drain
+            revoked = (lambda names: drain.end_streams_of(names)) if config.key_store.revoked_streams == "end" else None
+            self.key_sync = KeySync(self.key_store, stored, config.key_store.resync_s, revoked=revoked)
             await self.key_sync.start()
             self.resources[STORED_KEYS] = stored
             self.resources[STORED_TENANTS] = self.key_sync.tenants

@@ -47,11 +47,14 @@ _TICK_S = 0.02
 
 
 class Cuttable(Protocol):
-    def cut(self) -> None: ...
+    def cut(self, revoked: bool = False) -> None: ...
+
+    def key_name(self) -> str | None: ...
 
 
 class Drain:
-    """Open streams, and whether the gateway is draining."""
+    """Open streams (ended at the drain's cut point, or when their key is revoked), and whether
+    the gateway is draining."""
 
     __slots__ = ("draining", "cutting", "_streams", "_idle_since", "_half_closed", "_busy")
 
@@ -70,6 +73,13 @@ class Drain:
 
     def closed(self, stream: Cuttable) -> None:
         self._streams.discard(stream)
+
+    def end_streams_of(self, keys: set[str]) -> int:
+        """End the open streams running under these keys (revoked ones); how many were."""
+        ended = [stream for stream in self._streams if stream.key_name() in keys]
+        for stream in ended:
+            stream.cut(revoked=True)
+        return len(ended)
 
     async def run(self, in_flight: Callable[[], int], timeout_s: float,
                   connections: Callable[[], Iterable[Any]] = tuple) -> None:

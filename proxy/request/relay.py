@@ -54,6 +54,8 @@ _CLIENT_GONE = (ConnectionResetError, ConnectionError)
 _LINKS = ("location", "content-location", "link", "refresh", "operation-location", "azure-asyncoperation")
 _UPSTREAM_BROKE = (UpstreamError,)
 _CUT_MESSAGE = "the gateway is shutting down; send the request again"
+_REVOKED_MESSAGE = "the API key this stream runs under was revoked"
+REVOKED = "api_key_revoked"
 
 
 class Relay:
@@ -67,7 +69,7 @@ class Relay:
                  client_idle_s: float = 30.0, drain: Drain | None = None) -> None:
         self.drain = drain
         self.max_event = max_event
-        self.was_cut = False
+        self.was_cut: str | None = None  # why the gateway ended it: SHUTTING_DOWN or REVOKED
         self.client_idle_s = client_idle_s
         self.ex = ex
         self.upstream = upstream
@@ -289,10 +291,21 @@ class Relay:
                 self.drain.closed(self)
             stream.close()
 
-    def cut(self) -> None:
-        """The gateway is shutting down: end this stream now, with its format's error event."""
-        self.was_cut = True
+    def cut(self, revoked: bool = False) -> None:
+        """End this stream now, with its format's error event: the gateway is shutting down, or
+        (`revoked`) the key it runs under was revoked (key_store.revoked_streams: end)."""
+        self.was_cut = REVOKED if revoked else SHUTTING_DOWN
         self.upstream.close()  # the waiting read ends at once
+
+    def key_name(self) -> str | None:
+        return self.ex.key.name if self.ex.key is not None else None
+
+    async def _end_cut(self, response: web.StreamResponse) -> None:
+        self.ex.outcome.cut_by = "gateway"
+        if self.was_cut == REVOKED:
+            await self._end_stream_with_error(response, 401, _REVOKED_MESSAGE, REVOKED)
+        else:
+            await self._end_stream_with_error(response, 503, _CUT_MESSAGE, SHUTTING_DOWN)
 
     async def _relay_events(self, response: DeferredEnd, parser: SSEParser | None, hooks: bool,
                             pin_pending: bool, stream: StreamWatch) -> web.StreamResponse:
@@ -330,8 +343,7 @@ class Relay:
             await self._stream_failed(response, exc)
             return response
         if self.was_cut:  # the upstream's end raced the cut: the client is told all the same
-            ex.outcome.cut_by = "gateway"
-            await self._end_stream_with_error(response, 503, _CUT_MESSAGE, SHUTTING_DOWN)
+            await self._end_cut(response)
             return response
         ex.outcome.upstream_finished = time.perf_counter()
         return response  # its end is aiohttp's to write, after the bookkeeping
@@ -396,9 +408,8 @@ class Relay:
 
     async def _stream_failed(self, response: web.StreamResponse, exc: Exception) -> None:
         ex = self.ex
-        if self.was_cut:  # the drain ended it, not the upstream: no fault of the channel's
-            ex.outcome.cut_by = "gateway"
-            await self._end_stream_with_error(response, 503, _CUT_MESSAGE, SHUTTING_DOWN)
+        if self.was_cut:  # the gateway ended it, not the upstream: no fault of the channel's
+            await self._end_cut(response)
         elif isinstance(exc, TimeoutError):
             ex.outcome.cut_by = "upstream"
             self._broke(ex.channel, "stream_stalled")  # type: ignore[arg-type]
