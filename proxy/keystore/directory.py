@@ -139,7 +139,7 @@ class KeySync:
 
     def __init__(self, store: KeyStore, keys: StoredKeys, resync_s: float,
                  tenants: StoredTenants | None = None,
-                 revoked: Callable[[set[str]], object] | None = None) -> None:
+                 revoked: Callable[[Callable[[], set[str]]], object] | None = None) -> None:
         self.store = store
         self.keys = keys
         # Told the names of keys that no longer serve (disabled, expired or deleted) after each
@@ -196,7 +196,8 @@ class KeySync:
         if rows or full:
             self.keys.count()
         if self.revoked is not None and (rows or full):
-            self.revoked(gone | {row.name for row in rows if row.deleted_at is not None} | self.keys.not_serving())
+            deleted = gone | {row.name for row in rows if row.deleted_at is not None}
+            self.revoked(lambda: deleted | self.keys.not_serving())  # worked out only while streams are open
         KEY_STORE_SYNCS.labels("ok").inc()
 
     async def _run(self) -> None:

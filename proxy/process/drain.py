@@ -74,9 +74,13 @@ class Drain:
     def closed(self, stream: Cuttable) -> None:
         self._streams.discard(stream)
 
-    def end_streams_of(self, keys: set[str]) -> int:
-        """End the open streams running under these keys (revoked ones); how many were."""
-        ended = [stream for stream in self._streams if stream.key_name() in keys]
+    def end_streams_of(self, keys: Callable[[], set[str]]) -> int:
+        """End the open streams running under the keys `keys()` names (revoked ones, worked out
+        only when a stream is open); how many were."""
+        if not self._streams:
+            return 0
+        names = keys()
+        ended = [stream for stream in self._streams if stream.key_name() in names]
         for stream in ended:
             stream.cut(revoked=True)
         return len(ended)
