@@ -429,13 +429,14 @@ async def test_a_response_stream_the_upstream_broke_raises_the_gateway_s_message
                 pass
 
 
-@pytest.mark.parametrize("strict", [False, True])
-async def test_a_body_too_deep_to_encode_again_is_a_400_not_a_500(start_gateway, http, strict):  # noqa: ANN001
+@pytest.mark.parametrize(("strict", "again"), [(False, b'"service_tier":"auto","service_tier":"auto"'),
+                                               (True, b'"service_tier":"auto"'), (False, b'"\\u0061":1')])
+async def test_a_body_too_deep_to_encode_again_is_a_400_not_a_500(start_gateway, http, strict, again):  # noqa: ANN001
     """Legal JSON 300 levels deep, in a body the gateway must encode again (a closed field named
-    twice; every body under strict_enums): its encoder stops at 254 levels, where the parser did not."""
+    twice; every body under strict_enums; a name spelled with an escape, before any plugin): its
+    encoder stops at 254 levels, where the parser did not."""
     gw = await start_gateway("validation: {strict_enums: true}\n" if strict else None)
-    raw = (b'{"model":"respmodel-4o","input":"hi","service_tier":"auto","service_tier":"auto","x":'
-           + b"[" * 300 + b"]" * 300 + b"}")
+    raw = (b'{"model":"respmodel-4o","input":"hi",' + again + b',"x":' + b"[" * 300 + b"]" * 300 + b"}")
     async with http.post(gw.url + "/v1/responses", data=raw,
                          headers={**BEARER, "Content-Type": "application/json"}) as answer:
         assert answer.status == 400, await answer.text()

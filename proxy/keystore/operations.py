@@ -6,6 +6,7 @@ status, a code, a message and the path of the field at fault.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -17,6 +18,7 @@ from proxy.keystore.store import Conflict, KeyStore, NotFound
 from proxy.plugin import Plugin, Subject
 from proxy.policy.keys import gateway_key
 
+log = logging.getLogger("modelgate.admin")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _UNSET = object()
 _IDEMPOTENCY = re.compile(r"[\x21-\x7e]{1,200}")
@@ -228,7 +230,10 @@ class AdminOps:
         else:
             stored = await self._stored(actor, name)
             await self._check(actor, "key", READ, stored.tenant, "key.usage", name)
-            key = stored.gateway_key()
+            try:
+                key = stored.gateway_key()
+            except ValueError:  # written by a newer release, or by hand: not served, so nothing to read
+                raise AdminError(409, "key_not_served", f"'{name}' does not validate here and is not served") from None
         return {"name": name, "tenant": key.tenant.removeprefix("tenant:") if key.tenant.startswith("tenant:")
                 else None, **await self._reports(Subject(name, key.tenant, key))}
 
@@ -245,7 +250,11 @@ class AdminOps:
                              "ask one (--admin-url), not the key store (-c)")
         reports = {}
         for plugin in self.reporters():
-            found = await plugin.report(subject)
+            try:
+                found = await plugin.report(subject)
+            except Exception:  # one plugin's failure is said in its place, not a 500 for all
+                log.exception("a plugin's report failed", extra={"plugin": plugin.name})
+                found = {"unavailable": "this plugin could not report; see the gateway's log"}
             if found is not None:
                 reports[plugin.name] = found
         return {"at": datetime.now(timezone.utc).isoformat(), "reports": reports}

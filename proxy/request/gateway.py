@@ -122,6 +122,12 @@ class Gateway:
             if ex.outcome.status == 0:
                 ex.outcome.status = 499  # as nginx logs a client that closed before the answer
             raise
+        except BodyTooDeep:
+            # Wherever the body is encoded again (a name given twice or escaped, a plugin's change, a
+            # channel's model rename): the client's to fix, and what was held is given back as for any end.
+            response = ex.error_response(400, "the body is nested too deeply for the gateway to forward it "
+                                         "(at most 254 levels)", "invalid_request")
+            return ex.answer_locally(response, config.request_id_header)
         except Exception:
             log.exception("unhandled error", extra={"request_id": request_id, "route": route.name})
             response = ex.error_response(500, "the gateway failed to handle this request")
@@ -179,11 +185,7 @@ class Gateway:
         # awaits (its limit check): one round trip. Whose the followed id is, the pipeline checks.
         self.affinity.follow(ex)
         pipeline.run_prefetch(ex)
-        try:
-            answer = await pipeline.run_request(ex, self.affinity.check_owner)
-        except BodyTooDeep:  # answered as a plugin's refusal is, so what the ones before it hold is given back
-            answer = ex.error_response(400, "the body is nested too deeply for the gateway to forward it "
-                                       "(at most 254 levels)", "invalid_request")
+        answer = await pipeline.run_request(ex, self.affinity.check_owner)
         if answer is None and ex.follow_lookup is not None:  # never forwarded unchecked, whatever a pipeline did
             answer = await self.affinity.check_owner(ex)
         if answer is not None:
