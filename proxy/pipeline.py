@@ -22,7 +22,7 @@ class Pipeline:
     """The plugins of one route, with each hook list holding only real implementations."""
 
     __slots__ = ("plugins", "prefetch_hooks", "request_hooks", "owner_check_at", "upstream_hooks", "response_hooks",
-                 "reads_answers", "event_hooks", "complete_hooks", "complete_checks")
+                 "reads_answers", "event_hooks", "complete_hooks", "complete_checks", "stops", "_without")
 
     def __init__(self, plugins: list[Plugin]) -> None:
         self.plugins = plugins
@@ -41,6 +41,23 @@ class Pipeline:
         checks = [plugin.completes if type(plugin).completes is not Plugin.completes else None
                   for plugin in (getattr(hook, "__self__") for hook in self.complete_hooks)]
         self.complete_checks = checks if any(checks) else None
+        # What the core does before an on_request beside calling it, by the hook's index: the owner
+        # check (True) and asking its plugin whether it takes the exchange (Plugin.takes): one
+        # lookup a hook finds both.
+        self.stops: dict[int, tuple[bool, Plugin | None]] = {self.owner_check_at: (True, None)}
+        for index, hook in enumerate(self.request_hooks):
+            plugin = getattr(hook, "__self__")
+            if type(plugin).takes is not Plugin.takes:
+                self.stops[index] = (index == self.owner_check_at, plugin)
+        self._without: dict[Plugin, Pipeline] = {}
+
+    def without(self, plugin: Plugin) -> Pipeline:
+        """This pipeline but for `plugin`: what an exchange that plugin does not take runs on. Made
+        once per plugin left out (a handful at most: only plugins with a `takes` are)."""
+        narrowed = self._without.get(plugin)
+        if narrowed is None:
+            narrowed = self._without[plugin] = Pipeline([other for other in self.plugins if other is not plugin])
+        return narrowed
 
     def run_prefetch(self, ex: Exchange) -> None:
         for hook in self.prefetch_hooks:
@@ -50,10 +67,17 @@ class Pipeline:
                           check_owner: Callable[[Exchange], Awaitable[web.StreamResponse | None]]
                           ) -> web.StreamResponse | None:
         """The plugins' on_request hooks, and the core's `check_owner` at its place among them;
-        the first answer ends it."""
+        the first answer ends it. A plugin that does not take the exchange is passed over, and
+        `ex.pipeline` narrowed to the pipeline without it, which runs the exchange's later hooks."""
+        stops = self.stops
         for index, hook in enumerate(self.request_hooks):
-            if index == self.owner_check_at and (answer := await check_owner(ex)) is not None:
-                return answer
+            if index in stops:
+                owner_check, asked = stops[index]
+                if owner_check and (answer := await check_owner(ex)) is not None:
+                    return answer
+                if asked is not None and not asked.takes(ex):
+                    ex.pipeline = (ex.pipeline or self).without(asked)
+                    continue
             if ex.span is None:
                 answer = await hook(ex)
             else:

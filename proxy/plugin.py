@@ -224,6 +224,15 @@ class Plugin:
     async def on_complete(self, ex: Exchange) -> None:
         return None
 
+    def takes(self, ex: Exchange) -> bool:
+        """Whether this exchange is any of this plugin's business. Asked once, just before its
+        on_request (the plugins before it have run: the caller is known); False: none of its hooks
+        run for the exchange, from that on_request to its on_complete. A plugin that is needed only
+        for some callers (those with a budget) thus costs them a call, and the others no coroutine
+        per hook. The base class's: always (and never asked); a plugin without an on_request is
+        never asked either."""
+        return True
+
     def completes(self, ex: Exchange) -> bool:
         """Whether `on_complete` has anything to do for this exchange. A plugin that can tell
         cheaply that it has not (it held nothing for the request) says so, and its hook is not

@@ -73,3 +73,34 @@ class AdminNote(Plugin):
             return web.json_response({"note": "for operators", "resources": len(resources)})
 
         return (PluginRoute("GET", "/admin/note", note),)
+
+
+class Choosy(Plugin):
+    """Takes only the exchanges that carry `x-test-take` (Plugin.takes), and records each hook it
+    runs for each of them, by the request's `x-test-id`."""
+
+    calls: ClassVar[list[tuple[str, str]]] = []  # (test id, hook)
+
+    def takes(self, ex: Exchange) -> bool:
+        return bool(ex.request.headers.get("x-test-take"))
+
+    def _record(self, ex: Exchange, hook: str) -> None:
+        Choosy.calls.append((ex.request.headers.get("x-test-id", ""), hook))
+
+    async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
+        self._record(ex, "on_request")
+        return None
+
+    async def on_upstream(self, ex: Exchange) -> None:
+        self._record(ex, "on_upstream")
+
+    async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
+        self._record(ex, "on_response")
+
+    def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
+        if not any(call == (ex.request.headers.get("x-test-id", ""), "on_event") for call in Choosy.calls):
+            self._record(ex, "on_event")  # once a stream
+        return event
+
+    async def on_complete(self, ex: Exchange) -> None:
+        self._record(ex, "on_complete")

@@ -73,6 +73,24 @@ async def test_a_tenant_s_token_budget_counts_every_key_of_it(start_gateway, htt
     assert "budget 'tenant-day-tokens' of tenant:acme (200 tokens a day)" in body["error"]["message"]
 
 
+async def test_a_key_without_a_budget_runs_none_of_the_budget_s_hooks(start_gateway, http) -> None:  # noqa: ANN001
+    """A budget named for one key makes the plugin busy, but a key with none (of a tenant with none)
+    is not its business (Plugin.takes): no reservation, no coroutine per hook, nothing to settle."""
+    from tests.recording_plugin import Recorder
+
+    route = "routes: {messages: {plugins: [auth, ratelimit, budget, usage, sse, ledger, tests.recording_plugin:Recorder]}}"
+    gateway = await start_gateway(config("{tokens_per_day: 10000}", extra=route).replace("tenant: acme", "tenant: own"))
+    ran = {}
+    for name, key in (("spender", KEY), ("sibling", OTHER)):
+        async with http.post(gateway.url + "/v1/messages", json=MESSAGE, headers={**MSG, "x-api-key": key}) as answer:
+            assert answer.status == 200
+        exchange = Recorder.finished[-1]
+        assert exchange.key.name == name
+        ran[name] = [plugin.name for plugin in exchange.pipeline.plugins]
+    assert "budget" in ran["spender"] and "budget" not in ran["sibling"]
+    assert [name for name in ran["spender"] if name != "budget"] == ran["sibling"]  # the others ran for both
+
+
 async def test_a_budget_across_three_instances_stops_within_one_request_of_it(spawn, shared_redis) -> None:  # noqa: ANN001
     listen = 'server: {listen: "127.0.0.1:{PORT}"}'
     text = config("{cost_per_day: 0.01}", listen=listen,

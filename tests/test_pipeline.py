@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.recording_plugin import Recorder
+from tests.recording_plugin import Choosy, Recorder
 from tests.sse import read_events
 
 PIPELINE = """
 routes:  # no auth: the pipeline alone is under test (public says that is meant)
-  messages: {public: true, plugins: [usage, sse, tests.recording_plugin:Recorder]}
+  messages: {public: true, plugins: [usage, sse, tests.recording_plugin:Choosy, tests.recording_plugin:Recorder]}
   responses: {public: true, plugins: [usage, sse, tests.recording_plugin:Recorder]}
   generate_content: {public: true, plugins: [usage, sse, tests.recording_plugin:Recorder]}
   stream_generate_content: {public: true, plugins: [usage, sse, tests.recording_plugin:Recorder]}
@@ -85,6 +85,23 @@ async def test_on_complete_sees_every_exchange_even_refused_ones(gw, http):  # n
     async with http.post(gw.url + path, json=body, headers={**headers, "x-test-refuse": "1"}):
         pass
     assert Recorder.finished[-1].outcome.status == 429 and Recorder.finished[-1].channel is None
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_plugin_that_does_not_take_an_exchange_runs_none_of_its_hooks_for_it(gw, http, stream):  # noqa: ANN001
+    """Plugin.takes, asked once before its on_request: no on_upstream, on_response, on_event nor
+    on_complete follows a no, and the plugins after it run as ever."""
+    Choosy.calls.clear()
+    path, headers, body = CASES["messages"]
+    body = {**body, "stream": True} if stream else body
+    for test_id, take in (("taken", "1"), ("passed-over", "")):
+        wanted = {**headers, "x-test-id": test_id, **({"x-test-take": take} if take else {})}
+        async with http.post(gw.url + path, json=body, headers=wanted) as answer:
+            assert answer.status == 200, await answer.text()
+            await answer.read()
+        assert Recorder.finished[-1].request.headers["x-test-id"] == test_id  # the plugin after it ran
+    hooks = ["on_request", "on_upstream", "on_event" if stream else "on_response", "on_complete"]
+    assert Choosy.calls == [("taken", hook) for hook in hooks]
 
 
 async def test_on_complete_hooks_run_together_and_one_failing_hides_none_of_the_others() -> None:

@@ -244,6 +244,16 @@ class Budget(Plugin):
         if generation is not None and self.counters is not None:
             await self._settle_open(ex.followed_id, generation)  # type: ignore[arg-type]
 
+    def takes(self, ex: Exchange) -> bool:
+        # A caller with a budget, or a follow-up that may read the end of a generation one held
+        # for (read_ended): a key with no budget, of a tenant with none, runs none of its hooks.
+        key = ex.key
+        if key is not None and ex.route.spends_tokens and (
+                key.settings.get("budget") is not None
+                or key.tenant.startswith("tenant:") and self._tenant_budget(key.tenant[7:]) is not None):
+            return True
+        return ex.followed_id is not None and ex.route.creates is None
+
     def completes(self, ex: Exchange) -> bool:
         # A reservation made or left to count, or a follow-up that may read a generation's end
         # (read_ended): a key without a budget costs no task after its answer.
@@ -337,15 +347,17 @@ class Budget(Plugin):
         own = key.settings.get("budget") if key is not None else None
         if own is not None:
             found.append((f"key:{key.name}", own))
-        label = tenant.removeprefix("tenant:") if tenant.startswith("tenant:") else None
-        if label is None:
-            return found
-        if label in self.settings.tenants:  # the config's word first (GitOps), then the key store's
-            found.append((tenant, self.settings.tenants[label]))
-        elif self.stored_tenants is not None and (stored := self.stored_tenants.tenant(label)) is not None \
-                and (budget := stored.settings.get("budget")) is not None:
+        if tenant.startswith("tenant:") and (budget := self._tenant_budget(tenant[7:])) is not None:
             found.append((tenant, budget))
         return found
+
+    def _tenant_budget(self, label: str) -> BudgetLimits | None:
+        """A tenant's budget: the config's word first (GitOps), then the key store's."""
+        if label in self.settings.tenants:
+            return self.settings.tenants[label]
+        if self.stored_tenants is not None and (stored := self.stored_tenants.tenant(label)) is not None:
+            return stored.settings.get("budget")
+        return None
 
     async def report(self, subject: Subject) -> dict[str, Any] | None:
         """Each budget window of the key (and its tenant), or of the tenant: its limit, what is

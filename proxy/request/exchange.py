@@ -4,7 +4,8 @@ what became of it.
 Each part has one owner. What the client sent (route, target, path parameters, model, stream
 flag, body as read) is set by the gateway and proxy/request/body.py before the pipeline runs.
 The request to forward (upstream headers, body) starts as the client's and is shaped by
-plugins; the caller (`key`) is set by the plugin that provides it; the routing decision
+plugins; the caller (`key`) is set by the plugin that provides it; the pipeline it runs on by
+the gateway and proxy/pipeline.py; the routing decision
 (`channel`, `upstream_model`, the followed id's record) by the gateway, the forwarder and
 proxy/request/affinity.py. `outcome` (status, bytes, timings, error) is written only by the
 forwarder and the relay, and by the gateway for the answers it makes itself; everything after
@@ -34,6 +35,7 @@ from proxy.wire.routes import Route
 if TYPE_CHECKING:
     import asyncio
 
+    from proxy.pipeline import Pipeline
     from proxy.policy.channels import Channel
     from proxy.request.affinity import PinRecord
     from proxy.state import Write
@@ -52,7 +54,7 @@ class Exchange:
         "upstream_model", "channel", "pinned_channel", "key", "streaming", "usage", "generation", "outcome",
         "plugin_state", "tracer", "span", "unsampled_span", "response_headers",
         "answer_limit", "gateway_id", "target", "followed_id", "follow_lookup", "followed", "created_id",
-        "with_pin", "pinned_with",
+        "with_pin", "pinned_with", "pipeline",
     )
 
     def __init__(self, request: web.Request, route: Route, request_id: str, gateway_id: str | None = None) -> None:
@@ -93,6 +95,9 @@ class Exchange:
         self.generation: Generation | None = None
         self.outcome = Outcome()
         self.plugin_state: dict[str, Any] = {}
+        # The pipeline this exchange runs on: its route's, set by the gateway, or a narrower one
+        # once a plugin does not take it (Pipeline.run_request). Only the gateway and it set this.
+        self.pipeline: Pipeline | None = None
         self.response_headers: dict[str, str] | None = None  # plugins' additions to the client's answer
         self.answer_limit: AnswerLimit | None = None  # a plugin must read the whole answer
         self.tracer: Any = None   # the OpenTelemetry tracer, when this request is traced

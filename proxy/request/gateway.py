@@ -143,7 +143,7 @@ class Gateway:
                     # asks for goes to a live gateway. (One that ended by itself keeps its connection a
                     # moment, so a next request already on its way is answered: proxy/process/drain.py.)
                     response.force_close()
-                await runtime.pipelines[route.name].run_complete(ex)
+                await (ex.pipeline or runtime.pipelines[route.name]).run_complete(ex)
                 now = time.perf_counter()
                 overhead = ex.overhead_seconds(now)  # read once: metrics, trace and access line agree
                 runtime.observer.finished(ex, now, overhead)
@@ -180,7 +180,7 @@ class Gateway:
         if refusal is not None:
             return ex.answer_locally(refusal, id_header)
         ex.headers = self._upstream_headers(ex, runtime, id_header)  # before the pipeline: plugins may edit them
-        pipeline = runtime.pipelines[ex.route.name]
+        pipeline = ex.pipeline = runtime.pipelines[ex.route.name]
         # The lookups start together, so they go to the state store with the first call a plugin
         # awaits (its limit check): one round trip. Whose the followed id is, the pipeline checks.
         self.affinity.follow(ex)
@@ -195,7 +195,7 @@ class Gateway:
         refusal = await self._choose_channel(ex, runtime)
         if refusal is not None:
             return ex.answer_locally(refusal, id_header)
-        return await self.forwarder.forward(ex, runtime, pipeline)
+        return await self.forwarder.forward(ex, runtime, ex.pipeline or pipeline)  # narrowed to the plugins taking it
 
     def _refuse(self, request: web.Request, route: Route) -> web.Response:
         """503 before anything else is done: this worker is at its bound on requests in flight
