@@ -663,3 +663,48 @@ async def test_an_admin_body_sent_in_pieces_is_read_whole(three) -> None:  # noq
     answer = await asyncio.wait_for(reader.read(), 10)
     writer.close()
     assert answer.startswith(b"HTTP/1.1 201"), answer[:300]
+
+
+async def test_keys_made_live_by_the_thousand_are_moved_out_of_the_collectors_reach() -> None:
+    """Ten thousand keys made live after start made each full pass of the garbage collector 15-50 ms,
+    every request stalled that long (and a worker saturated by a closed loop shed some of it): past
+    FREEZE_AFTER keys made live, what is held is frozen, as what start-up built is. A few keys
+    changed now and then are not worth it."""
+    import gc
+    import os
+    from datetime import datetime, timezone
+
+    from proxy.keystore.directory import FREEZE_AFTER, KeySync, StoredKeys
+    from proxy.keystore.records import StoredKey
+
+    now = datetime.now(timezone.utc)
+    made = iter(range(1, 10**6))
+
+    def rows(count: int) -> list[StoredKey]:
+        return [StoredKey(f"k{n}", os.urandom(32), None, None, None, {}, n, now, "t", now, "t")
+                for n in (next(made) for _ in range(count))]
+
+    class Store:
+        url, timeout_s = "postgresql://unused@127.0.0.1/none", 1.0
+        pending: list[StoredKey] = []
+
+        async def keys_since(self, revision: int) -> list[StoredKey]:
+            taken, self.pending = self.pending, []
+            return taken
+
+        async def tenant_specs(self) -> dict:
+            return {}
+
+    store = Store()
+    sync = KeySync(store, StoredKeys(), resync_s=3600)  # type: ignore[arg-type]
+    frozen = gc.get_freeze_count()
+    try:
+        store.pending = rows(10)
+        await sync.refresh()
+        assert gc.get_freeze_count() == frozen  # a few keys: left to the collector
+        store.pending = many = rows(FREEZE_AFTER)
+        await sync.refresh()
+        assert gc.get_freeze_count() > frozen + FREEZE_AFTER  # the keys, and what holds them
+        assert sync.keys.find_digest(many[-1].sha256) is not None  # and served as ever
+    finally:
+        gc.unfreeze()  # the test process's heap back to the collector

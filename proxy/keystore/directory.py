@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import logging
 import time
@@ -33,6 +34,9 @@ log = logging.getLogger("modelgate.keystore")
 
 RETRY_S = 0.5  # while the store does not answer, how often it is tried
 BATCH = 200    # keys made live between two turns of the loop
+# Keys made live since the collector last had its long-lived objects frozen, past which they are
+# (see KeySync.refresh): a thousand keys add a few milliseconds to each of its full passes.
+FREEZE_AFTER = 1000
 
 KEY_STORE_LAG = Histogram("modelgate_key_store_propagation_seconds",
                           "From a stored key's change committed to this process holding it",
@@ -151,6 +155,7 @@ class KeySync:
         self._task: asyncio.Task[None] | None = None
         self._listener: Any = None
         self.reachable = False
+        self._unfrozen = 0  # keys made live since the last freeze
 
     async def start(self) -> None:
         """Read what is stored now (a store that does not answer is left to the loop), then keep up."""
@@ -191,6 +196,15 @@ class KeySync:
         for start in range(0, len(rows), BATCH):
             self.keys.apply(rows[start:start + BATCH], observe=not full)
             await asyncio.sleep(0)
+        self._unfrozen += len(rows)
+        if self._unfrozen >= FREEZE_AFTER:
+            # Kept for as long as the keys are: out of the collector's reach, as what start-up
+            # built is (proxy/process/server.py). Ten thousand keys made live after start made
+            # each of its full passes 15-50 ms, a stall of every request; and a worker saturated
+            # by a fixed set of clients, seeing its loop that late, shed some of them. (Objects
+            # frozen are still freed when the last reference goes: a key replaced or dropped is.)
+            gc.freeze()
+            self._unfrozen = 0
         if full:
             self.keys.revision = max(self.keys.revision, revision)
         if rows or full:
