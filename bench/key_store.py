@@ -200,8 +200,8 @@ def main() -> int:
     base, stored = (statistics.median(values) for values in cpu.values())
     lines = ["## The key store on the request path", "",
              f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python bench/key_store.py --rounds "
-             f"{args.rounds} --keys {args.keys}`. Machine: {os.cpu_count()} cores ({cpu_model()}). One worker each, "
-             "pinned to core 0 in turn; wrk on core 1, 64 connections, 5 s, `POST /v1/messages`; the gateway's CPU "
+             f"{args.rounds} --keys {args.keys}`. Machine: {os.cpu_count()} cores ({cpu_model()}). One worker each "
+             "(a fixed bound on requests in flight), pinned to core 0 in turn; wrk on core 1, 64 connections, 5 s, `POST /v1/messages`; the gateway's CPU "
              f"per request, median of {args.rounds} alternating rounds (each round's figure in brackets). The stored "
              f"gateway held its keys as the run began (`{active.strip()}`), and the key presented was a stored one.",
              "", "| gateway | CPU ms a request | rounds |", "|---|---|---|"]
