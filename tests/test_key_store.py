@@ -667,9 +667,8 @@ async def test_an_admin_body_sent_in_pieces_is_read_whole(three) -> None:  # noq
 
 async def test_keys_made_live_by_the_thousand_are_moved_out_of_the_collectors_reach() -> None:
     """Ten thousand keys made live after start made each full pass of the garbage collector 15-50 ms,
-    every request stalled that long (and a worker saturated by a closed loop shed some of it): past
-    FREEZE_AFTER keys made live, what is held is frozen, as what start-up built is. A few keys
-    changed now and then are not worth it."""
+    every request stalled that long: past FREEZE_AFTER keys made live, what is held is frozen, as
+    what start-up built is. A few keys changed now and then are not worth it."""
     import gc
     import os
     from datetime import datetime, timezone

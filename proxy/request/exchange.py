@@ -96,7 +96,7 @@ class Exchange:
         self.outcome = Outcome()
         self.plugin_state: dict[str, Any] = {}
         # The pipeline this exchange runs on: its route's, set by the gateway, or a narrower one
-        # once a plugin does not take it (Pipeline.run_request). Only the gateway and it set this.
+        # once a plugin does not take it (Pipeline.run_request). Set by those two only.
         self.pipeline: Pipeline | None = None
         self.response_headers: dict[str, str] | None = None  # plugins' additions to the client's answer
         self.answer_limit: AnswerLimit | None = None  # a plugin must read the whole answer
