@@ -227,10 +227,11 @@ class Plugin:
     def takes(self, ex: Exchange) -> bool:
         """Whether this exchange is any of this plugin's business. Asked once, just before its
         on_request (the plugins before it have run: the caller is known); False: none of its hooks
-        run for the exchange, from that on_request to its on_complete. A plugin that is needed only
-        for some callers (those with a budget) thus costs them a call, and the others no coroutine
-        per hook. The base class's: always (and never asked); a plugin without an on_request is
-        never asked either."""
+        run for the exchange, from that on_request to its on_complete (its `prefetch`, run before
+        the caller is known, has run already). A plugin that is needed only for some callers
+        (those with a budget) thus costs them a call, and the others no coroutine per hook. The
+        base class's: always (and never asked); a plugin without an on_request is never asked
+        either."""
         return True
 
     def completes(self, ex: Exchange) -> bool:
