@@ -87,6 +87,9 @@ class Choosy(Plugin):
     def _record(self, ex: Exchange, hook: str) -> None:
         Choosy.calls.append((ex.request.headers.get("x-test-id", ""), hook))
 
+    def prefetch(self, ex: Exchange) -> None:  # run before any plugin, takes included, is asked
+        self._record(ex, "prefetch")
+
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
         self._record(ex, "on_request")
         return None

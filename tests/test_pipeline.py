@@ -90,7 +90,8 @@ async def test_on_complete_sees_every_exchange_even_refused_ones(gw, http):  # n
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_plugin_that_does_not_take_an_exchange_runs_none_of_its_hooks_for_it(gw, http, stream):  # noqa: ANN001
     """Plugin.takes, asked once before its on_request: no on_upstream, on_response, on_event nor
-    on_complete follows a no, and the plugins after it run as ever."""
+    on_complete follows a no, and the plugins after it run as ever (its prefetch, run before the
+    caller is known, has run)."""
     Choosy.calls.clear()
     path, headers, body = CASES["messages"]
     body = {**body, "stream": True} if stream else body
@@ -100,8 +101,8 @@ async def test_a_plugin_that_does_not_take_an_exchange_runs_none_of_its_hooks_fo
             assert answer.status == 200, await answer.text()
             await answer.read()
         assert Recorder.finished[-1].request.headers["x-test-id"] == test_id  # the plugin after it ran
-    hooks = ["on_request", "on_upstream", "on_event" if stream else "on_response", "on_complete"]
-    assert Choosy.calls == [("taken", hook) for hook in hooks]
+    hooks = ["prefetch", "on_request", "on_upstream", "on_event" if stream else "on_response", "on_complete"]
+    assert Choosy.calls == [("taken", hook) for hook in hooks] + [("passed-over", "prefetch")]
 
 
 async def test_on_complete_hooks_run_together_and_one_failing_hides_none_of_the_others() -> None:
