@@ -5,6 +5,7 @@ Retry-After, in the endpoint's shape, before reading a body; what it admitted is
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -17,7 +18,8 @@ from multidict import CIMultiDict
 from prometheus_client import REGISTRY
 
 from proxy.config import parse_config
-from proxy.process.admission import BEHIND, CUT_S, MIN_CUT_ARRIVALS, MIN_LIMIT, MIN_SHARE, PROBE_S, WINDOW_S, Admission
+from proxy.process.admission import (BEHIND, CUT_S, FAR, MIN_CUT_ARRIVALS, MIN_LIMIT, MIN_SHARE, PROBE_S, WINDOW_S,
+                                     Admission)
 from proxy.process.cpu import REREAD_S, WorkerCpu, quota_cores
 from tests.conftest import BEARER, DEMO_KEY, MESSAGE_HEADERS, SteppedClock
 
@@ -191,18 +193,20 @@ def test_auto_admits_a_share_of_short_requests_while_they_make_the_loop_late() -
 
 
 BEHIND_S = 0.010 * BEHIND  # late enough, against the 10 ms target, for a busy CPU to count
+_CLIMBING = itertools.count(3)  # requests in flight, one more at each probe: an open loop's onset
 
 
 def run_busy(gate: Admission, clock: SteppedClock, cpu: Cpu, seconds: float, busy: float,
-             arrivals: int, delay_s: float = BEHIND_S) -> None:
+             arrivals: int, delay_s: float = BEHIND_S, in_flight: int | None = None) -> None:
     """`seconds` of probes, each finding the loop `delay_s` late, the CPU `busy` (of what the worker
-    may use: a quarter of a core here) and `arrivals` requests asked about since the last."""
+    may use: a quarter of a core here), `arrivals` requests asked about since the last and
+    `in_flight` requests in flight (None: more at each probe than ever before)."""
     for _ in range(round(seconds / PROBE_S)):
         for _ in range(arrivals):
             gate.admits(2)
         clock.advance(PROBE_S)
         cpu.seconds += busy * 0.25 * PROBE_S
-        gate.observe(delay_s, 2)
+        gate.observe(delay_s, next(_CLIMBING) if in_flight is None else in_flight)
 
 
 def test_auto_admits_a_share_of_requests_while_they_keep_the_cpu_busier_than_max_cpu_busy() -> None:
@@ -252,6 +256,24 @@ def test_a_saturated_cpu_whose_loop_keeps_up_admits_every_request() -> None:
     assert cut < gate.share <= cut * 1.06 ** 5  # the CPU has no room, the loop keeps up: back slowly
     run_busy(gate, clock, cpu, 5.0, busy=1.0, arrivals=5, delay_s=BEHIND_S * 0.4)
     assert gate.share == 1.0  # and in the end wholly: the stall's cut does not last as long as the load
+
+
+def test_a_closed_loop_whose_requests_in_flight_stay_level_is_not_cut_unless_the_loop_runs_far_behind() -> None:
+    """A closed loop of clients saturating the CPU runs its loop as late as its clients times a
+    request's cost: on a slow machine past BEHIND now and then, two readings running. With its
+    requests in flight level (no more than it has clients) that is no overload; FAR times as late
+    is, whatever is in flight. Once shedding, BEHIND alone goes on cutting: the cuts themselves
+    hold what is in flight level."""
+    clock = SteppedClock()
+    cpu = Cpu(clock, cores=0.25)
+    gate, _ = admission("max_cpu_busy: 0.8", clock, cpu)
+    run_busy(gate, clock, cpu, CUT_S, busy=1.0, arrivals=5, in_flight=64)
+    run_busy(gate, clock, cpu, 3.0, busy=1.0, arrivals=5, delay_s=BEHIND_S * 1.5, in_flight=60)
+    assert gate.share == 1.0
+    run_busy(gate, clock, cpu, 2 * CUT_S, busy=1.0, arrivals=5, delay_s=BEHIND_S * FAR, in_flight=60)
+    assert gate.share == 0.5
+    run_busy(gate, clock, cpu, CUT_S, busy=1.0, arrivals=5, in_flight=60)
+    assert gate.share == 0.25
 
 
 def test_a_busy_cpu_with_few_arrivals_or_max_cpu_busy_1_admits_every_request() -> None:

@@ -47,7 +47,9 @@ than half), or halved when the CPU is SATURATED (what is asked of it is then unk
 regrows while the CPU keeps under _ROOM of its target and the loop under half of its; while the
 CPU is busy but the loop keeps well up (under half of BEHIND), only slowly (_CREEP). Read this
 often, not each window: at an overload's onset every window waited is a window of requests
-queued.
+queued. The first cut also needs the requests in flight climbing, or the loop FAR times as late:
+a closed loop of clients (each waiting for its answer before it sends again) saturates a CPU with
+no more in flight than it has clients, and on a slow machine runs its loop past BEHIND too.
 
 It starts at `server.max_connections` (a connection carries one request at a time, so no more
 can be in flight) and never rises above it, nor falls below MIN_LIMIT: a worker that keeps up
@@ -64,6 +66,7 @@ its short calls.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
 import time
@@ -90,6 +93,15 @@ SATURATED = 0.97   # busy past this, the CPU is saturated: what is asked of it i
 # they are, and its loop keeps up (64 such clients: under 2 ms late; 256: 6-9 ms); a worker
 # offered more than it serves falls further behind each turn.
 BEHIND = 0.2
+# ... and, before the first cut, a reading counts as behind only if the loop is FAR times that
+# late, or the requests in flight have climbed past all of the last CLIMB_READINGS readings (a
+# second's): a closed loop's own delay is its clients times a request's cost, so on a slower
+# machine its tail reaches BEHIND (64 clients at 0.6 ms a request: p99 11 ms, at most 17), while
+# it holds no more requests than it has clients. An open loop's onset is both: 10, 50, 18, 57 ms
+# late, and 10, 37, 40, 54, 74 in flight (bench/RESULTS.md, "Overload: what the runs showed").
+# Once shedding, BEHIND alone: the cuts themselves hold what is in flight level.
+FAR = 2
+CLIMB_READINGS = 33
 _REGROW = 1.25     # the admitted share's growth a window, while the loop keeps under half its target
 _ROOM = 0.85       # ... and the CPU under this share of `max_cpu_busy`
 _CREEP = 1.05      # its growth a window while the CPU has no room but the loop keeps well up
@@ -112,7 +124,7 @@ class Admission:
     __slots__ = ("limit", "share", "waiting", "auto", "ceiling", "target_s", "busy_target", "delay_s", "busy", "cpu",
                  "_clock", "_window_start", "_delays", "_peak", "_refused", "_arrived", "_credit", "_due", "_unlogged",
                  "_logged_at", "_timer", "_in_flight", "_used_at", "_cut_at", "_used_at_cut", "_arrived_at_cut",
-                 "_cut_from", "_behind")
+                 "_cut_from", "_behind", "_in_flight_seen")
 
     def __init__(self, server: ServerConfig, clock: Callable[[], float] = time.perf_counter,
                  cpu: WorkerCpu | None = None) -> None:
@@ -123,6 +135,7 @@ class Admission:
         self._arrived_at_cut = 0
         self._cut_from = 0      # the first of `_delays` since the CPU was last read
         self._behind = 0        # readings of the CPU running that found the loop behind
+        self._in_flight_seen: collections.deque[int] = collections.deque(maxlen=CLIMB_READINGS)  # at each reading
         self._delays: list[float] = []
         self._peak = 0          # the most requests in flight this window
         self._refused = 0       # refusals this window
@@ -188,7 +201,7 @@ class Admission:
         self._delays.append(delay_s)
         now = self._clock()
         if now - self._cut_at >= CUT_S - PROBE_S / 2:  # at the probe nearest CUT_S
-            self._check_busy(now)
+            self._check_busy(now, in_flight)
         if now - self._window_start < WINDOW_S or len(self._delays) < MIN_PROBES:
             return
         delays = sorted(self._delays)
@@ -227,14 +240,19 @@ class Admission:
         self._peak, self._refused, self._arrived, self._window_start = in_flight, 0, 0, now
         self._arrived_at_cut = self._cut_from = 0
 
-    def _check_busy(self, now: float) -> None:
+    def _check_busy(self, now: float, in_flight: int) -> None:
         """Every CUT_S: past `max_cpu_busy`, with the requests arriving to account for it and the
         loop falling behind, the admitted share is cut (`auto` only). Read this often, not each
         window: at the onset of an overload every window waited is a window of requests queued."""
         used = self.cpu.used()
         late = sorted(self._delays[self._cut_from:])
         # Behind for two readings running: one stall of the loop (a collection) is one reading.
-        self._behind = self._behind + 1 if late and late[len(late) // 2] >= self.target_s * BEHIND else 0
+        delay = late[len(late) // 2] if late else 0.0
+        climbing = in_flight > max(self._in_flight_seen, default=-1)
+        self._in_flight_seen.append(in_flight)
+        behind = delay >= self.target_s * BEHIND and (
+            self.share < 1.0 or climbing or delay >= self.target_s * BEHIND * FAR)
+        self._behind = self._behind + 1 if behind else 0
         if (self.auto and self.busy_target < 1.0 and self._arrived - self._arrived_at_cut >= MIN_CUT_ARRIVALS
                 and self._behind >= 2):
             busy = (used - self._used_at_cut) / max(1e-9, now - self._cut_at) / self.cpu.available()
