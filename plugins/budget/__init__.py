@@ -57,6 +57,7 @@ BUDGET_UNAVAILABLE = Counter("modelgate_budget_backend_errors", "Budget checks t
 
 _STATE = "budget.reserved"
 _UNCOUNTED = "budget.uncounted"
+_TENANT = "tenant:"  # how a key names the tenant it belongs to (GatewayKey.tenant), before its label
 _IMAGES = "budget.images"
 _VIDEO_CREATES = frozenset({"video_generations", "videos"})
 _SETTLED_HERE = 10_000  # ids of ended generations this process settled: not claimed again
@@ -250,7 +251,7 @@ class Budget(Plugin):
         key = ex.key
         if key is not None and ex.route.spends_tokens and (
                 key.settings.get("budget") is not None
-                or key.tenant.startswith("tenant:") and self._tenant_budget(key.tenant[7:]) is not None):
+                or key.tenant.startswith(_TENANT) and self._tenant_budget(key.tenant[len(_TENANT):]) is not None):
             return True
         return ex.followed_id is not None and ex.route.creates is None
 
@@ -347,7 +348,7 @@ class Budget(Plugin):
         own = key.settings.get("budget") if key is not None else None
         if own is not None:
             found.append((f"key:{key.name}", own))
-        if tenant.startswith("tenant:") and (budget := self._tenant_budget(tenant[7:])) is not None:
+        if tenant.startswith(_TENANT) and (budget := self._tenant_budget(tenant[len(_TENANT):])) is not None:
             found.append((tenant, budget))
         return found
 
