@@ -54,6 +54,22 @@ STORED_KEYS = "keys.stored"
 STORED_TENANTS = "tenants.stored"
 
 
+# What `Plugin.query` may be asked: the requests recorded (newest first, filtered by `key`,
+# `tenant`, `model`, `route`, `status`, `since`, `until`, `request_id`; `limit`, and `before`
+# from the last page's `next`), one of them (`id`), and spend summed `by` key, tenant, model or
+# day over a span.
+QUERIES = ("requests", "request", "spend")
+
+
+class QueryProblem(ValueError):
+    """A query parameter a plugin cannot take: its name, and why (said to the caller as a 400)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
 @dataclass(slots=True, frozen=True)
 class Subject:
     """Whom the admin API asks a plugin about (`Plugin.report`): a key (`key` set; `tenant` its
@@ -207,6 +223,13 @@ class Plugin:
         """What this plugin knows of a key or a tenant now (what it spent, what is left of its
         budget), for the admin API's usage reads: a JSON-ready dict, or None when it keeps nothing
         of them. Read only; off the request path."""
+        return None
+
+    async def query(self, name: str, tenant: str | None, params: Mapping[str, str]) -> dict[str, Any] | None:
+        """An admin read over what this plugin records, by `name` (QUERIES), for the admin API and
+        the console: `tenant` (`tenant:NAME`, as `GatewayKey.tenant`) confines it to one tenant's
+        records, whatever `params` ask. A JSON-ready dict, or None when this plugin keeps no such
+        records; QueryProblem for a parameter it cannot take. Read only; off the request path."""
         return None
 
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,7 @@ from plugins.ledger.record import UsageRecord, held, record_of, settled
 from proxy.config import GatewayConfig
 from proxy.formats import Generation
 from proxy.observability.metrics import ModelLabels, child
-from proxy.plugin import STATE_STORE, Joins, Plugin, PluginCommand, Subject
+from proxy.plugin import QUERIES, STATE_STORE, Joins, Plugin, PluginCommand, Subject
 from proxy.formats.images import ImagesFormat
 from proxy.formats.video import VideoTasks
 from proxy.policy.prices import PriceTable
@@ -160,6 +160,18 @@ class Ledger(Plugin):
             return await spend_of(database_url, column, value, datetime.now(timezone.utc))
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             return {"unavailable": f"the ledger's database does not answer ({type(exc).__name__})"}
+
+    async def query(self, name: str, tenant: str | None, params: Mapping[str, str]) -> dict[str, Any] | None:
+        """The requests recorded, one of them, or spend over a span (plugins/ledger/queries.py)."""
+        database_url = self.settings.database_url
+        if database_url is None or name not in QUERIES:
+            return None
+        from plugins.ledger.queries import LedgerQueries
+
+        slot = f"ledger.queries:{database_url}"  # kept across reloads; the gateway closes it at the end
+        if slot not in self.resources:
+            self.resources[slot] = LedgerQueries(database_url)
+        return await self.resources[slot].run(name, tenant, params)
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
         if ex.format.name == "images" and (image := ImagesFormat.image_in_event(event)) is not None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from proxy.formats import Generation, Usage
 from proxy.formats.images import ImageMade
+from proxy.observability.tracing import ids
 from proxy.policy.prices import PriceTable
 from proxy.request.charges import Most, ended
 from proxy.request.exchange import Exchange
@@ -56,6 +57,12 @@ class UsageRecord:
     # are what is held for it, until a follow-up reads how it ended and the row is settled.
     pending: bool = False
     settled_at: datetime | None = None  # when a pending row was settled
+    # Its time in parts (`Server-Timing`'s): the gateway's own, and the upstreams' (every attempt's).
+    gateway_ms: float | None = None
+    upstream_ms: float | None = None
+    trace_id: str | None = None     # the request's trace, when it was traced
+    attempts: int | None = None     # upstream attempts (failovers and resends each count)
+    error_code: str | None = None   # the code of an error the gateway answered itself
 
     def row(self) -> tuple[Any, ...]:
         """The record as COPY sends it, its cost in billionths: a float sent into a numeric column
@@ -97,6 +104,7 @@ def record_of(ex: Exchange, prices: PriceTable, images: list[ImageMade], video_s
     estimated = estimated or seconds_assumed
     charge = prices.charge(_clipped(ex.model), usage, images, video_seconds)
     duration_s = now - ex.started
+    trace = ids(ex)
     return UsageRecord(
         request_id=ex.gateway_id, at=_arrived(duration_s),
         client_request_id=ex.request_id if ex.request_id != ex.gateway_id else None,
@@ -107,7 +115,9 @@ def record_of(ex: Exchange, prices: PriceTable, images: list[ImageMade], video_s
         reasoning_tokens=_bounded(usage.reasoning_tokens), images=len(images),
         video_seconds=video_seconds, cost=min(charge.cost, _MOST_COST), priced=charge.priced,
         duration_ms=round(duration_s * 1000, 3), client_aborted=ex.outcome.client_aborted, estimated=estimated,
-        cut_by=ex.outcome.cut_by)
+        cut_by=ex.outcome.cut_by, gateway_ms=round(ex.overhead_seconds(now) * 1000, 3),
+        upstream_ms=round(ex.outcome.upstream_seconds() * 1000, 3), trace_id=trace[0] if trace else None,
+        attempts=ex.outcome.attempts, error_code=ex.outcome.error_code)
 
 
 def held(record: UsageRecord, most: Most, prices: PriceTable, counts_tokens: bool) -> UsageRecord:

@@ -24,7 +24,7 @@ GROUPS = {"key": "key_name", "tenant": "tenant", "model": "model", "route": "rou
 SUMS = ("requests", "input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens", "images",
         "video_seconds", "cost", "pending_cost", "unpriced", "estimated", "client_aborted", "cut", "pending")
 _COUNTED = ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens", "images")
-_AGGREGATES = ", ".join(["count(*)", *(f"coalesce(sum({c}), 0)::bigint" for c in _COUNTED),
+AGGREGATES = ", ".join(["count(*)", *(f"coalesce(sum({c}), 0)::bigint" for c in _COUNTED),
                           "sum(video_seconds)", "sum(cost)", "coalesce(sum(cost) FILTER (WHERE pending), 0)",
                           "count(*) FILTER (WHERE NOT priced AND model IS NOT NULL)",
                           "count(*) FILTER (WHERE estimated)", "count(*) FILTER (WHERE client_aborted)",
@@ -90,7 +90,7 @@ async def _query(database_url: str, by: list[str], since: datetime, until: datet
 
     columns = [GROUPS[name] for name in by]
     grouped = ", ".join(columns)
-    sql = (f"SELECT {grouped}, {_AGGREGATES} FROM usage_records WHERE at >= $1 AND at < $2 "
+    sql = (f"SELECT {grouped}, {AGGREGATES} FROM usage_records WHERE at >= $1 AND at < $2 "
            f"GROUP BY {grouped} ORDER BY sum(cost) DESC, count(*) DESC")
     connection = await asyncpg.connect(database_url)
     try:
@@ -111,7 +111,7 @@ async def spend_of(database_url: str, column: str, value: str, now: datetime) ->
     assert column in ("key_name", "tenant")  # a column of ours, never the caller's text
     today = now.replace(hour=0, minute=0, second=0, microsecond=0)
     periods = {"today": today, "this_month": today.replace(day=1)}
-    sql = f"SELECT {_AGGREGATES} FROM usage_records WHERE {column} = $1 AND at >= $2"
+    sql = f"SELECT {AGGREGATES} FROM usage_records WHERE {column} = $1 AND at >= $2"
     connection = await asyncpg.connect(database_url, timeout=3, command_timeout=5)
     try:
         found = {}

@@ -50,6 +50,21 @@ MIGRATIONS: tuple[str, ...] = (
         ADD COLUMN settled_at timestamptz;
     CREATE INDEX usage_records_pending ON usage_records (at) WHERE pending;
     """,
+    # 3: one request's story for the console (its time split, its trace, its attempts, the error
+    # code the gateway answered), and an index for each search the console offers: the newest
+    # rows of a model, route, status or client id, found without reading the others.
+    """
+    ALTER TABLE usage_records
+        ADD COLUMN gateway_ms double precision,
+        ADD COLUMN upstream_ms double precision,
+        ADD COLUMN trace_id text,
+        ADD COLUMN attempts integer,
+        ADD COLUMN error_code text;
+    CREATE INDEX usage_records_model_at ON usage_records (model, at);
+    CREATE INDEX usage_records_route_at ON usage_records (route, at);
+    CREATE INDEX usage_records_status_at ON usage_records (status, at);
+    CREATE INDEX usage_records_client_request_id ON usage_records (client_request_id) WHERE client_request_id IS NOT NULL;
+    """,
 )
 
 

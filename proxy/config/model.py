@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from proxy.config.console import ConsoleConfig
 from proxy.config.key_store import KeyStoreConfig
 from proxy.config.prices import PriceConfig
 from proxy.formats import FORMAT_NAMES
@@ -473,6 +474,7 @@ class GatewayConfig(Strict):
     resilience: ResilienceConfig = Field(default_factory=ResilienceConfig)
     prices: list[PriceConfig] = Field(default_factory=list)  # proxy/config/prices.py
     key_store: KeyStoreConfig = Field(default_factory=KeyStoreConfig)  # proxy/config/key_store.py
+    console: ConsoleConfig = Field(default_factory=ConsoleConfig)  # proxy/config/console.py
 
     @field_validator("routes")
     @classmethod

@@ -1,11 +1,11 @@
 """Who may do what through the admin API.
 
-| role | keys | tenants | admin tokens | audit |
-|---|---|---|---|---|
-| `owner` | all | all | all | all |
-| `operator` | all | all | none | all |
-| `viewer` | read | read | none | all |
-| `tenant-admin` | its tenant's | read its own | none | its tenant's |
+| role | keys | tenants | admin tokens | audit | usage (requests, spend) | channels |
+|---|---|---|---|---|---|---|
+| `owner` | all | all | all | all | all | read |
+| `operator` | all | all | none | all | all | read |
+| `viewer` | read | read | none | all | all | read |
+| `tenant-admin` | its tenant's | read its own | none | its tenant's | its tenant's | none |
 
 `server.admin_token` is an `owner`; other admin tokens are made with
 `modelgate admin-token create` and kept as digests in the key store. An attempt a role does not
@@ -22,7 +22,7 @@ WRITE = "write"
 
 def allowed(actor: Actor, kind: str, mode: str, tenant: str | None) -> bool:
     """Whether `actor` may `mode` (READ or WRITE) a `kind` ("key", "tenant", "admin_token",
-    "audit") belonging to `tenant` (None: no tenant, or every tenant at once, as a list is)."""
+    "audit", "usage", "channel") belonging to `tenant` (None: no tenant, or every tenant at once, as a list is)."""
     role = actor.role
     if role == "owner":
         return True
@@ -35,5 +35,5 @@ def allowed(actor: Actor, kind: str, mode: str, tenant: str | None) -> bool:
     if role == "tenant-admin":
         if actor.tenant is None or tenant != actor.tenant:
             return False
-        return kind in ("key", "audit") or (kind == "tenant" and mode == READ)
+        return kind in ("key", "audit") or (kind in ("tenant", "usage") and mode == READ)
     return False

@@ -12,6 +12,9 @@ admin token from the key store (its role). Answers are JSON; errors are
     GET    /admin/v1/tenants/{name}   PATCH /admin/v1/tenants/{name}   DELETE /admin/v1/tenants/{name}
     GET    /admin/v1/admin-tokens     POST /admin/v1/admin-tokens     DELETE /admin/v1/admin-tokens/{name}
     GET    /admin/v1/audit[?tenant=&target=&actor=&limit=&before=]
+    GET    /admin/v1/requests[?key=&tenant=&model=&route=&status=&since=&until=&request_id=&limit=&before=]
+    GET    /admin/v1/requests/{id}    GET /admin/v1/spend[?since=&until=&by=&tenant=&key=&model=]
+    GET    /admin/v1/channels         (this instance's breakers and pools; the fleet's recent error rates)
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from aiohttp import web
 
 from proxy.keystore.oidc import OidcRefused, OidcVerifier
 from proxy.keystore.operations import AdminError, AdminOps
+from proxy.keystore.reads import AdminReads
 from proxy.keystore.records import Actor
 from proxy.observability.metrics import ADMIN_REQUESTS
 from proxy.state.postgres import SchemaTooNew
@@ -50,8 +54,9 @@ class AdminApi:
     `server.admin_token` (True), another credential (False) or none (None)."""
 
     def __init__(self, ops: AdminOps, is_admin_token: Callable[[web.Request], bool | None],
-                 owner: str = "admin_token", oidc: OidcVerifier | None = None) -> None:
+                 owner: str = "admin_token", oidc: OidcVerifier | None = None, reads: AdminReads | None = None) -> None:
         self.ops = ops
+        self.reads = reads  # what the gateway did (None: no gateway runs here, as for the CLI's -c)
         self.oidc = oidc  # bearer JWTs from the configured issuer, when there is one
         self.is_admin_token = is_admin_token
         self.owner = owner  # the audit trail's name for whoever holds that token
@@ -84,6 +89,18 @@ class AdminApi:
                 a, r.query.get("tenant"), r.query.get("target"), r.query.get("actor"),
                 _int(r.query.get("limit", "100"), "limit"),
                 _int(r.query["before"], "before") if "before" in r.query else None))),
+            *self._read_routes(),
+        ]
+
+    def _read_routes(self) -> list[Route]:
+        reads = self.reads
+        if reads is None:
+            return []
+        return [
+            ("GET", "/requests", self._call(lambda a, r, b: reads.requests(a, r.query))),
+            ("GET", "/requests/{id}", self._call(lambda a, r, b: reads.request(a, r.match_info["id"]))),
+            ("GET", "/spend", self._call(lambda a, r, b: reads.spend(a, r.query))),
+            ("GET", "/channels", self._call(lambda a, r, b: reads.channels(a))),
         ]
 
     def _call(self, operation: Callable[[Actor, web.Request, Any], Awaitable[dict[str, Any]]],

@@ -51,7 +51,14 @@ class OidcVerifier:
                                              exp={"essential": True}, sub={"essential": True})
 
     async def actor(self, token: str, source: str | None, request_id: str | None) -> Actor:
-        claims = await self._verified(token)
+        return self.actor_of(await self.claims(token), source, request_id)
+
+    async def claims(self, token: str) -> dict[str, Any]:
+        """The claims of a token signed by the issuer for this audience, now; else OidcRefused."""
+        return await self._verified(token)
+
+    def actor_of(self, claims: dict[str, Any], source: str | None, request_id: str | None) -> Actor:
+        """Who the verified `claims` name, with the role and tenant their claims give."""
         role = claims.get(self.config.role_claim)
         if role not in ROLES:
             raise OidcRefused(f"the token's '{self.config.role_claim}' claim names no role of {', '.join(ROLES)}")

@@ -93,6 +93,18 @@ def _schemas() -> dict[str, Any]:
                 "target": {"type": ["string", "null"]}, "tenant": {"type": ["string", "null"]},
                 "before": {}, "after": {}, "source_ip": {"type": ["string", "null"]},
                 "request_id": {"type": ["string", "null"]}}},
+            "RequestRecord": _RECORD,
+            "RequestsPage": {"type": "object", "required": ["requests", "next"], "properties": {
+                "requests": {"type": "array", "items": _RECORD},
+                "next": {"type": ["string", "null"], "description": "`before` for the next (older) page"}}},
+            "RequestFound": {"type": "object", "required": ["request"], "properties": {"request": _RECORD}},
+            "Spend": {"type": "object", "required": ["rows"], "properties": {
+                "by": {"type": "array", "items": {"type": "string"}}, "since": {"type": ["string", "null"]},
+                "until": {"type": ["string", "null"]}, "cut": {"type": "boolean"},
+                "rows": {"type": "array", "items": {"type": "object", "additionalProperties": True}}}},
+            "Channels": {"type": "object", "required": ["channels"], "properties": {
+                "at": _TIME, "channels": {"type": "array", "items": {"type": "object", "required": ["name", "breaker"],
+                                                                      "additionalProperties": True}}}},
             "AdminError": {"type": "object", "required": ["error"], "properties": {"error": {
                 "type": "object", "required": ["code", "message", "field"], "properties": {
                     "code": {"type": "string"}, "message": {"type": "string"},
@@ -134,10 +146,26 @@ OPERATIONS: list[tuple[str, str, str, str | None, dict[str, Any], list[str]]] = 
     ("GET", "/audit", "The audit trail, newest first", None,
      _list("entries", "AuditEntry", next_before={"type": ["integer", "null"]}),
      ["tenant", "target", "actor", "limit", "before"]),
+    ("GET", "/requests", "The requests recorded (the usage ledger), newest first; a tenant-admin's are its "
+     "tenant's", None, _ref("RequestsPage"),
+     ["key", "tenant", "model", "route", "status", "since", "until", "request_id", "limit", "before"]),
+    ("GET", "/requests/{id}", "One request's record: tokens, cost, time split, channel, attempts, error, trace",
+     None, _ref("RequestFound"), []),
+    ("GET", "/spend", "Spend summed over a span, grouped", None, _ref("Spend"),
+     ["since", "until", "by", "tenant", "key", "model"]),
+    ("GET", "/channels", "This instance's breakers and pools, and the fleet's recent error rates", None,
+     _ref("Channels"), []),
 ]
+# A recorded request (plugins/ledger/record.py): its columns, open to more.
+_RECORD = {"type": ["object", "null"], "additionalProperties": True, "properties": {
+    "request_id": {"type": "string"}, "at": _TIME, "status": {"type": "integer"}, "cost": {"type": "number"}}}
 
 _QUERY = {"limit": {"type": "integer", "minimum": 1, "maximum": 1000},
           "before": {"type": "integer", "minimum": 1},
+          "status": {"type": "string", "pattern": "^[1-5]([0-9][0-9]|xx)$", "description": "404, or a class: 5xx"},
+          "since": {"type": "string", "description": "a span back from now (30m, 12h, 7d) or an ISO date/time"},
+          "until": {"type": "string", "description": "an ISO date/time"},
+          "by": {"type": "string", "description": "one to three of key, tenant, model, route, channel, status, day"},
           "state": {"enum": ["active", "disabled", "expired"]},
           "label": {"type": "string", "description": "name=value"}}
 _ERRORS = {"400": "A field breaks a rule (`field` names it)", "401": "No admin credential, or an unknown one",
@@ -161,6 +189,7 @@ def admin_openapi_document(prefix: str = "/admin/v1") -> dict[str, Any]:
             "operationId": f"{method.lower()}{path.replace('/', '_').replace('{', '').replace('}', '')}",
             "summary": summary,
             "parameters": [{"name": "name", "in": "path", "required": True, "schema": _NAME}] if "{name}" in path
+            else [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}] if "{id}" in path
             else [],
             "responses": {status: {"description": why, "content": {"application/json": {"schema": answer}}}
                           for status, why in _done(method, path)} | {
@@ -168,7 +197,8 @@ def admin_openapi_document(prefix: str = "/admin/v1") -> dict[str, Any]:
                 for status, why in _ERRORS.items()},
         }
         operation["parameters"] += [{"name": q, "in": "query", "required": False,
-                                     "schema": _QUERY.get(q, {"type": "string"})} for q in query]
+                                     "schema": _QUERY.get(q, {"type": "string"}) if path != "/requests" or q != "before"
+                                     else {"type": "string", "description": "the last page's `next`"}} for q in query]
         if path == "/keys" and method == "POST":
             operation["parameters"].append({"name": "Idempotency-Key", "in": "header", "required": False,
                                             "schema": {"type": "string", "pattern": "^[\\x21-\\x7e]{1,200}$"},
@@ -180,7 +210,8 @@ def admin_openapi_document(prefix: str = "/admin/v1") -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "modelgate admin API", "version": __version__,
-                 "description": "Keys, tenants, admin tokens and the audit trail, on the admin listener "
+                 "description": "Keys, tenants, admin tokens, the audit trail, the requests recorded, spend and "
+                                "channels, on the admin listener "
                                 "(server.admin_listen). Every call names who asks: server.admin_token, an admin "
                                 "token of the key store, or an OIDC bearer JWT."},
         "paths": paths,

@@ -99,7 +99,7 @@ class AdminOps:
         # runs here, as for the CLI's -c, and usage reads are refused).
         self.reporters = reporters
 
-    async def _check(self, actor: Actor, kind: str, mode: str, tenant: str | None, action: str,
+    async def check(self, actor: Actor, kind: str, mode: str, tenant: str | None, action: str,
                      target: str | None = None) -> None:
         if not allowed(actor, kind, mode, tenant):
             # Every attempt is kept, a read as a change: in the trail of the tenant the caller is
@@ -114,7 +114,7 @@ class AdminOps:
                         state: str | None = None) -> dict[str, Any]:
         if actor.role == "tenant-admin":
             tenant = tenant or actor.tenant
-        await self._check(actor, "key", READ, tenant, "key.list")
+        await self.check(actor, "key", READ, tenant, "key.list")
         now = datetime.now(timezone.utc)
         keys = [key.view(now) for key in await self.store.keys(tenant)]
         if actor.role != "tenant-admin":  # the config's keys too, by their `tenant` label when one is asked for
@@ -130,10 +130,10 @@ class AdminOps:
     async def get_key(self, actor: Actor, name: str) -> dict[str, Any]:
         configured = self._configured(actor, name)
         if configured is not None:
-            await self._check(actor, "key", READ, None, "key.read", name)
+            await self.check(actor, "key", READ, None, "key.read", name)
             return _configured_view(configured, datetime.now(timezone.utc))
         key = await self._stored(actor, name)
-        await self._check(actor, "key", READ, key.tenant, "key.read", name)
+        await self.check(actor, "key", READ, key.tenant, "key.read", name)
         return key.view(datetime.now(timezone.utc))
 
     async def create_key(self, actor: Actor, body: Any, idempotency_key: str | None = None) -> dict[str, Any]:
@@ -146,7 +146,7 @@ class AdminOps:
             _name(tenant, "tenant")
         if actor.role == "tenant-admin" and tenant is None:
             tenant = actor.tenant
-        await self._check(actor, "key", WRITE, tenant, "key.create", name)
+        await self.check(actor, "key", WRITE, tenant, "key.create", name)
         if name in {entry.name for entry in self.configured()}:
             raise AdminError(409, "name_taken", "a key of the config file has this name", "name")
         if idempotency_key is not None and not _IDEMPOTENCY.fullmatch(idempotency_key):
@@ -175,7 +175,7 @@ class AdminOps:
 
     async def _change(self, actor: Actor, name: str, action: str, changes: dict[str, Any]) -> dict[str, Any]:
         key = await self._stored(actor, name)
-        await self._check(actor, "key", WRITE, key.tenant, action, name)
+        await self.check(actor, "key", WRITE, key.tenant, action, name)
         spec = _merged(key.spec, changes)
         try:
             stored = await self.store.update_key(actor, name, action, _spec(name, spec))
@@ -188,7 +188,7 @@ class AdminOps:
         if not isinstance(grace, (int, float)) or isinstance(grace, bool) or not 0 <= grace <= 30 * 86_400:
             raise AdminError(400, "invalid_field", "seconds the old secret keeps working: 0 to 2592000", "grace_s")
         key = await self._stored(actor, name)
-        await self._check(actor, "key", WRITE, key.tenant, "key.rotate", name)
+        await self.check(actor, "key", WRITE, key.tenant, "key.rotate", name)
         try:
             stored, secret = await self.store.rotate_key(actor, name, float(grace))
         except NotFound as exc:
@@ -197,7 +197,7 @@ class AdminOps:
 
     async def delete_key(self, actor: Actor, name: str) -> dict[str, Any]:
         key = await self._stored(actor, name)
-        await self._check(actor, "key", WRITE, key.tenant, "key.delete", name)
+        await self.check(actor, "key", WRITE, key.tenant, "key.delete", name)
         try:
             await self.store.delete_key(actor, name)
         except NotFound as exc:
@@ -225,11 +225,11 @@ class AdminOps:
         """What the plugins know of a key now: its spend (the ledger), its budgets' windows."""
         configured = self._configured(actor, name)
         if configured is not None:
-            await self._check(actor, "key", READ, None, "key.usage", name)
+            await self.check(actor, "key", READ, None, "key.usage", name)
             key = gateway_key(configured)
         else:
             stored = await self._stored(actor, name)
-            await self._check(actor, "key", READ, stored.tenant, "key.usage", name)
+            await self.check(actor, "key", READ, stored.tenant, "key.usage", name)
             try:
                 key = stored.gateway_key()
             except ValueError:  # written by a newer release, or by hand: not served, so nothing to read
@@ -240,7 +240,7 @@ class AdminOps:
     async def tenant_usage(self, actor: Actor, name: str) -> dict[str, Any]:
         """What the plugins know of a tenant (every key of it together) now."""
         _path_name(name)
-        await self._check(actor, "tenant", READ, name, "tenant.usage", name)
+        await self.check(actor, "tenant", READ, name, "tenant.usage", name)
         await self._tenant(name)
         return {"name": name, **await self._reports(Subject(name, f"tenant:{name}"))}
 
@@ -263,14 +263,14 @@ class AdminOps:
 
     async def list_tenants(self, actor: Actor) -> dict[str, Any]:
         if actor.role == "tenant-admin":
-            await self._check(actor, "tenant", READ, actor.tenant, "tenant.list")
+            await self.check(actor, "tenant", READ, actor.tenant, "tenant.list")
             return {"tenants": [(await self._tenant(actor.tenant or "")).view()]}
-        await self._check(actor, "tenant", READ, None, "tenant.list")
+        await self.check(actor, "tenant", READ, None, "tenant.list")
         return {"tenants": [tenant.view() for tenant in await self.store.tenants()]}
 
     async def get_tenant(self, actor: Actor, name: str) -> dict[str, Any]:
         _path_name(name)
-        await self._check(actor, "tenant", READ, name, "tenant.read", name)
+        await self.check(actor, "tenant", READ, name, "tenant.read", name)
         return (await self._tenant(name)).view()
 
     async def create_tenant(self, actor: Actor, body: Any) -> dict[str, Any]:
@@ -280,7 +280,7 @@ class AdminOps:
         fields = dict(body)
         name = _name(fields.pop("name", None))
         labels = _labels(fields.pop("labels", {}))
-        await self._check(actor, "tenant", WRITE, name, "tenant.create", name)
+        await self.check(actor, "tenant", WRITE, name, "tenant.create", name)
         try:
             return (await self.store.create_tenant(actor, name, labels, _tenant_spec(fields))).view()
         except Conflict as exc:
@@ -293,7 +293,7 @@ class AdminOps:
             raise AdminError(400, "invalid_body", "a JSON object: {\"labels\": {...}, \"limits\": {...}, ...}")
         if "name" in body:
             raise AdminError(400, "invalid_field", "a tenant's name cannot change", "name")
-        await self._check(actor, "tenant", WRITE, name, "tenant.update", name)
+        await self.check(actor, "tenant", WRITE, name, "tenant.update", name)
         tenant = await self._tenant(name)
         changes = dict(body)
         labels = _labels(changes.pop("labels")) if "labels" in changes else tenant.labels
@@ -302,7 +302,7 @@ class AdminOps:
 
     async def delete_tenant(self, actor: Actor, name: str) -> dict[str, Any]:
         _path_name(name)
-        await self._check(actor, "tenant", WRITE, name, "tenant.delete", name)
+        await self.check(actor, "tenant", WRITE, name, "tenant.delete", name)
         try:
             await self.store.delete_tenant(actor, name)
         except NotFound as exc:
@@ -340,7 +340,7 @@ class AdminOps:
             expires_at = expires_at.replace(tzinfo=timezone.utc)
         if expires_at is not None and not datetime.now(timezone.utc) < expires_at < _LATEST:
             raise AdminError(400, "invalid_field", "a time ahead, before the year 9000", "expires_at")
-        await self._check(actor, "admin_token", WRITE, tenant, "admin_token.create", name)
+        await self.check(actor, "admin_token", WRITE, tenant, "admin_token.create", name)
         try:
             secret = await self.store.create_admin_token(actor, name, role, tenant, expires_at)
         except Conflict as exc:
@@ -348,12 +348,12 @@ class AdminOps:
         return {"name": name, "role": role, "tenant": tenant, "expires_at": expires, "secret": secret}
 
     async def list_admin_tokens(self, actor: Actor) -> dict[str, Any]:
-        await self._check(actor, "admin_token", READ, None, "admin_token.list")
+        await self.check(actor, "admin_token", READ, None, "admin_token.list")
         return {"admin_tokens": await self.store.admin_tokens()}
 
     async def delete_admin_token(self, actor: Actor, name: str) -> dict[str, Any]:
         _path_name(name)
-        await self._check(actor, "admin_token", WRITE, None, "admin_token.delete", name)
+        await self.check(actor, "admin_token", WRITE, None, "admin_token.delete", name)
         try:
             await self.store.delete_admin_token(actor, name)
         except NotFound as exc:
@@ -364,7 +364,7 @@ class AdminOps:
                     by: str | None = None, limit: int = 100, before: int | None = None) -> dict[str, Any]:
         if actor.role == "tenant-admin":
             tenant = tenant or actor.tenant
-        await self._check(actor, "audit", READ, tenant, "audit.read")
+        await self.check(actor, "audit", READ, tenant, "audit.read")
         if not 1 <= limit <= 1000:
             raise AdminError(400, "invalid_field", "1 to 1000", "limit")
         if before is not None and not 1 <= before < 2**63:

@@ -88,6 +88,14 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE tenants ADD COLUMN spec jsonb NOT NULL DEFAULT '{}';
     """,
+    # 3: the key the console signs its sessions with, one for every instance (a session made on
+    # one is good on all of them), made by the first to need it.
+    """
+    CREATE TABLE console_secret (
+        one boolean PRIMARY KEY DEFAULT true CHECK (one),
+        secret bytea NOT NULL
+    );
+    """,
 )
 
 

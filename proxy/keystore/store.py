@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -134,6 +135,13 @@ class KeyStore:
                 "SELECT name, role, tenant FROM admin_tokens WHERE sha256 = $1 AND deleted_at IS NULL "
                 "AND (expires_at IS NULL OR expires_at > now())", digest)
         return (row["name"], row["role"], row["tenant"]) if row is not None else None
+
+    async def console_secret(self) -> bytes:
+        """The console's session key: made (256 random bits) by the first instance to ask."""
+        async with await self._acquire() as connection:
+            await connection.execute("INSERT INTO console_secret (secret) VALUES ($1) ON CONFLICT DO NOTHING",
+                                     secrets.token_bytes(32))
+            return await connection.fetchval("SELECT secret FROM console_secret")
 
     async def admin_tokens(self) -> list[dict[str, Any]]:
         """Every admin token not deleted: its name, role, tenant, expiry and maker (never its secret)."""

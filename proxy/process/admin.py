@@ -59,6 +59,11 @@ class AdminSurface:
         how much of a guess matched shows in the time an answer takes. A reload may change it."""
         self._token = hashlib.sha256(token.encode()).digest() if token else None
 
+    def is_token(self, credential: str) -> bool:
+        """Whether `credential` is the admin token (the console's sign-in form asks)."""
+        presented = hashlib.sha256(credential.strip().encode("utf-8", "surrogateescape")).digest()
+        return self._token is not None and hmac.compare_digest(presented, self._token)
+
     def add(self, method: str, path: str, handler: Handler, *, public: Handler | None = None) -> None:
         if self._built:
             raise RuntimeError(f"admin route {method} {path} added after the application was built")

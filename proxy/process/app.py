@@ -15,15 +15,18 @@ from aiohttp.web_urldispatcher import PlainResource
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from proxy.config import ConfigError, LoadedConfig, load_config, worker_count
+from proxy.config.model import ServerConfig
 from proxy.formats import ACCOUNT, CONTENT, MESSAGES
 from proxy.formats.base import Format
 from proxy.observability.metrics import count_reload, exposition, set_config_info
 from proxy.observability.tracing import Tracing
 from proxy.keystore.api import PREFIX as API_PREFIX
+from proxy.console import Console
 from proxy.keystore.api import AdminApi
 from proxy.keystore.directory import KeySync, StoredKeys
 from proxy.keystore.oidc import OidcVerifier
 from proxy.keystore.operations import AdminOps
+from proxy.keystore.reads import AdminReads
 from proxy.keystore.store import KeyStore
 from proxy.plugin import STATE_REACHABLE, STATE_STORE, STORED_KEYS, STORED_TENANTS, PluginRoute
 from proxy.policy.channels import Channel
@@ -221,11 +224,16 @@ def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
     owner.admin.add("GET", "/readyz", _readyz, public=_readiness_status)
     if owner.key_store is not None:
         oidc = loaded.config.key_store.oidc
-        api = AdminApi(AdminOps(owner.key_store, lambda: owner.loaded.config.keys, lambda: owner.runtime.plugins),
-                       owner.admin.authorized,
-                       oidc=OidcVerifier(oidc) if oidc is not None else None)
+        ops = AdminOps(owner.key_store, lambda: owner.loaded.config.keys, lambda: owner.runtime.plugins)
+        api = AdminApi(ops, owner.admin.authorized, oidc=OidcVerifier(oidc) if oidc is not None else None,
+                       reads=AdminReads(ops, lambda: owner.runtime.plugins, lambda: owner.runtime.channels.channels))
         for method, path, handler in api.routes():
             owner.admin.add(method, API_PREFIX + path, handler)
+        if loaded.config.console.enabled:
+            console = Console(lambda: owner.loaded.config.console, ops, api.reads,  # type: ignore[arg-type]
+                              owner.admin.is_token, lambda: _gateway_url(owner.loaded.config.server))
+            for method, path, handler in console.routes():
+                owner.admin.add(method, path, handler)
     for extra in plugin_routes(loaded.config, admin=True):
         owner.admin.add(extra.method, extra.path, _plugin_handler(owner, extra))
     for extra in plugin_routes(loaded.config):
@@ -239,6 +247,14 @@ def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
     not_origin_form.add_route("*", _not_origin_form)
     app.router.add_route("*", "/{tail:.*}", _unmatched)
     return app
+
+
+def _gateway_url(server: ServerConfig) -> str:
+    """The URL clients reach the gateway at, for the console's snippets."""
+    if server.public_base_url:
+        return server.public_base_url
+    host = server.host if server.host not in ("0.0.0.0", "::") else "localhost"
+    return f"http://{f'[{host}]' if ':' in host else host}:{server.port}"
 
 
 def build_admin_app(app: web.Application) -> web.Application:

@@ -148,7 +148,7 @@ class Exchange:
     def error_response(self, status: int, message: str, code: str | None = None,
                        headers: dict[str, str] | None = None, param: str | None = None) -> web.Response:
         """An error in this endpoint's own shape (section 7 of the spec)."""
-        self.outcome.error = message
+        self.outcome.error, self.outcome.error_code = message, code
         return self.format.error_response(status, message, code, headers, param)
 
     @property
@@ -188,9 +188,9 @@ class Outcome:
     `on_complete` hooks. Its time is four parts: upstream (every attempt's), failover backoff,
     pool wait, and the rest, the gateway's own (`Exchange.overhead_seconds`)."""
 
-    __slots__ = ("status", "streamed", "bytes_out", "events", "error", "client_aborted", "cut_by",
-                 "upstream_started", "upstream_headers_at", "upstream_finished", "upstream_before_s", "backoff_s",
-                 "pool_wait_s")
+    __slots__ = ("status", "streamed", "bytes_out", "events", "error", "error_code", "client_aborted", "cut_by",
+                 "attempts", "upstream_started", "upstream_headers_at", "upstream_finished", "upstream_before_s",
+                 "backoff_s", "pool_wait_s")
 
     def __init__(self) -> None:
         self.status = 0
@@ -198,10 +198,12 @@ class Outcome:
         self.bytes_out = 0
         self.events = 0              # stream events that reached the client (streams framed event by event)
         self.error: str | None = None
+        self.error_code: str | None = None  # the code of an error answer the gateway made itself
         self.client_aborted = False
         # Who ended an answer before its end, once the upstream had the request: "client" (it
         # left), "upstream" (it broke off or stalled), "gateway" (a drain, or a fault of its own).
         self.cut_by: str | None = None
+        self.attempts = 0  # upstream attempts made (a failover's each, a resend's each)
         # The current (or last) attempt, from the moment a connection was had; the attempts before
         # it add their upstream time to `upstream_before_s`.
         self.upstream_started: float | None = None
@@ -217,6 +219,7 @@ class Outcome:
             self.upstream_before_s = self.upstream_seconds()  # the last one ended (attempt_ended)
             self.upstream_headers_at = self.upstream_finished = None
         self.upstream_started = now
+        self.attempts += 1
 
     def attempt_ended(self, now: float) -> None:
         """An attempt that goes no further (another channel is tried next): its upstream time

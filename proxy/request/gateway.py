@@ -213,7 +213,7 @@ class Gateway:
         child(SHED, route.name, reason).inc()
         if reason == SHUTTING_DOWN:  # few, and the last this instance answers: each gets its access line
             ex = Exchange(request, route, request_id)
-            ex.outcome.status, ex.outcome.error = 503, message
+            ex.outcome.status, ex.outcome.error, ex.outcome.error_code = 503, message, reason
             log_exchange(ex, self.runtime.config.observability.logging, time.perf_counter(), 0.0)
         return web.Response(status=503, body=body, content_type="application/json",
                             headers={"Retry-After": retry, config.request_id_header: request_id})

@@ -425,7 +425,7 @@ class Relay:
 
     async def _end_stream_with_error(self, response: web.StreamResponse, status: int, message: str,
                                      code: str | None = None) -> None:
-        self.ex.outcome.error = message
+        self.ex.outcome.error, self.ex.outcome.error_code = message, code
         self.upstream.close()
         try:
             error = self.ex.format.stream_error(status, message, code)

@@ -78,6 +78,16 @@ class UpstreamPool:
     def connections(self) -> int:
         return len(self._open)
 
+    @property
+    def idle(self) -> int:
+        """Open connections waiting for a request."""
+        return len(self._idle)
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a slot (`max_connections` reached)."""
+        return len(self._waiters)
+
     async def request(self, method: str, target: str, headers: Mapping[str, str], body: Body | None = None, *,
                       total_s: float | None = None, waited: Callable[[float], None] | None = None) -> Answer:
         """Send a request (`target`: the path and query, already encoded) once, and return its

@@ -1,0 +1,211 @@
+"""The web console: keys, tenants, spend, requests, channels and the audit trail in a browser,
+served on the admin listener at `/console` (docs/console.md).
+
+It has no powers of its own. Each page calls the admin API's operations (proxy/keystore/
+operations.py, reads.py) as the signed-in admin, so the API's roles decide what each person
+sees and may change, and every change lands in the audit trail under their name. Pages are
+rendered on the server (Jinja2, every value escaped); the one script and one stylesheet are
+files of this package, served from `/console/static/`, and the Content-Security-Policy lets the
+page load nothing else, from nowhere else: no inline script, no third-party origin, no
+internet needed.
+
+`Console.routes()` lists what the app adds to the admin surface; `Page` is what each page
+handler gets: the request, the signed-in admin as an `Actor`, and their session.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import jinja2
+from aiohttp import web
+
+from proxy.config.console import ConsoleConfig
+from proxy.console.session import PATH, PRE_COOKIE, Session, Sessions, csrf_holds
+from proxy.keystore.operations import AdminError, AdminOps
+from proxy.keystore.reads import AdminReads
+from proxy.keystore.records import Actor
+from proxy.state.postgres import SchemaTooNew
+
+log = logging.getLogger("modelgate.console")
+
+HERE = Path(__file__).parent
+MAX_FORM = 64 * 1024
+SECURITY_HEADERS = {
+    # Nothing but this gateway's own files: no inline script or style, no other origin, no frames.
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",  # no-referrer would make browsers send `Origin: null` with a form
+    "Cache-Control": "no-store",
+}
+_STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(slots=True, frozen=True)
+class Page:
+    request: web.Request
+    actor: Actor
+    session: Session
+
+
+PageHandler = Callable[["Console", Page], Awaitable[web.StreamResponse]]
+
+
+class Console:
+    """The console over one AdminOps and AdminReads. `sessions()` gives the session signer once
+    the key store has handed out its key (None until then); `owner_token(credential)` says
+    whether a credential is `server.admin_token`."""
+
+    def __init__(self, config: Callable[[], ConsoleConfig], ops: AdminOps, reads: AdminReads,
+                 owner_token: Callable[[str], bool], gateway_url: Callable[[], str]) -> None:
+        self.config = config
+        self.ops = ops
+        self.reads = reads
+        self.owner_token = owner_token
+        self.gateway_url = gateway_url
+        self._sessions: Sessions | None = None
+        self.oidc_cache: dict[str, Any] = {}  # the provider's discovery document, and its keys' verifier
+        self.templates = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
+                                            autoescape=True)
+
+    def routes(self) -> list[tuple[str, str, Handler]]:
+        from proxy.console import pages, signin
+
+        found: list[tuple[str, str, Handler]] = [
+            ("GET", PATH, self._redirect_home), ("GET", PATH + "/", self._redirect_home),
+            ("GET", PATH + "/static/{file}", self._static),
+            *((method, PATH + path, self._public(handler)) for method, path, handler in signin.ROUTES),
+        ]
+        for method, path, handler in pages.ROUTES:
+            found.append((method, PATH + path, self._signed_in(handler, method != "GET")))
+        return found
+
+    async def sessions(self) -> Sessions:
+        if self._sessions is None:
+            self._sessions = Sessions(await self.ops.store.console_secret(), self.config().session_hours)
+        return self._sessions
+
+    # --- answering ---
+
+    def render(self, request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
+        session: Session | None = context.pop("session", None)
+        body = self.templates.get_template(template).render(
+            session=session, csrf=session.csrf if session else "", path=request.path, **context)
+        return secure(web.Response(status=status, text=body, content_type="text/html", charset="utf-8"))
+
+    def error(self, request: web.Request, session: Session | None, status: int, message: str) -> web.Response:
+        return self.render(request, "error.html", status, session=session, status_code=status, message=message)
+
+    # --- the guards ---
+
+    def _public(self, handler: Callable[[Console, web.Request], Awaitable[web.StreamResponse]]) -> Handler:
+        async def public(request: web.Request) -> web.StreamResponse:
+            try:
+                return await handler(self, request)
+            except _STORE_AWAY as exc:
+                return self._store_away(request, None, exc)
+
+        return public
+
+    def _signed_in(self, handler: PageHandler, changes: bool) -> Handler:
+        async def page(request: web.Request) -> web.StreamResponse:
+            session: Session | None = None
+            try:
+                session = await self._session(request)
+                if session is None:
+                    return secure(web.HTTPSeeOther(f"{PATH}/signin"))
+                if changes:
+                    form = await read_form(request)
+                    if not csrf_holds(session.csrf, form.get("csrf")) or not same_origin(request):
+                        return self.error(request, session, 403, "This change did not come from a console page "
+                                          "(its CSRF token is missing or wrong). Reload the page and try again.")
+                actor = Actor(session.actor, session.role, session.tenant, request.remote,
+                              request.headers.get("X-Request-Id") or secrets.token_hex(16))
+                return await handler(self, Page(request, actor, session))
+            except AdminError as exc:
+                return self.error(request, session, exc.status, exc.message)
+            except FormProblem as exc:
+                return self.error(request, session, 400, str(exc))
+            except _STORE_AWAY as exc:
+                return self._store_away(request, session, exc)
+
+        return page
+
+    async def _session(self, request: web.Request) -> Session | None:
+        session = (await self.sessions()).read(request)
+        if session is None:
+            return None
+        if session.via == "token":  # a deleted or expired admin token ends its sessions at once
+            found = await self.ops.store.admin_token(bytes.fromhex(session.token_sha256 or ""))
+            if found is None or found[1] != session.role:
+                return None
+        return session
+
+    def _store_away(self, request: web.Request, session: Session | None, exc: BaseException) -> web.Response:
+        log.warning("the console could not reach the key store", extra={"error": type(exc).__name__})
+        return self.error(request, session, 503, "The key store (PostgreSQL) does not answer; try again shortly.")
+
+    async def _redirect_home(self, request: web.Request) -> web.StreamResponse:
+        return secure(web.HTTPSeeOther(f"{PATH}/keys"))
+
+    async def _static(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["file"]
+        if name not in _STATIC:
+            return web.Response(status=404, text="not found")
+        response = web.Response(body=(HERE / "static" / name).read_bytes(), content_type=_STATIC[name])
+        response.headers.update({**SECURITY_HEADERS, "Cache-Control": "max-age=300"})
+        return response
+
+
+_STORE_AWAY = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, SchemaTooNew)
+
+
+class FormProblem(ValueError):
+    """A form a console page cannot take: said on the page, as a 400."""
+
+
+def secure(response: web.StreamResponse) -> web.StreamResponse:
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+async def read_form(request: web.Request) -> dict[str, str]:
+    """A page's form, at most MAX_FORM bytes (read once: kept on the request for its handler)."""
+    if "console_form" in request:
+        return request["console_form"]
+    if request.content_length is not None and request.content_length > MAX_FORM:
+        raise FormProblem(f"A form is at most {MAX_FORM // 1024} KB.")
+    raw = await request.content.read(MAX_FORM + 1)
+    if len(raw) > MAX_FORM:
+        raise FormProblem(f"A form is at most {MAX_FORM // 1024} KB.")
+    from urllib.parse import parse_qsl
+
+    try:
+        form = dict(parse_qsl(raw.decode("utf-8"), keep_blank_values=True, max_num_fields=200))
+    except (UnicodeDecodeError, ValueError):
+        raise FormProblem("The form could not be read.") from None
+    request["console_form"] = form
+    return form
+
+
+def same_origin(request: web.Request) -> bool:
+    """A change names this console as its origin (browsers send Origin with every form POST);
+    one with no Origin at all (an older client) rests on its CSRF token alone."""
+    origin = request.headers.get("Origin")
+    return origin is None or origin == f"{request.scheme}://{request.host}"
+
+
+def pre_token(request: web.Request) -> str:
+    """The sign-in form's CSRF token: the one its cookie holds, or a new one."""
+    given = request.cookies.get(PRE_COOKIE, "")
+    return given if 20 <= len(given) <= 64 and given.isascii() else secrets.token_urlsafe(24)
