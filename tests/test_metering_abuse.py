@@ -152,6 +152,26 @@ async def test_1_a_background_response_is_charged_where_its_result_is_read(gatew
     assert held == produced  # exactly what the upstream made and reported
     settled = [r for r in found if r["status"] == 200]
     assert all(r["output_tokens"] == 50000 and not r["estimated"] and r["settled_at"] for r in settled)
+    await days_agree(ledger_db)  # the spend by day the console reads moved with the settling
+
+
+async def days_agree(database_url: str) -> None:
+    """The ledger's day rows (the console's spend) sum to what its rows do, row for row of each day."""
+    import asyncpg
+
+    connection = await asyncpg.connect(database_url)
+    try:
+        by_rows = await connection.fetch(
+            "SELECT (at AT TIME ZONE 'UTC')::date AS day, coalesce(tenant, '') AS tenant, status, count(*) AS requests, "
+            "coalesce(sum(output_tokens), 0) AS output_tokens, sum(cost) AS cost, "
+            "count(*) FILTER (WHERE pending) AS pending FROM usage_records GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")
+        by_days = await connection.fetch(
+            "SELECT day, tenant, status, sum(requests) AS requests, sum(output_tokens) AS output_tokens, "
+            "sum(cost) AS cost, sum(pending) AS pending FROM usage_daily GROUP BY 1, 2, 3 "
+            "HAVING sum(requests) <> 0 ORDER BY 1, 2, 3")
+    finally:
+        await connection.close()
+    assert [dict(r) for r in by_days] == [dict(r) for r in by_rows] and by_rows
 
 
 async def test_1_a_background_result_nobody_reads_or_cancelled_unsaid_stays_charged_at_its_reservation(

@@ -44,6 +44,7 @@ from proxy.wire.routes import ROUTES
 from proxy.wire.sse import SSEEvent
 
 if TYPE_CHECKING:
+    from plugins.ledger.queries import LedgerQueries
     from plugins.ledger.writer import LedgerWriter
 
 log = logging.getLogger("modelgate.ledger")
@@ -145,33 +146,36 @@ class Ledger(Plugin):
         self.writer.use_database(settings.database_url)
 
     async def report(self, subject: Subject) -> dict[str, Any] | None:
-        """What the ledger has recorded of the key or tenant today and this month."""
-        database_url = self.settings.database_url
-        if database_url is None:
+        """What the ledger has recorded of the key or tenant today and this month (UTC)."""
+        if self.settings.database_url is None:
             return None
         from datetime import datetime, timezone
 
-        import asyncpg
-
-        from plugins.ledger.report import spend_of
-
-        column, value = ("key_name", subject.name) if subject.key is not None else ("tenant", subject.tenant)
+        column, value = ("key", subject.name) if subject.key is not None else ("tenant", subject.tenant)
+        today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+        found: dict[str, Any] = {}
         try:
-            return await spend_of(database_url, column, value, datetime.now(timezone.utc))
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            for period, since in (("today", today), ("this_month", today.replace(day=1))):
+                found[period] = {**await self._queries().totals(column, value, since), "since": since.isoformat()}
+        except (OSError, TimeoutError) as exc:
             return {"unavailable": f"the ledger's database does not answer ({type(exc).__name__})"}
+        return found
 
     async def query(self, name: str, tenant: str | None, params: Mapping[str, str]) -> dict[str, Any] | None:
         """The requests recorded, one of them, or spend over a span (plugins/ledger/queries.py)."""
         database_url = self.settings.database_url
         if database_url is None or name not in QUERIES:
             return None
+        return await self._queries().run(name, tenant, params)
+
+    def _queries(self) -> LedgerQueries:
         from plugins.ledger.queries import LedgerQueries
 
+        database_url = self.settings.database_url
         slot = f"ledger.queries:{database_url}"  # kept across reloads; the gateway closes it at the end
         if slot not in self.resources:
             self.resources[slot] = LedgerQueries(database_url)
-        return await self.resources[slot].run(name, tenant, params)
+        return self.resources[slot]
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
         if ex.format.name == "images" and (image := ImagesFormat.image_in_event(event)) is not None:
@@ -254,6 +258,7 @@ class Ledger(Plugin):
 
 async def _writer(config: GatewayConfig, settings: LedgerSettings) -> LedgerWriter:
     from plugins.ledger.spool import FileSpool, RedisSpool
+    from plugins.ledger.queries import LedgerQueries
     from plugins.ledger.writer import LedgerWriter
 
     spools: list[Any] = []

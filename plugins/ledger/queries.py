@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
-from plugins.ledger.report import AGGREGATES, GROUPS, SUMS, moment
+from plugins.ledger.report import GROUPS, moment
+from plugins.ledger.schema import DAILY_SUMS
 from proxy.plugin import QueryProblem
 
 QUERY_TIMEOUT_S = 10.0
@@ -28,6 +29,14 @@ _LISTED = ("request_id", "at", "key_name", "tenant", "route", "model", "channel"
            "output_tokens", "cost", "duration_ms", "error_code", "pending", "estimated", "client_aborted")
 # Filters by equality: the parameter, and its column.
 _EQUAL = {"key": "key_name", "tenant": "tenant", "model": "model", "route": "route", "channel": "channel"}
+# A day row's columns as a row's, and a row's as a day row's sums (report.py's SUMS, in order).
+_DAY_COLUMNS = ("NULLIF(tenant, '') AS tenant, NULLIF(key_name, '') AS key_name, NULLIF(model, '') AS model, route, "
+                "NULLIF(channel, '') AS channel, status, " + ", ".join(DAILY_SUMS))
+_ROW_COLUMNS = ("tenant, key_name, model, route, channel, status, 1, coalesce(input_tokens, 0), "
+                "coalesce(cached_input_tokens, 0), coalesce(output_tokens, 0), coalesce(reasoning_tokens, 0), images, "
+                "video_seconds, cost, CASE WHEN pending THEN cost ELSE 0 END, (NOT priced AND model IS NOT NULL)::int, "
+                "estimated::int, client_aborted::int, (cut_by IS NOT NULL)::int, pending::int")
+_SUMMED = ", ".join(f"sum({c}){'' if c in ('video_seconds', 'cost', 'pending_cost') else '::bigint'}" for c in DAILY_SUMS)
 
 
 class LedgerQueries:
@@ -50,8 +59,6 @@ class LedgerQueries:
         except asyncpg.UndefinedTableError:  # no record was ever written
             return {"request": None} if name == "request" else {"requests": [], "next": None} \
                 if name == "requests" else {"rows": [], "by": [], "since": None, "until": None}
-        except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise OSError(f"the ledger's database refused a read ({type(exc).__name__})") from None
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None
@@ -61,10 +68,16 @@ class LedgerQueries:
     async def _fetch(self, sql: str, *args: Any) -> list[Any]:
         import asyncpg
 
-        if self._pool is None:
-            self._pool = await asyncpg.create_pool(self.database_url, min_size=0, max_size=2, timeout=5,
-                                                   command_timeout=QUERY_TIMEOUT_S)
-        return await self._pool.fetch(sql, *args, timeout=QUERY_TIMEOUT_S)
+        try:
+            if self._pool is None:
+                self._pool = await asyncpg.create_pool(self.database_url, min_size=0, max_size=2, timeout=5,
+                                                       command_timeout=QUERY_TIMEOUT_S,
+                                                       server_settings={"timezone": "UTC"})  # days are UTC days
+            return await self._pool.fetch(sql, *args, timeout=QUERY_TIMEOUT_S)
+        except asyncpg.UndefinedTableError:
+            raise
+        except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise OSError(f"the ledger's database refused a read ({type(exc).__name__})") from None
 
     async def _requests(self, tenant: str | None, params: Mapping[str, str]) -> dict[str, Any]:
         where, args = _filters(tenant, params)
@@ -95,37 +108,71 @@ class LedgerQueries:
         by = [part.strip() for part in params.get("by", "day").split(",") if part.strip()]
         if not by or len(by) > 3 or any(part not in GROUPS for part in by):
             raise QueryProblem("by", f"one to three of {', '.join(GROUPS)}, comma-separated")
-        where, args = _filters(tenant, params, default_since=_DEFAULT_SPAN)
-        columns = [GROUPS[part] for part in by]
-        grouped = ", ".join(columns)
-        sql = (f"SELECT {grouped}, {AGGREGATES} FROM usage_records WHERE {' AND '.join(where)} "
-               f"GROUP BY {grouped} ORDER BY {grouped} LIMIT {MOST_GROUPS + 1}")
-        found = await self._fetch(sql, *args)
-        rows = []
-        for record in found[:MOST_GROUPS]:
-            values = list(record.values())
-            row = {part: _plain(value) for part, value in zip(by, values)}
-            row.update({name: _plain(value) or 0 for name, value in zip(SUMS, values[len(by):])})
-            rows.append(row)
-        since = args[0]
-        until = args[1] if len(args) > 1 and isinstance(args[1], datetime) else datetime.now(timezone.utc)
-        return {"by": by, "since": since.isoformat(), "until": until.isoformat(), "rows": rows,
+        now = datetime.now(timezone.utc)
+        since = _moment(params.get("since", _DEFAULT_SPAN), "since", now)
+        until = _moment(params["until"], "until", now) if "until" in params else now
+        if since >= until:
+            raise QueryProblem("since", "before `until`")
+        found = await self._summed(tenant, params, by, since, until)
+        return {"by": by, "since": since.isoformat(), "until": until.isoformat(), "rows": found[:MOST_GROUPS],
                 "cut": len(found) > MOST_GROUPS}
 
+    async def totals(self, column: str, value: str, since: datetime) -> dict[str, Any]:
+        """What one key (`column` key) or tenant (`column` tenant: `tenant:NAME`) spent since then."""
+        import asyncpg
 
-def _filters(tenant: str | None, params: Mapping[str, str],
-             default_since: str | None = None) -> tuple[list[str], list[Any]]:
-    """The WHERE terms and their arguments; a span first (`since`, then `until`, when given)."""
+        try:
+            found = await self._summed(None, {column: value}, [], since, datetime.now(timezone.utc))
+        except asyncpg.UndefinedTableError:  # no record was ever written
+            found = []
+        return found[0] if found else dict.fromkeys(DAILY_SUMS, 0)
+
+    async def _summed(self, tenant: str | None, params: Mapping[str, str], by: list[str], since: datetime,
+                      until: datetime) -> list[dict[str, Any]]:
+        """Sums `by` the groups named (none: one row). Whole days (UTC) come from the day rows
+        (schema.py, migration 4); the hours before the first and after the last of them from the
+        rows themselves, through their time index."""
+        first, last = _midnight(since, up=True), _midnight(until, up=False)
+        if last < first:
+            first = last = since  # no whole day: every row comes from the rows themselves
+        args: list[Any] = [since, until, first, last]
+        where = "".join(f" AND {term}" for term in _dimension_filters(tenant, params, args))
+        grouped = ", ".join(GROUPS[part] for part in by)
+        sql = (f"SELECT {grouped + ', ' if by else ''}{_SUMMED} FROM ("
+               f"SELECT (day::timestamp AT TIME ZONE 'UTC') AS at, {_DAY_COLUMNS} FROM usage_daily "
+               f"WHERE day >= ($3 AT TIME ZONE 'UTC')::date AND day < ($4 AT TIME ZONE 'UTC')::date{where} "
+               f"UNION ALL SELECT at, {_ROW_COLUMNS} FROM usage_records "
+               f"WHERE ((at >= $1 AND at < $3) OR (at >= $4 AND at < $2)){where}) AS spent"
+               + (f" GROUP BY {grouped} ORDER BY {grouped} LIMIT {MOST_GROUPS + 1}" if by else ""))
+        rows = []
+        for record in await self._fetch(sql, *args):
+            values = list(record.values())
+            if not by and values[0] is None:
+                continue  # nothing at all in the span
+            row = {part: _plain(value) for part, value in zip(by, values)}
+            row.update({name: _plain(value) or 0 for name, value in zip(DAILY_SUMS, values[len(by):])})
+            rows.append(row)
+        return rows
+
+
+def _filters(tenant: str | None, params: Mapping[str, str]) -> tuple[list[str], list[Any]]:
+    """A search's WHERE terms and their arguments: its span (`since`, `until`) and its dimensions."""
     where: list[str] = []
     args: list[Any] = []
     now = datetime.now(timezone.utc)
-    since = params.get("since", default_since)
-    if since is not None:
-        args.append(_moment(since, "since", now))
+    if "since" in params:
+        args.append(_moment(params["since"], "since", now))
         where.append(f"at >= ${len(args)}")
     if "until" in params:
         args.append(_moment(params["until"], "until", now))
         where.append(f"at < ${len(args)}")
+    return where + _dimension_filters(tenant, params, args), args
+
+
+def _dimension_filters(tenant: str | None, params: Mapping[str, str], args: list[Any]) -> list[str]:
+    """The terms on a row's key, tenant, model, route, channel and status (columns a day row has
+    too), their values appended to `args`."""
+    where: list[str] = []
     for name, column in _EQUAL.items():
         if name in params:
             args.append(_text(params[name], name))
@@ -143,7 +190,13 @@ def _filters(tenant: str | None, params: Mapping[str, str],
         else:
             args.append(int(params["status"]))
             where.append(f"status = ${len(args)}")
-    return where, args
+    return where
+
+
+def _midnight(moment: datetime, up: bool) -> datetime:
+    """The midnight (UTC) at or after `moment` (`up`), or at or before it."""
+    day = moment.astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    return day + timedelta(days=1) if up and day < moment else day
 
 
 def _moment(text: str, field: str, now: datetime | None = None) -> datetime:

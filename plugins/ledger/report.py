@@ -102,32 +102,6 @@ async def _query(database_url: str, by: list[str], since: datetime, until: datet
     return [dict(zip([*by, *SUMS], [_plain(v) for v in record.values()])) for record in found]
 
 
-async def spend_of(database_url: str, column: str, value: str, now: datetime) -> dict[str, Any]:
-    """What the ledger holds of one key (`column` key_name) or tenant (`column` tenant) today and
-    this month (UTC), summed as the report sums; records still on their way (a writer's batch, a
-    spool) are not in it yet."""
-    import asyncpg
-
-    assert column in ("key_name", "tenant")  # a column of ours, never the caller's text
-    today = now.replace(hour=0, minute=0, second=0, microsecond=0)
-    periods = {"today": today, "this_month": today.replace(day=1)}
-    sql = f"SELECT {AGGREGATES} FROM usage_records WHERE {column} = $1 AND at >= $2"
-    connection = await asyncpg.connect(database_url, timeout=3, command_timeout=5)
-    try:
-        found = {}
-        for period, since in periods.items():
-            try:
-                record = await connection.fetchrow(sql, value, since)
-            except asyncpg.UndefinedTableError:
-                record = None  # no record was ever written
-            found[period] = {name: _plain(v) or 0 for name, v in zip(SUMS, record.values())} \
-                if record is not None else dict.fromkeys(SUMS, 0)
-            found[period]["since"] = since.isoformat()
-    finally:
-        await connection.close()
-    return found
-
-
 def _plain(value: Any) -> Any:
     if isinstance(value, Decimal):
         return float(value)

@@ -11,6 +11,28 @@ from proxy.state.postgres import Schema
 
 _LOCK = 0x6D676C64  # 'mgld': the advisory lock the migrations take
 
+# The day rows' sums, in the order of plugins/ledger/report.py's SUMS, and how one statement's
+# rows (each with a `sign`: 1 written, -1 taken back) add to them.
+DAILY_SUMS = ("requests", "input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens", "images",
+              "video_seconds", "cost", "pending_cost", "unpriced", "estimated", "client_aborted", "cut", "pending")
+DAILY_KEY = "day, tenant, key_name, model, route, channel, status"
+_SIGNED = ("sum(sign)", *(f"coalesce(sum(sign * {c}), 0)" for c in ("input_tokens", "cached_input_tokens",
+           "output_tokens", "reasoning_tokens", "images", "video_seconds", "cost")),
+           "coalesce(sum(sign * cost) FILTER (WHERE pending), 0)",
+           *(f"coalesce(sum(sign) FILTER (WHERE {c}), 0)" for c in ("NOT priced AND model IS NOT NULL", "estimated",
+                                                                    "client_aborted", "cut_by IS NOT NULL", "pending")))
+
+
+def _daily_upsert(changed: str) -> str:
+    """Add the rows of `changed` to their days. In the order of the key, so that two writers'
+    statements lock the day rows they share in one order, and never wait on each other in a circle."""
+    return (f"INSERT INTO usage_daily AS d SELECT (at AT TIME ZONE 'UTC')::date, coalesce(tenant, ''), "
+            f"coalesce(key_name, ''), coalesce(model, ''), route, coalesce(channel, ''), status, {', '.join(_SIGNED)} "
+            f"FROM ({changed}) AS changed GROUP BY 1, 2, 3, 4, 5, 6, 7 ORDER BY 1, 2, 3, 4, 5, 6, 7 "
+            f"ON CONFLICT ({DAILY_KEY}) DO UPDATE SET "
+            f"{', '.join(f'{c} = d.{c} + EXCLUDED.{c}' for c in DAILY_SUMS)};")
+
+
 MIGRATIONS: tuple[str, ...] = (
     # 1: one row per request; the gateway's request id makes a write idempotent.
     """
@@ -64,6 +86,38 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX usage_records_route_at ON usage_records (route, at);
     CREATE INDEX usage_records_status_at ON usage_records (status, at);
     CREATE INDEX usage_records_client_request_id ON usage_records (client_request_id) WHERE client_request_id IS NOT NULL;
+    """,    # 4: spend by day, kept by the database itself as rows are written, settled or deleted (a
+    # statement's rows at once, from its transition tables), so a month's spend is read from a few
+    # thousand rows, not a million. Empty text stands for "none" in its key columns (a unique
+    # key treats NULLs as distinct). Filled from the rows already there.
+    f"""
+    CREATE TABLE usage_daily (
+        day date NOT NULL,
+        {", ".join(f"{c} text NOT NULL" for c in ("tenant", "key_name", "model", "route", "channel"))},
+        status integer NOT NULL,
+        requests bigint NOT NULL,
+        {", ".join(f"{c} numeric NOT NULL" for c in DAILY_SUMS[1:])},
+        PRIMARY KEY ({DAILY_KEY})
+    );
+    CREATE FUNCTION usage_daily_apply() RETURNS trigger LANGUAGE plpgsql AS $fn$
+    BEGIN
+        IF TG_OP = 'INSERT' THEN
+            {_daily_upsert("SELECT *, 1 AS sign FROM new_rows")}
+        ELSIF TG_OP = 'UPDATE' THEN
+            {_daily_upsert("SELECT *, 1 AS sign FROM new_rows UNION ALL SELECT *, -1 AS sign FROM old_rows")}
+        ELSE
+            {_daily_upsert("SELECT *, -1 AS sign FROM old_rows")}
+        END IF;
+        RETURN NULL;
+    END
+    $fn$;
+    CREATE TRIGGER usage_daily_inserted AFTER INSERT ON usage_records REFERENCING NEW TABLE AS new_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_apply();
+    CREATE TRIGGER usage_daily_updated AFTER UPDATE ON usage_records
+        REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_apply();
+    CREATE TRIGGER usage_daily_deleted AFTER DELETE ON usage_records REFERENCING OLD TABLE AS old_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_apply();
+    {_daily_upsert("SELECT *, 1 AS sign FROM usage_records")}
     """,
 )
 

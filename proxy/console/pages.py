@@ -4,6 +4,7 @@ audit trail as the API writes it."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 from datetime import datetime, timezone
@@ -140,10 +141,12 @@ async def spend(console: Console, page: Page) -> web.StreamResponse:
     group = query.get("by", "tenant") if query.get("by", "tenant") in _SPEND_GROUPS else "tenant"
     filters = {k: query[k] for k in ("since", "until", "tenant", "key", "model") if query.get(k)}
     filters.setdefault("since", "30d")
-    grouped = await console.reads.spend(page.actor, {**filters, "by": group})
     if query.get("format") == "csv":
+        grouped = await console.reads.spend(page.actor, {**filters, "by": group})
         return _csv(grouped["rows"], [group], f"spend-by-{group}.csv")
-    daily = await console.reads.spend(page.actor, {**filters, "by": "day"})
+    # Both at once, on two of the database's connections: each reads the same span.
+    grouped, daily = await asyncio.gather(console.reads.spend(page.actor, {**filters, "by": group}),
+                                          console.reads.spend(page.actor, {**filters, "by": "day"}))
     chart = bars([(row["day"][:10], row["cost"]) for row in daily["rows"]])
     budgets = None
     if filters.get("key"):
