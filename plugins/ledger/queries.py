@@ -22,6 +22,7 @@ QUERY_TIMEOUT_S = 10.0
 MOST_ROWS = 200        # a page of requests
 MOST_GROUPS = 10_000   # rows of a spend summary
 _DEFAULT_SPAN = "7d"
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _TEXT = re.compile(r"[^\x00-\x1f\x7f]{1,256}")
 _STATUS = re.compile(r"([1-5])(?:xx|\d\d)")
 # The columns of a page of requests (the whole record is one request's read).
@@ -85,15 +86,19 @@ class LedgerQueries:
         if "request_id" in params:
             args.append(_text(params["request_id"], "request_id"))
             where.append(f"(request_id = ${len(args)} OR client_request_id = ${len(args)})")
-        if "before" in params:  # the last row of the page before: its time and id
-            at, _, request_id = params["before"].partition("|")
-            args += [_moment(at, "before"), request_id]
+        if "before" in params:  # the last row of the page before: its time (microseconds) and id
+            at, _, request_id = params["before"].partition("_")
+            if not at.isdigit() or len(at) > 18 or not _TEXT.fullmatch(request_id or "\x00"):
+                raise QueryProblem("before", "the `next` of the page before")
+            args += [_EPOCH + timedelta(microseconds=int(at)), request_id]
             where.append(f"(at, request_id) < (${len(args) - 1}, ${len(args)})")
         sql = (f"SELECT {', '.join(_LISTED)} FROM usage_records WHERE {' AND '.join(where) or 'true'} "
                f"ORDER BY at DESC, request_id DESC LIMIT {limit}")
-        rows = [_plain_row(row) for row in await self._fetch(sql, *args)]
-        last = rows[-1] if len(rows) == limit else None
-        return {"requests": rows, "next": f"{last['at']}|{last['request_id']}" if last else None}
+        found = await self._fetch(sql, *args)
+        last = found[-1] if len(found) == limit else None
+        # A cursor that needs no escaping in a URL: the time in microseconds, and the gateway's id.
+        after = f"{(last['at'] - _EPOCH) // timedelta(microseconds=1)}_{last['request_id']}" if last else None
+        return {"requests": [_plain_row(row) for row in found], "next": after}
 
     async def _request(self, tenant: str | None, request_id: str) -> dict[str, Any]:
         args: list[Any] = [_text(request_id, "id")]
