@@ -79,6 +79,12 @@ def test_variables_expand_with_defaults_and_escapes():
      "observability.tracing.headers: the value of x-key holds a line break"),
     ("channels: [{name: a, base_url: 'http://x', health_check: {path: /h, headers: {'a:b': v}}}]",
      "channels[0].health_check.headers: 'a:b' is not a header name"),
+
+    ("console: {oidc: {issuer: 'https://id.example', client_id: c, redirect_url: 'https://a.example/console/oidc/callback'}}",
+     "console.oidc: the console is served only with a key store"),
+    ("console: {trace_url: 'https://traces.example/trace'}", "console.trace_url: an http(s) URL with {trace_id}"),
+    ("console: {oidc: {issuer: 'id.example', client_id: c, redirect_url: 'https://a.example/cb'}}",
+     "console.oidc.issuer: an http(s) URL"),
 ])
 def test_config_problems_name_the_key(text, expected):  # noqa: ANN001
     with pytest.raises(ConfigError) as caught:

@@ -24,6 +24,11 @@ def cross_section_problems(config: GatewayConfig) -> list[str]:
         problems.append(f"server.admin_listen: {server.admin_listen} is where server.listen ({server.listen}) serves "
                         "clients; the admin listener needs an address of its own (another port, or null to turn "
                         "it off, or modelgate serve --admin-listen HOST:PORT)")
+    if config.console.oidc is not None and config.key_store.database_url is None:
+        problems.append("console.oidc: the console is served only with a key store (key_store.database_url): it "
+                        "works through the admin API's operations and keeps its sessions' key there")
+    if config.console.oidc is not None and not server.admin_listen:
+        problems.append("console.oidc: the console is on the admin listener, and server.admin_listen is off")
     problems.extend(shadowed(config.prices))
     return problems
 
