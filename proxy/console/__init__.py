@@ -62,16 +62,16 @@ PageHandler = Callable[["Console", Page], Awaitable[web.StreamResponse]]
 
 
 class Console:
-    """The console over one AdminOps and AdminReads. `sessions()` gives the session signer once
-    the key store has handed out its key (None until then); `owner_token(credential)` says
-    whether a credential is `server.admin_token`."""
+    """The console over one AdminOps and AdminReads. `sessions()` gives the session signer (its
+    key the key store's); `owner_digest(sha256)` says whether a credential with that digest is
+    `server.admin_token`."""
 
     def __init__(self, config: Callable[[], ConsoleConfig], ops: AdminOps, reads: AdminReads,
-                 owner_token: Callable[[str], bool], gateway_url: Callable[[], str]) -> None:
+                 owner_digest: Callable[[bytes], bool], gateway_url: Callable[[], str]) -> None:
         self.config = config
         self.ops = ops
         self.reads = reads
-        self.owner_token = owner_token
+        self.owner_digest = owner_digest
         self.gateway_url = gateway_url
         self._sessions: Sessions | None = None
         self.oidc_cache: dict[str, Any] = {}  # the provider's discovery document, and its keys' verifier
@@ -145,8 +145,11 @@ class Console:
         session = (await self.sessions()).read(request)
         if session is None:
             return None
+        digest = bytes.fromhex(session.token_sha256 or "")
+        if session.via == "owner" and not self.owner_digest(digest):
+            return None  # server.admin_token changed by a reload, or taken away
         if session.via == "token":  # a deleted or expired admin token ends its sessions at once
-            found = await self.ops.store.admin_token(bytes.fromhex(session.token_sha256 or ""))
+            found = await self.ops.store.admin_token(digest)
             if found is None or found[1] != session.role:
                 return None
         return session

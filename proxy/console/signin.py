@@ -65,10 +65,10 @@ async def signin_with_token(console: Console, request: web.Request) -> web.Strea
                            "The sign-in form had expired or did not come from this console. Try again.")
     credential = form.get("token", "").strip()
     sessions = await console.sessions()
-    if credential and console.owner_token(credential):
-        session = sessions.make("admin_token", "owner", None, "owner")
+    digest = hashlib.sha256(credential.encode("utf-8", "surrogateescape")).digest()
+    if credential and console.owner_digest(digest):
+        session = sessions.make("admin_token", "owner", None, "owner", digest.hex())
     else:
-        digest = hashlib.sha256(credential.encode("utf-8", "surrogateescape")).digest()
         found = await console.ops.store.admin_token(digest) if credential else None
         if found is None:
             return await _form(console, request, pre_token(request), 401, "Unknown, expired or deleted admin token.")

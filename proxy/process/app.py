@@ -231,7 +231,7 @@ def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
             owner.admin.add(method, API_PREFIX + path, handler)
         if loaded.config.console.enabled:
             console = Console(lambda: owner.loaded.config.console, ops, api.reads,  # type: ignore[arg-type]
-                              owner.admin.is_token, lambda: _gateway_url(owner.loaded.config.server))
+                              owner.admin.is_digest, lambda: _gateway_url(owner.loaded.config.server))
             for method, path, handler in console.routes():
                 owner.admin.add(method, path, handler)
     for extra in plugin_routes(loaded.config, admin=True):
