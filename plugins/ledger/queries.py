@@ -23,6 +23,7 @@ MOST_ROWS = 200        # a page of requests
 MOST_GROUPS = 10_000   # rows of a spend summary
 _DEFAULT_SPAN = "7d"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECONDS = re.compile(r"[0-9]{1,17}")  # ASCII digits, within what a datetime holds (to year 5000)
 _TEXT = re.compile(r"[^\x00-\x1f\x7f]{1,256}")
 _STATUS = re.compile(r"([1-5])(?:xx|\d\d)")
 # The columns of a page of requests (the whole record is one request's read).
@@ -88,7 +89,7 @@ class LedgerQueries:
             where.append(f"(request_id = ${len(args)} OR client_request_id = ${len(args)})")
         if "before" in params:  # the last row of the page before: its time (microseconds) and id
             at, _, request_id = params["before"].partition("_")
-            if not at.isdigit() or len(at) > 18 or not _TEXT.fullmatch(request_id or "\x00"):
+            if not _MICROSECONDS.fullmatch(at) or not _TEXT.fullmatch(request_id or "\x00"):
                 raise QueryProblem("before", "the `next` of the page before")
             args += [_EPOCH + timedelta(microseconds=int(at)), request_id]
             where.append(f"(at, request_id) < (${len(args) - 1}, ${len(args)})")

@@ -23,6 +23,7 @@ from proxy.request.exchange import Exchange
 from proxy.request.usage_estimate import usage_or_estimate
 from proxy.wire import jsonutil
 
+_ERROR_CHARACTERS = 500  # enough to say why; an upstream's long answer is not kept whole
 _MODEL_CHARACTERS = 256  # the schemas' longest model name; a longer one is kept cut (it was refused anyway)
 _MOST_COST = 1e11  # under the column's numeric(24, 12) bound: an upstream's absurd count is no unwritable record
 _MOST_TOKENS = 2**63 - 1  # the bigint columns' bound, and what JSON encodes as a number (the journal, the spool)
@@ -63,6 +64,7 @@ class UsageRecord:
     trace_id: str | None = None     # the request's trace, when it was traced
     attempts: int | None = None     # upstream attempts (failovers and resends each count)
     error_code: str | None = None   # the code of an error the gateway answered itself
+    error: str | None = None        # what went wrong, as the access line says it (its first 500 characters)
 
     def row(self) -> tuple[Any, ...]:
         """The record as COPY sends it, its cost in billionths: a float sent into a numeric column
@@ -117,7 +119,8 @@ def record_of(ex: Exchange, prices: PriceTable, images: list[ImageMade], video_s
         duration_ms=round(duration_s * 1000, 3), client_aborted=ex.outcome.client_aborted, estimated=estimated,
         cut_by=ex.outcome.cut_by, gateway_ms=round(ex.overhead_seconds(now) * 1000, 3),
         upstream_ms=round(ex.outcome.upstream_seconds() * 1000, 3), trace_id=trace[0] if trace else None,
-        attempts=ex.outcome.attempts, error_code=ex.outcome.error_code)
+        attempts=ex.outcome.attempts, error_code=ex.outcome.error_code,
+        error=ex.outcome.error[:_ERROR_CHARACTERS] if ex.outcome.error else None)
 
 
 def held(record: UsageRecord, most: Most, prices: PriceTable, counts_tokens: bool) -> UsageRecord:

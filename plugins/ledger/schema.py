@@ -73,7 +73,7 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX usage_records_pending ON usage_records (at) WHERE pending;
     """,
     # 3: one request's story for the console (its time split, its trace, its attempts, the error
-    # code the gateway answered), and an index for each search the console offers: the newest
+    # the gateway answered, code and message), and an index for each search the console offers: the newest
     # rows of a model, route, status or client id, found without reading the others.
     """
     ALTER TABLE usage_records
@@ -81,7 +81,8 @@ MIGRATIONS: tuple[str, ...] = (
         ADD COLUMN upstream_ms double precision,
         ADD COLUMN trace_id text,
         ADD COLUMN attempts integer,
-        ADD COLUMN error_code text;
+        ADD COLUMN error_code text,
+        ADD COLUMN error text;
     CREATE INDEX usage_records_model_at ON usage_records (model, at);
     CREATE INDEX usage_records_route_at ON usage_records (route, at);
     CREATE INDEX usage_records_status_at ON usage_records (status, at);

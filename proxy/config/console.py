@@ -4,6 +4,7 @@ the store keeps for every instance).
 
     console:
       session_hours: 8
+      public_url: https://gateway-admin.example.com   # behind a proxy that ends TLS (else unset)
       trace_url: https://grafana.example.com/explore?traceId={trace_id}   # a request's trace link
       oidc:                                   # sign-in through an OIDC provider (code flow, PKCE)
         issuer: https://login.example.com/realms/platform
@@ -47,10 +48,21 @@ class ConsoleConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = True  # with a key store; off: /console is not served
+    # Where browsers reach the console, when a proxy in front of the admin listener ends TLS or
+    # renames it (https://gateway-admin.example.com): changes must come from this origin, and its
+    # cookies are Secure when it is https. Unset: the admin listener's own address.
+    public_url: str | None = None
     session_hours: float = Field(default=8.0, gt=0, le=24 * 7)
     # A request's trace in the team's trace viewer: `{trace_id}` is replaced by its 32 hex digits.
     trace_url: str | None = None
     oidc: ConsoleOidcConfig | None = None
+
+    @field_validator("public_url")
+    @classmethod
+    def _origin(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"https?://[^\s/?#]+/?", value):
+            raise ValueError("an origin: http(s)://HOST[:PORT], no path")
+        return value
 
     @field_validator("trace_url")
     @classmethod

@@ -16,18 +16,20 @@ handler gets: the request, the signed-in admin as an `Actor`, and their session.
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import jinja2
 from aiohttp import web
 
 from proxy.config.console import ConsoleConfig
-from proxy.console.session import PATH, PRE_COOKIE, Session, Sessions, csrf_holds
+from proxy.console.session import COOKIE, PATH, PRE_COOKIE, Session, Sessions, csrf_holds
 from proxy.keystore.operations import AdminError, AdminOps
 from proxy.keystore.reads import AdminReads
 from proxy.keystore.records import Actor
@@ -47,6 +49,7 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 _STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # as the admin API takes a caller's id for the audit trail
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -63,12 +66,13 @@ PageHandler = Callable[["Console", Page], Awaitable[web.StreamResponse]]
 
 class Console:
     """The console over one AdminOps and AdminReads. `sessions()` gives the session signer (its
-    key the key store's); `owner_digest(sha256)` says whether a credential with that digest is
-    `server.admin_token`."""
+    key the key store's); `owner_digest()` is `server.admin_token`'s SHA-256 (None: none set)."""
 
     def __init__(self, config: Callable[[], ConsoleConfig], ops: AdminOps, reads: AdminReads,
-                 owner_digest: Callable[[bytes], bool], gateway_url: Callable[[], str]) -> None:
+                 owner_digest: Callable[[], bytes | None], gateway_url: Callable[[], str],
+                 example_model: Callable[[list[str]], str | None] = lambda globs: None) -> None:
         self.config = config
+        self.example_model = example_model  # a model a key's `models` allow, for the snippets
         self.ops = ops
         self.reads = reads
         self.owner_digest = owner_digest
@@ -97,6 +101,11 @@ class Console:
 
     # --- answering ---
 
+    def secure_cookies(self, request: web.Request) -> bool:
+        """Cookies only over TLS when browsers reach the console over TLS (`console.public_url`
+        says so behind a proxy that ends TLS)."""
+        return origin_of(request, self.config().public_url).startswith("https:")
+
     def render(self, request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
         session: Session | None = context.pop("session", None)
         body = self.templates.get_template(template).render(
@@ -121,35 +130,44 @@ class Console:
         async def page(request: web.Request) -> web.StreamResponse:
             session: Session | None = None
             try:
-                session = await self._session(request)
+                session = await self.session(request)
                 if session is None:
-                    return secure(web.HTTPSeeOther(f"{PATH}/signin"))
+                    gone = secure(web.HTTPSeeOther(f"{PATH}/signin"))
+                    gone.del_cookie(COOKIE, path=PATH)  # one that no longer holds: not sent again
+                    return gone
                 if changes:
                     form = await read_form(request)
-                    if not csrf_holds(session.csrf, form.get("csrf")) or not same_origin(request):
+                    if not csrf_holds(session.csrf, form.get("csrf")) \
+                            or not same_origin(request, self.config().public_url):
                         return self.error(request, session, 403, "This change did not come from a console page "
                                           "(its CSRF token is missing or wrong). Reload the page and try again.")
+                given = request.headers.get("X-Request-Id", "")
                 actor = Actor(session.actor, session.role, session.tenant, request.remote,
-                              request.headers.get("X-Request-Id") or secrets.token_hex(16))
+                              given if _REQUEST_ID.fullmatch(given) else secrets.token_hex(16))
                 return await handler(self, Page(request, actor, session))
             except AdminError as exc:
-                return self.error(request, session, exc.status, exc.message)
+                return self.error(request, session, exc.status,
+                                  f"{exc.field}: {exc.message}" if exc.field else exc.message)
             except FormProblem as exc:
                 return self.error(request, session, 400, str(exc))
+            except asyncpg.DataError:  # a value PostgreSQL cannot hold (a NUL): the asker's, not an outage
+                return self.error(request, session, 400, "A value the store cannot hold (a NUL character?).")
+            except asyncpg.UniqueViolationError:
+                return self.error(request, session, 409, "Taken by a change made at the same time.")
             except _STORE_AWAY as exc:
                 return self._store_away(request, session, exc)
 
         return page
 
-    async def _session(self, request: web.Request) -> Session | None:
+    async def session(self, request: web.Request) -> Session | None:
+        """The request's session, signed, unexpired, and made with a credential that still holds."""
         session = (await self.sessions()).read(request)
         if session is None:
             return None
-        digest = bytes.fromhex(session.token_sha256 or "")
-        if session.via == "owner" and not self.owner_digest(digest):
+        if session.via == "owner" and session.token_sha256 != (await self.sessions()).owner_mark(self.owner_digest()):
             return None  # server.admin_token changed by a reload, or taken away
         if session.via == "token":  # a deleted or expired admin token ends its sessions at once
-            found = await self.ops.store.admin_token(digest)
+            found = await self.ops.store.admin_token(bytes.fromhex(session.token_sha256 or ""))
             if found is None or found[1] != session.role:
                 return None
         return session
@@ -188,9 +206,11 @@ async def read_form(request: web.Request) -> dict[str, str]:
         return request["console_form"]
     if request.content_length is not None and request.content_length > MAX_FORM:
         raise FormProblem(f"A form is at most {MAX_FORM // 1024} KB.")
-    raw = await request.content.read(MAX_FORM + 1)
-    if len(raw) > MAX_FORM:
-        raise FormProblem(f"A form is at most {MAX_FORM // 1024} KB.")
+    raw = b""
+    while chunk := await request.content.read(MAX_FORM + 1 - len(raw)):  # a read gives what has arrived
+        raw += chunk
+        if len(raw) > MAX_FORM:
+            raise FormProblem(f"A form is at most {MAX_FORM // 1024} KB.")
     from urllib.parse import parse_qsl
 
     try:
@@ -201,11 +221,20 @@ async def read_form(request: web.Request) -> dict[str, str]:
     return form
 
 
-def same_origin(request: web.Request) -> bool:
+def origin_of(request: web.Request, public_url: str | None) -> str:
+    """Where browsers reach the console: `console.public_url` (behind a TLS proxy), else this
+    connection's own scheme and Host."""
+    if public_url:
+        parts = urlsplit(public_url)
+        return f"{parts.scheme}://{parts.netloc}"
+    return f"{request.scheme}://{request.host}"
+
+
+def same_origin(request: web.Request, public_url: str | None) -> bool:
     """A change names this console as its origin (browsers send Origin with every form POST);
     one with no Origin at all (an older client) rests on its CSRF token alone."""
     origin = request.headers.get("Origin")
-    return origin is None or origin == f"{request.scheme}://{request.host}"
+    return origin is None or origin == origin_of(request, public_url)
 
 
 def pre_token(request: web.Request) -> str:

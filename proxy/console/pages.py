@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
-from datetime import datetime, timezone
+import re
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
@@ -29,6 +30,7 @@ _KEY_META = ("name", "source", "tenant", "state", "fingerprint", "previous_valid
 _TENANT_META = ("name", "labels", "created_at", "created_by", "updated_at", "updated_by")
 _REQUEST_FILTERS = ("key", "tenant", "model", "route", "status", "since", "until", "request_id")
 _SPEND_GROUPS = ("tenant", "key", "model", "route", "channel")
+_WHOLE = re.compile(r"[0-9]{1,12}")  # ASCII digits only (str.isdigit takes '²', which int() refuses)
 
 
 async def keys(console: Console, page: Page) -> web.StreamResponse:
@@ -51,7 +53,7 @@ async def create_key(console: Console, page: Page) -> web.StreamResponse:
         body["expires_at"] = _moment(form["expires_at"])
     made = await console.ops.create_key(page.actor, body)
     return _render(console, page, "secret.html", key=made, secret=made["secret"], made="created",
-                   gateway_url=console.gateway_url())
+                   gateway_url=console.gateway_url(), model=console.example_model(made.get("models") or ["*"]))
 
 
 async def key(console: Console, page: Page) -> web.StreamResponse:
@@ -82,11 +84,11 @@ async def key_action(console: Console, page: Page) -> web.StreamResponse:
     elif action == "rotate":
         form = await read_form(page.request)
         grace = form.get("grace_s", "0").strip() or "0"
-        if not grace.isdigit():
+        if not _WHOLE.fullmatch(grace):
             raise FormProblem("The old secret's grace is a number of seconds.")
         made = await console.ops.rotate_key(page.actor, name, {"grace_s": int(grace)})
         return _render(console, page, "secret.html", key=made, secret=made["secret"], made="rotated",
-                       gateway_url=console.gateway_url())
+                       gateway_url=console.gateway_url(), model=console.example_model(made.get("models") or ["*"]))
     elif action == "delete":
         await console.ops.delete_key(page.actor, name)
         return _see_other(f"{PATH}/keys")
@@ -147,7 +149,7 @@ async def spend(console: Console, page: Page) -> web.StreamResponse:
     # Both at once, on two of the database's connections: each reads the same span.
     grouped, daily = await asyncio.gather(console.reads.spend(page.actor, {**filters, "by": group}),
                                           console.reads.spend(page.actor, {**filters, "by": "day"}))
-    chart = bars([(row["day"][:10], row["cost"]) for row in daily["rows"]])
+    chart = bars(_every_day(daily))
     budgets = None
     if filters.get("key"):
         budgets = await _usage(console.ops.key_usage(page.actor, filters["key"]))
@@ -183,7 +185,7 @@ async def channels(console: Console, page: Page) -> web.StreamResponse:
 async def audit(console: Console, page: Page) -> web.StreamResponse:
     query = page.request.query
     before = query.get("before", "")
-    if before and not before.isdigit():
+    if before and not _WHOLE.fullmatch(before):
         raise FormProblem("'before' is an entry's number.")
     found = await console.ops.audit(page.actor, query.get("tenant") or None, query.get("target") or None,
                                     query.get("actor") or None, 100, int(before) if before else None)
@@ -248,6 +250,17 @@ def _moment(text: str) -> str:
     except ValueError:
         raise FormProblem("The expiry is a date and time (2027-01-31T18:00).") from None
     return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).isoformat()
+
+
+def _every_day(daily: dict[str, Any]) -> list[tuple[str, float]]:
+    """Cost on each day of the span, the days nothing was spent included (at most 366 bars)."""
+    spent = {row["day"][:10]: row["cost"] for row in daily["rows"]}
+    if not daily.get("since"):
+        return sorted(spent.items())
+    first = datetime.fromisoformat(daily["since"]).astimezone(timezone.utc).date()
+    last = datetime.fromisoformat(daily["until"]).astimezone(timezone.utc).date()
+    days = [(first + timedelta(days=n)).isoformat() for n in range(min(366, (last - first).days + 1))]
+    return [(day, spent.get(day, 0.0)) for day in days[-366:]]
 
 
 def _csv(rows: list[dict[str, Any]], by: list[str], filename: str) -> web.StreamResponse:

@@ -88,6 +88,11 @@ class Sessions:
     def clear(response: web.StreamResponse) -> None:
         response.del_cookie(COOKIE, path=PATH)
 
+    def owner_mark(self, digest: bytes | None) -> str | None:
+        """What a session made with `server.admin_token` holds of it: a MAC of its digest, so the
+        cookie (readable, if not changeable) offers nothing to guess a chosen token against."""
+        return None if digest is None else self._mac(b"owner\x00" + digest)
+
     def _mac(self, payload: bytes) -> str:
         return base64.urlsafe_b64encode(hmac.new(self._key, payload, hashlib.sha256).digest()).rstrip(b"=").decode()
 

@@ -15,6 +15,8 @@ import hashlib
 import logging
 import secrets
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -38,10 +40,42 @@ MAX_DOCUMENT = 1024 * 1024
 _DISCOVERY_S = 300.0  # the provider's discovery document is read again after this
 
 
+class SignInFailures:
+    """Wrong tokens from one address: past `most` within `window_s`, that address is turned away
+    until the window has passed (an operator-chosen `server.admin_token` must not be guessed
+    online). Each process counts its own; at most `addresses` are remembered, the oldest let go."""
+
+    def __init__(self, most: int = 10, window_s: float = 60.0, addresses: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.most, self.window_s, self.addresses, self.clock = most, window_s, addresses, clock
+        self._seen: OrderedDict[str, list[float]] = OrderedDict()
+
+    def barred(self, source: str) -> bool:
+        times = self._seen.get(source)
+        if not times:
+            return False
+        now = self.clock()
+        times[:] = [t for t in times if now - t < self.window_s]
+        return len(times) >= self.most
+
+    def failed(self, source: str) -> None:
+        times = self._seen.pop(source, [])
+        times.append(self.clock())
+        self._seen[source] = times[-self.most:]
+        if len(times) == self.most:
+            log.warning("console sign-in: wrong tokens from one address; it is turned away for a while",
+                        extra={"source_ip": source, "failures": self.most, "window_s": self.window_s})
+        while len(self._seen) > self.addresses:
+            self._seen.popitem(last=False)
+
+
+FAILURES = SignInFailures()
+
+
 async def signin_page(console: Console, request: web.Request) -> web.StreamResponse:
     from proxy.console import pre_token
 
-    if (await console.sessions()).read(request) is not None:
+    if await console.session(request) is not None:
         return _see_other(f"{PATH}/keys")
     return await _form(console, request, pre_token(request))
 
@@ -51,7 +85,7 @@ async def _form(console: Console, request: web.Request, token: str, status: int 
     response = console.render(request, "signin.html", status, token=token, problem=problem,
                               oidc=console.config().oidc is not None)
     response.set_cookie(PRE_COOKIE, token, max_age=FLOW_S, path=PATH, httponly=True, samesite="Strict",
-                        secure=request.secure)
+                        secure=console.secure_cookies(request))
     return response
 
 
@@ -60,33 +94,42 @@ async def signin_with_token(console: Console, request: web.Request) -> web.Strea
 
     form = await read_form(request)
     expected = request.cookies.get(PRE_COOKIE, "")
-    if not expected or not csrf_holds(expected, form.get("csrf")) or not same_origin(request):
+    if not expected or not csrf_holds(expected, form.get("csrf")) \
+            or not same_origin(request, console.config().public_url):
         return await _form(console, request, pre_token(request), 403,
                            "The sign-in form had expired or did not come from this console. Try again.")
+    source = request.remote or ""
+    if FAILURES.barred(source):
+        return await _form(console, request, pre_token(request), 429, f"Too many wrong tokens from this address: "
+                           f"try again in {FAILURES.window_s:g} s.")
     credential = form.get("token", "").strip()
     sessions = await console.sessions()
     digest = hashlib.sha256(credential.encode("utf-8", "surrogateescape")).digest()
-    if credential and console.owner_digest(digest):
-        session = sessions.make("admin_token", "owner", None, "owner", digest.hex())
+    owner = console.owner_digest()
+    if credential and owner is not None and secrets.compare_digest(digest, owner):
+        session = sessions.make("admin_token", "owner", None, "owner", sessions.owner_mark(digest))
     else:
         found = await console.ops.store.admin_token(digest) if credential else None
         if found is None:
+            FAILURES.failed(source)
             return await _form(console, request, pre_token(request), 401, "Unknown, expired or deleted admin token.")
         name, role, tenant = found
         session = sessions.make(f"token:{name}", role, tenant, "token", digest.hex())
     log.info("console sign-in", extra={"actor": session.actor, "role": session.role, "via": session.via})
-    return _signed_in(sessions, session, request)
+    return _signed_in(sessions, session, console.secure_cookies(request))
 
 
 async def signout(console: Console, request: web.Request) -> web.StreamResponse:
-    from proxy.console import read_form
+    from proxy.console import read_form, same_origin
 
     sessions = await console.sessions()
     session = sessions.read(request)
     form = await read_form(request)
-    if session is not None and not csrf_holds(session.csrf, form.get("csrf")):
-        return console.error(request, session, 403, "This sign-out did not come from a console page.")
     response = _see_other(f"{PATH}/signin")
+    if session is None:
+        return response  # nothing to end (and another site's form may not clear a cookie it never saw)
+    if not csrf_holds(session.csrf, form.get("csrf")) or not same_origin(request, console.config().public_url):
+        return console.error(request, session, 403, "This sign-out did not come from a console page.")
     response.del_cookie(COOKIE, path=PATH)
     return response
 
@@ -109,7 +152,7 @@ async def oidc_start(console: Console, request: web.Request) -> web.StreamRespon
                                               "until": time.time() + FLOW_S})
     # Lax: the provider sends the browser back with a top-level GET, which must carry it.
     response.set_cookie(PRE_COOKIE, flow, max_age=FLOW_S, path=PATH, httponly=True, samesite="Lax",
-                        secure=request.secure)
+                        secure=console.secure_cookies(request))
     return response
 
 
@@ -142,7 +185,7 @@ async def oidc_callback(console: Console, request: web.Request) -> web.StreamRes
         return console.error(request, None, 502, "The sign-in provider's answer could not be used; try again.")
     session = sessions.make(actor.name, actor.role, actor.tenant, "oidc")
     log.info("console sign-in", extra={"actor": session.actor, "role": session.role, "via": session.via})
-    response = _signed_in(sessions, session, request)
+    response = _signed_in(sessions, session, console.secure_cookies(request))
     response.del_cookie(PRE_COOKIE, path=PATH)
     return response
 
@@ -156,9 +199,9 @@ ROUTES = [
 ]
 
 
-def _signed_in(sessions: Sessions, session: Any, request: web.Request) -> web.StreamResponse:
+def _signed_in(sessions: Sessions, session: Any, secure: bool) -> web.StreamResponse:
     response = _see_other(f"{PATH}/keys")
-    sessions.set(response, session, request.secure)
+    sessions.set(response, session, secure)
     return response
 
 

@@ -82,6 +82,8 @@ class AdminReads:
     async def _query(self, actor: Actor, name: str, params: Mapping[str, str], action: str,
                      target: str | None = None) -> dict[str, Any]:
         asked = params.get("tenant")
+        if asked is not None:
+            asked = asked.removeprefix("tenant:")  # as the records name it, or as the tenant is named
         if asked is not None and not _TENANT.fullmatch(asked):
             raise AdminError(400, "invalid_field", "1-200 characters, no control characters", "tenant")
         tenant = actor.tenant if actor.role == "tenant-admin" else asked

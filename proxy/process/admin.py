@@ -59,10 +59,10 @@ class AdminSurface:
         how much of a guess matched shows in the time an answer takes. A reload may change it."""
         self._token = hashlib.sha256(token.encode()).digest() if token else None
 
-    def is_digest(self, digest: bytes) -> bool:
-        """Whether `digest` is the admin token's (a console session made with it asks, each page:
-        a reload that changes the token ends them)."""
-        return self._token is not None and hmac.compare_digest(digest, self._token)
+    def token_digest(self) -> bytes | None:
+        """The admin token's SHA-256 (the console's sessions made with it are bound to it: a reload
+        that changes the token ends them)."""
+        return self._token
 
     def add(self, method: str, path: str, handler: Handler, *, public: Handler | None = None) -> None:
         if self._built:

@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from proxy.config import ConfigError, LoadedConfig, load_config, worker_count
 from proxy.config.model import ServerConfig
+from proxy.policy.catalog import usable_models
 from proxy.formats import ACCOUNT, CONTENT, MESSAGES
 from proxy.formats.base import Format
 from proxy.observability.metrics import count_reload, exposition, set_config_info
@@ -231,7 +232,8 @@ def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
             owner.admin.add(method, API_PREFIX + path, handler)
         if loaded.config.console.enabled:
             console = Console(lambda: owner.loaded.config.console, ops, api.reads,  # type: ignore[arg-type]
-                              owner.admin.is_digest, lambda: _gateway_url(owner.loaded.config.server))
+                              owner.admin.token_digest, lambda: _gateway_url(owner.loaded.config.server),
+                              lambda globs: _example_model(owner, globs))
             for method, path, handler in console.routes():
                 owner.admin.add(method, path, handler)
     for extra in plugin_routes(loaded.config, admin=True):
@@ -247,6 +249,18 @@ def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
     not_origin_form.add_route("*", _not_origin_form)
     app.router.add_route("*", "/{tail:.*}", _unmatched)
     return app
+
+
+def _example_model(owner: GatewayApp, globs: list[str]) -> str | None:
+    """A response-format model a key with these `models` may use on a channel now (the console's
+    snippet names it), or None."""
+    import fnmatch
+
+    runtime = owner.runtime
+    for model in usable_models(runtime.config, runtime.channels, None, "responses"):
+        if any(fnmatch.fnmatchcase(model, glob) for glob in globs):
+            return model
+    return None
 
 
 def _gateway_url(server: ServerConfig) -> str:
