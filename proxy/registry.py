@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
 import importlib
 from importlib.metadata import entry_points
 from collections.abc import Iterable
@@ -279,7 +280,14 @@ def config_warnings(config: GatewayConfig) -> list[str]:
         else:
             warnings.append(f"{where}: no plugin of its pipeline provides the caller: anyone who reaches the "
                             "gateway is served on this route with the channel's credential")
+    demo = next((key for key in config.keys if key.digest_hex() == _DEMO_KEY), None)
+    if demo is not None and config.key_store.database_url:
+        warnings.append(f"keys: the embedded demo key ({demo.name}, sk-demo-key, every model) is served beside the "
+                        "key store's: this config has no keys: section of its own; give it one (keys: [] for none)")
     return warnings
+
+
+_DEMO_KEY = hashlib.sha256(b"sk-demo-key").hexdigest()  # the embedded defaults' key, for trying the gateway
 
 
 def _model_problems(model: type[BaseModel] | None, where: str, values: dict[str, Any], why_none: str) -> list[str]:

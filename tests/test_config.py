@@ -153,3 +153,12 @@ def test_a_listen_override_is_no_part_of_the_file_check_config_reads(tmp_path): 
     refused = subprocess.run([sys.executable, "-m", "proxy", "serve", "--listen", "garbage"], capture_output=True,
                              text=True, cwd=ROOT, timeout=30)
     assert refused.returncode == 1 and refused.stderr.startswith("--listen: ")
+
+
+def test_check_config_warns_when_a_shared_service_would_serve_the_demo_key(tmp_path):  # noqa: ANN001
+    path = tmp_path / "gateway.yaml"
+    path.write_text("key_store: {database_url: 'postgresql://u@127.0.0.1:5432/keys'}\n")
+    result = check_config(path)
+    assert result.returncode == 0 and "warning: keys: the embedded demo key (demo, sk-demo-key" in result.stderr
+    path.write_text("key_store: {database_url: 'postgresql://u@127.0.0.1:5432/keys'}\nkeys: []\n")
+    assert "demo key" not in check_config(path).stderr
