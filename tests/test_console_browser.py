@@ -39,7 +39,7 @@ state: {{backend: redis, url: "{redis_url}", prefix: "{prefix}:"}}
 key_store: {{database_url: "{database_url}", resync_s: 3600}}
 channels: [{{name: simulator, base_url: simulator, simulator: {{chunk_delay_ms: 0, output_tokens: 12}}}}]
 plugins: {{ledger: {{database_url: "{database_url}", flush_interval_s: 0.1, spool_dir: "spool-{prefix}"}}}}
-observability: {{logging: {{access_log: false}}}}
+observability: {{logging: {{access_log: false}}, tracing: {{exporter: console}}}}
 console: {{trace_url: "https://traces.example/trace/{{trace_id}}"{oidc}}}
 {PRICES}
 """
@@ -152,6 +152,8 @@ async def test_an_owner_makes_a_key_sees_its_request_and_cost_and_disables_it(ga
         main = await page.inner_text("main")
         assert "Gateway" in main and "Upstream" in main and "simulator" in main and "Attempts\n1" in main
         assert (await page.inner_text("#cost")).startswith(cost)
+        trace = await page.get_attribute("text=Its trace", "href")
+        assert re.fullmatch(r"https://traces\.example/trace/[0-9a-f]{32}", trace or ""), trace
         await shot(page, "request")
 
         await page.goto(f"{admin}/console/keys/web")
