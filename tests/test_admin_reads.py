@@ -93,17 +93,20 @@ async def test_requests_and_spend_are_the_ledger_s_and_a_tenant_admin_sees_its_t
     assert [r["request_id"] for r in seen] == [r["request_id"] for r in rows]
 
 
-@pytest.mark.parametrize("path, field", [
+REFUSED = [
     ("/requests?status=abc", "status"), ("/requests?status=6xx", "status"), ("/requests?since=yesterday", "since"),
     ("/requests?until=9999999d", "until"), ("/requests?limit=0", "limit"), ("/requests?limit=201", "limit"),
     ("/requests?before=garbage", "before"), ("/requests?model=%00", "model"), ("/requests?key=" + "k" * 300, "key"),
     ("/requests?request_id=%0a", "request_id"), ("/spend?by=password", "by"), ("/spend?by=day,key,model,route", "by"),
     ("/spend?since=1d&until=2000-01-01", "since"), ("/requests?tenant=%1b", "tenant"),
-])
-async def test_a_parameter_the_reads_cannot_take_is_a_400_naming_it(two_tenants, path: str, field: str) -> None:  # noqa: ANN001
+]
+
+
+async def test_a_parameter_the_reads_cannot_take_is_a_400_naming_it(two_tenants) -> None:  # noqa: ANN001
     gateway, _ = two_tenants
-    status, found = await call(gateway.admin, path)
-    assert status == 400 and found["error"]["field"] == field, found
+    for path, field in REFUSED:
+        status, found = await call(gateway.admin, path)
+        assert status == 400 and found["error"]["field"] == field, (path, found)
 
 
 async def test_the_reads_say_503_while_the_ledger_s_database_is_away(spawn, redis_url: str, ledger_db: str,

@@ -9,8 +9,8 @@ files of this package, served from `/console/static/`, and the Content-Security-
 page load nothing else, from nowhere else: no inline script, no third-party origin, no
 internet needed.
 
-`Console.routes()` lists what the app adds to the admin surface; `Page` is what each page
-handler gets: the request, the signed-in admin as an `Actor`, and their session.
+`Console.routes()` lists what the app adds to the admin surface; each page handler gets a `Page`
+(proxy/console/answers.py): the request, the signed-in admin as an `Actor`, and their session.
 """
 
 from __future__ import annotations
@@ -19,17 +19,18 @@ import logging
 import re
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import asyncpg
 import jinja2
 from aiohttp import web
 
 from proxy.config.console import ConsoleConfig
-from proxy.console.session import COOKIE, PATH, PRE_COOKIE, Session, Sessions, csrf_holds
+from proxy.console import pages, signin
+from proxy.console.answers import (SECURITY_HEADERS, FormProblem, Page, origin_of, read_form, same_origin, secure,
+                                   see_other)
+from proxy.console.session import COOKIE, PATH, Session, Sessions, csrf_holds
 from proxy.keystore.operations import AdminError, AdminOps
 from proxy.keystore.reads import AdminReads
 from proxy.keystore.records import Actor
@@ -38,27 +39,10 @@ from proxy.state.postgres import SchemaTooNew
 log = logging.getLogger("modelgate.console")
 
 HERE = Path(__file__).parent
-MAX_FORM = 64 * 1024
-SECURITY_HEADERS = {
-    # Nothing but this gateway's own files: no inline script or style, no other origin, no frames.
-    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                               "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    "Referrer-Policy": "same-origin",  # no-referrer would make browsers send `Origin: null` with a form
-    "Cache-Control": "no-store",
-}
 _STATIC = {"console.css": "text/css", "console.js": "text/javascript"}
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # as the admin API takes a caller's id for the audit trail
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@dataclass(slots=True, frozen=True)
-class Page:
-    request: web.Request
-    actor: Actor
-    session: Session
 
 
 PageHandler = Callable[["Console", Page], Awaitable[web.StreamResponse]]
@@ -83,8 +67,6 @@ class Console:
                                             autoescape=True)
 
     def routes(self) -> list[tuple[str, str, Handler]]:
-        from proxy.console import pages, signin
-
         found: list[tuple[str, str, Handler]] = [
             ("GET", PATH, self._redirect_home), ("GET", PATH + "/", self._redirect_home),
             ("GET", PATH + "/static/{file}", self._static),
@@ -132,7 +114,7 @@ class Console:
             try:
                 session = await self.session(request)
                 if session is None:
-                    gone = secure(web.HTTPSeeOther(f"{PATH}/signin"))
+                    gone = see_other(f"{PATH}/signin")
                     gone.del_cookie(COOKIE, path=PATH)  # one that no longer holds: not sent again
                     return gone
                 if changes:
@@ -140,7 +122,8 @@ class Console:
                     if not csrf_holds(session.csrf, form.get("csrf")) \
                             or not same_origin(request, self.config().public_url):
                         return self.error(request, session, 403, "This change did not come from a console page "
-                                          "(its CSRF token is missing or wrong). Reload the page and try again.")
+                                          "(its CSRF token is missing or wrong, or another site sent it). Reload "
+                                          "the page and try again.")
                 given = request.headers.get("X-Request-Id", "")
                 actor = Actor(session.actor, session.role, session.tenant, request.remote,
                               given if _REQUEST_ID.fullmatch(given) else secrets.token_hex(16))
@@ -177,7 +160,7 @@ class Console:
         return self.error(request, session, 503, "The key store (PostgreSQL) does not answer; try again shortly.")
 
     async def _redirect_home(self, request: web.Request) -> web.StreamResponse:
-        return secure(web.HTTPSeeOther(f"{PATH}/keys"))
+        return see_other(f"{PATH}/keys")
 
     async def _static(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["file"]
@@ -191,53 +174,3 @@ class Console:
 _STORE_AWAY = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, SchemaTooNew)
 
 
-class FormProblem(ValueError):
-    """A form a console page cannot take: said on the page, as a 400."""
-
-
-def secure(response: web.StreamResponse) -> web.StreamResponse:
-    response.headers.update(SECURITY_HEADERS)
-    return response
-
-
-async def read_form(request: web.Request) -> dict[str, str]:
-    """A page's form, at most MAX_FORM bytes (read once: kept on the request for its handler)."""
-    if "console_form" in request:
-        return request["console_form"]
-    if request.content_length is not None and request.content_length > MAX_FORM:
-        raise FormProblem(f"A form is at most {MAX_FORM // 1024} KB.")
-    raw = b""
-    while chunk := await request.content.read(MAX_FORM + 1 - len(raw)):  # a read gives what has arrived
-        raw += chunk
-        if len(raw) > MAX_FORM:
-            raise FormProblem(f"A form is at most {MAX_FORM // 1024} KB.")
-    from urllib.parse import parse_qsl
-
-    try:
-        form = dict(parse_qsl(raw.decode("utf-8"), keep_blank_values=True, max_num_fields=200))
-    except (UnicodeDecodeError, ValueError):
-        raise FormProblem("The form could not be read.") from None
-    request["console_form"] = form
-    return form
-
-
-def origin_of(request: web.Request, public_url: str | None) -> str:
-    """Where browsers reach the console: `console.public_url` (behind a TLS proxy), else this
-    connection's own scheme and Host."""
-    if public_url:
-        parts = urlsplit(public_url)
-        return f"{parts.scheme}://{parts.netloc}"
-    return f"{request.scheme}://{request.host}"
-
-
-def same_origin(request: web.Request, public_url: str | None) -> bool:
-    """A change names this console as its origin (browsers send Origin with every form POST);
-    one with no Origin at all (an older client) rests on its CSRF token alone."""
-    origin = request.headers.get("Origin")
-    return origin is None or origin == origin_of(request, public_url)
-
-
-def pre_token(request: web.Request) -> str:
-    """The sign-in form's CSRF token: the one its cookie holds, or a new one."""
-    given = request.cookies.get(PRE_COOKIE, "")
-    return given if 20 <= len(given) <= 64 and given.isascii() else secrets.token_urlsafe(24)

@@ -14,7 +14,7 @@ from urllib.parse import quote, urlencode
 
 from aiohttp import web
 
-from proxy.console import FormProblem, Page, read_form, secure
+from proxy.console.answers import FormProblem, Page, read_form, secure, see_other
 from proxy.console.charts import bars
 from proxy.console.session import PATH
 from proxy.keystore.operations import AdminError
@@ -74,7 +74,7 @@ async def update_key(console: Console, page: Page) -> web.StreamResponse:
     changes: dict[str, Any] = {k: None for k in current if k not in _KEY_META and k not in wanted}
     changes.update({k: v for k, v in wanted.items() if k not in _KEY_META})
     await console.ops.update_key(page.actor, name, changes)
-    return _see_other(f"{PATH}/keys/{quote(name)}")
+    return see_other(f"{PATH}/keys/{quote(name)}")
 
 
 async def key_action(console: Console, page: Page) -> web.StreamResponse:
@@ -91,10 +91,10 @@ async def key_action(console: Console, page: Page) -> web.StreamResponse:
                        gateway_url=console.gateway_url(), model=console.example_model(made.get("models") or ["*"]))
     elif action == "delete":
         await console.ops.delete_key(page.actor, name)
-        return _see_other(f"{PATH}/keys")
+        return see_other(f"{PATH}/keys")
     else:
         raise AdminError(404, "not_found", "no such action on a key")
-    return _see_other(f"{PATH}/keys/{quote(name)}")
+    return see_other(f"{PATH}/keys/{quote(name)}")
 
 
 async def tenants(console: Console, page: Page) -> web.StreamResponse:
@@ -109,7 +109,7 @@ async def create_tenant(console: Console, page: Page) -> web.StreamResponse:
     if form.get("labels", "").strip():
         body["labels"] = _json_object(form["labels"], "labels")
     made = await console.ops.create_tenant(page.actor, body)
-    return _see_other(f"{PATH}/tenants/{quote(made['name'])}")
+    return see_other(f"{PATH}/tenants/{quote(made['name'])}")
 
 
 async def tenant(console: Console, page: Page) -> web.StreamResponse:
@@ -127,7 +127,7 @@ async def update_tenant(console: Console, page: Page) -> web.StreamResponse:
     form = await read_form(page.request)
     if form.get("delete") == "yes":
         await console.ops.delete_tenant(page.actor, name)
-        return _see_other(f"{PATH}/tenants")
+        return see_other(f"{PATH}/tenants")
     wanted = _json_object(form.get("settings", ""), "settings")
     current = await console.ops.get_tenant(page.actor, name)
     changes: dict[str, Any] = {k: None for k in current if k not in _TENANT_META and k not in wanted}
@@ -135,7 +135,7 @@ async def update_tenant(console: Console, page: Page) -> web.StreamResponse:
     if "labels" in form:
         changes["labels"] = _json_object(form["labels"], "labels")
     await console.ops.update_tenant(page.actor, name, changes)
-    return _see_other(f"{PATH}/tenants/{quote(name)}")
+    return see_other(f"{PATH}/tenants/{quote(name)}")
 
 
 async def spend(console: Console, page: Page) -> web.StreamResponse:
@@ -209,10 +209,6 @@ ROUTES = [
 
 def _render(console: Console, page: Page, template: str, **context: Any) -> web.Response:
     return console.render(page.request, template, session=page.session, **context)
-
-
-def _see_other(location: str) -> web.StreamResponse:
-    return secure(web.Response(status=303, headers={"Location": location}))
 
 
 async def _tenant_names(console: Console, page: Page) -> list[str]:

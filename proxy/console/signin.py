@@ -26,12 +26,14 @@ from authlib.oauth2.rfc6749.parameters import parse_authorization_code_response,
 from authlib.oauth2.rfc7636 import create_s256_code_challenge
 
 from proxy.config.key_store import OidcConfig
+from proxy.console.answers import pre_token, read_form, same_origin, see_other
 from proxy.console.session import COOKIE, PATH, PRE_COOKIE, Sessions, csrf_holds
 from proxy.keystore.oidc import OidcRefused, OidcVerifier
 from proxy.wire import jsonutil
 
 if TYPE_CHECKING:
     from proxy.console import Console
+
 
 log = logging.getLogger("modelgate.console")
 
@@ -73,10 +75,8 @@ FAILURES = SignInFailures()
 
 
 async def signin_page(console: Console, request: web.Request) -> web.StreamResponse:
-    from proxy.console import pre_token
-
     if await console.session(request) is not None:
-        return _see_other(f"{PATH}/keys")
+        return see_other(f"{PATH}/keys")
     return await _form(console, request, pre_token(request))
 
 
@@ -90,8 +90,6 @@ async def _form(console: Console, request: web.Request, token: str, status: int 
 
 
 async def signin_with_token(console: Console, request: web.Request) -> web.StreamResponse:
-    from proxy.console import pre_token, read_form, same_origin
-
     form = await read_form(request)
     expected = request.cookies.get(PRE_COOKIE, "")
     if not expected or not csrf_holds(expected, form.get("csrf")) \
@@ -120,12 +118,10 @@ async def signin_with_token(console: Console, request: web.Request) -> web.Strea
 
 
 async def signout(console: Console, request: web.Request) -> web.StreamResponse:
-    from proxy.console import read_form, same_origin
-
     sessions = await console.sessions()
     session = sessions.read(request)
     form = await read_form(request)
-    response = _see_other(f"{PATH}/signin")
+    response = see_other(f"{PATH}/signin")
     if session is None:
         return response  # nothing to end (and another site's form may not clear a cookie it never saw)
     if not csrf_holds(session.csrf, form.get("csrf")) or not same_origin(request, console.config().public_url):
@@ -147,7 +143,7 @@ async def oidc_start(console: Console, request: web.Request) -> web.StreamRespon
     url = prepare_grant_uri(provider["authorization_endpoint"], config.client_id, "code", config.redirect_url,
                             " ".join(config.scopes), state, nonce=nonce,
                             code_challenge=create_s256_code_challenge(verifier), code_challenge_method="S256")
-    response = _see_other(url)
+    response = see_other(url)
     flow = (await console.sessions()).signed({"state": state, "nonce": nonce, "verifier": verifier,
                                               "until": time.time() + FLOW_S})
     # Lax: the provider sends the browser back with a top-level GET, which must carry it.
@@ -200,15 +196,9 @@ ROUTES = [
 
 
 def _signed_in(sessions: Sessions, session: Any, secure: bool) -> web.StreamResponse:
-    response = _see_other(f"{PATH}/keys")
+    response = see_other(f"{PATH}/keys")
     sessions.set(response, session, secure)
     return response
-
-
-def _see_other(location: str) -> web.StreamResponse:
-    from proxy.console import secure
-
-    return secure(web.Response(status=303, headers={"Location": location}))
 
 
 async def _discovered(console: Console, issuer: str) -> dict[str, Any]:

@@ -9,7 +9,6 @@ rates come from the recorded requests, so they are the fleet's).
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
@@ -22,8 +21,6 @@ from proxy.plugin import Plugin, QueryProblem
 
 if TYPE_CHECKING:
     from proxy.policy.channels import Channel
-
-log = logging.getLogger("modelgate.admin")
 
 _TENANT = re.compile(r"[^\x00-\x1f\x7f]{1,200}")
 RECENT_S = 900  # the span the channels' error rates are counted over
