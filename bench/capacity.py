@@ -51,17 +51,34 @@ MSG = {"x-api-key": KEY, "msgapi-version": "2023-06-01"}
 BEARER = {"Authorization": f"Bearer {KEY}"}
 MESSAGE = {"model": "msgmodel-haiku-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
 IMAGE = {"model": "imagegen-2", "prompt": "a fox", "size": "1024x1024", "n": 1}
-SIGNED = {"Stripe-Signature": "t=1700000000,v1=5257a869e7ecebeda32affa62cdca3fa51cad7e77a0e56ff536d0ce8e108d8bd",
-          "Content-Type": "application/json"}
+SIGNED = {
+    "Stripe-Signature": "t=1700000000,v1=5257a869e7ecebeda32affa62cdca3fa51cad7e77a0e56ff536d0ce8e108d8bd",
+    "Content-Type": "application/json",
+}
 LIMITS = "limits: {rpm: 100000000, tpm: 1000000000, concurrent: 100000}"
 # Whose a burst is, by a key it names (the state prefix is the default, modelgate:; a Cluster's
 # keys carry hash tags, `{modelgate:webhooks}:pending`, one server's need not).
-OWNERS = ((b"modelgate:webhooks", "webhook_queue"), (b"modelgate:rl:", "ratelimit"),
-          (b"modelgate:pin:", "affinity"), (b"modelgate:video:", "video"), (b"modelgate:blob:", "url_delivery"),
-          (b"modelgate:budget:", "budget"), (b"modelgate:ledger:", "ledger"))
-SCRIPTS = {hashlib.sha1(s.encode()).hexdigest().encode(): n
-           for s, n in ((ACQUIRE, "check"), (FINISH, "settle"), (RENEW, "lease renewal"), (_ADD_THEN, "pin+record"),
-                        (_APPEND, "journal"), (RESERVE, "reserve"), (SETTLE, "settle"))}
+OWNERS = (
+    (b"modelgate:webhooks", "webhook_queue"),
+    (b"modelgate:rl:", "ratelimit"),
+    (b"modelgate:pin:", "affinity"),
+    (b"modelgate:video:", "video"),
+    (b"modelgate:blob:", "url_delivery"),
+    (b"modelgate:budget:", "budget"),
+    (b"modelgate:ledger:", "ledger"),
+)
+SCRIPTS = {
+    hashlib.sha1(s.encode()).hexdigest().encode(): n
+    for s, n in (
+        (ACQUIRE, "check"),
+        (FINISH, "settle"),
+        (RENEW, "lease renewal"),
+        (_ADD_THEN, "pin+record"),
+        (_APPEND, "journal"),
+        (RESERVE, "reserve"),
+        (SETTLE, "settle"),
+    )
+}
 SETUP = (b"CLIENT", b"HELLO", b"AUTH", b"SELECT", b"SCRIPT")
 GAP_S = 0.003  # after each answer, so work done after it (a settle) lands in its own request's window
 
@@ -170,8 +187,8 @@ class Case:
     method: str
     path: str | Callable[[int], str]
     headers: dict[str, str]
-    body: Any = None                      # JSON, bytes as they are, or a function of the request's index
-    keep: tuple[str, str] | None = None   # (list, field): ids from the answers, for the follow-ups
+    body: Any = None  # JSON, bytes as they are, or a function of the request's index
+    keep: tuple[str, str] | None = None  # (list, field): ids from the answers, for the follow-ups
 
 
 @dataclass
@@ -194,16 +211,38 @@ def cases(made: dict[str, list[str]]) -> list[Case]:
         Case("messages, stream", "POST", "/v1/messages", MSG, {**MESSAGE, "stream": True}),
         Case("messages, key without limits", "POST", "/v1/messages", {**MSG, "x-api-key": PLAIN}, MESSAGE),
         Case("content generation", "POST", content, {}, {"contents": [{"parts": [{"text": "hi"}]}]}),
-        Case("responses create (stored)", "POST", "/v1/responses", BEARER,
-             {"model": "respmodel-4o", "input": "hi", "store": True}, ("responses", "id")),
-        Case("responses with previous_response_id", "POST", "/v1/responses", BEARER,
-             lambda i: {"model": "respmodel-4o", "input": "and?", "previous_response_id": made["responses"][i]}),
-        Case("video task create", "POST", "/v1/video/generations", BEARER,
-             {"model": "videogen-3.0-generate-001", "prompt": "waves"}, ("videos", "task_id")),
+        Case(
+            "responses create (stored)",
+            "POST",
+            "/v1/responses",
+            BEARER,
+            {"model": "respmodel-4o", "input": "hi", "store": True},
+            ("responses", "id"),
+        ),
+        Case(
+            "responses with previous_response_id",
+            "POST",
+            "/v1/responses",
+            BEARER,
+            lambda i: {"model": "respmodel-4o", "input": "and?", "previous_response_id": made["responses"][i]},
+        ),
+        Case(
+            "video task create",
+            "POST",
+            "/v1/video/generations",
+            BEARER,
+            {"model": "videogen-3.0-generate-001", "prompt": "waves"},
+            ("videos", "task_id"),
+        ),
         Case("video status poll (cache miss)", "GET", lambda i: f"/v1/video/generations/{made['videos'][i]}", BEARER),
         Case("image generation, b64", "POST", "/v1/images/generations", BEARER, IMAGE),
-        Case("image generation, URL delivery", "POST", "/v1/images/generations", BEARER,
-             {**IMAGE, "response_format": "url"}),
+        Case(
+            "image generation, URL delivery",
+            "POST",
+            "/v1/images/generations",
+            BEARER,
+            {**IMAGE, "response_format": "url"},
+        ),
         Case("payment webhook, queued", "POST", "/api/stripe/webhook", SIGNED, b'{"id":"evt_1","type":"charge"}'),
     ]
 
@@ -220,8 +259,16 @@ async def send(http: aiohttp.ClientSession, base: str, case: Case, i: int, made:
         made.setdefault(case.keep[0], []).append(orjson.loads(data)[case.keep[1]])
 
 
-async def measure(http: aiohttp.ClientSession, base: str, case: Case, made: dict[str, list[str]],
-                  store: Relay, upstream: Relay, requests: int, warm: int) -> Row:
+async def measure(
+    http: aiohttp.ClientSession,
+    base: str,
+    case: Case,
+    made: dict[str, list[str]],
+    store: Relay,
+    upstream: Relay,
+    requests: int,
+    warm: int,
+) -> Row:
     for i in range(warm):  # connections opened, scripts loaded
         await send(http, base, case, i, made)
     await asyncio.sleep(0.5)  # the deliverer catches up with the warm-up's webhooks
@@ -243,9 +290,12 @@ def tally(case: Case, starts: list[float], bursts: list[Burst], calls: list[Burs
     counted: list[Burst] = []
     upstream = 0
     for begin, end in zip(starts, starts[1:]):
-        window = [b for b in bursts[bisect.bisect_left(times, begin):bisect.bisect_left(times, end)]
-                  if b.owner != "background" and (webhook or b.owner != "webhook_queue")]
-        called = call_times[bisect.bisect_left(call_times, begin):bisect.bisect_left(call_times, end)]
+        window = [
+            b
+            for b in bursts[bisect.bisect_left(times, begin) : bisect.bisect_left(times, end)]
+            if b.owner != "background" and (webhook or b.owner != "webhook_queue")
+        ]
+        called = call_times[bisect.bisect_left(call_times, begin) : bisect.bisect_left(call_times, end)]
         upstream += len(called)
         words = [b.name for b in window if not called or b.at < called[0]]
         words += ["[upstream]"] * bool(called) + [b.name for b in window if called and b.at >= called[0]]
@@ -254,24 +304,35 @@ def tally(case: Case, starts: list[float], bursts: list[Burst], calls: list[Burs
     n = len(starts) - 1
     owners = Counter(o for b in counted for o in b.owners)  # a shared round trip counts for each
     sequence, seen = sequences.most_common(1)[0]
-    return Row(case, len(counted) / n, {k: v / n for k, v in owners.items()}, sum(b.sent for b in counted) / n,
-               sum(b.received for b in counted) / n, upstream / n, sequence, seen / n,
-               Counter(f"{b.name} ({b.commands!r:.120})" for b in counted if b.owner == "other"))
+    return Row(
+        case,
+        len(counted) / n,
+        {k: v / n for k, v in owners.items()},
+        sum(b.sent for b in counted) / n,
+        sum(b.received for b in counted) / n,
+        upstream / n,
+        sequence,
+        seen / n,
+        Counter(f"{b.name} ({b.commands!r:.120})" for b in counted if b.owner == "other"),
+    )
 
 
 def gateway_yaml(port: int, state: str, upstream: str, extra: str = "") -> str:
-    return (f'server: {{listen: "127.0.0.1:{port}", workers: 1}}\nstate: {state}\n'
-            f"keys:\n  - {{name: bench, key: {KEY}, url_delivery: true, {LIMITS}}}\n"
-            f"  - {{name: plain, key: {PLAIN}}}\n"
-            f"channels: [{{name: upstream, base_url: '{upstream}', accepts_response_format: false}}]\n"
-            "observability: {logging: {access_log: false}}\n" + extra)
+    return (
+        f'server: {{listen: "127.0.0.1:{port}", workers: 1}}\nstate: {state}\n'
+        f"keys:\n  - {{name: bench, key: {KEY}, url_delivery: true, {LIMITS}}}\n"
+        f"  - {{name: plain, key: {PLAIN}}}\n"
+        f"channels: [{{name: upstream, base_url: '{upstream}', accepts_response_format: false}}]\n"
+        "observability: {logging: {access_log: false}}\n" + extra
+    )
 
 
 def serve(work: Path, name: str, text: str) -> tuple[subprocess.Popen[bytes], str]:
     config = work / f"{name}.yaml"
     config.write_text(text)
-    checked = subprocess.run([sys.executable, "-m", "proxy", "check-config", str(config)], capture_output=True,
-                             text=True, cwd=ROOT)
+    checked = subprocess.run(
+        [sys.executable, "-m", "proxy", "check-config", str(config)], capture_output=True, text=True, cwd=ROOT
+    )
     if checked.returncode:
         raise RuntimeError(f"{name}: the gateway refuses its config:\n{checked.stdout}{checked.stderr}")
     port = int(re.search(r"127\.0\.0\.1:(\d+)", text)[1])  # type: ignore[index]
@@ -284,7 +345,9 @@ def info(port: int) -> dict[str, float]:
     """A node's traffic counters and each command's calls and time so far."""
     with redis.Redis(port=port) as client:
         stats, commands = client.info("stats"), client.info("commandstats")
-    found = {k: float(stats[k]) for k in ("total_commands_processed", "total_net_input_bytes", "total_net_output_bytes")}
+    found = {
+        k: float(stats[k]) for k in ("total_commands_processed", "total_net_input_bytes", "total_net_output_bytes")
+    }
     for name, values in commands.items():
         found[f"{name}:calls"], found[f"{name}:usec"] = values["calls"], values["usec"]
     return found
@@ -295,8 +358,11 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
 
 
 def wrk(url: str, seconds: int, script: Path) -> tuple[int, float]:
-    out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", "-c16", f"-d{seconds}s", "-s", str(script),
-                          url + "/v1/messages"], capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["taskset", "-c", "1", "wrk", "-t1", "-c16", f"-d{seconds}s", "-s", str(script), url + "/v1/messages"],
+        capture_output=True,
+        text=True,
+    ).stdout
     if "Requests/sec" not in out or "Non-2xx" in out:
         raise RuntimeError(f"wrk against {url} failed:\n{out}")
     return int(re.search(r"(\d+) requests in", out)[1]), float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
@@ -316,18 +382,23 @@ class PerCore:
     state: str
     rps: float
     gateway_ms: float
-    busy: float          # the gateway's share of core 0
-    core_busy: float     # core 0's, whoever used it
+    busy: float  # the gateway's share of core 0
+    core_busy: float  # core 0's, whoever used it
     redis_us: float
-    script_us: float     # Redis's own time inside EVALSHA (its inner commands are counted apart too)
-    low: float           # the least and most gateway CPU a request of any round: this machine's spread
+    script_us: float  # Redis's own time inside EVALSHA (its inner commands are counted apart too)
+    low: float  # the least and most gateway CPU a request of any round: this machine's spread
     high: float
 
 
 def wrk_script(work: Path, key: str) -> Path:
     script = work / f"post-{key}.lua"
-    script.write_text(f"wrk.method = 'POST'\nwrk.body = '{orjson.dumps(MESSAGE).decode()}'\n" + "".join(
-        f"wrk.headers['{k}'] = '{v}'\n" for k, v in {**MSG, "x-api-key": key, "Content-Type": "application/json"}.items()))
+    script.write_text(
+        f"wrk.method = 'POST'\nwrk.body = '{orjson.dumps(MESSAGE).decode()}'\n"
+        + "".join(
+            f"wrk.headers['{k}'] = '{v}'\n"
+            for k, v in {**MSG, "x-api-key": key, "Content-Type": "application/json"}.items()
+        )
+    )
     return script
 
 
@@ -338,16 +409,27 @@ def wrk_round(url: str, pid: int, seconds: int, script: Path, redis_pid: int, re
     used, elapsed = cpu_seconds(pid) - gateway, time.monotonic() - began
     store_used, spent = cpu_seconds(redis_pid) - store, delta(info(redis_port), counters)
     busy, ticks = (after - before for after, before in zip(core_ticks(0), core))
-    return {"rps": rps, "gateway_ms": used * 1000 / total, "busy": used / elapsed, "core_busy": busy / ticks,
-            "redis_us": store_used * 1e6 / total, "script_us": spent.get("cmdstat_evalsha:usec", 0.0) / total}
+    return {
+        "rps": rps,
+        "gateway_ms": used * 1000 / total,
+        "busy": used / elapsed,
+        "core_busy": busy / ticks,
+        "redis_us": store_used * 1e6 / total,
+        "script_us": spent.get("cmdstat_evalsha:usec", 0.0) / total,
+    }
 
 
 def per_core(work: Path, upstream: str, redis_pid: int, redis_port: int, seconds: int, rounds: int) -> list[PerCore]:
     """CPU per request of the gateway (and of Redis) while wrk drives the messages route: three gateways up at
     once, measured in turn round after round, so the drift of a shared machine hits them alike."""
-    setups = (("redis", f'{{backend: redis, url: "redis://127.0.0.1:{redis_port}/0"}}', KEY),
-              ("memory", "{backend: memory}", KEY), ("memory, key without limits", "{backend: memory}", PLAIN))
-    started = [serve(work, f"wrk-{i}", gateway_yaml(free_port(), state, upstream)) for i, (_, state, _) in enumerate(setups)]
+    setups = (
+        ("redis", f'{{backend: redis, url: "redis://127.0.0.1:{redis_port}/0"}}', KEY),
+        ("memory", "{backend: memory}", KEY),
+        ("memory, key without limits", "{backend: memory}", PLAIN),
+    )
+    started = [
+        serve(work, f"wrk-{i}", gateway_yaml(free_port(), state, upstream)) for i, (_, state, _) in enumerate(setups)
+    ]
     scripts = [wrk_script(work, key) for *_, key in setups]
     runs: list[list[dict[str, float]]] = [[] for _ in setups]
     try:
@@ -358,9 +440,15 @@ def per_core(work: Path, upstream: str, redis_pid: int, redis_port: int, seconds
                 found.append(wrk_round(url, proc.pid, seconds, script, redis_pid, redis_port))
     finally:
         stop_all((proc for proc, _ in started), 15)
-    return [PerCore(label, **{k: statistics.median(r[k] for r in found) for k in found[0]},
-                    low=min(r["gateway_ms"] for r in found), high=max(r["gateway_ms"] for r in found))
-            for (label, *_), found in zip(setups, runs)]
+    return [
+        PerCore(
+            label,
+            **{k: statistics.median(r[k] for r in found) for k in found[0]},
+            low=min(r["gateway_ms"] for r in found),
+            high=max(r["gateway_ms"] for r in found),
+        )
+        for (label, *_), found in zip(setups, runs)
+    ]
 
 
 def window_bytes(port: int) -> tuple[float, int]:
@@ -381,7 +469,9 @@ async def cluster_phase(work: Path, upstream: str, requests: int) -> dict[str, A
     cluster = Cluster.start(work / "cluster")
     for proc in cluster.processes.processes.values():
         subprocess.run(["taskset", "-p", "-c", "1", str(proc.pid)], check=True, capture_output=True)
-    gateway, base = serve(work, "cluster", gateway_yaml(free_port(), f'{{backend: redis, url: "{cluster.url}"}}', upstream))
+    gateway, base = serve(
+        work, "cluster", gateway_yaml(free_port(), f'{{backend: redis, url: "{cluster.url}"}}', upstream)
+    )
     try:
         async with aiohttp.ClientSession() as http:
             case = cases({})[0]
@@ -403,9 +493,16 @@ async def cluster_phase(work: Path, upstream: str, requests: int) -> dict[str, A
         load, idle = delta(b, a), delta(c, b)
         net = {k: (load.get(k, 0) - idle.get(k, 0)) / requests for k in load}
         calls = {k.split(":")[0][8:]: round(v, 2) for k, v in net.items() if k.endswith(":calls") and round(v, 2)}
-        nodes.append({"port": port, "commands": max(0.0, net["total_commands_processed"]), "calls": calls,
-                      "scripts": calls.get("evalsha", 0.0), "in": max(0.0, net["total_net_input_bytes"]),
-                      "out": max(0.0, net["total_net_output_bytes"])})
+        nodes.append(
+            {
+                "port": port,
+                "commands": max(0.0, net["total_commands_processed"]),
+                "calls": calls,
+                "scripts": calls.get("evalsha", 0.0),
+                "in": max(0.0, net["total_net_input_bytes"]),
+                "out": max(0.0, net["total_net_output_bytes"]),
+            }
+        )
     slot = key_slot(b"{key:bench}")
     holder = cluster.ports[bisect.bisect_right([5461, 10923], slot)]  # the ranges Cluster.start assigns
     return {"nodes": nodes, "slot": slot, "holder": holder}
@@ -413,27 +510,46 @@ async def cluster_phase(work: Path, upstream: str, requests: int) -> dict[str, A
 
 def facts() -> dict[str, str]:
     cpu = cpu_model()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
     status = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, cwd=ROOT).stdout
     dirty = [line for line in status.splitlines() if line[3:] not in ("docs/capacity.md", "bench/RESULTS.md")]  # ours
     version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2][2:]
-    return {"cpu": f"{os.cpu_count()} cores ({cpu})", "redis": version, "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "commit": commit + (" with uncommitted changes in the working tree" if dirty else "")}
+    return {
+        "cpu": f"{os.cpu_count()} cores ({cpu})",
+        "redis": version,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": commit + (" with uncommitted changes in the working tree" if dirty else ""),
+    }
 
 
 async def sequential(work: Path, redis_port: int, requests: int) -> tuple[list[Row], dict[str, float]]:
     sim_port = free_port()
     store, upstream = Relay(redis_port, parse=True), Relay(sim_port, parse=False)
-    sim = start([sys.executable, "-m", "proxy", "simulate", "--port", str(sim_port), "--chunk-delay-ms", "0"], 1,
-                work / "simulator.log")
+    sim = start(
+        [sys.executable, "-m", "proxy", "simulate", "--port", str(sim_port), "--chunk-delay-ms", "0"],
+        1,
+        work / "simulator.log",
+    )
     relay_port, http_port = await store.start(), await upstream.start()
-    plugins = ("plugins:\n  url_delivery: {enabled: true, store: redis, signing_keys: [{id: k1, "
-               "secret: capacity-signing-0123456789}]}\n  webhook_queue: {enabled: true}\n")
+    plugins = (
+        "plugins:\n  url_delivery: {enabled: true, store: redis, signing_keys: [{id: k1, "
+        "secret: capacity-signing-0123456789}]}\n  webhook_queue: {enabled: true}\n"
+    )
     try:
         wait_port(sim_port)
-        gateway, base = serve(work, "relayed", gateway_yaml(free_port(), f'{{backend: redis, url: "redis://127.0.0.1:{relay_port}/0"}}',
-                                                             f"http://127.0.0.1:{http_port}", plugins))
+        gateway, base = serve(
+            work,
+            "relayed",
+            gateway_yaml(
+                free_port(),
+                f'{{backend: redis, url: "redis://127.0.0.1:{relay_port}/0"}}',
+                f"http://127.0.0.1:{http_port}",
+                plugins,
+            ),
+        )
         try:
             await asyncio.sleep(1.0)
             mark = len(store.bursts)
@@ -445,8 +561,11 @@ async def sequential(work: Path, redis_port: int, requests: int) -> tuple[list[R
                 for case in cases(made):
                     rows.append(await measure(http, base, case, made, store, upstream, requests, 20))
                     row = rows[-1]
-                    print(f"{case.name:38} {row.trips:5.2f} trips  {row.sent:8.0f} B up {row.received:7.0f} B down  "
-                          f"{row.sequence} ({row.share:.0%}) {dict(row.others) or ''}", flush=True)
+                    print(
+                        f"{case.name:38} {row.trips:5.2f} trips  {row.sent:8.0f} B up {row.received:7.0f} B down  "
+                        f"{row.sequence} ({row.share:.0%}) {dict(row.others) or ''}",
+                        flush=True,
+                    )
         finally:
             gateway.terminate()
             gateway.wait(timeout=15)
@@ -458,8 +577,23 @@ async def sequential(work: Path, redis_port: int, requests: int) -> tuple[list[R
 
 async def phases(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     redis_port = free_port()
-    redis_proc = start(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                        "--appendonly", "no", "--dir", str(work)], 1, work / "redis.log")
+    redis_proc = start(
+        [
+            "redis-server",
+            "--port",
+            str(redis_port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(work),
+        ],
+        1,
+        work / "redis.log",
+    )
     up_port = free_port()
     fast = start([sys.executable, str(ROOT / "bench" / "upstream.py"), str(up_port), "20"], 1, work / "upstream.log")
     try:
@@ -470,15 +604,26 @@ async def phases(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         cores = per_core(work, upstream, redis_proc.pid, redis_port, args.duration, args.rounds)
         entry, held = window_bytes(redis_port)
         for c in cores:
-            print(f"{c.state}: {c.rps:,.0f} requests/s, gateway {c.gateway_ms:.3f} ms/request ({c.busy:.0%} of core 0, "
-                  f"core 0 {c.core_busy:.0%} busy), Redis {c.redis_us:.1f} us/request ({c.script_us:.1f} in scripts)",
-                  flush=True)
+            print(
+                f"{c.state}: {c.rps:,.0f} requests/s, gateway {c.gateway_ms:.3f} ms/request ({c.busy:.0%} of core 0, "
+                f"core 0 {c.core_busy:.0%} busy), Redis {c.redis_us:.1f} us/request ({c.script_us:.1f} in scripts)",
+                flush=True,
+            )
         cluster = await cluster_phase(work, upstream, args.requests)
         print(f"cluster: {cluster}", flush=True)
     finally:
         stop_all((fast, redis_proc), 15)
-    return {"rows": rows, "background": background, "cores": cores, "entry": entry, "held": held,
-            "cluster": cluster, "requests": args.requests, "duration": args.duration, "rounds": args.rounds}
+    return {
+        "rows": rows,
+        "background": background,
+        "cores": cores,
+        "entry": entry,
+        "held": held,
+        "cluster": cluster,
+        "requests": args.requests,
+        "duration": args.duration,
+        "rounds": args.rounds,
+    }
 
 
 def main() -> int:

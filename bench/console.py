@@ -81,8 +81,13 @@ async def pages(admin: str, rounds: int) -> list[tuple[str, str, float, float]]:
     async with aiohttp.ClientSession() as http:
         status, made = await _api(http, admin, "POST", "/tenants", {"name": "t7"})
         assert status in (201, 409), made
-        status, token = await _api(http, admin, "POST", "/admin-tokens",
-                                   {"name": f"t7-ops-{uuid.uuid4().hex[:6]}", "role": "tenant-admin", "tenant": "t7"})
+        status, token = await _api(
+            http,
+            admin,
+            "POST",
+            "/admin-tokens",
+            {"name": f"t7-ops-{uuid.uuid4().hex[:6]}", "role": "tenant-admin", "tenant": "t7"},
+        )
         assert status == 201, token
         status, listed = await _api(http, admin, "GET", "/requests?limit=1")
         some_id = listed["requests"][0]["request_id"]
@@ -92,18 +97,33 @@ async def pages(admin: str, rounds: int) -> list[tuple[str, str, float, float]]:
             async with aiohttp.ClientSession(cookie_jar=jar) as browser:
                 form = await (await browser.get(f"{admin}/console/signin")).text()
                 csrf = re.search(r'name="csrf" value="([^"]+)"', form)[1]  # type: ignore[index]
-                signed = await browser.post(f"{admin}/console/signin", data={"csrf": csrf, "token": credential},
-                                            headers={"Origin": admin})
+                signed = await browser.post(
+                    f"{admin}/console/signin", data={"csrf": csrf, "token": credential}, headers={"Origin": admin}
+                )
                 assert signed.status == 200 and signed.url.path == "/console/keys", signed.status
-                paths = ["/console/keys", "/console/tenants", "/console/spend", "/console/spend?by=key&since=7d",
-                         "/console/spend?by=model&since=1d", "/console/requests", "/console/requests?status=5xx",
-                         "/console/requests?status=400", "/console/requests?model=model-3",
-                         "/console/requests?route=image_generations&since=1d",
-                         "/console/requests?key=key-7&status=429",
-                         f"/console/requests?request_id={client_id}", "/console/audit"]
+                paths = [
+                    "/console/keys",
+                    "/console/tenants",
+                    "/console/spend",
+                    "/console/spend?by=key&since=7d",
+                    "/console/spend?by=model&since=1d",
+                    "/console/requests",
+                    "/console/requests?status=5xx",
+                    "/console/requests?status=400",
+                    "/console/requests?model=model-3",
+                    "/console/requests?route=image_generations&since=1d",
+                    "/console/requests?key=key-7&status=429",
+                    f"/console/requests?request_id={client_id}",
+                    "/console/audit",
+                ]
                 if who == "owner":
-                    paths += ["/console/spend?tenant=t7&by=key", "/console/requests?tenant=t7",
-                              f"/console/requests/{some_id}", "/console/channels", "/console/tenants/t7"]
+                    paths += [
+                        "/console/spend?tenant=t7&by=key",
+                        "/console/requests?tenant=t7",
+                        f"/console/requests/{some_id}",
+                        "/console/channels",
+                        "/console/tenants/t7",
+                    ]
                 for path in paths:
                     times = []
                     for attempt in range(rounds + 1):
@@ -117,9 +137,10 @@ async def pages(admin: str, rounds: int) -> list[tuple[str, str, float, float]]:
     return found
 
 
-async def _api(http, admin: str, method: str, path: str, body=None):  # noqa: ANN001, ANN202
-    async with http.request(method, f"{admin}/admin/v1{path}", json=body,
-                            headers={"Authorization": f"Bearer {OWNER}"}) as answer:
+async def _api(http, admin: str, method: str, path: str, body=None):
+    async with http.request(
+        method, f"{admin}/admin/v1{path}", json=body, headers={"Authorization": f"Bearer {OWNER}"}
+    ) as answer:
         return answer.status, await answer.json()
 
 
@@ -146,9 +167,14 @@ def main() -> None:
             port, admin_port = free_port(), free_port()
             cfg = Path(work) / "gateway.yaml"
             cfg.write_text(config(port, admin_port, database_url, str(Path(work) / "spool")))
-            procs.append(subprocess.Popen([sys.executable, "-m", "proxy", "serve", "-c", str(cfg)],
-                                          cwd=Path(__file__).parent.parent, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "proxy", "serve", "-c", str(cfg)],
+                    cwd=Path(__file__).parent.parent,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
             wait_port(admin_port)
             filled_s = asyncio.run(fill(database_url, args.rows))
             found = asyncio.run(pages(f"http://127.0.0.1:{admin_port}", args.rounds))

@@ -17,10 +17,12 @@ async def forward(request: web.Request) -> web.StreamResponse:
     session: aiohttp.ClientSession = request.app["session"]
     body = await request.read()
     headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
-    async with session.request(request.method, request.app["upstream"] + request.path_qs,
-                               headers=headers, data=body) as upstream:
-        response = web.StreamResponse(status=upstream.status, headers={
-            k: v for k, v in upstream.headers.items() if k.lower() not in HOP})
+    async with session.request(
+        request.method, request.app["upstream"] + request.path_qs, headers=headers, data=body
+    ) as upstream:
+        response = web.StreamResponse(
+            status=upstream.status, headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP}
+        )
         await response.prepare(request)
         async for chunk in upstream.content.iter_any():
             await response.write(chunk)
@@ -28,7 +30,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         return response
 
 
-async def session_ctx(app: web.Application):  # noqa: ANN201
+async def session_ctx(app: web.Application):
     app["session"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256), auto_decompress=False)
     yield
     await app["session"].close()

@@ -55,8 +55,8 @@ WRITER = "batch_size: 200, flush_interval_s: 60"
 class Count:
     name: str
     per_request: float  # instructions a request, the idle rate taken out
-    idle_per_s: float   # instructions a second with nothing to serve
-    seconds: float      # how long the requests took under callgrind
+    idle_per_s: float  # instructions a second with nothing to serve
+    seconds: float  # how long the requests took under callgrind
 
 
 async def send(url: str, count: int, headers: dict[str, str] | None = None) -> None:
@@ -64,6 +64,7 @@ async def send(url: str, count: int, headers: dict[str, str] | None = None) -> N
     headers = headers or HEADERS
     left = count
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CONCURRENCY)) as http:
+
         async def one_after_another() -> None:
             nonlocal left
             while left > 0:
@@ -72,6 +73,7 @@ async def send(url: str, count: int, headers: dict[str, str] | None = None) -> N
                     await answer.read()
                     if answer.status != 200:
                         raise RuntimeError(f"{url}: {answer.status}")
+
         await asyncio.gather(*(one_after_another() for _ in range(CONCURRENCY)))
 
 
@@ -91,17 +93,40 @@ def counted(pid: int, out: Path, action: object) -> tuple[float, float]:
     raise RuntimeError(f"callgrind wrote no counts for {pid}")
 
 
-def measure(name: str, config: Path, tree: Path | None, work: Path, requests: int, idle_s: float,
-            prepare: Callable[[], dict[str, str]] | None = None) -> Count:
+def measure(
+    name: str,
+    config: Path,
+    tree: Path | None,
+    work: Path,
+    requests: int,
+    idle_s: float,
+    prepare: Callable[[], dict[str, str]] | None = None,
+) -> Count:
     """One gateway's instructions a request; `prepare()`, once it listens, readies it and says
     the headers its requests carry."""
     port = int(re.search(r"127\.0\.0\.1:(\d+)", config.read_text())[1])  # type: ignore[index]
     out = work / f"callgrind-{port}"
     env = {**os.environ, "PYTHONHASHSEED": "0"}
-    proc = subprocess.Popen(["taskset", "-c", "0", "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p",
-                             sys.executable, "-m", "proxy", "serve", "-c", str(config)],
-                            stdout=(work / f"{port}.log").open("wb"), stderr=subprocess.STDOUT, cwd=tree or HERE.parent,
-                            env=env)
+    proc = subprocess.Popen(
+        [
+            "taskset",
+            "-c",
+            "0",
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={out}.%p",
+            sys.executable,
+            "-m",
+            "proxy",
+            "serve",
+            "-c",
+            str(config),
+        ],
+        stdout=(work / f"{port}.log").open("wb"),
+        stderr=subprocess.STDOUT,
+        cwd=tree or HERE.parent,
+        env=env,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_port(port, timeout=300)
@@ -151,8 +176,10 @@ def main() -> int:
     measured: dict[str, list[Count]] = {}
     try:
         wait_port(up_port)
-        on = (f"plugins: {{ledger: {{database_url: '{ledger_url}', spool_dir: '{work / 'spool'}', {WRITER}MORE}}}}\n"
-              + PRICES)
+        on = (
+            f"plugins: {{ledger: {{database_url: '{ledger_url}', spool_dir: '{work / 'spool'}', {WRITER}MORE}}}}\n"
+            + PRICES
+        )
         runs: list[tuple[str, Path | None, str]] = []
         for ref, tree in [("", None)] + [(ref, checkout(ref, work)) for ref in args.baseline]:
             at = f" at {ref}" if ref else ""
@@ -165,12 +192,14 @@ def main() -> int:
             for label, tree, extra in runs:
                 port = free_port()
                 config = work / f"{port}.yaml"
-                config.write_text(f'server: {{listen: "127.0.0.1:{port}", workers: 1{_fixed_bound(tree)}}}\n'
-                                  "observability: {logging: {access_log: false}}\n"
-                                  f"keys: [{{name: bench, key: bench-key-0123, {LIMITS}}}]\n"
-                                  f"channels: [{{name: bench, base_url: 'http://127.0.0.1:{up_port}', "
-                                  "credential: upstream-key}]\n"
-                                  f"state: {{backend: redis, url: '{REDIS}', prefix: '{prefix}{port}:'}}\n" + extra)
+                config.write_text(
+                    f'server: {{listen: "127.0.0.1:{port}", workers: 1{_fixed_bound(tree)}}}\n'
+                    "observability: {logging: {access_log: false}}\n"
+                    f"keys: [{{name: bench, key: bench-key-0123, {LIMITS}}}]\n"
+                    f"channels: [{{name: bench, base_url: 'http://127.0.0.1:{up_port}', "
+                    "credential: upstream-key}]\n"
+                    f"state: {{backend: redis, url: '{REDIS}', prefix: '{prefix}{port}:'}}\n" + extra
+                )
                 measured.setdefault(label, []).append(measure(label, config, tree, work, args.requests, args.idle))
     finally:
         upstream.terminate()
@@ -178,19 +207,27 @@ def main() -> int:
         asyncio.run(database("drop", name))
         asyncio.run(forget(prefix))
     counts = {label: _median(found) for label, found in measured.items()}
-    lines = ["## Usage ledger cost in instructions, Redis state", "",
-             f"`python bench/instructions.py --requests {args.requests} --idle {args.idle:g} --rounds {args.rounds}"
-             + (" --baseline " + " ".join(args.baseline) if args.baseline else "") + "`: each gateway of "
-             "bench/ledger.py --state redis under callgrind, its instructions over the requests (16 at a time) "
-             "less what it runs idle for as long, in rounds (each gateway once a round; the median round "
-             "kept). The ledger's writer in every tree writes batches of 200 and turns by the clock once a "
-             f"minute (`{WRITER}`: the batches it writes at full speed; see WRITER in bench/instructions.py). "
-             "Target: ledger on not above the baseline's.", "",
-             "| gateway | instructions a request (median) | rounds, lowest to highest | idle, a second |",
-             "|---|---|---|---|"]
-    lines += [f"| {c.name} | {c.per_request:,.0f} | "
-              + " / ".join(f"{r.per_request:,.0f}" for r in sorted(measured[c.name], key=lambda r: r.per_request))
-              + f" | {c.idle_per_s:,.0f} |" for c in counts.values()]
+    lines = [
+        "## Usage ledger cost in instructions, Redis state",
+        "",
+        f"`python bench/instructions.py --requests {args.requests} --idle {args.idle:g} --rounds {args.rounds}"
+        + (" --baseline " + " ".join(args.baseline) if args.baseline else "")
+        + "`: each gateway of "
+        "bench/ledger.py --state redis under callgrind, its instructions over the requests (16 at a time) "
+        "less what it runs idle for as long, in rounds (each gateway once a round; the median round "
+        "kept). The ledger's writer in every tree writes batches of 200 and turns by the clock once a "
+        f"minute (`{WRITER}`: the batches it writes at full speed; see WRITER in bench/instructions.py). "
+        "Target: ledger on not above the baseline's.",
+        "",
+        "| gateway | instructions a request (median) | rounds, lowest to highest | idle, a second |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {c.name} | {c.per_request:,.0f} | "
+        + " / ".join(f"{r.per_request:,.0f}" for r in sorted(measured[c.name], key=lambda r: r.per_request))
+        + f" | {c.idle_per_s:,.0f} |"
+        for c in counts.values()
+    ]
     lines.append("")
     for ref in ["", *args.baseline]:
         at = f" at {ref}" if ref else ""
@@ -199,8 +236,10 @@ def main() -> int:
     for ref in args.baseline:
         for variant in ("ledger on", "ledger off"):
             mine, theirs = counts[variant].per_request, counts[f"{variant} at {ref}"].per_request
-            lines.append(f"- {variant}, this tree against {ref}: {mine - theirs:+,.0f} instructions a request "
-                         f"({(mine - theirs) / theirs:+.1%}).")
+            lines.append(
+                f"- {variant}, this tree against {ref}: {mine - theirs:+,.0f} instructions a request "
+                f"({(mine - theirs) / theirs:+.1%})."
+            )
     section = "\n".join(lines)
     if not args.print_only:
         update_section("ledger-instructions", section)

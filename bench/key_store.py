@@ -51,22 +51,29 @@ async def fill(url: str, count: int) -> None:
         await connection.execute(
             "INSERT INTO stored_keys (name, sha256, spec, revision, created_by, updated_by) "
             "SELECT 'bulk-' || n, sha256(gen_random_uuid()::text::bytea), '{\"limits\": {\"rpm\": 600}}', "
-            "nextval('key_store_revision'), 'bench', 'bench' FROM generate_series(1, $1) AS n", count)
+            "nextval('key_store_revision'), 'bench', 'bench' FROM generate_series(1, $1) AS n",
+            count,
+        )
         await connection.execute("SELECT pg_notify('modelgate_key_store', 'bulk')")
     finally:
         await connection.close()
 
 
 def _admin(url: str, method: str, path: str, body: dict | None = None) -> dict:
-    request = urllib.request.Request(url + path, method=method, data=json.dumps(body).encode() if body else None,
-                                     headers={"Authorization": f"Bearer {OWNER}", "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url + path,
+        method=method,
+        data=json.dumps(body).encode() if body else None,
+        headers={"Authorization": f"Bearer {OWNER}", "Content-Type": "application/json"},
+    )
     return json.loads(urllib.request.urlopen(request, timeout=60).read())
 
 
 def _held(admin: str) -> int:
     text = urllib.request.urlopen(admin + "/metrics", timeout=60).read().decode()
-    line = next((line for line in text.splitlines() if line.startswith('modelgate_keys{source="stored",state="active"}')),
-                "x 0")
+    line = next(
+        (line for line in text.splitlines() if line.startswith('modelgate_keys{source="stored",state="active"}')), "x 0"
+    )
     return int(float(line.split()[-1]))
 
 
@@ -78,8 +85,11 @@ def instructions(args: argparse.Namespace) -> int:
     subprocess.run(["psql", POSTGRES, "-qc", f'CREATE DATABASE "{database}"'], check=True)
     db_url = POSTGRES.rsplit("/", 1)[0] + "/" + database
     up_port = free_port()
-    upstream = subprocess.Popen([sys.executable, str(HERE / "upstream.py"), str(up_port)],
-                                stdout=(work / "upstream.log").open("wb"), stderr=subprocess.STDOUT)
+    upstream = subprocess.Popen(
+        [sys.executable, str(HERE / "upstream.py"), str(up_port)],
+        stdout=(work / "upstream.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     stored: dict[str, str] = {}  # the stored key's secret, once made
     counts: dict[str, list[float]] = {"config keys only": [], f"{args.keys:,} stored keys": []}
     try:
@@ -92,11 +102,13 @@ def instructions(args: argparse.Namespace) -> int:
                 # thousand requests made them look 10% dearer. Its own cost is measured apart.
                 extra = f"key_store: {{database_url: '{db_url}', resync_s: 3600}}\n" if "stored" in name else ""
                 config = work / f"{port}.yaml"
-                config.write_text(f"server: {{listen: '127.0.0.1:{port}', admin_listen: '127.0.0.1:{admin}', "
-                                  f"admin_token: {OWNER}, workers: 1, max_in_flight: 100000}}\n{extra}"
-                                  "observability: {logging: {access_log: false}}\n"
-                                  f"keys: [{{name: bench, key: {KEY}}}]\n"
-                                  f"channels: [{{name: bench, base_url: 'http://127.0.0.1:{up_port}', credential: up}}]\n")
+                config.write_text(
+                    f"server: {{listen: '127.0.0.1:{port}', admin_listen: '127.0.0.1:{admin}', "
+                    f"admin_token: {OWNER}, workers: 1, max_in_flight: 100000}}\n{extra}"
+                    "observability: {logging: {access_log: false}}\n"
+                    f"keys: [{{name: bench, key: {KEY}}}]\n"
+                    f"channels: [{{name: bench, base_url: 'http://127.0.0.1:{up_port}', credential: up}}]\n"
+                )
                 admin_url = f"http://127.0.0.1:{admin}"
 
                 def prepare(stored_gateway: bool = "stored" in name, admin_url: str = admin_url) -> dict[str, str]:
@@ -106,7 +118,9 @@ def instructions(args: argparse.Namespace) -> int:
                     wait_port(int(admin_url.rsplit(":", 1)[1]), timeout=300)
                     if not stored:
                         asyncio.run(fill(db_url, args.keys))
-                        stored["secret"] = _admin(admin_url, "POST", "/admin/v1/keys", {"name": "bench-stored"})["secret"]
+                        stored["secret"] = _admin(admin_url, "POST", "/admin/v1/keys", {"name": "bench-stored"})[
+                            "secret"
+                        ]
                     deadline = time.monotonic() + 600
                     while _held(admin_url) < args.keys + 1:  # every key made live (slow under callgrind)
                         if time.monotonic() > deadline:
@@ -119,17 +133,26 @@ def instructions(args: argparse.Namespace) -> int:
         stop_all([upstream], 30)
         subprocess.run(["psql", POSTGRES, "-qc", f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'])
     base, with_keys = (statistics.median(values) for values in counts.values())
-    lines = ["## The key store on the request path, in instructions", "",
-             f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python bench/key_store.py "
-             f"--instructions --rounds {args.rounds} --keys {args.keys} --requests {args.requests}`. Machine: "
-             f"{os.cpu_count()} cores ({cpu_model()}). One worker each under callgrind (bench/instructions.py's "
-             "way): instructions a request, 16 at a time, `POST /v1/messages`, the idle rate taken out; each round "
-             "starts both afresh, the stored one holding every key (and the key presented a stored one).",
-             "", "| gateway | instructions a request (median) | rounds |", "|---|---|---|"]
+    lines = [
+        "## The key store on the request path, in instructions",
+        "",
+        f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python bench/key_store.py "
+        f"--instructions --rounds {args.rounds} --keys {args.keys} --requests {args.requests}`. Machine: "
+        f"{os.cpu_count()} cores ({cpu_model()}). One worker each under callgrind (bench/instructions.py's "
+        "way): instructions a request, 16 at a time, `POST /v1/messages`, the idle rate taken out; each round "
+        "starts both afresh, the stored one holding every key (and the key presented a stored one).",
+        "",
+        "| gateway | instructions a request (median) | rounds |",
+        "|---|---|---|",
+    ]
     for name, values in counts.items():
         lines.append(f"| {name} | {statistics.median(values):,.0f} | {' / '.join(f'{v:,.0f}' for v in values)} |")
-    lines += ["", f"Stored against config-only: {with_keys - base:+,.0f} instructions a request "
-              f"({(with_keys / base - 1) * 100:+.1f}%).", ""]
+    lines += [
+        "",
+        f"Stored against config-only: {with_keys - base:+,.0f} instructions a request "
+        f"({(with_keys / base - 1) * 100:+.1f}%).",
+        "",
+    ]
     section = "\n".join(lines)
     print(section)
     if not args.print_only:
@@ -153,37 +176,53 @@ def main() -> int:
     subprocess.run(["psql", POSTGRES, "-qc", f'CREATE DATABASE "{database}"'], check=True)
     db_url = POSTGRES.rsplit("/", 1)[0] + "/" + database
     up_port = free_port()
-    procs = [subprocess.Popen(["taskset", "-c", "1", sys.executable, str(HERE / "upstream.py"), str(up_port)],
-                              stdout=(work / "upstream.log").open("wb"), stderr=subprocess.STDOUT)]
+    procs = [
+        subprocess.Popen(
+            ["taskset", "-c", "1", sys.executable, str(HERE / "upstream.py"), str(up_port)],
+            stdout=(work / "upstream.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+    ]
     gateways: dict[str, tuple[str, int]] = {}
     try:
         wait_port(up_port)
-        for name, extra in (("config keys only", ""), (f"{args.keys:,} stored keys",
-                                                       f"key_store: {{database_url: '{db_url}'}}\n")):
+        for name, extra in (
+            ("config keys only", ""),
+            (f"{args.keys:,} stored keys", f"key_store: {{database_url: '{db_url}'}}\n"),
+        ):
             port, admin = free_port(), free_port()
             config = work / f"{port}.yaml"
             # A fixed bound on requests in flight: what is measured is a request's cost, and `auto`
             # admission, which now and then refuses some of a closed loop saturating the CPU (both
             # gateways alike), would mix cheap refusals into it (and fail the run).
-            config.write_text(f"server: {{listen: '127.0.0.1:{port}', admin_listen: '127.0.0.1:{admin}', "
-                              f"admin_token: {OWNER}, workers: 1, max_in_flight: 100000}}\n{extra}"
-                              f"keys: [{{name: bench, key: {KEY}}}]\n"
-                              f"channels: [{{name: bench, base_url: 'http://127.0.0.1:{up_port}', credential: up}}]\n")
-            procs.append(subprocess.Popen(["taskset", "-c", "0", sys.executable, "-m", "proxy", "serve", "-c",
-                                           str(config)], stdout=(work / f"{port}.log").open("wb"),
-                                          stderr=subprocess.STDOUT, cwd=HERE.parent))
+            config.write_text(
+                f"server: {{listen: '127.0.0.1:{port}', admin_listen: '127.0.0.1:{admin}', "
+                f"admin_token: {OWNER}, workers: 1, max_in_flight: 100000}}\n{extra}"
+                f"keys: [{{name: bench, key: {KEY}}}]\n"
+                f"channels: [{{name: bench, base_url: 'http://127.0.0.1:{up_port}', credential: up}}]\n"
+            )
+            procs.append(
+                subprocess.Popen(
+                    ["taskset", "-c", "0", sys.executable, "-m", "proxy", "serve", "-c", str(config)],
+                    stdout=(work / f"{port}.log").open("wb"),
+                    stderr=subprocess.STDOUT,
+                    cwd=HERE.parent,
+                )
+            )
             wait_port(port)
             wait_port(admin)
             gateways[name] = (f"http://127.0.0.1:{port}", procs[-1].pid, f"http://127.0.0.1:{admin}")
         stored_name = next(n for n in gateways if "stored" in n)
         asyncio.run(fill(db_url, args.keys))
-        request = urllib.request.Request(gateways[stored_name][2] + "/admin/v1/keys", method="POST",
-                                         data=json.dumps({"name": "bench-stored"}).encode(),
-                                         headers={"Authorization": f"Bearer {OWNER}", "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            gateways[stored_name][2] + "/admin/v1/keys",
+            method="POST",
+            data=json.dumps({"name": "bench-stored"}).encode(),
+            headers={"Authorization": f"Bearer {OWNER}", "Content-Type": "application/json"},
+        )
         stored_key = json.loads(urllib.request.urlopen(request, timeout=30).read())["secret"]
         time.sleep(2)  # held by the gateway (a notice, then a read of 10,000 rows)
-        held = urllib.request.urlopen(urllib.request.Request(
-            gateways[stored_name][2] + "/metrics")).read().decode()
+        held = urllib.request.urlopen(urllib.request.Request(gateways[stored_name][2] + "/metrics")).read().decode()
         presented = {name: (KEY if "config" in name else stored_key) for name in gateways}
         cpu: dict[str, list[float]] = {name: [] for name in gateways}
         for name, (url, pid, _) in gateways.items():
@@ -196,18 +235,29 @@ def main() -> int:
     finally:
         stop_all(procs, 30)
         subprocess.run(["psql", POSTGRES, "-qc", f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'])
-    active = next((line for line in held.splitlines() if line.startswith('modelgate_keys{source="stored",state="active"}')), "")
+    active = next(
+        (line for line in held.splitlines() if line.startswith('modelgate_keys{source="stored",state="active"}')), ""
+    )
     base, stored = (statistics.median(values) for values in cpu.values())
-    lines = ["## The key store on the request path", "",
-             f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python bench/key_store.py --rounds "
-             f"{args.rounds} --keys {args.keys}`. Machine: {os.cpu_count()} cores ({cpu_model()}). One worker each "
-             "(a fixed bound on requests in flight), pinned to core 0 in turn; wrk on core 1, 64 connections, 5 s, `POST /v1/messages`; the gateway's CPU "
-             f"per request, median of {args.rounds} alternating rounds (each round's figure in brackets). The stored "
-             f"gateway held its keys as the run began (`{active.strip()}`), and the key presented was a stored one.",
-             "", "| gateway | CPU ms a request | rounds |", "|---|---|---|"]
+    lines = [
+        "## The key store on the request path",
+        "",
+        f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python bench/key_store.py --rounds "
+        f"{args.rounds} --keys {args.keys}`. Machine: {os.cpu_count()} cores ({cpu_model()}). One worker each "
+        "(a fixed bound on requests in flight), pinned to core 0 in turn; wrk on core 1, 64 connections, 5 s, `POST /v1/messages`; the gateway's CPU "
+        f"per request, median of {args.rounds} alternating rounds (each round's figure in brackets). The stored "
+        f"gateway held its keys as the run began (`{active.strip()}`), and the key presented was a stored one.",
+        "",
+        "| gateway | CPU ms a request | rounds |",
+        "|---|---|---|",
+    ]
     for name, values in cpu.items():
         lines.append(f"| {name} | {statistics.median(values):.3f} | {', '.join(f'{v:.3f}' for v in values)} |")
-    lines += ["", f"Stored against config-only: {stored / base:.2f}x (target: unchanged within the rounds' spread).", ""]
+    lines += [
+        "",
+        f"Stored against config-only: {stored / base:.2f}x (target: unchanged within the rounds' spread).",
+        "",
+    ]
     section = "\n".join(lines)
     print(section)
     if not args.print_only:

@@ -22,8 +22,8 @@ Usage: python bench/ledger.py [--duration S] [--rounds N] [--concurrency C] [--s
 from __future__ import annotations
 
 import argparse
-import os
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
@@ -85,16 +85,20 @@ def redis_pid() -> list[int]:
         return [int(client.info("server")["process_id"])]
 
 
-def pin_postgres(core: int | None, saved: dict[int, set[int]] | None = None,
-                 pids: list[int] | None = None) -> dict[int, set[int]]:
+def pin_postgres(
+    core: int | None, saved: dict[int, set[int]] | None = None, pids: list[int] | None = None
+) -> dict[int, set[int]]:
     """Move the machine's PostgreSQL processes (and so the backends they fork) to `core`, so the
     database's work shares no core with the gateways (it would inflate their CPU through the
     caches); with `saved`, give each back the cores it had. Processes this user may not move are
     left. `pids`: those processes instead (the bench's Redis)."""
     import os
 
-    found = pids if pids is not None else subprocess.run(["pgrep", "-x", "postgres"], capture_output=True,
-                                                         text=True).stdout.split()
+    found = (
+        pids
+        if pids is not None
+        else subprocess.run(["pgrep", "-x", "postgres"], capture_output=True, text=True).stdout.split()
+    )
     everywhere = set(range(os.cpu_count() or 1))
     before: dict[int, set[int]] = {}
     for pid in map(int, found):
@@ -120,8 +124,10 @@ def main() -> int:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="modelgate-ledger-bench-"))
     script = work / "post.lua"
-    script.write_text(f"wrk.method = 'POST'\nwrk.body = '{BODY}'\n"
-                      + "".join(f"wrk.headers['{k}'] = '{v}'\n" for k, v in HEADERS.items()))
+    script.write_text(
+        f"wrk.method = 'POST'\nwrk.body = '{BODY}'\n"
+        + "".join(f"wrk.headers['{k}'] = '{v}'\n" for k, v in HEADERS.items())
+    )
     name = f"mg_ledger_bench_{uuid.uuid4().hex[:8]}"
     asyncio.run(database("create", name))
     ledger_url = POSTGRES.rsplit("/", 1)[0] + "/" + name
@@ -151,15 +157,21 @@ def main() -> int:
                 port = free_port()
                 config = work / f"{label.replace(' ', '-').replace(',', '')}.yaml"
                 # One process (workers: 1), whose CPU is read; each its own prefix, so limits never bind.
-                state = (f"state: {{backend: redis, url: '{REDIS}', prefix: '{prefix}{port}:'}}\n" if redis else "")
-                config.write_text(f'server: {{listen: "127.0.0.1:{port}", workers: 1}}\n'
-                                  "observability: {logging: {access_log: false}}\n"
-                                  f"keys: [{{name: bench, key: bench-key-0123{', ' + LIMITS if redis else ''}}}]\n"
-                                  f"channels: [{{name: bench, base_url: '{upstream_url}', credential: upstream-key}}]\n"
-                                  + state + extra)
+                state = f"state: {{backend: redis, url: '{REDIS}', prefix: '{prefix}{port}:'}}\n" if redis else ""
+                config.write_text(
+                    f'server: {{listen: "127.0.0.1:{port}", workers: 1}}\n'
+                    "observability: {logging: {access_log: false}}\n"
+                    f"keys: [{{name: bench, key: bench-key-0123{', ' + LIMITS if redis else ''}}}]\n"
+                    f"channels: [{{name: bench, base_url: '{upstream_url}', credential: upstream-key}}]\n"
+                    + state
+                    + extra
+                )
                 # `python -m` puts its working directory first on the path: a checkout there is what runs.
-                procs.append(start([sys.executable, "-m", "proxy", "serve", "-c", str(config)], 0,
-                                   work / f"{port}.log", cwd=tree))
+                procs.append(
+                    start(
+                        [sys.executable, "-m", "proxy", "serve", "-c", str(config)], 0, work / f"{port}.log", cwd=tree
+                    )
+                )
                 targets[label] = Target(label, f"http://127.0.0.1:{port}", procs[-1].pid)
                 wait_port(port)
         for target in targets.values():  # warm up
@@ -168,10 +180,13 @@ def main() -> int:
         order = list(targets.values())
         for round_ in range(args.rounds):
             # Each round starts one further along, so no gateway is always measured first (or last).
-            for target in order[round_ % len(order):] + order[:round_ % len(order)]:
+            for target in order[round_ % len(order) :] + order[: round_ % len(order)]:
                 run_wrk(target, args.concurrency, args.duration, script)
-                print(f"{target.name:24} rps={target.rps[args.concurrency][-1]:7.0f} "
-                      f"cpu={target.cpu_ms[args.concurrency][-1]:.4f} ms/request", flush=True)
+                print(
+                    f"{target.name:24} rps={target.rps[args.concurrency][-1]:7.0f} "
+                    f"cpu={target.cpu_ms[args.concurrency][-1]:.4f} ms/request",
+                    flush=True,
+                )
         written = asyncio.run(rows(ledger_url))
     finally:
         stop_all(procs, 15)
@@ -183,41 +198,57 @@ def main() -> int:
             pin_postgres(None, pinned_redis, pids=list(pinned_redis))
             asyncio.run(forget(prefix))
     c = args.concurrency
+
     # This machine's speed drifts by tens of percent from one round to the next: a cost is the
     # median of each round's difference (measured back to back), which drift cancels.
     def paired(a: Target, b: Target) -> float:
         return statistics.median(y - x for x, y in zip(a.cpu_ms[c], b.cpu_ms[c]))
 
-    command = (f"`python bench/ledger.py --duration {args.duration} --rounds {args.rounds} --concurrency {c}"
-               + (" --state redis" if redis else "") + (" --baseline " + " ".join(args.baseline) if args.baseline
-                                                        else "") + "`")
-    lines = [f"## Usage ledger cost{', Redis state' if redis else ''}", "",
-             f"{command}: the gateway with the ledger off and on (records written to PostgreSQL, every request "
-             f"priced{'; state in Redis, the key rate-limited, each record journaled in Redis' if redis else ''}), "
-             f"interleaved (each round starting one further along), {args.rounds} rounds of {args.duration} s at {c} "
-             "connections; medians. "
-             f"Gateways on core 0; wrk, the upstream, PostgreSQL{' and Redis' if redis else ''} on core 1; CPU is "
-             "the gateway process's own. Target: at most 0.03 ms CPU per request.",
-             "", "| gateway | requests/s | gateway CPU ms/request |", "|---|---|---|"]
+    command = (
+        f"`python bench/ledger.py --duration {args.duration} --rounds {args.rounds} --concurrency {c}"
+        + (" --state redis" if redis else "")
+        + (" --baseline " + " ".join(args.baseline) if args.baseline else "")
+        + "`"
+    )
+    lines = [
+        f"## Usage ledger cost{', Redis state' if redis else ''}",
+        "",
+        f"{command}: the gateway with the ledger off and on (records written to PostgreSQL, every request "
+        f"priced{'; state in Redis, the key rate-limited, each record journaled in Redis' if redis else ''}), "
+        f"interleaved (each round starting one further along), {args.rounds} rounds of {args.duration} s at {c} "
+        "connections; medians. "
+        f"Gateways on core 0; wrk, the upstream, PostgreSQL{' and Redis' if redis else ''} on core 1; CPU is "
+        "the gateway process's own. Target: at most 0.03 ms CPU per request.",
+        "",
+        "| gateway | requests/s | gateway CPU ms/request |",
+        "|---|---|---|",
+    ]
     for target in targets.values():
-        lines.append(f"| {target.name} | {statistics.median(target.rps[c]):,.0f} | "
-                     f"{statistics.median(target.cpu_ms[c]):.4f} |")
+        lines.append(
+            f"| {target.name} | {statistics.median(target.rps[c]):,.0f} | {statistics.median(target.cpu_ms[c]):.4f} |"
+        )
     lines.append("")
     for ref in ["", *args.baseline]:
         at = f" at {ref}" if ref else ""
         off, on = targets["ledger off" + at], targets["ledger on" + at]
         cost = paired(off, on)
-        lines.append(f"- The ledger{at} costs {cost:.4f} ms of CPU a request, the median of the rounds' differences "
-                     f"({'met' if cost <= 0.03 else 'not met'}; the medians above differ by "
-                     f"{statistics.median(on.cpu_ms[c]) - statistics.median(off.cpu_ms[c]):.4f} ms).")
+        lines.append(
+            f"- The ledger{at} costs {cost:.4f} ms of CPU a request, the median of the rounds' differences "
+            f"({'met' if cost <= 0.03 else 'not met'}; the medians above differ by "
+            f"{statistics.median(on.cpu_ms[c]) - statistics.median(off.cpu_ms[c]):.4f} ms)."
+        )
     if "ledger on, no journal" in targets:
-        lines.append(f"- The journal costs {paired(targets['ledger on, no journal'], targets['ledger on']):+.4f} ms "
-                     "a request (ledger on, with it and without).")
+        lines.append(
+            f"- The journal costs {paired(targets['ledger on, no journal'], targets['ledger on']):+.4f} ms "
+            "a request (ledger on, with it and without)."
+        )
     for ref in args.baseline:
-        lines.append(f"- This tree against {ref}, ledger on: "
-                     f"{paired(targets[f'ledger on at {ref}'], targets['ledger on']):+.4f} ms a request; ledger off: "
-                     f"{paired(targets[f'ledger off at {ref}'], targets['ledger off']):+.4f} ms (medians of the "
-                     "rounds' differences).")
+        lines.append(
+            f"- This tree against {ref}, ledger on: "
+            f"{paired(targets[f'ledger on at {ref}'], targets['ledger on']):+.4f} ms a request; ledger off: "
+            f"{paired(targets[f'ledger off at {ref}'], targets['ledger off']):+.4f} ms (medians of the "
+            "rounds' differences)."
+        )
     lines.append(f"- {written:,} records were written in the run.")
     if not args.print_only:
         update_section("ledger-redis" if redis else "ledger", "\n".join(lines))

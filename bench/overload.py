@@ -48,25 +48,30 @@ KEY = "bench-key-0123"
 BODY = b'{"model":"msgmodel-haiku-4-5","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}'
 DELAYS_MS = (0, 50)
 # Two gateways at once: no admin listener, whose default port they would both take.
-GATEWAYS = {"auto": "server: {listen: '127.0.0.1:{PORT}', admin_listen: ''}\n",
-            # the target a latency bound under overload asks for (docs/security.md, "The target")
-            "auto, 10 ms": "server: {listen: '127.0.0.1:{PORT}', admin_listen: '', max_loop_delay_ms: 10}\n",
-            # the loop's delay alone, as `auto` was before it read the CPU's busy share
-            "auto, delay only": "server: {listen: '127.0.0.1:{PORT}', admin_listen: '', max_cpu_busy: 1}\n",
-            "admits everything": "server: {listen: '127.0.0.1:{PORT}', admin_listen: '', max_in_flight: 10000}\n",
-            # what a refusal costs: one request held upstream, every other one refused
-            "refuses": "server: {listen: '127.0.0.1:{PORT}', admin_listen: '', max_in_flight: 1}\n"}
+GATEWAYS = {
+    "auto": "server: {listen: '127.0.0.1:{PORT}', admin_listen: ''}\n",
+    # the target a latency bound under overload asks for (docs/security.md, "The target")
+    "auto, 10 ms": "server: {listen: '127.0.0.1:{PORT}', admin_listen: '', max_loop_delay_ms: 10}\n",
+    # the loop's delay alone, as `auto` was before it read the CPU's busy share
+    "auto, delay only": "server: {listen: '127.0.0.1:{PORT}', admin_listen: '', max_cpu_busy: 1}\n",
+    "admits everything": "server: {listen: '127.0.0.1:{PORT}', admin_listen: '', max_in_flight: 10000}\n",
+    # what a refusal costs: one request held upstream, every other one refused
+    "refuses": "server: {listen: '127.0.0.1:{PORT}', admin_listen: '', max_in_flight: 1}\n",
+}
 MAX_CONNECTIONS = 6000  # the generator's own bound: past it a request due is counted as not sent
 ONSET_S = 1.0  # the overload's first second: reported on its own, the target is for the overload held
 
 
 def request_bytes(delay_ms: int) -> bytes:
     delay = f"x-delay-ms: {delay_ms}\r\n" if delay_ms else ""
-    return (f"POST /v1/messages HTTP/1.1\r\nHost: bench\r\nx-api-key: {KEY}\r\nmsgapi-version: 2023-06-01\r\n"
-            f"Content-Type: application/json\r\n{delay}Content-Length: {len(BODY)}\r\n\r\n").encode() + BODY
+    return (
+        f"POST /v1/messages HTTP/1.1\r\nHost: bench\r\nx-api-key: {KEY}\r\nmsgapi-version: 2023-06-01\r\n"
+        f"Content-Type: application/json\r\n{delay}Content-Length: {len(BODY)}\r\n\r\n"
+    ).encode() + BODY
 
 
 # --- the generator (run in a process of its own, pinned to core 1) ---
+
 
 class _Client(asyncio.Protocol):
     """One keep-alive connection: one request at a time, its answer read by Content-Length."""
@@ -91,10 +96,10 @@ class _Client(asyncio.Protocol):
             return
         head = self.buffer[:end].lower()
         at = head.find(b"content-length:")
-        length = int(head[at + 15:head.find(b"\r\n", at) if head.find(b"\r\n", at) > 0 else None]) if at >= 0 else 0
+        length = int(head[at + 15 : head.find(b"\r\n", at) if head.find(b"\r\n", at) > 0 else None]) if at >= 0 else 0
         if len(self.buffer) < end + 4 + length:
             return
-        self.buffer = self.buffer[end + 4 + length:]
+        self.buffer = self.buffer[end + 4 + length :]
         due, self.due = self.due, 0.0
         self.generator.answered(self, int(head[9:12]), due, b"connection: close" in head)
 
@@ -111,8 +116,8 @@ class _Generator:
         self.latency: dict[int, list[float]] = collections.defaultdict(list)
         self.ok_due: list[float] = []  # when each request answered 200 was due, from the run's start
         self.start = 0.0
-        self.broken = 0     # connections lost with a request under way
-        self.unsent = 0     # due while the generator had no connection to spare
+        self.broken = 0  # connections lost with a request under way
+        self.unsent = 0  # due while the generator had no connection to spare
 
     async def connect(self) -> _Client:
         self.open += 1
@@ -172,9 +177,15 @@ class _Generator:
         wait_until = time.perf_counter() + 15
         while self.busy > 0 and time.perf_counter() < wait_until:
             await asyncio.sleep(0.01)
-        return {"sent": sent, "seconds": duration, "unanswered": self.busy, "broken": self.broken,
-                "unsent": self.unsent, "ok_due": self.ok_due,
-                "latency": {str(k): v for k, v in self.latency.items()}}
+        return {
+            "sent": sent,
+            "seconds": duration,
+            "unanswered": self.busy,
+            "broken": self.broken,
+            "unsent": self.unsent,
+            "ok_due": self.ok_due,
+            "latency": {str(k): v for k, v in self.latency.items()},
+        }
 
 
 def generate(args: argparse.Namespace) -> None:
@@ -190,6 +201,7 @@ def generate(args: argparse.Namespace) -> None:
 
 
 # --- the orchestration ---
+
 
 @dataclass
 class Run:
@@ -214,8 +226,9 @@ class Run:
 
 
 def start(cmd: list[str], core: int, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(["taskset", "-c", str(core), *cmd], stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            cwd=HERE.parent)
+    return subprocess.Popen(
+        ["taskset", "-c", str(core), *cmd], stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=HERE.parent
+    )
 
 
 def cpu_seconds(pid: int) -> float:
@@ -228,35 +241,76 @@ def wrk(url: str, pid: int, work: Path, headers: dict[str, str] | None = None) -
     CPU ms per answer."""
     script = work / f"post-{time.monotonic_ns()}.lua"
     sent = {"x-api-key": KEY, "msgapi-version": "2023-06-01", "Content-Type": "application/json", **(headers or {})}
-    script.write_text(f"wrk.method = 'POST'\nwrk.body = '{BODY.decode()}'\n"
-                      + "".join(f"wrk.headers['{k}'] = '{v}'\n" for k, v in sent.items()))
+    script.write_text(
+        f"wrk.method = 'POST'\nwrk.body = '{BODY.decode()}'\n"
+        + "".join(f"wrk.headers['{k}'] = '{v}'\n" for k, v in sent.items())
+    )
     before = cpu_seconds(pid)
-    out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", "-c64", "-d5s", "-s", str(script), url + "/v1/messages"],
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["taskset", "-c", "1", "wrk", "-t1", "-c64", "-d5s", "-s", str(script), url + "/v1/messages"],
+        capture_output=True,
+        text=True,
+    ).stdout
     total = int(re.search(r"(\d+) requests in", out)[1])  # type: ignore[index]
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     return rps, 1 - (int(errors[1]) / total if errors else 0), (cpu_seconds(pid) - before) * 1000 / total
 
 
-def offer(gateway: str, url: str, pid: int, delay_ms: int, rate: float, share: float, duration: float,
-          work: Path) -> Run:
+def offer(
+    gateway: str, url: str, pid: int, delay_ms: int, rate: float, share: float, duration: float, work: Path
+) -> Run:
     out = work / f"gen-{time.monotonic_ns()}.json"
     port = url.rsplit(":", 1)[1]
     connections = min(MAX_CONNECTIONS, max(64, int(rate * (delay_ms / 1000 + 0.01) * 2)))
     before, began = cpu_seconds(pid), time.monotonic()
-    subprocess.run(["taskset", "-c", "1", sys.executable, __file__, "--generate", "--port", port, "--rate", str(rate),
-                    "--duration", str(duration), "--delay-ms", str(delay_ms), "--connections", str(connections),
-                    "--out", str(out)], check=True)
+    subprocess.run(
+        [
+            "taskset",
+            "-c",
+            "1",
+            sys.executable,
+            __file__,
+            "--generate",
+            "--port",
+            port,
+            "--rate",
+            str(rate),
+            "--duration",
+            str(duration),
+            "--delay-ms",
+            str(delay_ms),
+            "--connections",
+            str(connections),
+            "--out",
+            str(out),
+        ],
+        check=True,
+    )
     cpu = (cpu_seconds(pid) - before) / (time.monotonic() - began)  # over the whole run, its tail included
     result = json.loads(out.read_text())
     latency = result["latency"]
     other = {status: len(values) for status, values in latency.items() if status not in ("200", "503")}
-    run = Run(gateway, delay_ms, rate, share, result["sent"], latency.get("200", []), len(latency.get("503", [])),
-              other, result["unanswered"] + result["broken"], result["unsent"], cpu, result["ok_due"])
-    print(f"{gateway:18} delay={delay_ms:>3}ms offered={rate:7.0f}/s ({share:.1f}x) 200={len(run.ok)} "
-          f"503={run.overloaded} other={other} lost={run.lost} unsent={run.unsent} p50={run.pct(0.5):.2f}ms "
-          f"p99={run.pct(0.99):.2f}ms (first {ONSET_S:g} s: {run.pct(0.99, onset=True):.2f}ms) cpu={cpu:.0%}", flush=True)
+    run = Run(
+        gateway,
+        delay_ms,
+        rate,
+        share,
+        result["sent"],
+        latency.get("200", []),
+        len(latency.get("503", [])),
+        other,
+        result["unanswered"] + result["broken"],
+        result["unsent"],
+        cpu,
+        result["ok_due"],
+    )
+    print(
+        f"{gateway:18} delay={delay_ms:>3}ms offered={rate:7.0f}/s ({share:.1f}x) 200={len(run.ok)} "
+        f"503={run.overloaded} other={other} lost={run.lost} unsent={run.unsent} p50={run.pct(0.5):.2f}ms "
+        f"p99={run.pct(0.99):.2f}ms (first {ONSET_S:g} s: {run.pct(0.99, onset=True):.2f}ms) cpu={cpu:.0%}",
+        flush=True,
+    )
     return run
 
 
@@ -265,8 +319,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--print-only", action="store_true", help="print the section, do not write RESULTS.md")
-    parser.add_argument("--gateway-cpu", type=float, default=0.3,
-                        help="the share of core 0 each gateway may use (1: no quota)")
+    parser.add_argument(
+        "--gateway-cpu", type=float, default=0.3, help="the share of core 0 each gateway may use (1: no quota)"
+    )
     parser.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int)
     parser.add_argument("--rate", type=float)
@@ -292,9 +347,10 @@ def main() -> int:
         for name, extra in GATEWAYS.items():
             port = free_port()
             config = work / f"gateway-{port}.yaml"
-            config.write_text(extra.replace("{PORT}", str(port))
-                              + f"keys: [{{name: bench, key: {KEY}}}]\n"
-                              f"channels: [{{name: bench, base_url: 'http://127.0.0.1:{up_port}', credential: up}}]\n")
+            config.write_text(
+                extra.replace("{PORT}", str(port)) + f"keys: [{{name: bench, key: {KEY}}}]\n"
+                f"channels: [{{name: bench, base_url: 'http://127.0.0.1:{up_port}', credential: up}}]\n"
+            )
             procs.append(start([sys.executable, "-m", "proxy", "serve", "-c", str(config)], 0, work / f"{port}.log"))
             gateways[name] = (f"http://127.0.0.1:{port}", procs[-1].pid)
             if args.gateway_cpu < 1:
@@ -310,8 +366,10 @@ def main() -> int:
         refuses_url, refuses_pid = gateways.pop("refuses")
         _, _, refused_cpu = wrk(refuses_url, refuses_pid, work, {"x-delay-ms": "10000"})
         args.cpu_ms = (served_cpu, refused_cpu)
-        print(f"capacity: {measured:.0f} requests/s; CPU ms a request served {served_cpu:.3f}, refused "
-              f"{refused_cpu:.3f}", flush=True)
+        print(
+            f"capacity: {measured:.0f} requests/s; CPU ms a request served {served_cpu:.3f}, refused {refused_cpu:.3f}",
+            flush=True,
+        )
         runs: list[Run] = []
         auto_url, auto_pid = gateways["auto"]
         for delay_ms in DELAYS_MS:
@@ -344,10 +402,14 @@ def report(measured: float, runs: list[Run], args: argparse.Namespace) -> str:
         f"load average {args.load_before:.1f} at the start and {args.load_after:.1f} at the end (anything else "
         "running skews every figure: compare the capacity with the throughput section's). "
         "One gateway process on its defaults (access lines and metrics on) pinned to core 0"
-        + (f", held to {args.gateway_cpu:.0%} of it by a CPU quota (the kernel's CPU controller), the bench "
-           "upstream on the rest of core 0, and the open-loop generator alone on core 1 (so that it can offer "
-           "three times what a gateway serves)" if args.gateway_cpu < 1 else
-           "; the open-loop generator and the bench upstream share core 1") + ". Capacity: "
+        + (
+            f", held to {args.gateway_cpu:.0%} of it by a CPU quota (the kernel's CPU controller), the bench "
+            "upstream on the rest of core 0, and the open-loop generator alone on core 1 (so that it can offer "
+            "three times what a gateway serves)"
+            if args.gateway_cpu < 1
+            else "; the open-loop generator and the bench upstream share core 1"
+        )
+        + ". Capacity: "
         f"{measured:,.0f} requests/s of `POST /v1/messages` (wrk, 64 connections, upstream answering at once), "
         f"{args.cpu_ms[0]:.3f} ms of the gateway's CPU a request; a refusal (503 `overloaded`) costs "
         f"{args.cpu_ms[1]:.3f} ms, {args.cpu_ms[1] / args.cpu_ms[0]:.0%} of that, so at 3x capacity refusing "
@@ -375,19 +437,32 @@ def report(measured: float, runs: list[Run], args: argparse.Namespace) -> str:
         for r in rows:
             ratio = r.pct(0.99) / unloaded
             answered = len(r.ok) + r.overloaded + sum(r.other.values())
-            lines.append(f"| {delay_ms} ms | {r.gateway} | {r.rate:,.0f} ({r.sent / args.duration:,.0f}) | "
-                         f"{r.share:.1f}x | {len(r.ok):,} | "
-                         f"{r.overloaded:,} ({r.overloaded / max(1, answered):.0%}) | {r.lost} | "
-                         f"{r.pct(0.5):.2f} | {r.pct(0.99):.2f} | {ratio:.1f}x | "
-                         f"{sum(due < ONSET_S for due in r.ok_due):,}, {r.pct(0.99, onset=True):.2f} | {r.cpu_share:.0%} |")
+            lines.append(
+                f"| {delay_ms} ms | {r.gateway} | {r.rate:,.0f} ({r.sent / args.duration:,.0f}) | "
+                f"{r.share:.1f}x | {len(r.ok):,} | "
+                f"{r.overloaded:,} ({r.overloaded / max(1, answered):.0%}) | {r.lost} | "
+                f"{r.pct(0.5):.2f} | {r.pct(0.99):.2f} | {ratio:.1f}x | "
+                f"{sum(due < ONSET_S for due in r.ok_due):,}, {r.pct(0.99, onset=True):.2f} | {r.cpu_share:.0%} |"
+            )
             if r.share > 1 and r.gateway.startswith("auto"):
-                verdicts.append(f"- upstream {delay_ms} ms, {r.gateway}: "
-                                f"admitted p99 {r.pct(0.99):.2f} ms is {ratio:.1f}x the "
-                                f"unloaded {unloaded:.2f} ms (target: at most 2x) — {'met' if ratio <= 2 else 'NOT met'}; "
-                                f"{r.overloaded / max(1, answered):.0%} answered 503 overloaded; "
-                                f"{r.lost} unanswered")
-    return "\n".join([*lines, "", "Against the target (admitted p99 within 2x the unloaded p99 at 3x capacity "
-                      f"once the overload's first {ONSET_S:g} s are past, every request answered):", "", *verdicts, ""])
+                verdicts.append(
+                    f"- upstream {delay_ms} ms, {r.gateway}: "
+                    f"admitted p99 {r.pct(0.99):.2f} ms is {ratio:.1f}x the "
+                    f"unloaded {unloaded:.2f} ms (target: at most 2x) — {'met' if ratio <= 2 else 'NOT met'}; "
+                    f"{r.overloaded / max(1, answered):.0%} answered 503 overloaded; "
+                    f"{r.lost} unanswered"
+                )
+    return "\n".join(
+        [
+            *lines,
+            "",
+            "Against the target (admitted p99 within 2x the unloaded p99 at 3x capacity "
+            f"once the overload's first {ONSET_S:g} s are past, every request answered):",
+            "",
+            *verdicts,
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,14 @@ def cpu_model() -> str:
     """The processor's name, as the benchmarks' reports give the machine."""
     import platform
 
-    return next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")), platform.processor())
+    return next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
 
 
 def stop_all(procs: Iterable[subprocess.Popen[bytes]], timeout_s: float) -> None:
@@ -41,8 +47,12 @@ def stop_all(procs: Iterable[subprocess.Popen[bytes]], timeout_s: float) -> None
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            print(f"process {proc.pid} ({' '.join(map(str, proc.args[-3:]))}) did not stop within {timeout_s:g} s of "
-                  "SIGTERM: killed", file=sys.stderr, flush=True)
+            print(
+                f"process {proc.pid} ({' '.join(map(str, proc.args[-3:]))}) did not stop within {timeout_s:g} s of "
+                "SIGTERM: killed",
+                file=sys.stderr,
+                flush=True,
+            )
             proc.kill()
             proc.wait()
 

@@ -32,9 +32,11 @@ def checks() -> list[Any]:
     from proxy.limits import Check, Kind
 
     subject = {"subject": "key:bench"} if "subject" in getattr(Check, "__dataclass_fields__", {}) else {}
-    return [Check("key:bench:rpm", "key-rpm", Kind.REQUESTS, 10**9, 60, **subject),
-            Check("key:bench:tpm", "key-tpm", Kind.TOKENS, 10**12, 60, cost=4200, **subject),
-            Check("key:bench:concurrent", "key-concurrent", Kind.CONCURRENT, 10**6, 0, **subject)]
+    return [
+        Check("key:bench:rpm", "key-rpm", Kind.REQUESTS, 10**9, 60, **subject),
+        Check("key:bench:tpm", "key-tpm", Kind.TOKENS, 10**12, 60, cost=4200, **subject),
+        Check("key:bench:concurrent", "key-concurrent", Kind.CONCURRENT, 10**6, 0, **subject),
+    ]
 
 
 async def measure(limiter: Any, requests: int) -> dict[str, float]:
@@ -53,8 +55,12 @@ async def measure(limiter: Any, requests: int) -> dict[str, float]:
         total_us.append((time.perf_counter() - started) * 1e6)
     cpu_us = (time.process_time() - cpu) / requests * 1e6
     acquire_us.sort()
-    return {"p50": statistics.median(acquire_us), "p99": acquire_us[int(len(acquire_us) * 0.99)],
-            "whole": statistics.median(total_us), "cpu": cpu_us}
+    return {
+        "p50": statistics.median(acquire_us),
+        "p99": acquire_us[int(len(acquire_us) * 0.99)],
+        "whole": statistics.median(total_us),
+        "cpu": cpu_us,
+    }
 
 
 async def measure_follow_up(limiter: Any, store: Any, requests: int, together: bool) -> list[float]:
@@ -99,12 +105,16 @@ async def follow_ups(requests: int) -> list[str]:
     limiter, store = RedisLimiter(URL, "bench:"), RedisStore(URL, "bench:")
     await store.set("pin:response:resp_bench", '{"channel":"c","owner":"t"}', 600)
     rows = []
-    for together, label in ((False, "check after the followed id's record"),
-                            (True, "check with the followed id's record (one pipeline)")):
+    for together, label in (
+        (False, "check after the followed id's record"),
+        (True, "check with the followed id's record (one pipeline)"),
+    ):
         await measure_follow_up(limiter, store, 200, together)
         waits = sorted(await measure_follow_up(limiter, store, requests, together))
-        rows.append(f"| redis, {label} | {statistics.median(waits):.1f} | {waits[int(len(waits) * 0.99)]:.1f} "
-                    f"| - | - | {'1' if together else '2'} before the upstream call |")
+        rows.append(
+            f"| redis, {label} | {statistics.median(waits):.1f} | {waits[int(len(waits) * 0.99)]:.1f} "
+            f"| - | - | {'1' if together else '2'} before the upstream call |"
+        )
         print(rows[-1], flush=True)
     await store.close()
     await limiter.close()
@@ -113,9 +123,25 @@ async def follow_ups(requests: int) -> list[str]:
 
 def run_tree(tree: Path, backend: str, requests: int) -> dict[str, float]:
     """One round in a process of its own, importing `proxy` from `tree`, pinned to core 0."""
-    done = subprocess.run(["taskset", "-c", "0", sys.executable, str(Path(__file__).resolve()), "--tree", str(tree),
-                           "--backend", backend, "--requests", str(requests)],
-                          cwd=tree, check=True, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            "taskset",
+            "-c",
+            "0",
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--tree",
+            str(tree),
+            "--backend",
+            backend,
+            "--requests",
+            str(requests),
+        ],
+        cwd=tree,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -160,35 +186,41 @@ def main() -> int:
     from bench.results import update_section
 
     with tempfile.TemporaryDirectory(prefix="ratelimit-bench-") as work:
-        trees = [("this tree", "", HERE.parent)] + [(f"at {ref}", ref, export(ref, Path(work)))
-                                                    for ref in args.baseline]
+        trees = [("this tree", "", HERE.parent)] + [
+            (f"at {ref}", ref, export(ref, Path(work))) for ref in args.baseline
+        ]
         runs: dict[tuple[str, str], list[dict[str, float]]] = {}
         for _ in range(args.rounds):
             for backend in ("memory", "redis"):
                 for name, _ref, tree in trees if backend == "redis" else trees[:1]:
                     runs.setdefault((backend, name), []).append(run_tree(tree, backend, args.requests))
         ping = asyncio.run(ping_us())
-        rows = ["## Rate-limit cost per request", "",
-                f"A key with rpm, tpm and a concurrency limit: one check of all three, then one call that settles the "
-                f"tokens and releases the lease, as the plugin does; {args.requests:,} sequential requests a round "
-                f"after a warm-up, {args.rounds} rounds (medians of the rounds), each in a process of its own pinned "
-                f"to core 0; Redis 7 on the same machine, uvloop. `python bench/ratelimit.py"
-                f"{' --baseline ' + ' '.join(args.baseline) if args.baseline else ''}`. A row 'at REF' is the "
-                f"limiter of that commit, measured in the same run. CPU is the client process's, a whole request "
-                f"(check and settlement). For scale: one PING through a plain redis-py client costs {ping:.0f} us "
-                "here. The last two rows are a follow-up's (a `previous_response_id`, a video poll) wait on Redis "
-                "before its upstream call: the record of the id it follows and the check.", "",
-                "| backend | check p50 us | check p99 us | whole request p50 us | client CPU us/request "
-                "| round trips |",
-                "|---|---|---|---|---|---|"]
+        rows = [
+            "## Rate-limit cost per request",
+            "",
+            f"A key with rpm, tpm and a concurrency limit: one check of all three, then one call that settles the "
+            f"tokens and releases the lease, as the plugin does; {args.requests:,} sequential requests a round "
+            f"after a warm-up, {args.rounds} rounds (medians of the rounds), each in a process of its own pinned "
+            f"to core 0; Redis 7 on the same machine, uvloop. `python bench/ratelimit.py"
+            f"{' --baseline ' + ' '.join(args.baseline) if args.baseline else ''}`. A row 'at REF' is the "
+            f"limiter of that commit, measured in the same run. CPU is the client process's, a whole request "
+            f"(check and settlement). For scale: one PING through a plain redis-py client costs {ping:.0f} us "
+            "here. The last two rows are a follow-up's (a `previous_response_id`, a video poll) wait on Redis "
+            "before its upstream call: the record of the id it follows and the check.",
+            "",
+            "| backend | check p50 us | check p99 us | whole request p50 us | client CPU us/request | round trips |",
+            "|---|---|---|---|---|---|",
+        ]
         for (backend, name), found in runs.items():
+
             def mid(field: str, found: list[dict[str, float]] = found) -> float:
                 return statistics.median(r[field] for r in found)
 
             label = backend if name == "this tree" else f"{backend}, {name}"
             trips = "0" if backend == "memory" else "1, and 1 after the answer"
-            rows.append(f"| {label} | {mid('p50'):.1f} | {mid('p99'):.1f} | {mid('whole'):.1f} | {mid('cpu'):.1f} "
-                        f"| {trips} |")
+            rows.append(
+                f"| {label} | {mid('p50'):.1f} | {mid('p99'):.1f} | {mid('whole'):.1f} | {mid('cpu'):.1f} | {trips} |"
+            )
             print(rows[-1], flush=True)
         rows += asyncio.run(follow_ups(args.requests))
     update_section("ratelimit", "\n".join(rows))

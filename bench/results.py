@@ -13,4 +13,6 @@ def update_section(name: str, text: str, path: Path = RESULTS) -> None:
     block = f"{start}\n{text.strip()}\n{end}\n"
     current = path.read_text() if path.exists() else "# Benchmark results\n\n"
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end) + r"\n?", re.S)
-    path.write_text(pattern.sub(lambda _: block, current) if pattern.search(current) else current.rstrip() + "\n\n" + block)
+    path.write_text(
+        pattern.sub(lambda _: block, current) if pattern.search(current) else current.rstrip() + "\n\n" + block
+    )

@@ -73,8 +73,9 @@ http {{
 
 
 def start(cmd: list[str], core: int, log: Path, cwd: Path | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(["taskset", "-c", str(core), *cmd], stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            cwd=cwd or HERE.parent)
+    return subprocess.Popen(
+        ["taskset", "-c", str(core), *cmd], stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=cwd or HERE.parent
+    )
 
 
 def baseline_name(ref: str) -> str:
@@ -113,8 +114,23 @@ def to_ms(text: str) -> float:
 
 def run_wrk(target: Target, concurrency: int, duration: int, script: Path) -> None:
     before = cpu_seconds(target.pid) if target.pid else 0.0
-    out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", f"-c{concurrency}", f"-d{duration}s", "--latency",
-                          "-s", str(script), target.url + "/v1/messages"], capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [
+            "taskset",
+            "-c",
+            "1",
+            "wrk",
+            "-t1",
+            f"-c{concurrency}",
+            f"-d{duration}s",
+            "--latency",
+            "-s",
+            str(script),
+            target.url + "/v1/messages",
+        ],
+        capture_output=True,
+        text=True,
+    ).stdout
     if "Requests/sec" not in out or not re.search(r"^\s+50%\s+[\d.]+[a-z]+$", out, re.M):
         raise RuntimeError(f"{target.name}: wrk gave no result:\n{out}")
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
@@ -171,14 +187,19 @@ def main() -> int:
         sys.exit("wrk is needed: apt-get install -y wrk")
     work = Path(tempfile.mkdtemp(prefix="modelgate-bench-"))
     script = work / "post.lua"
-    script.write_text(f"wrk.method = 'POST'\nwrk.body = '{BODY}'\n"
-                      + "".join(f"wrk.headers['{k}'] = '{v}'\n" for k, v in HEADERS.items()))
+    script.write_text(
+        f"wrk.method = 'POST'\nwrk.body = '{BODY}'\n"
+        + "".join(f"wrk.headers['{k}'] = '{v}'\n" for k, v in HEADERS.items())
+    )
     up_port, fwd_port = free_port(), free_port()
     upstream_url = f"http://127.0.0.1:{up_port}"
     procs = [start([sys.executable, str(HERE / "upstream.py"), str(up_port), "20"], 1, work / "upstream.log")]
     wait_port(up_port)
     procs.append(start([sys.executable, str(HERE / "forwarder.py"), str(fwd_port), upstream_url], 0, work / "fwd.log"))
-    targets = [Target("direct", upstream_url, None), Target("aiohttp forwarder", f"http://127.0.0.1:{fwd_port}", procs[1].pid)]
+    targets = [
+        Target("direct", upstream_url, None),
+        Target("aiohttp forwarder", f"http://127.0.0.1:{fwd_port}", procs[1].pid),
+    ]
     nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
     if nginx:
         nginx_port = free_port()
@@ -192,13 +213,16 @@ def main() -> int:
     for name, observability, source in gateways:
         port = free_port()
         config = work / f"{name.replace(' ', '-')}.yaml"
-        config.write_text(f'server: {{listen: "127.0.0.1:{port}"}}\n'
-                          "keys: [{name: bench, key: bench-key-0123}]\n"
-                          f"channels: [{{name: bench, base_url: '{upstream_url}', credential: upstream-key}}]\n"
-                          + observability.replace("{UPSTREAM}", upstream_url))
+        config.write_text(
+            f'server: {{listen: "127.0.0.1:{port}"}}\n'
+            "keys: [{name: bench, key: bench-key-0123}]\n"
+            f"channels: [{{name: bench, base_url: '{upstream_url}', credential: upstream-key}}]\n"
+            + observability.replace("{UPSTREAM}", upstream_url)
+        )
         # `python -m` puts its working directory first on the path: a checkout there is what runs.
-        procs.append(start([sys.executable, "-m", "proxy", "serve", "-c", str(config)], 0, work / f"{port}.log",
-                           cwd=source))
+        procs.append(
+            start([sys.executable, "-m", "proxy", "serve", "-c", str(config)], 0, work / f"{port}.log", cwd=source)
+        )
         targets.append(Target(name, f"http://127.0.0.1:{port}", procs[-1].pid))
     try:
         for target in targets[1:]:
@@ -210,8 +234,11 @@ def main() -> int:
             for _ in range(args.rounds):
                 for target in targets:
                     run_wrk(target, concurrency, args.duration, script)
-                    print(f"{target.name:18} c={concurrency:<3} rps={target.rps[concurrency][-1]:8.0f} "
-                          f"p50={target.p50[concurrency][-1]:.3f}ms", flush=True)
+                    print(
+                        f"{target.name:18} c={concurrency:<3} rps={target.rps[concurrency][-1]:8.0f} "
+                        f"p50={target.p50[concurrency][-1]:.3f}ms",
+                        flush=True,
+                    )
         for _ in range(args.rounds):
             for target in targets:
                 asyncio.run(measure_streams(target, 20, 10))
@@ -264,8 +291,10 @@ def write_results(out: Path, targets: list[Target], args: argparse.Namespace) ->
             added50 = med(t.p50[c]) - med(direct.p50[c])
             added99 = med(t.p99[c]) - med(direct.p99[c])
             cpu_ms = f"{med(t.cpu_ms[c]):.3f}" if t.cpu_ms.get(c) else "-"
-            lines.append(f"| {c} | {t.name} | {med(t.rps[c]):,.0f} | {med(t.p50[c]):.3f} | {med(t.p99[c]):.3f} | "
-                         f"{'-' if t is direct else f'{added50:.3f}'} | {'-' if t is direct else f'{added99:.3f}'} | {cpu_ms} |")
+            lines.append(
+                f"| {c} | {t.name} | {med(t.rps[c]):,.0f} | {med(t.p50[c]):.3f} | {med(t.p99[c]):.3f} | "
+                f"{'-' if t is direct else f'{added50:.3f}'} | {'-' if t is direct else f'{added99:.3f}'} | {cpu_ms} |"
+            )
     ratio = med(gateway.rps[64]) / med(forwarder.rps[64])
     added_c1 = med(gateway.p50[1]) - med(direct.p50[1])
     added_c1_p99 = med(gateway.p99[1]) - med(direct.p99[1])
@@ -279,10 +308,12 @@ def write_results(out: Path, targets: list[Target], args: argparse.Namespace) ->
         "|---|---|---|---|---|---|---|",
     ]
     for t in targets:
-        lines.append(f"| {t.name} | {med(t.ttfe):.3f} | {'-' if t is direct else f'{med(t.ttfe) - med(direct.ttfe):.3f}'} | "
-                     f"{med(t.stream_total):.3f} | "
-                     f"{'-' if t is direct else f'{med(t.stream_total) - med(direct.stream_total):.3f}'} | "
-                     f"{med(t.gaps):.3f} | {'-' if t is direct else f'{med(t.gaps) - med(direct.gaps):.3f}'} |")
+        lines.append(
+            f"| {t.name} | {med(t.ttfe):.3f} | {'-' if t is direct else f'{med(t.ttfe) - med(direct.ttfe):.3f}'} | "
+            f"{med(t.stream_total):.3f} | "
+            f"{'-' if t is direct else f'{med(t.stream_total) - med(direct.stream_total):.3f}'} | "
+            f"{med(t.gaps):.3f} | {'-' if t is direct else f'{med(t.gaps) - med(direct.gaps):.3f}'} |"
+        )
     ttfe_added = med(gateway.ttfe) - med(direct.ttfe)
     gap_added = med(gateway.gaps) - med(direct.gaps)
     on_cpu, off_cpu, default_cpu = (med(t.cpu_ms[64]) for t in (all_on, all_off, gateway))
@@ -326,13 +357,18 @@ def write_results(out: Path, targets: list[Target], args: argparse.Namespace) ->
 def baseline_lines(gateway: Target, before: Target, ref: str, direct: Target) -> list[str]:
     """The current gateway against the one at `ref`, measured in the same run."""
     med = statistics.median
-    lines = [f"### Against the gateway at `{ref}` (same run, same defaults)", "",
-             "| concurrency | requests/s now | requests/s at ref | CPU ms/request now | CPU ms/request at ref | CPU now / at ref |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"### Against the gateway at `{ref}` (same run, same defaults)",
+        "",
+        "| concurrency | requests/s now | requests/s at ref | CPU ms/request now | CPU ms/request at ref | CPU now / at ref |",
+        "|---|---|---|---|---|---|",
+    ]
     for c in CONCURRENCY:
         now, then = med(gateway.cpu_ms[c]), med(before.cpu_ms[c])
-        lines.append(f"| {c} | {med(gateway.rps[c]):,.0f} | {med(before.rps[c]):,.0f} | {now:.3f} | {then:.3f} | "
-                     f"{now / then:.2f}x |")
+        lines.append(
+            f"| {c} | {med(gateway.rps[c]):,.0f} | {med(before.rps[c]):,.0f} | {now:.3f} | {then:.3f} | "
+            f"{now / then:.2f}x |"
+        )
     ttfe_now, ttfe_then = (med(t.ttfe) - med(direct.ttfe) for t in (gateway, before))
     lines += ["", f"Added time to first stream event: {ttfe_now:.3f} ms now, {ttfe_then:.3f} ms at `{ref}`."]
     return [*lines, ""]

@@ -31,12 +31,30 @@ CALLS = [
     ("POST", "/v1/messages", MSG, {**MESSAGE, "stream": True}, 200),
     ("POST", "/v1/responses", BEARER, {"model": "respmodel-4o", "input": "hi", "stream": True}, 200),
     ("POST", "/v1/responses", BEARER, {"model": "respmodel-4o", "input": "hi"}, 200),
-    ("POST", f"/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key={KEY}", {},
-     {"contents": [{"parts": [{"text": "hi"}]}]}, 200),
-    ("POST", f"/v1beta/models/genmodel-2.5-flash-image:generateContent?key={KEY}", {},
-     {"contents": [{"parts": [{"text": "a fox"}]}], "generationConfig": {"responseFormat": {"image": {"delivery": "URI"}}}}, 200),
-    ("POST", "/v1/images/generations", BEARER, {"model": "imagegen-2", "prompt": "x", "size": "1024x1024",
-                                                 "response_format": "url"}, 200),
+    (
+        "POST",
+        f"/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key={KEY}",
+        {},
+        {"contents": [{"parts": [{"text": "hi"}]}]},
+        200,
+    ),
+    (
+        "POST",
+        f"/v1beta/models/genmodel-2.5-flash-image:generateContent?key={KEY}",
+        {},
+        {
+            "contents": [{"parts": [{"text": "a fox"}]}],
+            "generationConfig": {"responseFormat": {"image": {"delivery": "URI"}}},
+        },
+        200,
+    ),
+    (
+        "POST",
+        "/v1/images/generations",
+        BEARER,
+        {"model": "imagegen-2", "prompt": "x", "size": "1024x1024", "response_format": "url"},
+        200,
+    ),
     ("POST", "/v1/messages", MSG, {**MESSAGE, "max_tokens": 0}, 400),
     ("POST", "/v1/responses", {"Authorization": "Bearer wrong-key-000"}, {"model": "respmodel-4o", "input": "x"}, 401),
 ]
@@ -57,13 +75,16 @@ async def worker(url: str, deadline: float, counts: dict[str, int], tasks: list[
                     if path.endswith("/generations") and b"task_id" in data:
                         tasks.append(data.decode())
                 if random.random() < 0.1:  # a video task's life: submit, poll
-                    async with http.post(url + "/v1/video/generations", headers=BEARER,
-                                         json={"model": "videogen-3.0-generate-001", "prompt": "x"}) as answer:
+                    async with http.post(
+                        url + "/v1/video/generations",
+                        headers=BEARER,
+                        json={"model": "videogen-3.0-generate-001", "prompt": "x"},
+                    ) as answer:
                         task_id = (await answer.json())["task_id"]
                     async with http.get(f"{url}/v1/video/generations/{task_id}", headers=BEARER) as answer:
                         counts["errors"] += answer.status != 200
                         counts["requests"] += 2
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 counts["errors"] += 1
                 counts.setdefault(type(exc).__name__, 0)
                 counts[type(exc).__name__] += 1
@@ -81,18 +102,40 @@ async def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="modelgate-soak-"))
     port, sim_port = free_port(), free_port()
     # The upstream runs as its own process, so the gateway's RSS is the gateway's alone.
-    simulator = subprocess.Popen([sys.executable, "-m", "proxy", "simulate", "--port", str(sim_port),
-                                  "--chunk-delay-ms", "2", "--output-tokens", "16", "--video-queued-s", "0",
-                                  "--video-processing-s", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    simulator = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "proxy",
+            "simulate",
+            "--port",
+            str(sim_port),
+            "--chunk-delay-ms",
+            "2",
+            "--output-tokens",
+            "16",
+            "--video-queued-s",
+            "0",
+            "--video-processing-s",
+            "0",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     config = work / "gateway.yaml"
-    config.write_text(f'server: {{listen: "127.0.0.1:{port}"}}\n'
-                      f"state: {{max_items: {args.state_items}}}\n"
-                      f"keys: [{{name: soak, key: {KEY}, url_delivery: true, limits: {{rpm: 100000000, tpm: 10000000000}}}}]\n"
-                      f"channels: [{{name: upstream, base_url: 'http://127.0.0.1:{sim_port}', accepts_response_format: false}}]\n"
-                      f"plugins: {{url_delivery: {{enabled: true, dir: '{work / 'images'}', ttl_s: 60}}}}\n"
-                      "observability: {logging: {access_log: false}}\n")
-    gateway = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "-c", str(config)],
-                               stdout=(work / "gateway.log").open("wb"), stderr=subprocess.STDOUT)
+    config.write_text(
+        f'server: {{listen: "127.0.0.1:{port}"}}\n'
+        f"state: {{max_items: {args.state_items}}}\n"
+        f"keys: [{{name: soak, key: {KEY}, url_delivery: true, limits: {{rpm: 100000000, tpm: 10000000000}}}}]\n"
+        f"channels: [{{name: upstream, base_url: 'http://127.0.0.1:{sim_port}', accepts_response_format: false}}]\n"
+        f"plugins: {{url_delivery: {{enabled: true, dir: '{work / 'images'}', ttl_s: 60}}}}\n"
+        "observability: {logging: {access_log: false}}\n"
+    )
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "-c", str(config)],
+        stdout=(work / "gateway.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     for waiting_on in (port, sim_port):
         wait_port(waiting_on)
@@ -117,17 +160,21 @@ async def main() -> int:
     base, last, peak = after_warmup[0], after_warmup[-1], max(after_warmup)
     growth = (peak - base) / base
     ok = growth < 0.10 and counts["errors"] == 0
-    lines = ["## Soak", "",
-             f"`python bench/soak.py --minutes {args.minutes:g} --concurrency {args.concurrency} "
-             f"--state-items {args.state_items}`: every format, streams, URL delivery, refusals (400, 401) and video polls against one gateway process "
-             "(the upstream simulator in a process of its own). The memory stores are capped at "
-             f"`state.max_items: {args.state_items:,}` so they fill within the warm-up; a full bounded cache "
-             "is not a leak, and growth after it is what the soak looks for.", "",
-             f"- requests: {counts['requests']:,} in {args.minutes:g} min; errors (5xx, unexpected status, "
-             f"broken connections): {counts['errors']}",
-             f"- RSS after a {warm:.0f} s warm-up: {base / 1024:.1f} MB; at the end {last / 1024:.1f} MB; "
-             f"peak {peak / 1024:.1f} MB; growth {growth:.1%} (target under 10%) — {'met' if ok else 'NOT met'}",
-             f"- RSS samples (MB, one a minute): {' '.join(f'{kb / 1024:.0f}' for _, kb in samples[::12])}"]
+    lines = [
+        "## Soak",
+        "",
+        f"`python bench/soak.py --minutes {args.minutes:g} --concurrency {args.concurrency} "
+        f"--state-items {args.state_items}`: every format, streams, URL delivery, refusals (400, 401) and video polls against one gateway process "
+        "(the upstream simulator in a process of its own). The memory stores are capped at "
+        f"`state.max_items: {args.state_items:,}` so they fill within the warm-up; a full bounded cache "
+        "is not a leak, and growth after it is what the soak looks for.",
+        "",
+        f"- requests: {counts['requests']:,} in {args.minutes:g} min; errors (5xx, unexpected status, "
+        f"broken connections): {counts['errors']}",
+        f"- RSS after a {warm:.0f} s warm-up: {base / 1024:.1f} MB; at the end {last / 1024:.1f} MB; "
+        f"peak {peak / 1024:.1f} MB; growth {growth:.1%} (target under 10%) — {'met' if ok else 'NOT met'}",
+        f"- RSS samples (MB, one a minute): {' '.join(f'{kb / 1024:.0f}' for _, kb in samples[::12])}",
+    ]
     extra = {k: v for k, v in counts.items() if k not in ("requests", "errors")}
     if extra:
         lines.append(f"- error kinds: {extra}")

@@ -45,23 +45,28 @@ async def hold(url: str, streams: int, events: int) -> tuple[int, int, int]:
     first = asyncio.Semaphore(0)
     counts = {"events": 0, "failed": 0}
     kinds: dict[str, int] = {}
-    body = {"model": "msgmodel-haiku-4-5", "max_tokens": events, "stream": True,
-            "messages": [{"role": "user", "content": "hi"}]}
+    body = {
+        "model": "msgmodel-haiku-4-5",
+        "max_tokens": events,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
 
     async def one(http: aiohttp.ClientSession) -> None:
         seen = False
         try:
             async with http.post(url + "/v1/messages", json=body, headers=HEADERS) as answer:
                 if answer.status != 200:
-                    raise aiohttp.ClientResponseError(answer.request_info, (), status=answer.status,
-                                                      message=(await answer.text())[:200])
+                    raise aiohttp.ClientResponseError(
+                        answer.request_info, (), status=answer.status, message=(await answer.text())[:200]
+                    )
                 async for line in answer.content:
                     if line.startswith(b"event:"):
                         counts["events"] += 1
                         if not seen:
                             seen = True
                             first.release()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             counts["failed"] += 1
             kind = f"{type(exc).__name__} {getattr(exc, 'status', '')} {getattr(exc, 'message', '')}"[:160]
             kinds[kind] = kinds.get(kind, 0) + 1
@@ -95,23 +100,40 @@ def parse_count(text: str) -> tuple[int, int]:
 
 def gateway_config(port: int, sim_port: int, streams: int, workers: int) -> str:
     state = f"state: {{backend: redis, prefix: 'modelgate-streams-{port}:'}}\n" if workers > 1 else ""
-    return (state +
-            f"server: {{listen: '127.0.0.1:{port}', max_connections: {streams * 2}, workers: {workers}}}\n"
-            f"keys: [{{name: s, key: {KEY}, limits: {{rpm: 100000000, tpm: 10000000000}}}}]\n"
-            # the channel's pool as shipped: no cap on open connections
-            f"channels: [{{name: upstream, base_url: 'http://127.0.0.1:{sim_port}'}}]\n"
-            "observability: {logging: {access_log: false}}\n")
+    return (
+        state + f"server: {{listen: '127.0.0.1:{port}', max_connections: {streams * 2}, workers: {workers}}}\n"
+        f"keys: [{{name: s, key: {KEY}, limits: {{rpm: 100000000, tpm: 10000000000}}}}]\n"
+        # the channel's pool as shipped: no cap on open connections
+        f"channels: [{{name: upstream, base_url: 'http://127.0.0.1:{sim_port}'}}]\n"
+        "observability: {logging: {access_log: false}}\n"
+    )
 
 
 async def measure(streams: int, workers: int, events: int, work: Path) -> dict[str, float]:
     port, sim_port = free_port(), free_port()
-    simulator = subprocess.Popen([sys.executable, "-m", "proxy", "simulate", "--port", str(sim_port),
-                                  "--chunk-delay-ms", "1000", "--output-tokens", str(events)],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    simulator = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "proxy",
+            "simulate",
+            "--port",
+            str(sim_port),
+            "--chunk-delay-ms",
+            "1000",
+            "--output-tokens",
+            str(events),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     config = work / f"streams-{streams}-{workers}.yaml"
     config.write_text(gateway_config(port, sim_port, streams, workers))
-    gateway = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "-c", str(config)],
-                               stdout=(work / "gateway.log").open("wb"), stderr=subprocess.STDOUT)
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "-c", str(config)],
+        stdout=(work / "gateway.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         wait_port(port)
         wait_port(sim_port)
@@ -120,8 +142,14 @@ async def measure(streams: int, workers: int, events: int, work: Path) -> dict[s
         started = time.monotonic()
         opened, seen, failed = await hold(f"http://127.0.0.1:{port}", streams, events)
         held_kb = tree_rss_kb(gateway.pid)
-        return {"streams": opened, "failed": failed, "idle_mb": idle_kb / 1024, "held_mb": held_kb / 1024,
-                "open_s": time.monotonic() - started, "events": seen}
+        return {
+            "streams": opened,
+            "failed": failed,
+            "idle_mb": idle_kb / 1024,
+            "held_mb": held_kb / 1024,
+            "open_s": time.monotonic() - started,
+            "events": seen,
+        }
     finally:
         gateway.terminate()
         simulator.terminate()
@@ -132,24 +160,32 @@ async def measure(streams: int, workers: int, events: int, work: Path) -> dict[s
 async def main() -> int:
     no_admin_listeners()
     parser = argparse.ArgumentParser()
-    parser.add_argument("--streams", nargs="+", default=["1000", "9500", "10000@2"],
-                        help="stream counts; N@W spreads N streams over W worker processes")
+    parser.add_argument(
+        "--streams",
+        nargs="+",
+        default=["1000", "9500", "10000@2"],
+        help="stream counts; N@W spreads N streams over W worker processes",
+    )
     parser.add_argument("--events", type=int, default=120)
     args = parser.parse_args()
     raise_fd_limit()
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     work = Path(tempfile.mkdtemp(prefix="modelgate-streams-"))
-    lines = ["## Slow streams held", "",
-             f"`python bench/streams.py --streams {' '.join(args.streams)}`: N message-format streams, "
-             "one event a second, opened over a few seconds (250 every quarter second) through the gateway "
-             "(default pipeline, access lines off, the channel's connection pool as shipped: no cap); its RSS "
-             "once every stream has had its first event. "
-             "Upstream simulator and client in processes of their own. Each stream holds two descriptors in "
-             f"the gateway; this machine's hard limit of {hard:,} descriptors a process caps one worker "
-             f"below {hard // 2:,} streams, so 10,000 are also measured over two workers (Redis state), "
-             "whose RSS is the supervisor's and both workers' summed.", "",
-             "| streams | worker processes | failed | gateway RSS idle | RSS with all open | per stream | target |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Slow streams held",
+        "",
+        f"`python bench/streams.py --streams {' '.join(args.streams)}`: N message-format streams, "
+        "one event a second, opened over a few seconds (250 every quarter second) through the gateway "
+        "(default pipeline, access lines off, the channel's connection pool as shipped: no cap); its RSS "
+        "once every stream has had its first event. "
+        "Upstream simulator and client in processes of their own. Each stream holds two descriptors in "
+        f"the gateway; this machine's hard limit of {hard:,} descriptors a process caps one worker "
+        f"below {hard // 2:,} streams, so 10,000 are also measured over two workers (Redis state), "
+        "whose RSS is the supervisor's and both workers' summed.",
+        "",
+        "| streams | worker processes | failed | gateway RSS idle | RSS with all open | per stream | target |",
+        "|---|---|---|---|---|---|---|",
+    ]
     ok = True
     for streams, workers in map(parse_count, args.streams):
         result = await measure(streams, workers, args.events, work)
@@ -159,8 +195,10 @@ async def main() -> int:
         scope = "" if workers == 1 else f" (the one-worker target, held by {workers})"
         verdict = f"under {target:,} MB{scope} — {'met' if met else 'NOT met'}" if target else "-"
         per_stream = (result["held_mb"] - result["idle_mb"]) * 1024 / streams
-        lines.append(f"| {streams:,} | {workers} | {result['failed']:.0f} | {result['idle_mb']:.1f} MB | "
-                     f"{result['held_mb']:.1f} MB | {per_stream:.1f} KB | {verdict} |")
+        lines.append(
+            f"| {streams:,} | {workers} | {result['failed']:.0f} | {result['idle_mb']:.1f} MB | "
+            f"{result['held_mb']:.1f} MB | {per_stream:.1f} KB | {verdict} |"
+        )
         print(lines[-1], flush=True)
     update_section("streams", "\n".join(lines))
     print("\n".join(lines))

@@ -11,19 +11,27 @@ from __future__ import annotations
 import asyncio
 import sys
 
-MESSAGE = (b'{"id":"msg_bench","type":"message","role":"assistant","model":"msgmodel-haiku-4-5",'
-           b'"content":[{"type":"text","text":"hello from the bench upstream"}],"stop_reason":"end_turn",'
-           b'"stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":6}}')
-JSON_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(MESSAGE))
+MESSAGE = (
+    b'{"id":"msg_bench","type":"message","role":"assistant","model":"msgmodel-haiku-4-5",'
+    b'"content":[{"type":"text","text":"hello from the bench upstream"}],"stop_reason":"end_turn",'
+    b'"stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":6}}'
+)
+JSON_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(MESSAGE)
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 
 def sse_events(count: int) -> list[bytes]:
-    events = [b'event: message_start\ndata: {"type":"message_start","message":{"id":"m","usage":{"input_tokens":3}}}\n\n']
-    events += [b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
-               b'"delta":{"type":"text_delta","text":"tok"}}\n\n'] * max(0, count - 3)
-    events.append(b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},'
-                  b'"usage":{"output_tokens":5}}\n\n')
+    events = [
+        b'event: message_start\ndata: {"type":"message_start","message":{"id":"m","usage":{"input_tokens":3}}}\n\n'
+    ]
+    events += [
+        b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+        b'"delta":{"type":"text_delta","text":"tok"}}\n\n'
+    ] * max(0, count - 3)
+    events.append(
+        b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},'
+        b'"usage":{"output_tokens":5}}\n\n'
+    )
     events.append(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
     return events
 
@@ -52,19 +60,19 @@ class Upstream(asyncio.Protocol):
             length = 0
             at = head.find(b"content-length:")
             if at >= 0:
-                length = int(head[at + 15:head.find(b"\r\n", at) if head.find(b"\r\n", at) > 0 else None])
+                length = int(head[at + 15 : head.find(b"\r\n", at) if head.find(b"\r\n", at) > 0 else None])
             if len(self.buffer) < end + 4 + length:
                 return
-            body = self.buffer[end + 4:end + 4 + length]
-            self.buffer = self.buffer[end + 4 + length:]
+            body = self.buffer[end + 4 : end + 4 + length]
+            self.buffer = self.buffer[end + 4 + length :]
             if b'"stream":true' in body:
                 gap = self.gap_s
                 at = head.find(b"x-gap-ms:")
                 if at >= 0:
-                    gap = float(head[at + 9:head.find(b"\r\n", at) if head.find(b"\r\n", at) > 0 else None]) / 1000
+                    gap = float(head[at + 9 : head.find(b"\r\n", at) if head.find(b"\r\n", at) > 0 else None]) / 1000
                 asyncio.get_running_loop().create_task(self.stream(gap))
             elif (at := head.find(b"x-delay-ms:")) >= 0:
-                delay = float(head[at + 11:head.find(b"\r\n", at) if head.find(b"\r\n", at) > 0 else None]) / 1000
+                delay = float(head[at + 11 : head.find(b"\r\n", at) if head.find(b"\r\n", at) > 0 else None]) / 1000
                 asyncio.get_running_loop().call_later(delay, self.answer)
             else:
                 self.answer()
@@ -101,5 +109,10 @@ if __name__ == "__main__":
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(main(int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 20,
-                     float(sys.argv[3]) if len(sys.argv) > 3 else 0.0))
+    asyncio.run(
+        main(
+            int(sys.argv[1]),
+            int(sys.argv[2]) if len(sys.argv) > 2 else 20,
+            float(sys.argv[3]) if len(sys.argv) > 3 else 0.0,
+        )
+    )

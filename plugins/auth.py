@@ -59,8 +59,9 @@ class Auth(Plugin):
         if key.expired(datetime.now(timezone.utc)):
             return self._refuse(ex, 401, f"API key '{key.name}' has expired", "api_key_expired")
         if not key.allows_route(ex.route.name):
-            return self._refuse(ex, 403, f"API key '{key.name}' may not use {ex.route.method} {ex.route.path}",
-                                     "endpoint_not_allowed")
+            return self._refuse(
+                ex, 403, f"API key '{key.name}' may not use {ex.route.method} {ex.route.path}", "endpoint_not_allowed"
+            )
         if ex.model is not None and not key.allows_model(ex.model):
             return self._refuse(ex, 403, f"API key '{key.name}' may not use model '{ex.model}'", "model_not_allowed")
         return None

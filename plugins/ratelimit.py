@@ -34,10 +34,10 @@ from proxy.request.charges import DEFAULT_OUTPUT_TOKENS, most_of
 from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.wire.routes import ROUTE_NAMES
 
-RATELIMIT_DECISIONS = Counter("modelgate_ratelimit_decisions", "Rate-limit decisions by policy",
-                              ["policy", "decision"])
-RATELIMIT_BACKEND_ERRORS = Counter("modelgate_ratelimit_backend_errors", "Limiter checks the shared state could not answer",
-                                   ["mode"])
+RATELIMIT_DECISIONS = Counter("modelgate_ratelimit_decisions", "Rate-limit decisions by policy", ["policy", "decision"])
+RATELIMIT_BACKEND_ERRORS = Counter(
+    "modelgate_ratelimit_backend_errors", "Limiter checks the shared state could not answer", ["mode"]
+)
 
 log = logging.getLogger("modelgate.ratelimit")
 _WINDOW_S = 60.0
@@ -48,11 +48,12 @@ class RateLimitSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     fail: Literal["open", "closed"] = "open"
-    routes: dict[str, Rates] = Field(default_factory=dict)   # every client of a route together
+    routes: dict[str, Rates] = Field(default_factory=dict)  # every client of a route together
     # The keyless routes: the login against brute force, the webhook against anyone filling its
     # queue (a payment provider sends from a few addresses; behind a proxy, see trusted_proxies).
-    per_ip: dict[str, Rates] = Field(default_factory=lambda: {"login_2fa": Rates(rpm=10),
-                                                              "payment_webhook": Rates(rpm=600)})
+    per_ip: dict[str, Rates] = Field(
+        default_factory=lambda: {"login_2fa": Rates(rpm=10), "payment_webhook": Rates(rpm=600)}
+    )
     trusted_proxies: list[str] = Field(default_factory=list)  # CIDRs whose X-Forwarded-For is believed
     default_reserve_tokens: int = Field(default=DEFAULT_OUTPUT_TOKENS, ge=1)
 
@@ -91,8 +92,9 @@ class RateLimit(Plugin):
         if self.owns_limiter:
             from proxy.limits.redis import RedisLimiter
 
-            self.limiter: Limiter = RedisLimiter(config.state.url, config.state.prefix,
-                                                 wait_s=config.state.check_timeout_s)
+            self.limiter: Limiter = RedisLimiter(
+                config.state.url, config.state.prefix, wait_s=config.state.check_timeout_s
+            )
         else:
             # Kept by the running gateway, so a config reload does not forget who used what.
             self.limiter = self.resources.setdefault("ratelimit.memory", MemoryLimiter())  # type: ignore[assignment]
@@ -126,7 +128,9 @@ class RateLimit(Plugin):
         if self.unavailable:
             self.unavailable = False
             log.warning("rate-limit state reachable again; limits apply")
-        policy = ", ".join(f'"{c.policy}";q={c.limit};w={int(c.window_s)}' for c in checks if c.kind is not Kind.CONCURRENT)
+        policy = ", ".join(
+            f'"{c.policy}";q={c.limit};w={int(c.window_s)}' for c in checks if c.kind is not Kind.CONCURRENT
+        )
         if not decision.allowed:
             assert decision.check is not None
             RATELIMIT_DECISIONS.labels(decision.check.policy, "limited").inc()
@@ -137,15 +141,21 @@ class RateLimit(Plugin):
                 policy = f"{policy}, {lease}" if policy else lease
             if policy:
                 headers["RateLimit-Policy"] = policy
-            return ex.error_response(429, f"rate limit '{decision.check.policy}' reached "
-                                     f"({_describe(decision.check)}); retry in {retry}s", "rate_limited", headers=headers)
+            return ex.error_response(
+                429,
+                f"rate limit '{decision.check.policy}' reached ({_describe(decision.check)}); retry in {retry}s",
+                "rate_limited",
+                headers=headers,
+            )
         for check in checks:
             child(RATELIMIT_DECISIONS, check.policy, "allowed").inc()
         ex.plugin_state[self.name] = checks
         if decision.check is not None and decision.check.kind is not Kind.CONCURRENT:
-            ex.response_headers = {**(ex.response_headers or {}), "RateLimit-Policy": policy,
-                                   "RateLimit": f'"{decision.check.policy}";r={decision.remaining};'
-                                                f't={math.ceil(decision.reset_s)}'}
+            ex.response_headers = {
+                **(ex.response_headers or {}),
+                "RateLimit-Policy": policy,
+                "RateLimit": f'"{decision.check.policy}";r={decision.remaining};t={math.ceil(decision.reset_s)}',
+            }
         return None
 
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
@@ -198,20 +208,39 @@ class RateLimit(Plugin):
             if limits is not None:
                 checks += self._rates(f"key:{key.name}", "key", limits, ex)
                 if limits.concurrent:
-                    checks.append(Check(f"key:{key.name}:concurrent", "key-concurrent", Kind.CONCURRENT,
-                                        limits.concurrent, 0, subject=f"key:{key.name}"))
+                    checks.append(
+                        Check(
+                            f"key:{key.name}:concurrent",
+                            "key-concurrent",
+                            Kind.CONCURRENT,
+                            limits.concurrent,
+                            0,
+                            subject=f"key:{key.name}",
+                        )
+                    )
                 if ex.model is not None:
                     for pattern, rates in limits.models.items():
                         if fnmatch.fnmatchcase(ex.model, pattern):
                             checks += self._rates(f"key:{key.name}:model:{ex.model}", "key-model", rates, ex)
                             break
-            tenant = self.stored_tenants.tenant(key.tenant[7:]) \
-                if self.stored_tenants is not None and key.tenant.startswith("tenant:") else None
+            tenant = (
+                self.stored_tenants.tenant(key.tenant[7:])
+                if self.stored_tenants is not None and key.tenant.startswith("tenant:")
+                else None
+            )
             if tenant is not None and tenant.limits is not None:  # every key of the tenant together
                 checks += self._rates(key.tenant, "tenant", tenant.limits, ex)
                 if tenant.limits.concurrent:
-                    checks.append(Check(f"{key.tenant}:concurrent", "tenant-concurrent", Kind.CONCURRENT,
-                                        tenant.limits.concurrent, 0, subject=key.tenant))
+                    checks.append(
+                        Check(
+                            f"{key.tenant}:concurrent",
+                            "tenant-concurrent",
+                            Kind.CONCURRENT,
+                            tenant.limits.concurrent,
+                            0,
+                            subject=key.tenant,
+                        )
+                    )
         if route in settings.routes:
             checks += self._rates(f"route:{route}", "route", settings.routes[route], ex)
         if ex.format.key_location.value == "none" and route in settings.per_ip:
@@ -223,7 +252,9 @@ class RateLimit(Plugin):
         if rates.rpm:
             found.append(Check(f"{base}:rpm", f"{scope}-rpm", Kind.REQUESTS, rates.rpm, _WINDOW_S, subject=base))
         if rates.tpm and ex.route.spends_tokens:  # a token count, a status poll or a stored response costs none
-            reserve = min(rates.tpm, most_of(ex, self.prices, self.settings.default_reserve_tokens, priced=False).tokens)
+            reserve = min(
+                rates.tpm, most_of(ex, self.prices, self.settings.default_reserve_tokens, priced=False).tokens
+            )
             found.append(Check(f"{base}:tpm", f"{scope}-tpm", Kind.TOKENS, rates.tpm, _WINDOW_S, reserve, base))
         return found
 
@@ -246,8 +277,12 @@ class RateLimit(Plugin):
             log.warning("rate-limit state unreachable; failing %s: %s", mode, exc)
         if mode == "open":
             return None
-        return ex.error_response(503, "rate limits cannot be checked right now; retry shortly",
-                                 "rate_limiter_unavailable", headers={"Retry-After": "1"})
+        return ex.error_response(
+            503,
+            "rate limits cannot be checked right now; retry shortly",
+            "rate_limiter_unavailable",
+            headers={"Retry-After": "1"},
+        )
 
 
 def _key_limits(ex: Exchange) -> Any:
@@ -264,11 +299,11 @@ def _describe(check: Check) -> str:
         return f"{check.limit} requests at once"
     if check.kind is Kind.REQUESTS:
         return f"{check.limit} requests per {int(check.window_s)}s"
-    return (f"{check.limit} tokens per {int(check.window_s)}s; this request reserves {check.cost}: its own output "
-            f"limit (the model's max_output_tokens in prices, or plugins.ratelimit.default_reserve_tokens, when it "
-            f"names none) times the answers it asks for, plus its input")
-
-
+    return (
+        f"{check.limit} tokens per {int(check.window_s)}s; this request reserves {check.cost}: its own output "
+        f"limit (the model's max_output_tokens in prices, or plugins.ratelimit.default_reserve_tokens, when it "
+        f"names none) times the answers it asks for, plus its input"
+    )
 
 
 def _tokens_spent(ex: Exchange, reserved: int) -> int:

@@ -26,10 +26,17 @@ from proxy.config import GatewayConfig
 from proxy.observability.metrics import child, rule_label
 from proxy.plugin import Joins, Plugin
 from proxy.request.body import MultipartBody
-from proxy.request.headers import content_codings
 from proxy.request.exchange import Exchange
-from proxy.schemas import (JSON_SCHEMAS, EnumCheck, GenerateContentRequest, ImageEditForm, VideosRequest, Violation,
-                           check)
+from proxy.request.headers import content_codings
+from proxy.schemas import (
+    JSON_SCHEMAS,
+    EnumCheck,
+    GenerateContentRequest,
+    ImageEditForm,
+    VideosRequest,
+    Violation,
+    check,
+)
 from proxy.schemas.common import first_violation, violation_of
 from proxy.schemas.enums import MOST_UNLISTED
 from proxy.schemas.imagefiles import sniff
@@ -37,11 +44,15 @@ from proxy.schemas.images import MAX_EDIT_IMAGES, MAX_IMAGE_BYTES, MAX_MASK_BYTE
 from proxy.wire.multipart import MultipartObserver
 from proxy.wire.routes import Body
 
-VALIDATION_FAILURES = Counter("modelgate_validation_failures", "Requests refused by a validation rule",
-                              ["route", "rule"])
+VALIDATION_FAILURES = Counter(
+    "modelgate_validation_failures", "Requests refused by a validation rule", ["route", "rule"]
+)
 # The field is an open enumeration's label (a bounded set: proxy.schemas.enums.OPEN_FIELDS), never the value.
-UNKNOWN_VALUES = Counter("modelgate_validation_unknown_values", "Values of an open enumeration the interface does "
-                         "not list, passed to the upstream, by route and field", ["route", "field"])
+UNKNOWN_VALUES = Counter(
+    "modelgate_validation_unknown_values",
+    "Values of an open enumeration the interface does not list, passed to the upstream, by route and field",
+    ["route", "field"],
+)
 log = logging.getLogger("modelgate.validation")
 
 SHOWN_CHARS = 80  # of a value, in its log line (the whole value goes upstream)
@@ -69,8 +80,12 @@ class FirstSeen:
         if len(values) >= self.most:
             if field not in self.full:
                 self.full.add(field)
-                log.info("unlisted enumeration values: %d logged for this field, the rest only counted "
-                         "(modelgate_validation_unknown_values_total)", self.most, extra={"field": field})
+                log.info(
+                    "unlisted enumeration values: %d logged for this field, the rest only counted "
+                    "(modelgate_validation_unknown_values_total)",
+                    self.most,
+                    extra={"field": field},
+                )
             return False
         values.add(value)
         return True
@@ -81,8 +96,10 @@ LOGGED = FirstSeen()
 _IMAGE_FIELDS = ("image", "image[]")
 # The closed enumerations' names (proxy/schemas: the gateway goes by their values), as they appear
 # in a JSON body; under `strict_enums` every checked name counts, and every body is sent re-encoded.
-_CHECKED_NAMES = tuple(f'"{name}"'.encode() for name in ("quality", "size", "response_format", "service_tier",
-                                                         "delivery", "seconds", "durationSeconds"))
+_CHECKED_NAMES = tuple(
+    f'"{name}"'.encode()
+    for name in ("quality", "size", "response_format", "service_tier", "delivery", "seconds", "durationSeconds")
+)
 
 
 class Validation(Plugin):
@@ -115,14 +132,21 @@ class Validation(Plugin):
             return refuse(ex, Violation(field, too_many()))
         note_unknown(enums, ex.route.name, ex.request_id, ex.key_name)
         raw = ex.body or b""
-        if not ex.body_changed and parsed is not None and (
-                self.strict_enums or content_codings(ex.headers) or any(raw.count(n) > 1 for n in _CHECKED_NAMES)):
+        if (
+            not ex.body_changed
+            and parsed is not None
+            and (self.strict_enums or content_codings(ex.headers) or any(raw.count(n) > 1 for n in _CHECKED_NAMES))
+        ):
             # What was checked is what goes: a name given twice in one object is read by this
             # parser at its last value, by some upstreams at its first.
             ex.set_json(ex.json())
         if route.always_streams and isinstance(parsed, GenerateContentRequest) and parsed.asks_for_image_urls():
-            return refuse(ex, Violation("generationConfig.responseFormat.image.delivery",
-                                        "URL delivery needs a non-streaming request"))
+            return refuse(
+                ex,
+                Violation(
+                    "generationConfig.responseFormat.image.delivery", "URL delivery needs a non-streaming request"
+                ),
+            )
         return None
 
     def _check_form(self, ex: Exchange, body: MultipartBody) -> web.StreamResponse | None:
@@ -143,8 +167,10 @@ def refuse(ex: Exchange, violation: Violation) -> web.Response:
 
 
 def too_many() -> str:
-    return (f"the body carries more than {MOST_UNLISTED} values that the interface's enumerations do not "
-            "list (all fields together); no more are taken in one request")
+    return (
+        f"the body carries more than {MOST_UNLISTED} values that the interface's enumerations do not "
+        "list (all fields together); no more are taken in one request"
+    )
 
 
 def note_unknown(enums: EnumCheck, route: str, request_id: str, key_name: str | None) -> None:
@@ -162,9 +188,16 @@ def note_unknown(enums: EnumCheck, route: str, request_id: str, key_name: str | 
         more = "..." if len(value) > SHOWN_CHARS else ""
         # The value is client text: the log's own processor shows it safely (proxy/observability/
         # access_log.py), once; escaping it here too doubled every backslash.
-        log.info("a value the interface does not list went to the upstream", extra={
-            "request_id": request_id, "key_name": key_name, "route": route, "field": field,
-            "value": value[:SHOWN_CHARS] + more})
+        log.info(
+            "a value the interface does not list went to the upstream",
+            extra={
+                "request_id": request_id,
+                "key_name": key_name,
+                "route": route,
+                "field": field,
+                "value": value[:SHOWN_CHARS] + more,
+            },
+        )
 
 
 class FormFields:
@@ -209,10 +242,17 @@ def check_edit_form(observer: MultipartObserver, finished: bool, fields: FormFie
         info = sniff(mask.head) if len(mask.head) >= 24 or finished else None
         if (len(mask.head) >= 24 or finished) and (info is None or info.kind != "png"):
             return Violation("mask", "must be a PNG image")
-        if info and first_info and info.width and first_info.width and (
-                (info.width, info.height) != (first_info.width, first_info.height)):
-            return Violation("mask", f"must have the image's size ({first_info.width}x{first_info.height}), "
-                                     f"not {info.width}x{info.height}")
+        if (
+            info
+            and first_info
+            and info.width
+            and first_info.width
+            and ((info.width, info.height) != (first_info.width, first_info.height))
+        ):
+            return Violation(
+                "mask",
+                f"must have the image's size ({first_info.width}x{first_info.height}), not {info.width}x{info.height}",
+            )
     if finished and not any(p.name in _IMAGE_FIELDS for p in observer.files()):
         return Violation("image", "is required: one file, or up to 16 as image[]")
     return fields(observer, finished)
@@ -249,8 +289,9 @@ def _numeric_fields(schema: type[BaseModel]) -> frozenset[str]:
     return frozenset(found)
 
 
-def _lax_fields(schema: type[BaseModel], observer: MultipartObserver, finished: bool,
-                enums: EnumCheck) -> Violation | None:
+def _lax_fields(
+    schema: type[BaseModel], observer: MultipartObserver, finished: bool, enums: EnumCheck
+) -> Violation | None:
     """A form's text fields against `schema`: each given once (readers differ on which of two
     counts) and within the field limit (a longer one is no parameter the gateway can check)."""
     seen: set[str] = set()

@@ -33,8 +33,11 @@ from proxy.request.public_url import public_base_url
 from proxy.state import StateStore, Write, make_store
 from proxy.wire import jsonutil
 
-VIDEO_OUTCOMES = Counter("modelgate_video_tasks_finished", "Video tasks seen finishing, by outcome "
-                         "(succeeded, failed, filtered)", ["outcome"])
+VIDEO_OUTCOMES = Counter(
+    "modelgate_video_tasks_finished",
+    "Video tasks seen finishing, by outcome (succeeded, failed, filtered)",
+    ["outcome"],
+)
 
 log = logging.getLogger("modelgate.video")
 _SUBMIT = ("video_generations", "videos")
@@ -44,11 +47,28 @@ _LIST = "video_list"
 _SDK_ROUTES = ("videos", "video_status")  # answered with the SDK's video object
 _ASK_TIMEOUT_S = 10.0  # the longest a download waits on the status it asks its channel for
 _LIMIT = re.compile(r"[0-9]{1,3}")
-_STATES = {"queued": "queued", "pending": "queued", "submitted": "queued", "waiting": "queued", "": "queued",
-           "processing": "in_progress", "running": "in_progress", "in_progress": "in_progress",
-           "started": "in_progress", "completed": "succeeded", "succeeded": "succeeded", "success": "succeeded",
-           "done": "succeeded", "finished": "succeeded", "failed": "failed", "failure": "failed", "error": "failed",
-           "cancelled": "failed", "canceled": "failed", "expired": "failed"}
+_STATES = {
+    "queued": "queued",
+    "pending": "queued",
+    "submitted": "queued",
+    "waiting": "queued",
+    "": "queued",
+    "processing": "in_progress",
+    "running": "in_progress",
+    "in_progress": "in_progress",
+    "started": "in_progress",
+    "completed": "succeeded",
+    "succeeded": "succeeded",
+    "success": "succeeded",
+    "done": "succeeded",
+    "finished": "succeeded",
+    "failed": "failed",
+    "failure": "failed",
+    "error": "failed",
+    "cancelled": "failed",
+    "canceled": "failed",
+    "expired": "failed",
+}
 _FILTERED_STATES = frozenset({"filtered", "content_filtered", "blocked"})
 _FILTER_MESSAGE = "The video was blocked by content-safety filtering."
 
@@ -57,11 +77,12 @@ class VideoSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     filtered: dict[Literal["video_generation_status", "video_status"], Literal["spec", "failure"]] = Field(
-        default_factory=dict)            # how a route shows a filtered video; default "spec" (2.3's shape)
-    status_cache_s: float = Field(default=1.0, ge=0)       # running tasks
+        default_factory=dict
+    )  # how a route shows a filtered video; default "spec" (2.3's shape)
+    status_cache_s: float = Field(default=1.0, ge=0)  # running tasks
     terminal_cache_s: float = Field(default=3600.0, ge=0)  # finished tasks
     task_record_s: int = Field(default=7 * 24 * 3600, ge=60)  # what a submission said, and whose list it is on
-    list_keep: int = Field(default=100, ge=1, le=10_000)   # tasks a tenant's `GET /v1/videos` can show
+    list_keep: int = Field(default=100, ge=1, le=10_000)  # tasks a tenant's `GET /v1/videos` can show
 
 
 class VideoTasks(Plugin):
@@ -85,7 +106,7 @@ class VideoTasks(Plugin):
 
     def prefetch(self, ex: Exchange) -> None:
         if ex.route.name in _STATUS or ex.route.name == _CONTENT:  # read with the task's record and limits;
-            task_id = ex.path_params["task_id"]                  # used once the core has said it is the caller's
+            task_id = ex.path_params["task_id"]  # used once the core has said it is the caller's
             ex.plugin_state["video.cached"] = asyncio.get_running_loop().create_task(self._cached(task_id))
 
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
@@ -118,9 +139,13 @@ class VideoTasks(Plugin):
         if route == _CONTENT and upstream.status >= 400:
             answered = upstream.status  # the channel's own error page never reaches the client
             upstream.status = answered if answered < 500 else 502
-            upstream.set_json(ex.format.error_payload(
-                upstream.status, f"the channel has no video for task {ex.path_params['task_id']} "
-                                 f"(it answered {answered})", "video_unavailable"))
+            upstream.set_json(
+                ex.format.error_payload(
+                    upstream.status,
+                    f"the channel has no video for task {ex.path_params['task_id']} (it answered {answered})",
+                    "video_unavailable",
+                )
+            )
             return
         if upstream.status >= 300 or not isinstance(body, dict):
             return
@@ -133,8 +158,10 @@ class VideoTasks(Plugin):
                 # ... with the task's pin when that is the upstream's id: one step, one round trip,
                 # and made only if the pin is this request's (an id another holds gets an alias).
                 ttl = self.settings.task_record_s
-                ex.with_pin += [Write(f"video:task:{submission['id']}", jsonutil.dumps(task).decode(), ttl),
-                                Write(f"video:owned:{ex.tenant or ''}", submission["id"], ttl, self.settings.list_keep)]
+                ex.with_pin += [
+                    Write(f"video:task:{submission['id']}", jsonutil.dumps(task).decode(), ttl),
+                    Write(f"video:owned:{ex.tenant or ''}", submission["id"], ttl, self.settings.list_keep),
+                ]
             upstream.set_json(VIDEO.video_object(submission["id"], task, None) if route == "videos" else submission)
         elif route in _STATUS:
             normal = await self._remember_status(_status(body, ex.path_params["task_id"]))
@@ -149,8 +176,9 @@ class VideoTasks(Plugin):
         ttl = self.settings.terminal_cache_s if terminal else self.settings.status_cache_s
         if ttl > 0 and not self.state_away():
             try:
-                await self.cache.set(f"video:status:{normal['task_id']}", jsonutil.dumps(normal).decode(),
-                                     max(1, round(ttl)))
+                await self.cache.set(
+                    f"video:status:{normal['task_id']}", jsonutil.dumps(normal).decode(), max(1, round(ttl))
+                )
             except Exception as exc:  # state unreachable: the answer is good, only the cache is lost
                 log.warning("could not cache a video status: %s", exc)
         return normal
@@ -184,7 +212,8 @@ class VideoTasks(Plugin):
         try:
             await asyncio.gather(  # together: one round trip
                 self.cache.set(f"video:task:{task_id}", jsonutil.dumps(task).decode(), ttl),
-                self.cache.push(f"video:owned:{ex.tenant or ''}", task_id, ttl, self.settings.list_keep))
+                self.cache.push(f"video:owned:{ex.tenant or ''}", task_id, ttl, self.settings.list_keep),
+            )
         except Exception as exc:  # the task runs all the same; only its listing is lost
             log.warning("could not record a video task: %s", exc)
 
@@ -213,19 +242,26 @@ class VideoTasks(Plugin):
                 raise ConnectionError("the state store is unreachable")
             ids = await self.cache.recent(f"video:owned:{ex.tenant or ''}", self.settings.list_keep)
         except Exception:
-            return ex.error_response(503, "the gateway cannot read its task list right now; retry shortly",
-                                     "state_unavailable", headers={"Retry-After": "2"})
+            return ex.error_response(
+                503,
+                "the gateway cannot read its task list right now; retry shortly",
+                "state_unavailable",
+                headers={"Retry-After": "2"},
+            )
         if query.get("order") == "asc":
             ids.reverse()
         if (after := query.get("after")) in ids:
-            ids = ids[ids.index(after) + 1:]
-        page = ids[:int(limit)]
+            ids = ids[ids.index(after) + 1 :]
+        page = ids[: int(limit)]
         found = await asyncio.gather(*(self._task(t) for t in page), *(self._cached(t) for t in page))  # one round trip
         # An id on this list whose record names another tenant was handed to that one since (its
         # pin lapsed and the upstream gave the id again): it is no longer this tenant's to show.
         tenant = ex.tenant or ""
-        objects = [VIDEO.video_object(task_id, found[i], found[len(page) + i]) for i, task_id in enumerate(page)
-                   if found[i].get("owner", tenant) == tenant]
+        objects = [
+            VIDEO.video_object(task_id, found[i], found[len(page) + i])
+            for i, task_id in enumerate(page)
+            if found[i].get("owner", tenant) == tenant
+        ]
         return _json(200, VIDEO.video_list(objects, has_more=len(ids) > len(page)))
 
     async def _ask_channel(self, ex: Exchange, task_id: str) -> dict[str, Any] | None:
@@ -239,8 +275,12 @@ class VideoTasks(Plugin):
         ex.format.place_credential(channel.credential, headers)
         upstream_id = followed.upstream_id if followed and followed.upstream_id else task_id
         try:
-            answer = await channel.pool.request("GET", "/v1/videos/" + quote(upstream_id, safe="@+=:~"), headers,
-                                                total_s=min(channel.timeouts.first_byte_s, _ASK_TIMEOUT_S))
+            answer = await channel.pool.request(
+                "GET",
+                "/v1/videos/" + quote(upstream_id, safe="@+=:~"),
+                headers,
+                total_s=min(channel.timeouts.first_byte_s, _ASK_TIMEOUT_S),
+            )
             try:
                 body = jsonutil.loads(await answer.read(limit=1024 * 1024))
             finally:
@@ -252,8 +292,9 @@ class VideoTasks(Plugin):
             return None
         return await self._remember_status(normal)
 
-    async def _refuse_download(self, ex: Exchange, task_id: str,
-                               known: dict[str, Any] | None) -> web.StreamResponse | None:
+    async def _refuse_download(
+        self, ex: Exchange, task_id: str, known: dict[str, Any] | None
+    ) -> web.StreamResponse | None:
         if known is None:
             known = await self._ask_channel(ex, task_id)
         if known is not None:
@@ -261,12 +302,17 @@ class VideoTasks(Plugin):
         if known is None or known["status"] == "succeeded" and not known.get("filtered"):
             return None  # unknown here, or ready: the channel answers (a refusal there is made clear too)
         if known.get("filtered"):
-            return ex.error_response(404, f"task {task_id} has no video: it was blocked by content filtering",
-                                     "content_filtered")
+            return ex.error_response(
+                404, f"task {task_id} has no video: it was blocked by content filtering", "content_filtered"
+            )
         if known["status"] == "failed":
             return ex.error_response(404, f"task {task_id} failed and has no video", "video_failed")
-        return ex.error_response(409, f"task {task_id} is {known['status']}; its video is not ready yet",
-                                 "video_not_ready", headers={"Retry-After": "5"})
+        return ex.error_response(
+            409,
+            f"task {task_id} is {known['status']}; its video is not ready yet",
+            "video_not_ready",
+            headers={"Retry-After": "5"},
+        )
 
     async def _present(self, ex: Exchange, normal: dict[str, Any]) -> dict[str, Any]:
         """The answer for this request: on endpoint 4 the SDK's video object; on endpoint 2, 2.3's,
@@ -274,19 +320,33 @@ class VideoTasks(Plugin):
         task_id = normal["task_id"]
         if ex.route.name in _SDK_ROUTES:
             return VIDEO.video_object(task_id, await self._task(task_id), normal)
-        data: dict[str, Any] = {"task_id": task_id, "status": normal["status"], "format": "mp4", "url": "",
-                                "error": normal.get("error"), "metadata": None}
+        data: dict[str, Any] = {
+            "task_id": task_id,
+            "status": normal["status"],
+            "format": "mp4",
+            "url": "",
+            "error": normal.get("error"),
+            "metadata": None,
+        }
         if normal.get("progress") is not None:
             data["progress"] = normal["progress"]
         if normal.get("filtered"):
             reasons = normal.get("reasons") or []
             if self.settings.filtered.get(ex.route.name, "spec") == "failure":
-                data.update(status="failed", error={"code": "content_filtered", "message": normal["message"],
-                                                    "reasons": reasons})
+                data.update(
+                    status="failed",
+                    error={"code": "content_filtered", "message": normal["message"], "reasons": reasons},
+                )
             else:
-                data.update(status="succeeded", url=normal["message"], bytes_base64_encoded="",
-                            metadata={"rai_media_filtered_count": normal.get("count", 1),
-                                      "rai_media_filtered_reasons": reasons})
+                data.update(
+                    status="succeeded",
+                    url=normal["message"],
+                    bytes_base64_encoded="",
+                    metadata={
+                        "rai_media_filtered_count": normal.get("count", 1),
+                        "rai_media_filtered_reasons": reasons,
+                    },
+                )
         elif normal["status"] == "succeeded":
             data["url"] = f"{public_base_url(ex.request, self.server)}/v1/videos/{quote(str(task_id), safe='')}/content"
         return {"code": "success", "message": "", "data": data}
@@ -296,8 +356,15 @@ def _submission(body: dict[str, Any], model: str | None) -> dict[str, Any]:
     data = body.get("data") if isinstance(body.get("data"), dict) else {}
     task_id = body.get("task_id") or body.get("id") or data.get("task_id") or data.get("id") or body.get("name")
     created = body.get("created_at") or data.get("created_at")
-    return {"id": task_id, "task_id": task_id, "object": "video", "model": body.get("model") or model,
-            "status": "", "progress": 0, "created_at": created if isinstance(created, int) else int(time.time())}
+    return {
+        "id": task_id,
+        "task_id": task_id,
+        "object": "video",
+        "model": body.get("model") or model,
+        "status": "",
+        "progress": 0,
+        "created_at": created if isinstance(created, int) else int(time.time()),
+    }
 
 
 def _task_facts(ex: Exchange, body: dict[str, Any], submission: dict[str, Any]) -> dict[str, Any]:
@@ -326,18 +393,33 @@ def _status(body: dict[str, Any], task_id: str) -> dict[str, Any]:
     count = metadata.get("rai_media_filtered_count") or metadata.get("raiMediaFilteredCount") or 0
     reasons = metadata.get("rai_media_filtered_reasons") or metadata.get("raiMediaFilteredReasons") or []
     url = data.get("url")
-    filtered = (raw in _FILTERED_STATES or bool(count) or bool(reasons) or data.get("filtered") is True
-                or status == "succeeded" and isinstance(url, str) and url and not url.startswith(("http://", "https://")))
+    filtered = (
+        raw in _FILTERED_STATES
+        or bool(count)
+        or bool(reasons)
+        or data.get("filtered") is True
+        or status == "succeeded"
+        and isinstance(url, str)
+        and url
+        and not url.startswith(("http://", "https://"))
+    )
     if filtered:
         message = url if isinstance(url, str) and url and not url.startswith("http") else _FILTER_MESSAGE
         count = count if isinstance(count, int) and not isinstance(count, bool) and 0 < count < 2**31 else 1
-        normal.update(status="succeeded", filtered=True, count=count, message=message,
-                      reasons=[str(r) for r in reasons] if isinstance(reasons, list) else [str(reasons)])
+        normal.update(
+            status="succeeded",
+            filtered=True,
+            count=count,
+            message=message,
+            reasons=[str(r) for r in reasons] if isinstance(reasons, list) else [str(reasons)],
+        )
     elif status == "failed":
         error = data.get("error")
         if isinstance(error, dict):
-            normal["error"] = {"code": str(error.get("code") or "generation_failed"),
-                               "message": str(error.get("message") or "the video generation failed")}
+            normal["error"] = {
+                "code": str(error.get("code") or "generation_failed"),
+                "message": str(error.get("message") or "the video generation failed"),
+            }
         else:
             normal["error"] = {"code": "generation_failed", "message": str(error or "the video generation failed")}
     return normal

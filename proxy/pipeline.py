@@ -21,8 +21,20 @@ log = logging.getLogger("modelgate.pipeline")
 class Pipeline:
     """The plugins of one route, with each hook list holding only real implementations."""
 
-    __slots__ = ("plugins", "prefetch_hooks", "request_hooks", "owner_check_at", "upstream_hooks", "response_hooks",
-                 "reads_answers", "event_hooks", "complete_hooks", "complete_checks", "stops", "_without")
+    __slots__ = (
+        "plugins",
+        "prefetch_hooks",
+        "request_hooks",
+        "owner_check_at",
+        "upstream_hooks",
+        "response_hooks",
+        "reads_answers",
+        "event_hooks",
+        "complete_hooks",
+        "complete_checks",
+        "stops",
+        "_without",
+    )
 
     def __init__(self, plugins: list[Plugin]) -> None:
         self.plugins = plugins
@@ -30,23 +42,27 @@ class Pipeline:
         self.request_hooks = _implemented(plugins, "on_request")
         # Where the core checks that a followed id is the caller's: before the first plugin that
         # may read what belongs to it, else after them all (and always before a channel is chosen).
-        self.owner_check_at = next((i for i, hook in enumerate(self.request_hooks)
-                                    if not getattr(hook, "__self__").before_owner_check), len(self.request_hooks))
+        self.owner_check_at = next(
+            (i for i, hook in enumerate(self.request_hooks) if not hook.__self__.before_owner_check),
+            len(self.request_hooks),
+        )
         self.upstream_hooks = _implemented(plugins, "on_upstream")
         self.response_hooks = _implemented(plugins, "on_response")
-        self.reads_answers = any(getattr(hook, "__self__").reads_answers for hook in self.response_hooks)
+        self.reads_answers = any(hook.__self__.reads_answers for hook in self.response_hooks)
         self.event_hooks = _implemented(plugins, "on_event")
         self.complete_hooks = _implemented(plugins, "on_complete")
         # Each hook's `completes` where its plugin has one of its own (None: the list is used whole).
-        checks = [plugin.completes if type(plugin).completes is not Plugin.completes else None
-                  for plugin in (getattr(hook, "__self__") for hook in self.complete_hooks)]
+        checks = [
+            plugin.completes if type(plugin).completes is not Plugin.completes else None
+            for plugin in (hook.__self__ for hook in self.complete_hooks)
+        ]
         self.complete_checks = checks if any(checks) else None
         # What the core does before an on_request beside calling it, by the hook's index: the owner
         # check (True) and asking its plugin whether it takes the exchange (Plugin.takes): one
         # lookup a hook finds both.
         self.stops: dict[int, tuple[bool, Plugin | None]] = {self.owner_check_at: (True, None)}
         for index, hook in enumerate(self.request_hooks):
-            plugin = getattr(hook, "__self__")
+            plugin = hook.__self__
             if type(plugin).takes is not Plugin.takes:
                 self.stops[index] = (index == self.owner_check_at, plugin)
         self._without: dict[Plugin, Pipeline] = {}
@@ -63,9 +79,9 @@ class Pipeline:
         for hook in self.prefetch_hooks:
             hook(ex)
 
-    async def run_request(self, ex: Exchange,
-                          check_owner: Callable[[Exchange], Awaitable[web.StreamResponse | None]]
-                          ) -> web.StreamResponse | None:
+    async def run_request(
+        self, ex: Exchange, check_owner: Callable[[Exchange], Awaitable[web.StreamResponse | None]]
+    ) -> web.StreamResponse | None:
         """The plugins' on_request hooks, and the core's `check_owner` at its place among them;
         the first answer ends it. A plugin that does not take the exchange is passed over, and
         `ex.pipeline` narrowed to the pipeline without it, which runs the exchange's later hooks."""

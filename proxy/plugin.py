@@ -16,8 +16,8 @@ plugin: what it `provides` to the plugins after it and what it `requires` of the
 has checked that an id the request follows is its caller's (`before_owner_check`), which routes it `joins` by default
 and where (`order`), the settings it takes (`Settings`, and `KeySettings` on each key), and
 what it adds to the gateway around the pipeline: `routes` the app serves (`admin_routes` for
-operators only), `commands` the CLI runs, `config_problems` only the whole config shows. The core finds plugins through the
-`modelgate.plugins` entry points (the built-in ones are registered like any other) or a
+operators only), `commands` the CLI runs, `config_problems` only the whole config shows. The core
+finds plugins through the `modelgate.plugins` entry points (the built-in ones are registered like any other) or a
 dotted path named in config.
 """
 
@@ -74,6 +74,7 @@ class QueryProblem(ValueError):
 class Subject:
     """Whom the admin API asks a plugin about (`Plugin.report`): a key (`key` set; `tenant` its
     owner, `tenant:NAME` or `key:NAME`, as `GatewayKey.tenant`) or a tenant (`key` None)."""
+
     name: str
     tenant: str
     key: Any = None  # the GatewayKey, for a key
@@ -83,6 +84,7 @@ class Subject:
 class Capability:
     """What one plugin sets on the exchange for the ones after it, and the routes it can exist on
     (a requirement is void where it cannot: the account routes have no caller)."""
+
     described: str
     exists_on: Callable[[Route], bool]
 
@@ -91,10 +93,13 @@ CAPABILITIES: dict[str, Capability] = {
     "caller": Capability("the caller's identity (the gateway key, its name and tenant)", lambda route: route.takes_key),
     # What the upstream said an answer cost (and of a generation that outlived it), as read from
     # a whole answer and from a stream's events: without them every answer is charged its most.
-    "answer usage": Capability("the usage read from whole answers",
-                               lambda route: route.format.reports_usage and route.metered and not route.always_streams),
-    "stream usage": Capability("the usage read from stream events",
-                               lambda route: route.format.reports_usage and route.metered),
+    "answer usage": Capability(
+        "the usage read from whole answers",
+        lambda route: route.format.reports_usage and route.metered and not route.always_streams,
+    ),
+    "stream usage": Capability(
+        "the usage read from stream events", lambda route: route.format.reports_usage and route.metered
+    ),
 }
 
 
@@ -102,28 +107,32 @@ CAPABILITIES: dict[str, Capability] = {
 class Joins:
     """The routes a plugin joins when config names no pipeline: every criterion given must hold
     (none given: every route)."""
-    routes: frozenset[str] | None = None   # by name
+
+    routes: frozenset[str] | None = None  # by name
     formats: frozenset[str] | None = None  # by wire format
-    keyed: bool | None = None              # routes that read a gateway key
-    local: bool | None = None              # routes the gateway answers itself
-    endpoint: bool | None = None           # the spec's 13 endpoints, not the calls SDKs make around them
-    usage: bool | None = None              # formats whose answers report token usage
-    metered: bool | None = None            # the endpoints, and the calls that read what they made (Route.metered)
+    keyed: bool | None = None  # routes that read a gateway key
+    local: bool | None = None  # routes the gateway answers itself
+    endpoint: bool | None = None  # the spec's 13 endpoints, not the calls SDKs make around them
+    usage: bool | None = None  # formats whose answers report token usage
+    metered: bool | None = None  # the endpoints, and the calls that read what they made (Route.metered)
 
     def __call__(self, route: Route) -> bool:
-        return ((self.routes is None or route.name in self.routes)
-                and (self.formats is None or route.format.name in self.formats)
-                and (self.keyed is None or route.takes_key == self.keyed)
-                and (self.local is None or route.local == self.local)
-                and (self.endpoint is None or (route.number > 0) == self.endpoint)
-                and (self.usage is None or route.format.reports_usage == self.usage)
-                and (self.metered is None or route.metered == self.metered))
+        return (
+            (self.routes is None or route.name in self.routes)
+            and (self.formats is None or route.format.name in self.formats)
+            and (self.keyed is None or route.takes_key == self.keyed)
+            and (self.local is None or route.local == self.local)
+            and (self.endpoint is None or (route.number > 0) == self.endpoint)
+            and (self.usage is None or route.format.reports_usage == self.usage)
+            and (self.metered is None or route.metered == self.metered)
+        )
 
 
 @dataclass(slots=True, frozen=True)
 class PluginRoute:
     """A path the app serves for a plugin, beside the endpoints; the handler gets the running
     gateway's `resources`, where the plugin's live instance left what it serves with."""
+
     method: str
     path: str
     handler: Callable[[web.Request, Mapping[str, Any]], Awaitable[web.StreamResponse]]
@@ -133,6 +142,7 @@ class PluginRoute:
 class PluginCommand:
     """A `modelgate` subcommand a plugin adds: `arguments` fills its parser; `run` gets the
     loaded config and the parsed arguments and returns the exit status."""
+
     name: str
     help: str
     arguments: Callable[[argparse.ArgumentParser], None]
@@ -143,14 +153,14 @@ class Plugin:
     """Base class for plugins; every hook and every declaration is optional."""
 
     name: ClassVar[str] = "plugin"
-    Settings: ClassVar[type[BaseModel] | None] = None     # `plugins.<name>`, validated by check-config
+    Settings: ClassVar[type[BaseModel] | None] = None  # `plugins.<name>`, validated by check-config
     KeySettings: ClassVar[type[BaseModel] | None] = None  # fields this plugin reads on each `keys[]` entry
     TenantSettings: ClassVar[type[BaseModel] | None] = None  # fields it reads on a stored tenant (the key store)
-    provides: ClassVar[frozenset[str]] = frozenset()      # capabilities set on the exchange (CAPABILITIES)
-    requires: ClassVar[frozenset[str]] = frozenset()      # capabilities an earlier plugin must provide
-    uses: ClassVar[frozenset[str]] = frozenset()          # ... that a plugin anywhere in the pipeline must (read at the end)
-    joins: ClassVar[Joins | None] = None                  # the default pipelines it is in (None: none)
-    order: ClassVar[int] = 500                            # its place in them: lower runs first
+    provides: ClassVar[frozenset[str]] = frozenset()  # capabilities set on the exchange (CAPABILITIES)
+    requires: ClassVar[frozenset[str]] = frozenset()  # capabilities an earlier plugin must provide
+    uses: ClassVar[frozenset[str]] = frozenset()  # ... that a plugin anywhere in the pipeline must (read at the end)
+    joins: ClassVar[Joins | None] = None  # the default pipelines it is in (None: none)
+    order: ClassVar[int] = 500  # its place in them: lower runs first
     # The core checks that an id a request follows is its caller's tenant's just before the first
     # on_request of a plugin not declared `before_owner_check` (else after them all): a plugin
     # sees another tenant's id only if it says it reads nothing that belongs to the id (auth,

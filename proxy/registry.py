@@ -13,8 +13,8 @@ import difflib
 import functools
 import hashlib
 import importlib
-from importlib.metadata import entry_points
 from collections.abc import Iterable
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
@@ -53,8 +53,10 @@ def registration_problems() -> list[str]:
     cannot be imported (it would silently leave the default pipelines it joins), key fields a
     plugin cannot have."""
     if not registered():
-        return [f"<plugins>: no plugin is registered ({ENTRY_POINT_GROUP} entry points): the default pipelines "
-                "would be empty, every route open; install the package (pip install -e .) to register them"]
+        return [
+            f"<plugins>: no plugin is registered ({ENTRY_POINT_GROUP} entry points): the default pipelines "
+            "would be empty, every route open; install the package (pip install -e .) to register them"
+        ]
     problems = []
     for name in registered():
         try:
@@ -82,8 +84,10 @@ def resolve_plugin(name: str) -> type[Plugin]:
     if not sep:
         module_name, _, attr = target.rpartition(".")
     if not module_name or not attr:
-        raise LookupError(f"unknown plugin {name!r} (registered: {', '.join(registered()) or 'none'}; "
-                          "or a dotted path package.module:Class)")
+        raise LookupError(
+            f"unknown plugin {name!r} (registered: {', '.join(registered()) or 'none'}; "
+            "or a dotted path package.module:Class)"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -151,13 +155,17 @@ def order_problems(route: Route, names: list[str], where: str) -> list[str]:
             later = next((i for i, c in enumerate(classes) if c is not None and need in c.provides), None)
             described = capability.described if capability is not None else need
             if later is not None:
-                problems.append(f"{where}[{index}]: {name} requires {described}, which {names[later]} at "
-                                f"[{later}] provides only after it: put {names[later]} first")
+                problems.append(
+                    f"{where}[{index}]: {name} requires {described}, which {names[later]} at "
+                    f"[{later}] provides only after it: put {names[later]} first"
+                )
             else:
                 providers = [n for n, c in registered_classes().items() if need in c.provides]
                 hint = f" (add {' or '.join(providers)} before it)" if providers else ""
-                problems.append(f"{where}[{index}]: {name} requires {described}, which no plugin before it "
-                                f"on route {route.name} provides{hint}")
+                problems.append(
+                    f"{where}[{index}]: {name} requires {described}, which no plugin before it "
+                    f"on route {route.name} provides{hint}"
+                )
     problems += _uses_problems(route, names, classes, where)
     problems += _owner_check_problems(route, names, classes, where)
     return problems
@@ -177,13 +185,14 @@ def _uses_problems(route: Route, names: list[str], classes: list[type[Plugin] | 
             providers = [n for n, c in registered_classes().items() if need in c.provides]
             hint = f" (add {' or '.join(providers)})" if providers else ""
             described = capability.described if capability is not None else need
-            problems.append(f"{where}[{index}]: {name} uses {described}, which no plugin of route {route.name}'s "
-                            f"pipeline provides{hint}: every answer would be charged its most")
+            problems.append(
+                f"{where}[{index}]: {name} uses {described}, which no plugin of route {route.name}'s "
+                f"pipeline provides{hint}: every answer would be charged its most"
+            )
     return problems
 
 
-def _owner_check_problems(route: Route, names: list[str], classes: list[type[Plugin] | None],
-                          where: str) -> list[str]:
+def _owner_check_problems(route: Route, names: list[str], classes: list[type[Plugin] | None], where: str) -> list[str]:
     """On a route that follows ids, the core checks the owner before the first plugin that may
     read what belongs to the id, and it needs the caller for that: such a plugin before the one
     that names the caller would make every id look like another tenant's."""
@@ -192,10 +201,12 @@ def _owner_check_problems(route: Route, names: list[str], classes: list[type[Plu
     caller = next((i for i, c in enumerate(classes) if c is not None and "caller" in c.provides), None)
     if caller is None:
         return []
-    return [f"{where}[{i}]: {names[i]} must come after {names[caller]}: on route {route.name} it sees the id a "
-            f"request follows only once the core has checked it is the caller's, which needs the caller"
-            for i, c in enumerate(classes[:caller])
-            if c is not None and not c.before_owner_check and c.on_request is not Plugin.on_request]
+    return [
+        f"{where}[{i}]: {names[i]} must come after {names[caller]}: on route {route.name} it sees the id a "
+        f"request follows only once the core has checked it is the caller's, which needs the caller"
+        for i, c in enumerate(classes[:caller])
+        if c is not None and not c.before_owner_check and c.on_request is not Plugin.on_request
+    ]
 
 
 def check_plugins(tree: dict[str, Any]) -> list[str]:
@@ -224,8 +235,10 @@ def check_plugins(tree: dict[str, Any]) -> list[str]:
             defaults = default_plugins(route)
             problems.extend(order_problems(route, defaults, f"<default pipeline of {route.name}>"))
             if route.takes_key and not any("caller" in registered_classes()[n].provides for n in defaults):
-                problems.append(f"<default pipeline of {route.name}>: no registered plugin provides the caller's "
-                                "identity: the route would serve anyone")
+                problems.append(
+                    f"<default pipeline of {route.name}>: no registered plugin provides the caller's "
+                    "identity: the route would serve anyone"
+                )
     for name, settings in (plugins or {}).items() if isinstance(plugins, dict) else ():
         try:
             cls = resolve_plugin(str(name))
@@ -257,9 +270,11 @@ def _callerless(route: Route) -> str:
     with the channel's credential, whoever sent it. Said unless the route is declared public."""
     providers = [n for n, c in registered_classes().items() if "caller" in c.provides]
     hint = f" (add {' or '.join(providers)} first)" if providers else ""
-    return (f"routes.{route.name}.plugins: no plugin provides {CAPABILITIES['caller'].described}{hint}: anyone "
-            f"who reaches the gateway would be served with the channel's credential; if that is meant, say so "
-            f"with routes.{route.name}.public: true")
+    return (
+        f"routes.{route.name}.plugins: no plugin provides {CAPABILITIES['caller'].described}{hint}: anyone "
+        f"who reaches the gateway would be served with the channel's credential; if that is meant, say so "
+        f"with routes.{route.name}.public: true"
+    )
 
 
 def config_warnings(config: GatewayConfig) -> list[str]:
@@ -275,15 +290,21 @@ def config_warnings(config: GatewayConfig) -> list[str]:
         if not route.takes_key:
             warnings.append(f"{where}: route {route.name} takes no gateway key: public changes nothing")
         elif override.plugins is None or provides_caller(override.plugins):
-            warnings.append(f"{where}: a plugin of its pipeline provides the caller, so keys are still "
-                            "required: public changes nothing")
+            warnings.append(
+                f"{where}: a plugin of its pipeline provides the caller, so keys are still "
+                "required: public changes nothing"
+            )
         else:
-            warnings.append(f"{where}: no plugin of its pipeline provides the caller: anyone who reaches the "
-                            "gateway is served on this route with the channel's credential")
+            warnings.append(
+                f"{where}: no plugin of its pipeline provides the caller: anyone who reaches the "
+                "gateway is served on this route with the channel's credential"
+            )
     demo = next((key for key in config.keys if key.digest_hex() == _DEMO_KEY), None)
     if demo is not None and config.key_store.database_url:
-        warnings.append(f"keys: the embedded demo key ({demo.name}, sk-demo-key, every model) is served beside the "
-                        "key store's: this config has no keys: section of its own; give it one (keys: [] for none)")
+        warnings.append(
+            f"keys: the embedded demo key ({demo.name}, sk-demo-key, every model) is served beside the "
+            "key store's: this config has no keys: section of its own; give it one (keys: [] for none)"
+        )
     return warnings
 
 
@@ -296,8 +317,10 @@ def _model_problems(model: type[BaseModel] | None, where: str, values: dict[str,
     try:
         model.model_validate(values)
     except ValidationError as exc:
-        return [f"{where}." + ".".join(str(p) for p in err["loc"]) + f": {err['msg'][:1].lower()}{err['msg'][1:]}"
-                for err in exc.errors()]
+        return [
+            f"{where}." + ".".join(str(p) for p in err["loc"]) + f": {err['msg'][:1].lower()}{err['msg'][1:]}"
+            for err in exc.errors()
+        ]
     return []
 
 
@@ -323,8 +346,10 @@ def tenant_settings(entry: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """A stored tenant's plugin fields as their plugins' models read them, and what is wrong with
     them (each problem `FIELD: message`): unknown fields, or values their plugin refuses."""
     known = tenant_fields()
-    problems = [f"{field}: unknown field (a tenant takes {', '.join(sorted(known)) or 'no plugin field'})"
-                for field in sorted(set(entry) - set(known))]
+    problems = [
+        f"{field}: unknown field (a tenant takes {', '.join(sorted(known)) or 'no plugin field'})"
+        for field in sorted(set(entry) - set(known))
+    ]
     out: dict[str, Any] = {}
     for model, values in _per_plugin(entry, known):
         found = _model_problems(model, "", values, "")
@@ -364,7 +389,9 @@ def key_settings(extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _per_plugin(entry: dict[str, Any], known: dict[str, type[BaseModel]]) -> list[tuple[type[BaseModel], dict[str, Any]]]:
+def _per_plugin(
+    entry: dict[str, Any], known: dict[str, type[BaseModel]]
+) -> list[tuple[type[BaseModel], dict[str, Any]]]:
     """A key entry's plugin fields, grouped by the settings model that declares them."""
     groups: dict[type[BaseModel], dict[str, Any]] = {}
     for field, value in entry.items():

@@ -21,6 +21,9 @@ async def count_content_tokens(sim: Simulator, request: web.Request) -> web.Stre
     if not isinstance(body, dict):
         raise Answer(CONTENT.error_response(400, "Invalid JSON payload received."))
     contents = body.get("contents")
-    request_contents = body.get("generateContentRequest", {}).get("contents") if isinstance(
-        body.get("generateContentRequest"), dict) else None
+    request_contents = (
+        body.get("generateContentRequest", {}).get("contents")
+        if isinstance(body.get("generateContentRequest"), dict)
+        else None
+    )
     return json_answer({"totalTokens": count_words(contents) + count_words(request_contents)}, request)

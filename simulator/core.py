@@ -35,8 +35,10 @@ from proxy.formats.base import KeyLocation
 from proxy.wire import jsonutil
 from proxy.wire.multipart import MultipartObserver
 
-_WORDS = ("the quick brown fox jumps over a lazy dog while simulated models answer every "
-          "request with plain deterministic words").split()
+_WORDS = (
+    "the quick brown fox jumps over a lazy dog while simulated models answer every "
+    "request with plain deterministic words"
+).split()
 _RECORDED_BODY_LIMIT = 1024 * 1024
 _BOOKKEEPING = 10_000  # entries kept per kind (stored responses, tasks, per-request counters)
 
@@ -100,10 +102,17 @@ class RecordedRequest:
         return next((v for k, v in self.headers if k.lower() == lower), None)
 
     def as_json(self) -> dict[str, Any]:
-        return {"method": self.method, "path": self.path, "query": self.query, "headers": self.headers,
-                "body_size": self.body_size, "body_sha256": self.body_sha256,
-                "body": self.body.decode("utf-8", "replace") if self.body is not None else None,
-                "form": self.form, "files": self.files}
+        return {
+            "method": self.method,
+            "path": self.path,
+            "query": self.query,
+            "headers": self.headers,
+            "body_size": self.body_size,
+            "body_sha256": self.body_sha256,
+            "body": self.body.decode("utf-8", "replace") if self.body is not None else None,
+            "form": self.form,
+            "files": self.files,
+        }
 
 
 class Simulator:
@@ -125,8 +134,8 @@ class Simulator:
         # is made, a background response's when it starts, a video's seconds, images): what it
         # would bill, and what a gateway's charges must account for.
         self.produced: dict[str, float] = {"input_tokens": 0, "output_tokens": 0, "images": 0, "video_seconds": 0.0}
-        self.events_sent: Counter[str] = Counter()        # by the caller's X-Request-Id
-        self.stream_digests: dict[str, str] = {}          # sha256 of the exact bytes streamed
+        self.events_sent: Counter[str] = Counter()  # by the caller's X-Request-Id
+        self.stream_digests: dict[str, str] = {}  # sha256 of the exact bytes streamed
         self.responses: dict[str, dict[str, Any]] = {}
         self.videos: dict[str, Any] = {}
         self.files: dict[str, bytes] = {}
@@ -147,13 +156,20 @@ class Simulator:
     async def receive(self, request: web.Request, fmt: Format) -> tuple[Any, Knobs]:
         """Record the request, check its upstream key, apply latency and faults; the JSON body back."""
         request[_FORMAT] = fmt  # an answer to a failure below is in this format's error shape
-        record = RecordedRequest(request.method, request.path, request.raw_path.partition("?")[2],
-                                 [(str(k), v) for k, v in request.headers.items()])
+        record = RecordedRequest(
+            request.method,
+            request.path,
+            request.raw_path.partition("?")[2],
+            [(str(k), v) for k, v in request.headers.items()],
+        )
         self.requests.append(record)
         digest = hashlib.sha256()
         body = bytearray()
-        observer = (MultipartObserver.for_content_type(request.headers.get("content-type", ""))
-                    if request.content_type == "multipart/form-data" else None)
+        observer = (
+            MultipartObserver.for_content_type(request.headers.get("content-type", ""))
+            if request.content_type == "multipart/form-data"
+            else None
+        )
         while chunk := await request.content.read(256 * 1024):
             digest.update(chunk)
             record.body_size += len(chunk)
@@ -165,8 +181,7 @@ class Simulator:
         knobs = self.knobs(request)
         self._check_key(request, fmt)
         if observer is not None:
-            record.form = {p.name: p.value.decode("utf-8", "replace") for p in observer.parts
-                           if p.value is not None}
+            record.form = {p.name: p.value.decode("utf-8", "replace") for p in observer.parts if p.value is not None}
             record.files = len(observer.files())
             payload: Any = record.form
         else:
@@ -179,8 +194,11 @@ class Simulator:
             await asyncio.sleep(knobs.latency_ms / 1000)
         if knobs.fault_status:
             headers = {"Retry-After": "7"} if knobs.fault_status == 429 else None
-            raise Answer(fmt.error_response(knobs.fault_status, f"simulated upstream fault {knobs.fault_status}",
-                                            headers=headers))
+            raise Answer(
+                fmt.error_response(
+                    knobs.fault_status, f"simulated upstream fault {knobs.fault_status}", headers=headers
+                )
+            )
         return payload, knobs
 
     def _check_key(self, request: web.Request, fmt: Format) -> None:
@@ -196,8 +214,9 @@ class Simulator:
         self.reported["input_tokens"] += input_tokens
         self.reported["output_tokens"] += output_tokens
 
-    def produce(self, input_tokens: int = 0, output_tokens: int = 0, images: int = 0,
-                video_seconds: float = 0.0) -> None:
+    def produce(
+        self, input_tokens: int = 0, output_tokens: int = 0, images: int = 0, video_seconds: float = 0.0
+    ) -> None:
         """Tokens, images or video seconds made (see `produced`)."""
         produced = self.produced
         produced["input_tokens"] += input_tokens
@@ -206,9 +225,16 @@ class Simulator:
         produced["video_seconds"] += video_seconds
 
     def stats(self) -> dict[str, Any]:
-        return {"name": self.name, "requests": len(self.requests), "open_streams": self.open_streams,
-                "streams_started": self.streams_started, "aborted": self.aborted, "reported": dict(self.reported),
-                "produced": dict(self.produced), "status_calls": dict(self.status_calls)}
+        return {
+            "name": self.name,
+            "requests": len(self.requests),
+            "open_streams": self.open_streams,
+            "streams_started": self.streams_started,
+            "aborted": self.aborted,
+            "reported": dict(self.reported),
+            "produced": dict(self.produced),
+            "status_calls": dict(self.status_calls),
+        }
 
 
 _FORMAT = web.RequestKey("simulator.format", Format)  # the format the request's handler reads it as
@@ -260,8 +286,11 @@ def count_words(value: Any) -> int:
     if isinstance(value, str):
         return max(1, len(value.split()))
     if isinstance(value, dict):
-        return sum(count_words(v) for k, v in value.items()
-                   if k not in ("data", "b64_json", "image_url", "role", "type", "mime_type", "mimeType"))
+        return sum(
+            count_words(v)
+            for k, v in value.items()
+            if k not in ("data", "b64_json", "image_url", "role", "type", "mime_type", "mimeType")
+        )
     if isinstance(value, list):
         return sum(count_words(v) for v in value)
     return 0
@@ -271,7 +300,9 @@ def now() -> int:
     return int(time.time())
 
 
-def json_answer(payload: Any, request: web.Request, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+def json_answer(
+    payload: Any, request: web.Request, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
     """A JSON answer, gzip-compressed when the caller accepts it, as real upstreams do."""
     body = jsonutil.dumps(payload)
     response = web.Response(status=status, body=body, content_type="application/json", headers=headers)
@@ -287,8 +318,9 @@ def sse(name: str | None, payload: Any) -> bytes:
 
 async def stream(sim: Simulator, request: web.Request, knobs: Knobs, events: Iterable[bytes]) -> web.StreamResponse:
     """Write events with the knobs' pacing and faults; count streams the caller abandons."""
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                           "Cache-Control": "no-cache"})
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+    )
     await response.prepare(request)
     request[_STREAMING] = True  # its headers are sent: a failure now can only cut it
     sim.open_streams += 1

@@ -54,10 +54,18 @@ async def images(sim: Simulator, request: web.Request) -> web.StreamResponse:
     width, height = _dimensions(body.get("size"))
     count = int(body.get("n") or 1)
     output_format = body.get("output_format") or "png"
-    meta = {"background": "opaque", "output_format": output_format, "quality": body.get("quality") or "medium",
-            "size": f"{width}x{height}"}
-    usage = {"total_tokens": 50 + 1056 * count, "input_tokens": 50, "output_tokens": 1056 * count,
-             "input_tokens_details": {"text_tokens": 50, "image_tokens": 0}}
+    meta = {
+        "background": "opaque",
+        "output_format": output_format,
+        "quality": body.get("quality") or "medium",
+        "size": f"{width}x{height}",
+    }
+    usage = {
+        "total_tokens": 50 + 1056 * count,
+        "input_tokens": 50,
+        "output_tokens": 1056 * count,
+        "input_tokens_details": {"text_tokens": 50, "image_tokens": 0},
+    }
     streaming = body.get("stream") in (True, "true")
     if not streaming:
         if body.get("response_format") == "url":
@@ -74,14 +82,24 @@ async def images(sim: Simulator, request: web.Request) -> web.StreamResponse:
 
     def events():  # noqa: ANN202
         for index in range(partials):
-            yield sse(f"{kind}.partial_image", {"type": f"{kind}.partial_image", "partial_image_index": index,
-                                                "b64_json": png_base64(64, 64), "created_at": now(), **meta})
+            yield sse(
+                f"{kind}.partial_image",
+                {
+                    "type": f"{kind}.partial_image",
+                    "partial_image_index": index,
+                    "b64_json": png_base64(64, 64),
+                    "created_at": now(),
+                    **meta,
+                },
+            )
         sim.produce(usage["input_tokens"], usage["output_tokens"], images=1)
         said = {} if knobs.no_usage else {"usage": usage}
         if not knobs.no_usage:
             sim.report(usage["input_tokens"], usage["output_tokens"])
-        yield sse(f"{kind}.completed", {"type": f"{kind}.completed", "b64_json": png_base64(width, height),
-                                        "created_at": now(), **meta, **said})
+        yield sse(
+            f"{kind}.completed",
+            {"type": f"{kind}.completed", "b64_json": png_base64(width, height), "created_at": now(), **meta, **said},
+        )
 
     return await stream(sim, request, knobs, events())
 

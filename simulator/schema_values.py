@@ -25,27 +25,58 @@ import regex
 
 from proxy.wire import jsonutil
 
-_FULL_DEPTH = 6     # every property filled down to here, only the required ones below
-_GIVE_UP = 32       # a schema that requires itself forever gets a null at this depth
-_WORK = 100_000     # steps one value may take (see _Making): a schema's shape cannot make it take longer
-_SIZE = 65_536      # characters of JSON one value may hold
+_FULL_DEPTH = 6  # every property filled down to here, only the required ones below
+_GIVE_UP = 32  # a schema that requires itself forever gets a null at this depth
+_WORK = 100_000  # steps one value may take (see _Making): a schema's shape cannot make it take longer
+_SIZE = 65_536  # characters of JSON one value may hold
 _RESERVE = _SIZE // 4  # kept for what is required: optional properties and items stop short of it
-_LONGEST = 16_384   # characters one string may hold
-_PATTERN_S = 0.05   # seconds the caller's patterns may take, all of one value's together
-_EXACT = 2.0 ** 53  # a numeric keyword past this (or not finite) is no bound a tool means: ignored
+_LONGEST = 16_384  # characters one string may hold
+_PATTERN_S = 0.05  # seconds the caller's patterns may take, all of one value's together
+_EXACT = 2.0**53  # a numeric keyword past this (or not finite) is no bound a tool means: ignored
 _NOTHING: Any = object()  # no value fits what is left of the budget: the holder leaves it out
 _STRINGS = ("simulated", "a", "A", "0", "abc", "a-b", "a_b", "A1", "x@example.com")
-_CAMEL = {re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), k): k for k in (
-    "anyOf", "oneOf", "allOf", "minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties",
-    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "prefixItems", "additionalProperties",
-    "additionalItems", "propertyOrdering")}
+_CAMEL = {
+    re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), k): k
+    for k in (
+        "anyOf",
+        "oneOf",
+        "allOf",
+        "minItems",
+        "maxItems",
+        "minLength",
+        "maxLength",
+        "minProperties",
+        "maxProperties",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "prefixItems",
+        "additionalProperties",
+        "additionalItems",
+        "propertyOrdering",
+    )
+}
 _FORMATS = {
-    "date-time": "2025-01-01T00:00:00Z", "date": "2025-01-01", "time": "12:00:00Z", "duration": "P1D",
-    "email": "sim@example.com", "idn-email": "sim@example.com", "hostname": "example.com",
-    "idn-hostname": "example.com", "ipv4": "192.0.2.1", "ipv6": "2001:db8::1", "uri": "https://example.com/sim",
-    "iri": "https://example.com/sim", "uri-reference": "/sim", "iri-reference": "/sim",
-    "url": "https://example.com/sim", "uuid": "00000000-0000-4000-8000-000000000000",
-    "json-pointer": "/sim", "relative-json-pointer": "0", "regex": "^sim$", "byte": "c2ltdWxhdGVk",
+    "date-time": "2025-01-01T00:00:00Z",
+    "date": "2025-01-01",
+    "time": "12:00:00Z",
+    "duration": "P1D",
+    "email": "sim@example.com",
+    "idn-email": "sim@example.com",
+    "hostname": "example.com",
+    "idn-hostname": "example.com",
+    "ipv4": "192.0.2.1",
+    "ipv6": "2001:db8::1",
+    "uri": "https://example.com/sim",
+    "iri": "https://example.com/sim",
+    "uri-reference": "/sim",
+    "iri-reference": "/sim",
+    "url": "https://example.com/sim",
+    "uuid": "00000000-0000-4000-8000-000000000000",
+    "json-pointer": "/sim",
+    "relative-json-pointer": "0",
+    "regex": "^sim$",
+    "byte": "c2ltdWxhdGVk",
 }
 
 
@@ -104,8 +135,11 @@ def _value(schema: Any, m: _Making, depth: int, index: int) -> Any:
         return _given(schema["const"], m)
     if isinstance(schema.get("enum"), list) and schema["enum"]:
         enum = schema["enum"]
-        choices = m.once("enum", enum,  # picked from once: an item of a long array does not scan it again
-                         lambda: [v for v in enum if v is not None] or enum if m.spend(len(enum) // 16) else [])
+        choices = m.once(
+            "enum",
+            enum,  # picked from once: an item of a long array does not scan it again
+            lambda: [v for v in enum if v is not None] or enum if m.spend(len(enum) // 16) else [],
+        )
         return _given(choices[index % len(choices)], m) if choices else _NOTHING
     # Combinators count as a level: a `$ref` cycle through them ends at _GIVE_UP too.
     if isinstance(schema.get("allOf"), list):
@@ -116,9 +150,16 @@ def _value(schema: Any, m: _Making, depth: int, index: int) -> Any:
             if not m.spend(len(schema)):
                 return _NOTHING
             rest = {k: v for k, v in schema.items() if k != key}
-            branch = m.once("branch", branches, lambda: next(
-                (b for b in branches if m.spend(1) and not _is_null(b, m)), branches[0]))
-            resolved = m.once("resolved", branch, lambda: _resolved(branch, m)) if isinstance(branch, dict) else branch
+            branch = m.once(
+                "branch",
+                branches,
+                lambda branches=branches: next((b for b in branches if m.spend(1) and not _is_null(b, m)), branches[0]),
+            )
+            resolved = (
+                m.once("resolved", branch, lambda branch=branch: _resolved(branch, m))
+                if isinstance(branch, dict)
+                else branch
+            )
             return _value({**rest, **resolved} if isinstance(resolved, dict) else resolved, m, depth + 1, index)
     kind = _kind(schema, m)
     if kind == "null":
@@ -147,11 +188,13 @@ def _text(text: str, m: _Making) -> Any:
 def _given(value: Any, m: _Making) -> Any:
     """A `const` or an `enum` value as the caller gave it, measured once: one that does not fit
     (or that JSON cannot carry back, as a const nested past what the encoder takes) is not given."""
+
     def size() -> int | None:
         try:
             return len(jsonutil.dumps(value)) if m.spend(1) else None
         except (TypeError, ValueError):  # orjson's JSONEncodeError is a TypeError
             return None
+
     measured = m.once("size", value, size)
     return value if measured is not None and m.fits(measured) else _NOTHING
 
@@ -188,8 +231,11 @@ def _merged(schema: dict[str, Any], m: _Making, nesting: int = 0) -> dict[str, A
     every level) ends when it is spent, if not at the nesting cut."""
     merged: dict[str, Any] = {k: v for k, v in schema.items() if k != "allOf"}
     properties = dict(merged.get("properties") or {}) if isinstance(merged.get("properties"), dict) else {}
-    required = [n for n in merged.get("required") or [] if isinstance(n, str)] \
-        if isinstance(merged.get("required"), list) else []
+    required = (
+        [n for n in merged.get("required") or [] if isinstance(n, str)]
+        if isinstance(merged.get("required"), list)
+        else []
+    )
     named = set(required)
     for part in schema["allOf"]:
         if not isinstance(part, dict):

@@ -31,12 +31,12 @@ class Offered:
 @dataclass(slots=True)
 class Conversation:
     tools: list[Offered] = field(default_factory=list)
-    choice: str = "auto"               # auto | none | required
-    named: str | None = None           # the one tool the caller forces
-    allowed: set[str] | None = None    # the names the caller lets the model call
-    called: list[str] = field(default_factory=list)    # tools called earlier in the conversation
-    results: list[str] = field(default_factory=list)   # the tool results the last input carries
-    schema: Any = None                 # a JSON answer's schema (True: any JSON object)
+    choice: str = "auto"  # auto | none | required
+    named: str | None = None  # the one tool the caller forces
+    allowed: set[str] | None = None  # the names the caller lets the model call
+    called: list[str] = field(default_factory=list)  # tools called earlier in the conversation
+    results: list[str] = field(default_factory=list)  # the tool results the last input carries
+    schema: Any = None  # a JSON answer's schema (True: any JSON object)
 
 
 def next_call(conversation: Conversation) -> Offered | None:
@@ -66,7 +66,7 @@ def answer_pieces(conversation: Conversation, output_tokens: int, lead: list[str
     if conversation.schema is not None:
         value = value_for(conversation.schema) if isinstance(conversation.schema, dict) else {"answer": "simulated"}
         text = jsonutil.dumps(value).decode()
-        return [text[i:i + 8] for i in range(0, len(text), 8)] or ["{}"]
+        return [text[i : i + 8] for i in range(0, len(text), 8)] or ["{}"]
     if conversation.results:
         quoted = "; ".join(result[:_QUOTED] for result in conversation.results)
         spoken = (lead or []) + ["The", "tool", "returned:"] + quoted.split(" ")

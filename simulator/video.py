@@ -27,7 +27,7 @@ _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 class VideoTask:
     task_id: str
     model: str
-    ending: str          # succeeded | filtered | failed
+    ending: str  # succeeded | filtered | failed
     created: float
     queued_s: float
     processing_s: float
@@ -58,15 +58,31 @@ async def submit(sim: Simulator, request: web.Request) -> web.Response:
         raise Answer(VIDEO.error_response(400, "prompt is required"))
     prompt = body["prompt"]
     ending = "filtered" if "[sim:filtered]" in prompt else "failed" if "[sim:fail]" in prompt else "succeeded"
-    task = VideoTask(sim.new_id("task"), str(body.get("model", "")), ending, time.monotonic(),
-                     sim.settings.video_queued_s, sim.settings.video_processing_s)
+    task = VideoTask(
+        sim.new_id("task"),
+        str(body.get("model", "")),
+        ending,
+        time.monotonic(),
+        sim.settings.video_queued_s,
+        sim.settings.video_processing_s,
+    )
     sim.remember(sim.videos, task.task_id, task)
     if ending != "failed":  # made, whatever anyone reads of it (a filtered one too)
         sim.produce(video_seconds=VIDEO.seconds_made(body)[0])
     if request.headers.get("x-sim-video-shape") == "nested":  # another upstream's way of saying it
         return json_answer({"code": "success", "data": {"task_id": task.task_id, "state": "submitted"}}, request)
-    return json_answer({"id": task.task_id, "task_id": task.task_id, "object": "video", "model": task.model,
-                        "status": "", "progress": 0, "created_at": now()}, request)
+    return json_answer(
+        {
+            "id": task.task_id,
+            "task_id": task.task_id,
+            "object": "video",
+            "model": task.model,
+            "status": "",
+            "progress": 0,
+            "created_at": now(),
+        },
+        request,
+    )
 
 
 def _task(sim: Simulator, request: web.Request) -> VideoTask:
@@ -81,12 +97,24 @@ async def status(sim: Simulator, request: web.Request) -> web.Response:
     task = _task(sim, request)
     sim.remember(sim.status_calls, task.task_id, sim.status_calls[task.task_id] + 1)
     state = task.status()
-    data = {"task_id": task.task_id, "status": state, "format": "mp4", "url": "", "error": None,
-            "metadata": None, "progress": task.progress()}
+    data = {
+        "task_id": task.task_id,
+        "status": state,
+        "format": "mp4",
+        "url": "",
+        "error": None,
+        "metadata": None,
+        "progress": task.progress(),
+    }
     if state == "completed" and task.ending == "filtered":
-        data.update(url="The video was blocked by content-safety filtering.", bytes_base64_encoded="",
-                    metadata={"rai_media_filtered_count": 1,
-                              "rai_media_filtered_reasons": ["The prompt violates the usage guidelines."]})
+        data.update(
+            url="The video was blocked by content-safety filtering.",
+            bytes_base64_encoded="",
+            metadata={
+                "rai_media_filtered_count": 1,
+                "rai_media_filtered_reasons": ["The prompt violates the usage guidelines."],
+            },
+        )
     elif state == "completed":
         data["url"] = f"{request.scheme}://{request.host}/v1/videos/{task.task_id}/content"
     elif state == "failed":
@@ -123,6 +151,6 @@ async def content(sim: Simulator, request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     if request.method != "HEAD":
         for offset in range(start, end + 1, 64 * 1024):
-            await response.write(data[offset:min(offset + 64 * 1024, end + 1)])
+            await response.write(data[offset : min(offset + 64 * 1024, end + 1)])
     await response.write_eof()
     return response

@@ -12,9 +12,9 @@ import textwrap
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
-from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -105,7 +105,7 @@ class RunningGateway:
         assert found is not None, name
         return found
 
-    def last_upstream_request(self, name: str = "simulator"):  # noqa: ANN201
+    def last_upstream_request(self, name: str = "simulator"):
         return self.sim(name).requests[-1]
 
 
@@ -119,14 +119,18 @@ def waiting_tasks() -> str:
         lines.append(repr(task))
         step: Any = task.get_coro()
         for _ in range(50):
-            frame = (getattr(step, "cr_frame", None) or getattr(step, "ag_frame", None)
-                     or getattr(step, "gi_frame", None))
+            frame = (
+                getattr(step, "cr_frame", None) or getattr(step, "ag_frame", None) or getattr(step, "gi_frame", None)
+            )
             if frame is None:
                 lines.append(f"    on {step!r}")
                 break
             lines.append(f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
-            step = (getattr(step, "cr_await", None) or getattr(step, "ag_await", None)
-                    or getattr(step, "gi_yieldfrom", None))
+            step = (
+                getattr(step, "cr_await", None)
+                or getattr(step, "ag_await", None)
+                or getattr(step, "gi_yieldfrom", None)
+            )
             if step is None:
                 break
     return "\n".join(lines)
@@ -184,8 +188,9 @@ async def gateway_starter(config_dir: Path) -> AsyncIterator[Callable[..., Await
                 # a run's teardown twice, untraced): the gateway's own grace periods are shorter.
                 await asyncio.wait_for(runner.cleanup(), STOP_WITHIN_S)
             except TimeoutError:
-                raise AssertionError(f"the gateway did not stop within {STOP_WITHIN_S} s; its tasks:\n"
-                                     + waiting_tasks()) from None
+                raise AssertionError(
+                    f"the gateway did not stop within {STOP_WITHIN_S} s; its tasks:\n" + waiting_tasks()
+                ) from None
 
 
 @pytest.fixture
@@ -196,7 +201,7 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable
 
 
 @pytest.fixture
-async def gateway(start_gateway) -> RunningGateway:  # noqa: ANN001
+async def gateway(start_gateway) -> RunningGateway:
     """The gateway on its embedded defaults: one simulator channel serving everything."""
     return await start_gateway()
 
@@ -296,8 +301,7 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Process]]:
             cmd += ["simulate", "--port", str(port), *args]
             ready_path = "/_sim/stats"
             admin_url = None
-        proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                                cwd=Path(__file__).parent.parent)
+        proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent)
         url = f"http://127.0.0.1:{port}"
         process = Process(url, proc, log, admin_url)
         started.append(process)

@@ -55,8 +55,7 @@ def _install() -> None:
     # npm ls exits non-zero when what is installed differs from what package.json asks for.
     listed = subprocess.run([*npm, "ls", "--json"], check=True, capture_output=True, timeout=120)
     versions = {name: dep["version"] for name, dep in json.loads(listed.stdout)["dependencies"].items()}
-    print("JavaScript clients installed:", ", ".join(f"{n}@{v}" for n, v in sorted(versions.items())),
-          file=sys.stderr)
+    print("JavaScript clients installed:", ", ".join(f"{n}@{v}" for n, v in sorted(versions.items())), file=sys.stderr)
     shutil.copyfile(SOURCE / "package-lock.json", STAMP)
 
 

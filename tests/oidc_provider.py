@@ -26,7 +26,7 @@ CLIENT_SECRET = "console-client-secret-4f3e2d1c"
 class Provider:
     url: str = ""
     claims: dict[str, Any] = field(default_factory=lambda: {"sub": "alice", "modelgate_role": "operator"})
-    signing_key: Any = None   # None: the published key; set to another to sign with a key nobody publishes
+    signing_key: Any = None  # None: the published key; set to another to sign with a key nobody publishes
     codes: dict[str, dict[str, Any]] = field(default_factory=dict)
     token_requests: list[dict[str, str]] = field(default_factory=list)
 
@@ -39,8 +39,14 @@ class Provider:
         from joserfc import jwt
 
         key = self.signing_key or self.key
-        body = {"iss": self.url, "aud": CLIENT_ID, "exp": int(time.time()) + 300, "iat": int(time.time()),
-                "nonce": nonce, **self.claims}
+        body = {
+            "iss": self.url,
+            "aud": CLIENT_ID,
+            "exp": int(time.time()) + 300,
+            "iat": int(time.time()),
+            "nonce": nonce,
+            **self.claims,
+        }
         return jwt.encode({"alg": "RS256", "kid": key.kid}, body, key)
 
     def app(self) -> web.Application:
@@ -52,18 +58,31 @@ class Provider:
         return app
 
     async def _discovery(self, _: web.Request) -> web.Response:
-        return web.json_response({"issuer": self.url, "authorization_endpoint": f"{self.url}/authorize",
-                                  "token_endpoint": f"{self.url}/token", "jwks_uri": f"{self.url}/jwks",
-                                  "code_challenge_methods_supported": ["S256"]})
+        return web.json_response(
+            {
+                "issuer": self.url,
+                "authorization_endpoint": f"{self.url}/authorize",
+                "token_endpoint": f"{self.url}/token",
+                "jwks_uri": f"{self.url}/jwks",
+                "code_challenge_methods_supported": ["S256"],
+            }
+        )
 
     async def _authorize(self, request: web.Request) -> web.Response:
         asked = request.query
-        if asked.get("client_id") != CLIENT_ID or asked.get("response_type") != "code" \
-                or asked.get("code_challenge_method") != "S256" or not asked.get("code_challenge"):
+        if (
+            asked.get("client_id") != CLIENT_ID
+            or asked.get("response_type") != "code"
+            or asked.get("code_challenge_method") != "S256"
+            or not asked.get("code_challenge")
+        ):
             return web.Response(status=400, text="not a PKCE code request from the console")
         code = secrets.token_urlsafe(16)
-        self.codes[code] = {"challenge": asked["code_challenge"], "redirect_uri": asked["redirect_uri"],
-                            "nonce": asked.get("nonce", "")}
+        self.codes[code] = {
+            "challenge": asked["code_challenge"],
+            "redirect_uri": asked["redirect_uri"],
+            "nonce": asked.get("nonce", ""),
+        }
         raise web.HTTPFound(f"{asked['redirect_uri']}?{urlencode({'code': code, 'state': asked.get('state', '')})}")
 
     async def _token(self, request: web.Request) -> web.Response:
@@ -77,8 +96,14 @@ class Provider:
         challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
         if grant is None or challenge != grant["challenge"] or form.get("redirect_uri") != grant["redirect_uri"]:
             return web.json_response({"error": "invalid_grant"}, status=400)
-        return web.json_response({"access_token": secrets.token_urlsafe(16), "token_type": "Bearer",
-                                  "expires_in": 300, "id_token": self.id_token(grant["nonce"])})
+        return web.json_response(
+            {
+                "access_token": secrets.token_urlsafe(16),
+                "token_type": "Bearer",
+                "expires_in": 300,
+                "id_token": self.id_token(grant["nonce"]),
+            }
+        )
 
 
 @asynccontextmanager

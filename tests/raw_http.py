@@ -16,7 +16,7 @@ from tests.scripted_upstream import Scripted
 @dataclass
 class RawAnswer:
     status: int
-    headers: dict[str, str]   # lower-case names; a repeated header keeps its last value
+    headers: dict[str, str]  # lower-case names; a repeated header keeps its last value
     body: bytes
 
     def json(self) -> object:
@@ -64,14 +64,14 @@ def _dechunk(data: bytes) -> bytes:
         size = int(size_line.split(b";")[0], 16)
         if size == 0:
             break
-        out, data = out + data[:size], data[size + 2:]
+        out, data = out + data[:size], data[size + 2 :]
     return out
 
 
 @dataclass
 class Received:
     method: str
-    target: str        # exactly as the upstream read it on the request line
+    target: str  # exactly as the upstream read it on the request line
     head: bytes
     body: bytes
 
@@ -89,8 +89,9 @@ Answerer = Callable[[Received], bytes]
 
 def json_answer(status: int, body: object, extra: str = "") -> bytes:
     data = json.dumps(body).encode()
-    return (f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-            f"{extra}\r\n").encode() + data
+    return (
+        f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n{extra}\r\n"
+    ).encode() + data
 
 
 _TASK = re.compile(r"^/v1/video(?:s|/generations)/([^/]+)(/content)?$")
@@ -108,8 +109,16 @@ def spec_answer(received: Received) -> bytes:
             return b"HTTP/1.1 200 OK\r\nContent-Type: video/mp4\r\nContent-Length: 4\r\n\r\nmp4!"
         return json_answer(200, {"task_id": match[1], "status": "processing", "progress": 10})
     if received.path == "/v1/responses":
-        return json_answer(200, {"id": f"resp_{len(received.body)}", "object": "response", "status": "completed",
-                                 "output": [], "usage": {"input_tokens": 1, "output_tokens": 1}})
+        return json_answer(
+            200,
+            {
+                "id": f"resp_{len(received.body)}",
+                "object": "response",
+                "status": "completed",
+                "output": [],
+                "usage": {"input_tokens": 1, "output_tokens": 1},
+            },
+        )
     return json_answer(200, {"ok": True})
 
 

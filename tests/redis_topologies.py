@@ -26,7 +26,7 @@ def _command(port: int, *args: str) -> object:
         return client.execute_command(*args)
 
 
-def _wait(condition, what: str, timeout: float = 20.0) -> None:  # noqa: ANN001
+def _wait(condition, what: str, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -48,8 +48,23 @@ class RedisProcesses:
         workdir.mkdir(parents=True, exist_ok=True)
         log = (workdir / "redis.log").open("wb")
         self.processes[port] = subprocess.Popen(
-            ["redis-server", *args, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(workdir)], stdout=log, stderr=subprocess.STDOUT)
+            [
+                "redis-server",
+                *args,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(workdir),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         _wait(lambda: _command(port, "PING"), f"redis on {port}")
 
     def kill(self, port: int) -> None:
@@ -97,16 +112,31 @@ class Cluster:
         ports = [_port_for_a_cluster_node() for _ in range(3)]
         buses = [free_port() for _ in ports]
         for port, bus in zip(ports, buses):
-            processes.start(port, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                            "--cluster-node-timeout", "2000", "--cluster-port", str(bus),
-                            "--cluster-require-full-coverage", "yes" if full_coverage else "no")
+            processes.start(
+                port,
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+                "--cluster-port",
+                str(bus),
+                "--cluster-require-full-coverage",
+                "yes" if full_coverage else "no",
+            )
         bounds = [0, 5461, 10923, 16384]
         for i, port in enumerate(ports):
             _command(port, "CLUSTER", "ADDSLOTSRANGE", str(bounds[i]), str(bounds[i + 1] - 1))
         for port, bus in zip(ports[1:], buses[1:]):
             _command(ports[0], "CLUSTER", "MEET", "127.0.0.1", str(port), str(bus))
-        _wait(lambda: all(_client(p).cluster("INFO")["cluster_state"] == "ok" for p in ports)
-              and all(len(_client(p).cluster("NODES")) == 3 for p in ports), "the cluster to form")
+        _wait(
+            lambda: (
+                all(_client(p).cluster("INFO")["cluster_state"] == "ok" for p in ports)
+                and all(len(_client(p).cluster("NODES")) == 3 for p in ports)
+            ),
+            "the cluster to form",
+        )
         return cls(ports, processes)
 
 
@@ -143,20 +173,27 @@ class SentinelSetup:
         processes.start(primary)
         for replica in copies:
             processes.start(replica, "--replicaof", "127.0.0.1", str(primary))
-            _wait(lambda replica=replica: _client(replica).info("replication")["master_link_status"] == "up",
-                  "the replica to sync")
+            _wait(
+                lambda replica=replica: _client(replica).info("replication")["master_link_status"] == "up",
+                "the replica to sync",
+            )
         sentinels = [free_port() for _ in range(3)]
         for port in sentinels:
             conf = directory / f"sentinel-{port}.conf"
-            conf.write_text(f"port {port}\nbind 127.0.0.1\n"
-                            f"sentinel monitor main 127.0.0.1 {primary} 2\n"
-                            "sentinel down-after-milliseconds main 1000\n"
-                            "sentinel failover-timeout main 5000\n"
-                            "sentinel parallel-syncs main 1\n")
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\n"
+                f"sentinel monitor main 127.0.0.1 {primary} 2\n"
+                "sentinel down-after-milliseconds main 1000\n"
+                "sentinel failover-timeout main 5000\n"
+                "sentinel parallel-syncs main 1\n"
+            )
             log = (directory / f"sentinel-{port}.log").open("wb")
-            processes.processes[port] = subprocess.Popen(["redis-server", str(conf), "--sentinel"],
-                                                         stdout=log, stderr=subprocess.STDOUT)
+            processes.processes[port] = subprocess.Popen(
+                ["redis-server", str(conf), "--sentinel"], stdout=log, stderr=subprocess.STDOUT
+            )
         for port in sentinels:
-            _wait(lambda port=port: _client(port).sentinel_master("main")["num-other-sentinels"] >= 2,
-                  f"sentinel {port} to see the others")
+            _wait(
+                lambda port=port: _client(port).sentinel_master("main")["num-other-sentinels"] >= 2,
+                f"sentinel {port} to see the others",
+            )
         return cls(primary, copies, sentinels, processes)

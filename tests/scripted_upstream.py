@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from proxy.upstream import UpstreamPool
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
-OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}"
+OK = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"ok":true}'
 
 
 class Scripted:
@@ -81,6 +81,7 @@ def scripted(answers: list[bytes]) -> Scripted:
             writer.write(answers[min(index, len(answers) - 1)])
             await writer.drain()
             index += 1
+
     upstream = Scripted(handler)
     return upstream
 
@@ -106,12 +107,14 @@ def first_then_numbered(first: bytes, close: bool = False) -> Scripted:
             await writer.drain()
             if count == 1 and close:
                 return
+
     upstream = Scripted(handler)
     return upstream
 
 
-async def read_all(pool: UpstreamPool, method: str = "POST", body: bytes = b"{}",
-                   path: str = "/v1/messages") -> tuple[int, bytes]:
+async def read_all(
+    pool: UpstreamPool, method: str = "POST", body: bytes = b"{}", path: str = "/v1/messages"
+) -> tuple[int, bytes]:
     """One request through `pool`: its answer's status and whole body, the answer released."""
     answer = await pool.request(method, path, {"Content-Type": "application/json"}, body)
     try:

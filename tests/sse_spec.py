@@ -43,7 +43,7 @@ def interpret(stream: bytes) -> Interpretation:
         if end == len(stream):
             break  # "Once the end of the file is reached, any pending data must be discarded."
         line = stream[pos:end].decode("utf-8", "replace")
-        pos = end + 2 if stream[end] == CR and stream[end + 1:end + 2] == b"\n" else end + 1
+        pos = end + 2 if stream[end] == CR and stream[end + 1 : end + 2] == b"\n" else end + 1
         if line == "":  # "If the line is empty (a blank line): Dispatch the event"
             out.blank_lines.append(pos)
             if data == "":  # "If the data buffer is an empty string, set the data buffer and the

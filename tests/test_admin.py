@@ -36,7 +36,7 @@ async def answer_of(http: aiohttp.ClientSession, url: str, **kwargs: object) -> 
         return answer.status, await answer.text(), dict(answer.headers)
 
 
-async def test_metrics_and_readiness_details_are_on_the_admin_listener_not_the_public_one(start_gateway, http):  # noqa: ANN001
+async def test_metrics_and_readiness_details_are_on_the_admin_listener_not_the_public_one(start_gateway, http):
     gw = await start_gateway(NAMED)
     async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
         assert answer.status == 200  # so the metrics hold the key's and the channel's names
@@ -59,22 +59,30 @@ async def test_metrics_and_readiness_details_are_on_the_admin_listener_not_the_p
     assert status == 404 and "X-Echo" not in body and "GET /metrics" in body  # the path is not echoed
 
 
-async def test_the_bare_readyz_says_not_ready_without_saying_why(start_gateway, http):  # noqa: ANN001
+async def test_the_bare_readyz_says_not_ready_without_saying_why(start_gateway, http):
     dead = f"redis://127.0.0.1:{free_port()}/0"
-    gw = await start_gateway(NAMED + f"state: {{backend: redis, url: '{dead}'}}\n"
-                                     "plugins: {ratelimit: {fail: closed}}\n")
+    gw = await start_gateway(
+        NAMED + f"state: {{backend: redis, url: '{dead}'}}\nplugins: {{ratelimit: {{fail: closed}}}}\n"
+    )
     status, body, _ = await answer_of(http, gw.url + "/readyz")
     assert status == 503 and body == '{"status":"not ready"}'
     status, body, _ = await answer_of(http, gw.admin + "/readyz")
     assert status == 503 and '"state_store":"unreachable"' in body and '"reasons"' in body
 
 
-async def test_with_an_admin_token_the_public_listener_serves_them_to_its_bearer_only(start_gateway, http):  # noqa: ANN001
-    gw = await start_gateway(NAMED + f'server: {{admin_token: "{TOKEN}"}}\n'
-                                     "routes: {models: {plugins: [auth, tests.recording_plugin:AdminNote]}}\n")
-    for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"}, {"Authorization": f"Basic {TOKEN}"},
-                    {"Authorization": f"Bearer {TOKEN}x"}, {"Authorization": f"Bearer {TOKEN[:-1]}"},
-                    {"Authorization": TOKEN}):
+async def test_with_an_admin_token_the_public_listener_serves_them_to_its_bearer_only(start_gateway, http):
+    gw = await start_gateway(
+        NAMED + f'server: {{admin_token: "{TOKEN}"}}\n'
+        "routes: {models: {plugins: [auth, tests.recording_plugin:AdminNote]}}\n"
+    )
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong-token-0123456789"},
+        {"Authorization": f"Basic {TOKEN}"},
+        {"Authorization": f"Bearer {TOKEN}x"},
+        {"Authorization": f"Bearer {TOKEN[:-1]}"},
+        {"Authorization": TOKEN},
+    ):
         for path in ("/metrics", "/admin/note"):
             status, body, answer_headers = await answer_of(http, gw.url + path, headers=headers)
             assert status == 401 and '"code":"admin_token_required"' in body, (headers, path, body)
@@ -101,7 +109,7 @@ async def test_with_an_admin_token_the_public_listener_serves_them_to_its_bearer
     assert (await answer_of(http, gw.admin + "/metrics"))[0] == 200
 
 
-async def test_a_plugins_admin_route_is_on_the_admin_listener_only(start_gateway, http):  # noqa: ANN001
+async def test_a_plugins_admin_route_is_on_the_admin_listener_only(start_gateway, http):
     gw = await start_gateway("routes: {models: {plugins: [auth, tests.recording_plugin:AdminNote]}}\n")
     status, body, _ = await answer_of(http, gw.admin + "/admin/note")
     assert status == 200 and '"for operators"' in body
@@ -121,16 +129,23 @@ def test_admin_routes_are_added_before_the_application_is_built() -> None:
     assert APP_KEY in build_admin_app(app)  # its handlers read the same gateway
 
 
-async def test_the_admin_listener_can_be_turned_off(start_gateway, http):  # noqa: ANN001
+async def test_the_admin_listener_can_be_turned_off(start_gateway, http):
     gw = await start_gateway("server: {admin_listen: null}\n")
     assert gw.admin_url is None
     assert (await answer_of(http, gw.url + "/metrics"))[0] == 404
     assert parse_config("server: {admin_listen: ''}\n", {}).server.admin_address is None
 
 
-@pytest.mark.parametrize("listen, admin_listen", [
-    ("127.0.0.1:8080", "127.0.0.1:8080"), ("0.0.0.0:8080", "127.0.0.1:8080"), ("127.0.0.1:8080", "0.0.0.0:8080"),
-    ("[::]:8080", "127.0.0.1:8080"), ("localhost:8080", "LOCALHOST:8080")])
+@pytest.mark.parametrize(
+    "listen, admin_listen",
+    [
+        ("127.0.0.1:8080", "127.0.0.1:8080"),
+        ("0.0.0.0:8080", "127.0.0.1:8080"),
+        ("127.0.0.1:8080", "0.0.0.0:8080"),
+        ("[::]:8080", "127.0.0.1:8080"),
+        ("localhost:8080", "LOCALHOST:8080"),
+    ],
+)
 def test_an_admin_listen_on_the_main_listeners_address_is_a_config_problem(listen: str, admin_listen: str) -> None:
     with pytest.raises(ConfigError) as refused:
         parse_config(f'server: {{listen: "{listen}", admin_listen: "{admin_listen}"}}\n', {})
@@ -139,12 +154,21 @@ def test_an_admin_listen_on_the_main_listeners_address_is_a_config_problem(liste
 
 # Two spellings of one address: workers bind both listeners with SO_REUSEPORT, so neither bind
 # fails and the kernel spreads each port's connections over both listeners.
-@pytest.mark.parametrize("listen, admin_listen", [
-    ("127.0.0.1:8080", "localhost:8080"), ("127.1:8080", "127.0.0.1:8080"), ("localhost:8080", "2130706433:8080"),
-    ("[::1]:8080", "[0:0:0:0:0:0:0:1]:8080"), ("[::ffff:127.0.0.1]:8080", "127.0.0.1:8080"),
-    ("[0:0:0:0:0:0:0:0]:8080", "127.0.0.1:8080"), ("127.0.0.1:8080", "0:8080")])
+@pytest.mark.parametrize(
+    "listen, admin_listen",
+    [
+        ("127.0.0.1:8080", "localhost:8080"),
+        ("127.1:8080", "127.0.0.1:8080"),
+        ("localhost:8080", "2130706433:8080"),
+        ("[::1]:8080", "[0:0:0:0:0:0:0:1]:8080"),
+        ("[::ffff:127.0.0.1]:8080", "127.0.0.1:8080"),
+        ("[0:0:0:0:0:0:0:0]:8080", "127.0.0.1:8080"),
+        ("127.0.0.1:8080", "0:8080"),
+    ],
+)
 def test_an_admin_listen_naming_the_main_listeners_address_another_way_is_a_config_problem(
-        listen: str, admin_listen: str) -> None:
+    listen: str, admin_listen: str
+) -> None:
     with pytest.raises(ConfigError) as refused:
         parse_config(f'server: {{listen: "{listen}", admin_listen: "{admin_listen}"}}\n', {})
     assert any(p.startswith("server.admin_listen: ") and "an address of its own" in p for p in refused.value.problems)
@@ -173,8 +197,9 @@ def test_an_admin_listen_apart_from_the_main_one_is_fine() -> None:
 
 def check_config(path: Path, text: str) -> subprocess.CompletedProcess[str]:
     path.write_text(text)
-    return subprocess.run([sys.executable, "-m", "proxy", "check-config", str(path)], capture_output=True,
-                          text=True, timeout=60, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", "check-config", str(path)], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
 
 
 def test_check_config_reports_the_admin_listen_and_a_weak_token_without_quoting_it(tmp_path: Path) -> None:
@@ -189,8 +214,13 @@ def test_check_config_reports_the_admin_listen_and_a_weak_token_without_quoting_
 
 
 def test_serve_refuses_an_admin_listen_that_is_no_address() -> None:
-    refused = subprocess.run([sys.executable, "-m", "proxy", "serve", "--admin-listen", "nowhere"],
-                             capture_output=True, text=True, timeout=60, cwd=ROOT)
+    refused = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--admin-listen", "nowhere"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert refused.returncode == 1 and refused.stderr.startswith("--admin-listen: not a HOST:PORT address")
 
 
@@ -213,19 +243,24 @@ def listening_ports(pid: int) -> set[int]:
     return ports
 
 
-async def until(check, timeout: float = 15.0) -> None:  # noqa: ANN001
+async def until(check, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while not await check():
         assert time.monotonic() < deadline, "never happened"
         await asyncio.sleep(0.2)
 
 
-async def test_every_worker_serves_the_admin_port_and_a_reload_changes_the_token_not_the_port(spawn, redis_url, tmp_path):  # noqa: ANN001
-    gateway = spawn("gateway", config=f"""
+async def test_every_worker_serves_the_admin_port_and_a_reload_changes_the_token_not_the_port(
+    spawn, redis_url, tmp_path
+):
+    gateway = spawn(
+        "gateway",
+        config=f"""
 server: {{listen: "127.0.0.1:{{PORT}}", admin_listen: "127.0.0.1:{{ADMIN_PORT}}", admin_token: "{TOKEN}", workers: 2}}
 state: {{backend: redis, url: '{REDIS_URL}', prefix: 'admin-{os.getpid()}-{time.monotonic_ns()}:'}}
 {NAMED}
-""")
+""",
+    )
     from tests.test_workers import children
 
     admin_port = int(gateway.admin.rsplit(":", 1)[1])
@@ -237,8 +272,11 @@ state: {{backend: redis, url: '{REDIS_URL}', prefix: 'admin-{os.getpid()}-{time.
                 assert answer.status == 200
     async with aiohttp.ClientSession() as http:
         _, metrics, _ = await answer_of(http, gateway.admin + "/metrics")
-    served = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                 if line.startswith("modelgate_requests_total{") and 'route="responses"' in line)
+    served = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("modelgate_requests_total{") and 'route="responses"' in line
+    )
     assert served == 6  # both workers' counts, whichever answered the scrape
 
     config = next(tmp_path.glob("gateway-*.yaml"))
@@ -251,9 +289,13 @@ state: {{backend: redis, url: '{REDIS_URL}', prefix: 'admin-{os.getpid()}-{time.
             return False  # (fresh connections need not reach both workers: each says when it has reloaded)
         for _ in range(6):
             async with aiohttp.ClientSession() as http:
-                if (await answer_of(http, gateway.url + "/metrics", headers={"Authorization": f"Bearer {new_token}"}))[0] != 200:
+                if (await answer_of(http, gateway.url + "/metrics", headers={"Authorization": f"Bearer {new_token}"}))[
+                    0
+                ] != 200:
                     return False
-                if (await answer_of(http, gateway.url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}))[0] != 401:
+                if (await answer_of(http, gateway.url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}))[
+                    0
+                ] != 401:
                     return False
         return True
 
@@ -268,13 +310,21 @@ state: {{backend: redis, url: '{REDIS_URL}', prefix: 'admin-{os.getpid()}-{time.
     assert TOKEN not in log and new_token not in log
 
 
-async def test_a_second_gateway_on_a_served_admin_port_refuses_to_start(spawn):  # noqa: ANN001
+async def test_a_second_gateway_on_a_served_admin_port_refuses_to_start(spawn):
     first = spawn("defaults")
     admin = first.admin.removeprefix("http://")
-    second = subprocess.run([sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{free_port()}",
-                             "--admin-listen", admin], capture_output=True, text=True, timeout=30, cwd=ROOT)
+    second = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{free_port()}", "--admin-listen", admin],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+    )
     assert second.returncode == 1
-    assert f"{admin} is already served" in second.stdout + second.stderr and "(server.admin_listen)" in second.stdout + second.stderr
+    assert (
+        f"{admin} is already served" in second.stdout + second.stderr
+        and "(server.admin_listen)" in second.stdout + second.stderr
+    )
     async with aiohttp.ClientSession() as http:
         assert (await answer_of(http, first.admin + "/metrics"))[0] == 200
 
@@ -285,7 +335,7 @@ state: {{backend: redis, url: '{redis}', prefix: 'admin-alias-{unique}:'}}
 """
 
 
-async def test_a_gateway_whose_admin_listen_names_its_listen_another_way_refuses_to_start(tmp_path, redis_url):  # noqa: ANN001
+async def test_a_gateway_whose_admin_listen_names_its_listen_another_way_refuses_to_start(tmp_path, redis_url):
     """Started, its workers would share the port between both listeners: anonymous scrapes on the
     clients' port, clients' requests answered 404 by the admin listener."""
     port = free_port()
@@ -293,10 +343,17 @@ async def test_a_gateway_whose_admin_listen_names_its_listen_another_way_refuses
     config.write_text(ALIASED.format(port=port, redis=REDIS_URL, unique=f"{os.getpid()}-{time.monotonic_ns()}"))
     checked = check_config(config, config.read_text())
     assert checked.returncode == 1
-    assert f"server.admin_listen: localhost:{port} is where server.listen (127.0.0.1:{port}) serves clients" \
+    assert (
+        f"server.admin_listen: localhost:{port} is where server.listen (127.0.0.1:{port}) serves clients"
         in checked.stderr
-    process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "-c", str(config)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "-c", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         output, _ = await asyncio.to_thread(process.communicate, timeout=60)
     finally:
@@ -307,7 +364,7 @@ async def test_a_gateway_whose_admin_listen_names_its_listen_another_way_refuses
     assert f"server.admin_listen: localhost:{port} is where server.listen" in output
 
 
-async def test_a_worker_whose_listeners_were_bound_to_one_address_refuses_to_start(monkeypatch, caplog):  # noqa: ANN001
+async def test_a_worker_whose_listeners_were_bound_to_one_address_refuses_to_start(monkeypatch, caplog):
     """What the config check cannot see (a name that resolved otherwise when it was checked) is seen
     in the sockets: a worker binds both listeners, compares them, and stops before it serves."""
     from proxy.config import LoadedConfig
@@ -318,7 +375,8 @@ async def test_a_worker_whose_listeners_were_bound_to_one_address_refuses_to_sta
     port = free_port()
     monkeypatch.setenv(WORKER_ENV, "0")  # SO_REUSEPORT on both listeners, as every worker binds them
     config = GatewayConfig.model_validate(  # the schema alone: as if the check had resolved `localhost` elsewhere
-        {"server": {"listen": f"127.0.0.1:{port}", "admin_listen": f"localhost:{port}"}})
+        {"server": {"listen": f"127.0.0.1:{port}", "admin_listen": f"localhost:{port}"}}
+    )
     with pytest.raises(ListenersOverlap):
         await asyncio.wait_for(_serve(LoadedConfig(config, "<test>", "0" * 16), None, uvloop=False), 60)
     assert f"are bound to the same socket address (127.0.0.1:{port})" in caplog.text
@@ -326,7 +384,7 @@ async def test_a_worker_whose_listeners_were_bound_to_one_address_refuses_to_sta
         probe.bind(("127.0.0.1", port))
 
 
-def test_a_supervisor_stops_when_a_worker_finds_its_listeners_overlap(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_a_supervisor_stops_when_a_worker_finds_its_listeners_overlap(tmp_path: Path, monkeypatch) -> None:
     """The worker's exit status says a restart would bind the same sockets: no restart loop, exit 1."""
     from proxy.process.workers import LISTENERS_OVERLAP, Supervisor
 

@@ -18,21 +18,44 @@ from tests.test_key_store import OWNER, config
 def test_the_document_names_every_route_of_the_admin_api_and_is_valid() -> None:
     document = admin_openapi_document()
     validate(document)
-    served = {(method.lower(), PREFIX + path) for method, path, _ in AdminApi(None, lambda r: None, reads=object()).routes()}  # type: ignore[arg-type]
+    served = {
+        (method.lower(), PREFIX + path) for method, path, _ in AdminApi(None, lambda r: None, reads=object()).routes()
+    }  # type: ignore[arg-type]
     documented = {(method, path) for path, operations in document["paths"].items() for method in operations}
     assert documented == served
 
 
-def test_generated_admin_requests_get_answers_the_document_describes(spawn, redis_url, ledger_db, tmp_path):  # noqa: ANN001
+def test_generated_admin_requests_get_answers_the_document_describes(spawn, redis_url, ledger_db, tmp_path):
     gateway = spawn("gateway", config=config(redis_url, ledger_db, tmp_path.name))
     document = tmp_path / "admin.json"
-    subprocess.run([sys.executable, "-m", "proxy", "openapi", "--admin", "-o", str(document)], check=True,
-                   cwd=Path(__file__).parent.parent)
+    subprocess.run(
+        [sys.executable, "-m", "proxy", "openapi", "--admin", "-o", str(document)],
+        check=True,
+        cwd=Path(__file__).parent.parent,
+    )
     result = subprocess.run(
-        [str(Path(sys.executable).with_name("schemathesis")), "run", str(document), "--url", gateway.admin,
-         "-H", f"Authorization: Bearer {OWNER}",
-         "--checks", "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
-         "--max-examples", "10", "--request-timeout", "10", "--seed", "1", "--no-color"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=600)
+        [
+            str(Path(sys.executable).with_name("schemathesis")),
+            "run",
+            str(document),
+            "--url",
+            gateway.admin,
+            "-H",
+            f"Authorization: Bearer {OWNER}",
+            "--checks",
+            "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
+            "--max-examples",
+            "10",
+            "--request-timeout",
+            "10",
+            "--seed",
+            "1",
+            "--no-color",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-6000:]
     assert " passed" in result.stdout

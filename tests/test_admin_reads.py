@@ -24,7 +24,9 @@ async def call(admin: str, path: str, token: str = OWNER) -> tuple[int, Any]:
 
 async def post(admin: str, path: str, body: Any) -> Any:
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{admin}/admin/v1{path}", json=body, headers={"Authorization": f"Bearer {OWNER}"}) as answer:
+        async with http.post(
+            f"{admin}/admin/v1{path}", json=body, headers={"Authorization": f"Bearer {OWNER}"}
+        ) as answer:
             assert answer.status == 201, await answer.text()
             return await answer.json()
 
@@ -40,7 +42,7 @@ async def recorded(admin: str, count: int) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-async def two_tenants(spawn, redis_url: str, ledger_db: str, tmp_path: Path):  # noqa: ANN001, ANN201
+async def two_tenants(spawn, redis_url: str, ledger_db: str, tmp_path: Path):
     gateway = spawn("gateway", config=console_config(redis_url, ledger_db, tmp_path.name))
     secrets = {}
     for tenant in ("acme", "globex"):
@@ -49,13 +51,14 @@ async def two_tenants(spawn, redis_url: str, ledger_db: str, tmp_path: Path):  #
     for tenant, count in (("acme", 2), ("globex", 3)):
         for _ in range(count):
             await ask(gateway.url, secrets[tenant])
-    acme_admin = (await post(gateway.admin, "/admin-tokens",
-                             {"name": "acme-ops", "role": "tenant-admin", "tenant": "acme"}))["secret"]
+    acme_admin = (
+        await post(gateway.admin, "/admin-tokens", {"name": "acme-ops", "role": "tenant-admin", "tenant": "acme"})
+    )["secret"]
     await recorded(gateway.admin, 5)
     return gateway, acme_admin
 
 
-async def test_requests_and_spend_are_the_ledger_s_and_a_tenant_admin_sees_its_tenant_s_alone(two_tenants) -> None:  # noqa: ANN001
+async def test_requests_and_spend_are_the_ledger_s_and_a_tenant_admin_sees_its_tenant_s_alone(two_tenants) -> None:
     gateway, acme = two_tenants
     rows = await recorded(gateway.admin, 5)
     assert sorted(r["key_name"] for r in rows) == ["acme-key"] * 2 + ["globex-key"] * 3
@@ -94,26 +97,37 @@ async def test_requests_and_spend_are_the_ledger_s_and_a_tenant_admin_sees_its_t
 
 
 REFUSED = [
-    ("/requests?status=abc", "status"), ("/requests?status=6xx", "status"), ("/requests?since=yesterday", "since"),
-    ("/requests?until=9999999d", "until"), ("/requests?limit=0", "limit"), ("/requests?limit=201", "limit"),
-    ("/requests?before=garbage", "before"), ("/requests?model=%00", "model"), ("/requests?key=" + "k" * 300, "key"),
-    ("/requests?request_id=%0a", "request_id"), ("/spend?by=password", "by"), ("/spend?by=day,key,model,route", "by"),
-    ("/spend?since=1d&until=2000-01-01", "since"), ("/requests?tenant=%1b", "tenant"),
+    ("/requests?status=abc", "status"),
+    ("/requests?status=6xx", "status"),
+    ("/requests?since=yesterday", "since"),
+    ("/requests?until=9999999d", "until"),
+    ("/requests?limit=0", "limit"),
+    ("/requests?limit=201", "limit"),
+    ("/requests?before=garbage", "before"),
+    ("/requests?model=%00", "model"),
+    ("/requests?key=" + "k" * 300, "key"),
+    ("/requests?request_id=%0a", "request_id"),
+    ("/spend?by=password", "by"),
+    ("/spend?by=day,key,model,route", "by"),
+    ("/spend?since=1d&until=2000-01-01", "since"),
+    ("/requests?tenant=%1b", "tenant"),
 ]
 
 
-async def test_a_parameter_the_reads_cannot_take_is_a_400_naming_it(two_tenants) -> None:  # noqa: ANN001
+async def test_a_parameter_the_reads_cannot_take_is_a_400_naming_it(two_tenants) -> None:
     gateway, _ = two_tenants
     for path, field in REFUSED:
         status, found = await call(gateway.admin, path)
         assert status == 400 and found["error"]["field"] == field, (path, found)
 
 
-async def test_the_reads_say_503_while_the_ledger_s_database_is_away(spawn, redis_url: str, ledger_db: str,
-                                                                      tmp_path: Path) -> None:  # noqa: ANN001
+async def test_the_reads_say_503_while_the_ledger_s_database_is_away(
+    spawn, redis_url: str, ledger_db: str, tmp_path: Path
+) -> None:
     away = f"postgresql://postgres@127.0.0.1:{free_port()}/nothing"
     config = console_config(redis_url, ledger_db, tmp_path.name).replace(
-        f'plugins: {{ledger: {{database_url: "{ledger_db}"', f'plugins: {{ledger: {{database_url: "{away}"')
+        f'plugins: {{ledger: {{database_url: "{ledger_db}"', f'plugins: {{ledger: {{database_url: "{away}"'
+    )
     gateway = spawn("gateway", config=config)
     for path in ("/requests", "/spend", "/requests/some-id"):
         status, found = await call(gateway.admin, path)

@@ -18,8 +18,17 @@ from multidict import CIMultiDict
 from prometheus_client import REGISTRY
 
 from proxy.config import parse_config
-from proxy.process.admission import (BEHIND, CUT_S, FAR, MIN_CUT_ARRIVALS, MIN_LIMIT, MIN_SHARE, PROBE_S, WINDOW_S,
-                                     Admission)
+from proxy.process.admission import (
+    BEHIND,
+    CUT_S,
+    FAR,
+    MIN_CUT_ARRIVALS,
+    MIN_LIMIT,
+    MIN_SHARE,
+    PROBE_S,
+    WINDOW_S,
+    Admission,
+)
 from proxy.process.cpu import REREAD_S, WorkerCpu, quota_cores
 from tests.conftest import BEARER, DEMO_KEY, MESSAGE_HEADERS, SteppedClock
 
@@ -33,7 +42,7 @@ def shed(route: str, reason: str = "overloaded") -> float:
     return REGISTRY.get_sample_value("modelgate_requests_shed_total", {"route": route, "reason": reason}) or 0.0
 
 
-async def until(check, what: str) -> None:  # noqa: ANN001
+async def until(check, what: str) -> None:
     for _ in range(500):  # bounded: 5 s
         if check():
             return
@@ -41,24 +50,25 @@ async def until(check, what: str) -> None:  # noqa: ANN001
     raise AssertionError(f"never: {what}")
 
 
-async def test_past_its_bound_a_gateway_answers_503_overloaded_and_serves_what_it_admitted(start_gateway) -> None:  # noqa: ANN001
+async def test_past_its_bound_a_gateway_answers_503_overloaded_and_serves_what_it_admitted(start_gateway) -> None:
     gw = await start_gateway("""
         server: {max_in_flight: 4}
         observability: {logging: {access_log: false}}
     """)
     before = {route: shed(route) for route in ("messages", "generate_content", "responses")}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
         async def post(path: str, body: dict, headers: dict) -> tuple[int, CIMultiDict[str], dict]:
             async with http.post(gw.url + path, json=body, headers=headers) as answer:
                 return answer.status, CIMultiDict(answer.headers), await answer.json()
 
-        admitted = [asyncio.ensure_future(post("/v1/messages", MESSAGE, {**MESSAGE_HEADERS, **SLOW}))
-                    for _ in range(4)]
+        admitted = [asyncio.ensure_future(post("/v1/messages", MESSAGE, {**MESSAGE_HEADERS, **SLOW})) for _ in range(4)]
         await until(lambda: len(gw.sim().requests) == 4, "four requests upstream")
         # Far more than it admits, at once, in three formats: each is answered, in its own shape.
         excess = [post("/v1/messages", MESSAGE, MESSAGE_HEADERS) for _ in range(12)]
-        excess += [post(f"/v1beta/models/genmodel-2.0-flash:generateContent?key={DEMO_KEY}", CONTENT, {})
-                   for _ in range(12)]
+        excess += [
+            post(f"/v1beta/models/genmodel-2.0-flash:generateContent?key={DEMO_KEY}", CONTENT, {}) for _ in range(12)
+        ]
         excess += [post("/v1/responses", RESPONSE, BEARER) for _ in range(12)]
         refused = await asyncio.gather(*excess)
         # Never shed, however full: the health checks and the metrics, on either listener.
@@ -71,10 +81,13 @@ async def test_past_its_bound_a_gateway_answers_503_overloaded_and_serves_what_i
     assert {status for status, _, _ in refused} == {503}
     assert all(headers["Retry-After"] == "1" and headers.get("X-Request-Id") for _, headers, _ in refused)
     messages, content, responses = refused[:12], refused[12:24], refused[24:]
-    assert all(body["error"]["code"] == "overloaded" and body["error"]["type"] == "server_error"
-               for _, _, body in messages)
-    assert all(body["error"]["status"] == "UNAVAILABLE" and body["error"]["details"][0]["reason"] == "overloaded"
-               for _, _, body in content)
+    assert all(
+        body["error"]["code"] == "overloaded" and body["error"]["type"] == "server_error" for _, _, body in messages
+    )
+    assert all(
+        body["error"]["status"] == "UNAVAILABLE" and body["error"]["details"][0]["reason"] == "overloaded"
+        for _, _, body in content
+    )
     assert all(body["error"]["code"] == "overloaded" for _, _, body in responses)
     assert len(gw.sim().requests) == 4  # nothing refused went upstream
     assert shed("messages") - before["messages"] == 12 and shed("responses") - before["responses"] == 12
@@ -84,7 +97,7 @@ async def test_past_its_bound_a_gateway_answers_503_overloaded_and_serves_what_i
             assert answer.status == 200
 
 
-async def test_the_refusal_is_decided_before_the_body_is_read(start_gateway) -> None:  # noqa: ANN001
+async def test_the_refusal_is_decided_before_the_body_is_read(start_gateway) -> None:
     """A request over the bound whose 10 MB body has barely begun is answered at once: no byte
     more of it is waited for."""
     gw = await start_gateway("server: {max_in_flight: 1}\n")
@@ -93,8 +106,10 @@ async def test_the_refusal_is_decided_before_the_body_is_read(start_gateway) -> 
         await until(lambda: len(gw.sim().requests) == 1, "one request upstream")
         parts = urlsplit(gw.url)
         reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
-        writer.write(b"POST /v1/responses HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer sk-demo-key\r\n"
-                     b"Content-Type: application/json\r\nContent-Length: 10485760\r\n\r\n{\"model\":")
+        writer.write(
+            b"POST /v1/responses HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer sk-demo-key\r\n"
+            b'Content-Type: application/json\r\nContent-Length: 10485760\r\n\r\n{"model":'
+        )
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
         writer.close()
         assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in head
@@ -110,8 +125,9 @@ class Cpu:
         self.worker = WorkerCpu(1, quota=lambda: cores, used=lambda: self.seconds, clock=clock)
 
 
-def admission(server: str = "", clock: SteppedClock | None = None,
-              cpu: Cpu | None = None) -> tuple[Admission, SteppedClock]:
+def admission(
+    server: str = "", clock: SteppedClock | None = None, cpu: Cpu | None = None
+) -> tuple[Admission, SteppedClock]:
     """A bound kept for a loop delay of 10 ms (the delays below are read against it), with `server`
     settings, on a CPU that stays idle unless `cpu` is told otherwise."""
     clock = clock or SteppedClock()
@@ -131,8 +147,8 @@ def windows(gate: Admission, clock: SteppedClock, delay_s: float, in_flight: int
 def test_a_fixed_bound_admits_that_many_and_never_moves() -> None:
     gate, clock = admission("max_in_flight: 3")
     assert [gate.admits(n) for n in range(5)] == [True, True, True, False, False]
-    windows(gate, clock, 0.5, 3, count=5)   # however late the loop
-    windows(gate, clock, 0.0, 3, count=5)   # or idle
+    windows(gate, clock, 0.5, 3, count=5)  # however late the loop
+    windows(gate, clock, 0.0, 3, count=5)  # or idle
     assert gate.limit == 3 and gate.delay_s == 0.0
 
 
@@ -154,20 +170,21 @@ def test_auto_grows_back_only_while_the_bound_is_used_and_the_loop_keeps_up() ->
     assert gate.limit == 50
     windows(gate, clock, 0.001, 10, count=3)  # the 100 still in flight used it: doubled; then 10 do not: it stays
     assert gate.limit == 100
-    assert not gate.admits(100)               # a refusal uses it: doubled at the next window
+    assert not gate.admits(100)  # a refusal uses it: doubled at the next window
     windows(gate, clock, 0.001, 10)
     assert gate.limit == 200
-    gate.admits(190)                          # 90% of it in flight uses it too; a loop near its target adds one
+    gate.admits(190)  # 90% of it in flight uses it too; a loop near its target adds one
     windows(gate, clock, 0.007, 10)
     assert gate.limit == 201
     for _ in range(10):
         gate.admits(int(gate.limit) - 1)
         windows(gate, clock, 0.001, 10)
-    assert gate.limit == 1000                 # never above max_connections
+    assert gate.limit == 1000  # never above max_connections
 
 
-def busy_windows(gate: Admission, clock: SteppedClock, delay_s: float, in_flight: int, arrivals: int,
-                 count: int = 1) -> list[bool]:
+def busy_windows(
+    gate: Admission, clock: SteppedClock, delay_s: float, in_flight: int, arrivals: int, count: int = 1
+) -> list[bool]:
     """`windows`, with `arrivals` requests asked about in each: what each was told."""
     told = []
     for _ in range(count):
@@ -180,7 +197,7 @@ def test_auto_admits_a_share_of_short_requests_while_they_make_the_loop_late() -
     """Few in flight, many arriving, the loop late: the bound on requests in flight cannot help,
     so a share of the arrivals is admitted, spread evenly, and it grows back once the loop keeps up."""
     gate, clock = admission()
-    busy_windows(gate, clock, 0.020, 2, arrivals=50)   # twice the target: half
+    busy_windows(gate, clock, 0.020, 2, arrivals=50)  # twice the target: half
     assert gate.share == 0.5 and gate.limit == 10_000
     told = [gate.admits(2) for _ in range(100)]
     assert told.count(True) == 50 and all(a != b for a, b in zip(told, told[1:]))  # every other one
@@ -196,8 +213,16 @@ BEHIND_S = 0.010 * BEHIND  # late enough, against the 10 ms target, for a busy C
 _CLIMBING = itertools.count(3)  # requests in flight, one more at each probe: an open loop's onset
 
 
-def run_busy(gate: Admission, clock: SteppedClock, cpu: Cpu, seconds: float, busy: float,
-             arrivals: int, delay_s: float = BEHIND_S, in_flight: int | None = None) -> None:
+def run_busy(
+    gate: Admission,
+    clock: SteppedClock,
+    cpu: Cpu,
+    seconds: float,
+    busy: float,
+    arrivals: int,
+    delay_s: float = BEHIND_S,
+    in_flight: int | None = None,
+) -> None:
     """`seconds` of probes, each finding the loop `delay_s` late, the CPU `busy` (of what the worker
     may use: a quarter of a core here), `arrivals` requests asked about since the last and
     `in_flight` requests in flight (None: more at each probe than ever before)."""
@@ -253,7 +278,7 @@ def test_a_saturated_cpu_whose_loop_keeps_up_admits_every_request() -> None:
     cut = gate.share
     assert cut < 1.0
     run_busy(gate, clock, cpu, 5 * WINDOW_S, busy=1.0, arrivals=5, delay_s=BEHIND_S * 0.4)
-    assert cut < gate.share <= cut * 1.06 ** 5  # the CPU has no room, the loop keeps up: back slowly
+    assert cut < gate.share <= cut * 1.06**5  # the CPU has no room, the loop keeps up: back slowly
     run_busy(gate, clock, cpu, 5.0, busy=1.0, arrivals=5, delay_s=BEHIND_S * 0.4)
     assert gate.share == 1.0  # and in the end wholly: the stall's cut does not last as long as the load
 
@@ -288,7 +313,7 @@ def test_a_busy_cpu_with_few_arrivals_or_max_cpu_busy_1_admits_every_request() -
         assert gate.busy == pytest.approx(1.0)
 
 
-def test_what_a_worker_may_use_is_its_share_of_the_cores_and_of_its_group_s_cpu_quota(tmp_path) -> None:  # noqa: ANN001
+def test_what_a_worker_may_use_is_its_share_of_the_cores_and_of_its_group_s_cpu_quota(tmp_path) -> None:
     proc = tmp_path / "cgroup"
     (tmp_path / "cpu" / "pods" / "a").mkdir(parents=True)
     (tmp_path / "cpu" / "pods" / "a" / "cpu.cfs_quota_us").write_text("50000\n")
@@ -391,17 +416,20 @@ async def test_check_config_names_a_bad_bound() -> None:
     assert re.search(r"server\.listen_backlog: .*greater than or equal to 1", text)
 
 
-async def test_a_worker_held_to_a_cpu_quota_sheds_as_its_cpu_fills(spawn) -> None:  # noqa: ANN001
+async def test_a_worker_held_to_a_cpu_quota_sheds_as_its_cpu_fills(spawn) -> None:
     """A gateway process in a control group of its own, held to a tenth of a core by the kernel's
     CPU controller, offered far more than that serves: it reads its CPU as busy against that tenth
     (not against a core), refuses with 503 `overloaded`, answers every request, and says how busy
     it is on /metrics and in its refusals' log lines."""
     from bench.procs import CpuQuota
 
-    gw = spawn("gateway", config="""
+    gw = spawn(
+        "gateway",
+        config="""
         server: {listen: '127.0.0.1:{PORT}', max_cpu_busy: 0.8}
         observability: {logging: {access_log: false}}
-    """)
+    """,
+    )
     try:
         quota = CpuQuota(gw.proc.pid, 0.1)
     except OSError as exc:  # not root, or no CPU controller: nothing to hold the process to
@@ -410,6 +438,7 @@ async def test_a_worker_held_to_a_cpu_quota_sheds_as_its_cpu_fills(spawn) -> Non
     codes: set[str] = set()
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http:
+
             async def client() -> None:
                 deadline = time.monotonic() + 4
                 while time.monotonic() < deadline:
@@ -439,8 +468,12 @@ async def test_a_worker_held_to_a_cpu_quota_sheds_as_its_cpu_fills(spawn) -> Non
         quota.remove()
     assert set(statuses) == {200, 503} and codes == {"overloaded"}, (len(statuses), set(statuses), codes)
     assert max(busy) > 0.5, busy
-    shed_total = sum(float(value) for value in
-                     re.findall(r'^modelgate_requests_shed_total\{[^}]*reason="overloaded"[^}]*\} (\S+)$', metrics, re.M))
+    shed_total = sum(
+        float(value)
+        for value in re.findall(
+            r'^modelgate_requests_shed_total\{[^}]*reason="overloaded"[^}]*\} (\S+)$', metrics, re.M
+        )
+    )
     assert shed_total == statuses.count(503)
     refusals = [json.loads(line) for line in gw.log.read_text().splitlines() if "refusing requests with 503" in line]
     assert refusals and max(line["cpu_busy"] for line in refusals) > 0.8

@@ -20,12 +20,14 @@ from pydantic_ai.providers.openai import OpenAIProvider
 from tests.conftest import DEMO_KEY
 from tests.test_tool_loops import CONTENT_MODEL, MESSAGE_MODEL, QUESTION, RESPONSE_MODEL, WEATHER, Forecast
 
-
 # -- pydantic-ai, with nothing but a base URL and a key --
+
 
 def _models(url: str) -> dict[str, Any]:
     return {
-        "responses": OpenAIResponsesModel(RESPONSE_MODEL, provider=OpenAIProvider(base_url=url + "/v1", api_key=DEMO_KEY)),
+        "responses": OpenAIResponsesModel(
+            RESPONSE_MODEL, provider=OpenAIProvider(base_url=url + "/v1", api_key=DEMO_KEY)
+        ),
         "messages": AnthropicModel(MESSAGE_MODEL, provider=AnthropicProvider(base_url=url, api_key=DEMO_KEY)),
         "content": GoogleModel(CONTENT_MODEL, provider=GoogleProvider(base_url=url, api_key=DEMO_KEY)),
     }
@@ -50,7 +52,7 @@ def _assert_one_valid_call(calls: list[tuple[str, str, int]], messages: list[Any
 
 
 @pytest.mark.parametrize("fmt", ["responses", "messages", "content"])
-async def test_pydantic_ai_agent_with_a_tool_completes(gateway, fmt: str) -> None:  # noqa: ANN001
+async def test_pydantic_ai_agent_with_a_tool_completes(gateway, fmt: str) -> None:
     calls: list[tuple[str, str, int]] = []
     result = await _weather_agent(_models(gateway.url)[fmt], calls).run(QUESTION)
     _assert_one_valid_call(calls, result.all_messages())
@@ -59,7 +61,7 @@ async def test_pydantic_ai_agent_with_a_tool_completes(gateway, fmt: str) -> Non
 
 
 @pytest.mark.parametrize("fmt", ["responses", "messages", "content"])
-async def test_pydantic_ai_agent_streams_to_the_end(gateway, fmt: str) -> None:  # noqa: ANN001
+async def test_pydantic_ai_agent_streams_to_the_end(gateway, fmt: str) -> None:
     calls: list[tuple[str, str, int]] = []
     async with _weather_agent(_models(gateway.url)[fmt], calls).run_stream(QUESTION) as run:
         output = await run.get_output()
@@ -68,7 +70,7 @@ async def test_pydantic_ai_agent_streams_to_the_end(gateway, fmt: str) -> None: 
 
 
 @pytest.mark.parametrize("fmt", ["responses", "messages", "content"])
-async def test_pydantic_ai_typed_agent_with_a_tool(gateway, fmt: str) -> None:  # noqa: ANN001
+async def test_pydantic_ai_typed_agent_with_a_tool(gateway, fmt: str) -> None:
     """The default output mode: a tool the framework adds and requires once the tools have run."""
     calls: list[tuple[str, str, int]] = []
     result = await _weather_agent(_models(gateway.url)[fmt], calls, output_type=Forecast).run(QUESTION)
@@ -77,10 +79,13 @@ async def test_pydantic_ai_typed_agent_with_a_tool(gateway, fmt: str) -> None:  
 
 
 @pytest.mark.parametrize("fmt", ["responses", "content"])
-async def test_pydantic_ai_native_structured_output(gateway, fmt: str) -> None:  # noqa: ANN001
+async def test_pydantic_ai_native_structured_output(gateway, fmt: str) -> None:
     """`NativeOutput`: the format's own JSON answer (text.format json_schema, responseJsonSchema)."""
     result = await Agent(_models(gateway.url)[fmt], output_type=NativeOutput(Forecast)).run("Forecast for Paris")
     assert isinstance(result.output, Forecast)
     sent = json.loads(gateway.last_upstream_request().body)
-    assert (sent["text"]["format"]["type"] == "json_schema" if fmt == "responses"
-            else sent["generationConfig"]["responseMimeType"] == "application/json")
+    assert (
+        sent["text"]["format"]["type"] == "json_schema"
+        if fmt == "responses"
+        else sent["generationConfig"]["responseMimeType"] == "application/json"
+    )

@@ -20,11 +20,19 @@ def _code_of(module: Path) -> ast.Module:
 
 def _strings(tree: ast.Module) -> list[str]:
     """String constants that are not docstrings."""
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
-                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-    return [node.value for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
 
 
 # Plugin names that are also words of the wire formats or libraries, and the modules that use them as such.
@@ -62,9 +70,14 @@ def test_no_core_module_imports_or_names_a_plugin() -> None:
 def _loaded_on_demand(tree: ast.Module, target: ast.AST) -> bool:
     """Whether an import runs only when called (the simulator is loaded for a config that uses
     it), or only for a type checker."""
-    return any(target in ast.walk(node) for node in ast.walk(tree)
-               if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-               or isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+    return any(
+        target in ast.walk(node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        or isinstance(node, ast.If)
+        and isinstance(node.test, ast.Name)
+        and node.test.id == "TYPE_CHECKING"
+    )
 
 
 def test_the_core_loads_the_simulator_only_for_a_config_that_uses_it(tmp_path: Path) -> None:
@@ -85,18 +98,31 @@ def test_the_core_loads_the_simulator_only_for_a_config_that_uses_it(tmp_path: P
 
 
 # Who writes what became of an exchange (proxy/request/exchange.py, Outcome).
-OUTCOME_WRITERS = {"proxy/request/forwarder.py", "proxy/request/relay.py", "proxy/request/gateway.py", "proxy/request/exchange.py",
-                   "proxy/request/client_limits.py"}  # the relay's watch on a client that stopped reading
+OUTCOME_WRITERS = {
+    "proxy/request/forwarder.py",
+    "proxy/request/relay.py",
+    "proxy/request/gateway.py",
+    "proxy/request/exchange.py",
+    "proxy/request/client_limits.py",
+}  # the relay's watch on a client that stopped reading
 
 
 def test_only_the_forwarder_the_relay_and_the_gateway_write_the_outcome() -> None:
     writers = set()
     for module in sorted([*(ROOT / "proxy").rglob("*.py"), *(ROOT / "plugins").rglob("*.py")]):
         for node in ast.walk(_code_of(module)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
-                if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AugAssign | ast.AnnAssign)
+                else []
+            )
             for target in targets:
-                if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Attribute) \
-                        and target.value.attr == "outcome":
+                if (
+                    isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Attribute)
+                    and target.value.attr == "outcome"
+                ):
                     writers.add(str(module.relative_to(ROOT)))
     assert writers <= OUTCOME_WRITERS and {"proxy/request/forwarder.py", "proxy/request/relay.py"} <= writers

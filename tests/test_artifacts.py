@@ -53,7 +53,6 @@ COMPOSE = ROOT / "docker-compose.yaml"
 # --- the Dockerfile -------------------------------------------------------------------------
 
 
-
 def test_the_image_is_slim_python_run_by_a_user_that_is_not_root() -> None:
     stages = dockerfile_stages()
     for stage in stages:
@@ -92,16 +91,32 @@ def test_the_image_installs_the_package_as_the_readme_does() -> None:
 def test_no_document_installs_this_project_from_a_package_index_by_name() -> None:
     """The name `modelgate` on the public package index is another project's: `pip install
     modelgate[s3]` installed it. The gateway is installed from this repository, extras and all."""
-    by_name = re.compile(r"\b(?:pip3?|pipx|uv\s+pip|python3?\s+-m\s+pip)\s+install\s+(?:-{1,2}[\w-]+\s+)*"
-                         r"['\"]?modelgate\b", re.I)
-    documents = [ROOT / "README.md", ROOT / "Dockerfile", *ROOT.glob("docs/**/*.md"), *ROOT.glob("deploy/**/*.md"),
-                 *ROOT.glob("examples/**/*"), *ROOT.glob("dashboards/**/*.md"), *ROOT.glob("bench/**/*.md")]
-    found = [f"{path.relative_to(ROOT)}: {match.group(0)}" for path in documents if path.is_file()
-             for match in by_name.finditer(path.read_text(encoding="utf-8", errors="replace"))]
+    by_name = re.compile(
+        r"\b(?:pip3?|pipx|uv\s+pip|python3?\s+-m\s+pip)\s+install\s+(?:-{1,2}[\w-]+\s+)*"
+        r"['\"]?modelgate\b",
+        re.I,
+    )
+    documents = [
+        ROOT / "README.md",
+        ROOT / "Dockerfile",
+        *ROOT.glob("docs/**/*.md"),
+        *ROOT.glob("deploy/**/*.md"),
+        *ROOT.glob("examples/**/*"),
+        *ROOT.glob("dashboards/**/*.md"),
+        *ROOT.glob("bench/**/*.md"),
+    ]
+    found = [
+        f"{path.relative_to(ROOT)}: {match.group(0)}"
+        for path in documents
+        if path.is_file()
+        for match in by_name.finditer(path.read_text(encoding="utf-8", errors="replace"))
+    ]
     assert found == []
     assert by_name.search("pip install 'modelgate[s3]'") and not by_name.search("pip install -e '.[s3]'")
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "pip install -e '.[s3]'" in readme and "pip install -e '.[s3]'" in (ROOT / "docs/url-delivery.md").read_text()
+    assert (
+        "pip install -e '.[s3]'" in readme and "pip install -e '.[s3]'" in (ROOT / "docs/url-delivery.md").read_text()
+    )
 
 
 def test_everything_the_dockerfile_copies_exists_and_is_in_the_build_context() -> None:
@@ -124,8 +139,12 @@ def test_everything_the_dockerfile_copies_exists_and_is_in_the_build_context() -
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     needed = {"pyproject.toml", project["project"]["readme"]}
     include = project["tool"]["setuptools"]["packages"]["find"]["include"]
-    needed |= {child.name for child in ROOT.iterdir() if (child / "__init__.py").exists()
-               and any(re.fullmatch(pattern.replace("*", ".*"), child.name) for pattern in include)}
+    needed |= {
+        child.name
+        for child in ROOT.iterdir()
+        if (child / "__init__.py").exists()
+        and any(re.fullmatch(pattern.replace("*", ".*"), child.name) for pattern in include)
+    }
     assert needed <= in_install_dir, f"not copied for the install: {needed - in_install_dir}"
 
 
@@ -147,8 +166,13 @@ def test_the_image_default_command_serves_and_its_healthcheck_passes() -> None:
     binary = Path(sys.executable).with_name(final.entrypoint[0])
     assert binary.exists(), "the entrypoint is the package's console script"
     check = [sys.executable, *command[1:-1], command[-1].replace(f":{image_port()}/", f":{port}/")]
-    gateway = subprocess.Popen([str(binary), *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               env={**os.environ, "MODELGATE_DEMO_KEY": "sk-artifacts-test"})
+    gateway = subprocess.Popen(
+        [str(binary), *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "MODELGATE_DEMO_KEY": "sk-artifacts-test"},
+    )
     try:
         deadline = time.monotonic() + 30
         while subprocess.run(check, capture_output=True, timeout=10).returncode != 0:
@@ -158,8 +182,9 @@ def test_the_image_default_command_serves_and_its_healthcheck_passes() -> None:
     finally:
         gateway.send_signal(signal.SIGTERM)
         gateway.wait(timeout=30)
-    assert subprocess.run(check, capture_output=True, timeout=10).returncode != 0, \
+    assert subprocess.run(check, capture_output=True, timeout=10).returncode != 0, (
         "the health check must fail with no gateway"
+    )
 
 
 # --- docker-compose.yaml ------------------------------------------------------------------------
@@ -181,6 +206,7 @@ def compose_schema_validator() -> jsonschema.protocols.Validator:
 
 def interpolate(value: str, environ: dict[str, str]) -> str:
     """Compose's `${VAR}`, `${VAR:-default}` and `${VAR-default}`, in a shell with none of them set."""
+
     def replace(match: re.Match[str]) -> str:
         name, colon, default = match.group(1), match.group(2), match.group(3)
         if name in environ and (environ[name] or not colon):
@@ -235,8 +261,9 @@ def gateway_config_path() -> Path:
 def test_compose_file_matches_the_compose_specification() -> None:
     validator = compose_schema_validator()
     document = compose()
-    problems = [f"{'.'.join(map(str, error.absolute_path))}: {error.message}"
-                for error in validator.iter_errors(document)]
+    problems = [
+        f"{'.'.join(map(str, error.absolute_path))}: {error.message}" for error in validator.iter_errors(document)
+    ]
     assert not problems, "\n".join(problems)
     broken = copy.deepcopy(document)
     broken["services"]["gateway"]["helthcheck"] = {}
@@ -268,9 +295,14 @@ def test_compose_gateway_config_passes_the_gateways_check_and_uses_the_stacks_re
     path = gateway_config_path()
     assert path.is_relative_to(DEPLOY), "the stack's gateway config lives in deploy/"
     environment = service_environment(gateway)
-    checked = subprocess.run([sys.executable, "-m", "proxy", "check-config", str(path)], cwd=ROOT,
-                             env={"PATH": os.environ.get("PATH", ""), **environment},
-                             capture_output=True, text=True, timeout=60)
+    checked = subprocess.run(
+        [sys.executable, "-m", "proxy", "check-config", str(path)],
+        cwd=ROOT,
+        env={"PATH": os.environ.get("PATH", ""), **environment},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert checked.returncode == 0, checked.stderr
     config = load_config(path, environment).config
     assert config.state.backend == "redis"
@@ -319,8 +351,9 @@ def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
             place = tmp_path / posixpath.relpath(target, "/etc/prometheus")
             place.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(source, place)
-    checked = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
-                             capture_output=True, text=True, timeout=60)
+    checked = subprocess.run(
+        [promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True, timeout=60
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "rules found" in checked.stdout + checked.stderr and " 0 rules found" not in checked.stdout
 
@@ -329,14 +362,18 @@ def test_grafana_provisions_the_prometheus_datasource_and_the_dashboard() -> Non
     services = compose()["services"]
     grafana = services["grafana"]
     provisioning = "/etc/grafana/provisioning"  # the image's GF_PATHS_PROVISIONING
-    sources = [yaml.safe_load(path.read_text(encoding="utf-8"))
-               for path in sorted(host_path(grafana, f"{provisioning}/datasources").glob("*.yaml"))]
+    sources = [
+        yaml.safe_load(path.read_text(encoding="utf-8"))
+        for path in sorted(host_path(grafana, f"{provisioning}/datasources").glob("*.yaml"))
+    ]
     (datasource,) = [source for file in sources for source in file["datasources"]]
     url = urlsplit(datasource["url"])
     assert datasource["type"] == "prometheus" and datasource["isDefault"] is True
     assert url.hostname == "prometheus" and url.port == 9090 and "prometheus" in services
-    providers = [yaml.safe_load(path.read_text(encoding="utf-8"))
-                 for path in sorted(host_path(grafana, f"{provisioning}/dashboards").glob("*.yaml"))]
+    providers = [
+        yaml.safe_load(path.read_text(encoding="utf-8"))
+        for path in sorted(host_path(grafana, f"{provisioning}/dashboards").glob("*.yaml"))
+    ]
     (provider,) = [provider for file in providers for provider in file["providers"]]
     assert provider["type"] == "file"
     folder = provider["options"]["path"]

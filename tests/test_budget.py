@@ -36,7 +36,7 @@ def cost_of(answer: dict[str, Any]) -> float:
     return usage["input_tokens"] * 3e-6 + usage["output_tokens"] * 15e-6
 
 
-async def test_spending_stops_at_the_budget_with_a_429_saying_when_it_resets(start_gateway, http) -> None:  # noqa: ANN001
+async def test_spending_stops_at_the_budget_with_a_429_saying_when_it_resets(start_gateway, http) -> None:
     gateway = await start_gateway(config("{cost_per_day: 0.002}"))
     spent, statuses, warned = 0.0, [], False
     for _ in range(12):
@@ -52,16 +52,17 @@ async def test_spending_stops_at_the_budget_with_a_429_saying_when_it_resets(sta
     assert spent <= 0.002 and spent > 0.002 - 2 * cost_of({"usage": {"input_tokens": 10, "output_tokens": 20}})
     assert warned, "past 80% answers said so"
     assert refusal["error"]["type"] == "rate_limit_error" and refusal["error"]["code"] == "budget_exceeded"
-    assert re.search(r"budget 'key-day-cost' of key:spender \(0.002 in cost a day\) has [\d.e-]+ left, less than "
-                     r"this request may spend \([\d.e-]+\); it resets at \d{4}-\d\d-\d\dT00:00:00Z",
-                     refusal["error"]["message"]), refusal["error"]["message"]
+    assert re.search(
+        r"budget 'key-day-cost' of key:spender \(0.002 in cost a day\) has [\d.e-]+ left, less than "
+        r"this request may spend \([\d.e-]+\); it resets at \d{4}-\d\d-\d\dT00:00:00Z",
+        refusal["error"]["message"],
+    ), refusal["error"]["message"]
     assert 0 < retry <= 86_400 and refused_headers["x-should-retry"] == "false"  # no SDK sleeps out the day
-    async with http.post(gateway.url + "/v1/messages", json=MESSAGE,
-                         headers={**MSG, "x-api-key": OTHER}) as answer:
+    async with http.post(gateway.url + "/v1/messages", json=MESSAGE, headers={**MSG, "x-api-key": OTHER}) as answer:
         assert answer.status == 200  # another key of the tenant: the budget was the key's own
 
 
-async def test_a_tenant_s_token_budget_counts_every_key_of_it(start_gateway, http) -> None:  # noqa: ANN001
+async def test_a_tenant_s_token_budget_counts_every_key_of_it(start_gateway, http) -> None:
     gateway = await start_gateway(config("null", extra="plugins: {budget: {tenants: {acme: {tokens_per_day: 200}}}}"))
     statuses = []
     for index in range(12):
@@ -73,12 +74,14 @@ async def test_a_tenant_s_token_budget_counts_every_key_of_it(start_gateway, htt
     assert "budget 'tenant-day-tokens' of tenant:acme (200 tokens a day)" in body["error"]["message"]
 
 
-async def test_a_key_without_a_budget_runs_none_of_the_budget_s_hooks(start_gateway, http) -> None:  # noqa: ANN001
+async def test_a_key_without_a_budget_runs_none_of_the_budget_s_hooks(start_gateway, http) -> None:
     """A budget named for one key makes the plugin busy, but a key with none (of a tenant with none)
     is not its business (Plugin.takes): no reservation, no coroutine per hook, nothing to settle."""
     from tests.recording_plugin import Recorder
 
-    route = "routes: {messages: {plugins: [auth, ratelimit, budget, usage, sse, ledger, tests.recording_plugin:Recorder]}}"
+    route = (
+        "routes: {messages: {plugins: [auth, ratelimit, budget, usage, sse, ledger, tests.recording_plugin:Recorder]}}"
+    )
     gateway = await start_gateway(config("{tokens_per_day: 10000}", extra=route).replace("tenant: acme", "tenant: own"))
     ran = {}
     for name, key in (("spender", KEY), ("sibling", OTHER)):
@@ -91,10 +94,13 @@ async def test_a_key_without_a_budget_runs_none_of_the_budget_s_hooks(start_gate
     assert [name for name in ran["spender"] if name != "budget"] == ran["sibling"]  # the others ran for both
 
 
-async def test_a_budget_across_three_instances_stops_within_one_request_of_it(spawn, shared_redis) -> None:  # noqa: ANN001
+async def test_a_budget_across_three_instances_stops_within_one_request_of_it(spawn, shared_redis) -> None:
     listen = 'server: {listen: "127.0.0.1:{PORT}"}'
-    text = config("{cost_per_day: 0.01}", listen=listen,
-                  state=f"state: {{backend: redis, url: '{shared_redis}', prefix: 'budget-{id(shared_redis)}:'}}")
+    text = config(
+        "{cost_per_day: 0.01}",
+        listen=listen,
+        state=f"state: {{backend: redis, url: '{shared_redis}', prefix: 'budget-{id(shared_redis)}:'}}",
+    )
     gateways = [spawn("gateway", config=text) for _ in range(3)]
     gate = asyncio.Semaphore(24)
 
@@ -109,8 +115,9 @@ async def test_a_budget_across_three_instances_stops_within_one_request_of_it(sp
     assert costs.count(0.0) > 0
 
 
-async def test_a_budget_the_state_store_lost_is_rebuilt_from_the_ledger(ledger_db, start_gateway, http,
-                                                                        redis_url, tmp_path) -> None:  # noqa: ANN001
+async def test_a_budget_the_state_store_lost_is_rebuilt_from_the_ledger(
+    ledger_db, start_gateway, http, redis_url, tmp_path
+) -> None:
     import redis.asyncio as aioredis
 
     from tests.test_ledger import rows_when
@@ -141,13 +148,14 @@ async def test_a_budget_the_state_store_lost_is_rebuilt_from_the_ledger(ledger_d
     assert 0.002 - cost_of({"usage": {"input_tokens": 10, "output_tokens": 20}}) < spent <= 0.002
 
 
-async def test_a_stream_left_early_is_settled_by_what_it_streamed(start_gateway, http) -> None:  # noqa: ANN001
+async def test_a_stream_left_early_is_settled_by_what_it_streamed(start_gateway, http) -> None:
     """Not by the placeholder count a message stream starts with (nearly free), nor by all it
     reserved (a key of a tenant could then spend the tenant's budget on nothing)."""
     gateway = await start_gateway(config("{tokens_per_day: 100000}"))
     slow = {**MSG, "x-sim-chunk-delay-ms": "2", "x-sim-output-tokens": "400"}
-    answer = await http.post(gateway.url + "/v1/messages", headers=slow,
-                             json={**MESSAGE, "max_tokens": 2000, "stream": True})
+    answer = await http.post(
+        gateway.url + "/v1/messages", headers=slow, json={**MESSAGE, "max_tokens": 2000, "stream": True}
+    )
     for _ in range(120):
         await answer.content.readuntil(b"event: content_block_delta")
     answer.close()
@@ -157,7 +165,7 @@ async def test_a_stream_left_early_is_settled_by_what_it_streamed(start_gateway,
     assert 120 <= spent < 400  # the prompt's 2 tokens and about one an event streamed
 
 
-async def test_a_model_the_price_table_does_not_price_is_refused_under_a_cost_budget(start_gateway, http) -> None:  # noqa: ANN001
+async def test_a_model_the_price_table_does_not_price_is_refused_under_a_cost_budget(start_gateway, http) -> None:
     gateway = await start_gateway(config("{cost_per_day: 1}"))
     unpriced = {"model": "respmodel-4o", "input": "hi"}
     async with http.post(gateway.url + "/v1/responses", json=unpriced, headers={"Authorization": f"Bearer {KEY}"}) as a:
@@ -171,14 +179,18 @@ def test_check_config_says_which_budgets_could_never_hold() -> None:
     from proxy.config import ConfigError, parse_config
 
     with pytest.raises(ConfigError) as refused:
-        parse_config("keys: [{name: a, key: budget-key-9, labels: {tenant: acme}, budget: {cost_per_day: 1}}]\n"
-                     "plugins: {budget: {tenants: {acmee: {tokens_per_day: 5}}}}", {})
+        parse_config(
+            "keys: [{name: a, key: budget-key-9, labels: {tenant: acme}, budget: {cost_per_day: 1}}]\n"
+            "plugins: {budget: {tenants: {acmee: {tokens_per_day: 5}}}}",
+            {},
+        )
     assert refused.value.problems == [
         "keys[0].budget: a cost budget, and no prices: every request would cost 0 (add `prices`, docs/ledger.md)",
-        "plugins.budget.tenants.acmee: no key has the tenant label 'acmee'"]
+        "plugins.budget.tenants.acmee: no key has the tenant label 'acmee'",
+    ]
 
 
-async def test_the_sdks_raise_a_budget_refusal_at_once_rather_than_sleep_until_it_resets(start_gateway) -> None:  # noqa: ANN001
+async def test_the_sdks_raise_a_budget_refusal_at_once_rather_than_sleep_until_it_resets(start_gateway) -> None:
     import time
 
     import anthropic
@@ -191,10 +203,12 @@ async def test_the_sdks_raise_a_budget_refusal_at_once_rather_than_sleep_until_i
     started = time.monotonic()
     async with asyncio.timeout(20):  # an SDK sleeping out Retry-After (hours) fails here, not the suite's budget
         with pytest.raises(anthropic.RateLimitError) as refused:
-            await client.messages.create(model="msgmodel-haiku-4-5", max_tokens=20,
-                                         messages=[{"role": "user", "content": "hi"}])
+            await client.messages.create(
+                model="msgmodel-haiku-4-5", max_tokens=20, messages=[{"role": "user", "content": "hi"}]
+            )
         assert refused.value.body["error"]["code"] == "budget_exceeded"  # type: ignore[index]
         with pytest.raises(openai.RateLimitError):
             await openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key=KEY).responses.create(
-                model="respmodel-4o", input="hi")
+                model="respmodel-4o", input="hi"
+            )
     assert time.monotonic() - started < 5, "each SDK took the refusal as final (x-should-retry: false)"

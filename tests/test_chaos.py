@@ -23,7 +23,7 @@ MSG = {"x-api-key": KEY, "msgapi-version": "2023-06-01"}
 class Redis:
     """A redis-server of the test's own, which it stops, hangs and starts again (no persistence)."""
 
-    def __init__(self, tmp_path) -> None:  # noqa: ANN001
+    def __init__(self, tmp_path) -> None:
         self.port = free_port()
         self.dir = tmp_path
         self.proc: subprocess.Popen[bytes] | None = None
@@ -33,8 +33,22 @@ class Redis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     async def start(self) -> None:
-        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--dir", str(self.dir)], stdout=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
         for _ in range(100):
             try:
                 _, writer = await asyncio.open_connection("127.0.0.1", self.port)
@@ -60,7 +74,7 @@ class Redis:
 
 
 @pytest.fixture
-async def redis(tmp_path) -> AsyncIterator[Redis]:  # noqa: ANN001
+async def redis(tmp_path) -> AsyncIterator[Redis]:
     server = Redis(tmp_path)
     await server.start()
     yield server
@@ -89,14 +103,14 @@ async def ready(http: aiohttp.ClientSession, url: str) -> tuple[int, dict]:
         return answer.status, await answer.json()
 
 
-async def until(check, timeout: float = 10.0) -> None:  # noqa: ANN001
+async def until(check, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not await check():
         assert time.monotonic() < deadline, "never happened"
         await asyncio.sleep(0.1)
 
 
-async def test_a_state_store_outage_degrades_clearly_and_heals(spawn, redis):  # noqa: ANN001
+async def test_a_state_store_outage_degrades_clearly_and_heals(spawn, redis):
     upstream = spawn("simulator", "--chunk-delay-ms", "0", "--output-tokens", "4")  # one upstream behind both
     config = gateway_config(redis.url, upstream.url)
     a, b = spawn("gateway", config=config), spawn("gateway", config=config)
@@ -130,7 +144,7 @@ async def test_a_state_store_outage_degrades_clearly_and_heals(spawn, redis):  #
             assert statuses and set(statuses) == {200}, (stage, statuses)  # nothing the load sent was refused
             for gateway in (a, b):
                 await until(lambda g=gateway: _store_up(http, g.admin))
-            await until(lambda: _followed(http, b.url, made_during["id"]))  # written once the store answered
+            await until(lambda made=made_during: _followed(http, b.url, made["id"]))  # written once the store answered
             if stage == "hung":  # the store kept its data: what was made before is followed again
                 assert (await respond(http, b.url, made_before["id"]))[0] == 200
 
@@ -174,17 +188,24 @@ async def _followed(http: aiohttp.ClientSession, url: str, response_id: str) -> 
 
 
 @pytest.mark.parametrize("reloaded", [False, True])
-async def test_a_drain_ends_within_its_timeout_and_every_cut_stream_says_so(spawn, reloaded):  # noqa: ANN001
-    gateway: Process = spawn("gateway", config="""
+async def test_a_drain_ends_within_its_timeout_and_every_cut_stream_says_so(spawn, reloaded):
+    gateway: Process = spawn(
+        "gateway",
+        config="""
 server: {listen: "127.0.0.1:{PORT}", drain_timeout_s: 2}
 channels: [{name: sim, base_url: simulator, simulator: {chunk_delay_ms: 200, output_tokens: 100}}]
-""")
-    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 200, "stream": True,
-            "messages": [{"role": "user", "content": "a long story"}]}
+""",
+    )
+    body = {
+        "model": "msgmodel-haiku-4-5",
+        "max_tokens": 200,
+        "stream": True,
+        "messages": [{"role": "user", "content": "a long story"}],
+    }
     async with aiohttp.ClientSession() as http:
+
         async def stream() -> bytes:  # 100 events 200 ms apart: far longer than the drain
-            async with http.post(gateway.url + "/v1/messages", json=body,
-                                 headers=MESSAGE_HEADERS) as answer:
+            async with http.post(gateway.url + "/v1/messages", json=body, headers=MESSAGE_HEADERS) as answer:
                 assert answer.status == 200
                 return await answer.read()
 
@@ -207,13 +228,18 @@ channels: [{name: sim, base_url: simulator, simulator: {chunk_delay_ms: 200, out
     assert "cutting open streams" in log
 
 
-async def test_a_request_whose_body_is_still_arriving_at_sigterm_is_answered(spawn):  # noqa: ANN001
-    gateway = spawn("gateway", config='server: {listen: "127.0.0.1:{PORT}", drain_timeout_s: 5}\n'
-                                      "channels: [{name: sim, base_url: simulator}]\n")
+async def test_a_request_whose_body_is_still_arriving_at_sigterm_is_answered(spawn):
+    gateway = spawn(
+        "gateway",
+        config='server: {listen: "127.0.0.1:{PORT}", drain_timeout_s: 5}\n'
+        "channels: [{name: sim, base_url: simulator}]\n",
+    )
     body = b'{"model":"respmodel-4o","input":"' + b"x" * 1000 + b'"}'
     reader, writer = await asyncio.open_connection("127.0.0.1", int(gateway.url.rsplit(":", 1)[1]))
-    writer.write(b"POST /v1/responses HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer sk-demo-key\r\n"
-                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:500])
+    writer.write(
+        b"POST /v1/responses HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer sk-demo-key\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:500]
+    )
     await writer.drain()
     await asyncio.sleep(0.3)
     gateway.proc.send_signal(signal.SIGTERM)
@@ -225,9 +251,12 @@ async def test_a_request_whose_body_is_still_arriving_at_sigterm_is_answered(spa
     assert await asyncio.to_thread(gateway.proc.wait, 10) == 0
 
 
-async def test_a_long_lived_keep_alive_connection_is_told_to_close(spawn):  # noqa: ANN001
-    gateway = spawn("gateway", config='server: {listen: "127.0.0.1:{PORT}", keepalive_requests: 3}\n'
-                                      "channels: [{name: sim, base_url: simulator}]\n")
+async def test_a_long_lived_keep_alive_connection_is_told_to_close(spawn):
+    gateway = spawn(
+        "gateway",
+        config='server: {listen: "127.0.0.1:{PORT}", keepalive_requests: 3}\n'
+        "channels: [{name: sim, base_url: simulator}]\n",
+    )
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http:
         closes = []
         for _ in range(4):
@@ -236,7 +265,7 @@ async def test_a_long_lived_keep_alive_connection_is_told_to_close(spawn):  # no
     assert closes[:2] == ["", ""] and closes[2] == "close"  # the third answer on one connection says so
 
 
-async def test_with_limits_failing_closed_readiness_follows_the_store_without_traffic(spawn, redis):  # noqa: ANN001
+async def test_with_limits_failing_closed_readiness_follows_the_store_without_traffic(spawn, redis):
     upstream = spawn("simulator")
     gateway = spawn("gateway", config=gateway_config(redis.url, upstream.url).replace("fail: open", "fail: closed"))
     async with aiohttp.ClientSession() as http:
@@ -254,7 +283,7 @@ async def _status_is(http: aiohttp.ClientSession, url: str, status: int) -> bool
     return (await ready(http, url))[0] == status
 
 
-async def test_workers_die_within_a_second_of_a_supervisor_killed_by_sigkill(spawn, redis):  # noqa: ANN001
+async def test_workers_die_within_a_second_of_a_supervisor_killed_by_sigkill(spawn, redis):
     gateway = spawn("gateway", config=gateway_config(redis.url, "simulator").replace("workers: 1", "workers: 2"))
     workers = children(gateway.proc.pid)
     assert len(workers) == 2
@@ -269,13 +298,20 @@ async def test_workers_die_within_a_second_of_a_supervisor_killed_by_sigkill(spa
             await http.get(gateway.url + "/healthz")
 
 
-async def test_after_a_cut_stream_a_retry_never_reaches_the_draining_gateway(spawn):  # noqa: ANN001
-    gateway = spawn("gateway", config="""
+async def test_after_a_cut_stream_a_retry_never_reaches_the_draining_gateway(spawn):
+    gateway = spawn(
+        "gateway",
+        config="""
 server: {listen: "127.0.0.1:{PORT}", drain_timeout_s: 2}
 channels: [{name: sim, base_url: simulator, simulator: {chunk_delay_ms: 200, output_tokens: 100}}]
-""")
-    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 200, "stream": True,
-            "messages": [{"role": "user", "content": "a long story"}]}
+""",
+    )
+    body = {
+        "model": "msgmodel-haiku-4-5",
+        "max_tokens": 200,
+        "stream": True,
+        "messages": [{"role": "user", "content": "a long story"}],
+    }
     headers = MESSAGE_HEADERS
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http:  # one connection, reused
         async with http.post(gateway.url + "/v1/messages", json=body, headers=headers) as answer:

@@ -27,15 +27,21 @@ async def raw_request(url: str, head: bytes, body_parts: list[bytes] = (), pause
             writer.write(part)
         await writer.drain()
         head_bytes = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-        length = next((int(line.split(b":")[1]) for line in head_bytes.split(b"\r\n")
-                       if line.lower().startswith(b"content-length:")), 0)
+        length = next(
+            (
+                int(line.split(b":")[1])
+                for line in head_bytes.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            ),
+            0,
+        )
         body = await asyncio.wait_for(reader.readexactly(length), 10)
     finally:
         writer.close()
     return int(head_bytes.split(b" ", 2)[1]), body
 
 
-async def test_headers_over_the_budget_are_a_431_in_the_message_format(start_gateway, http):  # noqa: ANN001
+async def test_headers_over_the_budget_are_a_431_in_the_message_format(start_gateway, http):
     gw = await start_gateway(LIMITS)
     padding = {f"x-pad-{n}": "v" * 400 for n in range(12)}  # each line fine, 5 KB together
     async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers={**MSG, **padding}) as answer:
@@ -46,7 +52,7 @@ async def test_headers_over_the_budget_are_a_431_in_the_message_format(start_gat
     assert len(gw.sim().requests) == 0
 
 
-async def test_too_many_headers_are_a_431_in_the_content_format(start_gateway, http):  # noqa: ANN001
+async def test_too_many_headers_are_a_431_in_the_content_format(start_gateway, http):
     gw = await start_gateway(LIMITS)
     many = {f"x-extra-{n}": "1" for n in range(25)}
     url = f"{gw.url}/v1beta/models/genmodel-2.0-flash:generateContent?key={DEMO_KEY}"
@@ -55,15 +61,16 @@ async def test_too_many_headers_are_a_431_in_the_content_format(start_gateway, h
         assert (await answer.json())["error"]["code"] == 431
 
 
-async def test_a_header_line_past_the_parser_fence_is_a_431_in_json_without_a_500(start_gateway):  # noqa: ANN001
+async def test_a_header_line_past_the_parser_fence_is_a_431_in_json_without_a_500(start_gateway):
     gw = await start_gateway(LIMITS)
-    status, body = await raw_request(gw.url, b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-huge: " + b"a" * 8000
-                                     + b"\r\nContent-Length: 0\r\n\r\n")
+    status, body = await raw_request(
+        gw.url, b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-huge: " + b"a" * 8000 + b"\r\nContent-Length: 0\r\n\r\n"
+    )
     assert status == 431  # refused by the parser, before the endpoint is known: the generic shape
     assert json.loads(body)["error"]["code"] == "request_header_fields_too_large" and b"aaaa" not in body
 
 
-async def test_past_max_connections_a_request_gets_a_503_and_its_connection_closes(start_gateway, http):  # noqa: ANN001
+async def test_past_max_connections_a_request_gets_a_503_and_its_connection_closes(start_gateway, http):
     gw = await start_gateway(LIMITS.replace("keepalive_timeout_s: 0.5", "keepalive_timeout_s: 30"))
     address = yarl.URL(gw.url)
     idle = [await asyncio.open_connection(address.host, address.port) for _ in range(3)]
@@ -78,7 +85,7 @@ async def test_past_max_connections_a_request_gets_a_503_and_its_connection_clos
         assert answer.status == 200
 
 
-async def test_idle_connections_past_the_limit_and_its_headroom_are_closed_as_accepted(start_gateway):  # noqa: ANN001
+async def test_idle_connections_past_the_limit_and_its_headroom_are_closed_as_accepted(start_gateway):
     gw = await start_gateway(LIMITS.replace("keepalive_timeout_s: 0.5", "keepalive_timeout_s: 30"))
     address = yarl.URL(gw.url)
     held = [await asyncio.open_connection(address.host, address.port) for _ in range(3 + 16)]  # limit + headroom
@@ -89,35 +96,40 @@ async def test_idle_connections_past_the_limit_and_its_headroom_are_closed_as_ac
         idle.close()
 
 
-async def test_a_body_that_stops_arriving_is_a_408_in_the_message_format(start_gateway):  # noqa: ANN001
+async def test_a_body_that_stops_arriving_is_a_408_in_the_message_format(start_gateway):
     gw = await start_gateway(LIMITS)
     body = json.dumps(MESSAGE).encode()
-    head = (f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: {DEMO_KEY}\r\nmsgapi-version: 2023-06-01\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    head = (
+        f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: {DEMO_KEY}\r\nmsgapi-version: 2023-06-01\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
     status, answer = await raw_request(gw.url, head + body[:10])  # and then nothing
     assert status == 408
     assert "stopped arriving" in json.loads(answer)["error"]["message"]
     assert len(gw.sim().requests) == 0
 
 
-async def test_an_upload_that_stalls_midway_is_a_408_and_never_reaches_the_upstream_whole(start_gateway):  # noqa: ANN001
+async def test_an_upload_that_stalls_midway_is_a_408_and_never_reaches_the_upstream_whole(start_gateway):
     gw = await start_gateway(LIMITS)
     png = b"\x89PNG\r\n\x1a\n" + b"\0" * 4096
-    start = (b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nimagegen-2\r\n'
-             b'--b\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nx\r\n'
-             b'--b\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n'
-             b"Content-Type: image/png\r\n\r\n" + png)
+    start = (
+        b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nimagegen-2\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nx\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n'
+        b"Content-Type: image/png\r\n\r\n" + png
+    )
     end = b"\r\n--b--\r\n"
-    head = (f"POST /v1/images/edits HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {DEMO_KEY}\r\n"
-            f"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: {len(start) + len(end)}\r\n\r\n"
-            ).encode()
+    head = (
+        f"POST /v1/images/edits HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {DEMO_KEY}\r\n"
+        f"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: {len(start) + len(end)}\r\n\r\n"
+    ).encode()
     status, answer = await raw_request(gw.url, head + start)  # and then the client goes quiet
     assert status == 408
     assert "stopped arriving" in json.loads(answer)["error"]["message"]
     assert all(not r.body_sha256 for r in gw.sim().requests)  # the upstream never had it whole
 
 
-async def test_a_connection_that_never_finishes_its_headers_is_closed(start_gateway):  # noqa: ANN001
+async def test_a_connection_that_never_finishes_its_headers_is_closed(start_gateway):
     gw = await start_gateway(LIMITS)
     address = yarl.URL(gw.url)
     reader, writer = await asyncio.open_connection(address.host, address.port)
@@ -127,7 +139,7 @@ async def test_a_connection_that_never_finishes_its_headers_is_closed(start_gate
     writer.close()
 
 
-async def test_a_client_that_stops_reading_a_stream_is_cut_off(start_gateway):  # noqa: ANN001
+async def test_a_client_that_stops_reading_a_stream_is_cut_off(start_gateway):
     gw = await start_gateway(LIMITS)
     address = yarl.URL(gw.url)
     sock = socket.socket()
@@ -136,9 +148,14 @@ async def test_a_client_that_stops_reading_a_stream_is_cut_off(start_gateway):  
     sock.setblocking(False)
     reader, writer = await asyncio.open_connection(sock=sock)
     body = json.dumps({**MESSAGE, "stream": True}).encode()
-    writer.write((f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: {DEMO_KEY}\r\nmsgapi-version: 2023-06-01\r\n"
-                  "x-sim-output-tokens: 100000\r\nx-sim-chunk-delay-ms: 0\r\nContent-Type: application/json\r\n"
-                  f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+    writer.write(
+        (
+            f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: {DEMO_KEY}\r\nmsgapi-version: 2023-06-01\r\n"
+            "x-sim-output-tokens: 100000\r\nx-sim-chunk-delay-ms: 0\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        + body
+    )
     await writer.drain()
     await asyncio.sleep(3)  # reading nothing, while the gateway has megabytes to send
     tail = b""

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
-from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, Provider, running_provider
+from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, running_provider
 
 pytestmark = [pytest.mark.xdist_group("browser")]  # one Chromium at a time: it wants most of a core
 
@@ -46,7 +46,7 @@ console: {{trace_url: "https://traces.example/trace/{{trace_id}}"{oidc}}}
 
 
 @pytest.fixture
-def gateway(spawn, redis_url: str, ledger_db: str, tmp_path: Path):  # noqa: ANN001, ANN201
+def gateway(spawn, redis_url: str, ledger_db: str, tmp_path: Path):
     return spawn("gateway", config=console_config(redis_url, ledger_db, tmp_path.name))
 
 
@@ -90,8 +90,9 @@ async def eventually(check: Callable[[], Awaitable[bool]], what: str, seconds: f
 
 async def api(admin_url: str, method: str, path: str, token: str = OWNER, body: Any = None) -> tuple[int, Any]:
     async with aiohttp.ClientSession() as http:
-        async with http.request(method, f"{admin_url}/admin/v1{path}", json=body,
-                                headers={"Authorization": f"Bearer {token}"}) as answer:
+        async with http.request(
+            method, f"{admin_url}/admin/v1{path}", json=body, headers={"Authorization": f"Bearer {token}"}
+        ) as answer:
             return answer.status, await answer.json()
 
 
@@ -106,7 +107,7 @@ async def ask(gateway_url: str, secret: str) -> Any:
         await client.close()
 
 
-async def test_an_owner_makes_a_key_sees_its_request_and_cost_and_disables_it(gateway) -> None:  # noqa: ANN001
+async def test_an_owner_makes_a_key_sees_its_request_and_cost_and_disables_it(gateway) -> None:
     import openai
 
     admin = gateway.admin
@@ -189,7 +190,7 @@ async def test_an_owner_makes_a_key_sees_its_request_and_cost_and_disables_it(ga
     assert origins == {admin}, origins  # every page, style sheet and script: the gateway's own
 
 
-async def test_a_tenant_admin_sees_only_its_tenant_s_keys_spend_and_requests(gateway) -> None:  # noqa: ANN001
+async def test_a_tenant_admin_sees_only_its_tenant_s_keys_spend_and_requests(gateway) -> None:
     admin = gateway.admin
     secrets_by_key = {}
     for tenant, key in (("acme", "acme-web"), ("globex", "globex-batch")):
@@ -198,8 +199,9 @@ async def test_a_tenant_admin_sees_only_its_tenant_s_keys_spend_and_requests(gat
         assert status == 201
         secrets_by_key[key] = made["secret"]
         await ask(gateway.url, made["secret"])
-    status, token = await api(admin, "POST", "/admin-tokens",
-                              body={"name": "acme-ops", "role": "tenant-admin", "tenant": "acme"})
+    status, token = await api(
+        admin, "POST", "/admin-tokens", body={"name": "acme-ops", "role": "tenant-admin", "tenant": "acme"}
+    )
     assert status == 201
 
     async with browser(admin) as (page, _):
@@ -231,7 +233,7 @@ async def test_a_tenant_admin_sees_only_its_tenant_s_keys_spend_and_requests(gat
         assert response.status == 404
 
 
-async def test_a_change_without_the_page_s_csrf_token_is_refused(gateway) -> None:  # noqa: ANN001
+async def test_a_change_without_the_page_s_csrf_token_is_refused(gateway) -> None:
     admin = gateway.admin
     status, made = await api(admin, "POST", "/keys", body={"name": "web"})
     assert status == 201
@@ -242,17 +244,22 @@ async def test_a_change_without_the_page_s_csrf_token_is_refused(gateway) -> Non
             answer = await page.request.post(f"{admin}/console/keys/web/disable", form=form, max_redirects=0)
             assert answer.status == 403 and "CSRF" in await answer.text()
         # A page of another origin posting to the console: its Origin does not match.
-        answer = await page.request.post(f"{admin}/console/keys/web/disable", max_redirects=0,
-                                         form={"csrf": await page.input_value("input[name=csrf]")},
-                                         headers={"Origin": "https://evil.example"})
+        answer = await page.request.post(
+            f"{admin}/console/keys/web/disable",
+            max_redirects=0,
+            form={"csrf": await page.input_value("input[name=csrf]")},
+            headers={"Origin": "https://evil.example"},
+        )
         assert answer.status == 403
     assert (await api(admin, "GET", "/keys/web"))[1]["state"] == "active"
 
 
-async def test_oidc_sign_in_with_a_role_claim(spawn, redis_url: str, ledger_db: str, tmp_path: Path) -> None:  # noqa: ANN001
+async def test_oidc_sign_in_with_a_role_claim(spawn, redis_url: str, ledger_db: str, tmp_path: Path) -> None:
     async with running_provider() as provider:
-        oidc = (f', oidc: {{issuer: "{provider.url}", client_id: {CLIENT_ID}, client_secret: {CLIENT_SECRET}, '
-                'redirect_url: "http://127.0.0.1:{ADMIN_PORT}/console/oidc/callback"}')
+        oidc = (
+            f', oidc: {{issuer: "{provider.url}", client_id: {CLIENT_ID}, client_secret: {CLIENT_SECRET}, '
+            'redirect_url: "http://127.0.0.1:{ADMIN_PORT}/console/oidc/callback"}'
+        )
         gateway = spawn("gateway", config=console_config(redis_url, ledger_db, tmp_path.name, oidc))
         admin = gateway.admin
         assert (await api(admin, "POST", "/tenants", body={"name": "acme"}))[0] == 201
@@ -282,7 +289,7 @@ async def test_oidc_sign_in_with_a_role_claim(spawn, redis_url: str, ledger_db: 
             await page.click("text=Sign in with your identity provider")
             await page.wait_for_load_state()
             assert "refused" in await page.inner_text("main") and "/console/signin" not in page.url
-            response = await page.goto(f"{admin}/console/keys")
+            await page.goto(f"{admin}/console/keys")
             assert page.url == f"{admin}/console/signin"  # no session came of it
         trail = (await api(admin, "GET", "/audit"))[1]["entries"]
         assert not any(entry["outcome"] == "denied" and entry["actor"] == "oidc:carol" for entry in trail)

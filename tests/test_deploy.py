@@ -60,7 +60,7 @@ class RoundRobin:
 
 
 @pytest.fixture
-async def cluster(spawn, redis_url: str) -> AsyncIterator[tuple[str, RoundRobin]]:  # noqa: ANN001
+async def cluster(spawn, redis_url: str) -> AsyncIterator[tuple[str, RoundRobin]]:
     sim_a, sim_b = spawn("simulator", "--name", "a"), spawn("simulator", "--name", "b")
     balancer_port = free_port()
     prefix = f"deploy-{os.getpid()}-{time.monotonic_ns()}:"
@@ -91,24 +91,44 @@ async def fresh(method: str, url: str, **kwargs: object) -> tuple[int, bytes, st
             return answer.status, await answer.read(), answer.content_type
 
 
-async def test_limits_affinity_and_signed_urls_hold_across_three_instances(
-        cluster: tuple[str, RoundRobin]) -> None:
+async def test_limits_affinity_and_signed_urls_hold_across_three_instances(cluster: tuple[str, RoundRobin]) -> None:
     base, balancer = cluster
-    statuses = [(await fresh("POST", base + "/v1/responses", json={"model": "respmodel-4o", "input": "x"},
-                             headers={"Authorization": f"Bearer {LIMITED}"}))[0] for _ in range(7)]
+    statuses = [
+        (
+            await fresh(
+                "POST",
+                base + "/v1/responses",
+                json={"model": "respmodel-4o", "input": "x"},
+                headers={"Authorization": f"Bearer {LIMITED}"},
+            )
+        )[0]
+        for _ in range(7)
+    ]
     assert statuses.count(200) == 5 and statuses.count(429) == 2  # one limit for the key, not one per instance
 
-    status, body, _ = await fresh("POST", base + "/v1/responses", headers=BEARER,
-                                  json={"model": "respmodel-4o", "input": "remember this", "store": True})
+    status, body, _ = await fresh(
+        "POST",
+        base + "/v1/responses",
+        headers=BEARER,
+        json={"model": "respmodel-4o", "input": "remember this", "store": True},
+    )
     assert status == 200
     made = yaml.safe_load(body)["id"]
     for _ in range(6):  # every instance, twice: each must send the follow-up to the channel that knows the id
-        status, body, _ = await fresh("POST", base + "/v1/responses", headers=BEARER,
-                                      json={"model": "respmodel-4o", "input": "and now?", "previous_response_id": made})
+        status, body, _ = await fresh(
+            "POST",
+            base + "/v1/responses",
+            headers=BEARER,
+            json={"model": "respmodel-4o", "input": "and now?", "previous_response_id": made},
+        )
         assert status == 200, body
 
-    status, body, _ = await fresh("POST", base + "/v1/images/generations", headers=BEARER,
-                                  json={"model": "imagegen-2", "prompt": "a fox", "response_format": "url"})
+    status, body, _ = await fresh(
+        "POST",
+        base + "/v1/images/generations",
+        headers=BEARER,
+        json={"model": "imagegen-2", "prompt": "a fox", "response_format": "url"},
+    )
     assert status == 200
     url = yaml.safe_load(body)["data"][0]["url"]
     assert url.startswith(base + "/images/")
@@ -119,8 +139,13 @@ async def test_limits_affinity_and_signed_urls_hold_across_three_instances(
 
 
 def test_the_shipped_configs_load() -> None:
-    env = {"MODELGATE_PUBLIC_URL": "https://models.example.com", "MODELGATE_REDIS_URL": "redis://redis:6379/0",
-           "TEAM_A_KEY_SHA256": "a" * 64, "UPSTREAM_URL": "https://upstream.example.com", "UPSTREAM_KEY": "k",
-           "URL_SIGNING_SECRET": "s" * 32}
+    env = {
+        "MODELGATE_PUBLIC_URL": "https://models.example.com",
+        "MODELGATE_REDIS_URL": "redis://redis:6379/0",
+        "TEAM_A_KEY_SHA256": "a" * 64,
+        "UPSTREAM_URL": "https://upstream.example.com",
+        "UPSTREAM_KEY": "k",
+        "URL_SIGNING_SECRET": "s" * 32,
+    }
     parse_config((DEPLOY / "gateway.yaml").read_text(), env)
     # deploy/kubernetes/'s config is checked with the files its pods mount: tests/test_kubernetes.py.

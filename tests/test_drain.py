@@ -23,12 +23,20 @@ CLEAN_CLOSE = "closed before any byte"  # what a read gives when the gateway clo
 
 
 def message_request(request_id: str, stream: bool = False) -> bytes:
-    body = json.dumps({"model": "msgmodel-haiku-4-5", "max_tokens": 64, "stream": stream,
-                       "messages": [{"role": "user", "content": request_id}]}).encode()
+    body = json.dumps(
+        {
+            "model": "msgmodel-haiku-4-5",
+            "max_tokens": 64,
+            "stream": stream,
+            "messages": [{"role": "user", "content": request_id}],
+        }
+    ).encode()
     headers = {**MESSAGE_HEADERS, "x-sim-output-tokens": "30"} if stream else MESSAGE_HEADERS  # ~30 events
     head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-    return (f"POST /v1/messages HTTP/1.1\r\nHost: gw\r\n{head}X-Request-Id: {request_id}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"POST /v1/messages HTTP/1.1\r\nHost: gw\r\n{head}X-Request-Id: {request_id}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 @dataclass
@@ -80,14 +88,19 @@ class Kept:
 
 
 def _drain_config(mode: str, simulator: str) -> str:
-    workers = (f"server: {{listen: '127.0.0.1:{{PORT}}', drain_timeout_s: 20, workers: 2}}\n"
-               f"state: {{backend: redis, url: '{REDIS_URL}', prefix: 'drain-test:'}}\n") if mode == "workers" \
+    workers = (
+        (
+            f"server: {{listen: '127.0.0.1:{{PORT}}', drain_timeout_s: 20, workers: 2}}\n"
+            f"state: {{backend: redis, url: '{REDIS_URL}', prefix: 'drain-test:'}}\n"
+        )
+        if mode == "workers"
         else "server: {listen: '127.0.0.1:{PORT}', drain_timeout_s: 20}\n"
+    )
     return workers + f"channels: [{{name: sim, base_url: '{simulator}'}}]\n"
 
 
 @pytest.mark.parametrize("mode", ["single", "workers"])
-async def test_sigterm_closes_idle_connections_at_once_lets_streams_finish_and_loses_no_request(spawn, mode):  # noqa: ANN001
+async def test_sigterm_closes_idle_connections_at_once_lets_streams_finish_and_loses_no_request(spawn, mode):
     simulator: Process = spawn("simulator", "--chunk-delay-ms", "150")
     gateway: Process = spawn("gateway", config=_drain_config(mode, simulator.url))
     idle = [await Kept.open(gateway.url) for _ in range(8)]
@@ -122,7 +135,9 @@ async def test_sigterm_closes_idle_connections_at_once_lets_streams_finish_and_l
         return await connection.answer()
 
     after = await asyncio.gather(*(stream_then_next(n, h, c) for n, (h, c) in enumerate(zip(heads, streams))))
-    assert all(isinstance(a, RawAnswer) and a.status == 200 and a.headers["connection"] == "close" for a in after), after
+    assert all(isinstance(a, RawAnswer) and a.status == 200 and a.headers["connection"] == "close" for a in after), (
+        after
+    )
     assert all([await connection.eof() for connection in streams])
     assert await asyncio.to_thread(gateway.proc.wait, 30) == 0
 
@@ -130,15 +145,21 @@ async def test_sigterm_closes_idle_connections_at_once_lets_streams_finish_and_l
     async with aiohttp.ClientSession() as http:
         async with http.get(simulator.url + "/_sim/requests") as listed:
             upstream_ids = {dict((k.lower(), v) for k, v in r["headers"])["x-request-id"] for r in await listed.json()}
-    answered = {f"idle-{n}" for n in range(8)} | {f"stream-{n}" for n in range(4)} | \
-        {f"after-stream-{n}" for n in range(4)} | {f"racing-{n}" for n, o in enumerate(raced) if o != CLEAN_CLOSE}
+    answered = (
+        {f"idle-{n}" for n in range(8)}
+        | {f"stream-{n}" for n in range(4)}
+        | {f"after-stream-{n}" for n in range(4)}
+        | {f"racing-{n}" for n, o in enumerate(raced) if o != CLEAN_CLOSE}
+    )
     assert upstream_ids == answered
     lines = _json_lines(gateway)
     logged = {line.get("request_id") for line in lines if line.get("event") == "request"}
     assert answered <= logged
     # The idle connections were closed at once, not once the streams ended (as they used to be).
     events = [line.get("event") if line.get("event") != "request" else line.get("request_id") for line in lines]
-    assert events.index("drain: idle keep-alive connections closed") < min(events.index(f"stream-{n}") for n in range(4))
+    assert events.index("drain: idle keep-alive connections closed") < min(
+        events.index(f"stream-{n}") for n in range(4)
+    )
     for connection in idle + streams:
         connection.close()
 
@@ -153,7 +174,7 @@ def _json_lines(process: Process) -> list[dict]:
     return lines
 
 
-async def test_aiohttp_still_shows_what_the_drain_reads_of_a_connection(start_gateway, http) -> None:  # noqa: ANN001
+async def test_aiohttp_still_shows_what_the_drain_reads_of_a_connection(start_gateway, http) -> None:
     """The drain reads aiohttp's request handler where it has no public word (proxy/process/drain.py):
     an upgrade of aiohttp that renames those parts fails here, not in a drain. A half-closed
     connection's client reads end of file, and a request it sends then is dropped unread."""
@@ -177,7 +198,7 @@ async def test_aiohttp_still_shows_what_the_drain_reads_of_a_connection(start_ga
     fresh.close()
 
 
-async def _handlers(gw, count: int) -> list:  # noqa: ANN001
+async def _handlers(gw, count: int) -> list:
     for _ in range(200):  # bounded: the server registers a connection once its loop runs
         handlers = gw.runner.server.connections
         if len(handlers) >= count and all(parked(h) for h in handlers):
@@ -186,7 +207,7 @@ async def _handlers(gw, count: int) -> list:  # noqa: ANN001
     raise AssertionError(f"{count} parked connections never showed")
 
 
-async def test_a_connection_that_has_sent_nothing_yet_is_answered_in_the_drain(start_gateway) -> None:  # noqa: ANN001
+async def test_a_connection_that_has_sent_nothing_yet_is_answered_in_the_drain(start_gateway) -> None:
     """A connection accepted but not yet sent its first request, and one still waiting in the
     kernel's accept queue when the listener closes: neither is closed under its client; the
     request each sends is served, with `Connection: close`."""
@@ -198,8 +219,9 @@ async def test_a_connection_that_has_sent_nothing_yet_is_answered_in_the_drain(s
     queued = socket.create_connection(("127.0.0.1", port))  # the handshake completes in the kernel's queue
     site = next(iter(runner.sites))
     await stop_listening(site, runner)  # no await ran between the connect and this: it was still queued
-    drain = asyncio.ensure_future(owner.drain.run(lambda: owner.gateway.in_flight, 10,
-                                                  lambda: runner.server.connections))
+    drain = asyncio.ensure_future(
+        owner.drain.run(lambda: owner.gateway.in_flight, 10, lambda: runner.server.connections)
+    )
     queued.setblocking(False)
     reader, writer = await asyncio.open_connection(sock=queued)
     waiting = Kept(reader, writer)
@@ -213,12 +235,15 @@ async def test_a_connection_that_has_sent_nothing_yet_is_answered_in_the_drain(s
         connection.close()
 
 
-async def test_past_the_cut_point_a_request_is_answered_503_shutting_down(start_gateway, http, capfd) -> None:  # noqa: ANN001
+async def test_past_the_cut_point_a_request_is_answered_503_shutting_down(start_gateway, http, capfd) -> None:
     gw = await start_gateway()
     drain: Drain = gw.owner.drain
     drain.draining = drain.cutting = True
-    async with http.post(gw.url + "/v1/responses", json={"model": "respmodel-4o", "input": "hi"},
-                         headers={"Authorization": "Bearer sk-demo-key", "X-Request-Id": "late-1"}) as answer:
+    async with http.post(
+        gw.url + "/v1/responses",
+        json={"model": "respmodel-4o", "input": "hi"},
+        headers={"Authorization": "Bearer sk-demo-key", "X-Request-Id": "late-1"},
+    ) as answer:
         assert answer.status == 503 and answer.headers["Connection"] == "close"
         assert answer.headers["Retry-After"] == "0"
         assert (await answer.json())["error"]["code"] == "server_shutting_down"

@@ -17,7 +17,7 @@ channels:
 """
 
 
-def assert_key_swapped(record, placement: str) -> None:  # noqa: ANN001
+def assert_key_swapped(record, placement: str) -> None:
     everything = repr(record.headers) + record.query
     assert CLIENT_KEY not in everything
     if placement == "bearer":
@@ -33,7 +33,7 @@ def assert_key_swapped(record, placement: str) -> None:  # noqa: ANN001
 
 
 @pytest.fixture
-async def gw(start_gateway):  # noqa: ANN001, ANN201
+async def gw(start_gateway):
     return await start_gateway(CONFIG)
 
 
@@ -41,9 +41,10 @@ BEARER = {"Authorization": f"Bearer {CLIENT_KEY}"}
 
 
 @pytest.mark.parametrize("path", ["/v1/video/generations", "/v1/videos"])
-async def test_video_submission_status_and_content_reach_the_channel(gw, http, path):  # noqa: ANN001
-    async with http.post(gw.url + path, headers=BEARER,
-                         json={"model": "videogen-3.0-generate-001", "prompt": "a cat"}) as answer:
+async def test_video_submission_status_and_content_reach_the_channel(gw, http, path):
+    async with http.post(
+        gw.url + path, headers=BEARER, json={"model": "videogen-3.0-generate-001", "prompt": "a cat"}
+    ) as answer:
         assert answer.status == 200
         task = await answer.json()
     assert task["object"] == "video" and task["id"] == task.get("task_id", task["id"])
@@ -52,8 +53,10 @@ async def test_video_submission_status_and_content_reach_the_channel(gw, http, p
         assert answer.status == 200
         status = await answer.json()
     # endpoint 2 answers 2.3's shape; endpoint 4 the video object of the response SDK
-    assert (status["data"]["status"] if path == "/v1/video/generations" else status["status"]) in ("succeeded",
-                                                                                                     "completed")
+    assert (status["data"]["status"] if path == "/v1/video/generations" else status["status"]) in (
+        "succeeded",
+        "completed",
+    )
     assert_key_swapped(gw.last_upstream_request("upstream"), "bearer")
     async with http.get(f"{gw.url}/v1/videos/{task['id']}/content", headers=BEARER) as answer:
         assert answer.status == 200
@@ -62,16 +65,19 @@ async def test_video_submission_status_and_content_reach_the_channel(gw, http, p
     assert_key_swapped(gw.last_upstream_request("upstream"), "bearer")
 
 
-async def test_image_generations_reach_the_channel(gw, http):  # noqa: ANN001
-    async with http.post(gw.url + "/v1/images/generations", headers=BEARER,
-                         json={"model": "imagegen-2", "prompt": "a fox", "size": "1024x1024"}) as answer:
+async def test_image_generations_reach_the_channel(gw, http):
+    async with http.post(
+        gw.url + "/v1/images/generations",
+        headers=BEARER,
+        json={"model": "imagegen-2", "prompt": "a fox", "size": "1024x1024"},
+    ) as answer:
         assert answer.status == 200
         body = await answer.json()
     assert body["data"][0]["b64_json"]
     assert_key_swapped(gw.last_upstream_request("upstream"), "bearer")
 
 
-async def test_image_edits_multipart_reach_the_channel(gw, http):  # noqa: ANN001
+async def test_image_edits_multipart_reach_the_channel(gw, http):
     import aiohttp
 
     form = aiohttp.FormData()
@@ -87,14 +93,14 @@ async def test_image_edits_multipart_reach_the_channel(gw, http):  # noqa: ANN00
     assert_key_swapped(record, "bearer")
 
 
-async def test_image_edits_json_variant_reaches_the_channel(gw, http):  # noqa: ANN001
+async def test_image_edits_json_variant_reaches_the_channel(gw, http):
     body = {"model": "imagegen-2", "prompt": "p", "images": [{"image_url": "data:image/png;base64,iVBORw0KGgo="}]}
     async with http.post(gw.url + "/v1/images/edits", headers=BEARER, json=body) as answer:
         assert answer.status == 200
     assert_key_swapped(gw.last_upstream_request("upstream"), "bearer")
 
 
-async def test_messages_reach_the_channel_with_x_api_key(gw, http):  # noqa: ANN001
+async def test_messages_reach_the_channel_with_x_api_key(gw, http):
     headers = {"x-api-key": CLIENT_KEY, "msgapi-version": "2023-06-01", "msgapi-beta": "a,b"}
     body = {"model": "msgmodel-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
     async with http.post(gw.url + "/v1/messages", headers=headers, json=body) as answer:
@@ -106,7 +112,7 @@ async def test_messages_reach_the_channel_with_x_api_key(gw, http):  # noqa: ANN
 
 
 @pytest.mark.parametrize("verb", ["generateContent", "streamGenerateContent"])
-async def test_content_generation_reaches_the_channel_with_query_key(gw, http, verb):  # noqa: ANN001
+async def test_content_generation_reaches_the_channel_with_query_key(gw, http, verb):
     url = f"{gw.url}/v1beta/models/genmodel-2.0-flash:{verb}?alt=sse&key={CLIENT_KEY}"
     async with http.post(url, json={"contents": [{"parts": [{"text": "hi"}]}]}) as answer:
         assert answer.status == 200
@@ -117,15 +123,16 @@ async def test_content_generation_reaches_the_channel_with_query_key(gw, http, v
     assert record.path == f"/v1beta/models/genmodel-2.0-flash:{verb}"
 
 
-async def test_responses_reach_the_channel(gw, http):  # noqa: ANN001
-    async with http.post(gw.url + "/v1/responses", headers=BEARER,
-                         json={"model": "respmodel-4o", "input": "hi"}) as answer:
+async def test_responses_reach_the_channel(gw, http):
+    async with http.post(
+        gw.url + "/v1/responses", headers=BEARER, json={"model": "respmodel-4o", "input": "hi"}
+    ) as answer:
         assert answer.status == 200
         assert (await answer.json())["object"] == "response"
     assert_key_swapped(gw.last_upstream_request("upstream"), "bearer")
 
 
-async def test_login_passes_cookies_and_never_caches(gw, http):  # noqa: ANN001
+async def test_login_passes_cookies_and_never_caches(gw, http):
     async with http.post(gw.url + "/api/user/login/2fa", json={}) as answer:
         assert answer.status == 200
         assert len(answer.headers.getall("Set-Cookie")) == 2
@@ -133,7 +140,7 @@ async def test_login_passes_cookies_and_never_caches(gw, http):  # noqa: ANN001
     assert_key_swapped(gw.last_upstream_request("upstream"), "none")
 
 
-async def test_webhook_body_and_signature_reach_the_backend_byte_exact(gw, http):  # noqa: ANN001
+async def test_webhook_body_and_signature_reach_the_backend_byte_exact(gw, http):
     raw = b'{"event":"paid",  "amount": 100}\n'
     headers = {"Content-Type": "application/json", "Stripe-Signature": "t=1,v1=abc"}
     async with http.post(gw.url + "/api/stripe/webhook", data=raw, headers=headers) as answer:
@@ -144,7 +151,7 @@ async def test_webhook_body_and_signature_reach_the_backend_byte_exact(gw, http)
     assert echo["signature_headers"] == {"Stripe-Signature": "t=1,v1=abc"}
 
 
-async def test_health_and_readiness(gw, http):  # noqa: ANN001
+async def test_health_and_readiness(gw, http):
     async with http.get(gw.url + "/healthz") as answer:
         assert answer.status == 200
     async with http.get(gw.admin + "/readyz") as answer:

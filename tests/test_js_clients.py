@@ -76,8 +76,12 @@ async def run(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Run]:
     async with gateway_starter(tmp_path_factory.mktemp("js-clients")) as start:
         base, slow = await start(), await start(SLOW)
         node = await asyncio.create_subprocess_exec(
-            "node", str(script), json.dumps({"base": base.url, "slow": slow.url, "key": DEMO_KEY}),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            "node",
+            str(script),
+            json.dumps({"base": base.url, "slow": slow.url, "key": DEMO_KEY}),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         out, err = await asyncio.wait_for(node.communicate(), 120)
         lines = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
         yield Run({line["case"]: line for line in lines}, base, slow, err.decode())
@@ -86,8 +90,16 @@ async def run(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Run]:
 def test_the_newest_majors_are_installed(run: Run) -> None:
     versions = run.value("versions")
     majors = {name: int(version.split(".")[0]) for name, version in versions.items()}
-    assert majors == {"openai": 7, "@anthropic-ai/sdk": 1, "@google/genai": 3, "ai": 7, "@ai-sdk/openai": 4,
-                      "@ai-sdk/anthropic": 4, "@ai-sdk/google": 4, "zod": 4}, versions
+    assert majors == {
+        "openai": 7,
+        "@anthropic-ai/sdk": 1,
+        "@google/genai": 3,
+        "ai": 7,
+        "@ai-sdk/openai": 4,
+        "@ai-sdk/anthropic": 4,
+        "@ai-sdk/google": 4,
+        "zod": 4,
+    }, versions
 
 
 # -- each SDK in its own format: the simulator's words, whole and streamed, where each SDK sends them --
@@ -144,6 +156,7 @@ def test_the_ai_sdk_generates_and_streams_text_in_each_format(run: Run, provider
 
 # -- the AI SDK's tool loop: a call, its result sent back, then the final text --
 
+
 @pytest.mark.parametrize("provider", ["openai", "anthropic", "google"])
 def test_the_ai_sdk_tool_loop_ends_with_text_after_the_tools_result(run: Run, provider: str) -> None:
     result = run.value(f"ai {provider} tool loop")
@@ -161,15 +174,19 @@ def test_the_ai_sdk_tool_loop_ends_with_text_after_the_tools_result(run: Run, pr
 
 # -- the gateway's 504 carries `x-should-retry: false`: who obeys it --
 
-@pytest.mark.parametrize(("case", "reached"), [
-    ("openai 504", 1),  # it obeys x-should-retry (else it would retry a 504 twice)
-    ("anthropic 504", 1),  # the same
-    ("genai 504", 1),  # it retries nothing unless asked to
-    ("genai 504 with retryOptions", 2),  # asked to, it retries by status alone
-    ("ai openai 504 maxRetries 0", 1),  # the AI SDK retries by status alone: maxRetries: 0 sends once
-    ("ai anthropic 504 maxRetries 0", 1),
-    ("ai google 504 maxRetries 0", 1),
-])
+
+@pytest.mark.parametrize(
+    ("case", "reached"),
+    [
+        ("openai 504", 1),  # it obeys x-should-retry (else it would retry a 504 twice)
+        ("anthropic 504", 1),  # the same
+        ("genai 504", 1),  # it retries nothing unless asked to
+        ("genai 504 with retryOptions", 2),  # asked to, it retries by status alone
+        ("ai openai 504 maxRetries 0", 1),  # the AI SDK retries by status alone: maxRetries: 0 sends once
+        ("ai anthropic 504 maxRetries 0", 1),
+        ("ai google 504 maxRetries 0", 1),
+    ],
+)
 def test_a_gateway_504_reaches_the_upstream(run: Run, case: str, reached: int) -> None:
     error = run.error(case)
     assert error["status"] == 504, error

@@ -38,8 +38,10 @@ def js_values(declarations: Declarations, source: Js) -> set[str]:
 
 
 def test_the_declarations_read_are_the_locked_majors(declarations: Declarations) -> None:
-    majors = {name: int(json.loads((declarations.root / name / "package.json").read_text())["version"].split(".")[0])
-              for name in ("openai", "@anthropic-ai/sdk", "@google/genai")}
+    majors = {
+        name: int(json.loads((declarations.root / name / "package.json").read_text())["version"].split(".")[0])
+        for name in ("openai", "@anthropic-ai/sdk", "@google/genai")
+    }
     assert majors == {"openai": 7, "@anthropic-ai/sdk": 1, "@google/genai": 3}
 
 
@@ -66,8 +68,12 @@ def test_where_both_languages_type_a_field_their_lists_share_values(declarations
             assert js & python, f"{key}: the SDKs share no value ({sorted(js)} and {sorted(python)})"
 
 
-async def test_every_value_the_js_sdks_can_send_passes_the_gateway(declarations, start_gateway, http,  # noqa: ANN001
-                                                                   tmp_path: Path) -> None:
+async def test_every_value_the_js_sdks_can_send_passes_the_gateway(
+    declarations,
+    start_gateway,
+    http,
+    tmp_path: Path,
+) -> None:
     gw = await start_gateway(CONFIG % (tmp_path / "images"))
     wrong: list[str] = []
     sent = 0

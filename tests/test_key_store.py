@@ -39,17 +39,24 @@ def config(redis_url: str, database_url: str, prefix: str, key_store: str = "", 
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy", *args], capture_output=True, text=True, timeout=60,
-                          cwd=Path(__file__).parent.parent)
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parent.parent,
+    )
 
 
 async def status(http: aiohttp.ClientSession, url: str, secret: str) -> int:
-    async with http.post(url + "/v1/messages", json=MESSAGE, headers={**MESSAGE_HEADERS, "x-api-key": secret}) as answer:
+    async with http.post(
+        url + "/v1/messages", json=MESSAGE, headers={**MESSAGE_HEADERS, "x-api-key": secret}
+    ) as answer:
         await answer.read()
         return answer.status
 
 
-async def within(seconds: float, check, what: str = "") -> float:  # noqa: ANN001
+async def within(seconds: float, check, what: str = "") -> float:
     """How long `check()` took to come true; fails past `seconds`."""
     start = time.monotonic()
     while not await check():
@@ -60,14 +67,15 @@ async def within(seconds: float, check, what: str = "") -> float:  # noqa: ANN00
 
 
 @pytest.fixture
-def three(spawn, redis_url: str, ledger_db: str, tmp_path: Path):  # noqa: ANN001, ANN201
+def three(spawn, redis_url: str, ledger_db: str, tmp_path: Path):
     return [spawn("gateway", config=config(redis_url, ledger_db, tmp_path.name)) for _ in range(3)]
 
 
-async def test_a_key_made_on_one_instance_serves_on_all_three_within_a_second_and_is_revoked_as_fast(three) -> None:  # noqa: ANN001
+async def test_a_key_made_on_one_instance_serves_on_all_three_within_a_second_and_is_revoked_as_fast(three) -> None:
     a, b, c = three
-    made = cli("keys", "create", "ci", "--models", "msgmodel-*", "--rpm", "600",
-               "--admin-url", a.admin, "--admin-token", OWNER)
+    made = cli(
+        "keys", "create", "ci", "--models", "msgmodel-*", "--rpm", "600", "--admin-url", a.admin, "--admin-token", OWNER
+    )
     assert made.returncode == 0, made.stderr
     secret = made.stdout.strip().splitlines()[-1]  # the secret alone on the last line
     shown = json.loads(made.stdout.rsplit("\n", 2)[0])
@@ -75,8 +83,11 @@ async def test_a_key_made_on_one_instance_serves_on_all_three_within_a_second_an
     async with aiohttp.ClientSession() as http:
         for gateway in (a, b, c):
             assert await within(PROPAGATION_S, lambda g=gateway: _is(http, g.url, secret, 200)) <= PROPAGATION_S
-        async with http.post(b.url + "/v1/messages", json={**MESSAGE, "model": "genmodel-2.0-flash"},
-                             headers={**MESSAGE_HEADERS, "x-api-key": secret}) as answer:
+        async with http.post(
+            b.url + "/v1/messages",
+            json={**MESSAGE, "model": "genmodel-2.0-flash"},
+            headers={**MESSAGE_HEADERS, "x-api-key": secret},
+        ) as answer:
             assert answer.status == 403  # the stored key's models hold as a configured key's do
 
         disabled = cli("keys", "disable", "ci", "--admin-url", b.admin, "--admin-token", OWNER)
@@ -112,15 +123,17 @@ async def _keys_held(http: aiohttp.ClientSession, admin_url: str) -> dict[tuple[
     """`modelgate_keys` as an instance's admin listener shows it, by (source, state)."""
     async with http.get(admin_url + "/metrics") as answer:
         text = await answer.text()
-    return {(source, state): float(value) for source, state, value in
-            re.findall(r'^modelgate_keys\{source="(\w+)",state="(\w+)"\} (\S+)$', text, re.M)}
+    return {
+        (source, state): float(value)
+        for source, state, value in re.findall(r'^modelgate_keys\{source="(\w+)",state="(\w+)"\} (\S+)$', text, re.M)
+    }
 
 
 async def _is(http: aiohttp.ClientSession, url: str, secret: str, wanted: int) -> bool:
     return await status(http, url, secret) == wanted
 
 
-async def test_a_tenant_admin_sees_and_changes_its_tenant_s_keys_only_and_every_attempt_is_audited(three) -> None:  # noqa: ANN001
+async def test_a_tenant_admin_sees_and_changes_its_tenant_s_keys_only_and_every_attempt_is_audited(three) -> None:
     a, b, _ = three
     owner = ("--admin-url", a.admin, "--admin-token", OWNER)
     for tenant in ("acme", "globex"):
@@ -135,20 +148,30 @@ async def test_a_tenant_admin_sees_and_changes_its_tenant_s_keys_only_and_every_
     assert json.loads(own.stdout.rsplit("\n", 2)[0])["tenant"] == "acme"
     listed = json.loads(cli("keys", "list", *acme).stdout)
     assert [key["name"] for key in listed["keys"]] == ["acme-web"]  # not globex's, nor the config's
-    for attempt in (("keys", "show", "globex-batch"), ("keys", "disable", "globex-batch"),
-                    ("keys", "create", "sneaky", "--tenant", "globex"), ("tenants", "delete", "globex"),
-                    ("admin-token", "create", "me-too", "--role", "owner")):
+    for attempt in (
+        ("keys", "show", "globex-batch"),
+        ("keys", "disable", "globex-batch"),
+        ("keys", "create", "sneaky", "--tenant", "globex"),
+        ("tenants", "delete", "globex"),
+        ("admin-token", "create", "me-too", "--role", "owner"),
+    ):
         refused = cli(*attempt, *acme)
         assert refused.returncode == 1 and "403 forbidden" in refused.stderr, (attempt, refused.stderr)
     assert cli("keys", "list", "--tenant", "globex", *acme).returncode == 1
 
     trail = json.loads(cli("audit", "--limit", "50", *owner).stdout)["entries"]
     denied = [(e["action"], e["target"]) for e in trail if e["outcome"] == "denied"]
-    assert sorted(denied) == [("admin_token.create", "me-too"), ("key.create", "sneaky"),
-                              ("key.disable", "globex-batch"), ("key.list", None), ("key.read", "globex-batch"),
-                              ("tenant.delete", "globex")]
-    assert all(e["actor"] == "token:acme-ops" and e["role"] == "tenant-admin" for e in trail
-               if e["outcome"] == "denied")
+    assert sorted(denied) == [
+        ("admin_token.create", "me-too"),
+        ("key.create", "sneaky"),
+        ("key.disable", "globex-batch"),
+        ("key.list", None),
+        ("key.read", "globex-batch"),
+        ("tenant.delete", "globex"),
+    ]
+    assert all(
+        e["actor"] == "token:acme-ops" and e["role"] == "tenant-admin" for e in trail if e["outcome"] == "denied"
+    )
     made_by_acme = next(e for e in trail if e["action"] == "key.create" and e["target"] == "acme-web")
     assert made_by_acme["actor"] == "token:acme-ops" and made_by_acme["after"]["tenant"] == "acme"
     assert not any("mg-" in json.dumps(e) for e in trail)  # no secret, ever
@@ -157,7 +180,7 @@ async def test_a_tenant_admin_sees_and_changes_its_tenant_s_keys_only_and_every_
     assert seen and all(e["tenant"] == "acme" for e in seen)
 
 
-async def test_the_admin_api_asks_every_caller_who_it_is_and_says_what_is_wrong_with_a_field(three) -> None:  # noqa: ANN001
+async def test_the_admin_api_asks_every_caller_who_it_is_and_says_what_is_wrong_with_a_field(three) -> None:
     a = three[0]
     async with aiohttp.ClientSession() as http:
         async with http.get(a.admin + "/admin/v1/keys") as answer:  # the admin listener, no token
@@ -167,13 +190,15 @@ async def test_the_admin_api_asks_every_caller_who_it_is_and_says_what_is_wrong_
         async with http.get(a.url + "/admin/v1/keys") as answer:  # the clients' listener: server.admin_token only
             assert answer.status == 401 and (await answer.json())["error"]["code"] == "admin_token_required"
         owner = {"Authorization": f"Bearer {OWNER}"}
-        for body, field in (({"name": "x", "limits": {"rpm": 0}}, "limits.rpm"),
-                            ({"name": "x", "models": []}, "models"),
-                            ({"name": "x", "budget": {"tokens_per_dy": 5}}, "budget.tokens_per_dy"),
-                            ({"name": "x", "key": "my-own-secret"}, "key"),
-                            ({"name": "bad name"}, "name"),
-                            ({"name": "demo"}, "name"),  # the config file's key
-                            ({"name": "x", "tenant": "nobody"}, "tenant")):
+        for body, field in (
+            ({"name": "x", "limits": {"rpm": 0}}, "limits.rpm"),
+            ({"name": "x", "models": []}, "models"),
+            ({"name": "x", "budget": {"tokens_per_dy": 5}}, "budget.tokens_per_dy"),
+            ({"name": "x", "key": "my-own-secret"}, "key"),
+            ({"name": "bad name"}, "name"),
+            ({"name": "demo"}, "name"),  # the config file's key
+            ({"name": "x", "tenant": "nobody"}, "tenant"),
+        ):
             async with http.post(a.admin + "/admin/v1/keys", json=body, headers=owner) as answer:
                 error = (await answer.json())["error"]
                 assert answer.status in (400, 409) and error["field"] == field, (body, error)
@@ -192,7 +217,7 @@ async def test_the_admin_api_asks_every_caller_who_it_is_and_says_what_is_wrong_
             assert sources == {"ci": "store", "demo": "config"}
 
 
-async def test_random_keys_never_reach_the_database(spawn, redis_url: str, ledger_db: str, tmp_path: Path) -> None:  # noqa: ANN001
+async def test_random_keys_never_reach_the_database(spawn, redis_url: str, ledger_db: str, tmp_path: Path) -> None:
     """10,000 requests with random keys: not one statement in the key store's database. Read off
     pg_stat_activity, which is live: a session's last change of state, and no new session."""
     gateway = spawn("gateway", config=config(redis_url, ledger_db, tmp_path.name))
@@ -228,19 +253,29 @@ class LonePostgres:
         self.url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
 
     def _ctl(self, *args: str) -> None:
-        subprocess.run(["runuser", "-u", "postgres", "--", "pg_ctl", "-D", str(self.data), *args],
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", "pg_ctl", "-D", str(self.data), *args],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
 
     def start(self) -> None:
-        self._ctl("-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1", "-l",
-                  str(self.root / "log"), "-w", "start")
+        self._ctl(
+            "-o",
+            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1",
+            "-l",
+            str(self.root / "log"),
+            "-w",
+            "start",
+        )
 
     def stop(self) -> None:
         self._ctl("-m", "fast", "-w", "stop")
 
 
 @pytest.fixture
-def lone_postgres():  # noqa: ANN201
+def lone_postgres():
     import shutil
     import tempfile
 
@@ -250,18 +285,26 @@ def lone_postgres():  # noqa: ANN201
     root = Path(tempfile.mkdtemp(prefix="modelgate-postgres-"))
     shutil.chown(root, "postgres")
     root.chmod(0o700)
-    subprocess.run(["runuser", "-u", "postgres", "--", "initdb", "-D", str(root / "data"), "-A", "trust",
-                    "-U", "postgres"], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        ["runuser", "-u", "postgres", "--", "initdb", "-D", str(root / "data"), "-A", "trust", "-U", "postgres"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     server = LonePostgres(root, free_port())
     server.start()
     yield server
-    subprocess.run(["runuser", "-u", "postgres", "--", "pg_ctl", "-D", str(server.data), "-m", "immediate", "stop"],
-                   capture_output=True, timeout=60)
+    subprocess.run(
+        ["runuser", "-u", "postgres", "--", "pg_ctl", "-D", str(server.data), "-m", "immediate", "stop"],
+        capture_output=True,
+        timeout=60,
+    )
     shutil.rmtree(root, ignore_errors=True)
 
 
 async def test_with_postgresql_stopped_keys_held_keep_working_and_a_change_after_it_is_back_reaches_all(
-        spawn, redis_url: str, lone_postgres: LonePostgres, tmp_path: Path) -> None:  # noqa: ANN001
+    spawn, redis_url: str, lone_postgres: LonePostgres, tmp_path: Path
+) -> None:
     a, b = (spawn("gateway", config=config(redis_url, lone_postgres.url, tmp_path.name)) for _ in range(2))
     owner = ("--admin-url", a.admin, "--admin-token", OWNER)
     made = cli("keys", "create", "held", *owner)
@@ -285,7 +328,7 @@ async def test_with_postgresql_stopped_keys_held_keep_working_and_a_change_after
             await within(PROPAGATION_S, lambda g=gateway: _is(http, g.url, later, 200))
 
 
-async def test_a_stored_key_s_limits_and_budget_hold_as_a_configured_key_s_do(three) -> None:  # noqa: ANN001
+async def test_a_stored_key_s_limits_and_budget_hold_as_a_configured_key_s_do(three) -> None:
     """Stored with the same fields as a `keys[]` entry, read by the same plugins: a rate limit and
     a token budget named only in the key store hold (on another instance than the one that made them)."""
     a, b, _ = three
@@ -300,18 +343,22 @@ async def test_a_stored_key_s_limits_and_budget_hold_as_a_configured_key_s_do(th
         assert await status(http, b.url, slow) == 429
         # A request may spend 33 tokens (its max_tokens and input): one fits the day's 40, a second does not.
         await within(PROPAGATION_S, lambda: _is(http, b.url, thrifty, 200), "thrifty")
-        async with http.post(b.url + "/v1/messages", json=MESSAGE,
-                             headers={**MESSAGE_HEADERS, "x-api-key": thrifty}) as answer:
+        async with http.post(
+            b.url + "/v1/messages", json=MESSAGE, headers={**MESSAGE_HEADERS, "x-api-key": thrifty}
+        ) as answer:
             assert answer.status == 429 and (await answer.json())["error"]["code"] == "budget_exceeded"
 
 
 async def test_a_key_s_and_a_tenant_s_spend_and_budgets_are_read_where_their_admins_may(
-        spawn, redis_url: str, ledger_db: str, tmp_path: Path) -> None:  # noqa: ANN001
+    spawn, redis_url: str, ledger_db: str, tmp_path: Path
+) -> None:
     """`keys usage` and `tenants usage`: what the ledger recorded today and this month, and each
     budget window's limit, spend and remainder, the two agreeing; a tenant-admin reads its own
     tenant's and no other's; the key store alone (-c) cannot answer it."""
-    more = (f"plugins: {{ledger: {{database_url: '{ledger_db}', flush_interval_s: 0.1}}, "
-            "budget: {tenants: {acme: {tokens_per_month: 100000}}}}")
+    more = (
+        f"plugins: {{ledger: {{database_url: '{ledger_db}', flush_interval_s: 0.1}}, "
+        "budget: {tenants: {acme: {tokens_per_month: 100000}}}}"
+    )
     a, b = (spawn("gateway", config=config(redis_url, ledger_db, tmp_path.name, more=more)) for _ in range(2))
     owner = ("--admin-url", a.admin, "--admin-token", OWNER)
     for tenant in ("acme", "globex"):
@@ -330,6 +377,7 @@ async def test_a_key_s_and_a_tenant_s_spend_and_budgets_are_read_where_their_adm
         async def recorded() -> bool:
             shown = json.loads(cli("keys", "usage", "acme-web", *owner).stdout)
             return shown["reports"]["ledger"]["today"]["requests"] == 4
+
         await within(10, recorded, "the ledger's rows")
 
     key = json.loads(cli("keys", "usage", "acme-web", *owner).stdout)
@@ -353,8 +401,11 @@ async def test_a_key_s_and_a_tenant_s_spend_and_budgets_are_read_where_their_adm
     for attempt in (("keys", "usage", "globex-batch"), ("tenants", "usage", "globex")):
         refused = cli(*attempt, *acme)
         assert refused.returncode == 1 and "403 forbidden" in refused.stderr, (attempt, refused.stderr)
-    denied = [e["action"] for e in json.loads(cli("audit", "--actor", "token:acme-ops", *owner).stdout)["entries"]
-              if e["outcome"] == "denied"]
+    denied = [
+        e["action"]
+        for e in json.loads(cli("audit", "--actor", "token:acme-ops", *owner).stdout)["entries"]
+        if e["outcome"] == "denied"
+    ]
     assert sorted(denied) == ["key.usage", "tenant.usage"]
 
     bootstrap = tmp_path / "bootstrap.yaml"
@@ -363,7 +414,7 @@ async def test_a_key_s_and_a_tenant_s_spend_and_budgets_are_read_where_their_adm
     assert direct.returncode == 1 and "needs_a_gateway" in direct.stderr, direct.stderr
 
 
-async def test_a_stored_tenant_s_limits_and_budget_hold_for_all_its_keys_together(three) -> None:  # noqa: ANN001
+async def test_a_stored_tenant_s_limits_and_budget_hold_for_all_its_keys_together(three) -> None:
     """A tenant made with `--rpm 3` and a token budget: its two keys share them, on another
     instance than the one that made them; raising the limit reaches every instance, as a key's
     change does; a tenant-admin may read its tenant's settings and not change them."""
@@ -374,21 +425,25 @@ async def test_a_stored_tenant_s_limits_and_budget_hold_for_all_its_keys_togethe
     assert json.loads(made.stdout)["limits"] == {"rpm": 3}
     thrifty = cli("tenants", "create", "globex", "--set", 'budget={"tokens_per_day": 40}', *owner)
     assert thrifty.returncode == 0, thrifty.stderr
-    secrets = [cli("keys", "create", name, "--tenant", tenant, *owner).stdout.strip().splitlines()[-1]
-               for name, tenant in (("acme-web", "acme"), ("acme-batch", "acme"), ("globex-web", "globex"))]
+    secrets = [
+        cli("keys", "create", name, "--tenant", tenant, *owner).stdout.strip().splitlines()[-1]
+        for name, tenant in (("acme-web", "acme"), ("acme-batch", "acme"), ("globex-web", "globex"))
+    ]
     async with aiohttp.ClientSession() as http:
         await within(PROPAGATION_S, lambda: _is(http, b.url, secrets[1], 200), "acme-batch")  # 1 of acme's 3
         assert await status(http, b.url, secrets[0]) == 200
         assert await status(http, c.url, secrets[1]) == 200
-        async with http.post(b.url + "/v1/messages", json=MESSAGE,
-                             headers={**MESSAGE_HEADERS, "x-api-key": secrets[0]}) as answer:
+        async with http.post(
+            b.url + "/v1/messages", json=MESSAGE, headers={**MESSAGE_HEADERS, "x-api-key": secrets[0]}
+        ) as answer:
             assert answer.status == 429, await answer.text()
             assert '"tenant-rpm"' in answer.headers["RateLimit-Policy"]
 
         # A request may spend 33 tokens: one fits globex's day of 40, a second does not, whichever key.
         await within(PROPAGATION_S, lambda: _is(http, c.url, secrets[2], 200), "globex-web")
-        async with http.post(c.url + "/v1/messages", json=MESSAGE,
-                             headers={**MESSAGE_HEADERS, "x-api-key": secrets[2]}) as answer:
+        async with http.post(
+            c.url + "/v1/messages", json=MESSAGE, headers={**MESSAGE_HEADERS, "x-api-key": secrets[2]}
+        ) as answer:
             assert answer.status == 429 and (await answer.json())["error"]["code"] == "budget_exceeded"
         windows = json.loads(cli("tenants", "usage", "globex", *owner).stdout)["reports"]["budget"]["windows"]
         assert [(w["name"], w["limit"]) for w in windows] == [("tenant-day-tokens", 40)]
@@ -410,16 +465,22 @@ async def test_a_stored_tenant_s_limits_and_budget_hold_for_all_its_keys_togethe
 
 @pytest.mark.parametrize("revoked_streams", ["end", "finish"])
 async def test_a_stream_open_under_a_key_disabled_meanwhile_ends_or_finishes_as_configured(
-        spawn, redis_url: str, ledger_db: str, tmp_path: Path, revoked_streams: str) -> None:  # noqa: ANN001
+    spawn, redis_url: str, ledger_db: str, tmp_path: Path, revoked_streams: str
+) -> None:
     slow = "channels: [{name: simulator, base_url: simulator, simulator: {chunk_delay_ms: 150, output_tokens: 30}}]"
-    gateway = spawn("gateway", config=config(redis_url, ledger_db, tmp_path.name,
-                                             f", revoked_streams: {revoked_streams}", more=slow))
+    gateway = spawn(
+        "gateway",
+        config=config(redis_url, ledger_db, tmp_path.name, f", revoked_streams: {revoked_streams}", more=slow),
+    )
     owner = ("--admin-url", gateway.admin, "--admin-token", OWNER)
     secret = cli("keys", "create", "streamer", *owner).stdout.strip().splitlines()[-1]
     async with aiohttp.ClientSession() as http:
         await within(PROPAGATION_S, lambda: _is(http, gateway.url, secret, 200))
-        async with http.post(gateway.url + "/v1/messages", json={**MESSAGE, "max_tokens": 64, "stream": True},
-                             headers={**MESSAGE_HEADERS, "x-api-key": secret}) as answer:
+        async with http.post(
+            gateway.url + "/v1/messages",
+            json={**MESSAGE, "max_tokens": 64, "stream": True},
+            headers={**MESSAGE_HEADERS, "x-api-key": secret},
+        ) as answer:
             assert answer.status == 200
             first = await answer.content.readuntil(b"\n\n")
             assert b"message_start" in first
@@ -434,7 +495,7 @@ async def test_a_stream_open_under_a_key_disabled_meanwhile_ends_or_finishes_as_
         assert b"message_stop" in rest and b"api_key_revoked" not in rest, rest[-300:]
 
 
-async def test_changes_made_at_once_on_two_instances_all_reach_every_instance(three) -> None:  # noqa: ANN001
+async def test_changes_made_at_once_on_two_instances_all_reach_every_instance(three) -> None:
     """Thirty keys disabled at the same moment through two instances: each change commits in the
     order its revision was taken, so no instance reads past one and serves a revoked key on."""
     a, b, c = three
@@ -458,7 +519,7 @@ async def test_changes_made_at_once_on_two_instances_all_reach_every_instance(th
                 await within(PROPAGATION_S, lambda g=gateway, s=secret: _is(http, g.url, s, 401))
 
 
-async def test_what_a_hostile_admin_sends_is_refused_as_a_4xx_without_leaking_a_thing(three) -> None:  # noqa: ANN001
+async def test_what_a_hostile_admin_sends_is_refused_as_a_4xx_without_leaking_a_thing(three) -> None:
     a = three[0]
     owner_cli = ("--admin-url", a.admin, "--admin-token", OWNER)
     for tenant in ("acme", "globex"):
@@ -469,6 +530,7 @@ async def test_what_a_hostile_admin_sends_is_refused_as_a_4xx_without_leaking_a_
         tokens[tenant] = {"Authorization": "Bearer " + made.stdout.strip().splitlines()[-1]}
     owner = {"Authorization": f"Bearer {OWNER}"}
     async with aiohttp.ClientSession() as http:
+
         async def call(method: str, path: str, headers: dict, body: object = None) -> tuple[int, dict]:
             async with http.request(method, a.admin + "/admin/v1" + path, json=body, headers=headers) as answer:
                 return answer.status, await answer.json()
@@ -482,14 +544,15 @@ async def test_what_a_hostile_admin_sends_is_refused_as_a_4xx_without_leaking_a_
         assert reused[0] == 409 and "acme-web" not in json.dumps(reused[1])
         assert (await call("POST", "/keys", {**owner, "Idempotency-Key": "x" * 300}, {"name": "y"}))[0] == 400
         # Values PostgreSQL cannot hold, and names no record can have: 4xx, never the store's 503.
-        for method, path, body in (("POST", "/keys", {"name": "nul", "labels": {"x": "\u0000"}}),
-                                   ("GET", "/keys/acme-web%00", None), ("DELETE", "/tenants/acme%00", None),
-                                   ("GET", "/audit?before=99999999999999999999999", None),
-                                   ("GET", "/audit?actor=%00", None),
-                                   ("POST", "/admin-tokens", {"name": "t", "role": "viewer",
-                                                              "expires_at": "9999-12-31T23:59:59-14:00"}),
-                                   ("POST", "/admin-tokens", {"name": "t", "role": "viewer",
-                                                              "expires_at": "2000-01-01T00:00:00Z"})):
+        for method, path, body in (
+            ("POST", "/keys", {"name": "nul", "labels": {"x": "\u0000"}}),
+            ("GET", "/keys/acme-web%00", None),
+            ("DELETE", "/tenants/acme%00", None),
+            ("GET", "/audit?before=99999999999999999999999", None),
+            ("GET", "/audit?actor=%00", None),
+            ("POST", "/admin-tokens", {"name": "t", "role": "viewer", "expires_at": "9999-12-31T23:59:59-14:00"}),
+            ("POST", "/admin-tokens", {"name": "t", "role": "viewer", "expires_at": "2000-01-01T00:00:00Z"}),
+        ):
             answer = await call(method, path, owner, body)
             assert 400 <= answer[0] < 500, (method, path, answer)
         # The config file's keys are no tenant's: a tenant-admin learns nothing of them.
@@ -523,17 +586,23 @@ class Issuer:
     def jwks(self) -> dict:
         return {"keys": [self.key.as_dict(private=False)]}
 
-    def token(self, key=None, **claims) -> str:  # noqa: ANN001
+    def token(self, key=None, **claims) -> str:
         from joserfc import jwt
 
         key = key or self.key
-        body = {"iss": "https://issuer.test", "aud": "modelgate-admin", "sub": "alice",
-                "exp": int(time.time()) + 300, "modelgate_role": "operator", **claims}
+        body = {
+            "iss": "https://issuer.test",
+            "aud": "modelgate-admin",
+            "sub": "alice",
+            "exp": int(time.time()) + 300,
+            "modelgate_role": "operator",
+            **claims,
+        }
         return jwt.encode({"alg": "RS256", "kid": key.kid}, {k: v for k, v in body.items() if v is not None}, key)
 
 
 @pytest.fixture
-async def issuer():  # noqa: ANN201
+async def issuer():
     from aiohttp import web
 
     from bench.procs import free_port
@@ -551,16 +620,23 @@ async def issuer():  # noqa: ANN201
 
 
 async def test_an_oidc_token_from_the_configured_issuer_names_its_caller_and_nothing_else_passes(
-        spawn, redis_url: str, ledger_db: str, tmp_path: Path, issuer: Issuer) -> None:  # noqa: ANN001
+    spawn, redis_url: str, ledger_db: str, tmp_path: Path, issuer: Issuer
+) -> None:
     from joserfc.jwk import RSAKey
 
-    oidc = (f', oidc: {{issuer: "https://issuer.test", audience: modelgate-admin, jwks_url: "{issuer.url}", '
-            'jwks_cache_s: 1}')
+    oidc = (
+        f', oidc: {{issuer: "https://issuer.test", audience: modelgate-admin, jwks_url: "{issuer.url}", '
+        "jwks_cache_s: 1}"
+    )
     gateway = spawn("gateway", config=config(redis_url, ledger_db, tmp_path.name, oidc))
 
     async def call(token: str, method: str = "GET", path: str = "/keys", body: dict | None = None) -> tuple[int, dict]:
-        async with aiohttp.ClientSession() as http, http.request(
-                method, gateway.admin + "/admin/v1" + path, json=body, headers={"Authorization": f"Bearer {token}"}) as answer:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.request(
+                method, gateway.admin + "/admin/v1" + path, json=body, headers={"Authorization": f"Bearer {token}"}
+            ) as answer,
+        ):
             return answer.status, await answer.json()
 
     assert (await call(issuer.token()))[0] == 200
@@ -570,18 +646,34 @@ async def test_an_oidc_token_from_the_configured_issuer_names_its_caller_and_not
     rogue = RSAKey.generate_key(2048, private=True, parameters={"kid": "current"})
     stranger = RSAKey.generate_key(2048, private=True, parameters={"kid": "elsewhere"})
     import base64
-    unsigned = ".".join(base64.urlsafe_b64encode(json.dumps(part).encode()).rstrip(b"=").decode() for part in (
-        {"alg": "none"}, {"iss": "https://issuer.test", "aud": "modelgate-admin", "sub": "eve",
-                          "exp": int(time.time()) + 300, "modelgate_role": "owner"})) + "."
-    for why, token in (("expired", issuer.token(exp=int(time.time()) - 120)),
-                       ("another audience", issuer.token(aud="someone-else")),
-                       ("another issuer", issuer.token(iss="https://evil.test")),
-                       ("unsigned", unsigned),
-                       ("signed by another key under the issuer's kid", issuer.token(key=rogue)),
-                       ("signed by a key the issuer does not publish", issuer.token(key=stranger)),
-                       ("no role", issuer.token(modelgate_role=None)),
-                       ("an unknown role", issuer.token(modelgate_role="root")),
-                       ("a tenant-admin without a tenant", issuer.token(modelgate_role="tenant-admin"))):
+
+    unsigned = (
+        ".".join(
+            base64.urlsafe_b64encode(json.dumps(part).encode()).rstrip(b"=").decode()
+            for part in (
+                {"alg": "none"},
+                {
+                    "iss": "https://issuer.test",
+                    "aud": "modelgate-admin",
+                    "sub": "eve",
+                    "exp": int(time.time()) + 300,
+                    "modelgate_role": "owner",
+                },
+            )
+        )
+        + "."
+    )
+    for why, token in (
+        ("expired", issuer.token(exp=int(time.time()) - 120)),
+        ("another audience", issuer.token(aud="someone-else")),
+        ("another issuer", issuer.token(iss="https://evil.test")),
+        ("unsigned", unsigned),
+        ("signed by another key under the issuer's kid", issuer.token(key=rogue)),
+        ("signed by a key the issuer does not publish", issuer.token(key=stranger)),
+        ("no role", issuer.token(modelgate_role=None)),
+        ("an unknown role", issuer.token(modelgate_role="root")),
+        ("a tenant-admin without a tenant", issuer.token(modelgate_role="tenant-admin")),
+    ):
         status_, body = await call(token)
         assert status_ == 401 and body["error"]["code"] == "invalid_admin_credential", (why, status_, body)
     # The issuer rotates its key: a token under the new kid is accepted once the set is fetched
@@ -643,20 +735,24 @@ def test_check_config_says_where_the_keys_come_from_without_the_store_s_password
     config_file.write_text("key_store: {database_url: 'postgresql://gw:s3cret-pw@db.example:5433/modelgate'}\n")
     checked = cli("check-config", str(config_file))
     assert checked.returncode == 0, checked.stderr
-    assert "keys: 1 from this file; more managed at run time in the key store (db.example:5433/modelgate" \
-        in checked.stdout
+    assert (
+        "keys: 1 from this file; more managed at run time in the key store (db.example:5433/modelgate" in checked.stdout
+    )
     assert "s3cret" not in checked.stdout + checked.stderr
 
 
-async def test_an_admin_body_sent_in_pieces_is_read_whole(three) -> None:  # noqa: ANN001
+async def test_an_admin_body_sent_in_pieces_is_read_whole(three) -> None:
     """A body that arrives in several reads (a slow client, a large one) is the whole body, not its first piece."""
     a = three[0]
     host, port = a.admin.removeprefix("http://").split(":")
     body = json.dumps({"name": "pieces", "labels": {"note": "x" * 20_000}}).encode()
     reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(f"POST /admin/v1/keys HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {OWNER}\r\n"
-                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-                 "Connection: close\r\n\r\n".encode() + body[:100])
+    writer.write(
+        f"POST /admin/v1/keys HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {OWNER}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n".encode()
+        + body[:100]
+    )
     await writer.drain()
     await asyncio.sleep(0.2)
     writer.write(body[100:])
@@ -680,8 +776,10 @@ async def test_keys_made_live_by_the_thousand_are_moved_out_of_the_collectors_re
     made = iter(range(1, 10**6))
 
     def rows(count: int) -> list[StoredKey]:
-        return [StoredKey(f"k{n}", os.urandom(32), None, None, None, {}, n, now, "t", now, "t")
-                for n in (next(made) for _ in range(count))]
+        return [
+            StoredKey(f"k{n}", os.urandom(32), None, None, None, {}, n, now, "t", now, "t")
+            for n in (next(made) for _ in range(count))
+        ]
 
     class Store:
         url, timeout_s = "postgresql://unused@127.0.0.1/none", 1.0

@@ -111,8 +111,14 @@ def lay_out_pod_files(documents: list[dict[str, Any]], root: Path) -> Path:
 
 
 def check_config(config: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy", "check-config", str(config)], capture_output=True,
-                          text=True, timeout=60, cwd=ROOT, env={"PATH": os.environ.get("PATH", "")})
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", "check-config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={"PATH": os.environ.get("PATH", "")},
+    )
 
 
 def file_references(config_text: str) -> list[str]:
@@ -133,8 +139,9 @@ def test_each_kustomization_renders_and_every_object_matches_the_api_schema(wher
         try:
             kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
         except kubernetes_validate.ValidationError as error:
-            problems.append(f"{document['kind']}/{document['metadata']['name']}: "
-                            f"{'.'.join(map(str, error.path))}: {error.message}")
+            problems.append(
+                f"{document['kind']}/{document['metadata']['name']}: {'.'.join(map(str, error.path))}: {error.message}"
+            )
         except kubernetes_validate.utils.SchemaNotFoundError as error:
             problems.append(f"{document['kind']}: {error.message}")  # an unknown kind is an error, not a pass
     assert not problems, "\n".join(problems)
@@ -153,8 +160,10 @@ def test_there_is_a_self_contained_overlay_and_a_managed_one() -> None:
 
 def test_the_strict_schemas_refuse_unknown_and_mistyped_fields() -> None:
     deployment = the(render("overlays/managed"), "Deployment")
-    for path, value in ((("spec", "template", "spec", "containers", 0, "readinessprobe"), {}),
-                        (("spec", "template", "spec", "terminationGracePeriodSeconds"), "75")):
+    for path, value in (
+        (("spec", "template", "spec", "containers", 0, "readinessprobe"), {}),
+        (("spec", "template", "spec", "terminationGracePeriodSeconds"), "75"),
+    ):
         broken = copy.deepcopy(deployment)
         node = broken
         for step in path[:-1]:
@@ -197,14 +206,17 @@ def test_the_admin_port_is_scraped_and_never_public(overlay: str) -> None:
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert ports["admin"] == int(admin_port) and ports["http"] == image_port()
     labels = the(documents, "Deployment", "modelgate")["spec"]["template"]["metadata"]["labels"]
-    gateway_services = [s for s in documents if s["kind"] == "Service" and s["spec"]["selector"].items() <= labels.items()]
+    gateway_services = [
+        s for s in documents if s["kind"] == "Service" and s["spec"]["selector"].items() <= labels.items()
+    ]
     public = the(documents, "Service", "modelgate")
     assert [port["targetPort"] for port in public["spec"]["ports"]] == ["http"]
     for service in gateway_services:
         targets = {port["targetPort"] for port in service["spec"]["ports"]}
         if "admin" in targets:
-            assert targets == {"admin"} and service["spec"].get("clusterIP") == "None", \
+            assert targets == {"admin"} and service["spec"].get("clusterIP") == "None", (
                 f"{service['metadata']['name']}: the admin port goes only in a headless Service of its own"
+            )
             assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
     policy = the(documents, "NetworkPolicy")
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
@@ -213,8 +225,12 @@ def test_the_admin_port_is_scraped_and_never_public(overlay: str) -> None:
     monitors = [d for d in documents if d["kind"] == "ServiceMonitor"]
     for monitor in monitors:  # what its schema would check, and what it means
         assert set(monitor["spec"]) <= {"selector", "endpoints", "namespaceSelector", "jobLabel"}
-        scraped = [s for s in documents if s["kind"] == "Service"
-                   and monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"].get("labels", {}).items()]
+        scraped = [
+            s
+            for s in documents
+            if s["kind"] == "Service"
+            and monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"].get("labels", {}).items()
+        ]
         assert [s["metadata"]["name"] for s in scraped] == ["modelgate-admin"]
         (endpoint,) = monitor["spec"]["endpoints"]
         assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "scheme"}
@@ -249,13 +265,19 @@ def test_the_deployment_runs_the_image_as_built(overlay: str) -> None:
 
 def test_the_autoscaler_and_the_disruption_budget_fit_the_deployment() -> None:
     documents = render("overlays/managed")
-    deployment, hpa, pdb = the(documents, "Deployment"), the(documents, "HorizontalPodAutoscaler"), \
-        the(documents, "PodDisruptionBudget")
+    deployment, hpa, pdb = (
+        the(documents, "Deployment"),
+        the(documents, "HorizontalPodAutoscaler"),
+        the(documents, "PodDisruptionBudget"),
+    )
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert selector.items() <= labels.items()
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": deployment["apiVersion"], "kind": "Deployment",
-                                             "name": deployment["metadata"]["name"]}
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": deployment["apiVersion"],
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
     assert "replicas" not in deployment["spec"], "the autoscaler owns the count; apply would reset it"
     (metric,) = hpa["spec"]["metrics"]
     assert metric["type"] == "Resource" and metric["resource"]["name"] == "cpu"
@@ -265,8 +287,9 @@ def test_the_autoscaler_and_the_disruption_budget_fit_the_deployment() -> None:
     assert pdb["spec"]["selector"] == {"matchLabels": selector}
     assert hpa["spec"]["minReplicas"] - pdb["spec"]["maxUnavailable"] >= 2, "a drain leaves two pods serving"
     try_it = the(render("overlays/try-it"), "Deployment")
-    assert try_it["spec"]["replicas"] >= 2 and not [d for d in render("overlays/try-it")
-                                                     if d["kind"] == "HorizontalPodAutoscaler"]
+    assert try_it["spec"]["replicas"] >= 2 and not [
+        d for d in render("overlays/try-it") if d["kind"] == "HorizontalPodAutoscaler"
+    ]
 
 
 # --- the config the pods would run, checked by the gateway -----------------------------------------
@@ -299,23 +322,38 @@ def test_the_managed_overlay_refuses_to_start_until_each_placeholder_is_edited(t
     log is what `kubectl logs` shows): nothing half-configured serves."""
     documents = render("overlays/managed")
     config = lay_out_pod_files(documents, tmp_path)
-    placeholders = sorted(str(path) for path in tmp_path.rglob("*") if path.is_file() and path != config
-                          and b"CHANGE-ME" in path.read_bytes())
-    shipped = sorted(str(path.relative_to(KUSTOMIZE / "overlays" / "managed"))
-                     for path in (KUSTOMIZE / "overlays" / "managed").rglob("*")
-                     if path.is_file() and path.name != "kustomization.yaml" and b"CHANGE-ME" in path.read_bytes())
+    placeholders = sorted(
+        str(path)
+        for path in tmp_path.rglob("*")
+        if path.is_file() and path != config and b"CHANGE-ME" in path.read_bytes()
+    )
+    shipped = sorted(
+        str(path.relative_to(KUSTOMIZE / "overlays" / "managed"))
+        for path in (KUSTOMIZE / "overlays" / "managed").rglob("*")
+        if path.is_file() and path.name != "kustomization.yaml" and b"CHANGE-ME" in path.read_bytes()
+    )
     assert len(placeholders) == len(shipped) == 7
-    started = subprocess.run([sys.executable, "-m", "proxy", "serve", "-c", str(config),
-                              "--listen", f"127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=60,
-                             cwd=ROOT, env={"PATH": os.environ.get("PATH", "")})
+    started = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "-c", str(config), "--listen", f"127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={"PATH": os.environ.get("PATH", "")},
+    )
     assert started.returncode == 1
     named = sorted(set(re.findall(r"the placeholder CHANGE-ME is still in the file (\S+): ", started.stderr)))
     assert named == placeholders, started.stderr
     assert f"{len(placeholders)} problem(s)" in started.stderr  # said once each, not buried under "not a URL"
-    edited = {"public-base-url": "https://models.example.com", "upstream-url": "https://api.example.com",
-              "upstream-credential": "upstream-key", "team-a-key-sha256": "a" * 64, "url-signing-secret": "s" * 64,
-              "redis-url": "rediss://default:password@redis.example.com:6380/0",
-              "database-url": "postgresql://modelgate:password@db.example.com:5432/modelgate?sslmode=require"}
+    edited = {
+        "public-base-url": "https://models.example.com",
+        "upstream-url": "https://api.example.com",
+        "upstream-credential": "upstream-key",
+        "team-a-key-sha256": "a" * 64,
+        "url-signing-secret": "s" * 64,
+        "redis-url": "rediss://default:password@redis.example.com:6380/0",
+        "database-url": "postgresql://modelgate:password@db.example.com:5432/modelgate?sslmode=require",
+    }
     for path in placeholders:
         Path(path).write_text(edited[Path(path).name] + "\n")
     checked = check_config(config)

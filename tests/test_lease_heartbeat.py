@@ -25,8 +25,12 @@ LIMIT = 10
 MSG = {"x-api-key": KEY, "msgapi-version": "2023-06-01"}
 # A stream of 400 events 250 ms apart: it holds its lease far longer than any test here runs.
 SLOW = {**MSG, "x-sim-chunk-delay-ms": "250", "x-sim-output-tokens": "400"}
-STREAM = {"model": "msgmodel-haiku-4-5", "max_tokens": 400, "stream": True,
-          "messages": [{"role": "user", "content": "a long story"}]}
+STREAM = {
+    "model": "msgmodel-haiku-4-5",
+    "max_tokens": 400,
+    "stream": True,
+    "messages": [{"role": "user", "content": "a long story"}],
+}
 REFUSED = "rate limit 'key-concurrent'"
 
 
@@ -72,8 +76,11 @@ def worker_of(answer: aiohttp.ClientResponse, gateway_port: int, workers: list[i
     assert answer.connection is not None and answer.connection.transport is not None
     client_port = answer.connection.transport.get_extra_info("sockname")[1]
     wanted = f"0100007F:{gateway_port:04X} 0100007F:{client_port:04X}"
-    inode = next(line.split()[9] for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
-                 if " ".join(line.split()[1:3]) == wanted)
+    inode = next(
+        line.split()[9]
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+        if " ".join(line.split()[1:3]) == wanted
+    )
     for pid in workers:
         for fd in Path(f"/proc/{pid}/fd").iterdir():
             try:
@@ -88,11 +95,11 @@ def worker_of(answer: aiohttp.ClientResponse, gateway_port: int, workers: list[i
 LIFE_S, EVERY_S = 0.5, 0.1
 
 
-async def test_a_stream_held_past_several_lease_lives_keeps_counting(  # noqa: ANN001
-        start_gateway, shared_redis, monkeypatch) -> None:
+async def test_a_stream_held_past_several_lease_lives_keeps_counting(start_gateway, shared_redis, monkeypatch) -> None:
     """Renewal works: a stream lasting six lease lives holds its slot to the end, then frees it."""
-    monkeypatch.setattr(proxy.limits.redis, "RedisLimiter",
-                        functools.partial(RedisLimiter, lease_life_s=LIFE_S, renew_every_s=EVERY_S))
+    monkeypatch.setattr(
+        proxy.limits.redis, "RedisLimiter", functools.partial(RedisLimiter, lease_life_s=LIFE_S, renew_every_s=EVERY_S)
+    )
     gw = await start_gateway(f"""
 state: {{backend: redis, url: "{shared_redis}", prefix: "renewed:"}}
 keys: [{{name: leased, key: {KEY}, limits: {{concurrent: 1}}}}]
@@ -100,8 +107,11 @@ channels: [{{name: sim, base_url: simulator}}]
 """)
     async with aiohttp.ClientSession() as http:
         started = time.monotonic()
-        stream = await http.post(gw.url + "/v1/messages", json=STREAM,
-                                 headers={**MSG, "x-sim-chunk-delay-ms": "100", "x-sim-output-tokens": "30"})
+        stream = await http.post(
+            gw.url + "/v1/messages",
+            json=STREAM,
+            headers={**MSG, "x-sim-chunk-delay-ms": "100", "x-sim-output-tokens": "30"},
+        )
         assert stream.status == 200
         while time.monotonic() - started < 4 * LIFE_S:
             await asyncio.sleep(0.2)
@@ -227,8 +237,11 @@ def test_a_round_s_calls_carry_a_bounded_number_of_leases_and_one_slot_each(by_s
 
     limiter = RedisLimiter.__new__(RedisLimiter)
     limiter._by_slot, limiter._lease_ms = by_slot, 6000
-    held = {"{key:a}:concurrent": [f"a{i}" for i in range(1200)], "{key:b}:concurrent": ["b0"],
-            "{key:c}:concurrent": ["c0", "c1"]}
+    held = {
+        "{key:a}:concurrent": [f"a{i}" for i in range(1200)],
+        "{key:b}:concurrent": ["b0"],
+        "{key:c}:concurrent": ["c0", "c1"],
+    }
     calls = limiter._renewals(held)
     renewed: dict[str, list[str]] = {}
     for keys, args in calls:
@@ -238,7 +251,7 @@ def test_a_round_s_calls_carry_a_bounded_number_of_leases_and_one_slot_each(by_s
             assert len({key_slot(k.encode()) for k in keys}) == 1
         at = 1
         for key in keys:
-            renewed.setdefault(key, []).extend(args[at + 1:at + 1 + args[at]])
+            renewed.setdefault(key, []).extend(args[at + 1 : at + 1 + args[at]])
             at += 1 + args[at]
         assert at == len(args)
     assert renewed == held

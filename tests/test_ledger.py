@@ -28,8 +28,9 @@ IN_PROCESS = """{name: simulator, base_url: simulator, simulator: {chunk_delay_m
              video_queued_s: 0, video_processing_s: 0}}"""
 
 
-def ledger_config(database_url: str, spool_dir: str, extra: str = "", flush_s: float = 0.1,
-                  channel: str = IN_PROCESS) -> str:
+def ledger_config(
+    database_url: str, spool_dir: str, extra: str = "", flush_s: float = 0.1, channel: str = IN_PROCESS
+) -> str:
     return f"""
 channels: [{channel}]
 observability: {{logging: {{access_log: false}}}}
@@ -64,20 +65,43 @@ async def rows_when(database_url: str, count: int, within_s: float = 15.0) -> li
 
 
 MIXED: list[tuple[str, dict[str, str], dict[str, Any]]] = [
-    ("/v1/messages", MSG, {"model": "msgmodel-haiku-4-5", "max_tokens": 50,
-                           "messages": [{"role": "user", "content": "one two three"}]}),
-    ("/v1/messages", MSG, {"model": "msgmodel-haiku-4-5", "max_tokens": 50, "stream": True,
-                           "messages": [{"role": "user", "content": "four five"}]}),
-    ("/v1beta/models/genmodel-2.0-flash:generateContent?key=sk-demo-key", {},
-     {"contents": [{"parts": [{"text": "six seven eight"}]}]}),
-    ("/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key=sk-demo-key", {},
-     {"contents": [{"parts": [{"text": "nine"}]}]}),
+    (
+        "/v1/messages",
+        MSG,
+        {"model": "msgmodel-haiku-4-5", "max_tokens": 50, "messages": [{"role": "user", "content": "one two three"}]},
+    ),
+    (
+        "/v1/messages",
+        MSG,
+        {
+            "model": "msgmodel-haiku-4-5",
+            "max_tokens": 50,
+            "stream": True,
+            "messages": [{"role": "user", "content": "four five"}],
+        },
+    ),
+    (
+        "/v1beta/models/genmodel-2.0-flash:generateContent?key=sk-demo-key",
+        {},
+        {"contents": [{"parts": [{"text": "six seven eight"}]}]},
+    ),
+    (
+        "/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key=sk-demo-key",
+        {},
+        {"contents": [{"parts": [{"text": "nine"}]}]},
+    ),
     ("/v1/responses", BEARER, {"model": "respmodel-4o", "input": "ten eleven"}),
     ("/v1/responses", BEARER, {"model": "respmodel-4o", "input": "twelve", "stream": True}),
-    ("/v1/images/generations", BEARER, {"model": "imagegen-1", "prompt": "a cat", "n": 2, "size": "1024x1024",
-                                        "quality": "high"}),
-    ("/v1/video/generations", BEARER, {"model": "videogen-3.0-generate-001", "prompt": "waves",
-                                       "metadata": {"durationSeconds": 8}}),
+    (
+        "/v1/images/generations",
+        BEARER,
+        {"model": "imagegen-1", "prompt": "a cat", "n": 2, "size": "1024x1024", "quality": "high"},
+    ),
+    (
+        "/v1/video/generations",
+        BEARER,
+        {"model": "videogen-3.0-generate-001", "prompt": "waves", "metadata": {"durationSeconds": 8}},
+    ),
 ]
 
 
@@ -91,7 +115,8 @@ async def send_mixed(http: aiohttp.ClientSession, url: str, times: int = 1) -> l
 
 
 async def test_every_answered_request_has_one_row_whose_tokens_are_what_the_upstream_reported(
-        ledger_db, start_gateway, http, tmp_path) -> None:  # noqa: ANN001
+    ledger_db, start_gateway, http, tmp_path
+) -> None:
     gateway = await start_gateway(ledger_config(ledger_db, str(tmp_path / "spool")))
     statuses = await send_mixed(http, gateway.url, times=3)
     assert statuses == [200] * len(statuses)
@@ -114,11 +139,16 @@ async def test_every_answered_request_has_one_row_whose_tokens_are_what_the_upst
 
 
 async def test_a_client_that_leaves_a_stream_early_still_has_its_row_its_figures_estimated(
-        ledger_db, start_gateway, http, tmp_path) -> None:  # noqa: ANN001
+    ledger_db, start_gateway, http, tmp_path
+) -> None:
     gateway = await start_gateway(ledger_config(ledger_db, str(tmp_path / "spool")))
     slow = {**MSG, "x-sim-chunk-delay-ms": "50", "x-sim-output-tokens": "200"}
-    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 500, "stream": True,
-            "messages": [{"role": "user", "content": "tell me a long story"}]}
+    body = {
+        "model": "msgmodel-haiku-4-5",
+        "max_tokens": 500,
+        "stream": True,
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+    }
     answer = await http.post(gateway.url + "/v1/messages", headers=slow, json=body)
     await answer.content.readuntil(b"content_block_delta")
     await answer.content.readuntil(b"content_block_delta")
@@ -129,7 +159,8 @@ async def test_a_client_that_leaves_a_stream_early_still_has_its_row_its_figures
 
 
 async def test_records_made_while_postgresql_is_away_arrive_once_it_returns_none_twice(
-        ledger_db, start_gateway, http, tmp_path) -> None:  # noqa: ANN001
+    ledger_db, start_gateway, http, tmp_path
+) -> None:
     from tests.tcp_relay import SwitchedRelay
 
     relay = SwitchedRelay(int(ledger_db.split(":")[-1].split("/")[0]))
@@ -160,9 +191,13 @@ async def test_records_made_while_postgresql_is_away_arrive_once_it_returns_none
     await relay.down()
 
 
-async def test_sigterm_writes_what_is_waiting_before_the_process_ends(ledger_db, spawn, tmp_path) -> None:  # noqa: ANN001
-    gateway = spawn("gateway", config=ledger_config(ledger_db, str(tmp_path / "spool"), flush_s=60,
-                                                    extra='server: {listen: "127.0.0.1:{PORT}"}'))
+async def test_sigterm_writes_what_is_waiting_before_the_process_ends(ledger_db, spawn, tmp_path) -> None:
+    gateway = spawn(
+        "gateway",
+        config=ledger_config(
+            ledger_db, str(tmp_path / "spool"), flush_s=60, extra='server: {listen: "127.0.0.1:{PORT}"}'
+        ),
+    )
     async with aiohttp.ClientSession() as http:
         statuses = await send_mixed(http, gateway.url, times=2)
     assert await rows(ledger_db) == [] or len(await rows(ledger_db)) < len(statuses)  # waiting for the next flush
@@ -171,7 +206,7 @@ async def test_sigterm_writes_what_is_waiting_before_the_process_ends(ledger_db,
     assert len(await rows(ledger_db)) == len(statuses)
 
 
-async def test_instances_starting_together_migrate_the_schema_once(ledger_db) -> None:  # noqa: ANN001
+async def test_instances_starting_together_migrate_the_schema_once(ledger_db) -> None:
     import asyncpg
 
     from plugins.ledger.schema import MIGRATIONS, migrate
@@ -187,7 +222,8 @@ async def test_instances_starting_together_migrate_the_schema_once(ledger_db) ->
 
 
 async def test_the_report_sums_the_ledger_by_what_it_is_asked_and_metrics_count_the_cost(
-        ledger_db, start_gateway, http, tmp_path) -> None:  # noqa: ANN001
+    ledger_db, start_gateway, http, tmp_path
+) -> None:
     import csv
     import subprocess
     import sys
@@ -207,8 +243,13 @@ async def test_the_report_sums_the_ledger_by_what_it_is_asked_and_metrics_count_
     (tmp_path / "gateway.yaml").write_text(config)
 
     def report(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "proxy", "usage", "report", "-c", str(tmp_path / "gateway.yaml"),
-                               *args], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent)
+        return subprocess.run(
+            [sys.executable, "-m", "proxy", "usage", "report", "-c", str(tmp_path / "gateway.yaml"), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).parent.parent,
+        )
 
     made = report("--since", "1h", "--by", "route,model", "--format", "csv")
     assert made.returncode == 0, made.stderr
@@ -227,21 +268,37 @@ async def test_the_report_sums_the_ledger_by_what_it_is_asked_and_metrics_count_
 
 
 async def test_ten_thousand_requests_through_three_instances_with_postgresql_away_for_30_s(
-        ledger_db, spawn, redis_url, tmp_path) -> None:  # noqa: ANN001
+    ledger_db, spawn, redis_url, tmp_path
+) -> None:
     """Every chat format as JSON and stream, images and videos, some streams left early, through
     three instances sharing Redis; PostgreSQL unreachable for 30 s in the middle. The ledger ends
     with exactly one row per answered request, and its token sums are what the upstream reported."""
     from tests.tcp_relay import SwitchedRelay
 
-    sim = spawn("simulator", "--chunk-delay-ms", "0", "--output-tokens", "6", "--video-queued-s", "0",
-                "--video-processing-s", "0")
+    sim = spawn(
+        "simulator",
+        "--chunk-delay-ms",
+        "0",
+        "--output-tokens",
+        "6",
+        "--video-queued-s",
+        "0",
+        "--video-processing-s",
+        "0",
+    )
     relay = SwitchedRelay(int(ledger_db.split(":")[-1].split("/")[0]))
     await relay.up()
     through_relay = ledger_db.replace(":5432/", f":{relay.port}/")
-    text = ledger_config(through_relay, str(tmp_path / "spool"), flush_s=0.2, extra=f"""
+    text = ledger_config(
+        through_relay,
+        str(tmp_path / "spool"),
+        flush_s=0.2,
+        extra=f"""
 server: {{listen: "127.0.0.1:{{PORT}}"}}
 state: {{backend: redis, url: "{redis_url}", prefix: "ledger-{tmp_path.name}:"}}
-""", channel=f'{{name: simulator, base_url: "{sim.url}"}}')
+""",
+        channel=f'{{name: simulator, base_url: "{sim.url}"}}',
+    )
     gateways = [spawn("gateway", config=text) for _ in range(3)]
     gate = asyncio.Semaphore(32)
     answered = 0
@@ -284,7 +341,8 @@ state: {{backend: redis, url: "{redis_url}", prefix: "ledger-{tmp_path.name}:"}}
 
 
 async def test_a_request_without_a_key_has_no_row_and_a_refused_model_name_is_kept_short(
-        ledger_db, start_gateway, http, tmp_path) -> None:  # noqa: ANN001
+    ledger_db, start_gateway, http, tmp_path
+) -> None:
     gateway = await start_gateway(ledger_config(ledger_db, str(tmp_path / "spool")))
     long_model = {**MIXED[0][2], "model": "m" * 100_000}
     async with http.post(gateway.url + "/v1/messages", json=long_model, headers={"msgapi-version": "2023-06-01"}) as a:
@@ -296,7 +354,8 @@ async def test_a_request_without_a_key_has_no_row_and_a_refused_model_name_is_ke
 
 
 async def test_a_record_postgresql_refuses_is_set_aside_and_the_others_of_its_batch_are_written(
-        ledger_db, tmp_path) -> None:  # noqa: ANN001
+    ledger_db, tmp_path
+) -> None:
     from datetime import datetime, timezone
 
     from plugins.ledger.record import UsageRecord
@@ -304,8 +363,29 @@ async def test_a_record_postgresql_refuses_is_set_aside_and_the_others_of_its_ba
     from plugins.ledger.writer import LedgerWriter
 
     def record(index: int, status: int = 200) -> UsageRecord:
-        return UsageRecord(f"r{index}", datetime.now(timezone.utc), None, "k", "key:k", "messages", "m", "m", "c",
-                           status, 1, 0, 1, 0, 0, 0.0, 0.0, False, 1.0, False, False)
+        return UsageRecord(
+            f"r{index}",
+            datetime.now(timezone.utc),
+            None,
+            "k",
+            "key:k",
+            "messages",
+            "m",
+            "m",
+            "c",
+            status,
+            1,
+            0,
+            1,
+            0,
+            0,
+            0.0,
+            0.0,
+            False,
+            1.0,
+            False,
+            False,
+        )
 
     writer = LedgerWriter(ledger_db, 100, 0.05, [FileSpool(tmp_path / "spool", 1 << 20)])
     await writer.start()
@@ -320,7 +400,7 @@ async def test_a_record_postgresql_refuses_is_set_aside_and_the_others_of_its_ba
     assert not list((tmp_path / "spool").glob("*.jsonl")), "nothing was spooled"
 
 
-async def test_video_forms_and_streamed_images_are_counted(ledger_db, start_gateway, http, tmp_path) -> None:  # noqa: ANN001
+async def test_video_forms_and_streamed_images_are_counted(ledger_db, start_gateway, http, tmp_path) -> None:
     gateway = await start_gateway(ledger_config(ledger_db, str(tmp_path / "spool")))
     form = aiohttp.FormData(default_to_multipart=True)
     for name, value in (("model", "videogen-3.0-generate-001"), ("prompt", "waves"), ("seconds", "6")):
@@ -333,7 +413,6 @@ async def test_video_forms_and_streamed_images_are_counted(ledger_db, start_gate
     found = {r["route"]: r for r in await rows_when(ledger_db, 2)}
     assert (found["videos"]["video_seconds"], float(found["videos"]["cost"])) == (6.0, 3.0)
     assert (found["image_generations"]["images"], float(found["image_generations"]["cost"])) == (1, 0.17)
-
 
 
 def test_the_report_s_table_prints_no_character_that_steers_a_terminal() -> None:

@@ -29,9 +29,29 @@ def record(index: int, filler: int = 0) -> Any:
 
     model, client_id = min(filler, 240), min(filler, 128)
     rest = max(0, filler - model - client_id) // 2
-    return UsageRecord(f"r{index:04d}", datetime.now(timezone.utc), "c" * client_id, "k" * (1 + rest),
-                       "tenant:" + "t" * rest, "messages", "msgmodel-" + "m" * model, "up-" + "m" * model, "c", 200,
-                       1, 0, 1, 0, 0, 0.0, 0.0, False, 1.0, False, False)
+    return UsageRecord(
+        f"r{index:04d}",
+        datetime.now(timezone.utc),
+        "c" * client_id,
+        "k" * (1 + rest),
+        "tenant:" + "t" * rest,
+        "messages",
+        "msgmodel-" + "m" * model,
+        "up-" + "m" * model,
+        "c",
+        200,
+        1,
+        0,
+        1,
+        0,
+        0,
+        0.0,
+        0.0,
+        False,
+        1.0,
+        False,
+        False,
+    )
 
 
 async def stream_bytes(client: Any, key: str) -> int:
@@ -101,20 +121,29 @@ async def test_the_redis_spool_takes_batches_to_its_bytes(shared_redis: str) -> 
 
 
 async def test_with_postgresql_away_a_gateway_keeps_no_more_than_spool_max_mb_in_each_stream(
-        start_gateway: Callable, http: aiohttp.ClientSession, redis_url: str, tmp_path: Path) -> None:
+    start_gateway: Callable, http: aiohttp.ClientSession, redis_url: str, tmp_path: Path
+) -> None:
     """Requests with long request ids through a gateway whose ledger database is away: every answer
     is served; the journal and the Redis spool each hold at most spool_max_mb as written, and every
     record is somewhere (journaled, spooled in Redis or on disk)."""
-    gw = await start_gateway(ledger_config(NOWHERE, str(tmp_path / "spool"), flush_s=0.05, extra=f"""
+    gw = await start_gateway(
+        ledger_config(
+            NOWHERE,
+            str(tmp_path / "spool"),
+            flush_s=0.05,
+            extra=f"""
 state: {{backend: redis, url: "{redis_url}", prefix: "lb:"}}
-""").replace('spool_dir:', 'spool_max_mb: 0.02, write_timeout_s: 0.5, spool_dir:'))
+""",
+        ).replace("spool_dir:", "spool_max_mb: 0.02, write_timeout_s: 0.5, spool_dir:")
+    )
     limit = int(0.02 * 1024 * 1024)
     body = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
     journaled, unjournaled = counted("journaled"), counted("unjournaled")
     statuses = []
     for n in range(60):
-        async with http.post(gw.url + "/v1/messages", json=body,
-                             headers={**MSG, "X-Request-Id": f"{n:04d}-" + "q" * 120}) as answer:
+        async with http.post(
+            gw.url + "/v1/messages", json=body, headers={**MSG, "X-Request-Id": f"{n:04d}-" + "q" * 120}
+        ) as answer:
             await answer.read()
             statuses.append(answer.status)
     assert statuses == [200] * 60

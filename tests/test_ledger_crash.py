@@ -15,7 +15,8 @@ from tests.test_ledger import MIXED, ledger_config, rows, rows_when
 
 
 async def test_a_gateway_killed_mid_run_loses_no_record_and_none_is_written_twice(
-        ledger_db, spawn, redis_url, tmp_path) -> None:  # noqa: ANN001
+    ledger_db, spawn, redis_url, tmp_path
+) -> None:
     """Two instances sharing Redis state and the ledger under mixed load (every chat format as JSON
     and stream, images, videos), each request with an X-Request-Id of its own; one is killed with
     SIGKILL while requests are in flight, and the run finishes on the other (a client whose answer
@@ -24,22 +25,36 @@ async def test_a_gateway_killed_mid_run_loses_no_record_and_none_is_written_twic
     requests in flight at the kill."""
     import redis.asyncio as aioredis
 
-    sim = spawn("simulator", "--chunk-delay-ms", "3", "--output-tokens", "6", "--video-queued-s", "0",
-                "--video-processing-s", "0")
+    sim = spawn(
+        "simulator",
+        "--chunk-delay-ms",
+        "3",
+        "--output-tokens",
+        "6",
+        "--video-queued-s",
+        "0",
+        "--video-processing-s",
+        "0",
+    )
     prefix = f"crash-{tmp_path.name}:"
     # A fixed bound on requests in flight: the survivor takes the victim's load and its clients'
     # resends at once, which `auto` may answer in part with 503 on a busy machine; the records, not
     # admission, are under test here.
-    text = ledger_config(ledger_db, str(tmp_path / "spool"), flush_s=0.2, extra=f"""
+    text = ledger_config(
+        ledger_db,
+        str(tmp_path / "spool"),
+        flush_s=0.2,
+        extra=f"""
 server: {{listen: "127.0.0.1:{{PORT}}", workers: 1, max_in_flight: 10000}}
 state: {{backend: redis, url: "{redis_url}", prefix: "{prefix}"}}
-""", channel=f'{{name: simulator, base_url: "{sim.url}"}}').replace("flush_interval_s: 0.2,",
-                                                                 "flush_interval_s: 0.2, write_timeout_s: 1,")
+""",
+        channel=f'{{name: simulator, base_url: "{sim.url}"}}',
+    ).replace("flush_interval_s: 0.2,", "flush_interval_s: 0.2, write_timeout_s: 1,")
     victim, survivor = spawn("gateway", config=text), spawn("gateway", config=text)
     total, kill_after = 2400, 900
-    received: dict[str, int] = {}          # X-Request-Id -> status, of the answers clients had whole
-    attempts: dict[str, float] = {}        # X-Request-Id -> when it was sent
-    failed: set[str] = set()               # attempts whose answer never came whole
+    received: dict[str, int] = {}  # X-Request-Id -> status, of the answers clients had whole
+    attempts: dict[str, float] = {}  # X-Request-Id -> when it was sent
+    failed: set[str] = set()  # attempts whose answer never came whole
     killed_at: float | None = None
     gate = asyncio.Semaphore(32)
 
@@ -51,7 +66,7 @@ state: {{backend: redis, url: "{redis_url}", prefix: "{prefix}"}}
                 await answer.read()  # a stream cut short, or a body short of its length, raises here
                 received[request_id] = answer.status
                 return True
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             failed.add(request_id)
             return False
 
@@ -95,8 +110,9 @@ state: {{backend: redis, url: "{redis_url}", prefix: "{prefix}"}}
     # answer), but the victim died before the client had the end of that answer.
     unreceived = set(ids) - set(received)
     assert unreceived <= in_flight, sorted(unreceived - in_flight)[:10]
-    assert all(r["status"] == 200 and r["channel"] == "simulator"
-               for r in found if r["client_request_id"] in unreceived)
+    assert all(
+        r["status"] == 200 and r["channel"] == "simulator" for r in found if r["client_request_id"] in unreceived
+    )
     store = aioredis.Redis.from_url(redis_url)
     try:
         assert await store.xlen(prefix + "ledger:journal") == 0  # every entry written, then removed
@@ -113,12 +129,34 @@ def counted(outcome: str) -> float:
 def record(index: int) -> Any:
     from plugins.ledger.record import UsageRecord
 
-    return UsageRecord(f"r{index}", datetime.now(timezone.utc), None, "k", "key:k", "messages", "m", "m", "c",
-                       200, 1, 0, 1, 0, 0, 0.0, 0.0, False, 1.0, False, False)
+    return UsageRecord(
+        f"r{index}",
+        datetime.now(timezone.utc),
+        None,
+        "k",
+        "key:k",
+        "messages",
+        "m",
+        "m",
+        "c",
+        200,
+        1,
+        0,
+        1,
+        0,
+        0,
+        0.0,
+        0.0,
+        False,
+        1.0,
+        False,
+        False,
+    )
 
 
 async def test_journaled_records_postgresql_did_not_take_are_written_by_another_writer_once(
-        ledger_db, redis_url, tmp_path) -> None:  # noqa: ANN001
+    ledger_db, redis_url, tmp_path
+) -> None:
     """A writer whose PostgreSQL is away drops its journaled records from memory (they wait in the
     journal) and spools only the one the journal did not take; another instance's writer writes
     the journaled ones as orphans, once, and removes their entries."""
@@ -128,8 +166,14 @@ async def test_journaled_records_postgresql_did_not_take_are_written_by_another_
     from proxy.state.shared import share
 
     key = f"test-{tmp_path.name}:ledger:journal"
-    away = LedgerWriter("postgresql://postgres@127.0.0.1:1/nowhere", 100, 0.05,
-                        [FileSpool(tmp_path / "away", 1 << 20)], 0.5, Journal(share(redis_url), key, 1 << 20, 1.0))
+    away = LedgerWriter(
+        "postgresql://postgres@127.0.0.1:1/nowhere",
+        100,
+        0.05,
+        [FileSpool(tmp_path / "away", 1 << 20)],
+        0.5,
+        Journal(share(redis_url), key, 1 << 20, 1.0),
+    )
     for index in range(5):
         await away.journaled(record(index))
     assert away.journal is not None
@@ -145,8 +189,14 @@ async def test_journaled_records_postgresql_did_not_take_are_written_by_another_
     assert b'"r5"' in b"".join(p.read_bytes() for p in (tmp_path / "away").glob("*.jsonl"))
 
     written = counted("written")
-    other = LedgerWriter(ledger_db, 100, 0.05, [FileSpool(tmp_path / "other", 1 << 20)], 0.5,
-                         Journal(share(redis_url), key, 1 << 20, 1.0))
+    other = LedgerWriter(
+        ledger_db,
+        100,
+        0.05,
+        [FileSpool(tmp_path / "other", 1 << 20)],
+        0.5,
+        Journal(share(redis_url), key, 1 << 20, 1.0),
+    )
     await other.start()
     found = await rows_when(ledger_db, 5)
     await asyncio.sleep(1.5)  # a second write of any of them would come in this time
@@ -162,7 +212,7 @@ async def test_journaled_records_postgresql_did_not_take_are_written_by_another_
         await unshare(store)
 
 
-async def test_a_record_the_journal_cannot_take_goes_the_old_way(ledger_db, tmp_path) -> None:  # noqa: ANN001
+async def test_a_record_the_journal_cannot_take_goes_the_old_way(ledger_db, tmp_path) -> None:
     """Redis away: the append fails within its bound, the request goes on, and the record waits in
     memory to be written (or spooled) as before."""
     from plugins.ledger.journal import WAIT_S, Journal
@@ -171,8 +221,14 @@ async def test_a_record_the_journal_cannot_take_goes_the_old_way(ledger_db, tmp_
     from proxy.state.shared import share
 
     unjournaled = counted("unjournaled")
-    writer = LedgerWriter(ledger_db, 100, 0.05, [FileSpool(tmp_path / "spool", 1 << 20)], 0.5,
-                          Journal(share("redis://127.0.0.1:1/0"), "nowhere:ledger:journal", 1 << 20, 1.0))
+    writer = LedgerWriter(
+        ledger_db,
+        100,
+        0.05,
+        [FileSpool(tmp_path / "spool", 1 << 20)],
+        0.5,
+        Journal(share("redis://127.0.0.1:1/0"), "nowhere:ledger:journal", 1 << 20, 1.0),
+    )
     started = time.monotonic()
     await writer.journaled(record(1))
     assert time.monotonic() - started < WAIT_S + 0.5
@@ -183,8 +239,7 @@ async def test_a_record_the_journal_cannot_take_goes_the_old_way(ledger_db, tmp_
     assert row["request_id"] == "r1"
 
 
-async def test_a_record_postgresql_refuses_is_set_aside_and_the_rest_of_its_batch_written(
-        ledger_db, tmp_path) -> None:  # noqa: ANN001
+async def test_a_record_postgresql_refuses_is_set_aside_and_the_rest_of_its_batch_written(ledger_db, tmp_path) -> None:
     """One record PostgreSQL cannot take (a count past its column, a NUL in a text) fails its whole
     batch, which is split until that record stands alone. (A count past any column is bounded
     when the record is made: record_of.)"""
@@ -209,7 +264,10 @@ async def test_a_record_postgresql_refuses_is_set_aside_and_the_rest_of_its_batc
     assert counted("refused") - refused == 2 and counted("spooled") == spooled  # refused records are not spooled
     connection = await asyncpg.connect(ledger_db)
     try:
-        found = {row["request_id"]: row["cost"] for row in await connection.fetch("SELECT request_id, cost FROM usage_records")}
+        found = {
+            row["request_id"]: row["cost"]
+            for row in await connection.fetch("SELECT request_id, cost FROM usage_records")
+        }
     finally:
         await connection.close()
     assert sorted(found) == ["r0", "r2", "r3", "r5"]

@@ -39,15 +39,25 @@ prices:
   - {model: "imagegen-*", per_image: 0.04, max_output_tokens: 1100}
   - {model: "videogen-*", per_video_second: 0.5}
 """
-SIMULATOR = ("{name: simulator, base_url: simulator, simulator: {chunk_delay_ms: 0, output_tokens: 20, "
-             "video_queued_s: 0, video_processing_s: 0}}")
+SIMULATOR = (
+    "{name: simulator, base_url: simulator, simulator: {chunk_delay_ms: 0, output_tokens: 20, "
+    "video_queued_s: 0, video_processing_s: 0}}"
+)
 
 
 # Checks wait up to 5 s on Redis: a loaded test host can stall half a second, and a budget that
 # failed open then would let these tests' hostile requests through.
-def metered(redis_url: str, ledger_db: str, spool: str, keys: str, budget: str = "{}", prices: str = PRICES,
-            check_timeout_s: float = 5) -> str:
-    return textwrap.dedent(f"""
+def metered(
+    redis_url: str,
+    ledger_db: str,
+    spool: str,
+    keys: str,
+    budget: str = "{}",
+    prices: str = PRICES,
+    check_timeout_s: float = 5,
+) -> str:
+    return (
+        textwrap.dedent(f"""
         state: {{backend: redis, url: '{redis_url}', check_timeout_s: {check_timeout_s}}}
         keys: {keys}
         channels: [{SIMULATOR}]
@@ -55,12 +65,15 @@ def metered(redis_url: str, ledger_db: str, spool: str, keys: str, budget: str =
         plugins:
           ledger: {{database_url: '{ledger_db}', flush_interval_s: 0.05, spool_dir: '{spool}'}}
           budget: {budget}
-        """) + prices
+        """)
+        + prices
+    )
 
 
 @pytest.fixture
-async def gateway_with(ledger_db, redis_url, start_gateway, tmp_path):  # noqa: ANN001, ANN201
+async def gateway_with(ledger_db, redis_url, start_gateway, tmp_path):
     """A gateway whose key `spender` has the budget given (YAML flow text)."""
+
     async def start(budget: str, settings: str = "{}") -> Any:
         keys = f"[{{name: spender, key: {KEY}, budget: {budget}}}]"
         return await start_gateway(metered(redis_url, ledger_db, str(tmp_path / "spool"), keys, settings))
@@ -86,8 +99,15 @@ def spent(found: list[Any], measure: str = "tokens") -> float:
     return sum((r["input_tokens"] or 0) + (r["output_tokens"] or 0) for r in found)
 
 
-async def agreed(redis_url: str, ledger_db: str, count: int, name: str = "spender", measure: str = "tokens",
-                 within_s: float = 15.0, settled: int = 0) -> tuple[float, list[Any]]:
+async def agreed(
+    redis_url: str,
+    ledger_db: str,
+    count: int,
+    name: str = "spender",
+    measure: str = "tokens",
+    within_s: float = 15.0,
+    settled: int = 0,
+) -> tuple[float, list[Any]]:
     """The key's counter and its ledger rows once there are `count` rows whose sum is the counter
     (`settled` of them no longer pending): the two must come to agree (the rows arrive in batches);
     the test fails if they never do."""
@@ -96,8 +116,11 @@ async def agreed(redis_url: str, ledger_db: str, count: int, name: str = "spende
     while True:
         found = [r for r in await rows(ledger_db) if r["key_name"] == name]
         held = await counter(redis_url, name, measure)
-        if (len(found) >= count and sum(not r["pending"] for r in found) >= settled
-                and spent(found, measure) == pytest.approx(held, rel=1e-9, abs=1e-9)):
+        if (
+            len(found) >= count
+            and sum(not r["pending"] for r in found) >= settled
+            and spent(found, measure) == pytest.approx(held, rel=1e-9, abs=1e-9)
+        ):
             return held, found
         if loop.time() > deadline:
             raise AssertionError(f"counter {held} and ledger {spent(found, measure)} ({len(found)} rows) never agreed")
@@ -114,13 +137,16 @@ def prompt_tokens(body: dict[str, Any]) -> int:
 async def post(http: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, Any]:
     from proxy.wire import jsonutil
 
-    async with http.post(url, data=jsonutil.dumps(body), headers={**headers, "content-type": "application/json"}) as answer:
+    async with http.post(
+        url, data=jsonutil.dumps(body), headers={**headers, "content-type": "application/json"}
+    ) as answer:
         return answer.status, await answer.json(content_type=None)
 
 
 # 1 -----------------------------------------------------------------------------------------------
 
-async def test_1_a_background_response_is_charged_where_its_result_is_read(gateway_with, http, redis_url, ledger_db):  # noqa: ANN001
+
+async def test_1_a_background_response_is_charged_where_its_result_is_read(gateway_with, http, redis_url, ledger_db):
     gateway = await gateway_with("{tokens_per_day: 200000}")
     sim = gateway.sim()
     expensive = {**AUTH, "x-sim-output-tokens": "50000"}
@@ -164,18 +190,21 @@ async def days_agree(database_url: str) -> None:
         by_rows = await connection.fetch(
             "SELECT (at AT TIME ZONE 'UTC')::date AS day, coalesce(tenant, '') AS tenant, status, count(*) AS requests, "
             "coalesce(sum(output_tokens), 0) AS output_tokens, sum(cost) AS cost, "
-            "count(*) FILTER (WHERE pending) AS pending FROM usage_records GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")
+            "count(*) FILTER (WHERE pending) AS pending FROM usage_records GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+        )
         by_days = await connection.fetch(
             "SELECT day, tenant, status, sum(requests) AS requests, sum(output_tokens) AS output_tokens, "
             "sum(cost) AS cost, sum(pending) AS pending FROM usage_daily GROUP BY 1, 2, 3 "
-            "HAVING sum(requests) <> 0 ORDER BY 1, 2, 3")
+            "HAVING sum(requests) <> 0 ORDER BY 1, 2, 3"
+        )
     finally:
         await connection.close()
     assert [dict(r) for r in by_days] == [dict(r) for r in by_rows] and by_rows
 
 
 async def test_1_a_background_result_nobody_reads_or_cancelled_unsaid_stays_charged_at_its_reservation(
-        gateway_with, http, redis_url, ledger_db) -> None:  # noqa: ANN001
+    gateway_with, http, redis_url, ledger_db
+) -> None:
     gateway = await gateway_with("{tokens_per_day: 100000}")
     running = {**AUTH, "x-sim-output-tokens": "30000", "x-sim-background-ms": "60000"}
     body = {"model": "respmodel-4o", "input": "go", "background": True, "max_output_tokens": 40000}
@@ -197,28 +226,41 @@ async def test_1_a_background_result_nobody_reads_or_cancelled_unsaid_stays_char
 
 
 async def test_1_a_held_reservation_is_settled_once_by_any_instance_in_every_topology(
-        shared_redis, ledger_db, start_gateway, spawn, http, tmp_path) -> None:  # noqa: ANN001
-    await settled_once(f"state: {{backend: redis, url: '{shared_redis}'}}", 2, ledger_db, start_gateway, spawn, http,
-                       tmp_path)
+    shared_redis, ledger_db, start_gateway, spawn, http, tmp_path
+) -> None:
+    await settled_once(
+        f"state: {{backend: redis, url: '{shared_redis}'}}", 2, ledger_db, start_gateway, spawn, http, tmp_path
+    )
 
 
-async def test_1_a_held_reservation_is_settled_once_with_memory_state(ledger_db, start_gateway, spawn, http,
-                                                                      tmp_path) -> None:  # noqa: ANN001
+async def test_1_a_held_reservation_is_settled_once_with_memory_state(
+    ledger_db, start_gateway, spawn, http, tmp_path
+) -> None:
     await settled_once("", 1, ledger_db, start_gateway, spawn, http, tmp_path)
 
 
-async def settled_once(state: str, instances: int, ledger_db: str, start_gateway: Any, spawn: Any,
-                       http: aiohttp.ClientSession, tmp_path: Any) -> None:
+async def settled_once(
+    state: str,
+    instances: int,
+    ledger_db: str,
+    start_gateway: Any,
+    spawn: Any,
+    http: aiohttp.ClientSession,
+    tmp_path: Any,
+) -> None:
     """Two generations left running, each read ten times at once on another instance than made
     it: each is settled once, and only the room it held beyond what it spent comes back."""
     upstream = spawn("simulator")
-    text = textwrap.dedent(f"""
+    text = (
+        textwrap.dedent(f"""
         {state}
         keys: [{{name: spender, key: {KEY}, budget: {{tokens_per_day: 100000}}}}]
         channels: [{{name: up, base_url: "{upstream.url}"}}]
         observability: {{logging: {{access_log: false}}}}
         plugins: {{ledger: {{database_url: '{ledger_db}', flush_interval_s: 0.05, spool_dir: '{tmp_path}'}}}}
-        """) + PRICES
+        """)
+        + PRICES
+    )
     gateways = [await start_gateway(text) for _ in range(instances)]
     first, last = gateways[0], gateways[-1]
     body = {"model": "respmodel-4o", "input": "go", "background": True, "max_output_tokens": 40000}
@@ -243,12 +285,14 @@ async def settled_once(state: str, instances: int, ledger_db: str, start_gateway
 
 # 2 -----------------------------------------------------------------------------------------------
 
-async def test_2_a_decoy_limit_never_shrinks_a_reservation(gateway_with, http, redis_url, ledger_db) -> None:  # noqa: ANN001
+
+async def test_2_a_decoy_limit_never_shrinks_a_reservation(gateway_with, http, redis_url, ledger_db) -> None:
     gateway = await gateway_with("{tokens_per_day: 50000}")
     sim = gateway.sim()
     decoy = {"model": "respmodel-4o", "input": "hi", "max_tokens": 1, "max_output_tokens": 40000}
-    answers = await asyncio.gather(*(post(http, gateway.url + "/v1/responses", decoy,
-                                          {**AUTH, "x-sim-output-tokens": "30000"}) for _ in range(10)))
+    answers = await asyncio.gather(
+        *(post(http, gateway.url + "/v1/responses", decoy, {**AUTH, "x-sim-output-tokens": "30000"}) for _ in range(10))
+    )
     statuses = [status for status, _ in answers]
     assert statuses.count(200) == 1 and statuses.count(429) == 9  # one 40,000-token reservation at a time
     assert sim.produced["input_tokens"] + sim.produced["output_tokens"] <= 50000
@@ -267,17 +311,26 @@ async def test_2_a_decoy_limit_never_shrinks_a_reservation(gateway_with, http, r
     assert await most_of("/v1/responses", reverse, AUTH) == 90000 + prompt(reverse)
     unnamed = {"model": "respmodel-4o", "input": "hi " * 20}  # the model's own default, from the price table
     assert await most_of("/v1/responses", unnamed, AUTH) == 64000 + prompt(unnamed)
-    floated = {"model": "msgmodel-haiku-4-5", "max_tokens": 100, "max_output_tokens": 60000.0,
-               "messages": [{"role": "user", "content": "hi"}]}
+    floated = {
+        "model": "msgmodel-haiku-4-5",
+        "max_tokens": 100,
+        "max_output_tokens": 60000.0,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
     assert await most_of("/v1/messages", floated, MSG) == 60000 + prompt(floated)
-    candidates = {"contents": [{"parts": [{"text": "hi"}]}], "max_tokens": "20000",
-                  "generationConfig": {"maxOutputTokens": 10, "candidateCount": 4}}
-    assert await most_of(f"/v1beta/models/genmodel-2.0-flash:generateContent?key={KEY}", candidates, {}) \
-        == 4 * 20000 + prompt(candidates)
+    candidates = {
+        "contents": [{"parts": [{"text": "hi"}]}],
+        "max_tokens": "20000",
+        "generationConfig": {"maxOutputTokens": 10, "candidateCount": 4},
+    }
+    assert await most_of(
+        f"/v1beta/models/genmodel-2.0-flash:generateContent?key={KEY}", candidates, {}
+    ) == 4 * 20000 + prompt(candidates)
 
 
 async def test_2_a_form_is_reserved_for_what_it_names_after_its_files_before_the_upstream_has_all_of_it(
-        gateway_with, http, redis_url, ledger_db) -> None:  # noqa: ANN001
+    gateway_with, http, redis_url, ledger_db
+) -> None:
     from pathlib import Path
 
     gateway = await gateway_with("{cost_per_day: 0.3}")
@@ -307,45 +360,77 @@ async def test_2_a_form_is_reserved_for_what_it_names_after_its_files_before_the
     assert held == pytest.approx(7 * 0.04) and sim.produced["images"] == 7
 
 
-@pytest.mark.parametrize("written, read", [
-    (40000, 40000), (40000.0, 40000), (40000.5, 40001), ("40000", 40000), (" 40000 ", 40000), ("4e4", 40000),
-    ("+40000", 40000), ("000040000", 40000), ("40000.0", 40000), (0, None), (-5, None), (True, None),
-    ("\u00b2", None), ("\u2460", None), ("\uff11\uff12", None), ("400_000", None), ("1e400", None), ({}, None),
-    (float("inf"), None), (2**40, 2**31),
-])
-def test_2_a_count_is_read_as_a_lax_upstream_may_read_it(written, read) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(
+    "written, read",
+    [
+        (40000, 40000),
+        (40000.0, 40000),
+        (40000.5, 40001),
+        ("40000", 40000),
+        (" 40000 ", 40000),
+        ("4e4", 40000),
+        ("+40000", 40000),
+        ("000040000", 40000),
+        ("40000.0", 40000),
+        (0, None),
+        (-5, None),
+        (True, None),
+        ("\u00b2", None),
+        ("\u2460", None),
+        ("\uff11\uff12", None),
+        ("400_000", None),
+        ("1e400", None),
+        ({}, None),
+        (float("inf"), None),
+        (2**40, 2**31),
+    ],
+)
+def test_2_a_count_is_read_as_a_lax_upstream_may_read_it(written, read) -> None:
     from proxy.formats.counts import count
 
     assert count(written) == read
 
 
-async def test_2_a_count_named_twice_goes_upstream_as_the_one_reserved_for(gateway_with, http, redis_url,
-                                                                          ledger_db) -> None:  # noqa: ANN001
+async def test_2_a_count_named_twice_goes_upstream_as_the_one_reserved_for(
+    gateway_with, http, redis_url, ledger_db
+) -> None:
     gateway = await gateway_with("{tokens_per_day: 50000}")
     raw = b'{"model": "respmodel-4o", "input": "hi", "max_output_tokens": 40000, "max_output_tokens": 20}'
-    async with http.post(gateway.url + "/v1/responses", data=raw,
-                         headers={**AUTH, "content-type": "application/json"}) as answer:
+    async with http.post(
+        gateway.url + "/v1/responses", data=raw, headers={**AUTH, "content-type": "application/json"}
+    ) as answer:
         assert answer.status == 200
     sent = gateway.last_upstream_request().body
     assert sent.count(b"max_output_tokens") == 1 and b'"max_output_tokens":20' in sent  # as the gateway read it
 
 
-async def test_2_a_video_naming_its_seconds_twice_is_charged_the_longer(gateway_with, http, redis_url,
-                                                                        ledger_db) -> None:  # noqa: ANN001
+async def test_2_a_video_naming_its_seconds_twice_is_charged_the_longer(
+    gateway_with, http, redis_url, ledger_db
+) -> None:
     gateway = await gateway_with("{cost_per_day: 100}")
-    body = {"model": "videogen-3.0-generate-001", "prompt": "waves", "seconds": "8",
-            "metadata": {"durationSeconds": 4, "sampleCount": 2}}
+    body = {
+        "model": "videogen-3.0-generate-001",
+        "prompt": "waves",
+        "seconds": "8",
+        "metadata": {"durationSeconds": 4, "sampleCount": 2},
+    }
     assert (await post(http, gateway.url + "/v1/videos", body, AUTH))[0] == 200
     held, [row] = await agreed(redis_url, ledger_db, 1, measure="cost")
     assert row["video_seconds"] == 16 and held == 8.0
 
 
 async def test_1_a_background_stream_left_before_its_id_came_is_charged_all_it_may_make(
-        gateway_with, http, redis_url, ledger_db) -> None:  # noqa: ANN001
+    gateway_with, http, redis_url, ledger_db
+) -> None:
     gateway = await gateway_with("{tokens_per_day: 100000}")
     body = {"model": "respmodel-4o", "input": "go", "background": True, "stream": True, "max_output_tokens": 30000}
-    headers = {**AUTH, "x-sim-output-tokens": "20000", "x-sim-split": "1", "x-sim-chunk-delay-ms": "2000",
-               "content-type": "application/json"}
+    headers = {
+        **AUTH,
+        "x-sim-output-tokens": "20000",
+        "x-sim-split": "1",
+        "x-sim-chunk-delay-ms": "2000",
+        "content-type": "application/json",
+    }
     answer = await http.post(gateway.url + "/v1/responses", data=jsonutil.dumps(body), headers=headers)
     answer.close()  # gone with the answer's head, its first event (the id) still on its way
     held, [row] = await agreed(redis_url, ledger_db, 1)
@@ -354,7 +439,8 @@ async def test_1_a_background_stream_left_before_its_id_came_is_charged_all_it_m
 
 
 async def test_1_a_read_that_comes_before_the_hold_does_not_stop_a_later_one_settling(
-        gateway_with, http, redis_url, ledger_db) -> None:  # noqa: ANN001
+    gateway_with, http, redis_url, ledger_db
+) -> None:
     gateway = await gateway_with("{tokens_per_day: 100000}")
     body = {"model": "respmodel-4o", "input": "go", "background": True, "stream": True, "max_output_tokens": 30000}
     headers = {**AUTH, "x-sim-output-tokens": "300", "x-sim-chunk-delay-ms": "20"}
@@ -377,7 +463,8 @@ async def test_1_a_read_that_comes_before_the_hold_does_not_stop_a_later_one_set
 
 # 3 -----------------------------------------------------------------------------------------------
 
-async def test_3_a_client_gone_before_its_answer_pays_for_its_prompt(gateway_with, http, redis_url, ledger_db) -> None:  # noqa: ANN001
+
+async def test_3_a_client_gone_before_its_answer_pays_for_its_prompt(gateway_with, http, redis_url, ledger_db) -> None:
     gateway = await gateway_with("{tokens_per_day: 100000}")
     body = {"model": "msgmodel-haiku-4-5", "max_tokens": 4000, "messages": [{"role": "user", "content": "x " * 400}]}
     with pytest.raises(asyncio.TimeoutError):
@@ -391,17 +478,28 @@ async def test_3_a_client_gone_before_its_answer_pays_for_its_prompt(gateway_wit
 
 # 4 -----------------------------------------------------------------------------------------------
 
+
 async def test_4_every_video_a_submission_asks_for_is_charged_and_past_the_models_most_is_refused(
-        gateway_with, http, redis_url, ledger_db) -> None:  # noqa: ANN001
+    gateway_with, http, redis_url, ledger_db
+) -> None:
     gateway = await gateway_with("{cost_per_day: 100}")
     sim = gateway.sim()
-    status, refusal = await post(http, gateway.url + "/v1/video/generations", {
-        "model": "videogen-3.0-generate-001", "prompt": "waves", "metadata": {"sampleCount": 17}}, AUTH)
+    status, refusal = await post(
+        http,
+        gateway.url + "/v1/video/generations",
+        {"model": "videogen-3.0-generate-001", "prompt": "waves", "metadata": {"sampleCount": 17}},
+        AUTH,
+    )
     assert status == 400 and "sampleCount" in refusal["error"]["message"]
-    four = {"model": "videogen-3.0-generate-001", "prompt": "waves", "metadata": {"sampleCount": 4,
-                                                                                 "durationSeconds": 8}}
+    four = {
+        "model": "videogen-3.0-generate-001",
+        "prompt": "waves",
+        "metadata": {"sampleCount": 4, "durationSeconds": 8},
+    }
     failing = {"model": "videogen-3.0-generate-001", "prompt": "waves [sim:fail]", "metadata": {"sampleCount": 2}}
-    made = [(await post(http, gateway.url + "/v1/video/generations", body, AUTH))[1]["task_id"] for body in (four, failing)]
+    made = [
+        (await post(http, gateway.url + "/v1/video/generations", body, AUTH))[1]["task_id"] for body in (four, failing)
+    ]
     held, found = await agreed(redis_url, ledger_db, 3, measure="cost")
     assert held == (32 + 16) * 0.5 and all(r["pending"] for r in found if r["status"] == 200)
     for task_id in made:  # the polls tell how each ended: the failed one made nothing the upstream bills
@@ -416,19 +514,40 @@ async def test_4_every_video_a_submission_asks_for_is_charged_and_past_the_model
 
 # 5 -----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("path, headers, body", [
-    ("/v1/messages", MSG, {"model": "msgmodel-haiku-4-5", "max_tokens": 900, "stream": True,
-                           "messages": [{"role": "user", "content": "tell me"}]}),
-    ("/v1/responses", AUTH, {"model": "respmodel-4o", "input": "tell me", "stream": True, "max_output_tokens": 900}),
-    (f"/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key={KEY}", {},
-     {"contents": [{"parts": [{"text": "tell me"}]}], "generationConfig": {"maxOutputTokens": 900}}),
-])
+
+@pytest.mark.parametrize(
+    "path, headers, body",
+    [
+        (
+            "/v1/messages",
+            MSG,
+            {
+                "model": "msgmodel-haiku-4-5",
+                "max_tokens": 900,
+                "stream": True,
+                "messages": [{"role": "user", "content": "tell me"}],
+            },
+        ),
+        (
+            "/v1/responses",
+            AUTH,
+            {"model": "respmodel-4o", "input": "tell me", "stream": True, "max_output_tokens": 900},
+        ),
+        (
+            f"/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key={KEY}",
+            {},
+            {"contents": [{"parts": [{"text": "tell me"}]}], "generationConfig": {"maxOutputTokens": 900}},
+        ),
+    ],
+)
 async def test_5_a_stream_without_usage_is_estimated_from_what_it_delivered(
-        gateway_with, http, redis_url, ledger_db, path, headers, body) -> None:  # noqa: ANN001
+    gateway_with, http, redis_url, ledger_db, path, headers, body
+) -> None:
     gateway = await gateway_with("{tokens_per_day: 100000}")
     sim = gateway.sim()
-    async with http.post(gateway.url + path, json=body, headers={**headers, "x-sim-no-usage": "1",
-                                                                 "x-sim-output-tokens": "500"}) as answer:
+    async with http.post(
+        gateway.url + path, json=body, headers={**headers, "x-sim-no-usage": "1", "x-sim-output-tokens": "500"}
+    ) as answer:
         events = (await answer.read()).count(b"data:")
     held, [row] = await agreed(redis_url, ledger_db, 1)
     assert row["estimated"] and row["status"] == 200 and row["cut_by"] is None
@@ -439,18 +558,30 @@ async def test_5_a_stream_without_usage_is_estimated_from_what_it_delivered(
 
 # 6 -----------------------------------------------------------------------------------------------
 
+
 async def test_6_a_stream_cut_short_says_by_whom_and_a_running_count_is_an_estimate(
-        gateway_with, http, redis_url, ledger_db) -> None:  # noqa: ANN001
+    gateway_with, http, redis_url, ledger_db
+) -> None:
     gateway = await gateway_with("{tokens_per_day: 100000}")
     sim = gateway.sim()
-    broken = {"model": "msgmodel-haiku-4-5", "max_tokens": 900, "stream": True,
-              "messages": [{"role": "user", "content": "tell me"}]}
-    async with http.post(gateway.url + "/v1/messages", json=broken,
-                         headers={**MSG, "x-sim-output-tokens": "300", "x-sim-fault": "drop-after=12"}) as answer:
+    broken = {
+        "model": "msgmodel-haiku-4-5",
+        "max_tokens": 900,
+        "stream": True,
+        "messages": [{"role": "user", "content": "tell me"}],
+    }
+    async with http.post(
+        gateway.url + "/v1/messages",
+        json=broken,
+        headers={**MSG, "x-sim-output-tokens": "300", "x-sim-fault": "drop-after=12"},
+    ) as answer:
         assert answer.status == 200 and b"event: error" in await answer.read()
     content = {"contents": [{"parts": [{"text": "tell me"}]}], "generationConfig": {"maxOutputTokens": 900}}
-    answer = await http.post(f"{gateway.url}/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key={KEY}",
-                             json=content, headers={"x-sim-output-tokens": "300", "x-sim-chunk-delay-ms": "20"})
+    answer = await http.post(
+        f"{gateway.url}/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key={KEY}",
+        json=content,
+        headers={"x-sim-output-tokens": "300", "x-sim-chunk-delay-ms": "20"},
+    )
     for _ in range(5):
         await answer.content.readuntil(b"\r\n\r\n")
     answer.close()  # the client leaves: the upstream's running count is not its last word
@@ -464,48 +595,67 @@ async def test_6_a_stream_cut_short_says_by_whom_and_a_running_count_is_an_estim
 
 
 def test_6_check_config_names_a_budget_or_price_table_a_configured_pipeline_cannot_enforce() -> None:
-    text = textwrap.dedent("""
+    text = (
+        textwrap.dedent("""
         keys: [{name: spender, key: sk-metering-0001, budget: {tokens_per_day: 1000}}]
         routes:
           messages: {plugins: [auth, validation, ratelimit, usage, sse]}
           responses: {plugins: [auth, validation, ratelimit, budget, usage, sse, ledger]}
           response_retrieve: {plugins: [auth, validation, ratelimit, usage, sse, ledger]}
           generate_content: {plugins: [auth, validation, ratelimit, budget, sse, ledger]}
-        """) + PRICES
+        """)
+        + PRICES
+    )
     with pytest.raises(ConfigError) as refused:
         parse_config(text, {})
     problems = [p for p in refused.value.problems if p.startswith("routes.")]
-    assert any(p.startswith("routes.messages.plugins: leaves out budget, so keys[0].budget does not hold")
-               for p in problems), problems
-    assert any(p.startswith("routes.messages.plugins: leaves out ledger, so its requests are neither priced")
-               for p in problems), problems
+    assert any(
+        p.startswith("routes.messages.plugins: leaves out budget, so keys[0].budget does not hold") for p in problems
+    ), problems
+    assert any(
+        p.startswith("routes.messages.plugins: leaves out ledger, so its requests are neither priced") for p in problems
+    ), problems
     assert any(p.startswith("routes.response_retrieve.plugins: leaves out budget") for p in problems), problems
-    assert "routes.generate_content.plugins[3]: budget uses the usage read from whole answers, which no plugin of " \
-           "route generate_content's pipeline provides (add usage): every answer would be charged its most" in problems
+    assert (
+        "routes.generate_content.plugins[3]: budget uses the usage read from whole answers, which no plugin of "
+        "route generate_content's pipeline provides (add usage): every answer would be charged its most" in problems
+    )
     assert not any(p.startswith("routes.responses") for p in problems), problems
 
 
 # 7 -----------------------------------------------------------------------------------------------
 
+
 async def test_7_a_key_at_its_budget_still_polls_downloads_and_reads_what_it_paid_for(
-        gateway_with, http, redis_url, ledger_db) -> None:  # noqa: ANN001
+    gateway_with, http, redis_url, ledger_db
+) -> None:
     gateway = await gateway_with("{tokens_per_day: 600, cost_per_day: 5}")
-    status, response = await post(http, gateway.url + "/v1/responses",
-                                  {"model": "respmodel-4o", "input": "hi", "max_output_tokens": 500},
-                                  {**AUTH, "x-sim-output-tokens": "450"})
+    status, response = await post(
+        http,
+        gateway.url + "/v1/responses",
+        {"model": "respmodel-4o", "input": "hi", "max_output_tokens": 500},
+        {**AUTH, "x-sim-output-tokens": "450"},
+    )
     assert status == 200
     video = {"model": "videogen-3.0-generate-001", "prompt": "waves", "metadata": {"durationSeconds": 8}}
     status, task = await post(http, gateway.url + "/v1/video/generations", video, AUTH)
     assert status == 200  # 4.0 of the 5 in cost; the tokens spent leave no room for another response
-    for path, body, headers in (("/v1/video/generations", video, AUTH),
-                                ("/v1/responses", {"model": "respmodel-4o", "input": "hi", "max_output_tokens": 500},
-                                 AUTH)):
+    for path, body, headers in (
+        ("/v1/video/generations", video, AUTH),
+        ("/v1/responses", {"model": "respmodel-4o", "input": "hi", "max_output_tokens": 500}, AUTH),
+    ):
         assert (await post(http, gateway.url + path, body, headers))[0] == 429
     task_id = task["task_id"]
-    follow_ups = [("GET", f"/v1/video/generations/{task_id}"), ("GET", f"/v1/videos/{task_id}"),
-                  ("GET", f"/v1/videos/{task_id}/content"), ("GET", "/v1/videos"),
-                  ("GET", f"/v1/responses/{response['id']}"), ("GET", f"/v1/responses/{response['id']}/input_items"),
-                  ("GET", "/v1/models"), ("DELETE", f"/v1/responses/{response['id']}")]
+    follow_ups = [
+        ("GET", f"/v1/video/generations/{task_id}"),
+        ("GET", f"/v1/videos/{task_id}"),
+        ("GET", f"/v1/videos/{task_id}/content"),
+        ("GET", "/v1/videos"),
+        ("GET", f"/v1/responses/{response['id']}"),
+        ("GET", f"/v1/responses/{response['id']}/input_items"),
+        ("GET", "/v1/models"),
+        ("DELETE", f"/v1/responses/{response['id']}"),
+    ]
     for method, path in follow_ups:
         async with http.request(method, gateway.url + path, headers=AUTH) as answer:
             await answer.read()
@@ -516,7 +666,8 @@ async def test_7_a_key_at_its_budget_still_polls_downloads_and_reads_what_it_pai
 
 # 8 -----------------------------------------------------------------------------------------------
 
-async def test_8_a_killed_worker_s_leases_are_reclaimed_within_seconds(spawn, shared_redis: str) -> None:  # noqa: ANN001
+
+async def test_8_a_killed_worker_s_leases_are_reclaimed_within_seconds(spawn, shared_redis: str) -> None:
     """Kill -9 of a worker holding leases: within 10 s the key runs its full 10 at once again,
     while the leases the other worker holds keep counting."""
     upstream = spawn("simulator")
@@ -555,7 +706,8 @@ async def test_8_a_killed_worker_s_leases_are_reclaimed_within_seconds(spawn, sh
 
 # The same table, its models' own defaults small enough for a budget of 10,000 tokens.
 SWEEP_PRICES = PRICES.replace("max_output_tokens: 64000", "max_output_tokens: 2000").replace(
-    "max_output_tokens: 8192", "max_output_tokens: 2000")
+    "max_output_tokens: 8192", "max_output_tokens: 2000"
+)
 BUDGET = 10_000
 CONTENT = f"/v1beta/models/genmodel-2.0-flash:generateContent?key={KEY}"
 CONTENT_STREAM = f"/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key={KEY}"
@@ -579,8 +731,13 @@ _VIDEO = {"model": "videogen-3.0-generate-001", "prompt": "waves", "metadata": {
 # mid_stream (gone after a few events)); the output the upstream makes is x-sim-output-tokens: 600.
 SWEEP: list[tuple[str, str, dict[str, str], dict[str, Any], str]] = [
     ("background", "/v1/responses", AUTH, _response(background=True, max_output_tokens=800), "whole"),
-    ("background stream", "/v1/responses", AUTH, _response(background=True, stream=True, max_output_tokens=800),
-     "mid_stream"),
+    (
+        "background stream",
+        "/v1/responses",
+        AUTH,
+        _response(background=True, stream=True, max_output_tokens=800),
+        "mid_stream",
+    ),
     ("gone before head: messages", "/v1/messages", MSG, _message(max_tokens=800), "before_head"),
     ("gone before head: content", CONTENT, {}, _content(maxOutputTokens=800), "before_head"),
     ("gone before head: responses", "/v1/responses", AUTH, _response(max_output_tokens=800), "before_head"),
@@ -600,21 +757,34 @@ SWEEP: list[tuple[str, str, dict[str, str], dict[str, Any], str]] = [
     ("most candidates", CONTENT, {}, _content(maxOutputTokens=800, candidateCount=8), "whole"),
     ("most videos", "/v1/video/generations", AUTH, _VIDEO, "whole"),
     ("most videos, SDK shape", "/v1/videos", AUTH, {**_VIDEO, "seconds": "8"}, "whole"),
-    ("no usage: messages", "/v1/messages", {**MSG, "x-sim-no-usage": "1"}, _message(max_tokens=800, stream=True),
-     "whole"),
+    (
+        "no usage: messages",
+        "/v1/messages",
+        {**MSG, "x-sim-no-usage": "1"},
+        _message(max_tokens=800, stream=True),
+        "whole",
+    ),
     ("no usage: content", CONTENT_STREAM, {"x-sim-no-usage": "1"}, _content(maxOutputTokens=800), "whole"),
-    ("no usage: responses", "/v1/responses", {**AUTH, "x-sim-no-usage": "1"},
-     _response(max_output_tokens=800, stream=True), "whole"),
+    (
+        "no usage: responses",
+        "/v1/responses",
+        {**AUTH, "x-sim-no-usage": "1"},
+        _response(max_output_tokens=800, stream=True),
+        "whole",
+    ),
     ("no usage: images", "/v1/images/generations", {**AUTH, "x-sim-no-usage": "1"}, _IMAGE, "whole"),
 ]
 
 
-async def _one(http: aiohttp.ClientSession, url: str, key: str, path: str, headers: dict[str, str],
-               body: dict[str, Any], how: str) -> tuple[int, Any]:
+async def _one(
+    http: aiohttp.ClientSession, url: str, key: str, path: str, headers: dict[str, str], body: dict[str, Any], how: str
+) -> tuple[int, Any]:
     from proxy.wire import jsonutil
 
-    headers = {name: value.replace(KEY, key) for name, value in
-               {**headers, "content-type": "application/json", "x-sim-output-tokens": "600"}.items()}
+    headers = {
+        name: value.replace(KEY, key)
+        for name, value in {**headers, "content-type": "application/json", "x-sim-output-tokens": "600"}.items()
+    }
     if how == "before_head":
         headers["x-sim-latency-ms"] = "1500"
     if how == "mid_stream":
@@ -641,21 +811,25 @@ def _reserved(refusal: Any) -> int:
     raise AssertionError(f"a refusal that names no reservation: {message}")
 
 
-async def test_a_sweep_of_every_way_to_slip_past_a_10000_token_budget(ledger_db, redis_url, start_gateway, http,
-                                                                       tmp_path) -> None:  # noqa: ANN001
+async def test_a_sweep_of_every_way_to_slip_past_a_10000_token_budget(
+    ledger_db, redis_url, start_gateway, http, tmp_path
+) -> None:
     """Each case with a key of its own and a budget of 10,000 tokens a day, 20 requests at once:
     what the upstream made passes the budget by at most one request's reservation, what is
     charged likewise, and the ledger's sum is the budget counter, exactly."""
-    keys = ", ".join(f"{{name: k{i}, key: {KEY}-{i}, budget: {{tokens_per_day: {BUDGET}}}}}"
-                     for i in range(len(SWEEP)))
-    gateway = await start_gateway(metered(redis_url, ledger_db, str(tmp_path / "spool"), f"[{keys}]",
-                                          "{default_reserve_tokens: 1000}", SWEEP_PRICES))
+    keys = ", ".join(f"{{name: k{i}, key: {KEY}-{i}, budget: {{tokens_per_day: {BUDGET}}}}}" for i in range(len(SWEEP)))
+    gateway = await start_gateway(
+        metered(
+            redis_url, ledger_db, str(tmp_path / "spool"), f"[{keys}]", "{default_reserve_tokens: 1000}", SWEEP_PRICES
+        )
+    )
     sim = gateway.sim()
     made: dict[str, list[Any]] = {}
     for index, (case, path, headers, body, how) in enumerate(SWEEP):
         before = sim.produced["input_tokens"] + sim.produced["output_tokens"]
-        answers = await asyncio.gather(*(_one(http, gateway.url, f"{KEY}-{index}", path, headers, body, how)
-                                         for _ in range(20)))
+        answers = await asyncio.gather(
+            *(_one(http, gateway.url, f"{KEY}-{index}", path, headers, body, how) for _ in range(20))
+        )
         made[case] = [a for status, a in answers if status == 200 and isinstance(a, dict)]
         produced = sim.produced["input_tokens"] + sim.produced["output_tokens"] - before
         await asyncio.sleep(0.2)  # a request whose client left is settled once the gateway sees it go
@@ -687,15 +861,17 @@ async def test_a_sweep_of_every_way_to_slip_past_a_10000_token_budget(ledger_db,
 
 
 @pytest.fixture
-def own_redis(tmp_path):  # noqa: ANN001, ANN201
+def own_redis(tmp_path):
     """A Redis of the test's own, to stop (SIGSTOP) and resume: (its URL, its process)."""
     import subprocess
 
     from tests.conftest import free_port
 
     port = free_port()
-    redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                              "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    redis = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+    )
     time.sleep(0.3)
     yield f"redis://127.0.0.1:{port}/0", redis
     redis.terminate()
@@ -703,7 +879,8 @@ def own_redis(tmp_path):  # noqa: ANN001, ANN201
 
 
 async def test_spending_served_while_the_state_store_was_away_is_counted_once_it_is_back(
-        ledger_db, start_gateway, http, tmp_path, own_redis) -> None:  # noqa: ANN001
+    ledger_db, start_gateway, http, tmp_path, own_redis
+) -> None:
     import signal as signals
 
     url, redis = own_redis
@@ -715,8 +892,9 @@ async def test_spending_served_while_the_state_store_was_away_is_counted_once_it
     redis.send_signal(signals.SIGSTOP)  # away: budgets fail open (the default), and serve
     try:
         await asyncio.sleep(2.5)  # the store's probe has seen it go: no request waits on it
-        served = await asyncio.gather(*(post(http, gateway.url + "/v1/messages", body,
-                                             {**MSG, "x-sim-output-tokens": "500"}) for _ in range(3)))
+        served = await asyncio.gather(
+            *(post(http, gateway.url + "/v1/messages", body, {**MSG, "x-sim-output-tokens": "500"}) for _ in range(3))
+        )
         assert [status for status, _ in served] == [200] * 3
     finally:
         redis.send_signal(signals.SIGCONT)
@@ -725,7 +903,8 @@ async def test_spending_served_while_the_state_store_was_away_is_counted_once_it
 
 
 async def test_a_reservation_that_never_reached_the_store_is_counted_once_it_is_back(
-        ledger_db, start_gateway, http, tmp_path, own_redis) -> None:  # noqa: ANN001
+    ledger_db, start_gateway, http, tmp_path, own_redis
+) -> None:
     """The store stalls before its probe notices: a reservation waiting for a new connection (whose
     handshake the stalled store never answers) times out unsent, so it never ran, and what its
     request spends is counted once the store is back."""
@@ -745,8 +924,9 @@ async def test_a_reservation_that_never_reached_the_store_is_counted_once_it_is_
         await client.aclose()
     redis.send_signal(signals.SIGSTOP)
     try:
-        served = await asyncio.gather(*(post(http, gateway.url + "/v1/messages", body,
-                                             {**MSG, "x-sim-output-tokens": "500"}) for _ in range(3)))
+        served = await asyncio.gather(
+            *(post(http, gateway.url + "/v1/messages", body, {**MSG, "x-sim-output-tokens": "500"}) for _ in range(3))
+        )
         assert [status for status, _ in served] == [200] * 3  # failing open
     finally:
         redis.send_signal(signals.SIGCONT)

@@ -23,18 +23,23 @@ def model_labels() -> set[str]:
     return {s.labels["model"] for family in REQUESTS.collect() for s in family.samples if s.name.endswith("_total")}
 
 
-async def test_a_thousand_unknown_model_names_add_at_most_one_label_value(gateway, http):  # noqa: ANN001
+async def test_a_thousand_unknown_model_names_add_at_most_one_label_value(gateway, http):
     before = model_labels()
     for _ in range(1000):
-        body = {"model": f"unheard-of-{uuid.uuid4().hex}", "max_tokens": 4,
-                "messages": [{"role": "user", "content": "x"}]}
-        async with http.post(gateway.url + "/v1/messages", json=body, headers={**MSG, "x-sim-output-tokens": "1"}) as answer:
+        body = {
+            "model": f"unheard-of-{uuid.uuid4().hex}",
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "x"}],
+        }
+        async with http.post(
+            gateway.url + "/v1/messages", json=body, headers={**MSG, "x-sim-output-tokens": "1"}
+        ) as answer:
             assert answer.status == 200
     assert len(model_labels() - before) <= 1
     assert "other" in model_labels()
 
 
-async def scrape(http, url: str) -> dict[str, list]:  # noqa: ANN001
+async def scrape(http, url: str) -> dict[str, list]:
     async with http.get(url + "/metrics") as answer:
         assert answer.status == 200
         text = await answer.text()
@@ -45,13 +50,16 @@ def value(samples: list, name: str, **labels: str) -> float:
     return sum(s.value for s in samples if s.name == name and labels.items() <= s.labels.items())
 
 
-async def test_metrics_follow_requests_streams_tokens_and_refusals(gateway, http):  # noqa: ANN001
+async def test_metrics_follow_requests_streams_tokens_and_refusals(gateway, http):
     before = await scrape(http, gateway.admin)
     body = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "a b"}]}
-    async with http.post(gateway.url + "/v1/messages", json=body, headers={**MSG, "x-sim-output-tokens": "5"}) as answer:
+    async with http.post(
+        gateway.url + "/v1/messages", json=body, headers={**MSG, "x-sim-output-tokens": "5"}
+    ) as answer:
         await answer.read()
-    async with http.post(gateway.url + "/v1/messages", json={**body, "stream": True},
-                         headers={**MSG, "x-sim-output-tokens": "3"}) as answer:
+    async with http.post(
+        gateway.url + "/v1/messages", json={**body, "stream": True}, headers={**MSG, "x-sim-output-tokens": "3"}
+    ) as answer:
         await answer.read()
     async with http.post(gateway.url + "/v1/messages", json={**body, "max_tokens": 0}, headers=MSG) as answer:
         assert answer.status == 400
@@ -62,45 +70,75 @@ async def test_metrics_follow_requests_streams_tokens_and_refusals(gateway, http
     def delta(family: str, name: str, **labels: str) -> float:
         return value(after.get(family, []), name, **labels) - value(before.get(family, []), name, **labels)
 
-    assert delta("modelgate_requests", "modelgate_requests_total", route="messages", model="msgmodel-haiku-4-5",
-                 channel="simulator", status_class="2xx") == 2
+    assert (
+        delta(
+            "modelgate_requests",
+            "modelgate_requests_total",
+            route="messages",
+            model="msgmodel-haiku-4-5",
+            channel="simulator",
+            status_class="2xx",
+        )
+        == 2
+    )
     assert delta("modelgate_requests", "modelgate_requests_total", route="messages", status_class="4xx") == 2
-    assert delta("modelgate_tokens", "modelgate_tokens_total", model="msgmodel-haiku-4-5", key="demo",
-                 direction="output") == 8
+    assert (
+        delta("modelgate_tokens", "modelgate_tokens_total", model="msgmodel-haiku-4-5", key="demo", direction="output")
+        == 8
+    )
     assert delta("modelgate_stream_events", "modelgate_stream_events_total", route="messages") == 8
-    assert delta("modelgate_stream_first_event_seconds", "modelgate_stream_first_event_seconds_count", route="messages") == 1
-    assert delta("modelgate_validation_failures", "modelgate_validation_failures_total", route="messages",
-                 rule="max_tokens") == 1
-    assert delta("modelgate_auth_refusals", "modelgate_auth_refusals_total", route="messages",
-                 reason="missing_api_key") == 1
+    assert (
+        delta("modelgate_stream_first_event_seconds", "modelgate_stream_first_event_seconds_count", route="messages")
+        == 1
+    )
+    assert (
+        delta(
+            "modelgate_validation_failures", "modelgate_validation_failures_total", route="messages", rule="max_tokens"
+        )
+        == 1
+    )
+    assert (
+        delta("modelgate_auth_refusals", "modelgate_auth_refusals_total", route="messages", reason="missing_api_key")
+        == 1
+    )
     assert delta("modelgate_overhead_seconds", "modelgate_overhead_seconds_count", route="messages") == 4
     assert value(after["modelgate_channel_up"], "modelgate_channel_up", channel="simulator") == 1
     assert value(after["modelgate_config_info"], "modelgate_config_info") >= 1
 
 
-async def test_upstream_failures_are_counted_and_take_a_channel_down(start_gateway, http):  # noqa: ANN001
-    gw = await start_gateway("channels: [{name: flaky, base_url: simulator}]\n"
-                             "resilience: {breaker_failures: 3, breaker_open_s: 0.2}")
+async def test_upstream_failures_are_counted_and_take_a_channel_down(start_gateway, http):
+    gw = await start_gateway(
+        "channels: [{name: flaky, base_url: simulator}]\nresilience: {breaker_failures: 3, breaker_open_s: 0.2}"
+    )
     body = {"model": "respmodel-4o", "input": "x"}
     for _ in range(3):
-        async with http.post(gw.url + "/v1/responses", json=body, headers={"Authorization": "Bearer sk-demo-key",
-                                                                          "x-sim-fault": "status=503"}) as answer:
+        async with http.post(
+            gw.url + "/v1/responses",
+            json=body,
+            headers={"Authorization": "Bearer sk-demo-key", "x-sim-fault": "status=503"},
+        ) as answer:
             assert answer.status == 503
     metrics = await scrape(http, gw.admin)
-    assert value(metrics["modelgate_upstream_errors"], "modelgate_upstream_errors_total", channel="flaky",
-                 kind="status_5xx") == 3
+    assert (
+        value(
+            metrics["modelgate_upstream_errors"], "modelgate_upstream_errors_total", channel="flaky", kind="status_5xx"
+        )
+        == 3
+    )
     assert value(metrics["modelgate_channel_up"], "modelgate_channel_up", channel="flaky") == 0
     import asyncio
 
     await asyncio.sleep(0.3)  # the breaker's pause ends: one probe may go, and it succeeds
-    async with http.post(gw.url + "/v1/responses", json=body, headers={"Authorization": "Bearer sk-demo-key"}) as answer:
+    async with http.post(
+        gw.url + "/v1/responses", json=body, headers={"Authorization": "Bearer sk-demo-key"}
+    ) as answer:
         assert answer.status == 200
     metrics = await scrape(http, gw.admin)
     assert value(metrics["modelgate_channel_up"], "modelgate_channel_up", channel="flaky") == 1
 
 
 @pytest.fixture
-async def traced():  # noqa: ANN201
+async def traced():
     from aiohttp import web
 
     from proxy.config import load_config
@@ -117,9 +155,14 @@ async def traced():  # noqa: ANN201
     await runner.cleanup()
 
 
-async def test_one_streaming_request_is_one_trace_across_every_hook_and_the_upstream(traced, http):  # noqa: ANN001
+async def test_one_streaming_request_is_one_trace_across_every_hook_and_the_upstream(traced, http):
     url, exporter, owner = traced
-    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "a"}]}
+    body = {
+        "model": "msgmodel-haiku-4-5",
+        "max_tokens": 8,
+        "stream": True,
+        "messages": [{"role": "user", "content": "a"}],
+    }
     async with http.post(url + "/v1/messages", json=body, headers={**MSG, "x-sim-output-tokens": "3"}) as answer:
         await answer.read()
     spans = exporter.get_finished_spans()
@@ -141,23 +184,28 @@ async def test_one_streaming_request_is_one_trace_across_every_hook_and_the_upst
     assert next(s for s in spans if s.name == "sse on_event").attributes["modelgate.events"] == 8
 
 
-async def test_an_incoming_traceparent_is_honoured(traced, http):  # noqa: ANN001
+async def test_an_incoming_traceparent_is_honoured(traced, http):
     url, exporter, _ = traced
     parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    async with http.post(url + "/v1/responses", json={"model": "respmodel-4o", "input": "x"},
-                         headers={"Authorization": "Bearer sk-demo-key", "traceparent": parent}) as answer:
+    async with http.post(
+        url + "/v1/responses",
+        json={"model": "respmodel-4o", "input": "x"},
+        headers={"Authorization": "Bearer sk-demo-key", "traceparent": parent},
+    ) as answer:
         assert answer.status == 200
     server = next(s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER)
     assert f"{server.context.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"
     assert f"{server.parent.span_id:016x}" == "b7ad6b7169203331"
 
 
-async def test_an_unsampled_request_records_nothing_but_passes_its_trace_on(traced, http, capfd):  # noqa: ANN001
+async def test_an_unsampled_request_records_nothing_but_passes_its_trace_on(traced, http, capfd):
     url, exporter, owner = traced
     parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"  # the caller did not sample it
-    async with http.post(url + "/v1/messages", json={"model": "msgmodel-haiku-4-5", "max_tokens": 8,
-                                                      "messages": [{"role": "user", "content": "a"}]},
-                         headers={**MSG, "traceparent": parent}) as answer:
+    async with http.post(
+        url + "/v1/messages",
+        json={"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "a"}]},
+        headers={**MSG, "traceparent": parent},
+    ) as answer:
         assert answer.status == 200
     await asyncio.sleep(0.1)  # access lines are written once per loop pass, at most 50 ms late
     assert exporter.get_finished_spans() == ()
@@ -170,11 +218,17 @@ async def test_an_unsampled_request_records_nothing_but_passes_its_trace_on(trac
 
 def test_metric_families_are_registered_once():
     names = {m.name for m in REGISTRY.collect() if m.name.startswith("modelgate_")}
-    assert {"modelgate_requests", "modelgate_overhead_seconds", "modelgate_streams_open", "modelgate_tokens",
-            "modelgate_config_reloads", "modelgate_channel_up"} <= names
+    assert {
+        "modelgate_requests",
+        "modelgate_overhead_seconds",
+        "modelgate_streams_open",
+        "modelgate_tokens",
+        "modelgate_config_reloads",
+        "modelgate_channel_up",
+    } <= names
 
 
-def test_access_lines_render_as_json_or_for_the_console(capfd):  # noqa: ANN001
+def test_access_lines_render_as_json_or_for_the_console(capfd):
     event = {"event": "request", "level": "info", "route": "messages", "status": 200, "duration_ms": 1.5}
     AccessLog("json").write(dict(event))
     AccessLog("console").write(dict(event))

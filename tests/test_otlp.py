@@ -19,7 +19,16 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
 from prometheus_client import REGISTRY
 
 from proxy.observability.otlp import LoopSpanProcessor, encode
@@ -33,18 +42,35 @@ def finished_spans() -> list[ReadableSpan]:
     """Spans with every feature the encoding has: attribute types, events, links, an error,
     a remote parent with trace state, a resource schema and two instrumentation scopes."""
     exporter = InMemorySpanExporter()
-    provider = TracerProvider(resource=Resource.create({"service.name": "modelgate", "deployment": "test"},
-                                                       schema_url="https://opentelemetry.io/schemas/1.21.0"))
+    provider = TracerProvider(
+        resource=Resource.create(
+            {"service.name": "modelgate", "deployment": "test"}, schema_url="https://opentelemetry.io/schemas/1.21.0"
+        )
+    )
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("modelgate", "1.2.3")
     other = provider.get_tracer("plugins.custom", schema_url="https://example.test/schema")
-    remote = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True,
-                         trace_flags=TraceFlags(TraceFlags.SAMPLED), trace_state=TraceState([("vendor", "x1")]))
-    server = tracer.start_span("POST /v1/messages", context=trace.set_span_in_context(NonRecordingSpan(remote)),
-                               kind=SpanKind.SERVER, attributes={
-                                   "http.response.status_code": 200, "modelgate.overhead_ms": 0.25,
-                                   "modelgate.client_aborted": False, "url.path": "/v1/messages",
-                                   "tags": ("a", "b"), "counts": [1, 2, 3], "big": 2**62})
+    remote = SpanContext(
+        0x0AF7651916CD43DD8448EB211C80319C,
+        0xB7AD6B7169203331,
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        trace_state=TraceState([("vendor", "x1")]),
+    )
+    server = tracer.start_span(
+        "POST /v1/messages",
+        context=trace.set_span_in_context(NonRecordingSpan(remote)),
+        kind=SpanKind.SERVER,
+        attributes={
+            "http.response.status_code": 200,
+            "modelgate.overhead_ms": 0.25,
+            "modelgate.client_aborted": False,
+            "url.path": "/v1/messages",
+            "tags": ("a", "b"),
+            "counts": [1, 2, 3],
+            "big": 2**62,
+        },
+    )
     context = trace.set_span_in_context(server)
     child = other.start_span("auth on_request", context=context, links=[Link(remote, {"why": "retry"})])
     child.add_event("key checked", {"key_name": "demo", "cached": True})
@@ -91,6 +117,7 @@ def test_ids_are_hex_and_64_bit_integers_strings_as_otlp_json_requires():
 @dataclass
 class Collector:
     """An OTLP/HTTP receiver that answers with the statuses it is told to, then 200."""
+
     url: str = ""
     statuses: list[int] = field(default_factory=list)
     posts: list[tuple[dict[str, str], dict]] = field(default_factory=list)
@@ -99,8 +126,13 @@ class Collector:
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     def spans(self) -> list[dict]:
-        return [span for _, body in self.posts for resource in body["resourceSpans"]
-                for scope in resource["scopeSpans"] for span in scope["spans"]]
+        return [
+            span
+            for _, body in self.posts
+            for resource in body["resourceSpans"]
+            for scope in resource["scopeSpans"]
+            for span in scope["spans"]
+        ]
 
 
 @pytest.fixture
@@ -115,8 +147,12 @@ async def collector() -> AsyncIterator[Collector]:
         if status == 200:
             found.posts.append((dict(request.headers), json.loads(raw)))
             found.arrived.set()
-        return web.Response(status=status, body=found.reply if status == 200 else b"busy",
-                            content_type="application/json", headers={"Retry-After": "0"} if status == 503 else None)
+        return web.Response(
+            status=status,
+            body=found.reply if status == 200 else b"busy",
+            content_type="application/json",
+            headers={"Retry-After": "0"} if status == 503 else None,
+        )
 
     app = web.Application()
     app.router.add_post("/v1/traces", receive)
@@ -134,9 +170,11 @@ def exported(outcome: str) -> float:
     return REGISTRY.get_sample_value("modelgate_trace_spans_total", {"outcome": outcome}) or 0.0
 
 
-async def test_a_traced_request_reaches_the_collector_as_one_trace(start_gateway, http, collector):  # noqa: ANN001
-    gw = await start_gateway(f"observability: {{tracing: {{exporter: otlp, endpoint: '{collector.url}', "
-                             "headers: {x-collector-key: secret-1}, compression: gzip}}")
+async def test_a_traced_request_reaches_the_collector_as_one_trace(start_gateway, http, collector):
+    gw = await start_gateway(
+        f"observability: {{tracing: {{exporter: otlp, endpoint: '{collector.url}', "
+        "headers: {x-collector-key: secret-1}, compression: gzip}}"
+    )
     async with http.post(gw.url + "/v1/messages", json=BODY, headers=MSG) as answer:
         assert answer.status == 200
     await asyncio.wait_for(collector.arrived.wait(), 10)  # at most one export interval
@@ -152,7 +190,7 @@ async def test_a_traced_request_reaches_the_collector_as_one_trace(start_gateway
     assert upstream.split("-")[1] == server["traceId"]
 
 
-async def test_a_collector_that_asks_to_wait_gets_the_same_batch_again(collector):  # noqa: ANN001
+async def test_a_collector_that_asks_to_wait_gets_the_same_batch_again(collector):
     collector.statuses = [503, 503]
     processor = LoopSpanProcessor(collector.url, interval_s=0.05)
     processor.start()
@@ -165,7 +203,7 @@ async def test_a_collector_that_asks_to_wait_gets_the_same_batch_again(collector
     assert exported("exported") - before == 3
 
 
-async def test_a_refused_batch_is_counted_and_not_sent_again(collector):  # noqa: ANN001
+async def test_a_refused_batch_is_counted_and_not_sent_again(collector):
     collector.statuses = [400]
     processor = LoopSpanProcessor(collector.url, interval_s=0.05)
     processor.start()
@@ -176,7 +214,7 @@ async def test_a_refused_batch_is_counted_and_not_sent_again(collector):  # noqa
     assert collector.posts == [] and exported("rejected") - before == 3
 
 
-async def test_a_partial_success_counts_the_spans_the_collector_turned_away(collector):  # noqa: ANN001
+async def test_a_partial_success_counts_the_spans_the_collector_turned_away(collector):
     collector.reply = b'{"partialSuccess":{"rejectedSpans":"2","errorMessage":"too old"}}'
     processor = LoopSpanProcessor(collector.url, interval_s=60)
     processor.start()
@@ -187,7 +225,7 @@ async def test_a_partial_success_counts_the_spans_the_collector_turned_away(coll
     assert (exported("exported") - before[0], exported("rejected") - before[1]) == (1, 2)
 
 
-async def test_an_oversized_reply_still_counts_the_batch_as_exported(collector):  # noqa: ANN001
+async def test_an_oversized_reply_still_counts_the_batch_as_exported(collector):
     collector.reply = b"{" + b" " * (2 * 1024 * 1024) + b"}"
     processor = LoopSpanProcessor(collector.url, interval_s=60)
     processor.start()
@@ -199,8 +237,9 @@ async def test_an_oversized_reply_still_counts_the_batch_as_exported(collector):
 
 
 async def test_with_the_collector_down_spans_wait_in_a_bounded_queue():
-    processor = LoopSpanProcessor(f"http://127.0.0.1:{free_port()}/v1/traces", max_queue=4, batch_size=2,
-                                  interval_s=60, timeout_s=0.5)
+    processor = LoopSpanProcessor(
+        f"http://127.0.0.1:{free_port()}/v1/traces", max_queue=4, batch_size=2, interval_s=60, timeout_s=0.5
+    )
     processor.start()
     before = exported("dropped"), exported("failed")
     for _ in range(2):
@@ -211,7 +250,7 @@ async def test_with_the_collector_down_spans_wait_in_a_bounded_queue():
     assert exported("failed") - before[1] == 4
 
 
-async def test_closing_gives_a_stalled_collector_a_bounded_time_and_counts_what_it_lost(collector):  # noqa: ANN001
+async def test_closing_gives_a_stalled_collector_a_bounded_time_and_counts_what_it_lost(collector):
     collector.answering.clear()
     processor = LoopSpanProcessor(collector.url, interval_s=3600)
     processor.start()
@@ -222,7 +261,7 @@ async def test_closing_gives_a_stalled_collector_a_bounded_time_and_counts_what_
     assert exported("failed") - before == 3
 
 
-async def test_a_full_batch_goes_out_without_waiting_for_the_interval(collector):  # noqa: ANN001
+async def test_a_full_batch_goes_out_without_waiting_for_the_interval(collector):
     processor = LoopSpanProcessor(collector.url, batch_size=3, interval_s=3600)
     processor.start()
     for span in finished_spans():
@@ -232,9 +271,10 @@ async def test_a_full_batch_goes_out_without_waiting_for_the_interval(collector)
     await processor.close()
 
 
-async def test_requests_are_answered_while_the_collector_is_down(start_gateway, http):  # noqa: ANN001
-    gw = await start_gateway(f"observability: {{tracing: {{exporter: otlp, "
-                             f"endpoint: 'http://127.0.0.1:{free_port()}/v1/traces'}}}}")
+async def test_requests_are_answered_while_the_collector_is_down(start_gateway, http):
+    gw = await start_gateway(
+        f"observability: {{tracing: {{exporter: otlp, endpoint: 'http://127.0.0.1:{free_port()}/v1/traces'}}}}"
+    )
     for _ in range(3):
         async with http.post(gw.url + "/v1/messages", json=BODY, headers=MSG) as answer:
             assert answer.status == 200

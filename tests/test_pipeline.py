@@ -19,26 +19,39 @@ plugins:
 """
 
 CASES = {
-    "messages": ("/v1/messages", {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"},
-                 {"model": "msgmodel-sonnet-4-5", "max_tokens": 50, "messages": [{"role": "user", "content": "a b c"}]}),
-    "responses": ("/v1/responses", {"Authorization": "Bearer sk-demo-key"}, {"model": "respmodel-4o", "input": "a b c"}),
-    "content": ("/v1beta/models/genmodel-2.0-flash:{verb}?alt=sse&key=sk-demo-key", {},
-                {"contents": [{"parts": [{"text": "a b c"}]}]}),
-    "images": ("/v1/images/generations", {"Authorization": "Bearer sk-demo-key"},
-               {"model": "imagegen-2", "prompt": "a b c", "size": "1024x1024", "partial_images": 1}),
+    "messages": (
+        "/v1/messages",
+        {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"},
+        {"model": "msgmodel-sonnet-4-5", "max_tokens": 50, "messages": [{"role": "user", "content": "a b c"}]},
+    ),
+    "responses": (
+        "/v1/responses",
+        {"Authorization": "Bearer sk-demo-key"},
+        {"model": "respmodel-4o", "input": "a b c"},
+    ),
+    "content": (
+        "/v1beta/models/genmodel-2.0-flash:{verb}?alt=sse&key=sk-demo-key",
+        {},
+        {"contents": [{"parts": [{"text": "a b c"}]}]},
+    ),
+    "images": (
+        "/v1/images/generations",
+        {"Authorization": "Bearer sk-demo-key"},
+        {"model": "imagegen-2", "prompt": "a b c", "size": "1024x1024", "partial_images": 1},
+    ),
 }
 EXPECTED_USAGE = {"messages": (3, 4), "responses": (3, 4), "content": (3, 4), "images": (50, 1056)}
 
 
 @pytest.fixture
-async def gw(start_gateway):  # noqa: ANN001, ANN201
+async def gw(start_gateway):
     Recorder.finished.clear()
     return await start_gateway(PIPELINE)
 
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("case", list(CASES))
-async def test_usage_is_read_from_json_answers_and_from_streams(gw, http, case, stream):  # noqa: ANN001
+async def test_usage_is_read_from_json_answers_and_from_streams(gw, http, case, stream):
     path, headers, body = CASES[case]
     path = path.format(verb="streamGenerateContent" if stream else "generateContent")
     body = {**body, "stream": True} if stream and case != "content" else body
@@ -49,30 +62,31 @@ async def test_usage_is_read_from_json_answers_and_from_streams(gw, http, case, 
     assert (usage.input_tokens, usage.output_tokens) == EXPECTED_USAGE[case]
 
 
-async def test_on_request_short_circuits_in_the_endpoints_shape(gw, http):  # noqa: ANN001
+async def test_on_request_short_circuits_in_the_endpoints_shape(gw, http):
     path, headers, body = CASES["messages"]
     async with http.post(gw.url + path, json=body, headers={**headers, "x-test-refuse": "1"}) as answer:
         assert answer.status == 429
-        assert await answer.json() == {"error": {"type": "rate_limit_error", "message": "refused by the test plugin",
-                                                 "code": "rate_limited"}}
+        assert await answer.json() == {
+            "error": {"type": "rate_limit_error", "message": "refused by the test plugin", "code": "rate_limited"}
+        }
         assert answer.headers["X-Request-Id"]
     assert len(gw.sim().requests) == 0
 
 
-async def test_on_request_may_add_upstream_headers(gw, http):  # noqa: ANN001
+async def test_on_request_may_add_upstream_headers(gw, http):
     path, headers, body = CASES["responses"]
     async with http.post(gw.url + path, json=body, headers=headers) as answer:
         assert answer.status == 200
     assert gw.last_upstream_request().header("X-Added-By-Plugin") == "recorder"
 
 
-async def test_on_response_may_rewrite_the_answer(gw, http):  # noqa: ANN001
+async def test_on_response_may_rewrite_the_answer(gw, http):
     path, headers, body = CASES["responses"]
     async with http.post(gw.url + path, json=body, headers={**headers, "Accept-Encoding": "gzip"}) as answer:
         assert (await answer.json())["tagged_by"] == "recorder"
 
 
-async def test_on_event_may_drop_events(gw, http):  # noqa: ANN001
+async def test_on_event_may_drop_events(gw, http):
     path, headers, body = CASES["messages"]
     async with http.post(gw.url + path, json={**body, "stream": True}, headers=headers) as answer:
         _, events = await read_events(answer, on_event=lambda: 0)
@@ -80,7 +94,7 @@ async def test_on_event_may_drop_events(gw, http):  # noqa: ANN001
     assert "content_block_stop" not in names and names[-1] == "message_stop"
 
 
-async def test_on_complete_sees_every_exchange_even_refused_ones(gw, http):  # noqa: ANN001
+async def test_on_complete_sees_every_exchange_even_refused_ones(gw, http):
     path, headers, body = CASES["messages"]
     async with http.post(gw.url + path, json=body, headers={**headers, "x-test-refuse": "1"}):
         pass
@@ -88,7 +102,7 @@ async def test_on_complete_sees_every_exchange_even_refused_ones(gw, http):  # n
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_a_plugin_that_does_not_take_an_exchange_runs_none_of_its_hooks_for_it(gw, http, stream):  # noqa: ANN001
+async def test_a_plugin_that_does_not_take_an_exchange_runs_none_of_its_hooks_for_it(gw, http, stream):
     """Plugin.takes, asked once before its on_request: no on_upstream, on_response, on_event nor
     on_complete follows a no, and the plugins after it run as ever (its prefetch, run before the
     caller is known, has run)."""
@@ -120,7 +134,7 @@ async def test_on_complete_hooks_run_together_and_one_failing_hides_none_of_the_
     class Failing(Plugin):
         name = "failing"
 
-        async def on_complete(self, ex) -> None:  # noqa: ANN001
+        async def on_complete(self, ex) -> None:
             started.append(self.name)
             await finish.wait()
             raise RuntimeError("this plugin's bookkeeping failed")
@@ -128,7 +142,7 @@ async def test_on_complete_hooks_run_together_and_one_failing_hides_none_of_the_
     class Keeping(Plugin):
         name = "keeping"
 
-        async def on_complete(self, ex) -> None:  # noqa: ANN001
+        async def on_complete(self, ex) -> None:
             started.append(self.name)
             await finish.wait()
             ex.kept = True

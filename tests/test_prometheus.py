@@ -19,14 +19,20 @@ import yaml
 from tests.conftest import DEMO_KEY, free_port
 
 DASHBOARDS = Path(__file__).parent.parent / "dashboards"
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None or shutil.which("promtool") is None,
-                                reason="the prometheus Debian package is not installed (.ci/run installs it)")
+pytestmark = pytest.mark.skipif(
+    shutil.which("prometheus") is None or shutil.which("promtool") is None,
+    reason="the prometheus Debian package is not installed (.ci/run installs it)",
+)
 
 
 def test_promtool_checks_and_tests_the_alert_rules():
-    check = subprocess.run(["promtool", "check", "rules", "alerts.yaml"], cwd=DASHBOARDS, capture_output=True, text=True)
+    check = subprocess.run(
+        ["promtool", "check", "rules", "alerts.yaml"], cwd=DASHBOARDS, capture_output=True, text=True
+    )
     assert check.returncode == 0, check.stdout + check.stderr
-    test = subprocess.run(["promtool", "test", "rules", "alerts_test.yaml"], cwd=DASHBOARDS, capture_output=True, text=True)
+    test = subprocess.run(
+        ["promtool", "test", "rules", "alerts_test.yaml"], cwd=DASHBOARDS, capture_output=True, text=True
+    )
     assert test.returncode == 0, test.stdout + test.stderr
 
 
@@ -53,8 +59,16 @@ async def mixed_load(url: str, seconds: float) -> None:
         ("/v1/messages", msg, message),
         ("/v1/messages", msg, {**message, "stream": True}),
         ("/v1/responses", bearer, {"model": "respmodel-4o", "input": "hi", "stream": True}),
-        (f"/v1beta/models/genmodel-2.0-flash:generateContent?key={DEMO_KEY}", {}, {"contents": [{"parts": [{"text": "x"}]}]}),
-        (f"/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key={DEMO_KEY}", {}, {"contents": [{"parts": [{"text": "x"}]}]}),
+        (
+            f"/v1beta/models/genmodel-2.0-flash:generateContent?key={DEMO_KEY}",
+            {},
+            {"contents": [{"parts": [{"text": "x"}]}]},
+        ),
+        (
+            f"/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key={DEMO_KEY}",
+            {},
+            {"contents": [{"parts": [{"text": "x"}]}]},
+        ),
         ("/v1/images/generations", bearer, {"model": "imagegen-2", "prompt": "x", "size": "1024x1024"}),
         ("/v1/images/generations", bearer, {"model": "imagegen-2", "prompt": "x", "response_format": "url"}),
         ("/v1/video/generations", bearer, {"model": "videogen-3.0-generate-001", "prompt": "x"}),
@@ -67,8 +81,11 @@ async def mixed_load(url: str, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     async with aiohttp.ClientSession() as http:
         for prompt in ("waves", "waves [sim:filtered]", "waves [sim:fail]"):  # every video outcome
-            async with http.post(url + "/v1/video/generations", headers=bearer,
-                                 json={"model": "videogen-3.0-generate-001", "prompt": prompt}) as answer:
+            async with http.post(
+                url + "/v1/video/generations",
+                headers=bearer,
+                json={"model": "videogen-3.0-generate-001", "prompt": prompt},
+            ) as answer:
                 task_id = (await answer.json())["task_id"]
             async with http.get(f"{url}/v1/video/generations/{task_id}", headers=bearer) as answer:
                 await answer.read()
@@ -77,15 +94,20 @@ async def mixed_load(url: str, seconds: float) -> None:
                 async with http.post(url + path, json=body, headers=headers) as answer:
                     await answer.read()
             # one client that leaves mid-stream
-            answer = await http.post(url + "/v1/messages", json={**message, "stream": True},
-                                     headers={**msg, "x-sim-chunk-delay-ms": "50", "x-sim-output-tokens": "20"})
+            answer = await http.post(
+                url + "/v1/messages",
+                json={**message, "stream": True},
+                headers={**msg, "x-sim-chunk-delay-ms": "50", "x-sim-output-tokens": "20"},
+            )
             await answer.content.readuntil(b"\n\n")
             answer.close()
             await asyncio.sleep(0.05)
 
 
-async def test_every_dashboard_and_alert_expression_returns_data(ledger_db, spawn, tmp_path):  # noqa: ANN001
-    gateway = spawn("gateway", config="""
+async def test_every_dashboard_and_alert_expression_returns_data(ledger_db, spawn, tmp_path):
+    gateway = spawn(
+        "gateway",
+        config="""
         server: {listen: "127.0.0.1:{PORT}"}
         observability: {logging: {access_log: false}}
         keys: [{name: demo, key: sk-demo-key, url_delivery: true, limits: {rpm: 100000, tpm: 10000000},
@@ -96,19 +118,34 @@ async def test_every_dashboard_and_alert_expression_returns_data(ledger_db, spaw
         plugins: {url_delivery: {enabled: true, dir: "IMAGES_DIR"},
                   ledger: {database_url: "LEDGER_DB", flush_interval_s: 0.2, spool_dir: "SPOOL_DIR"}}
         prices: [{model: "*", input_per_mtok: 1, output_per_mtok: 2, per_image: 0.01, per_video_second: 0.1}]
-    """.replace("IMAGES_DIR", str(tmp_path / "images")).replace("LEDGER_DB", ledger_db)
-                    .replace("SPOOL_DIR", str(tmp_path / "spool")))
+    """.replace("IMAGES_DIR", str(tmp_path / "images"))
+        .replace("LEDGER_DB", ledger_db)
+        .replace("SPOOL_DIR", str(tmp_path / "spool")),
+    )
     port = free_port()
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(DASHBOARDS / "alerts.yaml")],
-        # The admin listener, as the shipped deploy files scrape it: the clients' port serves no /metrics.
-        "scrape_configs": [{"job_name": "modelgate", "static_configs": [
-            {"targets": [gateway.admin.removeprefix("http://")]}]}]}))
+    (tmp_path / "prometheus.yml").write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(DASHBOARDS / "alerts.yaml")],
+                # The admin listener, as the shipped deploy files scrape it: the clients' port serves no /metrics.
+                "scrape_configs": [
+                    {"job_name": "modelgate", "static_configs": [{"targets": [gateway.admin.removeprefix("http://")]}]}
+                ],
+            }
+        )
+    )
     log = (tmp_path / "prometheus.log").open("wb")
-    prometheus = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
-                                   f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                                  stdout=log, stderr=subprocess.STDOUT)
+    prometheus = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     api = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as http:

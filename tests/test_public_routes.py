@@ -13,6 +13,7 @@ import pytest
 
 from proxy.config import ConfigError, parse_config
 from proxy.registry import config_warnings
+
 ROOT = Path(__file__).parent.parent
 RESPONSE = {"model": "respmodel-4o", "input": "hi"}
 CALLERLESS = "routes: {responses: {plugins: [validation, usage, sse]}}\n"
@@ -20,8 +21,9 @@ PUBLIC = "routes: {responses: {public: true, plugins: [validation, usage, sse]}}
 
 
 def check_config(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy", "check-config", str(path)],
-                          capture_output=True, text=True, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", "check-config", str(path)], capture_output=True, text=True, cwd=ROOT
+    )
 
 
 def test_check_config_refuses_a_keyed_route_whose_pipeline_names_no_caller(tmp_path: Path) -> None:
@@ -29,9 +31,11 @@ def test_check_config_refuses_a_keyed_route_whose_pipeline_names_no_caller(tmp_p
     config.write_text(CALLERLESS)
     result = check_config(config)
     assert result.returncode == 1
-    assert ("routes.responses.plugins: no plugin provides the caller's identity (the gateway key, its name and "
-            "tenant) (add auth first): anyone who reaches the gateway would be served with the channel's "
-            "credential; if that is meant, say so with routes.responses.public: true") in result.stderr
+    assert (
+        "routes.responses.plugins: no plugin provides the caller's identity (the gateway key, its name and "
+        "tenant) (add auth first): anyone who reaches the gateway would be served with the channel's "
+        "credential; if that is meant, say so with routes.responses.public: true"
+    ) in result.stderr
 
 
 def test_public_true_passes_check_config_with_a_warning(tmp_path: Path) -> None:
@@ -40,32 +44,44 @@ def test_public_true_passes_check_config_with_a_warning(tmp_path: Path) -> None:
     result = check_config(config)
     assert result.returncode == 0, result.stderr
     assert f"{config}: ok" in result.stdout
-    assert ("warning: routes.responses.public: no plugin of its pipeline provides the caller: anyone who reaches "
-            "the gateway is served on this route with the channel's credential") in result.stderr
+    assert (
+        "warning: routes.responses.public: no plugin of its pipeline provides the caller: anyone who reaches "
+        "the gateway is served on this route with the channel's credential"
+    ) in result.stderr
 
 
 def test_every_configured_keyed_route_is_held_to_it_and_the_account_routes_are_not() -> None:
     with pytest.raises(ConfigError) as refused:
-        parse_config("routes: {messages: {plugins: []}, video_generations: {plugins: [video]}, "
-                     "models: {plugins: [ratelimit]}, login_2fa: {plugins: []}, payment_webhook: {plugins: []}}", {})
+        parse_config(
+            "routes: {messages: {plugins: []}, video_generations: {plugins: [video]}, "
+            "models: {plugins: [ratelimit]}, login_2fa: {plugins: []}, payment_webhook: {plugins: []}}",
+            {},
+        )
     callerless = sorted(p.split(":")[0] for p in refused.value.problems if "no plugin provides the caller" in p)
     assert callerless == ["routes.messages.plugins", "routes.models.plugins", "routes.video_generations.plugins"]
     parse_config("routes: {login_2fa: {plugins: []}, payment_webhook: {plugins: []}}", {})  # no key there: no caller
 
 
 def test_a_public_that_changes_nothing_is_said_too() -> None:
-    config = parse_config("routes: {messages: {public: true}, login_2fa: {public: true}, "
-                          "responses: {public: true, plugins: [auth, usage, sse]}}", {})
+    config = parse_config(
+        "routes: {messages: {public: true}, login_2fa: {public: true}, "
+        "responses: {public: true, plugins: [auth, usage, sse]}}",
+        {},
+    )
     assert config_warnings(config) == [
         "routes.messages.public: a plugin of its pipeline provides the caller, so keys are still required: "
         "public changes nothing",
         "routes.responses.public: a plugin of its pipeline provides the caller, so keys are still required: "
         "public changes nothing",
-        "routes.login_2fa.public: route login_2fa takes no gateway key: public changes nothing"]
+        "routes.login_2fa.public: route login_2fa takes no gateway key: public changes nothing",
+    ]
 
 
-async def test_start_refuses_it_and_a_reload_to_it_keeps_the_running_config(start_gateway, http,  # noqa: ANN001
-                                                                            tmp_path: Path) -> None:
+async def test_start_refuses_it_and_a_reload_to_it_keeps_the_running_config(
+    start_gateway,
+    http,
+    tmp_path: Path,
+) -> None:
     with pytest.raises(ConfigError):
         await start_gateway(CALLERLESS)
     gw = await start_gateway("")
@@ -78,7 +94,8 @@ async def test_start_refuses_it_and_a_reload_to_it_keeps_the_running_config(star
 
 
 async def test_a_public_route_serves_without_a_key_and_says_so_at_start_and_reload(
-        start_gateway, http, caplog: pytest.LogCaptureFixture) -> None:  # noqa: ANN001
+    start_gateway, http, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.WARNING, logger="modelgate.runtime"):
         gw = await start_gateway(PUBLIC)
         warned = [r.getMessage() for r in caplog.records if "routes.responses.public" in r.getMessage()]

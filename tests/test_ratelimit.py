@@ -28,13 +28,16 @@ channels: [{{name: simulator, base_url: simulator, simulator: {{chunk_delay_ms: 
 
 REQUESTS = {
     "messages": ("/v1/messages", MSG, MESSAGE),
-    "content": (f"/v1beta/models/genmodel-2.0-flash:generateContent?key={KEY}", {},
-                {"contents": [{"parts": [{"text": "hi"}]}], "generationConfig": {"maxOutputTokens": 40}}),
+    "content": (
+        f"/v1beta/models/genmodel-2.0-flash:generateContent?key={KEY}",
+        {},
+        {"contents": [{"parts": [{"text": "hi"}]}], "generationConfig": {"maxOutputTokens": 40}},
+    ),
     "responses": ("/v1/responses", BEARER, {"model": "respmodel-4o", "input": "hi", "max_output_tokens": 40}),
 }
 
 
-async def post(http: aiohttp.ClientSession, url: str, fmt: str, stream: bool = False, headers: dict | None = None):  # noqa: ANN201
+async def post(http: aiohttp.ClientSession, url: str, fmt: str, stream: bool = False, headers: dict | None = None):
     path, base_headers, body = REQUESTS[fmt]
     if stream and fmt == "content":
         path = path.replace(":generateContent?", ":streamGenerateContent?alt=sse&")
@@ -44,12 +47,15 @@ async def post(http: aiohttp.ClientSession, url: str, fmt: str, stream: bool = F
         return answer.status, dict(answer.headers), await answer.read()
 
 
-@pytest.mark.parametrize(("fmt", "expected"), [
-    ("messages", {"type": "rate_limit_error", "code": "rate_limited"}),
-    ("content", {"code": 429, "status": "RESOURCE_EXHAUSTED"}),
-    ("responses", {"type": "rate_limit_exceeded", "code": "rate_limited"}),
-])
-async def test_the_limit_answers_429_in_the_endpoint_shape_with_retry_after(start_gateway, http, fmt, expected):  # noqa: ANN001
+@pytest.mark.parametrize(
+    ("fmt", "expected"),
+    [
+        ("messages", {"type": "rate_limit_error", "code": "rate_limited"}),
+        ("content", {"code": 429, "status": "RESOURCE_EXHAUSTED"}),
+        ("responses", {"type": "rate_limit_exceeded", "code": "rate_limited"}),
+    ],
+)
+async def test_the_limit_answers_429_in_the_endpoint_shape_with_retry_after(start_gateway, http, fmt, expected):
     gw = await start_gateway(config("{rpm: 2}"))
     first = await post(http, gw.url, fmt)
     assert first[0] == 200
@@ -67,7 +73,7 @@ async def test_the_limit_answers_429_in_the_endpoint_shape_with_retry_after(star
 
 
 @pytest.mark.parametrize("state", ["memory", "redis"])
-async def test_the_headers_tell_the_tightest_window_even_when_the_lease_is_tighter(start_gateway, http, state):  # noqa: ANN001
+async def test_the_headers_tell_the_tightest_window_even_when_the_lease_is_tighter(start_gateway, http, state):
     """A lease has no window to report: the headers tell the tightest quota there is (rpm here)."""
     if state == "redis":
         from tests.conftest import _emptied_test_database
@@ -82,7 +88,7 @@ async def test_the_headers_tell_the_tightest_window_even_when_the_lease_is_tight
     assert headers["RateLimit"].startswith('"key-rpm";r=999;t=')
 
 
-async def test_an_upstream_429_passes_through_with_its_retry_after(start_gateway, http):  # noqa: ANN001
+async def test_an_upstream_429_passes_through_with_its_retry_after(start_gateway, http):
     gw = await start_gateway(config("{rpm: 100}"))
     status, headers, body = await post(http, gw.url, "messages", headers={"x-sim-fault": "status=429"})
     assert status == 429 and headers["Retry-After"] == "7"
@@ -91,7 +97,7 @@ async def test_an_upstream_429_passes_through_with_its_retry_after(start_gateway
 
 @pytest.mark.parametrize("fmt", list(REQUESTS))
 @pytest.mark.parametrize("stream", [False, True])
-async def test_tokens_are_reserved_then_charged_from_reported_usage(start_gateway, http, fmt, stream):  # noqa: ANN001
+async def test_tokens_are_reserved_then_charged_from_reported_usage(start_gateway, http, fmt, stream):
     # Each request reserves its own maximum (40) plus its input estimate; usage then settles it
     # to about 30 + a few. Two fit in 100 only because the first was settled; the third does not.
     gw = await start_gateway(config("{tpm: 100}"))
@@ -102,7 +108,7 @@ async def test_tokens_are_reserved_then_charged_from_reported_usage(start_gatewa
     assert b"100 tokens per 60s; this request reserves" in body, "the refusal says a reservation is what did not fit"
 
 
-async def test_calls_that_spend_no_tokens_reserve_none(start_gateway, http):  # noqa: ANN001
+async def test_calls_that_spend_no_tokens_reserve_none(start_gateway, http):
     gw = await start_gateway(config("{tpm: 100}"))
     count = {"model": "msgmodel-haiku-4-5", "messages": [{"role": "user", "content": "hi"}]}
     for _ in range(5):  # each would reserve the default 4096 were it a generation
@@ -113,10 +119,14 @@ async def test_calls_that_spend_no_tokens_reserve_none(start_gateway, http):  # 
     assert (await post(http, gw.url, "messages"))[0] == 200  # the budget is whole
 
 
-async def test_per_model_route_and_ip_limits(start_gateway, http):  # noqa: ANN001
-    gw = await start_gateway(config("{models: {'msgmodel-opus-*': {rpm: 1}}}",
-                                    extra="plugins: {ratelimit: {routes: {responses: {rpm: 1}}, per_ip: {login_2fa: {rpm: 2}},"
-                                          " trusted_proxies: ['127.0.0.1/32']}}"))
+async def test_per_model_route_and_ip_limits(start_gateway, http):
+    gw = await start_gateway(
+        config(
+            "{models: {'msgmodel-opus-*': {rpm: 1}}}",
+            extra="plugins: {ratelimit: {routes: {responses: {rpm: 1}}, per_ip: {login_2fa: {rpm: 2}},"
+            " trusted_proxies: ['127.0.0.1/32']}}",
+        )
+    )
     opus = {**MESSAGE, "model": "msgmodel-opus-4-5"}
     for expected in (200, 429):
         async with http.post(gw.url + "/v1/messages", json=opus, headers=MSG) as answer:
@@ -125,30 +135,42 @@ async def test_per_model_route_and_ip_limits(start_gateway, http):  # noqa: ANN0
         assert answer.status == 200  # another model is not limited
     statuses = []
     for key in (KEY, "sk-demo-key"):  # the route's limit counts every client together
-        async with http.post(gw.url + "/v1/responses", json={"model": "respmodel-4o", "input": "x"},
-                             headers={"Authorization": f"Bearer {key}"}) as answer:
+        async with http.post(
+            gw.url + "/v1/responses",
+            json={"model": "respmodel-4o", "input": "x"},
+            headers={"Authorization": f"Bearer {key}"},
+        ) as answer:
             statuses.append(answer.status)
     assert statuses == [200, 429]
     for client, expected in (("198.51.100.7", [200, 200, 429]), ("198.51.100.8", [200])):
         got = []
         for _ in expected:
-            async with http.post(gw.url + "/api/user/login/2fa", json={}, headers={"X-Forwarded-For": client}) as answer:
+            async with http.post(
+                gw.url + "/api/user/login/2fa", json={}, headers={"X-Forwarded-For": client}
+            ) as answer:
                 got.append(answer.status)
         assert got == expected
 
 
-async def test_a_forwarded_hop_that_is_no_address_counts_as_its_proxy_and_fails_no_one_else(start_gateway, http):  # noqa: ANN001
+async def test_a_forwarded_hop_that_is_no_address_counts_as_its_proxy_and_fails_no_one_else(start_gateway, http):
     """Behind a trusted proxy that passes X-Forwarded-For on as sent, a hop of junk bytes (one
     UTF-8 cannot even hold, as aiohttp hands it over) is no client to count: the request counts
     as its proxy's. Made while other keys' checks share its round trip to Redis, it fails none."""
     from tests.conftest import _emptied_test_database
     from tests.raw_http import send_raw
 
-    gw = await start_gateway(config("{concurrent: 3}", state=f'state: {{backend: redis, url: "{await _emptied_test_database()}"}}',
-                                    extra="plugins: {ratelimit: {per_ip: {login_2fa: {rpm: 1000}}, fail: closed,"
-                                          " trusted_proxies: ['127.0.0.1/32']}}"))
-    junk = b"POST /api/user/login/2fa HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n" \
-           b"X-Forwarded-For: \xff\xfe, 1.2.3.4x"
+    gw = await start_gateway(
+        config(
+            "{concurrent: 3}",
+            state=f'state: {{backend: redis, url: "{await _emptied_test_database()}"}}',
+            extra="plugins: {ratelimit: {per_ip: {login_2fa: {rpm: 1000}}, fail: closed,"
+            " trusted_proxies: ['127.0.0.1/32']}}",
+        )
+    )
+    junk = (
+        b"POST /api/user/login/2fa HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+        b"X-Forwarded-For: \xff\xfe, 1.2.3.4x"
+    )
 
     async def keyed() -> int:
         async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers=MSG) as answer:
@@ -165,7 +187,7 @@ async def test_a_forwarded_hop_that_is_no_address_counts_as_its_proxy_and_fails_
         await client.aclose()
 
 
-def redis_client():  # noqa: ANN201
+def redis_client():
     import redis.asyncio as aioredis
 
     from tests.conftest import REDIS_URL
@@ -173,12 +195,13 @@ def redis_client():  # noqa: ANN201
     return aioredis.Redis.from_url(REDIS_URL)
 
 
-async def test_the_sixth_concurrent_stream_is_refused_and_slots_free_again(start_gateway):  # noqa: ANN001
+async def test_the_sixth_concurrent_stream_is_refused_and_slots_free_again(start_gateway):
     gw = await start_gateway(config("{concurrent: 5}"))
     slow = {**MSG, "x-sim-chunk-delay-ms": "100", "x-sim-output-tokens": "30"}
     async with aiohttp.ClientSession() as http:
-        streams = [await http.post(gw.url + "/v1/messages", json={**MESSAGE, "stream": True}, headers=slow)
-                   for _ in range(5)]
+        streams = [
+            await http.post(gw.url + "/v1/messages", json={**MESSAGE, "stream": True}, headers=slow) for _ in range(5)
+        ]
         assert [s.status for s in streams] == [200] * 5
         async with http.post(gw.url + "/v1/messages", json={**MESSAGE, "stream": True}, headers=slow) as sixth:
             assert sixth.status == 429
@@ -194,7 +217,7 @@ async def test_the_sixth_concurrent_stream_is_refused_and_slots_free_again(start
             answer.close()
 
 
-async def test_three_instances_sharing_redis_let_exactly_the_limit_through(spawn, shared_redis):  # noqa: ANN001
+async def test_three_instances_sharing_redis_let_exactly_the_limit_through(spawn, shared_redis):
     sim = spawn("simulator", "--chunk-delay-ms", "0", "--output-tokens", "2")
     text = f"""
 server: {{listen: "127.0.0.1:{{PORT}}"}}
@@ -219,15 +242,29 @@ channels: [{{name: up, base_url: "{sim.url}"}}]
 
 
 @pytest.fixture
-def own_redis(tmp_path):  # noqa: ANN001, ANN201
+def own_redis(tmp_path):
     """A Redis this test may stop and start again."""
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
     port = free_port()
 
     def start() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                 "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(tmp_path),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
         import socket
         import time
 
@@ -253,10 +290,17 @@ def own_redis(tmp_path):  # noqa: ANN001, ANN201
 
 
 @pytest.mark.parametrize(("mode", "while_down"), [("open", 200), ("closed", 503)])
-async def test_redis_stopped_mid_test_holds_the_mode_and_limits_resume(start_gateway, http, own_redis, mode, while_down):  # noqa: ANN001
+async def test_redis_stopped_mid_test_holds_the_mode_and_limits_resume(
+    start_gateway, http, own_redis, mode, while_down
+):
     url, stop, restart = own_redis
-    gw = await start_gateway(config("{rpm: 2}", extra=f"plugins: {{ratelimit: {{fail: {mode}}}}}",
-                                    state=f"state: {{backend: redis, url: '{url}'}}"))
+    gw = await start_gateway(
+        config(
+            "{rpm: 2}",
+            extra=f"plugins: {{ratelimit: {{fail: {mode}}}}}",
+            state=f"state: {{backend: redis, url: '{url}'}}",
+        )
+    )
     assert [(await post(http, gw.url, "responses"))[0] for _ in range(3)] == [200, 200, 429]
     stop()
     down = [(await post(http, gw.url, "responses"))[0] for _ in range(3)]

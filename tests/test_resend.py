@@ -31,7 +31,7 @@ async def close_without_answering(reader: asyncio.StreamReader, writer: asyncio.
 
 
 async def close_mid_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"par")
+    writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"par')
     await writer.drain()
 
 
@@ -45,9 +45,12 @@ async def stay_silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     await asyncio.sleep(5)
 
 
-FAULTS: dict[str, Fault] = {"closed without answering": close_without_answering,
-                            "closed mid-answer": close_mid_answer, "a malformed answer": send_a_bad_answer,
-                            "no first byte": stay_silent}
+FAULTS: dict[str, Fault] = {
+    "closed without answering": close_without_answering,
+    "closed mid-answer": close_mid_answer,
+    "a malformed answer": send_a_bad_answer,
+    "no first byte": stay_silent,
+}
 
 
 def faulty(fault: Fault, *, warm_up: bool = False) -> Scripted:
@@ -62,19 +65,22 @@ def faulty(fault: Fault, *, warm_up: bool = False) -> Scripted:
             await writer.drain()
         await upstream.read_request(reader)
         await fault(reader, writer)
+
     upstream = Scripted(handler)
     return upstream
 
 
 def two_channels(url: str, extra: str = "") -> str:
-    return (f"channels: [{{name: first, base_url: '{url}', priority: 0, timeouts: {{first_byte_s: 0.5}}}},\n"
-            "           {name: second, base_url: simulator, priority: 1}]\n"
-            "observability: {logging: {access_log: false}}\n" + extra)
+    return (
+        f"channels: [{{name: first, base_url: '{url}', priority: 0, timeouts: {{first_byte_s: 0.5}}}},\n"
+        "           {name: second, base_url: simulator, priority: 1}]\n"
+        "observability: {logging: {access_log: false}}\n" + extra
+    )
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=list(FAULTS))
 @pytest.mark.parametrize("route", ONCE_ONLY, ids=list(ONCE_ONLY))
-async def test_what_must_not_run_twice_reaches_an_upstream_at_most_once(start_gateway, http, route, fault):  # noqa: ANN001
+async def test_what_must_not_run_twice_reaches_an_upstream_at_most_once(start_gateway, http, route, fault):
     path, body, headers = ONCE_ONLY[route]
     async with faulty(FAULTS[fault]) as upstream:
         gw = await start_gateway(two_channels(upstream.url))
@@ -91,7 +97,7 @@ async def test_what_must_not_run_twice_reaches_an_upstream_at_most_once(start_ga
 
 
 @pytest.mark.parametrize("route", ONCE_ONLY, ids=list(ONCE_ONLY))
-async def test_a_reused_connection_closed_as_the_request_arrives_does_not_send_it_again(start_gateway, http, route):  # noqa: ANN001
+async def test_a_reused_connection_closed_as_the_request_arrives_does_not_send_it_again(start_gateway, http, route):
     path, body, headers = ONCE_ONLY[route]
     async with faulty(close_without_answering, warm_up=True) as upstream:
         gw = await start_gateway(two_channels(upstream.url))
@@ -102,7 +108,7 @@ async def test_a_reused_connection_closed_as_the_request_arrives_does_not_send_i
         assert len(upstream.requests) == 2 and len(gw.sim("second").requests) == 0
 
 
-async def test_a_refused_connection_fails_over_for_everything(start_gateway, http):  # noqa: ANN001
+async def test_a_refused_connection_fails_over_for_everything(start_gateway, http):
     gw = await start_gateway(two_channels("http://127.0.0.1:1"))
     for path, body, headers in ONCE_ONLY.values():
         async with http.post(gw.url + path, json=body, headers=headers) as answer:
@@ -113,7 +119,7 @@ async def test_a_refused_connection_fails_over_for_everything(start_gateway, htt
 MESSAGE = {"model": "msgmodel-haiku-4-5", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
 
 
-async def test_chat_dropped_before_an_answer_is_not_sent_again_by_default(start_gateway, http):  # noqa: ANN001
+async def test_chat_dropped_before_an_answer_is_not_sent_again_by_default(start_gateway, http):
     async with faulty(close_without_answering) as upstream:
         gw = await start_gateway(two_channels(upstream.url))
         async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers=MSG) as answer:
@@ -122,9 +128,10 @@ async def test_chat_dropped_before_an_answer_is_not_sent_again_by_default(start_
         assert len(upstream.requests) == 1 and len(gw.sim("second").requests) == 0
 
 
-async def test_a_request_that_never_reached_an_upstream_may_be_retried_by_the_client(start_gateway, http):  # noqa: ANN001
-    gw = await start_gateway("channels: [{name: gone, base_url: 'http://127.0.0.1:1'}]\n"
-                             "observability: {logging: {access_log: false}}\n")
+async def test_a_request_that_never_reached_an_upstream_may_be_retried_by_the_client(start_gateway, http):
+    gw = await start_gateway(
+        "channels: [{name: gone, base_url: 'http://127.0.0.1:1'}]\nobservability: {logging: {access_log: false}}\n"
+    )
     async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers=MSG) as answer:
         assert answer.status == 502 and answer.headers["x-should-retry"] == "true"
         error = (await answer.json())["error"]
@@ -132,8 +139,11 @@ async def test_a_request_that_never_reached_an_upstream_may_be_retried_by_the_cl
 
 
 @pytest.mark.parametrize("fault", ["closed without answering", "no first byte"])
-async def test_chat_that_opts_in_fails_over_when_the_upstream_took_it_without_answering(start_gateway, http,  # noqa: ANN001
-                                                                                         fault):
+async def test_chat_that_opts_in_fails_over_when_the_upstream_took_it_without_answering(
+    start_gateway,
+    http,
+    fault,
+):
     async with faulty(FAULTS[fault]) as upstream:
         gw = await start_gateway(two_channels(upstream.url, "routes: {messages: {failover_unanswered: true}}\n"))
         async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers=MSG) as answer:
@@ -141,7 +151,7 @@ async def test_chat_that_opts_in_fails_over_when_the_upstream_took_it_without_an
         assert len(upstream.requests) == 1 and len(gw.sim("second").requests) == 1
 
 
-async def test_chat_with_a_broken_answer_is_not_sent_again_even_when_opted_in(start_gateway, http):  # noqa: ANN001
+async def test_chat_with_a_broken_answer_is_not_sent_again_even_when_opted_in(start_gateway, http):
     async with faulty(close_mid_answer) as upstream:
         gw = await start_gateway(two_channels(upstream.url, "routes: {messages: {failover_unanswered: true}}\n"))
         async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers=MSG) as answer:
@@ -149,18 +159,19 @@ async def test_chat_with_a_broken_answer_is_not_sent_again_even_when_opted_in(st
         assert len(gw.sim("second").requests) == 0
 
 
-async def test_only_chat_routes_may_opt_in(start_gateway):  # noqa: ANN001
+async def test_only_chat_routes_may_opt_in(start_gateway):
     with pytest.raises(Exception, match="only chat routes"):
         await start_gateway(two_channels("http://127.0.0.1:1", "routes: {videos: {failover_unanswered: true}}\n"))
 
 
-async def test_a_full_pool_is_a_503_of_its_own_and_never_opens_the_breaker(start_gateway, http):  # noqa: ANN001
-    gw = await start_gateway("channels: [{name: only, base_url: simulator, timeouts: {connect_s: 0.2},\n"
-                             "            pool: {max_connections: 1}, simulator: {chunk_delay_ms: 100}}]\n"
-                             "resilience: {breaker_failures: 2}\n"
-                             "observability: {logging: {access_log: false}}\n")
-    stream = await http.post(gw.url + "/v1/messages", json={**MESSAGE, "stream": True, "max_tokens": 30},
-                             headers=MSG)
+async def test_a_full_pool_is_a_503_of_its_own_and_never_opens_the_breaker(start_gateway, http):
+    gw = await start_gateway(
+        "channels: [{name: only, base_url: simulator, timeouts: {connect_s: 0.2},\n"
+        "            pool: {max_connections: 1}, simulator: {chunk_delay_ms: 100}}]\n"
+        "resilience: {breaker_failures: 2}\n"
+        "observability: {logging: {access_log: false}}\n"
+    )
+    stream = await http.post(gw.url + "/v1/messages", json={**MESSAGE, "stream": True, "max_tokens": 30}, headers=MSG)
     assert stream.status == 200  # holds the channel's one connection
     for _ in range(4):
         async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers=MSG) as answer:

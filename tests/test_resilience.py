@@ -27,39 +27,49 @@ channels:
 """
 
 
-async def test_an_upstream_500_on_one_channel_succeeds_on_the_other(start_gateway, http):  # noqa: ANN001
+async def test_an_upstream_500_on_one_channel_succeeds_on_the_other(start_gateway, http):
     gw = await start_gateway(two_channels("base_url: simulator, simulator: {fail_status: 500}"))
     async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
         assert answer.status == 200
     assert len(gw.sim("first").requests) == 1 and len(gw.sim("second").requests) == 1
 
 
-async def test_a_refused_connection_fails_over_even_for_a_video_submission(start_gateway, http):  # noqa: ANN001
+async def test_a_refused_connection_fails_over_even_for_a_video_submission(start_gateway, http):
     gw = await start_gateway(two_channels("base_url: 'http://127.0.0.1:1'"))
-    async with http.post(gw.url + "/v1/video/generations", headers=BEARER,
-                         json={"model": "videogen-3.0-generate-001", "prompt": "x"}) as answer:
+    async with http.post(
+        gw.url + "/v1/video/generations", headers=BEARER, json={"model": "videogen-3.0-generate-001", "prompt": "x"}
+    ) as answer:
         assert answer.status == 200  # it provably never reached the first channel
 
 
-async def test_a_video_submission_is_not_sent_twice_after_an_upstream_answered(start_gateway, http):  # noqa: ANN001
+async def test_a_video_submission_is_not_sent_twice_after_an_upstream_answered(start_gateway, http):
     gw = await start_gateway(two_channels("base_url: simulator, simulator: {fail_status: 500}"))
-    async with http.post(gw.url + "/v1/video/generations", headers=BEARER,
-                         json={"model": "videogen-3.0-generate-001", "prompt": "x"}) as answer:
+    async with http.post(
+        gw.url + "/v1/video/generations", headers=BEARER, json={"model": "videogen-3.0-generate-001", "prompt": "x"}
+    ) as answer:
         assert answer.status == 500  # the first channel may have started the task: no second one
     assert len(gw.sim("second").requests) == 0
 
 
-async def test_429_fails_over_only_when_asked(start_gateway, http):  # noqa: ANN001
+async def test_429_fails_over_only_when_asked(start_gateway, http):
     for failover, expected in ((False, 429), (True, 200)):
-        gw = await start_gateway(two_channels("base_url: simulator, simulator: {fail_status: 429}",
-                                              f"resilience: {{failover_on_429: {str(failover).lower()}}}"))
+        gw = await start_gateway(
+            two_channels(
+                "base_url: simulator, simulator: {fail_status: 429}",
+                f"resilience: {{failover_on_429: {str(failover).lower()}}}",
+            )
+        )
         async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
             assert answer.status == expected
 
 
-async def test_the_breaker_opens_after_failures_and_closes_after_recovery(start_gateway, http, clock):  # noqa: ANN001
-    gw = await start_gateway(two_channels("base_url: simulator, simulator: {fail_status: 503}",
-                                          "resilience: {breaker_failures: 2, breaker_open_s: 30}"))
+async def test_the_breaker_opens_after_failures_and_closes_after_recovery(start_gateway, http, clock):
+    gw = await start_gateway(
+        two_channels(
+            "base_url: simulator, simulator: {fail_status: 503}",
+            "resilience: {breaker_failures: 2, breaker_open_s: 30}",
+        )
+    )
     gw.channel("first").health.clock = clock
     for _ in range(5):
         async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
@@ -87,9 +97,11 @@ async def breakers(http: aiohttp.ClientSession, url: str) -> dict[str, str]:
         return {c["name"]: c["breaker"] for c in (await answer.json())["channels"]}
 
 
-async def test_every_channel_open_is_a_fast_503(start_gateway, http):  # noqa: ANN001
-    gw = await start_gateway("channels: [{name: only, base_url: simulator, simulator: {fail_status: 500}}]\n"
-                             "resilience: {breaker_failures: 1, breaker_open_s: 30}")
+async def test_every_channel_open_is_a_fast_503(start_gateway, http):
+    gw = await start_gateway(
+        "channels: [{name: only, base_url: simulator, simulator: {fail_status: 500}}]\n"
+        "resilience: {breaker_failures: 1, breaker_open_s: 30}"
+    )
     async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
         assert answer.status == 500
     async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
@@ -98,18 +110,27 @@ async def test_every_channel_open_is_a_fast_503(start_gateway, http):  # noqa: A
     assert len(gw.sim("only").requests) == 1
 
 
-async def test_sigterm_lets_fifty_open_streams_finish(spawn):  # noqa: ANN001
+async def test_sigterm_lets_fifty_open_streams_finish(spawn):
     sim = spawn("simulator", "--chunk-delay-ms", "100")
-    gw = spawn("gateway", config=f"""
+    gw = spawn(
+        "gateway",
+        config=f"""
         server: {{listen: "127.0.0.1:{{PORT}}"}}
         observability: {{logging: {{access_log: false}}}}
         channels: [{{name: up, base_url: "{sim.url}"}}]
-    """)
-    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    """,
+    )
+    body = {
+        "model": "msgmodel-haiku-4-5",
+        "max_tokens": 8,
+        "stream": True,
+        "messages": [{"role": "user", "content": "x"}],
+    }
     headers = {"x-api-key": DEMO_KEY, "msgapi-version": "2023-06-01", "x-sim-output-tokens": "15"}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100)) as http:
-        streams = await asyncio.gather(*(http.post(gw.url + "/v1/messages", json=body, headers=headers)
-                                         for _ in range(50)))
+        streams = await asyncio.gather(
+            *(http.post(gw.url + "/v1/messages", json=body, headers=headers) for _ in range(50))
+        )
         for answer in streams:
             await answer.content.readuntil(b"\n\n")
         gw.proc.send_signal(signal.SIGTERM)
@@ -122,20 +143,22 @@ async def test_sigterm_lets_fifty_open_streams_finish(spawn):  # noqa: ANN001
     assert gw.proc.wait(timeout=20) == 0
 
 
-async def test_a_1_gb_upload_is_refused_with_413_before_it_is_read(gateway):  # noqa: ANN001
+async def test_a_1_gb_upload_is_refused_with_413_before_it_is_read(gateway):
     import time
 
-    async def gigabyte():  # noqa: ANN202
-        yield b"--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nimagegen-2\r\n"
+    async def gigabyte():
+        yield b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nimagegen-2\r\n'
         for _ in range(1024):
             yield b"\x00" * (1024 * 1024)
 
     started = time.monotonic()
     async with aiohttp.ClientSession() as http:
         try:
-            async with http.post(gateway.url + "/v1/images/edits", data=gigabyte(),
-                                 headers={**BEARER, "Content-Type": "multipart/form-data; boundary=b",
-                                          "Content-Length": str(1024**3)}) as answer:
+            async with http.post(
+                gateway.url + "/v1/images/edits",
+                data=gigabyte(),
+                headers={**BEARER, "Content-Type": "multipart/form-data; boundary=b", "Content-Length": str(1024**3)},
+            ) as answer:
                 assert answer.status == 413
                 assert "limit" in (await answer.json())["error"]["message"]
         except aiohttp.ClientOSError:
@@ -144,41 +167,44 @@ async def test_a_1_gb_upload_is_refused_with_413_before_it_is_read(gateway):  # 
     assert len(gateway.sim().requests) == 0
 
 
-async def test_a_route_may_have_its_own_body_limit(start_gateway, http):  # noqa: ANN001
+async def test_a_route_may_have_its_own_body_limit(start_gateway, http):
     gw = await start_gateway("routes: {payment_webhook: {max_body_mb: 0.001}}")  # about 1 KB
     big = b'{"event":"' + b"x" * 2000 + b'"}'
     async with http.post(gw.url + "/api/stripe/webhook", data=big) as answer:
         assert answer.status == 413
         assert "1048-byte limit" in (await answer.json())["error"]["message"]
-    async with http.post(gw.url + "/v1/responses", headers=BEARER,
-                         json={**RESPONSE, "input": "x" * 2000}) as answer:
+    async with http.post(gw.url + "/v1/responses", headers=BEARER, json={**RESPONSE, "input": "x" * 2000}) as answer:
         assert answer.status == 200  # other routes keep the server's limit
 
 
-async def test_an_undeclared_upload_over_the_limit_is_cut_off_with_413(start_gateway, http):  # noqa: ANN001
+async def test_an_undeclared_upload_over_the_limit_is_cut_off_with_413(start_gateway, http):
     gw = await start_gateway("server: {max_upload_mb: 1}")
 
-    async def chunks():  # noqa: ANN202
-        yield b"--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nimagegen-2\r\n"
-        yield b"--b\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n\r\n\x89PNG\r\n\x1a\n"
+    async def chunks():
+        yield b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nimagegen-2\r\n'
+        yield b'--b\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n\r\n\x89PNG\r\n\x1a\n'
         for _ in range(4):
             yield b"\x00" * (512 * 1024)
         yield b"\r\n--b--\r\n"
 
-    async with http.post(gw.url + "/v1/images/edits", data=chunks(),
-                         headers={**BEARER, "Content-Type": "multipart/form-data; boundary=b"}) as answer:
+    async with http.post(
+        gw.url + "/v1/images/edits",
+        data=chunks(),
+        headers={**BEARER, "Content-Type": "multipart/form-data; boundary=b"},
+    ) as answer:
         assert answer.status == 413
     assert all(not r.body_sha256 for r in gw.sim().requests)  # the upstream never got a whole body
 
 
-async def test_a_webhook_with_its_backend_down_is_a_503_so_the_provider_retries(start_gateway, http):  # noqa: ANN001
+async def test_a_webhook_with_its_backend_down_is_a_503_so_the_provider_retries(start_gateway, http):
     gw = await start_gateway("channels: [{name: accounts, base_url: 'http://127.0.0.1:1', formats: [account]}]")
-    async with http.post(gw.url + "/api/stripe/webhook", data=b'{"event":"paid"}',
-                         headers={"Stripe-Signature": "t=1,v1=abc"}) as answer:
+    async with http.post(
+        gw.url + "/api/stripe/webhook", data=b'{"event":"paid"}', headers={"Stripe-Signature": "t=1,v1=abc"}
+    ) as answer:
         assert answer.status == 503
 
 
-async def test_an_active_health_check_takes_a_channel_out_before_any_request_fails(start_gateway, http):  # noqa: ANN001
+async def test_an_active_health_check_takes_a_channel_out_before_any_request_fails(start_gateway, http):
     health = {"status": 503}
     sim = Simulator("first", SimulatorSettings())
     app = build_simulator_app(sim)
@@ -188,8 +214,9 @@ async def test_an_active_health_check_takes_a_channel_out_before_any_request_fai
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
-        gw = await start_gateway(two_channels(f"base_url: 'http://127.0.0.1:{port}', "
-                                              "health_check: {path: /health, interval_s: 0.05}"))
+        gw = await start_gateway(
+            two_channels(f"base_url: 'http://127.0.0.1:{port}', health_check: {{path: /health, interval_s: 0.05}}")
+        )
         await until_health(http, gw.admin, "down")
         async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
             assert answer.status == 200
@@ -212,7 +239,7 @@ async def until_health(http: aiohttp.ClientSession, url: str, state: str) -> Non
             await asyncio.sleep(0.02)
 
 
-def test_one_probe_at_a_time_and_a_probe_that_never_reports_back_lapses(clock) -> None:  # noqa: ANN001
+def test_one_probe_at_a_time_and_a_probe_that_never_reports_back_lapses(clock) -> None:
     health = ChannelHealth(failures_to_open=2, open_s=5, clock=clock)
     health.record(True)
     assert health.available()  # one failure in a row: still closed

@@ -22,23 +22,30 @@ from bench.procs import free_port, wait_port
 
 # What the settlement shares its round trip with: a pin; a task's pin and record, in one script
 # that writes the record only if the pin is the request's; a cached status; an image.
-WRITES_AFTER = {"responses create (stored)": "affinity SET", "responses with previous_response_id": "affinity SET",
-                "video task create": "affinity pin+record", "video status poll (cache miss)": "video SET",
-                "image generation, URL delivery": "url_delivery script"}
+WRITES_AFTER = {
+    "responses create (stored)": "affinity SET",
+    "responses with previous_response_id": "affinity SET",
+    "video task create": "affinity pin+record",
+    "video status poll (cache miss)": "video SET",
+    "image generation, URL delivery": "url_delivery script",
+}
 
 
 @pytest.fixture
-async def relayed(start_gateway, redis_url, tmp_path):  # noqa: ANN001, ANN201
+async def relayed(start_gateway, redis_url, tmp_path):
     async with _relayed(start_gateway, redis_url, tmp_path) as found:
         yield found
 
 
 @contextlib.asynccontextmanager
-async def _relayed(start_gateway, redis_url, tmp_path, key="", extra=""):  # noqa: ANN001, ANN202
+async def _relayed(start_gateway, redis_url, tmp_path, key="", extra=""):
     target = urlsplit(redis_url)
     sim_port = free_port()
-    sim = subprocess.Popen([sys.executable, "-m", "proxy", "simulate", "--port", str(sim_port), "--chunk-delay-ms", "0"],
-                           stdout=(tmp_path / "simulator.log").open("wb"), stderr=subprocess.STDOUT)
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "simulate", "--port", str(sim_port), "--chunk-delay-ms", "0"],
+        stdout=(tmp_path / "simulator.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         wait_port(sim_port)
         store, upstream = Relay(target.port or 6379, parse=True), Relay(sim_port, parse=False)
@@ -59,7 +66,7 @@ async def _relayed(start_gateway, redis_url, tmp_path, key="", extra=""):  # noq
         sim.wait(timeout=15)
 
 
-async def test_each_keyed_request_makes_one_round_trip_to_redis_before_its_upstream_call_and_one_after(relayed):  # noqa: ANN001
+async def test_each_keyed_request_makes_one_round_trip_to_redis_before_its_upstream_call_and_one_after(relayed):
     gateway, store, upstream = relayed
     made: dict[str, list[str]] = {}
     keyed = [c for c in cases(made) if c.name not in ("payment webhook, queued", "messages, key without limits")]
@@ -77,19 +84,24 @@ async def test_each_keyed_request_makes_one_round_trip_to_redis_before_its_upstr
             if case.name.startswith(("responses with", "video status")):  # the follow rides with the check
                 assert "ratelimit check + affinity GET" in before, row.sequence
             if case.name in WRITES_AFTER:  # the settlement rides with the pin, the image or the status
-                assert f"{WRITES_AFTER[case.name]} + ratelimit settle" in after or \
-                    f"ratelimit settle + {WRITES_AFTER[case.name]}" in after, row.sequence
+                assert (
+                    f"{WRITES_AFTER[case.name]} + ratelimit settle" in after
+                    or f"ratelimit settle + {WRITES_AFTER[case.name]}" in after
+                ), row.sequence
 
 
 async def test_with_budgets_and_the_ledger_the_settlements_and_the_journal_append_share_the_round_trip_after(
-        start_gateway, redis_url, ledger_db, tmp_path) -> None:  # noqa: ANN001
+    start_gateway, redis_url, ledger_db, tmp_path
+) -> None:
     """The rate limits', the budget's and the record's journal entry: one round trip after the
     answer, as streams and JSON answers end (the writer's own calls wait for its next turn, a
     minute away)."""
     budget = ", budget: {cost_per_day: 1000000, tokens_per_day: 1000000000}"
     spool = tmp_path / "spool"
-    ledger = (f'ledger: {{database_url: "{ledger_db}", flush_interval_s: 60, spool_dir: "{spool}"}}\n'
-              '            prices: [{model: "msgmodel-*", input_per_mtok: 3, output_per_mtok: 15}]')
+    ledger = (
+        f'ledger: {{database_url: "{ledger_db}", flush_interval_s: 60, spool_dir: "{spool}"}}\n'
+        '            prices: [{model: "msgmodel-*", input_per_mtok: 3, output_per_mtok: 15}]'
+    )
     async with _relayed(start_gateway, redis_url, tmp_path, budget, ledger) as (gateway, store, upstream):
         made: dict[str, list[str]] = {}
         chosen = [c for c in cases(made) if c.name in ("messages", "messages, stream")]

@@ -21,8 +21,8 @@ from proxy.schemas.common import MARK
 from proxy.schemas.enums import OpenEnum, OpenKind
 from tests.sdk_fields import CHECKED_IN_VALIDATORS, CONFIG, MADE_UP, MAPPING, Sdk, refusals, sdk_values
 
-
 # -- the gateway's enumeration fields, from its schemas --
+
 
 @dataclass(frozen=True)
 class Enumeration:
@@ -44,8 +44,14 @@ def gateway_enumerations() -> dict[str, Enumeration]:
     return found
 
 
-def _model(model: type[BaseModel], path: str, ancestors: tuple[type, ...], member: bool,
-           found: dict[str, Enumeration], owners: set[tuple[Any, ...]]) -> None:
+def _model(
+    model: type[BaseModel],
+    path: str,
+    ancestors: tuple[type, ...],
+    member: bool,
+    found: dict[str, Enumeration],
+    owners: set[tuple[Any, ...]],
+) -> None:
     if model in ancestors:
         return  # a recursive schema (responseSchema.items ...): its fields were walked already
     for name, info in model.model_fields.items():
@@ -57,8 +63,14 @@ def _model(model: type[BaseModel], path: str, ancestors: tuple[type, ...], membe
         _walk(kind, place, (*ancestors, model), (owner, name), found, owners)
 
 
-def _walk(kind: Any, path: str, ancestors: tuple[type, ...], origin: tuple[Any, ...],
-          found: dict[str, Enumeration], owners: set[tuple[Any, ...]]) -> None:
+def _walk(
+    kind: Any,
+    path: str,
+    ancestors: tuple[type, ...],
+    origin: tuple[Any, ...],
+    found: dict[str, Enumeration],
+    owners: set[tuple[Any, ...]],
+) -> None:
     def record(where: str, values: tuple[Any, ...], label: str | None, why: tuple[Any, ...]) -> None:
         if why not in owners:
             owners.add(why)
@@ -88,8 +100,15 @@ def _walk(kind: Any, path: str, ancestors: tuple[type, ...], origin: tuple[Any, 
         _model(kind, path, ancestors, False, found, owners)
 
 
-def _tagged(union: Any, path: str, ancestors: tuple[type, ...], origin: tuple[Any, ...],
-            found: dict[str, Enumeration], owners: set[tuple[Any, ...]], record: Any) -> None:
+def _tagged(
+    union: Any,
+    path: str,
+    ancestors: tuple[type, ...],
+    origin: tuple[Any, ...],
+    found: dict[str, Enumeration],
+    owners: set[tuple[Any, ...]],
+    record: Any,
+) -> None:
     members: dict[str, Any] = {}
     for arg in get_args(union):
         inner, *marks = get_args(arg)  # nested Annotated flattens: the member's own marks are here too
@@ -109,6 +128,7 @@ def _tagged(union: Any, path: str, ancestors: tuple[type, ...], origin: tuple[An
 
 
 # -- the tests --
+
 
 def test_every_enumeration_the_gateway_checks_is_mapped_to_the_sdk_types_that_send_it():
     walked = gateway_enumerations()
@@ -131,7 +151,7 @@ def test_the_walk_sees_open_closed_and_tagged_enumerations():
     assert "messages:messages[].content[].type" not in walked  # open to any block type, noted nowhere
 
 
-async def test_every_value_the_sdks_can_send_passes_the_gateway(start_gateway, http, tmp_path):  # noqa: ANN001
+async def test_every_value_the_sdks_can_send_passes_the_gateway(start_gateway, http, tmp_path):
     gw = await start_gateway(CONFIG % (tmp_path / "images"))
     walked = gateway_enumerations()
     wrong: list[str] = []

@@ -69,13 +69,17 @@ def test_a_file_reference_is_the_files_text_without_its_trailing_newline(tmp_pat
     (tmp_path / "credential").write_text("upstream-one\n")
     (tmp_path / "key").write_text("gateway-key-0001\r\n")
     (tmp_path / "url").write_text("redis://127.0.0.1:6379/9")
-    loaded = config_from_text(textwrap.dedent(f"""
+    loaded = config_from_text(
+        textwrap.dedent(f"""
         state: {{url: "${{file:{tmp_path}/url}}"}}
         keys: [{{name: k, key: "${{file:{tmp_path}/key}}"}}]
         channels:
           - {{name: a, base_url: simulator, credential: "${{file:{tmp_path}/credential}}"}}
           - {{name: b, base_url: simulator, credential: "Bearer-$${{file:/not/read}}"}}
-    """), "<test>", {})
+    """),
+        "<test>",
+        {},
+    )
     config = loaded.config
     assert config.channels[0].credential == "upstream-one"
     assert config.keys[0].key == "gateway-key-0001"
@@ -116,11 +120,15 @@ def test_an_empty_file_is_refused_whatever_value_it_is_for(tmp_path: Path) -> No
     (tmp_path / "empty").write_text("")
     (tmp_path / "newline").write_text("\n")
     with pytest.raises(ConfigError) as refused:
-        config_from_text(textwrap.dedent(f"""
+        config_from_text(
+            textwrap.dedent(f"""
             server: {{public_base_url: "https://gw.example.com${{file:{tmp_path}/empty}}"}}
             keys: [{{name: k, key: "${{file:{tmp_path}/newline}}"}}]
             channels: [{{name: a, base_url: simulator, credential: "${{file:{tmp_path}/empty}}"}}]
-        """), "<test>", {})
+        """),
+            "<test>",
+            {},
+        )
     problems = refused.value.problems
     assert f"server.public_base_url: {tmp_path}/empty is empty" in problems
     assert f"keys[0].key: {tmp_path}/newline is empty" in problems
@@ -152,10 +160,17 @@ def test_check_config_and_serve_refuse_a_placeholder_and_say_which_file(tmp_path
     config.write_text(f'channels: [{{name: a, base_url: simulator, credential: "${{file:{tmp_path}/credential}}"}}]\n')
     checked = check_config(config)
     assert checked.returncode == 1
-    assert f"channels[0].credential: the placeholder CHANGE-ME is still in the file {tmp_path}/credential" \
+    assert (
+        f"channels[0].credential: the placeholder CHANGE-ME is still in the file {tmp_path}/credential"
         in checked.stderr
-    served = subprocess.run([sys.executable, "-m", "proxy", "serve", "-c", str(config), "--listen", "127.0.0.1:9"],
-                            capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent)
+    )
+    served = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "-c", str(config), "--listen", "127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parent.parent,
+    )
     assert served.returncode == 1 and f"still in the file {tmp_path}/credential" in served.stderr
 
 
@@ -184,7 +199,7 @@ def test_the_watch_sees_a_symlink_swap_a_same_size_rewrite_a_removal_and_a_retur
     assert watch.changed() == [str(plain)]
 
 
-def test_a_change_is_taken_once_it_has_read_the_same_for_the_settle(tmp_path: Path, clock) -> None:  # noqa: ANN001
+def test_a_change_is_taken_once_it_has_read_the_same_for_the_settle(tmp_path: Path, clock) -> None:
     """A file being written differs at each look until it is whole: nothing is taken until two looks
     `settle_s` apart read the same."""
     config = tmp_path / "config.yaml"
@@ -255,9 +270,12 @@ def one_connection_per_worker(url: str, workers: list[int]) -> dict[int, http.cl
 
 
 def ask(connection: http.client.HTTPConnection, key: str, request_id: str) -> int:
-    connection.request("POST", "/v1/responses", body=json.dumps({"model": "respmodel-4o", "input": "hi"}),
-                       headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json",
-                                "X-Request-Id": request_id})
+    connection.request(
+        "POST",
+        "/v1/responses",
+        body=json.dumps({"model": "respmodel-4o", "input": "hi"}),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json", "X-Request-Id": request_id},
+    )
     answer = connection.getresponse()
     answer.read()
     return answer.status
@@ -311,12 +329,17 @@ observability: {{logging: {{access_log: false}}}}
 
 
 async def test_a_rotated_secret_and_an_edited_config_reach_every_worker_within_5_s_without_a_signal(
-        spawn, redis_url, tmp_path: Path) -> None:  # noqa: ANN001
+    spawn, redis_url, tmp_path: Path
+) -> None:
     secrets = MountedSecret(tmp_path / "secrets")
     secrets.write({"gateway-key": "gateway-key-0001\n", "upstream-credential": f"{UPSTREAM_SECRET}\n"})
     simulator = spawn("simulator")
-    fields = {"redis": REDIS_URL, "unique": f"{os.getpid()}-{time.monotonic_ns()}", "secrets": secrets.root,
-              "upstream": simulator.url}
+    fields = {
+        "redis": REDIS_URL,
+        "unique": f"{os.getpid()}-{time.monotonic_ns()}",
+        "secrets": secrets.root,
+        "upstream": simulator.url,
+    }
     gateway = spawn("gateway", config=GATEWAY.format(**fields, more_keys=""))
     config = next(tmp_path.glob("gateway-*.yaml"))
     workers = children(gateway.proc.pid)
@@ -341,8 +364,11 @@ async def test_a_rotated_secret_and_an_edited_config_reach_every_worker_within_5
 
     assert until(every_worker_sends_the_new_credential, within_s=5.0), f"rotated on {rotated} of {workers}"
 
-    config.write_text(GATEWAY.replace("{{PORT}}", gateway.url.rsplit(":", 1)[1]).format(
-        **fields, more_keys='  - {name: second, key: "gateway-key-0002"}'))  # edited in place, as an editor does
+    config.write_text(
+        GATEWAY.replace("{{PORT}}", gateway.url.rsplit(":", 1)[1]).format(
+            **fields, more_keys='  - {name: second, key: "gateway-key-0002"}'
+        )
+    )  # edited in place, as an editor does
     accepted = set()
 
     def every_worker_knows_the_new_key() -> bool:
@@ -365,7 +391,8 @@ channels: [{{name: upstream, base_url: "{upstream}", credential: "${{file:{secre
 
 
 async def test_one_process_reloads_by_itself_and_keeps_the_last_good_config_when_a_secret_goes(
-        spawn, tmp_path: Path) -> None:  # noqa: ANN001
+    spawn, tmp_path: Path
+) -> None:
     secrets = MountedSecret(tmp_path / "secrets")
     secrets.write({"upstream-credential": f"{UPSTREAM_SECRET}\n"})
     simulator = spawn("simulator")
@@ -379,10 +406,10 @@ async def test_one_process_reloads_by_itself_and_keeps_the_last_good_config_when
     (secrets.root / "upstream-credential").unlink()  # gone: refused, the running config stays
     assert until(lambda: "config reload refused" in gateway.log.read_text(), within_s=5.0)
     assert credential_upstream() == "Bearer upstream-s3cret-two"
-    refused = next(json.loads(line) for line in gateway.log.read_text().splitlines()
-                   if "config reload refused" in line)
-    assert refused["problems"] == [f"channels[0].credential: cannot read {secrets.root}/upstream-credential: "
-                                   "no such file"]
+    refused = next(json.loads(line) for line in gateway.log.read_text().splitlines() if "config reload refused" in line)
+    assert refused["problems"] == [
+        f"channels[0].credential: cannot read {secrets.root}/upstream-credential: no such file"
+    ]
     assert "s3cret" not in gateway.log.read_text()  # no secret in any log line
 
     secrets.write({"upstream-credential": "upstream-s3cret-three\n"})  # back: taken at once
@@ -400,8 +427,9 @@ def test_watching_can_be_turned_off(tmp_path: Path) -> None:
 # --- what a reload does with a rotated database URL ----------------------------------------------
 
 
-async def test_a_rotated_database_url_is_taken_by_the_ledger_on_reload(ledger_db, start_gateway, http,
-                                                                      tmp_path: Path) -> None:  # noqa: ANN001
+async def test_a_rotated_database_url_is_taken_by_the_ledger_on_reload(
+    ledger_db, start_gateway, http, tmp_path: Path
+) -> None:
     """The URL the ledger had stops working (a password rotated away): records wait in the spool;
     the file gets the new URL, a reload, and the same writer writes them all with it."""
     mount = MountedSecret(tmp_path / "secrets")
@@ -410,16 +438,17 @@ async def test_a_rotated_database_url_is_taken_by_the_ledger_on_reload(ledger_db
     gateway = await start_gateway(ledger_config(f"${{file:{mount.path('database-url')}}}", str(tmp_path / "spool")))
     body = {"model": "respmodel-4o", "input": "hello"}
     for _ in range(3):
-        async with http.post(gateway.url + "/v1/responses", headers={"Authorization": "Bearer sk-demo-key"},
-                             json=body) as answer:
+        async with http.post(
+            gateway.url + "/v1/responses", headers={"Authorization": "Bearer sk-demo-key"}, json=body
+        ) as answer:
             assert answer.status == 200
     mount.write({"database-url": ledger_db + "\n"})
     assert await gateway.owner.reload()
-    async with http.post(gateway.url + "/v1/responses", headers={"Authorization": "Bearer sk-demo-key"},
-                         json=body) as answer:
+    async with http.post(
+        gateway.url + "/v1/responses", headers={"Authorization": "Bearer sk-demo-key"}, json=body
+    ) as answer:
         assert answer.status == 200
     assert len(await rows_when(ledger_db, 4)) == 4  # the three spooled, and the one after
-
 
 
 # --- a file caught while it is written --------------------------------------------------------
@@ -447,19 +476,24 @@ def status_for(url: str, key: str) -> int:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-async def test_a_config_rewritten_in_place_is_not_loaded_half_written(spawn, redis_url, tmp_path: Path,
-                                                                     workers: int) -> None:  # noqa: ANN001
+async def test_a_config_rewritten_in_place_is_not_loaded_half_written(
+    spawn, redis_url, tmp_path: Path, workers: int
+) -> None:
     """The file is written up to just before the last key's `enabled: false`, which is valid YAML
     enabling the key, and the rest follows several looks later: the key is never served, and the
     one reload is of the whole file (by the process itself, or by every worker its supervisor signals)."""
-    fields = {"workers": workers, "backend": "redis" if workers > 1 else "memory", "redis": REDIS_URL,
-              "unique": f"{os.getpid()}-{time.monotonic_ns()}"}
+    fields = {
+        "workers": workers,
+        "backend": "redis" if workers > 1 else "memory",
+        "redis": REDIS_URL,
+        "unique": f"{os.getpid()}-{time.monotonic_ns()}",
+    }
     gateway = spawn("gateway", config=EDITED.format(**fields, added=""))
     config = next(tmp_path.glob("gateway-*.yaml"))
     assert status_for(gateway.url, "gateway-key-0001") == 200
     assert status_for(gateway.url, "gateway-key-fired") == 401
 
-    whole = config.read_text().replace("  - name: fired", '  - {name: added, key: gateway-key-0002}\n  - name: fired')
+    whole = config.read_text().replace("  - name: fired", "  - {name: added, key: gateway-key-0002}\n  - name: fired")
     cut = whole.index("    enabled: false")
     seen = []
     with config.open("r+") as file:  # rewritten in place, as an editor that truncates and writes does
@@ -500,7 +534,7 @@ channels: [{{name: upstream, base_url: "{upstream}", credential: "${{file:{crede
 """
 
 
-async def test_a_secret_file_caught_empty_keeps_the_running_credential(spawn, tmp_path: Path) -> None:  # noqa: ANN001
+async def test_a_secret_file_caught_empty_keeps_the_running_credential(spawn, tmp_path: Path) -> None:
     """`echo new > file` truncates first: a file left empty (or read then) is refused, and requests
     keep the credential they had until the new one is written."""
     credential = tmp_path / "upstream-credential"
@@ -512,8 +546,7 @@ async def test_a_secret_file_caught_empty_keeps_the_running_credential(spawn, tm
     assert credential_upstream() == f"Bearer {UPSTREAM_SECRET}"
     credential.write_text("")  # truncated, and the rest not written yet
     assert until(lambda: "config reload refused" in gateway.log.read_text(), within_s=15.0)
-    refused = next(json.loads(line) for line in gateway.log.read_text().splitlines()
-                   if "config reload refused" in line)
+    refused = next(json.loads(line) for line in gateway.log.read_text().splitlines() if "config reload refused" in line)
     assert refused["problems"] == [f"channels[0].credential: {credential} is empty"]
     assert credential_upstream() == f"Bearer {UPSTREAM_SECRET}"
 

@@ -26,8 +26,16 @@ def shed(route: str) -> float:
 
 
 def post(path: str, body: bytes = RESPONSE, extra: bytes = b"", version: bytes = b"1.1") -> bytes:
-    return (b"POST " + path.encode() + b" HTTP/" + version + b"\r\nHost: gw\r\nAuthorization: Bearer sk-demo-key\r\n"
-            + extra + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    return (
+        b"POST "
+        + path.encode()
+        + b" HTTP/"
+        + version
+        + b"\r\nHost: gw\r\nAuthorization: Bearer sk-demo-key\r\n"
+        + extra
+        + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+        + body
+    )
 
 
 async def answers(reader: asyncio.StreamReader, count: int) -> list[tuple[bytes, dict[str, str], Any]]:
@@ -42,12 +50,17 @@ async def answers(reader: asyncio.StreamReader, count: int) -> list[tuple[bytes,
     return found
 
 
-async def full(start_gateway) -> tuple[RunningGateway, aiohttp.ClientSession, asyncio.Future[Any]]:  # noqa: ANN001
+async def full(start_gateway) -> tuple[RunningGateway, aiohttp.ClientSession, asyncio.Future[Any]]:
     """A gateway holding the one request it admits: every other one is refused while it is held."""
     gw = await start_gateway("server: {max_in_flight: 1}\nobservability: {logging: {access_log: false}}\n")
     http = aiohttp.ClientSession()
-    held = asyncio.ensure_future(http.post(gw.url + "/v1/responses", data=RESPONSE, headers={
-        "Authorization": f"Bearer {DEMO_KEY}", "Content-Type": "application/json", **HOLD}))
+    held = asyncio.ensure_future(
+        http.post(
+            gw.url + "/v1/responses",
+            data=RESPONSE,
+            headers={"Authorization": f"Bearer {DEMO_KEY}", "Content-Type": "application/json", **HOLD},
+        )
+    )
     for _ in range(500):
         if len(gw.sim().requests) == 1:
             return gw, http, held
@@ -61,7 +74,7 @@ async def connect(gw: RunningGateway) -> tuple[asyncio.StreamReader, asyncio.Str
 
 
 @pytest.fixture
-async def held_gateway(start_gateway):  # noqa: ANN001, ANN201
+async def held_gateway(start_gateway):
     gw, http, held = await full(start_gateway)
     yield gw
     (await held).close()
@@ -89,8 +102,7 @@ async def test_a_refusal_on_the_connection_is_the_one_aiohttp_s_way_gives(held_g
     assert len(gw.sim().requests) == 1
 
 
-async def test_requests_sent_together_are_answered_in_order_on_a_connection_kept_open(
-        start_gateway) -> None:  # noqa: ANN001
+async def test_requests_sent_together_are_answered_in_order_on_a_connection_kept_open(start_gateway) -> None:
     gw, http, held = await full(start_gateway)
     reader, writer = await connect(gw)
     try:
@@ -111,7 +123,8 @@ async def test_requests_sent_together_are_answered_in_order_on_a_connection_kept
 
 @pytest.mark.parametrize("case", ["body still coming", "HTTP/1.0", "escaped path", "not an endpoint", "Expect"])
 async def test_what_the_connection_does_not_decide_is_answered_aiohttp_s_way(
-        held_gateway: RunningGateway, case: str) -> None:
+    held_gateway: RunningGateway, case: str
+) -> None:
     reader, writer = await connect(held_gateway)
     try:
         if case == "body still coming":
@@ -153,7 +166,7 @@ async def test_a_client_that_reads_no_answer_gets_every_one_once_it_does(held_ga
         writer.close()
 
 
-async def test_a_request_admitted_on_its_connection_is_decided_once(start_gateway) -> None:  # noqa: ANN001
+async def test_a_request_admitted_on_its_connection_is_decided_once(start_gateway) -> None:
     """Half admitted: every other request on a connection is served, none refused twice."""
     gw = await start_gateway("observability: {logging: {access_log: false}}\n")
     gate = gw.owner.gateway.admission
@@ -181,7 +194,9 @@ def test_the_connection_finds_the_route_the_router_finds() -> None:
         ("GET", "/v1/videos/task_1/content"): "video_content",
         ("GET", "/v1beta/models/genmodel-2.0-flash"): "content_model",
         ("POST", "/api/stripe/webhook"): "payment_webhook",
-        ("GET", "/v1/messages"): None, ("POST", "/v1/messages/"): None, ("POST", "/api/a/b/webhook"): None,
+        ("GET", "/v1/messages"): None,
+        ("POST", "/v1/messages/"): None,
+        ("POST", "/api/a/b/webhook"): None,
         ("HEAD", "/v1/videos/task_1/content"): None,  # aiohttp's way answers HEAD
     }
     found = {(method, path): endpoints.find(method, path) for method, path in expected}
@@ -204,15 +219,23 @@ async def test_while_draining_a_refusal_closes_its_connection(held_gateway: Runn
         drain.draining = False
 
 
-async def test_requests_read_in_one_turn_are_not_admitted_past_the_bound(start_gateway) -> None:  # noqa: ANN001
+async def test_requests_read_in_one_turn_are_not_admitted_past_the_bound(start_gateway) -> None:
     """Admitted on their connections in the same turn of the loop, before any of their handlers
     runs: each counts against the bound from then, so the bound holds."""
     gw = await start_gateway("server: {max_in_flight: 4}\nobservability: {logging: {access_log: false}}\n")
     gate = gw.owner.gateway.admission
     gate.stop()
     async with aiohttp.ClientSession() as http:
-        held = [asyncio.ensure_future(http.post(gw.url + "/v1/responses", data=RESPONSE, headers={
-            "Authorization": f"Bearer {DEMO_KEY}", "Content-Type": "application/json", **HOLD})) for _ in range(3)]
+        held = [
+            asyncio.ensure_future(
+                http.post(
+                    gw.url + "/v1/responses",
+                    data=RESPONSE,
+                    headers={"Authorization": f"Bearer {DEMO_KEY}", "Content-Type": "application/json", **HOLD},
+                )
+            )
+            for _ in range(3)
+        ]
         for _ in range(500):
             if len(gw.sim().requests) == 3:
                 break
@@ -239,6 +262,7 @@ HOLD_HEADER = b"x-sim-latency-ms: 1500\r\n"
 
 async def answers_of_health(reader: asyncio.StreamReader) -> None:
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length"))
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
     await reader.readexactly(length)

@@ -72,28 +72,45 @@ class EndlessEvent(Scripted):
 
 CONTENT_PATH = f"/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key={DEMO_KEY}"
 STREAMS: dict[str, tuple[str, dict[str, str], dict[str, Any], Format]] = {
-    "messages": ("/v1/messages", MESSAGE_HEADERS, {"model": "msgmodel-sonnet-4-5", "max_tokens": 50, "stream": True,
-                                                   "messages": [{"role": "user", "content": "hi"}]}, MESSAGES),
+    "messages": (
+        "/v1/messages",
+        MESSAGE_HEADERS,
+        {
+            "model": "msgmodel-sonnet-4-5",
+            "max_tokens": 50,
+            "stream": True,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+        MESSAGES,
+    ),
     "responses": ("/v1/responses", BEARER, {"model": "respmodel-4o", "input": "hi", "stream": True}, RESPONSES),
     "stream_generate_content": (CONTENT_PATH, {}, {"contents": [{"parts": [{"text": "hi"}]}]}, CONTENT),
-    "image_generations": ("/v1/images/generations", BEARER, {"model": "imagegen-2", "prompt": "p", "stream": True,
-                                                             "partial_images": 1, "size": "1024x1024"}, IMAGES),
+    "image_generations": (
+        "/v1/images/generations",
+        BEARER,
+        {"model": "imagegen-2", "prompt": "p", "stream": True, "partial_images": 1, "size": "1024x1024"},
+        IMAGES,
+    ),
 }
 
 
 def refusal(fmt: Format, limit_mb: str) -> bytes:
-    return fmt.stream_error(502, f"upstream sent a stream event over the {limit_mb} MB limit",
-                            "upstream_event_too_large")
+    return fmt.stream_error(
+        502, f"upstream sent a stream event over the {limit_mb} MB limit", "upstream_event_too_large"
+    )
 
 
 def too_large_count(channel: str) -> float:
-    return REGISTRY.get_sample_value("modelgate_upstream_errors_total",
-                                     {"channel": channel, "kind": "event_too_large"}) or 0.0
+    return (
+        REGISTRY.get_sample_value("modelgate_upstream_errors_total", {"channel": channel, "kind": "event_too_large"})
+        or 0.0
+    )
 
 
 @pytest.mark.parametrize("route", list(STREAMS))
 async def test_an_event_past_the_cap_ends_the_stream_with_the_format_s_error_and_closes_the_upstream(
-        start_gateway, http, route) -> None:  # noqa: ANN001
+    start_gateway, http, route
+) -> None:
     path, headers, body, fmt = STREAMS[route]
     # an event just under the 64 KB cap passes whole, byte for byte; the endless one after it does not
     large = b"data: " + b"y" * (64 * 1024 - 8) + b"\n\n"
@@ -118,16 +135,24 @@ async def test_an_event_past_the_cap_ends_the_stream_with_the_format_s_error_and
 
 
 async def test_a_stream_cut_at_the_cap_is_recorded_and_charged_as_cut_by_the_upstream(
-        ledger_db, redis_url, start_gateway, http, tmp_path) -> None:  # noqa: ANN001
+    ledger_db, redis_url, start_gateway, http, tmp_path
+) -> None:
     # (the database outlives the gateway writing to it: fixtures end in the reverse order)
     from tests.test_metering_abuse import KEY, MSG, agreed, prompt_tokens
 
-    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 900, "stream": True,
-            "messages": [{"role": "user", "content": "tell me"}]}
-    delta = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,' \
-            b'"delta":{"type":"text_delta","text":"a"}}\n\n'
+    body = {
+        "model": "msgmodel-haiku-4-5",
+        "max_tokens": 900,
+        "stream": True,
+        "messages": [{"role": "user", "content": "tell me"}],
+    }
+    delta = (
+        b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+        b'"delta":{"type":"text_delta","text":"a"}}\n\n'
+    )
     async with EndlessEvent(before=delta * 3) as upstream:
-        gateway = await start_gateway(textwrap.dedent(f"""
+        gateway = await start_gateway(
+            textwrap.dedent(f"""
             server: {{max_stream_event_mb: 0.0625}}
             state: {{backend: redis, url: '{redis_url}'}}
             keys: [{{name: spender, key: {KEY}, budget: {{tokens_per_day: 100000}}}}]
@@ -135,9 +160,11 @@ async def test_a_stream_cut_at_the_cap_is_recorded_and_charged_as_cut_by_the_ups
             observability: {{logging: {{access_log: false}}}}
             plugins:
               ledger: {{database_url: '{ledger_db}', flush_interval_s: 0.05, spool_dir: '{tmp_path / "spool"}'}}
-            """))
-        async with http.post(gateway.url + "/v1/messages", data=jsonutil.dumps(body),
-                             headers={**MSG, "content-type": "application/json"}) as answer:
+            """)
+        )
+        async with http.post(
+            gateway.url + "/v1/messages", data=jsonutil.dumps(body), headers={**MSG, "content-type": "application/json"}
+        ) as answer:
             received = await asyncio.wait_for(answer.read(), 30)
         assert received.endswith(refusal(MESSAGES, "0.0625"))
     held, [row] = await agreed(redis_url, ledger_db, 1)
@@ -145,7 +172,6 @@ async def test_a_stream_cut_at_the_cap_is_recorded_and_charged_as_cut_by_the_ups
     # what it had delivered and its prompt, as any stream cut short (docs/budgets.md)
     assert (row["input_tokens"], row["output_tokens"]) == (prompt_tokens(body), 3)
     assert held == row["input_tokens"] + row["output_tokens"]
-
 
 
 # -- the acceptance: a 400 MB event, a worker of its own ------------------------------------------
@@ -166,8 +192,12 @@ async def abuse_while_sampling(http: aiohttp.ClientSession, url: str) -> list[fl
     """ABUSIVE_STREAMS streams, each meeting a 400 MB event, one after another, while
     tests/latency_probe.py samples `/healthz`: the samples taken while a stream ran."""
     path, headers, body, fmt = STREAMS["messages"]
-    probe = subprocess.Popen([sys.executable, "-m", "tests.latency_probe", url, str(HEALTHZ_BOUND_MS)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=Path(__file__).parent.parent)
+    probe = subprocess.Popen(
+        [sys.executable, "-m", "tests.latency_probe", url, str(HEALTHZ_BOUND_MS)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).parent.parent,
+    )
     try:
         assert probe.stdout is not None and probe.stdin is not None
         assert await asyncio.to_thread(probe.stdout.readline) == b"ready\n"
@@ -189,7 +219,7 @@ async def abuse_while_sampling(http: aiohttp.ClientSession, url: str) -> list[fl
     return [best for at, best, _ in samples if any(start <= at <= end for start, end in windows)]
 
 
-async def test_a_400_mb_event_with_no_blank_line_leaves_the_worker_s_memory_and_healthz_alone(spawn, http):  # noqa: ANN001
+async def test_a_400_mb_event_with_no_blank_line_leaves_the_worker_s_memory_and_healthz_alone(spawn, http):
     """With the default cap (8 MB): the worker's peak RSS stays under its resting RSS plus the cap
     plus 50 MB, each client gets the format's error event, and `/healthz` on that worker, sampled
     from a process of its own all the while, answers within 20 ms.
@@ -200,10 +230,13 @@ async def test_a_400_mb_event_with_no_blank_line_leaves_the_worker_s_memory_and_
     this replaced held it 270-700 ms at a time) fails every pass."""
     path, headers, body, _ = STREAMS["messages"]
     async with EndlessEvent() as upstream:
-        gateway = spawn("gateway", config=f"""
+        gateway = spawn(
+            "gateway",
+            config=f"""
             server: {{listen: "127.0.0.1:{{PORT}}"}}
             channels: [{{name: endless, base_url: '{upstream.url}'}}]
-            """)
+            """,
+        )
         pid = gateway.proc.pid
         for _ in range(3):  # what a first request loads is in the worker before it is measured
             async with http.post(gateway.url + path, json=body, headers={**headers, WHOLE: "1"}) as answer:
@@ -213,9 +246,11 @@ async def test_a_400_mb_event_with_no_blank_line_leaves_the_worker_s_memory_and_
         while len(passes) < PASSES:
             during = await abuse_while_sampling(http, gateway.url)
             peak_kb = status_kb(pid, "VmHWM")
-            print(f"pass {len(passes) + 1}: RSS resting {resting_kb / 1024:.1f} MB, peak {peak_kb / 1024:.1f} MB; "
-                  f"upstream wrote at most {max(upstream.sent) / MB:.0f} MB of each 400 MB event; /healthz while "
-                  f"the streams ran: {len(during)} samples, the slowest {max(during, default=0):.2f} ms")
+            print(
+                f"pass {len(passes) + 1}: RSS resting {resting_kb / 1024:.1f} MB, peak {peak_kb / 1024:.1f} MB; "
+                f"upstream wrote at most {max(upstream.sent) / MB:.0f} MB of each 400 MB event; /healthz while "
+                f"the streams ran: {len(during)} samples, the slowest {max(during, default=0):.2f} ms"
+            )
             assert (peak_kb - resting_kb) * 1024 < 8 * MB + 50 * MB
             assert max(upstream.sent) < 8 * MB + 32 * MB  # cut off, not read: the rest sat in socket buffers
             assert len(during) >= ABUSIVE_STREAMS  # sampled while the streams ran, not only between them

@@ -16,11 +16,11 @@ from proxy.wire.sse import EventTooLarge, SSEEvent, SSEParser
 from tests.sse_spec import dispatched, interpret
 
 STREAMS = [
-    b"event: a\ndata: {\"x\":1}\n\nevent: b\ndata: 2\n\n",
-    b"event: a\r\ndata: {\"x\":1}\r\n\r\n: ping\r\n\r\nevent: b\r\ndata: 2\r\n\r\n",
+    b'event: a\ndata: {"x":1}\n\nevent: b\ndata: 2\n\n',
+    b'event: a\r\ndata: {"x":1}\r\n\r\n: ping\r\n\r\nevent: b\r\ndata: 2\r\n\r\n',
     b"data: one\rdata: two\r\r",
     b": comment only\n\ndata: [DONE]\n\n",
-    b"data: {\"a\":1}\n\rdata: {\"b\":2}\n\r\n\r\n\rdata: 3\r\n\r",
+    b'data: {"a":1}\n\rdata: {"b":2}\n\r\n\r\n\rdata: 3\r\n\r',
     b"\xef\xbb\xbf\ndata: 1\n\n\n\r\n",
 ]
 
@@ -28,14 +28,14 @@ STREAMS = [
 def read_all(parser: SSEParser, stream: bytes, size: int) -> tuple[list[SSEEvent], bytes]:
     events = []
     for start in range(0, len(stream), size):
-        events.extend(parser.feed(stream[start:start + size]))
+        events.extend(parser.feed(stream[start : start + size]))
     last, rest = parser.flush()
     return events + last, rest
 
 
 @pytest.mark.parametrize("stream", STREAMS)
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 1000])
-def test_events_are_whole_and_bytes_are_kept_whatever_the_reads(stream, size):  # noqa: ANN001
+def test_events_are_whole_and_bytes_are_kept_whatever_the_reads(stream, size):
     events, rest = read_all(SSEParser(), stream, size)
     assert b"".join(e.raw for e in events) + rest == stream
     whole, whole_rest = read_all(SSEParser(), stream, len(stream))
@@ -44,13 +44,14 @@ def test_events_are_whole_and_bytes_are_kept_whatever_the_reads(stream, size):  
 
 # Each spelling of a blank line: LF, CR or CRLF after a line's LF, CR or CRLF; and a browser's
 # events from each (the line end before the blank line's is the data line's own).
-SPELLINGS = [first + blank for first in (b"\n", b"\r", b"\r\n") for blank in (b"\n", b"\r", b"\r\n")
-             if first + blank != b"\r\n"]  # (a CR then a LF is one line end: no blank line)
+SPELLINGS = [
+    first + blank for first in (b"\n", b"\r", b"\r\n") for blank in (b"\n", b"\r", b"\r\n") if first + blank != b"\r\n"
+]  # (a CR then a LF is one line end: no blank line)
 
 
 @pytest.mark.parametrize("end", SPELLINGS)
 @pytest.mark.parametrize("size", [1, 2, 3, 1000])
-def test_every_spelling_of_a_blank_line_ends_an_event_as_a_browser_ends_it(end, size):  # noqa: ANN001
+def test_every_spelling_of_a_blank_line_ends_an_event_as_a_browser_ends_it(end, size):
     stream = b'data: {"a":1}' + end + b'data: {"b":2}' + end + b'event: last\ndata: {"c":3}' + end
     events, rest = read_all(SSEParser(), stream, size)
     assert [e.json() for e in events] == [{"a": 1}, {"b": 2}, {"c": 3}] and events[2].name == "last"
@@ -96,7 +97,7 @@ def test_an_event_is_returned_as_soon_as_its_blank_line_arrives():
 
 
 def test_fields_are_parsed_on_demand():
-    event = SSEParser().feed(b"event: response.created\ndata: {\"a\":\ndata: 1}\n\n")[0]
+    event = SSEParser().feed(b'event: response.created\ndata: {"a":\ndata: 1}\n\n')[0]
     assert event.name == "response.created" and event.json() == {"a": 1}
     ping = SSEParser().feed(b": keep-alive\n\n")[0]
     assert ping.is_comment and ping.json() is None
@@ -110,6 +111,7 @@ def test_a_built_event_round_trips():
 
 
 # -- any chunking gives what the whole stream gives ------------------------------------------------
+
 
 def reference(stream: bytes, limit: int | None) -> tuple[list[bytes], bytes | None]:
     """The events of a whole stream as the spec reads it (cut at its blank lines), and what is left;
@@ -135,14 +137,19 @@ def chunked(parser: SSEParser, stream: bytes, cuts: list[int]) -> tuple[list[byt
 
 # Line ends of every kind, in every order, between short fields: blank lines of every spelling
 # (and byte order marks, whole or not, which only the stream's first bytes may be).
-PIECES = st.sampled_from([b"\r", b"\n", b"\r\n", b"data: x", b"event: y", b": ping", b"a", b"\xff", b"data:",
-                          b"\xef\xbb\xbf", b"\xef\xbb"])
+PIECES = st.sampled_from(
+    [b"\r", b"\n", b"\r\n", b"data: x", b"event: y", b": ping", b"a", b"\xff", b"data:", b"\xef\xbb\xbf", b"\xef\xbb"]
+)
 
 
 @settings(max_examples=400, deadline=None)
-@given(pieces=st.lists(PIECES, max_size=40), cuts=st.lists(st.integers(min_value=0), max_size=12),
-       limit=st.one_of(st.none(), st.integers(min_value=1, max_value=60)), window=st.integers(1, 9))
-def test_any_chunking_gives_the_events_and_bytes_of_the_whole_stream(pieces, cuts, limit, window):  # noqa: ANN001
+@given(
+    pieces=st.lists(PIECES, max_size=40),
+    cuts=st.lists(st.integers(min_value=0), max_size=12),
+    limit=st.one_of(st.none(), st.integers(min_value=1, max_value=60)),
+    window=st.integers(1, 9),
+)
+def test_any_chunking_gives_the_events_and_bytes_of_the_whole_stream(pieces, cuts, limit, window):
     stream = b"".join(pieces)
     events, rest = chunked(SSEParser(limit), stream, cuts)
     assert (events, rest) == reference(stream, limit)
@@ -157,7 +164,7 @@ def test_any_chunking_gives_the_events_and_bytes_of_the_whole_stream(pieces, cut
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 7, 64])
-def test_an_event_over_the_cap_is_refused_after_the_events_before_it_whatever_the_reads(size):  # noqa: ANN001
+def test_an_event_over_the_cap_is_refused_after_the_events_before_it_whatever_the_reads(size):
     stream = b"data: 1\n\n" + b"data: " + b"x" * 100 + b"\n\ndata: 3\n\n"
     assert chunked(SSEParser(50), stream, list(range(0, len(stream), size))) == ([b"data: 1\n\n"], None)
     # exactly at the cap is whole
@@ -175,6 +182,7 @@ def test_an_event_that_never_ends_is_refused_once_past_the_cap_and_nothing_is_ke
 
 
 # -- linear work ----------------------------------------------------------------------------------
+
 
 class Counting:
     """Counts the bytes the parser's searches are handed, from where each starts to where it
@@ -213,14 +221,14 @@ STREAMS_TO_SCAN = {
 
 @pytest.mark.parametrize("read", [1, 7, 4096, 65536])
 @pytest.mark.parametrize("name", list(STREAMS_TO_SCAN))
-def test_the_bytes_searched_are_linear_in_the_bytes_fed(monkeypatch, read, name):  # noqa: ANN001
+def test_the_bytes_searched_are_linear_in_the_bytes_fed(monkeypatch, read, name):
     stream = STREAMS_TO_SCAN[name]
     events = len(interpret(stream).blank_lines)
     counting = Counting(monkeypatch)
     parser = SSEParser()
     reads = 0
     for start in range(0, len(stream), read):
-        parser.feed(stream[start:start + read])
+        parser.feed(stream[start : start + read])
         reads += 1
     # Each read looked over once by the pattern (the first bytes of each event), once for a LF and
     # once for a CR and once for each key (the rest), and the pattern over a few bytes more an

@@ -125,7 +125,7 @@ async def test_past_its_bound_the_oldest_entries_go_first():
     assert [await store.get(k) for k in "bcde"] == ["B2", None, "D", "E"]
 
 
-async def test_entries_expire(clock):  # noqa: ANN001
+async def test_entries_expire(clock):
     store = MemoryStore(clock=clock)
     await store.set("short", "x", ttl_s=1)
     clock.advance(0.99)
@@ -151,8 +151,9 @@ async def test_a_gathered_call_that_ran_hears_its_own_answer_though_a_forgotten_
         pipelines: list[FakePipeline] = []
 
         def pipeline(self, transaction: bool) -> FakePipeline:  # then the reload, as the server goes away
-            self.pipelines.append(FakePipeline(["ran", NoScriptError("NOSCRIPT"), b"value",
-                                                RedisConnectionError("the server went away")]))
+            self.pipelines.append(
+                FakePipeline(["ran", NoScriptError("NOSCRIPT"), b"value", RedisConnectionError("the server went away")])
+            )
             return self.pipelines[-1]
 
     client = Client()
@@ -162,10 +163,12 @@ async def test_a_gathered_call_that_ran_hears_its_own_answer_though_a_forgotten_
     results = await asyncio.gather(*made_together, return_exceptions=True)
     assert results[0] == "ran" and isinstance(results[1], RedisConnectionError) and results[2] == b"value"
     first, reload = client.pipelines[0].writes
-    assert first == [("EVALSHA", "acquire", 1, "k", 1), ("EVALSHA", "finish", 1, "k", 2), ("GET", "x")], \
+    assert first == [("EVALSHA", "acquire", 1, "k", 1), ("EVALSHA", "finish", 1, "k", 2), ("GET", "x")], (
         "calls made in one turn share one pipeline"
-    assert reload == [("SCRIPT", "LOAD", "-- finish"), ("EVALSHA", "finish", 1, "k", 2)], \
+    )
+    assert reload == [("SCRIPT", "LOAD", "-- finish"), ("EVALSHA", "finish", 1, "k", 2)], (
         "the script is loaded on the connection that sends its call again"
+    )
 
 
 async def test_a_forgotten_script_redis_will_not_load_fails_its_own_calls_only() -> None:
@@ -183,13 +186,22 @@ async def test_a_forgotten_script_redis_will_not_load_fails_its_own_calls_only()
         gate = asyncio.Semaphore(4)
 
         def pipeline(self, transaction: bool) -> FakePipeline:  # then: its load, the other's, their calls again
-            return FakePipeline([NoScriptError("NOSCRIPT"), NoScriptError("NOSCRIPT"),
-                                 "good", ResponseError("Error compiling script"), "ran", NoScriptError("NOSCRIPT")])
+            return FakePipeline(
+                [
+                    NoScriptError("NOSCRIPT"),
+                    NoScriptError("NOSCRIPT"),
+                    "good",
+                    ResponseError("Error compiling script"),
+                    "ran",
+                    NoScriptError("NOSCRIPT"),
+                ]
+            )
 
     calls = Gatherer(Client())
     good, broken = Script("good"), Script("broken")
-    results = await asyncio.gather(calls.script(good, ["k"], [1]), calls.script(broken, ["k"], [2]),
-                                   return_exceptions=True)
+    results = await asyncio.gather(
+        calls.script(good, ["k"], [1]), calls.script(broken, ["k"], [2]), return_exceptions=True
+    )
     assert results[0] == "ran"
     assert isinstance(results[1], ResponseError) and "compiling" in str(results[1])
 
@@ -367,8 +379,9 @@ async def test_a_large_write_goes_alone_and_holds_up_no_other_call() -> None:
 
     client = Client()
     calls = Gatherer(client)
-    found = await asyncio.gather(calls.command("GET", "a"), calls.script(Script(), ["blob"], [b"x" * 10], alone=True),
-                                 calls.command("GET", "b"))
+    found = await asyncio.gather(
+        calls.command("GET", "a"), calls.script(Script(), ["blob"], [b"x" * 10], alone=True), calls.command("GET", "b")
+    )
     assert found == [b"a", "stored", b"b"]
     assert client.pipelines[0].writes == [[("EVALSHA", "s", 1, "blob", "x" * 10)], [("GET", "a"), ("GET", "b")]]
 
@@ -417,8 +430,13 @@ async def test_a_call_made_as_the_turn_s_pipeline_is_sent_goes_in_it() -> None:
     assert await made[0] == 1 and cluster.sent == [("RPUSH", "list", "z")]
 
 
-_ARGUMENT = st.one_of(st.text(), st.binary(), st.integers(min_value=-(2**63), max_value=2**63 - 1),
-                      st.floats(allow_nan=False, allow_infinity=False), st.binary().map(memoryview))
+_ARGUMENT = st.one_of(
+    st.text(),
+    st.binary(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.binary().map(memoryview),
+)
 
 
 @given(st.sampled_from(["SET", "EVALSHA", "CONFIG GET", b"CLIENT SETNAME", b"GET"]), st.lists(_ARGUMENT, max_size=24))
@@ -454,8 +472,13 @@ def test_every_topology_s_connections_pack_with_hiredis() -> None:
     from proxy.state.connect import connect
     from proxy.state.packing import HiredisPacking
 
-    for url in ("redis://127.0.0.1:6379/0", "rediss://127.0.0.1:6379/0", "unix:///tmp/redis.sock",
-                "redis+sentinel://127.0.0.1:26379/primary/0", "rediss+sentinel://127.0.0.1:26379/primary/0"):
+    for url in (
+        "redis://127.0.0.1:6379/0",
+        "rediss://127.0.0.1:6379/0",
+        "unix:///tmp/redis.sock",
+        "redis+sentinel://127.0.0.1:26379/primary/0",
+        "rediss+sentinel://127.0.0.1:26379/primary/0",
+    ):
         assert issubclass(connect(url).connection_pool.connection_class, HiredisPacking), url
     for url in ("redis+cluster://127.0.0.1:7000", "rediss+cluster://127.0.0.1:7000"):
         assert issubclass(connect(url).connection_kwargs["connection_class"], HiredisPacking), url
@@ -473,8 +496,12 @@ async def test_a_call_that_cannot_be_packed_fails_alone_though_it_was_gathered_w
         calls = shared.calls
         await calls.command("SET", "gathered:good", "yes")
         script = shared.client.register_script("return redis.call('INCR', KEYS[1])")
-        found = await asyncio.gather(calls.command("GET", "gathered:good"), calls.command("GET", "ip:\udcff"),
-                                     calls.script(script, ["gathered:count"], []), return_exceptions=True)
+        found = await asyncio.gather(
+            calls.command("GET", "gathered:good"),
+            calls.command("GET", "ip:\udcff"),
+            calls.script(script, ["gathered:count"], []),
+            return_exceptions=True,
+        )
         assert found[0] == b"yes" and isinstance(found[1], DataError) and found[2] == 1
         assert await calls.command("GET", "gathered:count") == b"1", "the script ran once"
     finally:

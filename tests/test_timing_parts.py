@@ -38,7 +38,7 @@ def sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-async def test_failover_backoff_is_its_own_part_not_overhead(start_gateway, http) -> None:  # noqa: ANN001
+async def test_failover_backoff_is_its_own_part_not_overhead(start_gateway, http) -> None:
     gw = await start_gateway(TWO_CHANNELS.format(backoff=1.0, first="base_url: 'http://127.0.0.1:1'"))
     count = sample("modelgate_request_wait_seconds_count", phase="failover_backoff")
     waited = sample("modelgate_request_wait_seconds_sum", phase="failover_backoff")
@@ -58,9 +58,10 @@ async def test_failover_backoff_is_its_own_part_not_overhead(start_gateway, http
     assert REGISTRY.get_sample_value("modelgate_request_wait_seconds_count", {"phase": "pool_slot"}) is not None
 
 
-async def test_an_earlier_attempts_upstream_time_is_upstream_time(start_gateway, http) -> None:  # noqa: ANN001
-    gw = await start_gateway(TWO_CHANNELS.format(
-        backoff=0.5, first="base_url: simulator, simulator: {latency_ms: 600, fail_status: 503}"))
+async def test_an_earlier_attempts_upstream_time_is_upstream_time(start_gateway, http) -> None:
+    gw = await start_gateway(
+        TWO_CHANNELS.format(backoff=0.5, first="base_url: simulator, simulator: {latency_ms: 600, fail_status: 503}")
+    )
     async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
         assert answer.status == 200
         timing = parts(answer.headers["Server-Timing"])
@@ -70,18 +71,21 @@ async def test_an_earlier_attempts_upstream_time_is_upstream_time(start_gateway,
     assert timing["gateway"] < timing["backoff"] and timing["gateway"] < timing["upstream"]
 
 
-async def holding_the_one_connection(gw, http, latency_ms: int) -> asyncio.Future:  # noqa: ANN001
+async def holding_the_one_connection(gw, http, latency_ms: int) -> asyncio.Future:
     """A request the upstream answers after `latency_ms`, sent and seen upstream: it holds the
     channel's one pooled connection meanwhile."""
-    holding = asyncio.ensure_future(http.post(gw.url + "/v1/messages", json=MESSAGE,
-                                              headers={**MESSAGE_HEADERS, "x-sim-latency-ms": str(latency_ms)}))
+    holding = asyncio.ensure_future(
+        http.post(
+            gw.url + "/v1/messages", json=MESSAGE, headers={**MESSAGE_HEADERS, "x-sim-latency-ms": str(latency_ms)}
+        )
+    )
     async with asyncio.timeout(10):
         while not gw.sim("only").requests:
             await asyncio.sleep(0.01)
     return holding
 
 
-async def test_a_pool_slot_wait_is_its_own_part(start_gateway, http) -> None:  # noqa: ANN001
+async def test_a_pool_slot_wait_is_its_own_part(start_gateway, http) -> None:
     gw = await start_gateway("channels: [{name: only, base_url: simulator, pool: {max_connections: 1}}]")
     count = sample("modelgate_request_wait_seconds_count", phase="pool_slot")
     # The one connection the pool may open is held by a request the upstream answers after 800 ms.
@@ -96,9 +100,11 @@ async def test_a_pool_slot_wait_is_its_own_part(start_gateway, http) -> None:  #
     assert sample("modelgate_request_wait_seconds_count", phase="pool_slot") == count + 1
 
 
-async def test_a_full_pool_answers_with_its_wait_in_server_timing(start_gateway, http) -> None:  # noqa: ANN001
-    gw = await start_gateway("channels: [{name: only, base_url: simulator, timeouts: {connect_s: 0.3},\n"
-                             "            pool: {max_connections: 1}}]")
+async def test_a_full_pool_answers_with_its_wait_in_server_timing(start_gateway, http) -> None:
+    gw = await start_gateway(
+        "channels: [{name: only, base_url: simulator, timeouts: {connect_s: 0.3},\n"
+        "            pool: {max_connections: 1}}]"
+    )
     holding = await holding_the_one_connection(gw, http, 3000)
     async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers=MESSAGE_HEADERS) as answer:
         assert answer.status == 503
@@ -109,7 +115,8 @@ async def test_a_full_pool_answers_with_its_wait_in_server_timing(start_gateway,
     assert timing["gateway"] < timing["pool"] and timing["upstream"] < timing["pool"]
 
 
-async def test_a_request_without_waits_keeps_the_two_parts(gateway, http: aiohttp.ClientSession) -> None:  # noqa: ANN001
+async def test_a_request_without_waits_keeps_the_two_parts(gateway, http: aiohttp.ClientSession) -> None:
     async with http.post(gateway.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
-        assert re.fullmatch(r'gateway;dur=[\d.]+;desc="gateway overhead", upstream;dur=[\d.]+',
-                            answer.headers["Server-Timing"])
+        assert re.fullmatch(
+            r'gateway;dur=[\d.]+;desc="gateway overhead", upstream;dur=[\d.]+', answer.headers["Server-Timing"]
+        )

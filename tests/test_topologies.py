@@ -23,7 +23,6 @@ from proxy.state.connect import Mode, connect, parse
 from proxy.state.redis import RedisStore
 from tests.conftest import free_port
 
-
 CHAT = {"model": "msgmodel-haiku-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -31,29 +30,45 @@ def chat_headers(key: str) -> dict[str, str]:
     return {"x-api-key": key, "msgapi-version": "2023-06-01"}
 
 
-@pytest.mark.parametrize(("url", "mode", "nodes", "master", "db"), [
-    ("redis://127.0.0.1:6379/2", Mode.SINGLE, (), "", 0),
-    ("unix:///run/redis.sock", Mode.SINGLE, (), "", 0),
-    ("redis+sentinel://s1:26379,s2/main/3", Mode.SENTINEL, (("s1", 26379), ("s2", 26379)), "main", 3),
-    ("rediss+sentinel://:pw@s1:1/main", Mode.SENTINEL, (("s1", 1),), "main", 0),
-    ("redis+cluster://n1:7000,[::1]:7001,n3", Mode.CLUSTER, (("n1", 7000), ("::1", 7001), ("n3", 6379)), "", 0),
-    ("rediss+cluster://n1:7000?ssl_ca_certs=/etc/ca.pem", Mode.CLUSTER, (("n1", 7000),), "", 0),
-])
+@pytest.mark.parametrize(
+    ("url", "mode", "nodes", "master", "db"),
+    [
+        ("redis://127.0.0.1:6379/2", Mode.SINGLE, (), "", 0),
+        ("unix:///run/redis.sock", Mode.SINGLE, (), "", 0),
+        ("redis+sentinel://s1:26379,s2/main/3", Mode.SENTINEL, (("s1", 26379), ("s2", 26379)), "main", 3),
+        ("rediss+sentinel://:pw@s1:1/main", Mode.SENTINEL, (("s1", 1),), "main", 0),
+        ("redis+cluster://n1:7000,[::1]:7001,n3", Mode.CLUSTER, (("n1", 7000), ("::1", 7001), ("n3", 6379)), "", 0),
+        ("rediss+cluster://n1:7000?ssl_ca_certs=/etc/ca.pem", Mode.CLUSTER, (("n1", 7000),), "", 0),
+    ],
+)
 def test_state_url_names_one_topology(url: str, mode: Mode, nodes: tuple, master: str, db: int) -> None:
     topology = parse(url)
     assert (topology.mode, topology.nodes, topology.master, topology.db) == (mode, nodes, master, db)
     assert StateConfig(url=url).url == url
 
 
-@pytest.mark.parametrize("url", [
-    "http://u:s3cret-pass@h:1", "redis+foo://u:s3cret-pass@h:1", "redis+cluster://u:s3cret-pass@h:1/4",
-    "redis+sentinel://u:s3cret-pass@h:1", "redis+sentinel://u:s3cret-pass@h:1/main/x",
-    "redis+cluster://u:s3cret-pass@h:port", "redis+cluster://u:s3cret-pass@h,,k", "redis+cluster://u:s3cret-pass@h:70000",
-    "redis+cluster://u:s3c?ret-pass@h:x", "redis+cluster://u:s3c/ret-pass@h,", "redis+sentinel://u:s3c#ret-pass@h/m/x",
-    "redis://u:s3cret-pass@h:6379/zero", "redis://u:s3cret-pass@h:99999/0", "redis+sentinel://u:s3cret-pass@h/0",
-    "redis+sentinel://u:s3cret-pass@h/m?sentinel_pasword=x", "redis+cluster://u:s3cret-pass@h?sentinel_password=x",
-    "redis+cluster://u:s3cret-pass@h?ssl_ca_certs=/etc/ca.pem",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://u:s3cret-pass@h:1",
+        "redis+foo://u:s3cret-pass@h:1",
+        "redis+cluster://u:s3cret-pass@h:1/4",
+        "redis+sentinel://u:s3cret-pass@h:1",
+        "redis+sentinel://u:s3cret-pass@h:1/main/x",
+        "redis+cluster://u:s3cret-pass@h:port",
+        "redis+cluster://u:s3cret-pass@h,,k",
+        "redis+cluster://u:s3cret-pass@h:70000",
+        "redis+cluster://u:s3c?ret-pass@h:x",
+        "redis+cluster://u:s3c/ret-pass@h,",
+        "redis+sentinel://u:s3c#ret-pass@h/m/x",
+        "redis://u:s3cret-pass@h:6379/zero",
+        "redis://u:s3cret-pass@h:99999/0",
+        "redis+sentinel://u:s3cret-pass@h/0",
+        "redis+sentinel://u:s3cret-pass@h/m?sentinel_pasword=x",
+        "redis+cluster://u:s3cret-pass@h?sentinel_password=x",
+        "redis+cluster://u:s3cret-pass@h?ssl_ca_certs=/etc/ca.pem",
+    ],
+)
 def test_a_state_url_naming_no_topology_is_refused_without_quoting_its_password(url: str) -> None:
     with pytest.raises(ConfigError) as refused:
         parse_config(f"state: {{backend: redis, url: '{url}'}}\nplugins: {{webhook_queue: {{url: '{url}'}}}}", {})
@@ -95,8 +110,10 @@ async def test_calls_gathered_into_one_pipeline_survive_a_redis_that_forgot_its_
 
 async def _stalled(client: Any, stall_us: int) -> asyncio.Future[Any]:
     """Redis busy with one script for `stall_us` (it runs nothing else meanwhile); the future ends with it."""
-    busy = "local t0 = redis.call('TIME') repeat local t = redis.call('TIME') " \
-           f"until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > {stall_us} return 1"
+    busy = (
+        "local t0 = redis.call('TIME') repeat local t = redis.call('TIME') "
+        f"until (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > {stall_us} return 1"
+    )
     blocking = asyncio.ensure_future(client.eval(busy, 0))
     await asyncio.sleep(0.1)  # it has started
     return blocking
@@ -256,7 +273,7 @@ def test_a_subjects_counters_share_a_slot_and_subjects_spread() -> None:
     assert slots["key:k"] != slots["route:messages"] != slots["key:k:model:m"]
 
 
-async def test_on_a_cluster_a_refusal_by_one_subject_gives_back_what_the_others_took(redis_cluster) -> None:  # noqa: ANN001
+async def test_on_a_cluster_a_refusal_by_one_subject_gives_back_what_the_others_took(redis_cluster) -> None:
     redis_cluster.flush()
     limiter = RedisLimiter(redis_cluster.url, "mg:")
     client = connect(redis_cluster.url)
@@ -277,7 +294,7 @@ async def test_on_a_cluster_a_refusal_by_one_subject_gives_back_what_the_others_
         await client.aclose()
 
 
-async def test_the_state_store_and_the_webhook_shelves_work_on_a_cluster(redis_cluster) -> None:  # noqa: ANN001
+async def test_the_state_store_and_the_webhook_shelves_work_on_a_cluster(redis_cluster) -> None:
     redis_cluster.flush()
     store = RedisStore(redis_cluster.url, "mg:")
     queue = WebhookQueue(redis_cluster.url, "mg:")
@@ -301,7 +318,7 @@ async def test_the_state_store_and_the_webhook_shelves_work_on_a_cluster(redis_c
         await queue.close()
 
 
-async def test_on_a_cluster_the_queue_delivers_with_its_clients_first_node_gone(tmp_path) -> None:  # noqa: ANN001
+async def test_on_a_cluster_the_queue_delivers_with_its_clients_first_node_gone(tmp_path) -> None:
     """A node that is not the queue's fails: callbacks are still stored, read in order and settled,
     whichever node the client first knew (redis-py asks that one where XREAD's key lives)."""
     from tests.redis_topologies import Cluster
@@ -325,7 +342,7 @@ async def test_on_a_cluster_the_queue_delivers_with_its_clients_first_node_gone(
         await asyncio.to_thread(cluster.processes.stop)
 
 
-async def test_on_a_cluster_the_store_is_away_while_any_primary_is_though_one_node_answers(tmp_path) -> None:  # noqa: ANN001
+async def test_on_a_cluster_the_store_is_away_while_any_primary_is_though_one_node_answers(tmp_path) -> None:
     """The probe behind /readyz and modelgate_state_store_up asks every primary: the node redis-py
     asks by itself answers PING while another's slots, and the keys in them, are unserved."""
     from tests.redis_topologies import Cluster
@@ -373,7 +390,9 @@ async def test_off_a_cluster_keys_keep_the_names_an_older_release_reads(redis_ur
     queue = WebhookQueue(redis_url, "old:")
     try:
         await limiter.acquire([KEY, TOKENS], "r1")
-        assert await client.zcard("old:rl:key:k:rpm") == 1 and int(await client.get("old:rl:key:k:model:m:tpm:t")) == 400
+        assert (
+            await client.zcard("old:rl:key:k:rpm") == 1 and int(await client.get("old:rl:key:k:model:m:tpm:t")) == 400
+        )
         await queue.put(QueuedWebhook("POST", "/api/stripe/webhook", [], b"evt", "r"))
         assert await client.xlen("old:webhooks:pending") == 1 and queue.key_lease == "old:webhooks:lease"
     finally:
@@ -382,7 +401,7 @@ async def test_off_a_cluster_keys_keep_the_names_an_older_release_reads(redis_ur
         await client.aclose()
 
 
-async def test_a_cluster_that_never_answers_leaves_the_gateway_serving_per_the_fail_mode(start_gateway) -> None:  # noqa: ANN001
+async def test_a_cluster_that_never_answers_leaves_the_gateway_serving_per_the_fail_mode(start_gateway) -> None:
     """No node answers from the start: the gateway starts, says so on /readyz, serves chat with limits
     failing open, and answers webhooks 503: never a 500."""
     dead = f"redis+cluster://127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
@@ -404,15 +423,24 @@ plugins: {{ratelimit: {{fail: open}}, webhook_queue: {{enabled: true}}}}
     assert chats == [200] * 8 and webhook == 503
 
 
-@pytest.mark.parametrize(("yaml_text", "problem"), [
-    ("state: {backend: redis, url: 'redis+cluster://h:7000', prefix: 'mg{1}:'}", "state: prefix: no { or }"),
-    ("state: {backend: redis, url: 'redis+cluster://h:7000'}\nplugins: {webhook_queue: {prefix: 'q{'}}",
-     "plugins.webhook_queue.prefix: no { or }"),
-    ("state: {backend: redis, url: 'redis+cluster://h:7000'}\nplugins: {webhook_queue: {replica_acks: 1}}",
-     "plugins.webhook_queue.replica_acks: a Redis Cluster takes 0 only"),
-    ("plugins: {webhook_queue: {url: 'redis+cluster://h:x', replica_acks: 1}}",
-     "plugins.webhook_queue.url: value error, a port that is not a number"),
-])
+@pytest.mark.parametrize(
+    ("yaml_text", "problem"),
+    [
+        ("state: {backend: redis, url: 'redis+cluster://h:7000', prefix: 'mg{1}:'}", "state: prefix: no { or }"),
+        (
+            "state: {backend: redis, url: 'redis+cluster://h:7000'}\nplugins: {webhook_queue: {prefix: 'q{'}}",
+            "plugins.webhook_queue.prefix: no { or }",
+        ),
+        (
+            "state: {backend: redis, url: 'redis+cluster://h:7000'}\nplugins: {webhook_queue: {replica_acks: 1}}",
+            "plugins.webhook_queue.replica_acks: a Redis Cluster takes 0 only",
+        ),
+        (
+            "plugins: {webhook_queue: {url: 'redis+cluster://h:x', replica_acks: 1}}",
+            "plugins.webhook_queue.url: value error, a port that is not a number",
+        ),
+    ],
+)
 def test_a_cluster_config_that_cannot_keep_to_its_slots_is_refused(yaml_text: str, problem: str) -> None:
     with pytest.raises(ConfigError) as refused:
         parse_config(yaml_text, {})
@@ -433,7 +461,9 @@ plugins:
   webhook_queue: {{enabled: true, backoff_s: 0.05, max_backoff_s: 0.5, lease_s: 2}}
 observability: {{logging: {{access_log: false}}}}
 """
-async def test_a_sentinel_failover_mid_load_keeps_serving_and_loses_no_accepted_webhook(spawn, tmp_path) -> None:  # noqa: ANN001
+
+
+async def test_a_sentinel_failover_mid_load_keeps_serving_and_loses_no_accepted_webhook(spawn, tmp_path) -> None:
     """The primary dies under load: chat goes on (limits fail open meanwhile), the gateways find the new
     primary by themselves, and every webhook answered 200 reaches the backend."""
     from tests.redis_topologies import SentinelSetup
@@ -495,8 +525,9 @@ async def test_a_sentinel_failover_mid_load_keeps_serving_and_loses_no_accepted_
                         await asyncio.sleep(0.1)
             later = []
             for n in range(8):  # the limiter found the new primary: a fresh key's limit holds exactly
-                async with http.post(gateways[n % 2] + "/v1/messages", json=CHAT,
-                                     headers=chat_headers("failover-key-later")) as answer:
+                async with http.post(
+                    gateways[n % 2] + "/v1/messages", json=CHAT, headers=chat_headers("failover-key-later")
+                ) as answer:
                     later.append(answer.status)
             assert later.count(200) == 5 and later.count(429) == 3
             for url in gateways:
@@ -509,37 +540,92 @@ async def test_a_sentinel_failover_mid_load_keeps_serving_and_loses_no_accepted_
 
 def _certificates(work: Path) -> None:
     """A CA of its own and a certificate it signed for 127.0.0.1, as a managed Redis has."""
+
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=work, check=True, capture_output=True)
 
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-            "-subj", "/CN=modelgate-test-ca")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "redis.key", "-out", "redis.csr", "-subj", "/CN=127.0.0.1")
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=modelgate-test-ca",
+    )
+    openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "redis.key", "-out", "redis.csr", "-subj", "/CN=127.0.0.1"
+    )
     (work / "san").write_text("subjectAltName=IP:127.0.0.1\n")
-    openssl("x509", "-req", "-in", "redis.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", "redis.crt", "-days", "2", "-extfile", "san")
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        "redis.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "redis.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "san",
+    )
 
 
-async def test_state_over_tls_with_a_ca_of_its_own(start_gateway, http, tmp_path) -> None:  # noqa: ANN001
+async def test_state_over_tls_with_a_ca_of_its_own(start_gateway, http, tmp_path) -> None:
     """`rediss://...?ssl_ca_certs=`: limits and a response chain kept in a Redis reached over TLS
     whose certificate chains to a private CA; without that CA the store is away, never trusted."""
     _certificates(tmp_path)
     port = free_port()
-    redis = subprocess.Popen(["redis-server", "--port", "0", "--tls-port", str(port), "--tls-cert-file", "redis.crt",
-                              "--tls-key-file", "redis.key", "--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no",
-                              "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    redis = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            "0",
+            "--tls-port",
+            str(port),
+            "--tls-cert-file",
+            "redis.crt",
+            "--tls-key-file",
+            "redis.key",
+            "--tls-ca-cert-file",
+            "ca.crt",
+            "--tls-auth-clients",
+            "no",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     try:
         base = f"rediss://127.0.0.1:{port}/0"
         channels = "channels: [{name: simulator, base_url: simulator, simulator: {chunk_delay_ms: 0}}]"
         keys = "keys: [{name: tls, key: tls-key-0123, limits: {rpm: 3}}]"
-        gw = await start_gateway(f'state: {{backend: redis, url: "{base}?ssl_ca_certs={tmp_path}/ca.crt"}}\n'
-                                 f"{keys}\n{channels}\n")
+        gw = await start_gateway(
+            f'state: {{backend: redis, url: "{base}?ssl_ca_certs={tmp_path}/ca.crt"}}\n{keys}\n{channels}\n'
+        )
         bearer = {"Authorization": "Bearer tls-key-0123"}
         async with http.get(gw.url + "/readyz") as ready:
             assert ready.status == 200, await ready.text()
-        async with http.post(gw.url + "/v1/responses", json={"model": "respmodel-4o", "input": "hi"},
-                             headers=bearer) as made:
+        async with http.post(
+            gw.url + "/v1/responses", json={"model": "respmodel-4o", "input": "hi"}, headers=bearer
+        ) as made:
             assert made.status == 200, await made.text()
             first = (await made.json())["id"]
         follow = {"model": "respmodel-4o", "input": "and?", "previous_response_id": first}
@@ -551,8 +637,9 @@ async def test_state_over_tls_with_a_ca_of_its_own(start_gateway, http, tmp_path
         untrusting = await start_gateway(f'state: {{backend: redis, url: "{base}"}}\n{keys}\n{channels}\n')
         assert not untrusting.owner.probe.ok  # the server's certificate is not trusted: the store is away
         for _ in range(2):  # and the fail mode (open) serves, counting nothing in it
-            async with http.post(untrusting.url + "/v1/responses", json={"model": "respmodel-4o", "input": "hi"},
-                                 headers=bearer) as answer:
+            async with http.post(
+                untrusting.url + "/v1/responses", json={"model": "respmodel-4o", "input": "hi"}, headers=bearer
+            ) as answer:
                 assert answer.status == 200
     finally:
         redis.terminate()

@@ -130,7 +130,7 @@ def root(tmp_path: Path) -> Path:
         "sdk/resources/main.d.ts": MAIN,
         "sdk/core/resource.d.ts": "export declare abstract class APIResource {\n    protected _client: unknown;\n}\n",
         "sdk/index.d.ts": 'export * from "./resources/main.js";\nexport * as Shared from "./resources/shared.js";\n'
-                          'export { Includable as Include } from "./resources/main.js";\n',
+        'export { Includable as Include } from "./resources/main.js";\n',
         "genai/dist/genai.d.ts": GENAI,
     }
     for name, text in files.items():
@@ -161,7 +161,10 @@ def test_a_property_of_a_union_is_every_member_that_has_it(root: Path) -> None:
     read = Declarations(root)
     assert read.values(MAIN_TS, "CreateParamsBase", "tool_choice") == {"none", "auto", "required"}
     assert read.values(MAIN_TS, "CreateParamsBase", "tool_choice.type") == {
-        "file_search", "web_search_preview", "function"}
+        "file_search",
+        "web_search_preview",
+        "function",
+    }
     assert read.values(MAIN_TS, "CreateParamsBase", "input[].role") == {"user", "assistant", "system", "developer"}
     assert read.values(MAIN_TS, "CreateParamsBase", "input[].status") == {"in_progress", "completed", "incomplete"}
     assert read.values(MAIN_TS, "CreateParamsBase", "text.format.type") == {"text", "json_schema"}
@@ -186,8 +189,11 @@ def test_an_interface_has_its_bases_properties(root: Path) -> None:
 def test_enums_give_their_string_values(root: Path) -> None:
     read = Declarations(root)
     assert read.values(GENAI_TS, "Mode") == {"MODE_UNSPECIFIED", "AUTO", "VALIDATED"}
-    assert read.values(GENAI_TS, "ToolConfig", "functionCallingConfig.mode") == {"MODE_UNSPECIFIED", "AUTO",
-                                                                                  "VALIDATED"}
+    assert read.values(GENAI_TS, "ToolConfig", "functionCallingConfig.mode") == {
+        "MODE_UNSPECIFIED",
+        "AUTO",
+        "VALIDATED",
+    }
     assert read.values(GENAI_TS, "AutoOnly", "mode") == {"AUTO"}  # one member, as a type
     assert read.values(GENAI_TS, "Numbered") == set()  # numbers are no strings
 
@@ -223,16 +229,20 @@ def test_types_without_strings_have_no_values(root: Path) -> None:
         assert read.values(MAIN_TS, "CreateParamsBase", field) == set(), field
 
 
-@pytest.mark.parametrize(("file", "name", "path", "error"), [
-    ("sdk/resources/gone.d.ts", "CreateParams", "", "no declaration file"),
-    (MAIN_TS, "CreateParamz", "", "CreateParamz is declared nowhere"),
-    (MAIN_TS, "InputItem.Mesage", "role", "InputItem.Mesage is declared nowhere"),
-    (MAIN_TS, "CreateParamsBase", "reasoning.efort", "CreateParamsBase.reasoning.efort: no such property"),
-    (MAIN_TS, "CreateParamsBase", "tool_choice[]", r"CreateParamsBase.tool_choice\[\]: no such property"),
-    (GENAI_TS, "Mode.AUTOMATIC", "", "Mode.AUTOMATIC: no such string member"),
-])
-def test_what_is_not_there_is_an_error_not_an_empty_list(root: Path, file: str, name: str, path: str,
-                                                          error: str) -> None:
+@pytest.mark.parametrize(
+    ("file", "name", "path", "error"),
+    [
+        ("sdk/resources/gone.d.ts", "CreateParams", "", "no declaration file"),
+        (MAIN_TS, "CreateParamz", "", "CreateParamz is declared nowhere"),
+        (MAIN_TS, "InputItem.Mesage", "role", "InputItem.Mesage is declared nowhere"),
+        (MAIN_TS, "CreateParamsBase", "reasoning.efort", "CreateParamsBase.reasoning.efort: no such property"),
+        (MAIN_TS, "CreateParamsBase", "tool_choice[]", r"CreateParamsBase.tool_choice\[\]: no such property"),
+        (GENAI_TS, "Mode.AUTOMATIC", "", "Mode.AUTOMATIC: no such string member"),
+    ],
+)
+def test_what_is_not_there_is_an_error_not_an_empty_list(
+    root: Path, file: str, name: str, path: str, error: str
+) -> None:
     with pytest.raises(Unresolved, match=error):
         Declarations(root).values(file, name, path)
 

@@ -45,8 +45,12 @@ def auth_failures(channel: str, kind: str = "status_auth") -> float | None:
 
 
 async def test_an_upstream_401_is_a_502_of_the_gateways_and_opens_the_breaker(
-        start_gateway, http, keyed_upstream, caplog: pytest.LogCaptureFixture,  # noqa: ANN001
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    start_gateway,
+    http,
+    keyed_upstream,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     sim, url = keyed_upstream
     access_lines: list[dict[str, object]] = []
     monkeypatch.setattr(AccessLog, "write", lambda self, event: access_lines.append(event))
@@ -59,8 +63,10 @@ async def test_an_upstream_401_is_a_502_of_the_gateways_and_opens_the_breaker(
             text = await answer.text()
         error = json.loads(text)["error"]
         assert error["code"] == "upstream_auth_failed" and error["type"] == "server_error"
-        assert error["message"] == ("upstream rotated answered 401: it refused the gateway's own credential (the "
-                                    "gateway's configuration is at fault, not this request's key)")
+        assert error["message"] == (
+            "upstream rotated answered 401: it refused the gateway's own credential (the "
+            "gateway's configuration is at fault, not this request's key)"
+        )
         assert "invalid or missing API key" not in text and WRONG not in text  # the upstream's words stay upstream
         assert len(sim.requests) == 1
         # The credential is wrong for every request: the next one is not sent upstream.
@@ -72,7 +78,8 @@ async def test_an_upstream_401_is_a_502_of_the_gateways_and_opens_the_breaker(
     assert auth_failures("rotated") == 1.0
     said = [r for r in caplog.records if r.name == "modelgate.forwarder"]
     assert [(r.levelno, getattr(r, "channel", None), getattr(r, "status", None)) for r in said] == [
-        (logging.ERROR, "rotated", 401)]
+        (logging.ERROR, "rotated", 401)
+    ]
     assert not any(WRONG in r.getMessage() or WRONG in str(r.__dict__) for r in caplog.records)
     # The access line says what the client was sent: the gateway's own answer, all its bytes.
     assert [(line["status"], line["bytes_out"]) for line in access_lines][:1] == [(502, len(text.encode()))]
@@ -80,7 +87,7 @@ async def test_an_upstream_401_is_a_502_of_the_gateways_and_opens_the_breaker(
 
 @pytest.mark.parametrize("status", [401, 403])
 @pytest.mark.parametrize("call", ["messages", "content", "images"])
-async def test_in_every_format_its_own_shape(start_gateway, http, status: int, call: str) -> None:  # noqa: ANN001
+async def test_in_every_format_its_own_shape(start_gateway, http, status: int, call: str) -> None:
     gw = await start_gateway(f"channels: [{{name: only, base_url: simulator, simulator: {{fail_status: {status}}}}}]")
     path, headers, body = {
         "messages": ("/v1/messages", MESSAGE_HEADERS, MESSAGE),
@@ -102,18 +109,29 @@ async def test_in_every_format_its_own_shape(start_gateway, http, status: int, c
     assert gw.channel("only").health.is_open is (status == 401)  # a 403 is this request's, not the channel's
 
 
-MESSAGE_ANSWER = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "stop_reason": "end_turn",
-                  "content": [{"type": "text", "text": "hi"}], "usage": {"input_tokens": 1, "output_tokens": 1}}
+MESSAGE_ANSWER = {
+    "id": "msg_1",
+    "type": "message",
+    "role": "assistant",
+    "model": "m",
+    "stop_reason": "end_turn",
+    "content": [{"type": "text", "text": "hi"}],
+    "usage": {"input_tokens": 1, "output_tokens": 1},
+}
 # What Anthropic answers a model the account may not use; it names the account.
-FORBIDDEN = {"type": "error", "error": {"type": "permission_error",
-                                        "message": "Your organization org-gw-4711 may not use model 'forbidden'"}}
+FORBIDDEN = {
+    "type": "error",
+    "error": {"type": "permission_error", "message": "Your organization org-gw-4711 may not use model 'forbidden'"},
+}
 
 
-def forbidding(model: str):  # noqa: ANN201
+def forbidding(model: str):
     """An upstream that answers 403 permission_error to requests for `model`, and 200 to others."""
+
     def answer(received: Received) -> bytes:
         refused = json.loads(received.body).get("model") == model
         return json_answer(403, FORBIDDEN) if refused else json_answer(200, MESSAGE_ANSWER)
+
     return recording_upstream(answer)
 
 
@@ -125,7 +143,7 @@ channels:
 """
 
 
-async def test_a_403_for_one_model_opens_no_breaker_and_the_others_are_served(start_gateway, http) -> None:  # noqa: ANN001
+async def test_a_403_for_one_model_opens_no_breaker_and_the_others_are_served(start_gateway, http) -> None:
     """Both channels' accounts may not use one model. Before, one request for it opened both
     breakers (30 s of 503 `no_healthy_channel` for every tenant); now each 403 is that request's
     alone: it goes to the other channel, then the client gets a 502 `upstream_forbidden`, and the
@@ -157,28 +175,30 @@ async def test_a_403_for_one_model_opens_no_breaker_and_the_others_are_served(st
         assert auth_failures(name) == before[(name, "status_auth")]  # nothing for the credential alert
 
 
-async def test_a_403_goes_to_a_channel_whose_account_is_permitted(start_gateway, http) -> None:  # noqa: ANN001
+async def test_a_403_goes_to_a_channel_whose_account_is_permitted(start_gateway, http) -> None:
     forbids, permits = forbidding("forbidden"), forbidding("none-of-these")
     (up_a, got_a), (up_b, got_b) = forbids, permits
     async with up_a, up_b:
         gw = await start_gateway(two_channels(up_a.url, up_b.url, b_priority=1))  # a first
         for _ in range(2):
-            async with http.post(gw.url + "/v1/messages", json={**MESSAGE, "model": "forbidden"},
-                                 headers=MESSAGE_HEADERS) as answer:
+            async with http.post(
+                gw.url + "/v1/messages", json={**MESSAGE, "model": "forbidden"}, headers=MESSAGE_HEADERS
+            ) as answer:
                 assert answer.status == 200, await answer.text()
         assert len(got_a) == len(got_b) == 2  # a stays first: its 403 did not take it out of rotation
         assert not gw.channel("a").health.is_open
 
 
-async def test_another_channel_serves_it_a_video_submission_too(start_gateway, http) -> None:  # noqa: ANN001
+async def test_another_channel_serves_it_a_video_submission_too(start_gateway, http) -> None:
     """The upstream refused before doing any work: nothing ran, so the request may go elsewhere."""
     gw = await start_gateway("""
 channels:
   - {name: first, base_url: simulator, priority: 0, simulator: {fail_status: 401}}
   - {name: second, base_url: simulator, priority: 1}
 """)
-    async with http.post(gw.url + "/v1/video/generations", headers=BEARER,
-                         json={"model": "videogen-3.0-generate-001", "prompt": "x"}) as answer:
+    async with http.post(
+        gw.url + "/v1/video/generations", headers=BEARER, json={"model": "videogen-3.0-generate-001", "prompt": "x"}
+    ) as answer:
         assert answer.status == 200
     async with http.post(gw.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
         assert answer.status == 200
@@ -186,17 +206,18 @@ channels:
     assert len(gw.sim("first").requests) == 1 and len(gw.sim("second").requests) == 2
 
 
-async def test_on_the_account_routes_a_401_is_the_clients_own_and_relayed(start_gateway, http) -> None:  # noqa: ANN001
+async def test_on_the_account_routes_a_401_is_the_clients_own_and_relayed(start_gateway, http) -> None:
     """The login and the webhook carry the client's credentials, never the channel's."""
-    gw = await start_gateway("channels: [{name: accounts, base_url: simulator, formats: [account], "
-                             "simulator: {fail_status: 401}}]")
+    gw = await start_gateway(
+        "channels: [{name: accounts, base_url: simulator, formats: [account], simulator: {fail_status: 401}}]"
+    )
     async with http.post(gw.url + "/api/user/login/2fa", json={"code": "000000"}) as answer:
         assert answer.status == 401
         assert "simulated upstream fault 401" in (await answer.json())["error"]["message"]
     assert not gw.channel("accounts").health.is_open
 
 
-def test_a_refusal_opens_the_breaker_at_once_and_a_failed_probe_opens_it_again(clock) -> None:  # noqa: ANN001
+def test_a_refusal_opens_the_breaker_at_once_and_a_failed_probe_opens_it_again(clock) -> None:
     health = ChannelHealth(failures_to_open=5, open_s=30, clock=clock)
     health.record(True, at_once=True)
     assert health.state() == ("open", 30.0)

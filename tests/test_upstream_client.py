@@ -16,8 +16,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.upstream import (BadAnswer, ConnectFailed, ConnectionLost, InvalidRequest, PoolExhausted,
-                            RequestBodyFailed, UpstreamPool, UpstreamTimeout, Written)
+from proxy.upstream import (
+    BadAnswer,
+    ConnectFailed,
+    ConnectionLost,
+    InvalidRequest,
+    PoolExhausted,
+    RequestBodyFailed,
+    UpstreamPool,
+    UpstreamTimeout,
+    Written,
+)
 from proxy.upstream.parser import AnswerParser
 from tests.scripted_upstream import OK, Scripted, first_then_numbered, read_all, scripted
 
@@ -35,7 +44,8 @@ async def pools() -> AsyncIterator[Callable[..., UpstreamPool]]:
     for pool in made:
         await pool.close()
 
-async def test_content_length_answer_is_read_and_its_connection_reused(pools) -> None:  # noqa: ANN001
+
+async def test_content_length_answer_is_read_and_its_connection_reused(pools) -> None:
     async with scripted([OK]) as upstream:
         pool = pools(upstream.url)
         for _ in range(3):
@@ -44,7 +54,7 @@ async def test_content_length_answer_is_read_and_its_connection_reused(pools) ->
         assert pool.connections == 1
 
 
-async def test_request_carries_host_length_and_only_the_given_headers(pools) -> None:  # noqa: ANN001
+async def test_request_carries_host_length_and_only_the_given_headers(pools) -> None:
     async with scripted([OK]) as upstream:
         pool = pools(upstream.url + "/base")
         await read_all(pool, body=b'{"a":1}')
@@ -57,16 +67,18 @@ async def test_request_carries_host_length_and_only_the_given_headers(pools) -> 
         assert "Content-Length: 7\r\n" in head
 
 
-async def test_get_without_body_sends_no_length(pools) -> None:  # noqa: ANN001
+async def test_get_without_body_sends_no_length(pools) -> None:
     async with scripted([OK]) as upstream:
         pool = pools(upstream.url)
         await read_all(pool, method="GET", body=b"")
         assert b"content-length" not in upstream.requests[0].lower()
 
 
-async def test_chunked_answer_with_extensions_and_trailers(pools) -> None:  # noqa: ANN001
-    answer = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-              b"5;name=value\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\nX-Trailer: yes\r\n\r\n")
+async def test_chunked_answer_with_extensions_and_trailers(pools) -> None:
+    answer = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5;name=value\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\nX-Trailer: yes\r\n\r\n"
+    )
     async with scripted([answer]) as upstream:
         pool = pools(upstream.url)
         assert await read_all(pool) == (200, b"hello world")
@@ -77,8 +89,11 @@ async def test_chunked_answer_with_extensions_and_trailers(pools) -> None:  # no
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=8), st.data())
 def test_chunked_body_decodes_however_the_bytes_are_split(chunks: list[bytes], data: st.DataObject) -> None:
-    wire = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-            + b"".join(b"%x\r\n%b\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n")
+    wire = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"".join(b"%x\r\n%b\r\n" % (len(c), c) for c in chunks)
+        + b"0\r\n\r\n"
+    )
     cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=10)))
     parser, body, start = AnswerParser("POST"), b"", 0
     for cut in [*cuts, len(wire)]:
@@ -99,11 +114,12 @@ def test_a_length_body_ends_at_its_length_and_bytes_past_it_spoil_the_connection
     assert parser.done and not parser.reusable
 
 
-async def test_answer_without_length_runs_until_close_and_is_not_reused(pools) -> None:  # noqa: ANN001
+async def test_answer_without_length_runs_until_close_and_is_not_reused(pools) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await upstream.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it")
         await writer.drain()
+
     async with Scripted(handler) as upstream:
         pool = pools(upstream.url)
         assert await read_all(pool) == (200, b"all of it")
@@ -111,7 +127,7 @@ async def test_answer_without_length_runs_until_close_and_is_not_reused(pools) -
         assert upstream.connections == 2
 
 
-async def test_head_answer_has_no_body_even_with_a_length(pools) -> None:  # noqa: ANN001
+async def test_head_answer_has_no_body_even_with_a_length(pools) -> None:
     head = b"HTTP/1.1 200 OK\r\nContent-Type: video/mp4\r\nContent-Length: 1000\r\n\r\n"
     async with first_then_numbered(head) as upstream:
         pool = pools(upstream.url)
@@ -123,21 +139,21 @@ async def test_head_answer_has_no_body_even_with_a_length(pools) -> None:  # noq
         assert upstream.connections == 2  # a length where no body may come: the connection is retired
 
 
-async def test_no_content_answer_has_no_body(pools) -> None:  # noqa: ANN001
+async def test_no_content_answer_has_no_body(pools) -> None:
     async with scripted([b"HTTP/1.1 204 No Content\r\n\r\n", OK]) as upstream:
         pool = pools(upstream.url)
         assert await read_all(pool) == (204, b"")
         assert await read_all(pool) == (200, b'{"ok":true}')
 
 
-async def test_interim_answers_are_read_past(pools) -> None:  # noqa: ANN001
+async def test_interim_answers_are_read_past(pools) -> None:
     answer = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n" + OK
     async with scripted([answer]) as upstream:
         pool = pools(upstream.url)
         assert await read_all(pool) == (200, b'{"ok":true}')
 
 
-async def test_connection_close_answer_is_not_reused(pools) -> None:  # noqa: ANN001
+async def test_connection_close_answer_is_not_reused(pools) -> None:
     answer = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"
     async with scripted([answer]) as upstream:
         pool = pools(upstream.url)
@@ -146,7 +162,7 @@ async def test_connection_close_answer_is_not_reused(pools) -> None:  # noqa: AN
         assert upstream.connections == 2
 
 
-async def test_answer_released_unread_closes_its_connection(pools) -> None:  # noqa: ANN001
+async def test_answer_released_unread_closes_its_connection(pools) -> None:
     async with scripted([OK]) as upstream:
         pool = pools(upstream.url)
         answer = await pool.request("GET", "/", {})
@@ -155,7 +171,7 @@ async def test_answer_released_unread_closes_its_connection(pools) -> None:  # n
         assert upstream.connections == 2
 
 
-async def test_an_idle_connection_the_upstream_closed_is_never_written_to(pools) -> None:  # noqa: ANN001
+async def test_an_idle_connection_the_upstream_closed_is_never_written_to(pools) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
         await upstream.read_request(reader)
         writer.write(OK)
@@ -166,6 +182,7 @@ async def test_an_idle_connection_the_upstream_closed_is_never_written_to(pools)
             await upstream.read_request(reader)
             writer.write(OK)
             await writer.drain()
+
     async with Scripted(handler) as upstream:
         pool = pools(upstream.url)
         assert await read_all(pool) == (200, b'{"ok":true}')
@@ -174,7 +191,7 @@ async def test_an_idle_connection_the_upstream_closed_is_never_written_to(pools)
         assert upstream.connections == 2 and len(upstream.requests) == 2
 
 
-async def test_a_connection_idle_a_second_is_asked_before_reuse_whether_the_upstream_closed_it(pools) -> None:  # noqa: ANN001
+async def test_a_connection_idle_a_second_is_asked_before_reuse_whether_the_upstream_closed_it(pools) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
         while True:
             await upstream.read_request(reader)
@@ -182,6 +199,7 @@ async def test_a_connection_idle_a_second_is_asked_before_reuse_whether_the_upst
             await writer.drain()
             if number == 1:
                 return  # closes the first connection after its answer
+
     async with Scripted(handler) as upstream:
         pool = pools(upstream.url)
         assert await read_all(pool) == (200, b'{"ok":true}')
@@ -195,12 +213,13 @@ async def test_a_connection_idle_a_second_is_asked_before_reuse_whether_the_upst
         assert upstream.connections == 2 and len(upstream.requests) == 2 and kept.closed
 
 
-async def test_a_reused_connection_closed_after_the_request_is_not_resent(pools) -> None:  # noqa: ANN001
+async def test_a_reused_connection_closed_after_the_request_is_not_resent(pools) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
         await upstream.read_request(reader)
         writer.write(OK)
         await writer.drain()
         await upstream.read_request(reader)  # takes the second request, then drops the connection
+
     async with Scripted(handler) as upstream:
         pool = pools(upstream.url)
         assert await read_all(pool) == (200, b'{"ok":true}')
@@ -210,7 +229,7 @@ async def test_a_reused_connection_closed_after_the_request_is_not_resent(pools)
         assert len(upstream.requests) == 2  # the pool sent it once; whether it goes again is not its call
 
 
-async def test_an_upstream_keep_alive_timeout_retires_the_connection_before_it(pools) -> None:  # noqa: ANN001
+async def test_an_upstream_keep_alive_timeout_retires_the_connection_before_it(pools) -> None:
     answer = b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=1\r\nContent-Length: 2\r\n\r\nok"
     async with scripted([answer]) as upstream:
         pool = pools(upstream.url)
@@ -219,9 +238,10 @@ async def test_an_upstream_keep_alive_timeout_retires_the_connection_before_it(p
         assert upstream.connections == 2  # timeout=1 less the second's margin: never kept idle
 
 
-async def test_fresh_connection_closed_before_answering_is_connection_lost(pools) -> None:  # noqa: ANN001
+async def test_fresh_connection_closed_before_answering_is_connection_lost(pools) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await upstream.read_request(reader)
+
     async with Scripted(handler) as upstream:
         pool = pools(upstream.url)
         with pytest.raises(ConnectionLost) as caught:
@@ -230,11 +250,12 @@ async def test_fresh_connection_closed_before_answering_is_connection_lost(pools
         assert upstream.connections == 1
 
 
-async def test_answer_cut_short_is_connection_lost(pools) -> None:  # noqa: ANN001
+async def test_answer_cut_short_is_connection_lost(pools) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await upstream.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")
         await writer.drain()
+
     async with Scripted(handler) as upstream:
         pool = pools(upstream.url)
         answer = await pool.request("GET", "/", {})
@@ -243,21 +264,24 @@ async def test_answer_cut_short_is_connection_lost(pools) -> None:  # noqa: ANN0
         answer.release()
 
 
-@pytest.mark.parametrize("answer", [
-    b"HTTP/2 200 OK\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok",
-    b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\nBad Header: x\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\nX-A: 1\r\n folded\r\n\r\n",
-])
-async def test_malformed_answer_is_bad_answer(pools, answer: bytes) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/2 200 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nBad Header: x\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX-A: 1\r\n folded\r\n\r\n",
+    ],
+)
+async def test_malformed_answer_is_bad_answer(pools, answer: bytes) -> None:
     async with scripted([answer]) as upstream:
         pool = pools(upstream.url)
         with pytest.raises(BadAnswer):
             await read_all(pool)
 
 
-async def test_bad_chunk_size_fails_the_body(pools) -> None:  # noqa: ANN001
+async def test_bad_chunk_size_fails_the_body(pools) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await upstream.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -266,6 +290,7 @@ async def test_bad_chunk_size_fails_the_body(pools) -> None:  # noqa: ANN001
         writer.write(b"zz\r\n")
         await writer.drain()
         await asyncio.sleep(1)
+
     async with Scripted(handler) as upstream:
         pool = pools(upstream.url)
         answer = await pool.request("GET", "/", {})
@@ -274,14 +299,14 @@ async def test_bad_chunk_size_fails_the_body(pools) -> None:  # noqa: ANN001
         answer.release()
 
 
-async def test_a_bad_body_in_the_same_read_as_its_head_fails_the_request(pools) -> None:  # noqa: ANN001
+async def test_a_bad_body_in_the_same_read_as_its_head_fails_the_request(pools) -> None:
     async with scripted([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"]) as upstream:
         pool = pools(upstream.url)
         with pytest.raises(BadAnswer):
             await pool.request("GET", "/", {})
 
 
-async def test_refused_connection_is_connect_failed(pools) -> None:  # noqa: ANN001
+async def test_refused_connection_is_connect_failed(pools) -> None:
     async with scripted([OK]) as upstream:
         url = upstream.url
     pool = pools(url)
@@ -290,14 +315,14 @@ async def test_refused_connection_is_connect_failed(pools) -> None:  # noqa: ANN
     assert not isinstance(caught.value, TimeoutError) and caught.value.written is Written.NOTHING
 
 
-async def test_tls_to_a_plain_server_is_connect_failed(pools) -> None:  # noqa: ANN001
+async def test_tls_to_a_plain_server_is_connect_failed(pools) -> None:
     async with scripted([OK]) as upstream:
         pool = pools(upstream.url.replace("http://", "https://"), connect_s=2)
         with pytest.raises(ConnectFailed):
             await read_all(pool)
 
 
-async def test_full_pool_makes_a_request_wait_for_a_released_connection(pools) -> None:  # noqa: ANN001
+async def test_full_pool_makes_a_request_wait_for_a_released_connection(pools) -> None:
     async with scripted([OK]) as upstream:
         pool = pools(upstream.url, max_connections=1)
         first = await pool.request("GET", "/", {})
@@ -310,7 +335,7 @@ async def test_full_pool_makes_a_request_wait_for_a_released_connection(pools) -
         assert upstream.connections == 1
 
 
-async def test_full_pool_past_the_connect_timeout_is_pool_exhausted(pools) -> None:  # noqa: ANN001
+async def test_full_pool_past_the_connect_timeout_is_pool_exhausted(pools) -> None:
     async with scripted([OK]) as upstream:
         pool = pools(upstream.url, max_connections=1, connect_s=0.1)
         first = await pool.request("GET", "/", {})
@@ -321,10 +346,11 @@ async def test_full_pool_past_the_connect_timeout_is_pool_exhausted(pools) -> No
         assert await read_all(pool) == (200, b'{"ok":true}')  # the closed one's slot is free again
 
 
-async def test_silent_upstream_is_a_first_byte_timeout(pools) -> None:  # noqa: ANN001
+async def test_silent_upstream_is_a_first_byte_timeout(pools) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await upstream.read_request(reader)
         await asyncio.sleep(5)
+
     async with Scripted(handler) as upstream:
         pool = pools(upstream.url, first_byte_s=0.1)
         with pytest.raises(UpstreamTimeout):
@@ -332,12 +358,13 @@ async def test_silent_upstream_is_a_first_byte_timeout(pools) -> None:  # noqa: 
         assert pool.connections == 0
 
 
-async def test_gap_in_the_body_past_idle_is_a_timeout(pools) -> None:  # noqa: ANN001
+async def test_gap_in_the_body_past_idle_is_a_timeout(pools) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await upstream.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
         await writer.drain()
         await asyncio.sleep(5)
+
     async with Scripted(handler) as upstream:
         pool = pools(upstream.url, idle_s=0.1)
         answer = await pool.request("GET", "/", {})
@@ -347,7 +374,7 @@ async def test_gap_in_the_body_past_idle_is_a_timeout(pools) -> None:  # noqa: A
         answer.release()
 
 
-async def test_total_timeout_ends_a_stream_that_keeps_talking(pools) -> None:  # noqa: ANN001
+async def test_total_timeout_ends_a_stream_that_keeps_talking(pools) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await upstream.read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -355,6 +382,7 @@ async def test_total_timeout_ends_a_stream_that_keeps_talking(pools) -> None:  #
             writer.write(b"1\r\nx\r\n")
             await writer.drain()
             await asyncio.sleep(0.02)
+
     async with Scripted(handler) as upstream:
         pool = pools(upstream.url, idle_s=1, total_s=0.3)
         answer = await pool.request("GET", "/", {})
@@ -365,7 +393,7 @@ async def test_total_timeout_ends_a_stream_that_keeps_talking(pools) -> None:  #
 
 
 @pytest.mark.parametrize("headers", [{"X-Evil": "a\r\nX-Injected: 1"}, {"X-Evil": "a\nb"}, {"X-Evil\r\n": "a"}])
-async def test_header_holding_a_line_break_is_refused(pools, headers: dict[str, str]) -> None:  # noqa: ANN001
+async def test_header_holding_a_line_break_is_refused(pools, headers: dict[str, str]) -> None:
     async with scripted([OK]) as upstream:
         pool = pools(upstream.url)
         with pytest.raises(InvalidRequest):
@@ -379,7 +407,7 @@ async def chunks(*parts: bytes) -> AsyncIterator[bytes]:
         yield part
 
 
-async def test_streamed_body_is_chunked_without_a_declared_length(pools) -> None:  # noqa: ANN001
+async def test_streamed_body_is_chunked_without_a_declared_length(pools) -> None:
     async with scripted([OK]) as upstream:
         pool = pools(upstream.url)
         answer = await pool.request("POST", "/v1/images/edits", {}, chunks(b"part one, ", b"part two"))
@@ -390,7 +418,7 @@ async def test_streamed_body_is_chunked_without_a_declared_length(pools) -> None
         assert request.endswith(b"part one, part two")
 
 
-async def test_streamed_body_with_a_declared_length_goes_as_is(pools) -> None:  # noqa: ANN001
+async def test_streamed_body_with_a_declared_length_goes_as_is(pools) -> None:
     async with scripted([OK]) as upstream:
         pool = pools(upstream.url)
         answer = await pool.request("POST", "/", {"Content-Length": "6"}, chunks(b"abc", b"def"))
@@ -400,7 +428,7 @@ async def test_streamed_body_with_a_declared_length_goes_as_is(pools) -> None:  
         assert upstream.requests[0].endswith(b"\r\n\r\nabcdef")
 
 
-async def test_body_that_fails_mid_upload_fails_the_request(pools) -> None:  # noqa: ANN001
+async def test_body_that_fails_mid_upload_fails_the_request(pools) -> None:
     async def failing() -> AsyncIterator[bytes]:
         yield b"a start"
         raise ValueError("the form broke a rule")
@@ -408,6 +436,7 @@ async def test_body_that_fails_mid_upload_fails_the_request(pools) -> None:  # n
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await reader.read(1 << 16)
         await asyncio.sleep(5)
+
     async with Scripted(handler) as upstream:
         pool = pools(upstream.url)
         with pytest.raises(RequestBodyFailed, match="broke a rule"):
@@ -415,7 +444,7 @@ async def test_body_that_fails_mid_upload_fails_the_request(pools) -> None:  # n
         assert pool.connections == 0
 
 
-async def test_unread_body_pauses_the_socket_instead_of_filling_memory(pools) -> None:  # noqa: ANN001
+async def test_unread_body_pauses_the_socket_instead_of_filling_memory(pools) -> None:
     size = 8 * 1024 * 1024
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
@@ -425,6 +454,7 @@ async def test_unread_body_pauses_the_socket_instead_of_filling_memory(pools) ->
             writer.write(b"x" * 65536)
             await writer.drain()
         sent.set()
+
     sent = asyncio.Event()
     async with Scripted(handler) as upstream:
         pool = pools(upstream.url)
@@ -438,7 +468,7 @@ async def test_unread_body_pauses_the_socket_instead_of_filling_memory(pools) ->
         answer.release()
 
 
-async def test_idle_connections_are_closed_after_keepalive(pools) -> None:  # noqa: ANN001
+async def test_idle_connections_are_closed_after_keepalive(pools) -> None:
     async with scripted([OK]) as upstream:
         pool = pools(upstream.url, keepalive_s=0.1)
         await read_all(pool)
@@ -449,10 +479,11 @@ async def test_idle_connections_are_closed_after_keepalive(pools) -> None:  # no
         assert upstream.connections == 2
 
 
-async def test_each_waiting_request_times_out_at_its_own_deadline(pools) -> None:  # noqa: ANN001
+async def test_each_waiting_request_times_out_at_its_own_deadline(pools) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await upstream.read_request(reader)
         await asyncio.sleep(5)
+
     async with Scripted(handler) as upstream:
         pool = pools(upstream.url, first_byte_s=10)
         loop = asyncio.get_running_loop()
@@ -462,13 +493,13 @@ async def test_each_waiting_request_times_out_at_its_own_deadline(pools) -> None
             with pytest.raises(UpstreamTimeout):
                 await pool.request("GET", "/", {}, total_s=total_s)
             return loop.time() - started
+
         late, early = await asyncio.gather(timed(0.6), timed(0.2))
         assert 0.2 <= early < late and late >= 0.6
 
 
-async def test_a_length_beside_chunks_is_refused_and_the_connection_not_reused(pools) -> None:  # noqa: ANN001
-    answer = (b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
-              b"5\r\nhello\r\n0\r\n\r\n")
+async def test_a_length_beside_chunks_is_refused_and_the_connection_not_reused(pools) -> None:
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
     async with first_then_numbered(answer) as upstream:
         pool = pools(upstream.url)
         with pytest.raises(BadAnswer):
@@ -477,11 +508,32 @@ async def test_a_length_beside_chunks_is_refused_and_the_connection_not_reused(p
         assert upstream.connections == 2
 
 
-async def test_https_upstream_is_verified_and_reached(pools, tmp_path) -> None:  # noqa: ANN001
+async def test_https_upstream_is_verified_and_reached(pools, tmp_path) -> None:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_tls.load_cert_chain(cert, key)
     upstream = scripted([OK])
@@ -500,7 +552,7 @@ async def test_https_upstream_is_verified_and_reached(pools, tmp_path) -> None: 
         await upstream.__aexit__()
 
 
-async def test_an_unasked_switching_protocols_answer_is_refused_and_its_connection_not_reused(pools) -> None:  # noqa: ANN001
+async def test_an_unasked_switching_protocols_answer_is_refused_and_its_connection_not_reused(pools) -> None:
     async with first_then_numbered(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n") as upstream:
         pool = pools(upstream.url)
         with pytest.raises(BadAnswer):
@@ -509,14 +561,14 @@ async def test_an_unasked_switching_protocols_answer_is_refused_and_its_connecti
         assert upstream.connections == 2
 
 
-async def test_a_connection_handed_to_a_request_whose_client_just_left_is_not_lost(pools) -> None:  # noqa: ANN001
+async def test_a_connection_handed_to_a_request_whose_client_just_left_is_not_lost(pools) -> None:
     async with scripted([OK]) as upstream:
         pool = pools(upstream.url, max_connections=1, connect_s=0.5)
         first = await pool.request("GET", "/", {})
         await first.read()
         waiting = asyncio.ensure_future(read_all(pool))
         await asyncio.sleep(0.05)
-        first.release()   # hands the connection over ...
+        first.release()  # hands the connection over ...
         waiting.cancel()  # ... to a request whose client goes away in the same moment
         with pytest.raises(asyncio.CancelledError):
             await waiting

@@ -83,14 +83,16 @@ def metric(name: str, **labels: str) -> float:
 
 
 async def test_a_hundred_anonymous_5mb_webhooks_are_413s_and_leave_nothing_in_redis(
-        start_gateway: Callable, http: aiohttp.ClientSession, backend: Backend, redis_url: str) -> None:  # noqa: F811
+    start_gateway: Callable, http: aiohttp.ClientSession, backend: Backend, redis_url: str
+) -> None:  # noqa: F811
     """The defaults: a webhook body over 1 MB is a 413 in the account shape before it is read or
     stored; keyed chat goes on meanwhile; a payment callback of a few KB is stored and delivered."""
     await backend.start()
     gw = await start_gateway(bounded_config(backend.port, redis_url))
     refused_before = metric("modelgate_webhooks_refused_total", reason="too_large")
-    answers, chats = await asyncio.gather(flood(http, gw.url, 100), asyncio.gather(*(chat(http, gw.url)
-                                                                                       for _ in range(5))))
+    answers, chats = await asyncio.gather(
+        flood(http, gw.url, 100), asyncio.gather(*(chat(http, gw.url) for _ in range(5)))
+    )
     answered = [(status, found) for status, found in answers if status]
     assert chats == [200] * 5
     assert {status for status, _ in answered} == {413} and len(answered) == 100, [s for s, _ in answers]
@@ -107,17 +109,23 @@ async def test_a_hundred_anonymous_5mb_webhooks_are_413s_and_leave_nothing_in_re
 
 
 async def test_the_shelves_hold_their_bytes_whatever_is_posted_and_the_ip_rate_bites(
-        start_gateway: Callable, http: aiohttp.ClientSession, backend: Backend, redis_url: str) -> None:  # noqa: F811
+    start_gateway: Callable, http: aiohttp.ClientSession, backend: Backend, redis_url: str
+) -> None:  # noqa: F811
     """Bodies allowed up to 6 MB, the pending shelf 12 MB, the delivered 6 MB, 50 a minute from one
     address: of a hundred 5 MB posts two are stored, the rest are 503 (queue full: the provider
     retries) until the address's rate is spent, then 429; Redis holds the bounds and no more."""
-    gw = await start_gateway(bounded_config(
-        backend.port, redis_url, ", max_pending_mb: 12, keep_delivered_mb: 6",
-        "  # and a body limit raised to let 5 MB in\nroutes: {payment_webhook: {max_body_mb: 6}}"
-    ).replace("ratelimit: {", "ratelimit: {per_ip: {payment_webhook: {rpm: 50}}, "))
+    gw = await start_gateway(
+        bounded_config(
+            backend.port,
+            redis_url,
+            ", max_pending_mb: 12, keep_delivered_mb: 6",
+            "  # and a body limit raised to let 5 MB in\nroutes: {payment_webhook: {max_body_mb: 6}}",
+        ).replace("ratelimit: {", "ratelimit: {per_ip: {payment_webhook: {rpm: 50}}, ")
+    )
     full_before = metric("modelgate_webhooks_queued_total", outcome="full")
-    answers, chats = await asyncio.gather(flood(http, gw.url, 100, at_once=1),
-                                          asyncio.gather(*(chat(http, gw.url) for _ in range(5))))
+    answers, chats = await asyncio.gather(
+        flood(http, gw.url, 100, at_once=1), asyncio.gather(*(chat(http, gw.url) for _ in range(5)))
+    )
     statuses = [status for status, _ in answers]
     assert chats == [200] * 5
     # The first 50 are within the rate whatever the time they take; the rest are over it (if the
@@ -159,13 +167,17 @@ async def test_the_shelves_hold_their_bytes_whatever_is_posted_and_the_ip_rate_b
 
 
 async def test_with_the_queue_off_the_body_cap_and_the_ip_rate_still_hold(
-        start_gateway: Callable, http: aiohttp.ClientSession, backend: Backend, redis_url: str) -> None:  # noqa: F811
+    start_gateway: Callable, http: aiohttp.ClientSession, backend: Backend, redis_url: str
+) -> None:  # noqa: F811
     await backend.start()
-    gw = await start_gateway(bounded_config(backend.port, redis_url).replace("enabled: true", "enabled: false")
-                             .replace("ratelimit: {", "ratelimit: {per_ip: {payment_webhook: {rpm: 3}}, "))
+    gw = await start_gateway(
+        bounded_config(backend.port, redis_url)
+        .replace("enabled: true", "enabled: false")
+        .replace("ratelimit: {", "ratelimit: {per_ip: {payment_webhook: {rpm: 3}}, ")
+    )
     chunked_status = 0
 
-    async def trickle():  # noqa: ANN202 (no Content-Length: refused once 1 MB has passed)
+    async def trickle():  # (no Content-Length: refused once 1 MB has passed)
         for _ in range(8):
             yield b"y" * (256 * 1024)
 
@@ -189,10 +201,14 @@ async def test_two_instances_fill_the_pending_shelf_to_its_bytes_exactly(redis_u
     first, second = WebhookQueue(redis_url, "race:", bounds), WebhookQueue(redis_url, "race:", bounds)
     body = b"z" * (100 * 1024)
     try:
+
         async def put(queue: WebhookQueue, n: int) -> bool:
             try:
-                await queue.put(QueuedWebhook("POST", "/api/stripe/webhook", [("Stripe-Signature", "t=1")], body,
-                                              f"r{n:02d}", received_at=1.5))
+                await queue.put(
+                    QueuedWebhook(
+                        "POST", "/api/stripe/webhook", [("Stripe-Signature", "t=1")], body, f"r{n:02d}", received_at=1.5
+                    )
+                )
                 return True
             except QueueFull:
                 return False
@@ -208,7 +224,8 @@ async def test_two_instances_fill_the_pending_shelf_to_its_bytes_exactly(redis_u
 
 
 async def test_settled_shelves_drop_their_oldest_past_their_bytes_and_replay_keeps_the_pending_bound(
-        redis_url: str) -> None:
+    redis_url: str,
+) -> None:
     bounds = Bounds(max_pending_bytes=300 * 1024, keep_delivered_bytes=300 * 1024, keep_dead_bytes=150 * 1024)
     queue = WebhookQueue(redis_url, "shelves:", bounds)
     client = aioredis.Redis.from_url(redis_url)
@@ -250,14 +267,18 @@ async def test_settled_shelves_drop_their_oldest_past_their_bytes_and_replay_kee
 
 
 def test_check_config_says_when_no_webhook_the_route_takes_could_be_queued() -> None:
-    from proxy.config import GatewayConfig
     from plugins.webhook_queue import WebhookQueuePlugin
+    from proxy.config import GatewayConfig
 
-    config = GatewayConfig.model_validate({
-        "routes": {"payment_webhook": {"max_body_mb": 8}},
-        "plugins": {"webhook_queue": {"enabled": True, "max_pending_mb": 4}}})
+    config = GatewayConfig.model_validate(
+        {
+            "routes": {"payment_webhook": {"max_body_mb": 8}},
+            "plugins": {"webhook_queue": {"enabled": True, "max_pending_mb": 4}},
+        }
+    )
     problems = WebhookQueuePlugin.config_problems(config, 1)
-    assert any("max_pending_mb: 4 MB is less than the largest webhook body the route takes (8 MB" in p
-               for p in problems)
+    assert any(
+        "max_pending_mb: 4 MB is less than the largest webhook body the route takes (8 MB" in p for p in problems
+    )
     config = GatewayConfig.model_validate({"plugins": {"webhook_queue": {"enabled": True, "max_pending_mb": 4}}})
     assert WebhookQueuePlugin.config_problems(config, 1) == []

@@ -17,11 +17,13 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from plugins.webhook_queue.queue import Backlog, Bounds, Shelf, WebhookQueue
+from plugins.webhook_queue.queue import Backlog, Shelf, WebhookQueue
 from tests.conftest import free_port
 
-SIGNED = {"Stripe-Signature": "t=1700000000,v1=5257a869e7ecebeda32affa62cdca3fa51cad7e77a0e56ff536d0ce8e108d8bd",
-          "Content-Type": "application/json"}
+SIGNED = {
+    "Stripe-Signature": "t=1700000000,v1=5257a869e7ecebeda32affa62cdca3fa51cad7e77a0e56ff536d0ce8e108d8bd",
+    "Content-Type": "application/json",
+}
 
 
 @dataclass
@@ -85,7 +87,8 @@ async def post_webhook(http: aiohttp.ClientSession, url: str, body: bytes, provi
 
 
 async def test_webhooks_with_the_backend_down_are_delivered_in_order_once_it_returns(
-        start_gateway: Callable, http: aiohttp.ClientSession, backend: Backend, shared_redis: str) -> None:
+    start_gateway: Callable, http: aiohttp.ClientSession, backend: Backend, shared_redis: str
+) -> None:
     gw = await start_gateway(queued_config(backend.port, shared_redis))
     queue = WebhookQueue(shared_redis, "test:")
     bodies = [json.dumps({"id": f"evt_{n}", "type": "invoice.paid", "amount": n}).encode() + b" \n" for n in range(5)]
@@ -109,7 +112,8 @@ async def test_webhooks_with_the_backend_down_are_delivered_in_order_once_it_ret
 
 
 async def test_a_queued_webhook_survives_a_gateway_restart(
-        start_gateway: Callable, http: aiohttp.ClientSession, backend: Backend, redis_url: str) -> None:
+    start_gateway: Callable, http: aiohttp.ClientSession, backend: Backend, redis_url: str
+) -> None:
     first = await start_gateway(queued_config(backend.port, redis_url))
     await post_webhook(http, first.url, b'{"id":"evt_restart"}')
     await first.runner.cleanup()  # the gateway that accepted it is gone before the backend returns
@@ -120,8 +124,13 @@ async def test_a_queued_webhook_survives_a_gateway_restart(
 
 
 async def test_a_refused_webhook_is_kept_dead_and_replays_with_the_command(
-        start_gateway: Callable, http: aiohttp.ClientSession, backend: Backend, redis_url: str,
-        queue: WebhookQueue, tmp_path: Path) -> None:
+    start_gateway: Callable,
+    http: aiohttp.ClientSession,
+    backend: Backend,
+    redis_url: str,
+    queue: WebhookQueue,
+    tmp_path: Path,
+) -> None:
     backend.statuses = [400]  # the backend's final word: no retry, but nothing dropped
     await backend.start()
     config = queued_config(backend.port, redis_url)
@@ -145,15 +154,23 @@ async def test_a_refused_webhook_is_kept_dead_and_replays_with_the_command(
 
 
 async def run_cli(*args: str, expect: int = 0) -> str:
-    process = await asyncio.create_subprocess_exec(sys.executable, "-m", "proxy", *args, stdout=subprocess.PIPE,
-                                                   stderr=subprocess.PIPE, cwd=Path(__file__).parent.parent)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "proxy",
+        *args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=Path(__file__).parent.parent,
+    )
     out, err = await process.communicate()
     assert process.returncode == expect, err.decode()
     return out.decode()
 
 
 async def test_with_redis_unreachable_a_queued_webhook_is_a_503_so_the_provider_retries(
-        start_gateway: Callable, http: aiohttp.ClientSession, backend: Backend) -> None:
+    start_gateway: Callable, http: aiohttp.ClientSession, backend: Backend
+) -> None:
     await backend.start()
     gw = await start_gateway(queued_config(backend.port, "redis://127.0.0.1:1/0"))
     async with http.post(gw.url + "/api/stripe/webhook", data=b"{}", headers=SIGNED) as answer:
@@ -163,8 +180,8 @@ async def test_with_redis_unreachable_a_queued_webhook_is_a_503_so_the_provider_
 
 
 async def test_a_full_queue_is_a_503_and_keeps_what_it_holds(
-        start_gateway: Callable, http: aiohttp.ClientSession, backend: Backend, redis_url: str,
-        queue: WebhookQueue) -> None:
+    start_gateway: Callable, http: aiohttp.ClientSession, backend: Backend, redis_url: str, queue: WebhookQueue
+) -> None:
     gw = await start_gateway(queued_config(backend.port, redis_url, ", max_pending: 1"))
     await post_webhook(http, gw.url, b'{"id":"evt_1"}')
     async with http.post(gw.url + "/api/stripe/webhook", data=b'{"id":"evt_2"}', headers=SIGNED) as answer:

@@ -51,14 +51,17 @@ observability: {{logging: {{access_log: false}}}}
 def test_memory_state_with_two_workers_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as refused:
         parse_config("server: {workers: 2}\n", {})
-    assert any(p.startswith("server.workers: 2 workers cannot share the memory state backend")
-               for p in refused.value.problems)
+    assert any(
+        p.startswith("server.workers: 2 workers cannot share the memory state backend") for p in refused.value.problems
+    )
 
 
 def test_url_delivery_with_several_workers_needs_shared_signing_keys() -> None:
     with pytest.raises(ConfigError) as refused:
         parse_config("state: {backend: redis}\nserver: {workers: 2}\nplugins: {url_delivery: {enabled: true}}\n", {})
-    assert any(p.startswith("plugins.url_delivery.signing_keys: required with 2 workers") for p in refused.value.problems)
+    assert any(
+        p.startswith("plugins.url_delivery.signing_keys: required with 2 workers") for p in refused.value.problems
+    )
 
 
 def test_unset_workers_with_memory_state_is_one_process() -> None:
@@ -68,15 +71,18 @@ def test_unset_workers_with_memory_state_is_one_process() -> None:
     assert worker_count(parse_config("state: {backend: redis}\nserver: {workers: 3}", {})) == 3
 
 
-async def test_two_workers_share_the_port_one_metrics_view_and_exact_limits(spawn, redis_url) -> None:  # noqa: ANN001
+async def test_two_workers_share_the_port_one_metrics_view_and_exact_limits(spawn, redis_url) -> None:
     gateway = spawn("gateway", config=worker_config())
     workers = children(gateway.proc.pid)
     assert len(workers) == 2
     statuses = []
     for _ in range(32):  # a fresh connection each time, so the kernel spreads them over both workers
         async with aiohttp.ClientSession() as http:
-            async with http.post(gateway.url + "/v1/responses", headers={"Authorization": f"Bearer {KEY}"},
-                                 json={"model": "respmodel-4o", "input": "hi"}) as answer:
+            async with http.post(
+                gateway.url + "/v1/responses",
+                headers={"Authorization": f"Bearer {KEY}"},
+                json={"model": "respmodel-4o", "input": "hi"},
+            ) as answer:
                 statuses.append(answer.status)
     assert statuses.count(200) == 30 and statuses.count(429) == 2  # one limit, whichever worker answered
     async with aiohttp.ClientSession() as http:
@@ -86,7 +92,7 @@ async def test_two_workers_share_the_port_one_metrics_view_and_exact_limits(spaw
     assert served == 32  # every worker's count, from whichever worker answered /metrics
 
 
-async def test_a_worker_that_dies_is_replaced_and_sigterm_stops_them_all(spawn, redis_url) -> None:  # noqa: ANN001
+async def test_a_worker_that_dies_is_replaced_and_sigterm_stops_them_all(spawn, redis_url) -> None:
     gateway = spawn("gateway", config=worker_config())
     first, second = kill_one_worker(gateway.proc.pid)
     assert len(children(gateway.proc.pid)) == 2 and second in children(gateway.proc.pid)
@@ -94,7 +100,7 @@ async def test_a_worker_that_dies_is_replaced_and_sigterm_stops_them_all(spawn, 
     assert gateway.proc.wait(timeout=30) == 0
 
 
-def test_a_sigterm_handled_while_a_worker_starts_reaches_that_worker_too(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+def test_a_sigterm_handled_while_a_worker_starts_reaches_that_worker_too(monkeypatch, tmp_path) -> None:
     """The supervisor's handler can run inside Popen, before the new worker is listed (CI saw it
     wait out the whole drain timeout for a worker that never heard of the stop)."""
     import subprocess
@@ -122,14 +128,19 @@ def alive(pid: int) -> bool:
         return False
 
 
-async def test_a_second_gateway_on_a_served_port_refuses_to_start(spawn, redis_url) -> None:  # noqa: ANN001
+async def test_a_second_gateway_on_a_served_port_refuses_to_start(spawn, redis_url) -> None:
     import subprocess
     import sys
 
     first = spawn("gateway", config=worker_config())
     port = first.url.rsplit(":", 1)[1]
-    second = subprocess.run([sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{port}"],
-                            capture_output=True, text=True, timeout=30, cwd=Path(__file__).parent.parent)
+    second = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--listen", f"127.0.0.1:{port}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=Path(__file__).parent.parent,
+    )
     assert second.returncode == 1 and "already served" in second.stdout + second.stderr
     async with aiohttp.ClientSession() as http:  # the first still serves every connection
         for _ in range(20):
@@ -137,7 +148,7 @@ async def test_a_second_gateway_on_a_served_port_refuses_to_start(spawn, redis_u
                 assert answer.status == 200
 
 
-async def test_a_reload_is_counted_once_and_the_config_info_names_the_digest_in_use(spawn, redis_url, tmp_path) -> None:  # noqa: ANN001
+async def test_a_reload_is_counted_once_and_the_config_info_names_the_digest_in_use(spawn, redis_url, tmp_path) -> None:
     gateway = spawn("gateway", config=worker_config())
     config = next(tmp_path.glob("gateway-*.yaml"))
     config.write_text(config.read_text() + "\n# changed\n")
@@ -156,7 +167,7 @@ async def test_a_reload_is_counted_once_and_the_config_info_names_the_digest_in_
     assert sorted(info.values()) == [0.0, 1.0], info  # the old digest 0, the new 1
 
 
-async def test_a_worker_started_again_starts_from_the_last_good_config(spawn, redis_url, tmp_path) -> None:  # noqa: ANN001
+async def test_a_worker_started_again_starts_from_the_last_good_config(spawn, redis_url, tmp_path) -> None:
     gateway = spawn("gateway", config=worker_config())
     config = next(tmp_path.glob("gateway-*.yaml"))
     config.write_text("server: oops\n")  # broken on disk; a reload is refused, the workers run on

@@ -28,11 +28,13 @@ class Unresolved(LookupError):
 
 FOREIGN = object()  # a name another package, a type parameter or the language itself declares
 # The language's and the runtime's names the SDKs' declarations use without importing them.
-GLOBALS = frozenset("""Record Partial Required Readonly Pick Omit Exclude Extract NonNullable Promise
+GLOBALS = frozenset(
+    """Record Partial Required Readonly Pick Omit Exclude Extract NonNullable Promise
     PromiseLike Date Blob File Uint8Array ArrayBuffer ArrayBufferView DataView Map Set WeakMap Error
     Response Request Headers HeadersInit RequestInit AbortSignal ReadableStream Buffer URL FormData
     Awaited ReturnType Parameters Function Object String Number Boolean Symbol AsyncIterable
-    AsyncIterator AsyncGenerator Iterator IterableIterator Generator NodeJS BodyInit""".split())
+    AsyncIterator AsyncGenerator Iterator IterableIterator Generator NodeJS BodyInit""".split()
+)
 _ARRAYS = frozenset({"Array", "ReadonlyArray", "Iterable", "Set"})
 _SAME_SHAPE = frozenset({"Partial", "Required", "Readonly", "Pick", "Omit", "NonNullable"})
 
@@ -170,10 +172,17 @@ class Declarations:
                 return FOREIGN if s.modules[n] is None else self.module(s.modules[n])
             enum = s.types.get(n)
             return s.spaces.get(n) or (enum if isinstance(enum, Enum) else None)
+
         return self.declared(scope, name, seen, own, self.space_in)
 
-    def declared(self, scope: Scope, name: str, seen: set[tuple[Path, str]], own: Callable[[Scope, str], object],
-                 again: Callable[[Scope, str, set[tuple[Path, str]]], object]) -> object:
+    def declared(
+        self,
+        scope: Scope,
+        name: str,
+        seen: set[tuple[Path, str]],
+        own: Callable[[Scope, str], object],
+        again: Callable[[Scope, str, set[tuple[Path, str]]], object],
+    ) -> object:
         """What `scope` has as `name`: its `own`, or what it renames, imports or re-exports, looked
         up `again` in the scope that has it."""
         if (scope.file, name) in seen:

@@ -99,7 +99,7 @@ class _FileReader(TypeReader):
             try:
                 kind = self.typed()
             except SyntaxError:
-                kind = Unreadable(" ".join(t for _, t in self.toks[start:start + 40]))
+                kind = Unreadable(" ".join(t for _, t in self.toks[start : start + 40]))
                 self.pos = start
             scope.types[name] = Alias(kind, inner)
             self.skip()
@@ -130,7 +130,7 @@ class _FileReader(TypeReader):
                 self.skip()  # `import 'x'`, `import N = require('x')`
                 return
         module = module_file(scope.file, unquoted(self.take()))
-        words = [t for _, t in self.toks[start:self.pos]]
+        words = [t for _, t in self.toks[start : self.pos]]
         if "*" in words:
             scope.modules[words[words.index("*") + 2]] = module
         for name, local in _braced(words):
@@ -153,7 +153,7 @@ class _FileReader(TypeReader):
                 self.pos += 2
         else:
             self.balanced()
-        words = [t for _, t in self.toks[start:self.pos]]
+        words = [t for _, t in self.toks[start : self.pos]]
         module, named = None, self.peek() == "from"
         if named:
             self.pos += 1
@@ -220,7 +220,7 @@ def _braced(words: list[str]) -> Iterator[tuple[str, str]]:
     """(name, local name) of `{ a, type b, c as d }`."""
     if "{" not in words:
         return
-    inner = words[words.index("{") + 1:words.index("}")]
+    inner = words[words.index("{") + 1 : words.index("}")]
     for item in " ".join(inner).split(","):
         names = [w for w in item.split() if w != "type"]
         if names:

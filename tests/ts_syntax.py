@@ -58,13 +58,18 @@ class Other:
 
 
 OTHER = Other()
-KEYWORDS = frozenset("""string number boolean null undefined any unknown never object void symbol
-    bigint true false this""".split())
+KEYWORDS = frozenset(
+    """string number boolean null undefined any unknown never object void symbol
+    bigint true false this""".split()
+)
 MODIFIERS = frozenset("readonly public private protected static declare abstract override accessor".split())
 
-_TOKEN = re.compile(r"""\s+|//[^\n]*|/\*.*?\*/
+_TOKEN = re.compile(
+    r"""\s+|//[^\n]*|/\*.*?\*/
     |(?P<string>'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")|(?P<template>`(?:[^`\\]|\\.)*`)
-    |(?P<number>\d[\w.]*)|(?P<name>[#A-Za-z_$][\w$]*)|(?P<punct>=>|\.\.\.|\S)""", re.S | re.X)
+    |(?P<number>\d[\w.]*)|(?P<name>[#A-Za-z_$][\w$]*)|(?P<punct>=>|\.\.\.|\S)""",
+    re.S | re.X,
+)
 OPEN, CLOSE = frozenset("([{<"), frozenset(")]}>")
 
 

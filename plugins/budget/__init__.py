@@ -37,23 +37,29 @@ from proxy.formats.video import VideoTasks
 from proxy.observability.metrics import child
 from proxy.plugin import STORED_TENANTS, Joins, Plugin, Subject
 from proxy.policy.prices import PriceTable
-from proxy.request.charges import DEFAULT_OUTPUT_TOKENS, Most, left_open, most_of, read_ended
 from proxy.request.body import MultipartBody
+from proxy.request.charges import DEFAULT_OUTPUT_TOKENS, Most, left_open, most_of, read_ended
 from proxy.request.deciding_fields import settle_counts
 from proxy.request.exchange import Exchange, UpstreamResponse
-from proxy.schemas.common import Violation
 from proxy.request.usage_estimate import usage_or_estimate
+from proxy.schemas.common import Violation
 from proxy.state import connect as topology
 from proxy.wire.sse import SSEEvent
 
 log = logging.getLogger("modelgate.budget")
 
-BUDGET_USED = Gauge("modelgate_budget_used_ratio", "Spent and reserved over the budget, by subject and window "
-                    "(key-day-cost ...), as last seen by a request", ["subject", "window"], multiprocess_mode="livemax")
-BUDGET_REFUSALS = Counter("modelgate_budget_refusals", "Requests refused for a budget with no room left",
-                          ["subject", "window"])
-BUDGET_UNAVAILABLE = Counter("modelgate_budget_backend_errors", "Budget checks the shared state could not answer",
-                             ["mode"])
+BUDGET_USED = Gauge(
+    "modelgate_budget_used_ratio",
+    "Spent and reserved over the budget, by subject and window (key-day-cost ...), as last seen by a request",
+    ["subject", "window"],
+    multiprocess_mode="livemax",
+)
+BUDGET_REFUSALS = Counter(
+    "modelgate_budget_refusals", "Requests refused for a budget with no room left", ["subject", "window"]
+)
+BUDGET_UNAVAILABLE = Counter(
+    "modelgate_budget_backend_errors", "Budget checks the shared state could not answer", ["mode"]
+)
 
 _STATE = "budget.reserved"
 _UNCOUNTED = "budget.uncounted"
@@ -116,8 +122,11 @@ class Budget(Plugin):
         self.prefix = config.state.prefix + "budget:"
         self.counters: Counters | None = None
         # Keys made at run time (key_store) may name a budget any time: with a key store, never idle.
-        if not self.settings.tenants and not config.key_store.database_url \
-                and not any((key.model_extra or {}).get("budget") for key in config.keys):
+        if (
+            not self.settings.tenants
+            and not config.key_store.database_url
+            and not any((key.model_extra or {}).get("budget") for key in config.keys)
+        ):
             self.idle("on_request", "on_event", "on_response", "on_complete")  # no budget named: nothing to hold
         elif self.redis:
             from plugins.budget.counters import RedisCounters
@@ -155,8 +164,11 @@ class Budget(Plugin):
         if self.settings.unpriced == "refuse" and ex.model is not None and self.prices.row_for(ex.model) is None:
             costed = [subject for subject, limits in subjects if limits.cost_per_day or limits.cost_per_month]
             if costed:
-                return ex.error_response(403, f"{costed[0]} has a cost budget, and the price table prices no model "
-                                         f"named {ex.model[:100]!r}", "model_not_priced")
+                return ex.error_response(
+                    403,
+                    f"{costed[0]} has a cost budget, and the price table prices no model named {ex.model[:100]!r}",
+                    "model_not_priced",
+                )
         settle_counts(ex)
         most = most_of(ex, self.prices, self.settings.default_reserve_tokens)
         now = datetime.now(timezone.utc)
@@ -249,9 +261,15 @@ class Budget(Plugin):
         # A caller with a budget, or a follow-up that may read the end of a generation one held
         # for (read_ended): a key with no budget, of a tenant with none, runs none of its hooks.
         key = ex.key
-        if key is not None and ex.route.spends_tokens and (
+        if (
+            key is not None
+            and ex.route.spends_tokens
+            and (
                 key.settings.get("budget") is not None
-                or key.tenant.startswith(_TENANT) and self._tenant_budget(key.tenant[len(_TENANT):]) is not None):
+                or key.tenant.startswith(_TENANT)
+                and self._tenant_budget(key.tenant[len(_TENANT) :]) is not None
+            )
+        ):
             return True
         return ex.followed_id is not None and ex.route.creates is None
 
@@ -278,14 +296,19 @@ class Budget(Plugin):
             for index, (windows, amounts) in enumerate(before):
                 now_amounts = [float(final.tokens) if w.name.endswith("tokens") else final.cost for w in windows]
                 if any(new > w.limit for w, new in zip(windows, now_amounts)):
-                    refused = Violation("", "the form asks, after its files, for more than a whole budget holds",
-                                        429, "budget_exceeded")
+                    refused = Violation(
+                        "", "the form asks, after its files, for more than a whole budget holds", 429, "budget_exceeded"
+                    )
                     break
                 extras = [max(0.0, new - old) for new, old in zip(now_amounts, amounts)]
                 reserved = await self.counters.reserve(windows, extras)  # type: ignore[union-attr]
                 if reserved.refused is not None:
-                    refused = Violation("", f"budget '{reserved.refused.name}' has no room for what the form asks "
-                                            "for after its files", 429, "budget_exceeded")
+                    refused = Violation(
+                        "",
+                        f"budget '{reserved.refused.name}' has no room for what the form asks for after its files",
+                        429,
+                        "budget_exceeded",
+                    )
                     break
                 more.append((windows, extras))
                 taken[index] = (windows, [a + e for a, e in zip(amounts, extras)])  # settled from all it holds
@@ -302,8 +325,9 @@ class Budget(Plugin):
     async def _settle(self, taken: Taken, spent_tokens: int, spent_cost: float) -> None:
         try:
             for windows, amounts in taken:
-                deltas = [(spent_tokens if w.name.endswith("tokens") else spent_cost) - a
-                          for w, a in zip(windows, amounts)]
+                deltas = [
+                    (spent_tokens if w.name.endswith("tokens") else spent_cost) - a for w, a in zip(windows, amounts)
+                ]
                 await self.counters.settle(windows, deltas)
         except CountersUnavailable as exc:  # what was reserved stays counted: a budget errs on the side of stopping
             log.warning("a budget settlement did not reach the store: %s", exc)
@@ -312,8 +336,11 @@ class Budget(Plugin):
         """Keep what a generation left open reserved, and how to settle it, under the id handed out."""
         held = Held(ex.model, most, ex.format.reports_usage, taken)
         try:
-            await self.counters.hold(self._held_key(ex.created_id), held.dumps(),  # type: ignore[union-attr, arg-type]
-                                     held.ttl_s(datetime.now(timezone.utc).timestamp(), self.held_for_s))
+            await self.counters.hold(
+                self._held_key(ex.created_id),
+                held.dumps(),  # type: ignore[union-attr, arg-type]
+                held.ttl_s(datetime.now(timezone.utc).timestamp(), self.held_for_s),
+            )
         except CountersUnavailable as exc:  # the reservation stays counted all the same: nothing is lost but a refund
             log.warning("a generation left running could not be recorded for its settlement: %s", exc)
 
@@ -348,7 +375,7 @@ class Budget(Plugin):
         own = key.settings.get("budget") if key is not None else None
         if own is not None:
             found.append((f"key:{key.name}", own))
-        if tenant.startswith(_TENANT) and (budget := self._tenant_budget(tenant[len(_TENANT):])) is not None:
+        if tenant.startswith(_TENANT) and (budget := self._tenant_budget(tenant[len(_TENANT) :])) is not None:
             found.append((tenant, budget))
         return found
 
@@ -366,8 +393,11 @@ class Budget(Plugin):
         if self.counters is None:
             return None
         now = datetime.now(timezone.utc)
-        windows = [window for name, limits in self._budgets_of(subject.key, subject.tenant)
-                   for window in self._windows(name, limits, now)]
+        windows = [
+            window
+            for name, limits in self._budgets_of(subject.key, subject.tenant)
+            for window in self._windows(name, limits, now)
+        ]
         if not windows:
             return {"windows": []}
         values: list[float] = []
@@ -376,10 +406,18 @@ class Budget(Plugin):
                 values += await self.counters.read(subject_windows)
             except CountersUnavailable:
                 return {"windows": [], "unavailable": "the state store does not answer"}
-        return {"windows": [{"name": window.name, "limit": window.limit, "spent": value,
-                             "remaining": max(0.0, window.limit - value),
-                             "resets_at": datetime.fromtimestamp(window.resets_at, timezone.utc).isoformat()}
-                            for window, value in zip(windows, values)]}
+        return {
+            "windows": [
+                {
+                    "name": window.name,
+                    "limit": window.limit,
+                    "spent": value,
+                    "remaining": max(0.0, window.limit - value),
+                    "resets_at": datetime.fromtimestamp(window.resets_at, timezone.utc).isoformat(),
+                }
+                for window, value in zip(windows, values)
+            ]
+        }
 
     def _windows(self, subject: str, limits: BudgetLimits, now: datetime) -> list[Window]:
         base = f"{self.prefix}{{{subject}}}" if self.tagged else f"{self.prefix}{subject}"
@@ -400,6 +438,7 @@ class Budget(Plugin):
 
     def _rebuild(self, subject: str, windows: list[Window], before: float) -> None:
         """Add to counters this request started what the ledger knows of their periods (off the request path)."""
+
         async def run() -> None:
             from plugins.budget.rebuild import spent_before
 
@@ -408,8 +447,10 @@ class Budget(Plugin):
                     spent = await spent_before(self.ledger_url, subject, window, before)  # type: ignore[arg-type]
                     if spent > 0:
                         await self.counters.add([window], [spent])
-                        log.info("a budget counter the state store had lost is rebuilt from the ledger",
-                                 extra={"subject": subject, "window": window.name, "spent": spent})
+                        log.info(
+                            "a budget counter the state store had lost is rebuilt from the ledger",
+                            extra={"subject": subject, "window": window.name, "spent": spent},
+                        )
                 except Exception as exc:  # noqa: BLE001 (a ledger away: the counter goes on from what it has)
                     log.warning("a budget counter could not be rebuilt from the ledger: %s", type(exc).__name__)
 
@@ -444,8 +485,12 @@ class Budget(Plugin):
             log.warning("budgets cannot be checked; failing %s: %s", mode, type(exc).__name__)
         if mode == "open":
             return None
-        return ex.error_response(503, "budgets cannot be checked right now; retry shortly", "budget_unavailable",
-                                 headers={"Retry-After": "1"})
+        return ex.error_response(
+            503,
+            "budgets cannot be checked right now; retry shortly",
+            "budget_unavailable",
+            headers={"Retry-After": "1"},
+        )
 
 
 def _by_subject(windows: list[Window]) -> list[list[Window]]:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from datetime import datetime, timedelta
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from proxy.state.gathering import Receipt, answer_within
@@ -22,10 +22,11 @@ from proxy.state.gathering import Receipt, answer_within
 @dataclass(slots=True, frozen=True)
 class Window:
     """One budget of one subject for one period: `name` as headers and errors say it (key-day-cost)."""
-    key: str          # the counter, period included (it starts from 0 each period)
+
+    key: str  # the counter, period included (it starts from 0 each period)
     name: str
     limit: float
-    ttl_s: int        # the counter outlives its period by a little
+    ttl_s: int  # the counter outlives its period by a little
     starts_at: float  # unix time the period began
     resets_at: float  # unix time the period ends
 
@@ -45,22 +46,24 @@ def windows_of(base: str, kind: str, limits: Any, now: datetime) -> list[Window]
     next_month = (first + timedelta(days=32)).replace(day=1).timestamp()
     found = []
     for measure, period, limit, ttl, resets in (
-            ("cost", day, limits.cost_per_day, _DAY_TTL_S, next_day),
-            ("cost", month, limits.cost_per_month, _MONTH_TTL_S, next_month),
-            ("tokens", day, limits.tokens_per_day, _DAY_TTL_S, next_day),
-            ("tokens", month, limits.tokens_per_month, _MONTH_TTL_S, next_month)):
+        ("cost", day, limits.cost_per_day, _DAY_TTL_S, next_day),
+        ("cost", month, limits.cost_per_month, _MONTH_TTL_S, next_month),
+        ("tokens", day, limits.tokens_per_day, _DAY_TTL_S, next_day),
+        ("tokens", month, limits.tokens_per_month, _MONTH_TTL_S, next_month),
+    ):
         if limit is not None:
             span = "day" if period == day else "month"
             starts = (today if period == day else first).timestamp()
-            found.append(Window(f"{base}:{measure}:{period}", f"{kind}-{span}-{measure}", float(limit), ttl,
-                                starts, resets))
+            found.append(
+                Window(f"{base}:{measure}:{period}", f"{kind}-{span}-{measure}", float(limit), ttl, starts, resets)
+            )
     return found
 
 
 @dataclass(slots=True, frozen=True)
 class Reserved:
-    refused: Window | None   # the first window without room (then nothing was reserved)
-    used: list[float]        # each window's spent-and-reserved after this request (or before it, refused)
+    refused: Window | None  # the first window without room (then nothing was reserved)
+    used: list[float]  # each window's spent-and-reserved after this request (or before it, refused)
     made: list[Window] = field(default_factory=list)  # windows whose counter this reservation started
 
 
@@ -223,16 +226,21 @@ class RedisCounters:
         for window, amount in zip(windows, amounts):
             args += [repr(window.limit), repr(amount), window.ttl_s]
         # With its receipt: a reservation that timed out unsent never ran (its request is counted later).
-        refused, values, made = await self._call(*self._shared.calls.script_with_receipt(
-            self._reserve, [w.key for w in windows], args))
-        return Reserved(windows[refused - 1] if refused else None, [float(v) for v in values],
-                        [w for w, new in zip(windows, made) if new and not refused])
+        refused, values, made = await self._call(
+            *self._shared.calls.script_with_receipt(self._reserve, [w.key for w in windows], args)
+        )
+        return Reserved(
+            windows[refused - 1] if refused else None,
+            [float(v) for v in values],
+            [w for w, new in zip(windows, made) if new and not refused],
+        )
 
     async def settle(self, windows: Sequence[Window], deltas: Sequence[float]) -> None:
         # Scripts are never resent: counted twice, a settlement would err by more than one request.
         if any(deltas):
-            await self._call(self._shared.calls.script(self._settle, [w.key for w in windows],
-                                                       [repr(d) for d in deltas]))
+            await self._call(
+                self._shared.calls.script(self._settle, [w.key for w in windows], [repr(d) for d in deltas])
+            )
 
     async def hold(self, key: str, value: str, ttl_s: int) -> None:
         await self._call(self._shared.calls.command("SET", key, value, "EX", ttl_s, "NX"))

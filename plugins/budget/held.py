@@ -30,10 +30,16 @@ class Held:
     taken: Taken
 
     def dumps(self) -> str:
-        return jsonutil.dumps({
-            "model": self.model, "input": self.most.input_tokens, "output": self.most.output_tokens,
-            "seconds": self.most.video_seconds, "tokens": self.counts_tokens,
-            "taken": [[[_fields(w) for w in windows], amounts] for windows, amounts in self.taken]}).decode()
+        return jsonutil.dumps(
+            {
+                "model": self.model,
+                "input": self.most.input_tokens,
+                "output": self.most.output_tokens,
+                "seconds": self.most.video_seconds,
+                "tokens": self.counts_tokens,
+                "taken": [[[_fields(w) for w in windows], amounts] for windows, amounts in self.taken],
+            }
+        ).decode()
 
     @classmethod
     def loads(cls, raw: str) -> Held:
@@ -49,10 +55,15 @@ class Held:
 
     def spent(self, generation: Generation, prices: PriceTable) -> tuple[int, float]:
         """Tokens and cost the generation spent, now that it ended (as the ledger settles its row)."""
-        usage, seconds, _ = ended(generation, Usage(self.most.input_tokens, self.most.output_tokens),
-                                  self.most.video_seconds, self.counts_tokens)
-        return (usage.input_tokens or 0) + (usage.output_tokens or 0), prices.charge(self.model, usage, (),
-                                                                                      seconds).cost
+        usage, seconds, _ = ended(
+            generation,
+            Usage(self.most.input_tokens, self.most.output_tokens),
+            self.most.video_seconds,
+            self.counts_tokens,
+        )
+        return (usage.input_tokens or 0) + (usage.output_tokens or 0), prices.charge(
+            self.model, usage, (), seconds
+        ).cost
 
 
 def _fields(window: Window) -> list[Any]:

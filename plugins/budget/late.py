@@ -42,8 +42,11 @@ class LateCounts:
             if not await self._add_waiting():
                 await asyncio.sleep(_RETRY_S)
         if self._dropped:
-            log.error("budgets: %d requests served while the state store was away were never counted in their "
-                      "counters (more were waiting than are kept)", self._dropped)
+            log.error(
+                "budgets: %d requests served while the state store was away were never counted in their "
+                "counters (more were waiting than are kept)",
+                self._dropped,
+            )
             self._dropped = 0
         log.info("budgets: what was served while the state store was away is counted")
 
@@ -66,5 +69,7 @@ class LateCounts:
                 async with asyncio.timeout(_RETRY_S):
                     await self._add_waiting()
         if self._waiting:
-            log.error("budgets: stopping with %d requests served while the state store was away not counted",
-                      len(self._waiting))
+            log.error(
+                "budgets: stopping with %d requests served while the state store was away not counted",
+                len(self._waiting),
+            )

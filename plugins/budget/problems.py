@@ -21,19 +21,25 @@ def budget_problems(config: GatewayConfig, cls: type[Plugin]) -> list[str]:
     costed = [f"keys[{i}].budget" for i, key in enumerate(config.keys) if _costs((key.model_extra or {}).get("budget"))]
     costed += [f"plugins.{cls.name}.tenants.{label}" for label, limits in tenants.items() if _costs(limits)]
     if costed and not config.prices:
-        problems.append(f"{costed[0]}: a cost budget, and no prices: every request would cost 0 (add `prices`, "
-                        "docs/ledger.md)")
+        problems.append(
+            f"{costed[0]}: a cost budget, and no prices: every request would cost 0 (add `prices`, docs/ledger.md)"
+        )
     labels = {key.labels.get("tenant") for key in config.keys}
     if not config.key_store.database_url:  # with a key store, the tenant's keys may be stored ones
-        problems += [f"plugins.{cls.name}.tenants.{label}: no key has the tenant label {label!r}"
-                     for label in tenants if label not in labels]
+        problems += [
+            f"plugins.{cls.name}.tenants.{label}: no key has the tenant label {label!r}"
+            for label in tenants
+            if label not in labels
+        ]
     budgeted = [f"keys[{i}].budget" for i, key in enumerate(config.keys) if (key.model_extra or {}).get("budget")]
     budgeted += [f"plugins.{cls.name}.tenants.{label}" for label in tenants]
     if budgeted:  # a charged route escapes it; a follow-up without it never settles what a generation held
         metered = [route for route in ROUTES if route.metered and route.takes_key and not route.local]
-        problems += [f"routes.{name}.plugins: leaves out {cls.name}, so {budgeted[0]} does not hold for its "
-                     f"requests (they are charged, or settled, nowhere): add {cls.name}"
-                     for name in configured_without(config, cls, metered)]
+        problems += [
+            f"routes.{name}.plugins: leaves out {cls.name}, so {budgeted[0]} does not hold for its "
+            f"requests (they are charged, or settled, nowhere): add {cls.name}"
+            for name in configured_without(config, cls, metered)
+        ]
     return problems
 
 

@@ -22,14 +22,20 @@ async def spent_before(database_url: str, subject: str, window: Window, before: 
     import asyncpg
 
     who = ("key_name", subject.removeprefix("key:")) if subject.startswith("key:") else ("tenant", subject)
-    measure = ("coalesce(sum(cost), 0)" if window.name.endswith("cost")
-               else "coalesce(sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0)), 0)")
+    measure = (
+        "coalesce(sum(cost), 0)"
+        if window.name.endswith("cost")
+        else "coalesce(sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0)), 0)"
+    )
     connection: Any = await asyncpg.connect(database_url, timeout=5)
     try:
         found = await connection.fetchval(
-            f"SELECT {measure} FROM usage_records WHERE {who[0]} = $1 AND at >= $2 AND at < $3", who[1],
-            datetime.fromtimestamp(window.starts_at, timezone.utc), datetime.fromtimestamp(before, timezone.utc),
-            timeout=10)
+            f"SELECT {measure} FROM usage_records WHERE {who[0]} = $1 AND at >= $2 AND at < $3",
+            who[1],
+            datetime.fromtimestamp(window.starts_at, timezone.utc),
+            datetime.fromtimestamp(before, timezone.utc),
+            timeout=10,
+        )
     except asyncpg.UndefinedTableError:
         return 0.0  # a ledger that never wrote a record
     finally:

@@ -29,10 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from plugins.ledger.record import UsageRecord, held, record_of, settled
 from proxy.config import GatewayConfig
 from proxy.formats import Generation
-from proxy.observability.metrics import ModelLabels, child
-from proxy.plugin import QUERIES, STATE_STORE, Joins, Plugin, PluginCommand, Subject
 from proxy.formats.images import ImagesFormat
 from proxy.formats.video import VideoTasks
+from proxy.observability.metrics import ModelLabels, child
+from proxy.plugin import QUERIES, STATE_STORE, Joins, Plugin, PluginCommand, Subject
 from proxy.policy.prices import PriceTable
 from proxy.registry import configured_without
 from proxy.request.charges import DEFAULT_OUTPUT_TOKENS, left_open, most_of, read_ended
@@ -49,10 +49,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("modelgate.ledger")
 
-COST = Counter("modelgate_cost", "What requests cost by the price table (in its currency), by key and model",
-               ["key", "model"])
-UNPRICED = Counter("modelgate_unpriced_requests", "Requests whose model no row of the price table matched, by model",
-                   ["model"])
+COST = Counter(
+    "modelgate_cost", "What requests cost by the price table (in its currency), by key and model", ["key", "model"]
+)
+UNPRICED = Counter(
+    "modelgate_unpriced_requests", "Requests whose model no row of the price table matched, by model", ["model"]
+)
 
 _IMAGES = "ledger.images"
 _VIDEO_CREATES = frozenset({"video_generations", "videos"})
@@ -108,9 +110,11 @@ class Ledger(Plugin):
             return []
         what = "prices" if config.prices else f"plugins.{cls.name}.database_url"
         metered = [route for route in ROUTES if route.metered and route.takes_key and not route.local]
-        return [f"routes.{name}.plugins: leaves out {cls.name}, so its requests are neither priced nor recorded, "
-                f"nor pending rows settled ({what} is set): add {cls.name}"
-                for name in configured_without(config, cls, metered)]
+        return [
+            f"routes.{name}.plugins: leaves out {cls.name}, so its requests are neither priced nor recorded, "
+            f"nor pending rows settled ({what} is set): add {cls.name}"
+            for name in configured_without(config, cls, metered)
+        ]
 
     def configure(self, config: GatewayConfig) -> None:
         self.config = config
@@ -118,8 +122,11 @@ class Ledger(Plugin):
         self.model_label = ModelLabels(config)
         self.writer: LedgerWriter | None = None
         budget = config.plugins.get("budget")  # a pending row holds what the budgets reserve for it
-        self.default_output = (budget.get("default_reserve_tokens", DEFAULT_OUTPUT_TOKENS)
-                               if isinstance(budget, dict) else DEFAULT_OUTPUT_TOKENS)
+        self.default_output = (
+            budget.get("default_reserve_tokens", DEFAULT_OUTPUT_TOKENS)
+            if isinstance(budget, dict)
+            else DEFAULT_OUTPUT_TOKENS
+        )
         # With a Redis state store, the gateway's own (pending rows are kept beside the pins); in
         # memory, a store of the ledger's own, for the gateway's life, so it never pushes pins out.
         gateways = self.resources.get(STATE_STORE)
@@ -196,11 +203,17 @@ class Ledger(Plugin):
         if not ex.route.number:
             return  # a call around the endpoints: no row of its own
         seconds, assumed = _video_seconds(ex)
-        record = record_of(ex, self.prices, ex.plugin_state.get(_IMAGES, []), seconds, time.perf_counter(),
-                           assumed, lambda: most_of(ex, self.prices, self.default_output).usage())
+        record = record_of(
+            ex,
+            self.prices,
+            ex.plugin_state.get(_IMAGES, []),
+            seconds,
+            time.perf_counter(),
+            assumed,
+            lambda: most_of(ex, self.prices, self.default_output).usage(),
+        )
         if left_open(ex):  # it goes on: the row holds what the budgets hold, until a follow-up settles it
-            record = held(record, most_of(ex, self.prices, self.default_output), self.prices,
-                          ex.format.reports_usage)
+            record = held(record, most_of(ex, self.prices, self.default_output), self.prices, ex.format.reports_usage)
             await asyncio.gather(self._keep_pending(ex.created_id, record), self._submit(record))  # type: ignore[arg-type]
             return
         self._count(record, ex.key_name)
@@ -258,7 +271,6 @@ class Ledger(Plugin):
 
 async def _writer(config: GatewayConfig, settings: LedgerSettings) -> LedgerWriter:
     from plugins.ledger.spool import FileSpool, RedisSpool
-    from plugins.ledger.queries import LedgerQueries
     from plugins.ledger.writer import LedgerWriter
 
     spools: list[Any] = []
@@ -271,12 +283,17 @@ async def _writer(config: GatewayConfig, settings: LedgerSettings) -> LedgerWrit
         # Each stream holds at most spool_max_mb, in bytes as written, as the file spool does on disk.
         spools.append(RedisSpool(share(config.state.url), config.state.prefix + "ledger:spool", spool_bytes))
         # A stream of its own: an older release draining `ledger:spool` would delete entries it cannot read.
-        journal = Journal(share(config.state.url), config.state.prefix + "ledger:journal", spool_bytes,
-                          orphan_age_s(settings.flush_interval_s, settings.write_timeout_s))
+        journal = Journal(
+            share(config.state.url),
+            config.state.prefix + "ledger:journal",
+            spool_bytes,
+            orphan_age_s(settings.flush_interval_s, settings.write_timeout_s),
+        )
     spools.append(FileSpool(Path(settings.spool_dir), spool_bytes))
     assert settings.database_url is not None
-    writer = LedgerWriter(settings.database_url, settings.batch_size, settings.flush_interval_s, spools,
-                          settings.write_timeout_s, journal)
+    writer = LedgerWriter(
+        settings.database_url, settings.batch_size, settings.flush_interval_s, spools, settings.write_timeout_s, journal
+    )
     await writer.start()
     return writer
 

@@ -39,7 +39,8 @@ from plugins.ledger.record import UsageRecord
 from plugins.ledger.spool import Taken
 from plugins.ledger.writer import LEDGER_RECORDS
 from proxy.state.gathering import answer_within
-from proxy.state.stream_bytes import LUA as STREAM_BYTES, beside
+from proxy.state.stream_bytes import LUA as STREAM_BYTES
+from proxy.state.stream_bytes import beside
 from proxy.wire import jsonutil
 
 log = logging.getLogger("modelgate.ledger")
@@ -50,7 +51,9 @@ _UNJOURNALED = LEDGER_RECORDS.labels("unjournaled")
 
 # One entry per record (ARGV[2] on, each a record's JSON) while the bytes the stream holds stay
 # within ARGV[1]; the entries' ids in order, false for a record that did not fit.
-_APPEND = STREAM_BYTES + """
+_APPEND = (
+    STREAM_BYTES
+    + """
 local most, bytes, ids = tonumber(ARGV[1]), held(KEYS[1], KEYS[2]), {}
 for i = 2, #ARGV do
   local n = 6 + #ARGV[i]
@@ -64,14 +67,21 @@ end
 redis.call('SET', KEYS[2], bytes)
 return ids
 """
+)
 # The entries ARGV names, written: removed, and their bytes with them.
-_REMOVE = STREAM_BYTES + """
+_REMOVE = (
+    STREAM_BYTES
+    + """
 for i = 1, #ARGV do remove(KEYS[1], KEYS[2], ARGV[i]) end
 return 0
 """
-_HELD = STREAM_BYTES + """
+)
+_HELD = (
+    STREAM_BYTES
+    + """
 return held(KEYS[1], KEYS[2])
 """
+)
 _MOST_A_CALL = 500  # records in one script call (a busy turn makes several)
 
 # Entries older than ARGV[1] ms by the server's clock, from ARGV[2] ('-', or '(' and the last id
@@ -132,13 +142,16 @@ class Journal:
         records, waiting, self._records, self._waiting = self._records, self._waiting, [], []
         loop = asyncio.get_running_loop()
         for start in range(0, len(records), _MOST_A_CALL):
-            called = self._calls.script(self._append, self._keys, [self.max_bytes, *records[start:start + _MOST_A_CALL]])
-            them = waiting[start:start + _MOST_A_CALL]
+            called = self._calls.script(
+                self._append, self._keys, [self.max_bytes, *records[start : start + _MOST_A_CALL]]
+            )
+            them = waiting[start : start + _MOST_A_CALL]
             late = loop.call_later(WAIT_S, self._answered, them, None, TimeoutError())
             called.add_done_callback(lambda done, them=them, late=late: self._took(done, them, late))
 
-    def _took(self, called: asyncio.Future[Any], waiting: list[asyncio.Future[bytes | None]],
-              late: asyncio.TimerHandle) -> None:
+    def _took(
+        self, called: asyncio.Future[Any], waiting: list[asyncio.Future[bytes | None]], late: asyncio.TimerHandle
+    ) -> None:
         late.cancel()
         if called.cancelled():
             self._answered(waiting, None, TimeoutError())
@@ -147,8 +160,12 @@ class Journal:
         else:
             self._answered(waiting, called.result(), None)
 
-    def _answered(self, waiting: list[asyncio.Future[bytes | None]], entries: list[bytes | None] | None,
-                  failure: BaseException | None) -> None:
+    def _answered(
+        self,
+        waiting: list[asyncio.Future[bytes | None]],
+        entries: list[bytes | None] | None,
+        failure: BaseException | None,
+    ) -> None:
         """Each request hears its entry's id, or None: its record is not journaled (it did not fit
         within the bound; Redis refused, failed or did not answer in time: one that answers later
         holds an orphan, written once)."""
@@ -165,8 +182,10 @@ class Journal:
             _UNJOURNALED.inc(heard)
             if not self._failing:  # once an outage: the counter shows the rest
                 self._failing = True
-                log.warning("ledger: the journal in Redis did not take records (%s); they wait in memory until "
-                            "it does", type(failure).__name__)
+                log.warning(
+                    "ledger: the journal in Redis did not take records (%s); they wait in memory until it does",
+                    type(failure).__name__,
+                )
             return
         _JOURNALED.inc(taken)
         if heard > taken:  # at the bound: those go the old way, and the next ones are not sent
@@ -188,8 +207,11 @@ class Journal:
 
     def _mark_full(self, full: bool) -> None:
         if full and not self.full:
-            log.error("ledger: the journal in Redis holds its most (%d bytes, spool_max_mb); records are not "
-                      "journaled until it shrinks (a killed process loses those it holds)", self.max_bytes)
+            log.error(
+                "ledger: the journal in Redis holds its most (%d bytes, spool_max_mb); records are not "
+                "journaled until it shrinks (a killed process loses those it holds)",
+                self.max_bytes,
+            )
         elif self.full and not full:
             log.info("ledger: the journal in Redis takes records again")
         self.full = full
@@ -200,8 +222,10 @@ class Journal:
         try:
             await answer_within(self._calls.script(self._remove, self._keys, entries), WAIT_S)
         except (RedisError, OSError, TimeoutError) as exc:
-            log.warning("ledger: journal entries of written records not removed (%s): they are written again, "
-                        "once", type(exc).__name__)
+            log.warning(
+                "ledger: journal entries of written records not removed (%s): they are written again, once",
+                type(exc).__name__,
+            )
 
     async def take(self, limit: int) -> Taken | None:
         """Up to `limit` orphans (for the writer's drain, like a spool's); None when there are none,
@@ -222,8 +246,10 @@ class Journal:
                 # Left there (a newer release may know its shape), and passed over until the next turn.
                 if not self._unreadable:
                     self._unreadable = True
-                    log.error("ledger: a journal entry this release cannot read is left in the journal",
-                              extra={"entry": str(entry_id)})
+                    log.error(
+                        "ledger: a journal entry this release cannot read is left in the journal",
+                        extra={"entry": str(entry_id)},
+                    )
                 continue
             ids.append(entry_id)
         return Taken(records, ids)

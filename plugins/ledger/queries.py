@@ -19,26 +19,48 @@ from plugins.ledger.schema import DAILY_SUMS
 from proxy.plugin import QueryProblem
 
 QUERY_TIMEOUT_S = 10.0
-MOST_ROWS = 200        # a page of requests
-MOST_GROUPS = 10_000   # rows of a spend summary
+MOST_ROWS = 200  # a page of requests
+MOST_GROUPS = 10_000  # rows of a spend summary
 _DEFAULT_SPAN = "7d"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MICROSECONDS = re.compile(r"[0-9]{1,17}")  # ASCII digits, within what a datetime holds (to year 5000)
 _TEXT = re.compile(r"[^\x00-\x1f\x7f]{1,256}")
 _STATUS = re.compile(r"([1-5])(?:xx|\d\d)")
 # The columns of a page of requests (the whole record is one request's read).
-_LISTED = ("request_id", "at", "key_name", "tenant", "route", "model", "channel", "status", "input_tokens",
-           "output_tokens", "cost", "duration_ms", "error_code", "pending", "estimated", "client_aborted")
+_LISTED = (
+    "request_id",
+    "at",
+    "key_name",
+    "tenant",
+    "route",
+    "model",
+    "channel",
+    "status",
+    "input_tokens",
+    "output_tokens",
+    "cost",
+    "duration_ms",
+    "error_code",
+    "pending",
+    "estimated",
+    "client_aborted",
+)
 # Filters by equality: the parameter, and its column.
 _EQUAL = {"key": "key_name", "tenant": "tenant", "model": "model", "route": "route", "channel": "channel"}
 # A day row's columns as a row's, and a row's as a day row's sums (report.py's SUMS, in order).
-_DAY_COLUMNS = ("NULLIF(tenant, '') AS tenant, NULLIF(key_name, '') AS key_name, NULLIF(model, '') AS model, route, "
-                "NULLIF(channel, '') AS channel, status, " + ", ".join(DAILY_SUMS))
-_ROW_COLUMNS = ("tenant, key_name, model, route, channel, status, 1, coalesce(input_tokens, 0), "
-                "coalesce(cached_input_tokens, 0), coalesce(output_tokens, 0), coalesce(reasoning_tokens, 0), images, "
-                "video_seconds, cost, CASE WHEN pending THEN cost ELSE 0 END, (NOT priced AND model IS NOT NULL)::int, "
-                "estimated::int, client_aborted::int, (cut_by IS NOT NULL)::int, pending::int")
-_SUMMED = ", ".join(f"sum({c}){'' if c in ('video_seconds', 'cost', 'pending_cost') else '::bigint'}" for c in DAILY_SUMS)
+_DAY_COLUMNS = (
+    "NULLIF(tenant, '') AS tenant, NULLIF(key_name, '') AS key_name, NULLIF(model, '') AS model, route, "
+    "NULLIF(channel, '') AS channel, status, " + ", ".join(DAILY_SUMS)
+)
+_ROW_COLUMNS = (
+    "tenant, key_name, model, route, channel, status, 1, coalesce(input_tokens, 0), "
+    "coalesce(cached_input_tokens, 0), coalesce(output_tokens, 0), coalesce(reasoning_tokens, 0), images, "
+    "video_seconds, cost, CASE WHEN pending THEN cost ELSE 0 END, (NOT priced AND model IS NOT NULL)::int, "
+    "estimated::int, client_aborted::int, (cut_by IS NOT NULL)::int, pending::int"
+)
+_SUMMED = ", ".join(
+    f"sum({c}){'' if c in ('video_seconds', 'cost', 'pending_cost') else '::bigint'}" for c in DAILY_SUMS
+)
 
 
 class LedgerQueries:
@@ -59,8 +81,13 @@ class LedgerQueries:
                 return await self._request(tenant, params.get("id", ""))
             return await self._spend(tenant, params)
         except asyncpg.UndefinedTableError:  # no record was ever written
-            return {"request": None} if name == "request" else {"requests": [], "next": None} \
-                if name == "requests" else {"rows": [], "by": [], "since": None, "until": None}
+            return (
+                {"request": None}
+                if name == "request"
+                else {"requests": [], "next": None}
+                if name == "requests"
+                else {"rows": [], "by": [], "since": None, "until": None}
+            )
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None
@@ -72,9 +99,14 @@ class LedgerQueries:
 
         try:
             if self._pool is None:
-                self._pool = await asyncpg.create_pool(self.database_url, min_size=0, max_size=2, timeout=5,
-                                                       command_timeout=QUERY_TIMEOUT_S,
-                                                       server_settings={"timezone": "UTC"})  # days are UTC days
+                self._pool = await asyncpg.create_pool(
+                    self.database_url,
+                    min_size=0,
+                    max_size=2,
+                    timeout=5,
+                    command_timeout=QUERY_TIMEOUT_S,
+                    server_settings={"timezone": "UTC"},
+                )  # days are UTC days
             return await self._pool.fetch(sql, *args, timeout=QUERY_TIMEOUT_S)
         except asyncpg.UndefinedTableError:
             raise
@@ -93,8 +125,10 @@ class LedgerQueries:
                 raise QueryProblem("before", "the `next` of the page before")
             args += [_EPOCH + timedelta(microseconds=int(at)), request_id]
             where.append(f"(at, request_id) < (${len(args) - 1}, ${len(args)})")
-        sql = (f"SELECT {', '.join(_LISTED)} FROM usage_records WHERE {' AND '.join(where) or 'true'} "
-               f"ORDER BY at DESC, request_id DESC LIMIT {limit}")
+        sql = (
+            f"SELECT {', '.join(_LISTED)} FROM usage_records WHERE {' AND '.join(where) or 'true'} "
+            f"ORDER BY at DESC, request_id DESC LIMIT {limit}"
+        )
         found = await self._fetch(sql, *args)
         last = found[-1] if len(found) == limit else None
         # A cursor that needs no escaping in a URL: the time in microseconds, and the gateway's id.
@@ -120,8 +154,13 @@ class LedgerQueries:
         if since >= until:
             raise QueryProblem("since", "before `until`")
         found = await self._summed(tenant, params, by, since, until)
-        return {"by": by, "since": since.isoformat(), "until": until.isoformat(), "rows": found[:MOST_GROUPS],
-                "cut": len(found) > MOST_GROUPS}
+        return {
+            "by": by,
+            "since": since.isoformat(),
+            "until": until.isoformat(),
+            "rows": found[:MOST_GROUPS],
+            "cut": len(found) > MOST_GROUPS,
+        }
 
     async def totals(self, column: str, value: str, since: datetime) -> dict[str, Any]:
         """What one key (`column` key) or tenant (`column` tenant: `tenant:NAME`) spent since then."""
@@ -133,8 +172,9 @@ class LedgerQueries:
             found = []
         return found[0] if found else dict.fromkeys(DAILY_SUMS, 0)
 
-    async def _summed(self, tenant: str | None, params: Mapping[str, str], by: list[str], since: datetime,
-                      until: datetime) -> list[dict[str, Any]]:
+    async def _summed(
+        self, tenant: str | None, params: Mapping[str, str], by: list[str], since: datetime, until: datetime
+    ) -> list[dict[str, Any]]:
         """Sums `by` the groups named (none: one row). Whole days (UTC) come from the day rows
         (schema.py, migration 4); the hours before the first and after the last of them from the
         rows themselves, through their time index."""
@@ -144,19 +184,21 @@ class LedgerQueries:
         args: list[Any] = [since, until, first, last]
         where = "".join(f" AND {term}" for term in _dimension_filters(tenant, params, args))
         grouped = ", ".join(GROUPS[part] for part in by)
-        sql = (f"SELECT {grouped + ', ' if by else ''}{_SUMMED} FROM ("
-               f"SELECT (day::timestamp AT TIME ZONE 'UTC') AS at, {_DAY_COLUMNS} FROM usage_daily "
-               f"WHERE day >= ($3 AT TIME ZONE 'UTC')::date AND day < ($4 AT TIME ZONE 'UTC')::date{where} "
-               f"UNION ALL SELECT at, {_ROW_COLUMNS} FROM usage_records "
-               f"WHERE ((at >= $1 AND at < $3) OR (at >= $4 AND at < $2)){where}) AS spent"
-               + (f" GROUP BY {grouped} ORDER BY {grouped} LIMIT {MOST_GROUPS + 1}" if by else ""))
+        sql = (
+            f"SELECT {grouped + ', ' if by else ''}{_SUMMED} FROM ("
+            f"SELECT (day::timestamp AT TIME ZONE 'UTC') AS at, {_DAY_COLUMNS} FROM usage_daily "
+            f"WHERE day >= ($3 AT TIME ZONE 'UTC')::date AND day < ($4 AT TIME ZONE 'UTC')::date{where} "
+            f"UNION ALL SELECT at, {_ROW_COLUMNS} FROM usage_records "
+            f"WHERE ((at >= $1 AND at < $3) OR (at >= $4 AND at < $2)){where}) AS spent"
+            + (f" GROUP BY {grouped} ORDER BY {grouped} LIMIT {MOST_GROUPS + 1}" if by else "")
+        )
         rows = []
         for record in await self._fetch(sql, *args):
             values = list(record.values())
             if not by and values[0] is None:
                 continue  # nothing at all in the span
             row = {part: _plain(value) for part, value in zip(by, values)}
-            row.update({name: _plain(value) or 0 for name, value in zip(DAILY_SUMS, values[len(by):])})
+            row.update({name: _plain(value) or 0 for name, value in zip(DAILY_SUMS, values[len(by) :])})
             rows.append(row)
         return rows
 

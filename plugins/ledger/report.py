@@ -1,6 +1,6 @@
 """`modelgate usage report`: what the ledger holds, summed by key, tenant, model, route, channel or day.
 
-    modelgate usage report -c gateway.yaml --since 7d --by key,model --format csv
+modelgate usage report -c gateway.yaml --since 7d --by key,model --format csv
 """
 
 from __future__ import annotations
@@ -19,16 +19,46 @@ from proxy.config import GatewayConfig
 from proxy.observability.safe_text import csv_cell, shown
 
 # What --by may name, and the column (or expression) each groups by: never the user's text.
-GROUPS = {"key": "key_name", "tenant": "tenant", "model": "model", "route": "route", "channel": "channel",
-          "status": "status", "day": "date_trunc('day', at)"}
-SUMS = ("requests", "input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens", "images",
-        "video_seconds", "cost", "pending_cost", "unpriced", "estimated", "client_aborted", "cut", "pending")
+GROUPS = {
+    "key": "key_name",
+    "tenant": "tenant",
+    "model": "model",
+    "route": "route",
+    "channel": "channel",
+    "status": "status",
+    "day": "date_trunc('day', at)",
+}
+SUMS = (
+    "requests",
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+    "images",
+    "video_seconds",
+    "cost",
+    "pending_cost",
+    "unpriced",
+    "estimated",
+    "client_aborted",
+    "cut",
+    "pending",
+)
 _COUNTED = ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens", "images")
-AGGREGATES = ", ".join(["count(*)", *(f"coalesce(sum({c}), 0)::bigint" for c in _COUNTED),
-                          "sum(video_seconds)", "sum(cost)", "coalesce(sum(cost) FILTER (WHERE pending), 0)",
-                          "count(*) FILTER (WHERE NOT priced AND model IS NOT NULL)",
-                          "count(*) FILTER (WHERE estimated)", "count(*) FILTER (WHERE client_aborted)",
-                          "count(*) FILTER (WHERE cut_by IS NOT NULL)", "count(*) FILTER (WHERE pending)"])
+AGGREGATES = ", ".join(
+    [
+        "count(*)",
+        *(f"coalesce(sum({c}), 0)::bigint" for c in _COUNTED),
+        "sum(video_seconds)",
+        "sum(cost)",
+        "coalesce(sum(cost) FILTER (WHERE pending), 0)",
+        "count(*) FILTER (WHERE NOT priced AND model IS NOT NULL)",
+        "count(*) FILTER (WHERE estimated)",
+        "count(*) FILTER (WHERE client_aborted)",
+        "count(*) FILTER (WHERE cut_by IS NOT NULL)",
+        "count(*) FILTER (WHERE pending)",
+    ]
+)
 _SPAN = re.compile(r"^(\d{1,6})([mhdw])$")
 _CONFIG_HELP = "config file (default: $MODELGATE_CONFIG, else the embedded defaults)"
 
@@ -37,8 +67,9 @@ def arguments(usage: argparse.ArgumentParser) -> None:
     usage.add_argument("-c", "--config", help=_CONFIG_HELP)
     actions = usage.add_subparsers(dest="action", required=True)
     report = actions.add_parser("report", help="sum the ledger's records over a time span, grouped")
-    report.add_argument("--since", default="1d",
-                        help="a span back from now (30m, 12h, 7d, 4w) or an ISO date/time (default: 1d)")
+    report.add_argument(
+        "--since", default="1d", help="a span back from now (30m, 12h, 7d, 4w) or an ISO date/time (default: 1d)"
+    )
     report.add_argument("--until", help="an ISO date/time (default: now)")
     report.add_argument("--by", default="key", help=f"comma-separated, of: {', '.join(GROUPS)} (default: key)")
     report.add_argument("--format", choices=("table", "csv", "json"), default="table")
@@ -90,8 +121,10 @@ async def _query(database_url: str, by: list[str], since: datetime, until: datet
 
     columns = [GROUPS[name] for name in by]
     grouped = ", ".join(columns)
-    sql = (f"SELECT {grouped}, {AGGREGATES} FROM usage_records WHERE at >= $1 AND at < $2 "
-           f"GROUP BY {grouped} ORDER BY sum(cost) DESC, count(*) DESC")
+    sql = (
+        f"SELECT {grouped}, {AGGREGATES} FROM usage_records WHERE at >= $1 AND at < $2 "
+        f"GROUP BY {grouped} ORDER BY sum(cost) DESC, count(*) DESC"
+    )
     connection = await asyncpg.connect(database_url)
     try:
         found = await connection.fetch(sql, since, until)

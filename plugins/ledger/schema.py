@@ -13,24 +13,55 @@ _LOCK = 0x6D676C64  # 'mgld': the advisory lock the migrations take
 
 # The day rows' sums, in the order of plugins/ledger/report.py's SUMS, and how one statement's
 # rows (each with a `sign`: 1 written, -1 taken back) add to them.
-DAILY_SUMS = ("requests", "input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens", "images",
-              "video_seconds", "cost", "pending_cost", "unpriced", "estimated", "client_aborted", "cut", "pending")
+DAILY_SUMS = (
+    "requests",
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+    "images",
+    "video_seconds",
+    "cost",
+    "pending_cost",
+    "unpriced",
+    "estimated",
+    "client_aborted",
+    "cut",
+    "pending",
+)
 DAILY_KEY = "day, tenant, key_name, model, route, channel, status"
-_SIGNED = ("sum(sign)", *(f"coalesce(sum(sign * {c}), 0)" for c in ("input_tokens", "cached_input_tokens",
-           "output_tokens", "reasoning_tokens", "images", "video_seconds", "cost")),
-           "coalesce(sum(sign * cost) FILTER (WHERE pending), 0)",
-           *(f"coalesce(sum(sign) FILTER (WHERE {c}), 0)" for c in ("NOT priced AND model IS NOT NULL", "estimated",
-                                                                    "client_aborted", "cut_by IS NOT NULL", "pending")))
+_SIGNED = (
+    "sum(sign)",
+    *(
+        f"coalesce(sum(sign * {c}), 0)"
+        for c in (
+            "input_tokens",
+            "cached_input_tokens",
+            "output_tokens",
+            "reasoning_tokens",
+            "images",
+            "video_seconds",
+            "cost",
+        )
+    ),
+    "coalesce(sum(sign * cost) FILTER (WHERE pending), 0)",
+    *(
+        f"coalesce(sum(sign) FILTER (WHERE {c}), 0)"
+        for c in ("NOT priced AND model IS NOT NULL", "estimated", "client_aborted", "cut_by IS NOT NULL", "pending")
+    ),
+)
 
 
 def _daily_upsert(changed: str) -> str:
     """Add the rows of `changed` to their days. In the order of the key, so that two writers'
     statements lock the day rows they share in one order, and never wait on each other in a circle."""
-    return (f"INSERT INTO usage_daily AS d SELECT (at AT TIME ZONE 'UTC')::date, coalesce(tenant, ''), "
-            f"coalesce(key_name, ''), coalesce(model, ''), route, coalesce(channel, ''), status, {', '.join(_SIGNED)} "
-            f"FROM ({changed}) AS changed GROUP BY 1, 2, 3, 4, 5, 6, 7 ORDER BY 1, 2, 3, 4, 5, 6, 7 "
-            f"ON CONFLICT ({DAILY_KEY}) DO UPDATE SET "
-            f"{', '.join(f'{c} = d.{c} + EXCLUDED.{c}' for c in DAILY_SUMS)};")
+    return (
+        f"INSERT INTO usage_daily AS d SELECT (at AT TIME ZONE 'UTC')::date, coalesce(tenant, ''), "
+        f"coalesce(key_name, ''), coalesce(model, ''), route, coalesce(channel, ''), status, {', '.join(_SIGNED)} "
+        f"FROM ({changed}) AS changed GROUP BY 1, 2, 3, 4, 5, 6, 7 ORDER BY 1, 2, 3, 4, 5, 6, 7 "
+        f"ON CONFLICT ({DAILY_KEY}) DO UPDATE SET "
+        f"{', '.join(f'{c} = d.{c} + EXCLUDED.{c}' for c in DAILY_SUMS)};"
+    )
 
 
 MIGRATIONS: tuple[str, ...] = (
@@ -73,8 +104,8 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX usage_records_pending ON usage_records (at) WHERE pending;
     """,
     # 3: one request's story for the console (its time split, its trace, its attempts, the error
-    # the gateway answered, code and message), and an index for each search the console offers: the newest
-    # rows of a model, route, status or client id, found without reading the others.
+    # the gateway answered, code and message), and an index for each search the console offers:
+    # the newest rows of a model, route, status or client id, found without reading the others.
     """
     ALTER TABLE usage_records
         ADD COLUMN gateway_ms double precision,
@@ -86,8 +117,10 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX usage_records_model_at ON usage_records (model, at);
     CREATE INDEX usage_records_route_at ON usage_records (route, at);
     CREATE INDEX usage_records_status_at ON usage_records (status, at);
-    CREATE INDEX usage_records_client_request_id ON usage_records (client_request_id) WHERE client_request_id IS NOT NULL;
-    """,    # 4: spend by day, kept by the database itself as rows are written, settled or deleted (a
+    CREATE INDEX usage_records_client_request_id ON usage_records (client_request_id)
+        WHERE client_request_id IS NOT NULL;
+    """,
+    # 4: spend by day, kept by the database itself as rows are written, settled or deleted (a
     # statement's rows at once, from its transition tables), so a month's spend is read from a few
     # thousand rows, not a million. Empty text stands for "none" in its key columns (a unique
     # key treats NULLs as distinct). Filled from the rows already there.

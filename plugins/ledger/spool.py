@@ -3,8 +3,9 @@ state is in Redis (any instance drains it), and always a local append-only file,
 Redis is away too.
 
 Both are bounded by the bytes they hold as written (`spool_max_mb` each): past the bound a record
-is dropped, counted and logged, never blocking a request. Draining may hand a record out twice (an instance that died between writing a batch and
-removing it, two instances draining one stream): the ledger's write is idempotent on request id.
+is dropped, counted and logged, never blocking a request. Draining may hand a record out twice
+(an instance that died between writing a batch and removing it, two instances draining one
+stream): the ledger's write is idempotent on request id.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from plugins.ledger.record import UsageRecord
-from proxy.state.stream_bytes import LUA as STREAM_BYTES, beside, run
+from proxy.state.stream_bytes import LUA as STREAM_BYTES
+from proxy.state.stream_bytes import beside, run
 from proxy.wire import jsonutil
 
 log = logging.getLogger("modelgate.ledger")
@@ -31,6 +33,7 @@ log = logging.getLogger("modelgate.ledger")
 @dataclass(slots=True)
 class Taken:
     """Records handed out by a spool, and what removes them once they are written."""
+
     records: list[UsageRecord]
     token: Any
 
@@ -139,18 +142,27 @@ class FileSpool:
 
 
 # A batch at the stream's end unless the bytes it holds would pass ARGV[1] (then nil).
-_PUT = STREAM_BYTES + """
+_PUT = (
+    STREAM_BYTES
+    + """
 if held(KEYS[1], KEYS[2]) + size(ARGV, 2) > tonumber(ARGV[1]) then return false end
 return add(KEYS[1], KEYS[2], ARGV, 2)
 """
+)
 # The entries ARGV names, written: removed, and their bytes with them.
-_DONE = STREAM_BYTES + """
+_DONE = (
+    STREAM_BYTES
+    + """
 for i = 1, #ARGV do remove(KEYS[1], KEYS[2], ARGV[i]) end
 return 0
 """
-_HELD = STREAM_BYTES + """
+)
+_HELD = (
+    STREAM_BYTES
+    + """
 return held(KEYS[1], KEYS[2])
 """
+)
 
 
 class RedisSpool:

@@ -35,14 +35,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("modelgate.ledger")
 
-LEDGER_RECORDS = Counter("modelgate_ledger_records", "Usage records by where they went (written to PostgreSQL, "
-                         "spooled while it was away, dropped: the spool was full, refused: PostgreSQL refused "
-                         "what one held; journaled in Redis before the answer ended, or unjournaled: the "
-                         "journal was full or Redis away)", ["outcome"])
+LEDGER_RECORDS = Counter(
+    "modelgate_ledger_records",
+    "Usage records by where they went (written to PostgreSQL, "
+    "spooled while it was away, dropped: the spool was full, refused: PostgreSQL refused "
+    "what one held; journaled in Redis before the answer ended, or unjournaled: the "
+    "journal was full or Redis away)",
+    ["outcome"],
+)
 for _outcome in ("written", "spooled", "dropped", "refused", "journaled", "unjournaled"):  # a panel reads each
     LEDGER_RECORDS.labels(_outcome)
-LEDGER_WAITING = Gauge("modelgate_ledger_waiting_records", "Usage records not yet in PostgreSQL (in memory and "
-                       "in this process's spool file)", multiprocess_mode="livesum")
+LEDGER_WAITING = Gauge(
+    "modelgate_ledger_waiting_records",
+    "Usage records not yet in PostgreSQL (in memory and in this process's spool file)",
+    multiprocess_mode="livesum",
+)
 
 # Records arrive in a table of the session's own, their cost in billionths (UsageRecord.row), and
 # go on from there unless their request id is in the ledger already; the one exception, a pending
@@ -50,20 +57,42 @@ LEDGER_WAITING = Gauge("modelgate_ledger_waiting_records", "Usage records not ye
 # its settlement, changes nothing. A batch holding a row twice (pending and settled) gives one,
 # the settled: an upsert may touch a row once a statement.
 _SELECTED = ", ".join("cost::numeric / 1000000000" if c == "cost" else c for c in COLUMNS)
-_SETTLED = ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens", "images", "video_seconds",
-            "cost", "priced", "estimated", "pending", "settled_at")
-_INSERT = (f"INSERT INTO usage_records ({', '.join(COLUMNS)}) SELECT DISTINCT ON (request_id) {_SELECTED} "
-           "FROM ledger_incoming ORDER BY request_id, pending "
-           f"ON CONFLICT (request_id) DO UPDATE SET {', '.join(f'{c} = EXCLUDED.{c}' for c in _SETTLED)} "
-           "WHERE usage_records.pending AND NOT EXCLUDED.pending")
-_INCOMING = ("CREATE TEMP TABLE IF NOT EXISTS ledger_incoming (LIKE usage_records INCLUDING DEFAULTS) "
-             "ON COMMIT DELETE ROWS; ALTER TABLE ledger_incoming ALTER COLUMN cost TYPE bigint USING 0")
+_SETTLED = (
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+    "images",
+    "video_seconds",
+    "cost",
+    "priced",
+    "estimated",
+    "pending",
+    "settled_at",
+)
+_INSERT = (
+    f"INSERT INTO usage_records ({', '.join(COLUMNS)}) SELECT DISTINCT ON (request_id) {_SELECTED} "
+    "FROM ledger_incoming ORDER BY request_id, pending "
+    f"ON CONFLICT (request_id) DO UPDATE SET {', '.join(f'{c} = EXCLUDED.{c}' for c in _SETTLED)} "
+    "WHERE usage_records.pending AND NOT EXCLUDED.pending"
+)
+_INCOMING = (
+    "CREATE TEMP TABLE IF NOT EXISTS ledger_incoming (LIKE usage_records INCLUDING DEFAULTS) "
+    "ON COMMIT DELETE ROWS; ALTER TABLE ledger_incoming ALTER COLUMN cost TYPE bigint USING 0"
+)
 _RETRY_S = 1.0
 
 
 class LedgerWriter:
-    def __init__(self, database_url: str, batch_size: int, flush_interval_s: float, spools: Sequence[Any],
-                 write_timeout_s: float = 3.0, journal: Journal | None = None) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        batch_size: int,
+        flush_interval_s: float,
+        spools: Sequence[Any],
+        write_timeout_s: float = 3.0,
+        journal: Journal | None = None,
+    ) -> None:
         self.database_url = database_url
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
@@ -171,8 +200,8 @@ class LedgerWriter:
         if self.journal is not None:
             await self.journal.measure()  # once a turn, not per request: is it full?
         while self._pending:
-            batch = self._pending[:self.batch_size]
-            del self._pending[:self.batch_size]
+            batch = self._pending[: self.batch_size]
+            del self._pending[: self.batch_size]
             try:
                 written = await self._write([record for record, _ in batch])
             except BaseException:  # cancelled by close() while PostgreSQL hangs: the batch goes to disk
@@ -202,14 +231,19 @@ class LedgerWriter:
             pool = await self._connected()
             async with pool.acquire() as connection, connection.transaction():
                 await connection.execute(_INCOMING)
-                await connection.copy_records_to_table("ledger_incoming", records=[r.row() for r in batch],
-                                                       columns=COLUMNS, timeout=self.write_timeout_s)
+                await connection.copy_records_to_table(
+                    "ledger_incoming", records=[r.row() for r in batch], columns=COLUMNS, timeout=self.write_timeout_s
+                )
                 await connection.execute(_INSERT, timeout=self.write_timeout_s)
         except self._refusals as exc:
             if len(batch) == 1:
                 LEDGER_RECORDS.labels("refused").inc()
-                log.error("ledger: PostgreSQL refuses a usage record (%s: %s); it is set aside",
-                          type(exc).__name__, str(exc)[:200], extra={"request_id": batch[0].request_id})
+                log.error(
+                    "ledger: PostgreSQL refuses a usage record (%s: %s); it is set aside",
+                    type(exc).__name__,
+                    str(exc)[:200],
+                    extra={"request_id": batch[0].request_id},
+                )
                 return True
             half = len(batch) // 2
             return await self._write(batch[:half]) and await self._write(batch[half:])
@@ -227,8 +261,9 @@ class LedgerWriter:
             import asyncpg
 
             url = self.database_url
-            pool = await asyncpg.create_pool(url, min_size=1, max_size=2, timeout=self.write_timeout_s,
-                                             command_timeout=self.write_timeout_s)
+            pool = await asyncpg.create_pool(
+                url, min_size=1, max_size=2, timeout=self.write_timeout_s, command_timeout=self.write_timeout_s
+            )
             try:
                 async with pool.acquire() as connection:
                     await migrate(connection)
@@ -245,8 +280,11 @@ class LedgerWriter:
     def _went_away(self, exc: BaseException) -> None:
         if not self._away:  # once an outage: the records' counter shows the rest
             self._away = True
-            log.warning("ledger: PostgreSQL did not take a batch (%s: %s); records are spooled until it does",
-                        type(exc).__name__, str(exc)[:200])
+            log.warning(
+                "ledger: PostgreSQL did not take a batch (%s: %s); records are spooled until it does",
+                type(exc).__name__,
+                str(exc)[:200],
+            )
         self._down_until = time.monotonic() + _RETRY_S
         pool, self._pool = self._pool, None
         if pool is not None:
@@ -292,8 +330,10 @@ class LedgerWriter:
                 try:
                     await _maybe_await(spool.done(taken))
                 except Exception as exc:
-                    log.warning("ledger: spooled records written but not removed (%s): they are written "
-                                "again, once", type(exc).__name__)
+                    log.warning(
+                        "ledger: spooled records written but not removed (%s): they are written again, once",
+                        type(exc).__name__,
+                    )
                     break
 
     def _take_all(self) -> list[tuple[UsageRecord, bytes | None]]:

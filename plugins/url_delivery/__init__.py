@@ -34,9 +34,12 @@ from proxy.request.exchange import AnswerLimit, AnswerTooLarge, Exchange, Upstre
 from proxy.schemas.common import Violation
 from proxy.wire.multipart import MultipartObserver
 
-URL_DELIVERY = Counter("modelgate_url_delivery", "URL-delivery outcomes per answer: stored, native (the upstream's "
-                       "own URLs), fallback (Base64), failed (strict), unavailable (refused before the upstream)",
-                       ["route", "outcome"])
+URL_DELIVERY = Counter(
+    "modelgate_url_delivery",
+    "URL-delivery outcomes per answer: stored, native (the upstream's "
+    "own URLs), fallback (Base64), failed (strict), unavailable (refused before the upstream)",
+    ["route", "outcome"],
+)
 
 _IMAGE_ROUTES = ("image_generations", "image_edits")
 _FALLBACK = "X-Image-Delivery-Fallback"
@@ -53,16 +56,16 @@ class S3Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     bucket: str
     prefix: str = "modelgate/images/"
-    endpoint_url: str | None = None       # for S3-compatible services
+    endpoint_url: str | None = None  # for S3-compatible services
     region: str = "us-east-1"
-    access_key_id: str | None = None      # else the environment's credentials
+    access_key_id: str | None = None  # else the environment's credentials
     secret_access_key: str | None = Field(default=None, repr=False)
 
 
 class DeliverySettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = False                 # the environment's switch
+    enabled: bool = False  # the environment's switch
     store: Literal["local", "redis", "s3"] = "local"
     s3: S3Settings | None = None
     dir: str = "./data/images"
@@ -71,7 +74,7 @@ class DeliverySettings(BaseModel):
     strict: bool = False
     max_response_mb: float = Field(default=64, gt=0)
     signing_keys: list[SigningKey] = Field(default_factory=list)  # the first signs; all verify
-    allow_labels: dict[str, str] = Field(default_factory=dict)    # keys with these labels may use it too
+    allow_labels: dict[str, str] = Field(default_factory=dict)  # keys with these labels may use it too
 
     @model_validator(mode="after")
     def _s3_needs_its_settings(self) -> DeliverySettings:
@@ -82,6 +85,7 @@ class DeliverySettings(BaseModel):
 
 class DeliveryKey(BaseModel):
     """What a key entry may say: this key may have URL delivery (else a label in `allow_labels` decides)."""
+
     model_config = ConfigDict(extra="forbid")
     url_delivery: bool = False
 
@@ -102,14 +106,19 @@ class UrlDelivery(Plugin):
     def config_problems(cls, config: GatewayConfig, workers: int) -> list[str]:
         delivery = config.plugins.get(cls.name, {})
         if workers > 1 and delivery.get("enabled") and not delivery.get("signing_keys"):
-            return [f"plugins.{cls.name}.signing_keys: required with {workers} workers: without them each "
-                    "process signs with a key of its own, and a URL minted by one worker fails on another"]
+            return [
+                f"plugins.{cls.name}.signing_keys: required with {workers} workers: without them each "
+                "process signs with a key of its own, and a URL minted by one worker fails on another"
+            ]
         return []
 
     def configure(self, config: GatewayConfig) -> None:
         settings: DeliverySettings = self.settings
-        where = {"local": settings.dir, "redis": config.state.url,
-                 "s3": settings.s3.model_dump_json() if settings.s3 else ""}[settings.store]
+        where = {
+            "local": settings.dir,
+            "redis": config.state.url,
+            "s3": settings.s3.model_dump_json() if settings.s3 else "",
+        }[settings.store]
         slot = f"url_delivery:{settings.store}:{where}"
         store: BlobStore
         if slot not in self.resources:
@@ -125,8 +134,12 @@ class UrlDelivery(Plugin):
 
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
         if not _requested(ex):
-            if (ex.route.name in _IMAGE_ROUTES and isinstance(ex.body_stream, MultipartBody)
-                    and ex.multipart is not None and ex.multipart.field("response_format") is None):
+            if (
+                ex.route.name in _IMAGE_ROUTES
+                and isinstance(ex.body_stream, MultipartBody)
+                and ex.multipart is not None
+                and ex.multipart.field("response_format") is None
+            ):
                 # The form's response_format may still come, after its files: decided when it does.
                 ex.body_stream.checks.append(self._late_request(ex))
             return None
@@ -144,15 +157,27 @@ class UrlDelivery(Plugin):
     def _refusal(self, ex: Exchange) -> tuple[int, str, str, dict[str, str]] | None:
         """Why URL delivery cannot be had for this request (status, message, code, headers), or None."""
         if not self._allowed(ex):
-            found = (503, "image URL delivery is not enabled for this environment or key",
-                     # not a passing fault: the official SDKs, which retry a 503 on their own, are told not to
-                     "image_url_delivery_unavailable", {"x-should-retry": "false"})
+            found = (
+                503,
+                "image URL delivery is not enabled for this environment or key",
+                # not a passing fault: the official SDKs, which retry a 503 on their own, are told not to
+                "image_url_delivery_unavailable",
+                {"x-should-retry": "false"},
+            )
         elif not self.service.available:
-            found = (503, "the image store is failing; retry shortly", "image_delivery_store_unavailable",
-                     {"Retry-After": "10"})
+            found = (
+                503,
+                "the image store is failing; retry shortly",
+                "image_delivery_store_unavailable",
+                {"Retry-After": "10"},
+            )
         elif (has_room := getattr(self.service.store, "has_room", None)) is not None and not has_room():
-            found = (503, "the image store is out of space; retry later", "image_delivery_capacity_exhausted",
-                     {"Retry-After": "60"})
+            found = (
+                503,
+                "the image store is out of space; retry later",
+                "image_delivery_capacity_exhausted",
+                {"Retry-After": "60"},
+            )
         else:
             return None
         URL_DELIVERY.labels(ex.route.name, "unavailable").inc()
@@ -161,6 +186,7 @@ class UrlDelivery(Plugin):
     def _late_request(self, ex: Exchange) -> FormCheck:
         """A form check: `response_format=url` arriving after the files is honoured (the answer is
         read after the upload ends), or, where delivery cannot be had, stops the upload."""
+
         def check(observer: MultipartObserver, finished: bool) -> Violation | None:
             if self.name in ex.plugin_state or ex.streaming or observer.field("response_format") != "url":
                 return None
@@ -205,8 +231,9 @@ class UrlDelivery(Plugin):
             if self.settings.strict:
                 URL_DELIVERY.labels(ex.route.name, "failed").inc()
                 upstream.status = 502
-                upstream.set_json(ex.format.error_payload(502, f"the images could not be stored: {exc}",
-                                                          "image_url_delivery_failed"))
+                upstream.set_json(
+                    ex.format.error_payload(502, f"the images could not be stored: {exc}", "image_url_delivery_failed")
+                )
                 return
             URL_DELIVERY.labels(ex.route.name, "fallback").inc()
             ex.response_headers = {**(ex.response_headers or {}), _FALLBACK: "base64"}
@@ -219,8 +246,11 @@ class UrlDelivery(Plugin):
         if not self.settings.enabled or ex.key is None:
             return False
         labels = ex.key.labels
-        return ex.key.settings.get("url_delivery", False) or bool(self.settings.allow_labels) and all(
-            labels.get(k) == v for k, v in self.settings.allow_labels.items())
+        return (
+            ex.key.settings.get("url_delivery", False)
+            or bool(self.settings.allow_labels)
+            and all(labels.get(k) == v for k, v in self.settings.allow_labels.items())
+        )
 
     async def _mint(self, b64: str, ex: Exchange) -> tuple[str, str] | None:
         """A signed URL for a Base64 raster image, with its media type; None (and the fallback

@@ -27,14 +27,16 @@ from proxy.wire import jsonutil
 PATH = "/images/{blob_id}"
 RASTER_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif"})
 # Sent with every blob and every error: no sniffing, no scripts, no plug-ins, a sandboxed origin.
-SAFE_HEADERS = {"X-Content-Type-Options": "nosniff",
-                "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; sandbox"}
+SAFE_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; sandbox",
+}
 _BLOB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _EXPIRES = re.compile(r"[0-9]{1,12}")
 _KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
 _SIGNATURE = re.compile(r"[0-9a-f]{64}")
-_DOWN_AFTER = 3      # store failures in a row before it counts as down
-_DOWN_FOR_S = 10.0   # how long new deliveries are refused before the store is tried again
+_DOWN_AFTER = 3  # store failures in a row before it counts as down
+_DOWN_FOR_S = 10.0  # how long new deliveries are refused before the store is tried again
 
 
 class DeliveryService:
@@ -84,10 +86,15 @@ class DeliveryService:
         blob_id = request.match_info["blob_id"]
         query = request.query
         raw_expires, key_id, signature = query.get("exp", ""), query.get("kid", ""), query.get("sig", "")
-        if not (_EXPIRES.fullmatch(raw_expires) and _KEY_ID.fullmatch(key_id) and _SIGNATURE.fullmatch(signature)
-                and _BLOB_ID.fullmatch(blob_id)):
-            return _error(403, "this URL is missing its expiry or signature, or they are malformed",
-                          "invalid_signature")
+        if not (
+            _EXPIRES.fullmatch(raw_expires)
+            and _KEY_ID.fullmatch(key_id)
+            and _SIGNATURE.fullmatch(signature)
+            and _BLOB_ID.fullmatch(blob_id)
+        ):
+            return _error(
+                403, "this URL is missing its expiry or signature, or they are malformed", "invalid_signature"
+            )
         expires = int(raw_expires)
         if not self.signer.verify(blob_id, expires, key_id, signature):
             return _error(403, "this URL's signature is not valid", "invalid_signature")
@@ -101,9 +108,13 @@ class DeliveryService:
         if blob is None:
             return _error(410, "this image is no longer stored", "url_expired")
         etag = '"' + hashlib.sha256(blob.data).hexdigest()[:32] + '"'
-        headers = {"Content-Type": blob.content_type, "ETag": etag,
-                   "Cache-Control": f"private, max-age={max(0, int(expires - now))}, immutable",
-                   "Expires": formatdate(expires, usegmt=True), **SAFE_HEADERS}
+        headers = {
+            "Content-Type": blob.content_type,
+            "ETag": etag,
+            "Cache-Control": f"private, max-age={max(0, int(expires - now))}, immutable",
+            "Expires": formatdate(expires, usegmt=True),
+            **SAFE_HEADERS,
+        }
         if blob.content_type not in RASTER_TYPES:  # stored by an older gateway: never shown inline
             headers.update({"Content-Type": "application/octet-stream", "Content-Disposition": "attachment"})
         if request.headers.get("If-None-Match") == etag:
@@ -127,5 +138,4 @@ def raster_type(data: bytes) -> str | None:
 def _error(status: int, message: str, code: str) -> web.Response:
     kind = {403: "permission_error", 410: "not_found_error", 503: "server_error"}[status]
     body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    return web.Response(status=status, body=jsonutil.dumps(body), content_type="application/json",
-                        headers=SAFE_HEADERS)
+    return web.Response(status=status, body=jsonutil.dumps(body), content_type="application/json", headers=SAFE_HEADERS)

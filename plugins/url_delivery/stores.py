@@ -177,8 +177,9 @@ class RedisBlobStore:
     Through the process's shared client: a blob's write rides with its request's other calls."""
 
     # The hash and its expiry in one step: a blob is never left to live for ever.
-    _PUT = ("redis.call('HSET', KEYS[1], 'data', ARGV[1], 'type', ARGV[2]) "
-            "redis.call('EXPIRE', KEYS[1], ARGV[3]) return 1")
+    _PUT = (
+        "redis.call('HSET', KEYS[1], 'data', ARGV[1], 'type', ARGV[2]) redis.call('EXPIRE', KEYS[1], ARGV[3]) return 1"
+    )
 
     def __init__(self, url: str, prefix: str) -> None:
         # Imported here: the Redis client costs a gateway that never uses it several MB.
@@ -206,8 +207,12 @@ class RedisBlobStore:
         try:
             # A small image rides with its request's settlement; a large one goes on its own, so it
             # never holds up the limit checks of the requests that would share its pipeline.
-            await self._shared.calls.script(self._put, [self._prefix + blob_id], [blob.data, blob.content_type, ttl_s],
-                                            alone=len(blob.data) > _SHARED_BYTES)
+            await self._shared.calls.script(
+                self._put,
+                [self._prefix + blob_id],
+                [blob.data, blob.content_type, ttl_s],
+                alone=len(blob.data) > _SHARED_BYTES,
+            )
         except self._errors as exc:
             raise StoreError(f"redis store: {exc}") from exc
 
@@ -226,27 +231,49 @@ class S3Store:
     URLs, so no gateway serves them. Expired objects go by the bucket's lifecycle rule (set at
     start when allowed) and by the janitor's sweep of this store's prefix."""
 
-    def __init__(self, bucket: str, prefix: str, endpoint_url: str | None, region: str,
-                 access_key_id: str | None, secret_access_key: str | None, janitor_every_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str,
+        endpoint_url: str | None,
+        region: str,
+        access_key_id: str | None,
+        secret_access_key: str | None,
+        janitor_every_s: float = 300.0,
+    ) -> None:
         import boto3  # only a deployment that stores in S3 needs it
         from botocore.config import Config
 
         self.bucket = bucket
         self.prefix = prefix
-        self._client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region,
-                                    aws_access_key_id=access_key_id, aws_secret_access_key=secret_access_key,
-                                    config=Config(signature_version="s3v4", retries={"max_attempts": 2},
-                                                  connect_timeout=2, read_timeout=5))
+        self._client = boto3.client(
+            "s3",
+            endpoint_url=endpoint_url,
+            region_name=region,
+            aws_access_key_id=access_key_id,
+            aws_secret_access_key=secret_access_key,
+            config=Config(signature_version="s3v4", retries={"max_attempts": 2}, connect_timeout=2, read_timeout=5),
+        )
         self._janitor = Janitor(self.sweep, janitor_every_s, "s3 store")
 
     async def start(self) -> None:
         if not self._janitor.start():
             return  # started before: the lifecycle rule is set
         try:
-            await asyncio.to_thread(self._client.put_bucket_lifecycle_configuration, Bucket=self.bucket,
-                                    LifecycleConfiguration={"Rules": [{
-                                        "ID": "modelgate-expire-images", "Status": "Enabled",
-                                        "Filter": {"Prefix": self.prefix}, "Expiration": {"Days": 1}}]})
+            await asyncio.to_thread(
+                self._client.put_bucket_lifecycle_configuration,
+                Bucket=self.bucket,
+                LifecycleConfiguration={
+                    "Rules": [
+                        {
+                            "ID": "modelgate-expire-images",
+                            "Status": "Enabled",
+                            "Filter": {"Prefix": self.prefix},
+                            "Expiration": {"Days": 1},
+                        }
+                    ]
+                },
+            )
         except Exception as exc:  # a bucket policy may forbid it: the janitor still deletes
             log.warning("could not set the bucket's lifecycle rule: %s", exc)
 
@@ -256,9 +283,15 @@ class S3Store:
     async def put(self, blob_id: str, blob: Blob, ttl_s: int) -> None:
         expires = datetime.fromtimestamp(time.time() + ttl_s, timezone.utc)
         try:
-            await asyncio.to_thread(self._client.put_object, Bucket=self.bucket, Key=self.prefix + blob_id,
-                                    Body=blob.data, ContentType=blob.content_type, Expires=expires,
-                                    Metadata={"expires": str(int(expires.timestamp()))})
+            await asyncio.to_thread(
+                self._client.put_object,
+                Bucket=self.bucket,
+                Key=self.prefix + blob_id,
+                Body=blob.data,
+                ContentType=blob.content_type,
+                Expires=expires,
+                Metadata={"expires": str(int(expires.timestamp()))},
+            )
         except Exception as exc:
             raise StoreError(f"s3 store: {exc}") from exc
 
@@ -272,9 +305,9 @@ class S3Store:
         return Blob(found["Body"].read(), found.get("ContentType", "application/octet-stream"))
 
     def url_for(self, blob_id: str, ttl_s: int) -> str:
-        return self._client.generate_presigned_url("get_object", Params={"Bucket": self.bucket,
-                                                                         "Key": self.prefix + blob_id},
-                                                   ExpiresIn=ttl_s)
+        return self._client.generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": self.prefix + blob_id}, ExpiresIn=ttl_s
+        )
 
     def sweep(self, now: float | None = None) -> int:
         now = now or time.time()
@@ -287,4 +320,3 @@ class S3Store:
                     self._client.delete_object(Bucket=self.bucket, Key=item["Key"])
                     removed += 1
         return removed
-

@@ -28,21 +28,39 @@ from proxy.state import connect as topology
 from proxy.wire import jsonutil
 from proxy.wire.routes import ROUTES_BY_NAME
 
-WEBHOOK_QUEUED = Counter("modelgate_webhooks_queued", "Payment webhooks offered to the durable queue, by outcome "
-                         "(stored, full: its entries or bytes, unreplicated, unavailable)", ["outcome"])
+WEBHOOK_QUEUED = Counter(
+    "modelgate_webhooks_queued",
+    "Payment webhooks offered to the durable queue, by outcome "
+    "(stored, full: its entries or bytes, unreplicated, unavailable)",
+    ["outcome"],
+)
 # Whether the queue is on or not: the route takes anyone's bytes, so its bounds are watched.
-WEBHOOK_REFUSED = Counter("modelgate_webhooks_refused", "Payment webhooks refused before the queue or the backend "
-                          "saw them, by reason (too_large: over routes.payment_webhook.max_body_mb, 413; "
-                          "rate_limited: 429)", ["reason"])
-WEBHOOK_TRIMMED = Counter("modelgate_webhooks_trimmed", "Settled webhooks dropped, oldest first, to keep the "
-                          "delivered or dead shelf within its entries and bytes", ["shelf"])
+WEBHOOK_REFUSED = Counter(
+    "modelgate_webhooks_refused",
+    "Payment webhooks refused before the queue or the backend "
+    "saw them, by reason (too_large: over routes.payment_webhook.max_body_mb, 413; "
+    "rate_limited: 429)",
+    ["reason"],
+)
+WEBHOOK_TRIMMED = Counter(
+    "modelgate_webhooks_trimmed",
+    "Settled webhooks dropped, oldest first, to keep the delivered or dead shelf within its entries and bytes",
+    ["shelf"],
+)
 # Listed from the start (the deliverer, which feeds them, loads only where the queue is on).
-WEBHOOK_DELIVERIES = Counter("modelgate_webhook_deliveries", "Queued webhook delivery attempts, by result "
-                             "(delivered, dead: refused by the backend, retry)", ["result"])
-WEBHOOK_QUEUE_DEPTH = Gauge("modelgate_webhook_queue_depth", "Webhooks stored and not yet delivered",
-                            multiprocess_mode="max")
-WEBHOOK_QUEUE_BYTES = Gauge("modelgate_webhook_queue_bytes", "Bytes the webhooks stored and not yet delivered hold "
-                            "(of max_pending_mb)", multiprocess_mode="max")
+WEBHOOK_DELIVERIES = Counter(
+    "modelgate_webhook_deliveries",
+    "Queued webhook delivery attempts, by result (delivered, dead: refused by the backend, retry)",
+    ["result"],
+)
+WEBHOOK_QUEUE_DEPTH = Gauge(
+    "modelgate_webhook_queue_depth", "Webhooks stored and not yet delivered", multiprocess_mode="max"
+)
+WEBHOOK_QUEUE_BYTES = Gauge(
+    "modelgate_webhook_queue_bytes",
+    "Bytes the webhooks stored and not yet delivered hold (of max_pending_mb)",
+    multiprocess_mode="max",
+)
 for _reason in ("too_large", "rate_limited"):  # a panel reads each
     WEBHOOK_REFUSED.labels(_reason)
 for _shelf in ("delivered", "dead"):
@@ -58,8 +76,8 @@ class QueueSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = False
-    url: str | None = None          # Redis; default: state.url
-    prefix: str | None = None       # default: state.prefix
+    url: str | None = None  # Redis; default: state.url
+    prefix: str | None = None  # default: state.prefix
     max_pending: int = Field(default=1_000_000, ge=1)
     # Bytes as stored (bodies, headers, target): past it a callback is a 503 the provider retries.
     max_pending_mb: float = Field(default=64.0, gt=0)
@@ -86,16 +104,26 @@ class QueueSettings(BaseModel):
 def queue_for(config: GatewayConfig, settings: QueueSettings) -> WebhookQueue:
     from plugins.webhook_queue.queue import WebhookQueue  # the Redis client loads only where the queue is on
 
-    return WebhookQueue(settings.url or config.state.url, settings.prefix or config.state.prefix,
-                        bounds_of(settings), settings.replica_acks, settings.replica_wait_s)
+    return WebhookQueue(
+        settings.url or config.state.url,
+        settings.prefix or config.state.prefix,
+        bounds_of(settings),
+        settings.replica_acks,
+        settings.replica_wait_s,
+    )
 
 
 def bounds_of(settings: QueueSettings) -> Bounds:
     """What each shelf may hold, in entries and bytes, as the settings say."""
     from plugins.webhook_queue.queue import Bounds
 
-    return Bounds(settings.max_pending, int(settings.max_pending_mb * _MB), settings.keep_delivered,
-                  int(settings.keep_delivered_mb * _MB), int(settings.keep_dead_mb * _MB))
+    return Bounds(
+        settings.max_pending,
+        int(settings.max_pending_mb * _MB),
+        settings.keep_delivered,
+        int(settings.keep_delivered_mb * _MB),
+        int(settings.keep_dead_mb * _MB),
+    )
 
 
 class WebhookQueuePlugin(Plugin):
@@ -121,13 +149,17 @@ class WebhookQueuePlugin(Plugin):
             return []  # ditto: a URL naming no topology
         problems = []
         if cluster and queue.get("replica_acks"):
-            problems.append(f"plugins.{cls.name}.replica_acks: a Redis Cluster takes 0 only: the wait for replicas "
-                            "cannot be routed to the shard that holds the queue")
+            problems.append(
+                f"plugins.{cls.name}.replica_acks: a Redis Cluster takes 0 only: the wait for replicas "
+                "cannot be routed to the shard that holds the queue"
+            )
         problems += cls._body_over_bound(config, queue)
         prefix = queue.get("prefix")
         if cluster and isinstance(prefix, str) and ("{" in prefix or "}" in prefix):
-            problems.append(f"plugins.{cls.name}.prefix: no {{ or }} on a Redis Cluster: the queue's keys share "
-                            "a hash tag made of it")
+            problems.append(
+                f"plugins.{cls.name}.prefix: no {{ or }} on a Redis Cluster: the queue's keys share "
+                "a hash tag made of it"
+            )
         return problems
 
     @staticmethod
@@ -143,9 +175,11 @@ class WebhookQueuePlugin(Plugin):
         body_mb = body_limits(config, ROUTES_BY_NAME["payment_webhook"])[0] / _MB
         if body_mb <= settings.max_pending_mb:
             return []
-        return [f"plugins.webhook_queue.max_pending_mb: {settings.max_pending_mb:g} MB is less than the largest "
-                f"webhook body the route takes ({body_mb:g} MB, routes.payment_webhook.max_body_mb): such a "
-                "callback could never be queued"]
+        return [
+            f"plugins.webhook_queue.max_pending_mb: {settings.max_pending_mb:g} MB is less than the largest "
+            f"webhook body the route takes ({body_mb:g} MB, routes.payment_webhook.max_body_mb): such a "
+            "callback could never be queued"
+        ]
 
     def configure(self, config: GatewayConfig) -> None:
         self.config = config
@@ -165,8 +199,14 @@ class WebhookQueuePlugin(Plugin):
         self.queue = self.resources[slot]
         self.queue.bounds = bounds_of(settings)  # ... and takes the bounds it now says
         assert self.channels is not None
-        self.deliverer = Deliverer(self.queue, self.channels, ROUTES_BY_NAME["payment_webhook"], settings.backoff_s,
-                                   settings.max_backoff_s, settings.lease_s)
+        self.deliverer = Deliverer(
+            self.queue,
+            self.channels,
+            ROUTES_BY_NAME["payment_webhook"],
+            settings.backoff_s,
+            settings.max_backoff_s,
+            settings.lease_s,
+        )
         self.deliverer.start()
 
     async def stop(self) -> None:
@@ -189,22 +229,42 @@ class WebhookQueuePlugin(Plugin):
 
         assert ex.target is not None
         path, query = ex.target.path(), ex.target.query_string()  # built, never the client's raw target
-        webhook = QueuedWebhook(method=ex.request.method, target=f"{path}?{query}" if query else path,
-                                headers=list(ex.headers.items()), body=ex.body or b"", request_id=ex.request_id)
+        webhook = QueuedWebhook(
+            method=ex.request.method,
+            target=f"{path}?{query}" if query else path,
+            headers=list(ex.headers.items()),
+            body=ex.body or b"",
+            request_id=ex.request_id,
+        )
         try:
             entry_id = await self.queue.put(webhook)
         except QueueFull as exc:
             WEBHOOK_QUEUED.labels("full").inc()
-            return ex.error_response(503, f"the webhook queue is full ({exc}); retry later", "webhook_queue_full",
-                                     headers={"Retry-After": "60"})
+            return ex.error_response(
+                503,
+                f"the webhook queue is full ({exc}); retry later",
+                "webhook_queue_full",
+                headers={"Retry-After": "60"},
+            )
         except QueueUnsafe as exc:
             WEBHOOK_QUEUED.labels("unreplicated").inc()
-            return ex.error_response(503, f"the webhook queue could not confirm the callback ({exc}); retry later",
-                                     "webhook_queue_unavailable", headers={"Retry-After": "10"})
+            return ex.error_response(
+                503,
+                f"the webhook queue could not confirm the callback ({exc}); retry later",
+                "webhook_queue_unavailable",
+                headers={"Retry-After": "10"},
+            )
         except (RedisError, OSError) as exc:
             WEBHOOK_QUEUED.labels("unavailable").inc()
-            return ex.error_response(503, f"the webhook queue is unreachable ({type(exc).__name__}); retry later",
-                                     "webhook_queue_unavailable", headers={"Retry-After": "10"})
+            return ex.error_response(
+                503,
+                f"the webhook queue is unreachable ({type(exc).__name__}); retry later",
+                "webhook_queue_unavailable",
+                headers={"Retry-After": "10"},
+            )
         WEBHOOK_QUEUED.labels("stored").inc()
-        return web.Response(status=self.settings.accept_status, content_type="application/json",
-                            body=jsonutil.dumps({"queued": True, "id": entry_id, "request_id": ex.request_id}))
+        return web.Response(
+            status=self.settings.accept_status,
+            content_type="application/json",
+            body=jsonutil.dumps({"queued": True, "id": entry_id, "request_id": ex.request_id}),
+        )

@@ -12,7 +12,6 @@ import sys
 from plugins.webhook_queue.queue import QueuedWebhook, QueueFull, RedisError, Shelf
 from proxy.config import GatewayConfig
 
-
 _CONFIG_HELP = "config file (default: $MODELGATE_CONFIG, else the embedded defaults)"
 
 
@@ -61,8 +60,11 @@ async def _run(config: GatewayConfig, args: argparse.Namespace) -> int:
                 print(entry_id)
             print(f"queued {len(queued)} webhook(s) again from {shelf.value}", file=sys.stderr)
             if not args.all and len(queued) < len(set(args.ids)):
-                print(f"{len(set(args.ids)) - len(queued)} of the ids named are not on {shelf.value} "
-                      "(ids change as entries move between shelves: take them from `list`)", file=sys.stderr)
+                print(
+                    f"{len(set(args.ids)) - len(queued)} of the ids named are not on {shelf.value} "
+                    "(ids change as entries move between shelves: take them from `list`)",
+                    file=sys.stderr,
+                )
                 return 1
         return 0
     except (RedisError, OSError) as exc:
@@ -74,9 +76,15 @@ async def _run(config: GatewayConfig, args: argparse.Namespace) -> int:
 
 def describe(webhook: QueuedWebhook, with_body: bool) -> dict[str, object]:
     shown: dict[str, object] = {
-        "id": webhook.id, "received_at": webhook.received_at, "method": webhook.method, "target": webhook.target,
-        "request_id": webhook.request_id, "bytes": len(webhook.body),
-        "sha256": hashlib.sha256(webhook.body).hexdigest(), "headers": webhook.headers}
+        "id": webhook.id,
+        "received_at": webhook.received_at,
+        "method": webhook.method,
+        "target": webhook.target,
+        "request_id": webhook.request_id,
+        "bytes": len(webhook.body),
+        "sha256": hashlib.sha256(webhook.body).hexdigest(),
+        "headers": webhook.headers,
+    }
     if webhook.outcome:
         shown.update(outcome=webhook.outcome, settled_at=webhook.settled_at)
     if with_body:

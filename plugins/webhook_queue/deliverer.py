@@ -28,8 +28,15 @@ log = logging.getLogger("modelgate.webhooks")
 class Deliverer:
     """One background task per running config; the lease decides which instance delivers."""
 
-    def __init__(self, queue: WebhookQueue, channels: ChannelSet, route: Route, backoff_s: float,
-                 max_backoff_s: float, lease_s: float) -> None:
+    def __init__(
+        self,
+        queue: WebhookQueue,
+        channels: ChannelSet,
+        route: Route,
+        backoff_s: float,
+        max_backoff_s: float,
+        lease_s: float,
+    ) -> None:
         self.queue = queue
         self.channels = channels
         self.route = route
@@ -89,16 +96,27 @@ class Deliverer:
         outcome, shelf = await self.deliver(webhook)
         if shelf is None:
             WEBHOOK_DELIVERIES.labels("retry").inc()
-            log.warning("webhook delivery failed; will retry",
-                        extra={"webhook_id": webhook.id, "request_id": webhook.request_id, "outcome": outcome})
+            log.warning(
+                "webhook delivery failed; will retry",
+                extra={"webhook_id": webhook.id, "request_id": webhook.request_id, "outcome": outcome},
+            )
             return False
         dropped = await self.queue.settle(webhook, outcome, shelf)
         if dropped > 0:  # the shelf's oldest, settled long ago, made room within its bounds
             WEBHOOK_TRIMMED.labels(shelf.value).inc(dropped)
         WEBHOOK_DELIVERIES.labels(shelf.value).inc()
         level = logging.INFO if shelf is Shelf.DELIVERED else logging.ERROR
-        log.log(level, "webhook %s", shelf.value, extra={"webhook_id": webhook.id, "request_id": webhook.request_id,
-                                                       "target": webhook.target, "outcome": outcome})
+        log.log(
+            level,
+            "webhook %s",
+            shelf.value,
+            extra={
+                "webhook_id": webhook.id,
+                "request_id": webhook.request_id,
+                "target": webhook.target,
+                "outcome": outcome,
+            },
+        )
         return True
 
     async def deliver(self, webhook: QueuedWebhook) -> tuple[str, Shelf | None]:

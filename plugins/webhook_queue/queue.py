@@ -32,7 +32,8 @@ from typing import Any
 from redis.exceptions import NoScriptError, RedisError
 
 from proxy.state.connect import Mode, connect, mode_of
-from proxy.state.stream_bytes import LUA as STREAM_BYTES, run
+from proxy.state.stream_bytes import LUA as STREAM_BYTES
+from proxy.state.stream_bytes import run
 
 __all__ = ["Backlog", "Bounds", "QueueFull", "QueueUnsafe", "QueuedWebhook", "RedisError", "Shelf", "WebhookQueue"]
 
@@ -55,19 +56,24 @@ class QueueUnsafe(Exception):
 @dataclass(slots=True)
 class QueuedWebhook:
     method: str
-    target: str                      # the path and query as received
-    headers: list[tuple[str, str]]   # as they go upstream: signatures, forwarding, request id
+    target: str  # the path and query as received
+    headers: list[tuple[str, str]]  # as they go upstream: signatures, forwarding, request id
     body: bytes
     request_id: str
     received_at: float = field(default_factory=time.time)
-    id: str = ""                     # the stream entry id, once stored
-    outcome: str = ""                # on the delivered and dead shelves: what the backend answered
+    id: str = ""  # the stream entry id, once stored
+    outcome: str = ""  # on the delivered and dead shelves: what the backend answered
     settled_at: float = 0.0
 
     def fields(self) -> dict[str, bytes | str]:
         stored: dict[str, bytes | str] = {
-            "method": self.method, "target": self.target, "headers": json.dumps(self.headers),
-            "body": self.body, "request_id": self.request_id, "received_at": repr(self.received_at)}
+            "method": self.method,
+            "target": self.target,
+            "headers": json.dumps(self.headers),
+            "body": self.body,
+            "request_id": self.request_id,
+            "received_at": repr(self.received_at),
+        }
         if self.outcome:
             stored.update(outcome=self.outcome, settled_at=repr(self.settled_at), origin=self.id)
         return stored
@@ -75,11 +81,17 @@ class QueuedWebhook:
     @classmethod
     def from_entry(cls, entry_id: bytes, stored: dict[bytes, bytes]) -> QueuedWebhook:
         text = {k.decode(): v for k, v in stored.items()}
-        return cls(method=text["method"].decode(), target=text["target"].decode(),
-                   headers=[(k, v) for k, v in json.loads(text["headers"])], body=text["body"],
-                   request_id=text["request_id"].decode(), received_at=float(text["received_at"]),
-                   id=entry_id.decode(), outcome=text.get("outcome", b"").decode(),
-                   settled_at=float(text.get("settled_at", b"0")))
+        return cls(
+            method=text["method"].decode(),
+            target=text["target"].decode(),
+            headers=[(k, v) for k, v in json.loads(text["headers"])],
+            body=text["body"],
+            request_id=text["request_id"].decode(),
+            received_at=float(text["received_at"]),
+            id=entry_id.decode(),
+            outcome=text.get("outcome", b"").decode(),
+            settled_at=float(text.get("settled_at", b"0")),
+        )
 
 
 # Take or extend the lease only when it is free or already ours.
@@ -94,15 +106,20 @@ return 0
 # At the end of the pending stream, unless it holds its most entries (1) or bytes (2) already:
 # the check and the add in one step, so concurrent callbacks cannot overfill it.
 # KEYS: pending, its counter; ARGV: most entries, most bytes, the fields.
-_ADD = STREAM_BYTES + """
+_ADD = (
+    STREAM_BYTES
+    + """
 if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then return 1 end
 if held(KEYS[1], KEYS[2]) + size(ARGV, 3) > tonumber(ARGV[2]) then return 2 end
 return add(KEYS[1], KEYS[2], ARGV, 3)
 """
+)
 # Off `pending` (KEYS 1-2) onto a settled shelf (KEYS 3-4), whose oldest entries then go while it
 # holds more than ARGV[2] entries or ARGV[3] bytes; the number dropped, or -1 when the callback
 # is no longer pending (another deliverer settled it, after this one's lease lapsed): not added twice.
-_SETTLE = STREAM_BYTES + """
+_SETTLE = (
+    STREAM_BYTES
+    + """
 if not remove(KEYS[1], KEYS[2], ARGV[1]) then return -1 end
 add(KEYS[3], KEYS[4], ARGV, 4)
 local dropped, most, bytes = 0, tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -114,18 +131,25 @@ while true do
 end
 return dropped
 """
+)
 # A settled entry (KEYS 1-2, ARGV[1]) queued again at the end of `pending` (KEYS 3-4) within its
 # bounds (ARGV 3-4; else 1 or 2, as _ADD), and taken off its shelf when ARGV[2] is '1' (dead).
-_REPLAY = STREAM_BYTES + """
+_REPLAY = (
+    STREAM_BYTES
+    + """
 if redis.call('XLEN', KEYS[3]) >= tonumber(ARGV[3]) then return 1 end
 if held(KEYS[3], KEYS[4]) + size(ARGV, 5) > tonumber(ARGV[4]) then return 2 end
 if ARGV[2] == '1' and not remove(KEYS[1], KEYS[2], ARGV[1]) then return 0 end
 return add(KEYS[3], KEYS[4], ARGV, 5)
 """
+)
 # A shelf's entries and bytes, the counter mended on the way.
-_BACKLOG = STREAM_BYTES + """
+_BACKLOG = (
+    STREAM_BYTES
+    + """
 return {redis.call('XLEN', KEYS[1]), held(KEYS[1], KEYS[2])}
 """
+)
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -152,8 +176,14 @@ class Backlog:
 class WebhookQueue:
     """The three streams, their byte counters and the lease, over one Redis connection pool."""
 
-    def __init__(self, url: str, prefix: str, bounds: Bounds | None = None, replica_acks: int | None = None,
-                 replica_wait_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        bounds: Bounds | None = None,
+        replica_acks: int | None = None,
+        replica_wait_s: float = 2.0,
+    ) -> None:
         self._client = connect(url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=30)
         self._mode = mode_of(url)
         self._prefix = prefix
@@ -222,8 +252,11 @@ class WebhookQueue:
         # the add wrote nothing (the queue full, the script forgotten) it waits on the connection's
         # earlier writes instead, at most replica_wait_s, and only while a replica lags.
         async with self._client.pipeline(transaction=False) as pipe:
-            return await pipe.evalsha(self._add.sha, len(keys), *keys, *args).wait(
-                self.replica_acks, self._replica_wait_ms).execute(raise_on_error=False)
+            return (
+                await pipe.evalsha(self._add.sha, len(keys), *keys, *args)
+                .wait(self.replica_acks, self._replica_wait_ms)
+                .execute(raise_on_error=False)
+            )
 
     async def oldest(self, block_ms: int) -> QueuedWebhook | None:
         """The next callback to deliver, waiting up to `block_ms` for one to arrive."""
@@ -231,8 +264,17 @@ class WebhookQueue:
         if self._mode is Mode.CLUSTER:
             # redis-py finds XREAD's key by asking one fixed node (COMMAND GETKEYS): with that node
             # failed over, every read would fail. Sent to the node that holds the key's slot instead.
-            found = await self._client.execute_command("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", key, "0-0",
-                                                       target_nodes=await self._client.node_for(key))
+            found = await self._client.execute_command(
+                "XREAD",
+                "COUNT",
+                1,
+                "BLOCK",
+                block_ms,
+                "STREAMS",
+                key,
+                "0-0",
+                target_nodes=await self._client.node_for(key),
+            )
         else:
             found = await self._client.xread({key: "0-0"}, count=1, block=block_ms)
         if not found:
@@ -277,8 +319,12 @@ class WebhookQueue:
         for entry_id, stored in found:
             webhook = QueuedWebhook.from_entry(entry_id, stored)
             webhook.outcome = ""
-            args: list[bytes | str | int] = [entry_id, "1" if shelf is Shelf.DEAD else "0", self.bounds.max_pending,
-                                             self.bounds.max_pending_bytes]
+            args: list[bytes | str | int] = [
+                entry_id,
+                "1" if shelf is Shelf.DEAD else "0",
+                self.bounds.max_pending,
+                self.bounds.max_pending_bytes,
+            ]
             for name, value in webhook.fields().items():
                 args += [name, value]
             new_id = await self._run(self._replay, [*self._keys(shelf), *self._keys(Shelf.PENDING)], args)

@@ -32,8 +32,18 @@ from proxy.config.model import (
 from proxy.config.problems import all_field_names, cross_section_problems
 
 __all__ = [
-    "ChannelConfig", "ConfigError", "GatewayConfig", "LoadedConfig", "RouteConfig", "ServerConfig",
-    "SimulatorSettings", "StateConfig", "Timeouts", "config_from_text", "load_config", "parse_config",
+    "ChannelConfig",
+    "ConfigError",
+    "GatewayConfig",
+    "LoadedConfig",
+    "RouteConfig",
+    "ServerConfig",
+    "SimulatorSettings",
+    "StateConfig",
+    "Timeouts",
+    "config_from_text",
+    "load_config",
+    "parse_config",
     "refuse_empty_reload",
 ]
 
@@ -55,8 +65,9 @@ class LoadedConfig:
 
     __slots__ = ("config", "source", "digest", "files")
 
-    def __init__(self, config: GatewayConfig, source: str, digest: str,
-                 files: Mapping[str, str | None] | None = None) -> None:
+    def __init__(
+        self, config: GatewayConfig, source: str, digest: str, files: Mapping[str, str | None] | None = None
+    ) -> None:
         self.config = config
         self.source = source
         self.digest = digest
@@ -69,8 +80,9 @@ LISTEN_ENV = "MODELGATE_LISTEN"
 ADMIN_LISTEN_ENV = "MODELGATE_ADMIN_LISTEN"
 
 
-def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None, *,
-                reloading: bool = False) -> LoadedConfig:
+def load_config(
+    path: str | Path | None, environ: Mapping[str, str] | None = None, *, reloading: bool = False
+) -> LoadedConfig:
     """Read and validate `path`; None gives the embedded defaults. `reloading`: an empty file is
     refused (`refuse_empty_reload`)."""
     environ = os.environ if environ is None else environ
@@ -95,12 +107,18 @@ def refuse_empty_reload(path: str, data: bytes) -> None:
     file rewritten in place is empty between its truncation and its first write: a reload that
     read it then would serve the defaults. A reload refuses it; a start still takes it."""
     if not data.strip():
-        raise ConfigError([f"<file>: {path} is empty: a reload keeps the running config (only a start "
-                           "takes an empty file, as the embedded defaults)"], {path: digest(data)})
+        raise ConfigError(
+            [
+                f"<file>: {path} is empty: a reload keeps the running config (only a start "
+                "takes an empty file, as the embedded defaults)"
+            ],
+            {path: digest(data)},
+        )
 
 
-def config_from_text(text: str, source: str, environ: Mapping[str, str],
-                     files: Mapping[str, str | None] | None = None) -> LoadedConfig:
+def config_from_text(
+    text: str, source: str, environ: Mapping[str, str], files: Mapping[str, str | None] | None = None
+) -> LoadedConfig:
     """Validate a config's text; `files` are those already read for it (the file it came from)."""
     read = dict(files or {})
     try:
@@ -161,6 +179,7 @@ def _parse(text: str, environ: Mapping[str, str], files: MutableMapping[str, str
 def _placeholders_first(problems: list[str]) -> list[str]:
     """A value still holding a placeholder is said to once: what its key's own rules say of the
     placeholder (not a URL, too short) is no news, and would bury the line that says what to edit."""
+
     def key_of(problem: str) -> str:
         return re.sub(r"\[(\d+)\]", r".\1", problem.split(": ", 1)[0])  # plugins write list indices with dots
 

@@ -67,6 +67,8 @@ class ConsoleConfig(BaseModel):
     @field_validator("trace_url")
     @classmethod
     def _trace_url(cls, value: str | None) -> str | None:
-        if value is not None and ("{trace_id}" not in value or not _HTTP_URL.fullmatch(value.replace("{trace_id}", "x"))):
+        if value is not None and (
+            "{trace_id}" not in value or not _HTTP_URL.fullmatch(value.replace("{trace_id}", "x"))
+        ):
             raise ValueError("an http(s) URL with {trace_id} in it")
         return value

@@ -3,8 +3,8 @@ key path of every failure; and placeholders left unedited.
 
 `${file:/path}` is how secrets come from a mounted volume (a Kubernetes Secret, a Docker secret):
 the file's text with one trailing newline removed, read at every load, so a reload (a signal, or
-the watcher in proxy/process/watch.py) takes a rotated secret. An empty file is refused. What a file holds is never put in
-a problem line, only its path.
+the watcher in proxy/process/watch.py) takes a rotated secret. An empty file is refused. What a
+file holds is never put in a problem line, only its path.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ PLACEHOLDER = "CHANGE-ME"
 PLACEHOLDER_PROBLEM = f"the placeholder {PLACEHOLDER} is still in"
 
 
-def expand(tree: Any, environ: Mapping[str, str], path: str = "",
-           files: MutableMapping[str, str | None] | None = None) -> tuple[Any, list[str]]:
+def expand(
+    tree: Any, environ: Mapping[str, str], path: str = "", files: MutableMapping[str, str | None] | None = None
+) -> tuple[Any, list[str]]:
     """Return `tree` with references expanded, and one problem line per unresolved reference.
 
     Each file read is recorded in `files` (its path, and the digest of what it held, or None when
@@ -35,8 +36,9 @@ def expand(tree: Any, environ: Mapping[str, str], path: str = "",
     return _expand(tree, environ, path, problems, {} if files is None else files), problems
 
 
-def _expand(node: Any, environ: Mapping[str, str], path: str, problems: list[str],
-            files: MutableMapping[str, str | None]) -> Any:
+def _expand(
+    node: Any, environ: Mapping[str, str], path: str, problems: list[str], files: MutableMapping[str, str | None]
+) -> Any:
     if isinstance(node, str):
         return _expand_string(node, environ, path, problems, files)
     if isinstance(node, dict):
@@ -46,8 +48,9 @@ def _expand(node: Any, environ: Mapping[str, str], path: str, problems: list[str
     return node
 
 
-def _expand_string(text: str, environ: Mapping[str, str], path: str, problems: list[str],
-                   files: MutableMapping[str, str | None]) -> str:
+def _expand_string(
+    text: str, environ: Mapping[str, str], path: str, problems: list[str], files: MutableMapping[str, str | None]
+) -> str:
     where = path or "<root>"
     placeholders: list[str] = []  # where each placeholder came from, for the problem line
 
@@ -82,8 +85,9 @@ def _expand_string(text: str, environ: Mapping[str, str], path: str, problems: l
     if PLACEHOLDER in text:
         placeholders.insert(0, "the config file")
     if placeholders:
-        problems.append(f"{where}: {PLACEHOLDER_PROBLEM} {' and in '.join(placeholders)}: "
-                        "replace it with the real value")
+        problems.append(
+            f"{where}: {PLACEHOLDER_PROBLEM} {' and in '.join(placeholders)}: replace it with the real value"
+        )
     return expanded
 
 

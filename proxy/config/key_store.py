@@ -30,8 +30,9 @@ class OidcConfig(BaseModel):
     role_claim: str = "modelgate_role"
     tenant_claim: str = "modelgate_tenant"
     # Asymmetric only: a shared-secret algorithm would let anyone holding the "public" key sign.
-    algorithms: list[Literal["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512",
-                             "EdDSA"]] = Field(default_factory=lambda: ["RS256", "ES256", "PS256", "EdDSA"], min_length=1)
+    algorithms: list[
+        Literal["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"]
+    ] = Field(default_factory=lambda: ["RS256", "ES256", "PS256", "EdDSA"], min_length=1)
     jwks_cache_s: float = Field(default=300.0, ge=1, le=86_400)
     leeway_s: int = Field(default=30, ge=0, le=300)  # clock skew allowed on exp and nbf
 

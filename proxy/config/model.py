@@ -71,8 +71,9 @@ def bound_addresses(host: str) -> frozenset[ipaddress.IPv4Address | ipaddress.IP
         found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (OSError, UnicodeError):  # no such name, or no name at all
         return frozenset()
-    return frozenset(normal_address(address[0]) for family, _, _, _, address in found
-                     if family in (socket.AF_INET, socket.AF_INET6))
+    return frozenset(
+        normal_address(address[0]) for family, _, _, _, address in found if family in (socket.AF_INET, socket.AF_INET6)
+    )
 
 
 def normal_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
@@ -117,25 +118,27 @@ class ServerConfig(Strict):
     # One server-sent event from an upstream, held until its blank line: past it the stream ends
     # with the format's error event (an upstream that never ends an event costs this much, no more).
     max_stream_event_mb: PositiveFloat = 8.0
-    max_upload_mb: PositiveFloat = 512.0        # multipart edits (streamed): 16 images under 25 MB fit
-    drain_timeout_s: PositiveFloat = 60.0       # on SIGTERM: how long in-flight requests may take to finish
+    max_upload_mb: PositiveFloat = 512.0  # multipart edits (streamed): 16 images under 25 MB fit
+    drain_timeout_s: PositiveFloat = 60.0  # on SIGTERM: how long in-flight requests may take to finish
     # An HTTP token: the name goes into answers as it is written (proxy/process/shedding.py writes its own heads).
     request_id_header: str = Field(default="X-Request-Id", pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
-    max_connections: int = Field(default=10_000, ge=1)      # client connections; past it requests get 503
+    max_connections: int = Field(default=10_000, ge=1)  # client connections; past it requests get 503
     # Requests one worker serves at once, streams included; past it 503 `overloaded` before the body
     # is read. "auto": a bound that follows the worker's measured capacity (proxy/process/admission.py).
     max_in_flight: int | Literal["auto"] = "auto"
     max_loop_delay_ms: float = Field(default=50.0, ge=1, le=10_000)  # auto: the event-loop delay it keeps under
-    max_cpu_busy: float = Field(default=0.9, gt=0, le=1)  # auto: the share of its CPU a worker keeps busy, at most (1: no bound)
+    max_cpu_busy: float = Field(
+        default=0.9, gt=0, le=1
+    )  # auto: the share of its CPU a worker keeps busy, at most (1: no bound)
     listen_backlog: int = Field(default=1024, ge=1, le=65_535)  # connections the kernel queues unaccepted (next start)
     max_header_kb: int = Field(default=32, ge=1, le=1024)  # request line and headers together: 431 past it
     max_headers: int = Field(default=100, ge=8, le=1000)
-    client_idle_s: PositiveFloat = 30.0         # longest silence inside a request body: 408 past it
-    body_timeout_s: PositiveFloat = 300.0       # longest a whole request body may take to arrive: 408 past it
+    client_idle_s: PositiveFloat = 30.0  # longest silence inside a request body: 408 past it
+    body_timeout_s: PositiveFloat = 300.0  # longest a whole request body may take to arrive: 408 past it
     # Signed image and video URLs go on public_base_url, else on the address the request came in
     # on; the client's Host header only when the operator says so (a client must not choose it).
     base_url_from_host: bool = False
-    keepalive_timeout_s: PositiveFloat = 75.0   # idle keep-alive connections, and headers slow to arrive, are closed
+    keepalive_timeout_s: PositiveFloat = 75.0  # idle keep-alive connections, and headers slow to arrive, are closed
     keepalive_requests: int = Field(default=1000, ge=1)  # then `Connection: close`: load spreads to new connections
     workers: int | None = Field(default=None, ge=1, le=256)  # unset: every core with Redis state, 1 with memory
     # Only the key places and headers the interface names (spec section 5); off, the places the
@@ -169,8 +172,10 @@ class ServerConfig(Strict):
     def _admin_token_is_a_strong_word(cls, value: str | None) -> str | None:
         # Never quoted in the message: it is a secret, and check-config prints what it says.
         if value is not None and not _ADMIN_TOKEN.match(value):
-            raise ValueError("must be at least 16 printable ASCII characters with no spaces "
-                             "(for example the output of `openssl rand -hex 32`)")
+            raise ValueError(
+                "must be at least 16 printable ASCII characters with no spaces "
+                "(for example the output of `openssl rand -hex 32`)"
+            )
         return value
 
     @field_validator("max_in_flight", mode="before")
@@ -238,8 +243,8 @@ class Pool(Strict):
     # Open connections to the channel: none by default (each stream holds one for its whole
     # life); past a cap a request waits up to connect_s for one, then gets a 503.
     max_connections: int | None = Field(default=None, ge=1)
-    max_idle: int = Field(default=256, ge=0)      # kept open between requests for reuse
-    keepalive_s: PositiveFloat = 60.0             # an idle connection is retired after this
+    max_idle: int = Field(default=256, ge=0)  # kept open between requests for reuse
+    keepalive_s: PositiveFloat = 60.0  # an idle connection is retired after this
 
 
 class HealthCheck(Strict):
@@ -409,11 +414,11 @@ class LoggingConfig(Strict):
 
 
 class ResilienceConfig(Strict):
-    max_attempts: int = Field(default=3, ge=1, le=10)       # per request, across channels, before the first byte
-    backoff_s: float = Field(default=0.05, ge=0, le=10)     # before each retry, doubling
-    failover_on_429: bool = False                           # try another channel when one says 429
-    breaker_failures: int = Field(default=5, ge=1)          # failures in a row that open a channel's breaker
-    breaker_open_s: float = Field(default=30.0, gt=0)       # how long it stays open before one probe
+    max_attempts: int = Field(default=3, ge=1, le=10)  # per request, across channels, before the first byte
+    backoff_s: float = Field(default=0.05, ge=0, le=10)  # before each retry, doubling
+    failover_on_429: bool = False  # try another channel when one says 429
+    breaker_failures: int = Field(default=5, ge=1)  # failures in a row that open a channel's breaker
+    breaker_open_s: float = Field(default=30.0, gt=0)  # how long it stays open before one probe
 
 
 class MetricsConfig(Strict):
@@ -481,8 +486,10 @@ class GatewayConfig(Strict):
     def _failover_unanswered_on_chat_routes(cls, value: dict[str, RouteConfig]) -> dict[str, RouteConfig]:
         for name, route in value.items():
             if route.failover_unanswered and name not in CHAT_ROUTES:
-                raise ValueError(f"routes.{name}.failover_unanswered: only chat routes may send a request "
-                                 f"again after an upstream took it ({', '.join(sorted(CHAT_ROUTES))})")
+                raise ValueError(
+                    f"routes.{name}.failover_unanswered: only chat routes may send a request "
+                    f"again after an upstream took it ({', '.join(sorted(CHAT_ROUTES))})"
+                )
         return value
 
     @field_validator("keys")

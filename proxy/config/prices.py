@@ -52,8 +52,10 @@ class PriceConfig(BaseModel):
     def _image_keys(cls, value: dict[str, float]) -> dict[str, float]:
         for key in value:
             if not _IMAGE_PRICE_KEY.match(key):
-                raise ValueError(f"{key!r} is not SIZE/QUALITY: a size (1024x1024, 1536x1024, auto, 2K or *), "
-                                 "a slash, and a quality (low, medium, high, xhigh, max, standard, hd, auto or *)")
+                raise ValueError(
+                    f"{key!r} is not SIZE/QUALITY: a size (1024x1024, 1536x1024, auto, 2K or *), "
+                    "a slash, and a quality (low, medium, high, xhigh, max, standard, hd, auto or *)"
+                )
         return value
 
 
@@ -64,6 +66,8 @@ def shadowed(rows: list[PriceConfig]) -> list[str]:
     for index, row in enumerate(rows):
         earlier = next((i for i in range(index) if fnmatch.fnmatchcase(row.model, rows[i].model)), None)
         if earlier is not None:
-            problems.append(f"prices[{index}].model: {row.model!r} is never reached: prices[{earlier}] "
-                            f"({rows[earlier].model!r}) matches every model it does, and the first match wins")
+            problems.append(
+                f"prices[{index}].model: {row.model!r} is never reached: prices[{earlier}] "
+                f"({rows[earlier].model!r}) matches every model it does, and the first match wins"
+            )
     return problems

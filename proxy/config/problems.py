@@ -16,17 +16,23 @@ def cross_section_problems(config: GatewayConfig) -> list[str]:
     problems = []
     workers = worker_count(config)
     if workers > 1 and config.state.backend == "memory":
-        problems.append(f"server.workers: {workers} workers cannot share the memory state backend: each process "
-                        f"would keep its own rate limits and affinity pins, so limits would be {workers} times too "
-                        "loose and follow-up requests could lose their channel; use state.backend: redis, or workers: 1")
+        problems.append(
+            f"server.workers: {workers} workers cannot share the memory state backend: each process "
+            f"would keep its own rate limits and affinity pins, so limits would be {workers} times too "
+            "loose and follow-up requests could lose their channel; use state.backend: redis, or workers: 1"
+        )
     server = config.server
     if server.admin_listen and same_address(server.listen, server.admin_listen):
-        problems.append(f"server.admin_listen: {server.admin_listen} is where server.listen ({server.listen}) serves "
-                        "clients; the admin listener needs an address of its own (another port, or null to turn "
-                        "it off, or modelgate serve --admin-listen HOST:PORT)")
+        problems.append(
+            f"server.admin_listen: {server.admin_listen} is where server.listen ({server.listen}) serves "
+            "clients; the admin listener needs an address of its own (another port, or null to turn "
+            "it off, or modelgate serve --admin-listen HOST:PORT)"
+        )
     if config.console.oidc is not None and config.key_store.database_url is None:
-        problems.append("console.oidc: the console is served only with a key store (key_store.database_url): it "
-                        "works through the admin API's operations and keeps its sessions' key there")
+        problems.append(
+            "console.oidc: the console is served only with a key store (key_store.database_url): it "
+            "works through the admin API's operations and keeps its sessions' key there"
+        )
     if config.console.oidc is not None and not server.admin_listen:
         problems.append("console.oidc: the console is on the admin listener, and server.admin_listen is off")
     problems.extend(shadowed(config.prices))

@@ -28,8 +28,16 @@ from aiohttp import web
 
 from proxy.config.console import ConsoleConfig
 from proxy.console import pages, signin
-from proxy.console.answers import (SECURITY_HEADERS, FormProblem, Page, origin_of, read_form, same_origin, secure,
-                                   see_other)
+from proxy.console.answers import (
+    SECURITY_HEADERS,
+    FormProblem,
+    Page,
+    origin_of,
+    read_form,
+    same_origin,
+    secure,
+    see_other,
+)
 from proxy.console.session import COOKIE, PATH, Session, Sessions, csrf_holds
 from proxy.keystore.operations import AdminError, AdminOps
 from proxy.keystore.reads import AdminReads
@@ -52,9 +60,15 @@ class Console:
     """The console over one AdminOps and AdminReads. `sessions()` gives the session signer (its
     key the key store's); `owner_digest()` is `server.admin_token`'s SHA-256 (None: none set)."""
 
-    def __init__(self, config: Callable[[], ConsoleConfig], ops: AdminOps, reads: AdminReads,
-                 owner_digest: Callable[[], bytes | None], gateway_url: Callable[[], str],
-                 example_model: Callable[[list[str]], str | None] = lambda globs: None) -> None:
+    def __init__(
+        self,
+        config: Callable[[], ConsoleConfig],
+        ops: AdminOps,
+        reads: AdminReads,
+        owner_digest: Callable[[], bytes | None],
+        gateway_url: Callable[[], str],
+        example_model: Callable[[list[str]], str | None] = lambda globs: None,
+    ) -> None:
         self.config = config
         self.example_model = example_model  # a model a key's `models` allow, for the snippets
         self.ops = ops
@@ -63,12 +77,12 @@ class Console:
         self.gateway_url = gateway_url
         self._sessions: Sessions | None = None
         self.oidc_cache: dict[str, Any] = {}  # the provider's discovery document, and its keys' verifier
-        self.templates = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
-                                            autoescape=True)
+        self.templates = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
 
     def routes(self) -> list[tuple[str, str, Handler]]:
         found: list[tuple[str, str, Handler]] = [
-            ("GET", PATH, self._redirect_home), ("GET", PATH + "/", self._redirect_home),
+            ("GET", PATH, self._redirect_home),
+            ("GET", PATH + "/", self._redirect_home),
             ("GET", PATH + "/static/{file}", self._static),
             *((method, PATH + path, self._public(handler)) for method, path, handler in signin.ROUTES),
         ]
@@ -91,7 +105,8 @@ class Console:
     def render(self, request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
         session: Session | None = context.pop("session", None)
         body = self.templates.get_template(template).render(
-            session=session, csrf=session.csrf if session else "", path=request.path, **context)
+            session=session, csrf=session.csrf if session else "", path=request.path, **context
+        )
         return secure(web.Response(status=status, text=body, content_type="text/html", charset="utf-8"))
 
     def error(self, request: web.Request, session: Session | None, status: int, message: str) -> web.Response:
@@ -119,18 +134,30 @@ class Console:
                     return gone
                 if changes:
                     form = await read_form(request)
-                    if not csrf_holds(session.csrf, form.get("csrf")) \
-                            or not same_origin(request, self.config().public_url):
-                        return self.error(request, session, 403, "This change did not come from a console page "
-                                          "(its CSRF token is missing or wrong, or another site sent it). Reload "
-                                          "the page and try again.")
+                    if not csrf_holds(session.csrf, form.get("csrf")) or not same_origin(
+                        request, self.config().public_url
+                    ):
+                        return self.error(
+                            request,
+                            session,
+                            403,
+                            "This change did not come from a console page "
+                            "(its CSRF token is missing or wrong, or another site sent it). Reload "
+                            "the page and try again.",
+                        )
                 given = request.headers.get("X-Request-Id", "")
-                actor = Actor(session.actor, session.role, session.tenant, request.remote,
-                              given if _REQUEST_ID.fullmatch(given) else secrets.token_hex(16))
+                actor = Actor(
+                    session.actor,
+                    session.role,
+                    session.tenant,
+                    request.remote,
+                    given if _REQUEST_ID.fullmatch(given) else secrets.token_hex(16),
+                )
                 return await handler(self, Page(request, actor, session))
             except AdminError as exc:
-                return self.error(request, session, exc.status,
-                                  f"{exc.field}: {exc.message}" if exc.field else exc.message)
+                return self.error(
+                    request, session, exc.status, f"{exc.field}: {exc.message}" if exc.field else exc.message
+                )
             except FormProblem as exc:
                 return self.error(request, session, 400, str(exc))
             except asyncpg.DataError:  # a value PostgreSQL cannot hold (a NUL): the asker's, not an outage
@@ -172,5 +199,3 @@ class Console:
 
 
 _STORE_AWAY = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, SchemaTooNew)
-
-

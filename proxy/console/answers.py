@@ -16,16 +16,18 @@ MAX_FORM = 64 * 1024
 SECURITY_HEADERS = {
     # Nothing but this gateway's own files: no inline script or style, no other origin, no frames.
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                               "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "same-origin",  # no-referrer would make browsers send `Origin: null` with a form
     "Cache-Control": "no-store",
 }
 
+
 @dataclass(slots=True, frozen=True)
 class Page:
     """What each page handler gets: the request, the signed-in admin as an `Actor`, their session."""
+
     request: web.Request
     actor: Actor
     session: Session

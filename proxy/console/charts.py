@@ -16,8 +16,8 @@ class Bar:
     y: float
     width: float
     height: float
-    label: str   # under the bar (some of them, when there are many)
-    title: str   # shown on hover
+    label: str  # under the bar (some of them, when there are many)
+    title: str  # shown on hover
     shown_label: bool
 
 
@@ -38,9 +38,17 @@ def bars(points: list[tuple[str, float]], unit: str = "") -> Chart:
     shown = []
     for i, (label, value) in enumerate(points):
         height = 0.0 if top == 0 else plot_h * max(0.0, value) / top
-        shown.append(Bar(round(_LEFT + i * step + step * 0.15, 2), round(_TOP + plot_h - height, 2),
-                         round(step * 0.7, 2), round(height, 2), label, f"{label}: {_number(value)}{unit}",
-                         i % every == 0))
+        shown.append(
+            Bar(
+                round(_LEFT + i * step + step * 0.15, 2),
+                round(_TOP + plot_h - height, 2),
+                round(step * 0.7, 2),
+                round(height, 2),
+                label,
+                f"{label}: {_number(value)}{unit}",
+                i % every == 0,
+            )
+        )
     ticks = [(round(_TOP + plot_h - plot_h * k / 4, 2), _tick(top * k / 4) + unit) for k in range(5)]
     return Chart(shown, ticks)
 

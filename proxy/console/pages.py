@@ -25,8 +25,20 @@ if TYPE_CHECKING:
     from proxy.console import Console
 
 # What a key's page shows apart from its settings (and what an edit leaves alone).
-_KEY_META = ("name", "source", "tenant", "state", "fingerprint", "previous_valid_until", "revision", "created_at",
-             "created_by", "updated_at", "updated_by", "enabled")
+_KEY_META = (
+    "name",
+    "source",
+    "tenant",
+    "state",
+    "fingerprint",
+    "previous_valid_until",
+    "revision",
+    "created_at",
+    "created_by",
+    "updated_at",
+    "updated_by",
+    "enabled",
+)
 _TENANT_META = ("name", "labels", "created_at", "created_by", "updated_at", "updated_by")
 _REQUEST_FILTERS = ("key", "tenant", "model", "route", "status", "since", "until", "request_id")
 _SPEND_GROUPS = ("tenant", "key", "model", "route", "channel")
@@ -35,8 +47,9 @@ _WHOLE = re.compile(r"[0-9]{1,12}")  # ASCII digits only (str.isdigit takes '²'
 
 async def keys(console: Console, page: Page) -> web.StreamResponse:
     query = page.request.query
-    listed = await console.ops.list_keys(page.actor, query.get("tenant") or None, query.get("label") or None,
-                                         query.get("state") or None)
+    listed = await console.ops.list_keys(
+        page.actor, query.get("tenant") or None, query.get("label") or None, query.get("state") or None
+    )
     tenants = await _tenant_names(console, page)
     return _render(console, page, "keys.html", keys=listed["keys"], tenants=tenants, query=query)
 
@@ -52,8 +65,16 @@ async def create_key(console: Console, page: Page) -> web.StreamResponse:
     if form.get("expires_at", "").strip():
         body["expires_at"] = _moment(form["expires_at"])
     made = await console.ops.create_key(page.actor, body)
-    return _render(console, page, "secret.html", key=made, secret=made["secret"], made="created",
-                   gateway_url=console.gateway_url(), model=console.example_model(made.get("models") or ["*"]))
+    return _render(
+        console,
+        page,
+        "secret.html",
+        key=made,
+        secret=made["secret"],
+        made="created",
+        gateway_url=console.gateway_url(),
+        model=console.example_model(made.get("models") or ["*"]),
+    )
 
 
 async def key(console: Console, page: Page) -> web.StreamResponse:
@@ -61,8 +82,15 @@ async def key(console: Console, page: Page) -> web.StreamResponse:
     found = await console.ops.get_key(page.actor, name)
     settings = {k: v for k, v in found.items() if k not in _KEY_META}
     usage = await _usage(console.ops.key_usage(page.actor, name))
-    return _render(console, page, "key.html", key=found, settings=jsonutil.dumps(settings).decode(),
-                   usage=usage, stored=found.get("source") == "store")
+    return _render(
+        console,
+        page,
+        "key.html",
+        key=found,
+        settings=jsonutil.dumps(settings).decode(),
+        usage=usage,
+        stored=found.get("source") == "store",
+    )
 
 
 async def update_key(console: Console, page: Page) -> web.StreamResponse:
@@ -87,8 +115,16 @@ async def key_action(console: Console, page: Page) -> web.StreamResponse:
         if not _WHOLE.fullmatch(grace):
             raise FormProblem("The old secret's grace is a number of seconds.")
         made = await console.ops.rotate_key(page.actor, name, {"grace_s": int(grace)})
-        return _render(console, page, "secret.html", key=made, secret=made["secret"], made="rotated",
-                       gateway_url=console.gateway_url(), model=console.example_model(made.get("models") or ["*"]))
+        return _render(
+            console,
+            page,
+            "secret.html",
+            key=made,
+            secret=made["secret"],
+            made="rotated",
+            gateway_url=console.gateway_url(),
+            model=console.example_model(made.get("models") or ["*"]),
+        )
     elif action == "delete":
         await console.ops.delete_key(page.actor, name)
         return see_other(f"{PATH}/keys")
@@ -118,8 +154,16 @@ async def tenant(console: Console, page: Page) -> web.StreamResponse:
     settings = {k: v for k, v in found.items() if k not in _TENANT_META}
     usage = await _usage(console.ops.tenant_usage(page.actor, name))
     tenant_keys = (await console.ops.list_keys(page.actor, name))["keys"]
-    return _render(console, page, "tenant.html", tenant=found, settings=jsonutil.dumps(settings).decode(),
-                   labels=jsonutil.dumps(found.get("labels") or {}).decode(), usage=usage, keys=tenant_keys)
+    return _render(
+        console,
+        page,
+        "tenant.html",
+        tenant=found,
+        settings=jsonutil.dumps(settings).decode(),
+        labels=jsonutil.dumps(found.get("labels") or {}).decode(),
+        usage=usage,
+        keys=tenant_keys,
+    )
 
 
 async def update_tenant(console: Console, page: Page) -> web.StreamResponse:
@@ -147,8 +191,10 @@ async def spend(console: Console, page: Page) -> web.StreamResponse:
         grouped = await console.reads.spend(page.actor, {**filters, "by": group})
         return _csv(grouped["rows"], [group], f"spend-by-{group}.csv")
     # Both at once, on two of the database's connections: each reads the same span.
-    grouped, daily = await asyncio.gather(console.reads.spend(page.actor, {**filters, "by": group}),
-                                          console.reads.spend(page.actor, {**filters, "by": "day"}))
+    grouped, daily = await asyncio.gather(
+        console.reads.spend(page.actor, {**filters, "by": group}),
+        console.reads.spend(page.actor, {**filters, "by": "day"}),
+    )
     chart = bars(_every_day(daily))
     budgets = None
     if filters.get("key"):
@@ -156,9 +202,21 @@ async def spend(console: Console, page: Page) -> web.StreamResponse:
     elif filters.get("tenant") or page.actor.role == "tenant-admin":
         budgets = await _usage(console.ops.tenant_usage(page.actor, filters.get("tenant") or page.actor.tenant or ""))
     rows = sorted(grouped["rows"], key=lambda row: -row["cost"])
-    return _render(console, page, "spend.html", rows=rows, group=group, groups=_SPEND_GROUPS, chart=chart,
-                   daily=daily["rows"], filters=filters, since=grouped["since"], until=grouped["until"],
-                   csv_link=f"{PATH}/spend?{urlencode({**filters, 'by': group, 'format': 'csv'})}", budgets=budgets)
+    return _render(
+        console,
+        page,
+        "spend.html",
+        rows=rows,
+        group=group,
+        groups=_SPEND_GROUPS,
+        chart=chart,
+        daily=daily["rows"],
+        filters=filters,
+        since=grouped["since"],
+        until=grouped["until"],
+        csv_link=f"{PATH}/spend?{urlencode({**filters, 'by': group, 'format': 'csv'})}",
+        budgets=budgets,
+    )
 
 
 async def requests(console: Console, page: Page) -> web.StreamResponse:
@@ -187,21 +245,32 @@ async def audit(console: Console, page: Page) -> web.StreamResponse:
     before = query.get("before", "")
     if before and not _WHOLE.fullmatch(before):
         raise FormProblem("'before' is an entry's number.")
-    found = await console.ops.audit(page.actor, query.get("tenant") or None, query.get("target") or None,
-                                    query.get("actor") or None, 100, int(before) if before else None)
+    found = await console.ops.audit(
+        page.actor,
+        query.get("tenant") or None,
+        query.get("target") or None,
+        query.get("actor") or None,
+        100,
+        int(before) if before else None,
+    )
     filters = {k: query[k] for k in ("tenant", "target", "actor") if query.get(k)}
     after = f"{PATH}/audit?{urlencode({**filters, 'before': found['next_before']})}" if found["next_before"] else None
     return _render(console, page, "audit.html", entries=found["entries"], filters=filters, after=after)
 
 
 ROUTES = [
-    ("GET", "/keys", keys), ("POST", "/keys", create_key),
-    ("GET", "/keys/{name}", key), ("POST", "/keys/{name}", update_key),
+    ("GET", "/keys", keys),
+    ("POST", "/keys", create_key),
+    ("GET", "/keys/{name}", key),
+    ("POST", "/keys/{name}", update_key),
     ("POST", "/keys/{name}/{action}", key_action),
-    ("GET", "/tenants", tenants), ("POST", "/tenants", create_tenant),
-    ("GET", "/tenants/{name}", tenant), ("POST", "/tenants/{name}", update_tenant),
+    ("GET", "/tenants", tenants),
+    ("POST", "/tenants", create_tenant),
+    ("GET", "/tenants/{name}", tenant),
+    ("POST", "/tenants/{name}", update_tenant),
     ("GET", "/spend", spend),
-    ("GET", "/requests", requests), ("GET", "/requests/{id}", request),
+    ("GET", "/requests", requests),
+    ("GET", "/requests/{id}", request),
     ("GET", "/channels", channels),
     ("GET", "/audit", audit),
 ]
@@ -266,5 +335,11 @@ def _csv(rows: list[dict[str, Any]], by: list[str], filename: str) -> web.Stream
     writer.writeheader()
     # A model or key name a client chose reaches a spreadsheet: nothing in it may run or hide there.
     writer.writerows({name: csv_cell(row.get(name)) for name in names} for row in rows)
-    return secure(web.Response(body=out.getvalue().encode(), content_type="text/csv", charset="utf-8",
-                               headers={"Content-Disposition": f'attachment; filename="{filename}"'}))
+    return secure(
+        web.Response(
+            body=out.getvalue().encode(),
+            content_type="text/csv",
+            charset="utf-8",
+            headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+        )
+    )

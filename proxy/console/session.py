@@ -30,12 +30,12 @@ PATH = "/console"
 
 @dataclass(slots=True, frozen=True)
 class Session:
-    actor: str          # the audit trail's name for who signed in (token:NAME, oidc:SUBJECT, admin_token)
+    actor: str  # the audit trail's name for who signed in (token:NAME, oidc:SUBJECT, admin_token)
     role: str
     tenant: str | None
-    via: str            # "owner" (server.admin_token), "token" (a stored admin token) or "oidc"
+    via: str  # "owner" (server.admin_token), "token" (a stored admin token) or "oidc"
     token_sha256: str | None  # a stored admin token's digest (hex), checked on every page
-    expires: float      # epoch seconds
+    expires: float  # epoch seconds
     csrf: str
 
 
@@ -46,10 +46,19 @@ class Sessions:
         self._key = hashlib.sha256(b"modelgate console sessions\x00" + secret).digest()
         self.seconds = hours * 3600
 
-    def make(self, actor: str, role: str, tenant: str | None, via: str, token_sha256: str | None = None,
-             until: float | None = None) -> Session:
+    def make(
+        self,
+        actor: str,
+        role: str,
+        tenant: str | None,
+        via: str,
+        token_sha256: str | None = None,
+        until: float | None = None,
+    ) -> Session:
         expires = time.time() + self.seconds
-        return Session(actor, role, tenant, via, token_sha256, min(expires, until or expires), secrets.token_urlsafe(24))
+        return Session(
+            actor, role, tenant, via, token_sha256, min(expires, until or expires), secrets.token_urlsafe(24)
+        )
 
     def sign(self, session: Session) -> str:
         return self.signed(asdict(session))
@@ -62,8 +71,12 @@ class Sessions:
     def unsigned(self, value: str) -> dict[str, Any] | None:
         """What `signed` made of a dict, if this key made it; else None."""
         payload, _, mac = value.partition(".")
-        if not payload or len(value) > 4096 or not value.isascii() \
-                or not hmac.compare_digest(mac.encode(), self._mac(payload.encode()).encode()):
+        if (
+            not payload
+            or len(value) > 4096
+            or not value.isascii()
+            or not hmac.compare_digest(mac.encode(), self._mac(payload.encode()).encode())
+        ):
             return None
         try:
             data = orjson.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
@@ -81,8 +94,15 @@ class Sessions:
         return session if session is not None and session.expires > time.time() else None
 
     def set(self, response: web.StreamResponse, session: Session, secure: bool) -> None:
-        response.set_cookie(COOKIE, self.sign(session), max_age=max(1, int(session.expires - time.time())),
-                            path=PATH, httponly=True, samesite="Lax", secure=secure)
+        response.set_cookie(
+            COOKIE,
+            self.sign(session),
+            max_age=max(1, int(session.expires - time.time())),
+            path=PATH,
+            httponly=True,
+            samesite="Lax",
+            secure=secure,
+        )
 
     @staticmethod
     def clear(response: web.StreamResponse) -> None:

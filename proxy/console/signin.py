@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("modelgate.console")
 
-FLOW_S = 600          # a sign-in through the provider must come back within this
+FLOW_S = 600  # a sign-in through the provider must come back within this
 MAX_DOCUMENT = 1024 * 1024
 _DISCOVERY_S = 300.0  # the provider's discovery document is read again after this
 
@@ -47,8 +47,13 @@ class SignInFailures:
     until the window has passed (an operator-chosen `server.admin_token` must not be guessed
     online). Each process counts its own; at most `addresses` are remembered, the oldest let go."""
 
-    def __init__(self, most: int = 10, window_s: float = 60.0, addresses: int = 10_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        most: int = 10,
+        window_s: float = 60.0,
+        addresses: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.most, self.window_s, self.addresses, self.clock = most, window_s, addresses, clock
         self._seen: OrderedDict[str, list[float]] = OrderedDict()
 
@@ -63,10 +68,12 @@ class SignInFailures:
     def failed(self, source: str) -> None:
         times = self._seen.pop(source, [])
         times.append(self.clock())
-        self._seen[source] = times[-self.most:]
+        self._seen[source] = times[-self.most :]
         if len(times) == self.most:
-            log.warning("console sign-in: wrong tokens from one address; it is turned away for a while",
-                        extra={"source_ip": source, "failures": self.most, "window_s": self.window_s})
+            log.warning(
+                "console sign-in: wrong tokens from one address; it is turned away for a while",
+                extra={"source_ip": source, "failures": self.most, "window_s": self.window_s},
+            )
         while len(self._seen) > self.addresses:
             self._seen.popitem(last=False)
 
@@ -80,26 +87,48 @@ async def signin_page(console: Console, request: web.Request) -> web.StreamRespo
     return await _form(console, request, pre_token(request))
 
 
-async def _form(console: Console, request: web.Request, token: str, status: int = 200,
-                problem: str | None = None) -> web.StreamResponse:
-    response = console.render(request, "signin.html", status, token=token, problem=problem,
-                              oidc=console.config().oidc is not None)
-    response.set_cookie(PRE_COOKIE, token, max_age=FLOW_S, path=PATH, httponly=True, samesite="Strict",
-                        secure=console.secure_cookies(request))
+async def _form(
+    console: Console, request: web.Request, token: str, status: int = 200, problem: str | None = None
+) -> web.StreamResponse:
+    response = console.render(
+        request, "signin.html", status, token=token, problem=problem, oidc=console.config().oidc is not None
+    )
+    response.set_cookie(
+        PRE_COOKIE,
+        token,
+        max_age=FLOW_S,
+        path=PATH,
+        httponly=True,
+        samesite="Strict",
+        secure=console.secure_cookies(request),
+    )
     return response
 
 
 async def signin_with_token(console: Console, request: web.Request) -> web.StreamResponse:
     form = await read_form(request)
     expected = request.cookies.get(PRE_COOKIE, "")
-    if not expected or not csrf_holds(expected, form.get("csrf")) \
-            or not same_origin(request, console.config().public_url):
-        return await _form(console, request, pre_token(request), 403,
-                           "The sign-in form had expired or did not come from this console. Try again.")
+    if (
+        not expected
+        or not csrf_holds(expected, form.get("csrf"))
+        or not same_origin(request, console.config().public_url)
+    ):
+        return await _form(
+            console,
+            request,
+            pre_token(request),
+            403,
+            "The sign-in form had expired or did not come from this console. Try again.",
+        )
     source = request.remote or ""
     if FAILURES.barred(source):
-        return await _form(console, request, pre_token(request), 429, f"Too many wrong tokens from this address: "
-                           f"try again in {FAILURES.window_s:g} s.")
+        return await _form(
+            console,
+            request,
+            pre_token(request),
+            429,
+            f"Too many wrong tokens from this address: try again in {FAILURES.window_s:g} s.",
+        )
     credential = form.get("token", "").strip()
     sessions = await console.sessions()
     digest = hashlib.sha256(credential.encode("utf-8", "surrogateescape")).digest()
@@ -140,15 +169,31 @@ async def oidc_start(console: Console, request: web.Request) -> web.StreamRespon
         log.warning("the OIDC provider's discovery document could not be read", extra={"error": str(exc)})
         return console.error(request, None, 503, "The sign-in provider does not answer; try again shortly.")
     state, nonce, verifier = secrets.token_urlsafe(24), secrets.token_urlsafe(24), secrets.token_urlsafe(48)
-    url = prepare_grant_uri(provider["authorization_endpoint"], config.client_id, "code", config.redirect_url,
-                            " ".join(config.scopes), state, nonce=nonce,
-                            code_challenge=create_s256_code_challenge(verifier), code_challenge_method="S256")
+    url = prepare_grant_uri(
+        provider["authorization_endpoint"],
+        config.client_id,
+        "code",
+        config.redirect_url,
+        " ".join(config.scopes),
+        state,
+        nonce=nonce,
+        code_challenge=create_s256_code_challenge(verifier),
+        code_challenge_method="S256",
+    )
     response = see_other(url)
-    flow = (await console.sessions()).signed({"state": state, "nonce": nonce, "verifier": verifier,
-                                              "until": time.time() + FLOW_S})
+    flow = (await console.sessions()).signed(
+        {"state": state, "nonce": nonce, "verifier": verifier, "until": time.time() + FLOW_S}
+    )
     # Lax: the provider sends the browser back with a top-level GET, which must carry it.
-    response.set_cookie(PRE_COOKIE, flow, max_age=FLOW_S, path=PATH, httponly=True, samesite="Lax",
-                        secure=console.secure_cookies(request))
+    response.set_cookie(
+        PRE_COOKIE,
+        flow,
+        max_age=FLOW_S,
+        path=PATH,
+        httponly=True,
+        samesite="Lax",
+        secure=console.secure_cookies(request),
+    )
     return response
 
 
@@ -167,8 +212,14 @@ async def oidc_callback(console: Console, request: web.Request) -> web.StreamRes
         return console.error(request, None, 401, f"The sign-in provider did not sign you in ({_plain(error)}).")
     try:
         provider = await _discovered(console, config.issuer)
-        tokens = await _token(config.client_id, config.client_secret, provider["token_endpoint"], given["code"],
-                              config.redirect_url, flow["verifier"])
+        tokens = await _token(
+            config.client_id,
+            config.client_secret,
+            provider["token_endpoint"],
+            given["code"],
+            config.redirect_url,
+            flow["verifier"],
+        )
         verifier = _verifier(console, config, provider["jwks_uri"])
         claims = await verifier.claims(tokens["id_token"])
         if not secrets.compare_digest(str(claims.get("nonce", "")), flow["nonce"]):
@@ -220,9 +271,16 @@ def _verifier(console: Console, config: Any, jwks_uri: str) -> OidcVerifier:
     cached = console.oidc_cache.get("verifier")
     if cached is not None and cached.config.jwks_url == jwks_uri and cached.config.audience == config.client_id:
         return cached
-    verifier = OidcVerifier(OidcConfig(issuer=config.issuer, audience=config.client_id, jwks_url=jwks_uri,
-                                       role_claim=config.role_claim, tenant_claim=config.tenant_claim,
-                                       leeway_s=config.leeway_s))
+    verifier = OidcVerifier(
+        OidcConfig(
+            issuer=config.issuer,
+            audience=config.client_id,
+            jwks_url=jwks_uri,
+            role_claim=config.role_claim,
+            tenant_claim=config.tenant_claim,
+            leeway_s=config.leeway_s,
+        )
+    )
     console.oidc_cache["verifier"] = verifier
     return verifier
 
@@ -241,18 +299,24 @@ async def _get_json(url: str) -> dict[str, Any]:
     return found
 
 
-async def _token(client_id: str, client_secret: str | None, endpoint: str, code: str, redirect_url: str,
-                 verifier: str) -> dict[str, Any]:
+async def _token(
+    client_id: str, client_secret: str | None, endpoint: str, code: str, redirect_url: str, verifier: str
+) -> dict[str, Any]:
     """The authorization code exchanged, with the PKCE verifier (and the client's secret, by HTTP
     Basic, when it has one)."""
     from authlib.oauth2.rfc6749.parameters import prepare_token_request
 
-    body = prepare_token_request("authorization_code", code=code, redirect_uri=redirect_url, client_id=client_id,
-                                 code_verifier=verifier)
+    body = prepare_token_request(
+        "authorization_code", code=code, redirect_uri=redirect_url, client_id=client_id, code_verifier=verifier
+    )
     auth = aiohttp.BasicAuth(client_id, client_secret) if client_secret else None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-        async with http.post(endpoint, data=body, auth=auth, headers={
-                "Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"}) as answer:
+        async with http.post(
+            endpoint,
+            data=body,
+            auth=auth,
+            headers={"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"},
+        ) as answer:
             raw = await answer.content.read(MAX_DOCUMENT + 1)
             if answer.status != 200:
                 raise OSError(f"the token endpoint answered {answer.status}")

@@ -22,6 +22,25 @@ MODELS = ModelsFormat(MESSAGES, CONTENT)  # not a wire format a channel serves: 
 FORMATS: dict[str, Format] = {f.name: f for f in (MESSAGES, CONTENT, RESPONSES, IMAGES, VIDEO, ACCOUNT)}
 FORMAT_NAMES = tuple(FORMATS)
 
-__all__ = ["ACCOUNT", "CONTENT", "FORMATS", "FORMAT_NAMES", "IMAGES", "MESSAGES", "MODELS", "RESPONSES", "VIDEO",
-           "AccountFormat", "ContentFormat", "Format", "Generation", "ImagesFormat", "KeyLocation", "MessageFormat",
-           "ModelsFormat", "ResponseFormat", "Usage", "VideoTasks"]
+__all__ = [
+    "ACCOUNT",
+    "CONTENT",
+    "FORMATS",
+    "FORMAT_NAMES",
+    "IMAGES",
+    "MESSAGES",
+    "MODELS",
+    "RESPONSES",
+    "VIDEO",
+    "AccountFormat",
+    "ContentFormat",
+    "Format",
+    "Generation",
+    "ImagesFormat",
+    "KeyLocation",
+    "MessageFormat",
+    "ModelsFormat",
+    "ResponseFormat",
+    "Usage",
+    "VideoTasks",
+]

@@ -95,6 +95,7 @@ class Generation:
 @dataclass(slots=True)
 class EmbeddedImage:
     """A Base64 image in an answer, and how to put a URL where it was (in the format's own words)."""
+
     data: str
     place: Callable[[str, str], None]  # (url, media type)
 
@@ -159,8 +160,9 @@ class Format:
         """The places a key is read from: the spec's first."""
         return (self.key_location,) if strict else (self.key_location, *self.sdk_key_locations)
 
-    def client_keys(self, headers: CIMultiDictProxy[str] | CIMultiDict[str], query_keys: list[str],
-                    strict: bool = False) -> list[str]:
+    def client_keys(
+        self, headers: CIMultiDictProxy[str] | CIMultiDict[str], query_keys: list[str], strict: bool = False
+    ) -> list[str]:
         """The different keys the client sent, every copy in every place this format reads (one,
         normally; none, or two that differ, say the request names no single key); `query_keys`
         are the decoded values of its `key` query pairs."""
@@ -171,8 +173,9 @@ class Format:
                     found.append(key)
         return found
 
-    def client_key(self, headers: CIMultiDictProxy[str] | CIMultiDict[str], query_keys: list[str],
-                   strict: bool = False) -> str | None:
+    def client_key(
+        self, headers: CIMultiDictProxy[str] | CIMultiDict[str], query_keys: list[str], strict: bool = False
+    ) -> str | None:
         """The one key the client sent, or None (none sent, or two different ones)."""
         keys = self.client_keys(headers, query_keys, strict)
         return keys[0] if len(keys) == 1 else None
@@ -242,16 +245,26 @@ class Format:
         """`GET .../models` in this format's shape."""
         return {"object": "list", "data": [self.model_entry(m) for m in models]}
 
-    def error_payload(self, status: int, message: str, code: str | None = None,
-                      param: str | None = None) -> dict[str, Any]:
+    def error_payload(
+        self, status: int, message: str, code: str | None = None, param: str | None = None
+    ) -> dict[str, Any]:
         """The images / response / video shape (the spec shows none; see docs/errors.md)."""
-        return {"error": {"message": message, "type": generic_error_type(status),
-                          "param": param, "code": code}}
+        return {"error": {"message": message, "type": generic_error_type(status), "param": param, "code": code}}
 
-    def error_response(self, status: int, message: str, code: str | None = None,
-                       headers: dict[str, str] | None = None, param: str | None = None) -> web.Response:
-        return web.Response(status=status, body=jsonutil.dumps(self.error_payload(status, message, code, param)),
-                            content_type="application/json", headers=headers)
+    def error_response(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        param: str | None = None,
+    ) -> web.Response:
+        return web.Response(
+            status=status,
+            body=jsonutil.dumps(self.error_payload(status, message, code, param)),
+            content_type="application/json",
+            headers=headers,
+        )
 
     def usage_from_body(self, body: Any) -> Usage | None:
         """Usage as the message, response and images formats report it: `usage.input_tokens` and
@@ -259,9 +272,13 @@ class Format:
         usage = body.get("usage") if isinstance(body, dict) else None
         if not isinstance(usage, dict):
             return None
-        return Usage(token_count(usage, "input_tokens"), token_count(usage, "output_tokens"),
-                     token_count(usage.get("input_tokens_details"), "cached_tokens"),
-                     token_count(usage.get("output_tokens_details"), "reasoning_tokens"), final=True)
+        return Usage(
+            token_count(usage, "input_tokens"),
+            token_count(usage, "output_tokens"),
+            token_count(usage.get("input_tokens_details"), "cached_tokens"),
+            token_count(usage.get("output_tokens_details"), "reasoning_tokens"),
+            final=True,
+        )
 
     def usage_from_event(self, event: SSEEvent) -> Usage | None:
         return None
@@ -305,8 +322,9 @@ class Format:
         return b"event: error\ndata: " + jsonutil.dumps(payload) + b"\n\n"
 
 
-def _read_keys(location: KeyLocation, headers: CIMultiDictProxy[str] | CIMultiDict[str],
-               query_keys: list[str]) -> list[str]:
+def _read_keys(
+    location: KeyLocation, headers: CIMultiDictProxy[str] | CIMultiDict[str], query_keys: list[str]
+) -> list[str]:
     """Every non-empty key value in one place (a header or query name given twice gives two)."""
     if location is KeyLocation.QUERY:
         return [key for key in query_keys if key]

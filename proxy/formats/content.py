@@ -11,10 +11,21 @@ from proxy.formats.counts import asked_count
 from proxy.wire import jsonutil
 from proxy.wire.sse import SSEEvent
 
-STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
-                404: "NOT_FOUND", 409: "ABORTED", 413: "PAYLOAD_TOO_LARGE", 429: "RESOURCE_EXHAUSTED",
-                499: "CANCELLED", 500: "INTERNAL", 501: "UNIMPLEMENTED", 502: "UNAVAILABLE",
-                503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+STATUS_NAMES = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ABORTED",
+    413: "PAYLOAD_TOO_LARGE",
+    429: "RESOURCE_EXHAUSTED",
+    499: "CANCELLED",
+    500: "INTERNAL",
+    501: "UNIMPLEMENTED",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
 _DATA_URL = re.compile(r"data:(image/[A-Za-z0-9.+-]+);base64,([A-Za-z0-9+/=]+)")
 # Status names a caller may ask for where the HTTP status alone is ambiguous (two 400s in 7.2).
 _NAMED = frozenset(STATUS_NAMES.values()) | {"FAILED_PRECONDITION", "OUT_OF_RANGE", "ALREADY_EXISTS"}
@@ -26,18 +37,26 @@ class ContentFormat(Format):
     key_location = KeyLocation.QUERY
     sdk_key_locations = (KeyLocation.GOOG_API_KEY,)  # the content SDK cannot put its key in the query
     # The upstream reads a field by its JSON name or its proto (snake_case) name.
-    output_field = (("generationConfig", "maxOutputTokens"), ("generationConfig", "max_output_tokens"),
-                    ("generation_config", "max_output_tokens"), ("generation_config", "maxOutputTokens"))
-    asking_less = ("a lower generationConfig.maxOutputTokens (and no larger limit under another name), or fewer "
-                   "candidates")
+    output_field = (
+        ("generationConfig", "maxOutputTokens"),
+        ("generationConfig", "max_output_tokens"),
+        ("generation_config", "max_output_tokens"),
+        ("generation_config", "maxOutputTokens"),
+    )
+    asking_less = (
+        "a lower generationConfig.maxOutputTokens (and no larger limit under another name), or fewer candidates"
+    )
 
     def outputs(self, body: Any) -> int:
         """`candidateCount` answers, each up to the output limit: the most any spelling names (an
         upstream reads the JSON and the proto names alike)."""
         if not isinstance(body, dict):
             return 1
-        return max(asked_count(body, config, name) or 1 for config in ("generationConfig", "generation_config")
-                   for name in ("candidateCount", "candidate_count"))
+        return max(
+            asked_count(body, config, name) or 1
+            for config in ("generationConfig", "generation_config")
+            for name in ("candidateCount", "candidate_count")
+        )
 
     def versioned_path(self, path: str, version: str | None) -> str:
         if version is None:
@@ -46,20 +65,25 @@ class ContentFormat(Format):
         return f"/{version}/models/{rest}"
 
     def model_entry(self, model: str) -> dict[str, Any]:
-        return {"name": f"models/{model}", "displayName": model,
-                "supportedGenerationMethods": ["generateContent", "streamGenerateContent", "countTokens"]}
+        return {
+            "name": f"models/{model}",
+            "displayName": model,
+            "supportedGenerationMethods": ["generateContent", "streamGenerateContent", "countTokens"],
+        }
 
     def model_list(self, models: list[str]) -> dict[str, Any]:
         return {"models": [self.model_entry(m) for m in models]}
 
-    def error_payload(self, status: int, message: str, code: str | None = None,
-                      param: str | None = None) -> dict[str, Any]:
+    def error_payload(
+        self, status: int, message: str, code: str | None = None, param: str | None = None
+    ) -> dict[str, Any]:
         name = code if code in _NAMED else STATUS_NAMES.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT")
         error: dict[str, Any] = {"code": status, "message": message, "status": name}
         if code and code not in _NAMED:
             # google.rpc's place for a machine-readable reason (spec 7.3's codes among them)
-            error["details"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": code,
-                                 "domain": "modelgate"}]
+            error["details"] = [
+                {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": code, "domain": "modelgate"}
+            ]
         return {"error": error}
 
     def asks_for_image_urls(self, body: Any) -> bool:
@@ -73,8 +97,11 @@ class ContentFormat(Format):
         if not isinstance(body, dict):
             return None
         key = "generationConfig" if "generationConfig" in body else "generation_config"
-        config = {k: v for k, v in (_either(body, "generationConfig", "generation_config") or {}).items()
-                  if k not in ("responseFormat", "response_format")}
+        config = {
+            k: v
+            for k, v in (_either(body, "generationConfig", "generation_config") or {}).items()
+            if k not in ("responseFormat", "response_format")
+        }
         return {**body, key: config}
 
     def embedded_images(self, answer: Any) -> list[EmbeddedImage]:
@@ -88,8 +115,10 @@ class ContentFormat(Format):
                 if isinstance(inline, dict) and isinstance(inline.get("data"), str):
                     found.append(EmbeddedImage(inline["data"], _file_data_into(part)))
                 elif isinstance(part.get("text"), str) and "data:image/" in part["text"]:
-                    found.extend(EmbeddedImage(match[2], _url_for_data_url(part, match[0]))
-                                 for match in _DATA_URL.finditer(part["text"]))
+                    found.extend(
+                        EmbeddedImage(match[2], _url_for_data_url(part, match[0]))
+                        for match in _DATA_URL.finditer(part["text"])
+                    )
         return found
 
     def usage_from_body(self, body: Any) -> Usage | None:
@@ -102,8 +131,13 @@ class ContentFormat(Format):
         thoughts = token_count(meta, "thoughtsTokenCount")
         if thoughts is not None:
             output = (output or 0) + thoughts
-        return Usage(token_count(meta, "promptTokenCount"), output, token_count(meta, "cachedContentTokenCount"),
-                     thoughts, final=True)
+        return Usage(
+            token_count(meta, "promptTokenCount"),
+            output,
+            token_count(meta, "cachedContentTokenCount"),
+            thoughts,
+            final=True,
+        )
 
     def usage_from_event(self, event: SSEEvent) -> Usage | None:
         """A stream's chunks carry a running count; only the one that finishes the answer (a
@@ -113,8 +147,10 @@ class ContentFormat(Format):
         chunk = event.json()
         usage = self.usage_from_body(chunk)
         if usage is not None:
-            usage.final = any(isinstance(candidate, dict) and candidate.get("finishReason")
-                              for candidate in items(chunk, "candidates"))
+            usage.final = any(
+                isinstance(candidate, dict) and candidate.get("finishReason")
+                for candidate in items(chunk, "candidates")
+            )
         return usage
 
     def stream_error(self, status: int, message: str, code: str | None = None) -> bytes:

@@ -14,6 +14,7 @@ from proxy.wire.sse import SSEEvent
 @dataclass(slots=True, frozen=True)
 class ImageMade:
     """One image an answer holds, as the answer names its size and quality (else as the request asked)."""
+
     size: str | None
     quality: str | None
 

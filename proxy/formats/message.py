@@ -11,8 +11,14 @@ from proxy.formats.base import Format, KeyLocation, Usage, token_count
 from proxy.wire import jsonutil
 from proxy.wire.sse import SSEEvent
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error"}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+}
 
 
 class MessageFormat(Format):
@@ -65,11 +71,16 @@ class MessageFormat(Format):
         return {"type": "model", "id": model, "display_name": model, "created_at": "1970-01-01T00:00:00Z"}
 
     def model_list(self, models: list[str]) -> dict[str, Any]:
-        return {"data": [self.model_entry(m) for m in models], "has_more": False,
-                "first_id": models[0] if models else None, "last_id": models[-1] if models else None}
+        return {
+            "data": [self.model_entry(m) for m in models],
+            "has_more": False,
+            "first_id": models[0] if models else None,
+            "last_id": models[-1] if models else None,
+        }
 
-    def error_payload(self, status: int, message: str, code: str | None = None,
-                      param: str | None = None) -> dict[str, Any]:
+    def error_payload(
+        self, status: int, message: str, code: str | None = None, param: str | None = None
+    ) -> dict[str, Any]:
         kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
         return {"error": {"type": kind, "message": message, "code": code or kind}}
 

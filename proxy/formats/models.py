@@ -26,6 +26,7 @@ class ModelsFormat(Format):
     def shape_for(self, headers: CIMultiDictProxy[str], query_keys: list[str]) -> Format:
         """The format whose SDK asked: told by where its key (or its version header) came. (Keys
         are read, and compared, in every place this route reads: plugins/auth.py.)"""
+
         def sent(name: str) -> bool:
             return any(headers.getall(name, []))
 

@@ -66,7 +66,15 @@ class ResponseFormat(Format):
         # The response format's error event, and the same again under `error`: the openai SDKs raise
         # an APIError with its message only for an event that carries one (else the stream just ends,
         # and a client learns no more than that no response.completed came).
-        payload = {"type": "error", "code": code, "message": message, "param": None,
-                   "error": {"type": "server_error" if status >= 500 else "invalid_request_error", "code": code,
-                             "message": message}}
+        payload = {
+            "type": "error",
+            "code": code,
+            "message": message,
+            "param": None,
+            "error": {
+                "type": "server_error" if status >= 500 else "invalid_request_error",
+                "code": code,
+                "message": message,
+            },
+        }
         return b"event: error\ndata: " + jsonutil.dumps(payload) + b"\n\n"

@@ -63,8 +63,9 @@ class VideoTasks(Format):
         return self.videos_asked(body)
 
     @staticmethod
-    def video_object(task_id: str, task: dict[str, Any], normal: dict[str, Any] | None,
-                     filtered_message: str | None = None) -> dict[str, Any]:
+    def video_object(
+        task_id: str, task: dict[str, Any], normal: dict[str, Any] | None, filtered_message: str | None = None
+    ) -> dict[str, Any]:
         """The SDK's video object for a task: what its submission said (`task`), and its last
         known status (`normal`, None: never polled, so queued). A filtered video has no content:
         to the SDK it is a failure, `content_filtered`."""
@@ -74,14 +75,28 @@ class VideoTasks(Format):
         if normal.get("filtered"):
             status, error = "failed", {"code": "content_filtered", "message": filtered_message or normal["message"]}
         progress = normal.get("progress")
-        return {"id": task_id, "object": "video", "model": task.get("model"), "status": status,
-                "progress": 100 if status == "completed" else progress if isinstance(progress, int) else 0,
-                "created_at": task.get("created_at"), "completed_at": normal.get("completed_at"),
-                "expires_at": None, "prompt": task.get("prompt"), "seconds": task.get("seconds"),
-                "size": task.get("size"), "remixed_from_video_id": None,
-                "error": error if status == "failed" else None}
+        return {
+            "id": task_id,
+            "object": "video",
+            "model": task.get("model"),
+            "status": status,
+            "progress": 100 if status == "completed" else progress if isinstance(progress, int) else 0,
+            "created_at": task.get("created_at"),
+            "completed_at": normal.get("completed_at"),
+            "expires_at": None,
+            "prompt": task.get("prompt"),
+            "seconds": task.get("seconds"),
+            "size": task.get("size"),
+            "remixed_from_video_id": None,
+            "error": error if status == "failed" else None,
+        }
 
     @staticmethod
     def video_list(objects: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
-        return {"object": "list", "data": objects, "has_more": has_more,
-                "first_id": objects[0]["id"] if objects else None, "last_id": objects[-1]["id"] if objects else None}
+        return {
+            "object": "list",
+            "data": objects,
+            "has_more": has_more,
+            "first_id": objects[0]["id"] if objects else None,
+            "last_id": objects[-1]["id"] if objects else None,
+        }

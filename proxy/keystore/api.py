@@ -53,8 +53,14 @@ class AdminApi:
     """The routes, over one AdminOps; `is_admin_token(request)` says whether a request carries
     `server.admin_token` (True), another credential (False) or none (None)."""
 
-    def __init__(self, ops: AdminOps, is_admin_token: Callable[[web.Request], bool | None],
-                 owner: str = "admin_token", oidc: OidcVerifier | None = None, reads: AdminReads | None = None) -> None:
+    def __init__(
+        self,
+        ops: AdminOps,
+        is_admin_token: Callable[[web.Request], bool | None],
+        owner: str = "admin_token",
+        oidc: OidcVerifier | None = None,
+        reads: AdminReads | None = None,
+    ) -> None:
         self.ops = ops
         self.reads = reads  # what the gateway did (None: no gateway runs here, as for the CLI's -c)
         self.oidc = oidc  # bearer JWTs from the configured issuer, when there is one
@@ -64,14 +70,26 @@ class AdminApi:
     def routes(self) -> list[Route]:
         ops = self.ops
         return [
-            ("GET", "/keys", self._call(lambda a, r, b: ops.list_keys(
-                a, r.query.get("tenant"), r.query.get("label"), r.query.get("state")))),
-            ("POST", "/keys", self._call(lambda a, r, b: ops.create_key(a, b, r.headers.get("Idempotency-Key")),
-                                         created=True)),
+            (
+                "GET",
+                "/keys",
+                self._call(
+                    lambda a, r, b: ops.list_keys(a, r.query.get("tenant"), r.query.get("label"), r.query.get("state"))
+                ),
+            ),
+            (
+                "POST",
+                "/keys",
+                self._call(lambda a, r, b: ops.create_key(a, b, r.headers.get("Idempotency-Key")), created=True),
+            ),
             ("GET", "/keys/{name}", self._call(lambda a, r, b: ops.get_key(a, r.match_info["name"]))),
             ("PATCH", "/keys/{name}", self._call(lambda a, r, b: ops.update_key(a, r.match_info["name"], b))),
             ("DELETE", "/keys/{name}", self._call(lambda a, r, b: ops.delete_key(a, r.match_info["name"]))),
-            ("POST", "/keys/{name}/disable", self._call(lambda a, r, b: ops.set_enabled(a, r.match_info["name"], False))),
+            (
+                "POST",
+                "/keys/{name}/disable",
+                self._call(lambda a, r, b: ops.set_enabled(a, r.match_info["name"], False)),
+            ),
             ("POST", "/keys/{name}/enable", self._call(lambda a, r, b: ops.set_enabled(a, r.match_info["name"], True))),
             ("POST", "/keys/{name}/rotate", self._call(lambda a, r, b: ops.rotate_key(a, r.match_info["name"], b))),
             ("GET", "/keys/{name}/usage", self._call(lambda a, r, b: ops.key_usage(a, r.match_info["name"]))),
@@ -83,12 +101,25 @@ class AdminApi:
             ("GET", "/tenants/{name}/usage", self._call(lambda a, r, b: ops.tenant_usage(a, r.match_info["name"]))),
             ("GET", "/admin-tokens", self._call(lambda a, r, b: ops.list_admin_tokens(a))),
             ("POST", "/admin-tokens", self._call(lambda a, r, b: ops.create_admin_token(a, b), created=True)),
-            ("DELETE", "/admin-tokens/{name}", self._call(
-                lambda a, r, b: ops.delete_admin_token(a, r.match_info["name"]))),
-            ("GET", "/audit", self._call(lambda a, r, b: ops.audit(
-                a, r.query.get("tenant"), r.query.get("target"), r.query.get("actor"),
-                _int(r.query.get("limit", "100"), "limit"),
-                _int(r.query["before"], "before") if "before" in r.query else None))),
+            (
+                "DELETE",
+                "/admin-tokens/{name}",
+                self._call(lambda a, r, b: ops.delete_admin_token(a, r.match_info["name"])),
+            ),
+            (
+                "GET",
+                "/audit",
+                self._call(
+                    lambda a, r, b: ops.audit(
+                        a,
+                        r.query.get("tenant"),
+                        r.query.get("target"),
+                        r.query.get("actor"),
+                        _int(r.query.get("limit", "100"), "limit"),
+                        _int(r.query["before"], "before") if "before" in r.query else None,
+                    )
+                ),
+            ),
             *self._read_routes(),
         ]
 
@@ -103,8 +134,9 @@ class AdminApi:
             ("GET", "/channels", self._call(lambda a, r, b: reads.channels(a))),
         ]
 
-    def _call(self, operation: Callable[[Actor, web.Request, Any], Awaitable[dict[str, Any]]],
-              created: bool = False) -> Handler:
+    def _call(
+        self, operation: Callable[[Actor, web.Request, Any], Awaitable[dict[str, Any]]], created: bool = False
+    ) -> Handler:
         async def handle(request: web.Request) -> web.StreamResponse:
             # An id for the audit trail and the answer: the caller's, when it is a plain one.
             given = request.headers.get("X-Request-Id", "")
@@ -127,15 +159,21 @@ class AdminApi:
                 return _json(409, AdminError(409, "conflict", "taken by a change made at the same time").body())
             except asyncpg.DataError as exc:  # a value PostgreSQL cannot hold (a NUL, a time out of range)
                 ADMIN_REQUESTS.labels(actor.role if actor else "none", "400").inc()
-                return _json(400, AdminError(400, "invalid_field", f"a value the store cannot hold "
-                                             f"({type(exc).__name__})").body())
+                return _json(
+                    400,
+                    AdminError(400, "invalid_field", f"a value the store cannot hold ({type(exc).__name__})").body(),
+                )
             except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, SchemaTooNew) as exc:
                 # The store away or failing: the keys each process holds keep working.
                 ADMIN_REQUESTS.labels(actor.role if actor else "none", "503").inc()
                 log.warning("the key store did not answer an admin request", extra={"error": type(exc).__name__})
-                return _json(503, AdminError(503, "key_store_unavailable",
-                                             "the key store (PostgreSQL) does not answer; retry later").body(),
-                             {"Retry-After": "5"})
+                return _json(
+                    503,
+                    AdminError(
+                        503, "key_store_unavailable", "the key store (PostgreSQL) does not answer; retry later"
+                    ).body(),
+                    {"Retry-After": "5"},
+                )
             status = 201 if created and not answer.get("replayed") else 200
             ADMIN_REQUESTS.labels(actor.role, str(status)).inc()
             return _json(status, answer)
@@ -150,8 +188,9 @@ class AdminApi:
         if self.is_admin_token(request):
             return Actor(self.owner, "owner", None, source, request_id)
         if scheme.lower() != "bearer" or not credential.strip():
-            raise AdminError(401, "admin_credential_required",
-                             "the admin API needs an admin token: Authorization: Bearer <token>")
+            raise AdminError(
+                401, "admin_credential_required", "the admin API needs an admin token: Authorization: Bearer <token>"
+            )
         token = credential.strip()
         if self.oidc is not None and token.count(".") == 2:  # a JWT: no admin token has two dots
             try:
@@ -159,10 +198,12 @@ class AdminApi:
             except OidcRefused as exc:
                 raise AdminError(401, "invalid_admin_credential", str(exc)) from None
             except (OSError, TimeoutError, aiohttp.ClientError):
-                raise AdminError(503, "identity_provider_unavailable",
-                                 "the issuer's keys cannot be read; retry later") from None
+                raise AdminError(
+                    503, "identity_provider_unavailable", "the issuer's keys cannot be read; retry later"
+                ) from None
         found = await self.ops.store.admin_token(
-            hashlib.sha256(credential.strip().encode("utf-8", "surrogateescape")).digest())
+            hashlib.sha256(credential.strip().encode("utf-8", "surrogateescape")).digest()
+        )
         if found is None:
             raise AdminError(401, "invalid_admin_credential", "unknown, expired or deleted admin token")
         name, role, tenant = found
@@ -193,5 +234,9 @@ def _int(value: str, field: str) -> int:
 
 
 def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=jsonutil.dumps(body), content_type="application/json",
-                        headers={"Cache-Control": "no-store", **(headers or {})})
+    return web.Response(
+        status=status,
+        body=jsonutil.dumps(body),
+        content_type="application/json",
+        headers={"Cache-Control": "no-store", **(headers or {})},
+    )

@@ -43,8 +43,10 @@ def add_commands(commands: Any) -> None:
     listing.add_argument("--state", choices=("active", "disabled", "expired"))
     for action in ("show", "disable", "enable", "delete"):
         actions.add_parser(action).add_argument("name")
-    actions.add_parser("usage", help="its spend today and this month, its budgets' windows (a running "
-                       "gateway's plugins answer: --admin-url)").add_argument("name")
+    actions.add_parser(
+        "usage",
+        help="its spend today and this month, its budgets' windows (a running gateway's plugins answer: --admin-url)",
+    ).add_argument("name")
     update = actions.add_parser("update", help="change a key's settings (the ones given)")
     update.add_argument("name")
     _key_settings(update)
@@ -55,16 +57,19 @@ def add_commands(commands: Any) -> None:
     tenants = commands.add_parser("tenants", help="tenants in the key store")
     actions = _Leaves(tenants.add_subparsers(dest="action", required=True), target)
     for action in ("create", "update"):
-        parser = actions.add_parser(action, help="limits (--rpm, --tpm, --concurrent) and --set budget=JSON hold "
-                                    "for every key of the tenant together")
+        parser = actions.add_parser(
+            action,
+            help="limits (--rpm, --tpm, --concurrent) and --set budget=JSON hold for every key of the tenant together",
+        )
         parser.add_argument("name")
         parser.add_argument("--label", action="append", default=[], metavar="NAME=VALUE")
         _limits_and_fields(parser)
     actions.add_parser("list")
     for action in ("show", "delete"):
         actions.add_parser(action).add_argument("name")
-    actions.add_parser("usage", help="the tenant's spend and budgets, every key of it together (--admin-url)"
-                       ).add_argument("name")
+    actions.add_parser(
+        "usage", help="the tenant's spend and budgets, every key of it together (--admin-url)"
+    ).add_argument("name")
 
     tokens = commands.add_parser("admin-token", help="admin tokens: who may use the admin API")
     actions = _Leaves(tokens.add_subparsers(dest="action", required=True), target)
@@ -96,10 +101,16 @@ class _Leaves:
 def _target() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("-c", "--config", help="talk to the key store this config names, as an owner")
-    parser.add_argument("--admin-url", default=os.environ.get("MODELGATE_ADMIN_URL"),
-                        help="a gateway's admin listener (default $MODELGATE_ADMIN_URL)")
-    parser.add_argument("--admin-token", default=os.environ.get("MODELGATE_ADMIN_TOKEN"),
-                        help="an admin token (default $MODELGATE_ADMIN_TOKEN)")
+    parser.add_argument(
+        "--admin-url",
+        default=os.environ.get("MODELGATE_ADMIN_URL"),
+        help="a gateway's admin listener (default $MODELGATE_ADMIN_URL)",
+    )
+    parser.add_argument(
+        "--admin-token",
+        default=os.environ.get("MODELGATE_ADMIN_TOKEN"),
+        help="an admin token (default $MODELGATE_ADMIN_TOKEN)",
+    )
     return parser
 
 
@@ -115,8 +126,13 @@ def _limits_and_fields(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rpm", type=int)
     parser.add_argument("--tpm", type=int)
     parser.add_argument("--concurrent", type=int)
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
-                        help="a field a plugin reads (a budget, say), as JSON (see docs/administration.md)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=JSON",
+        help="a field a plugin reads (a budget, say), as JSON (see docs/administration.md)",
+    )
 
 
 def _labels(pairs: list[str]) -> dict[str, str]:
@@ -158,13 +174,25 @@ def request_of(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | Non
     quote = urllib.parse.quote
     command, action = args.command, getattr(args, "action", None)
     if command == "audit":
-        query = {k: v for k, v in (("tenant", args.tenant), ("target", args.target), ("actor", args.actor),
-                                   ("limit", str(args.limit))) if v is not None}
+        query = {
+            k: v
+            for k, v in (
+                ("tenant", args.tenant),
+                ("target", args.target),
+                ("actor", args.actor),
+                ("limit", str(args.limit)),
+            )
+            if v is not None
+        }
         return "GET", "/audit?" + urllib.parse.urlencode(query), None, {}
     if command == "admin-token":
         if action == "create":
-            return "POST", "/admin-tokens", {"name": args.name, "role": args.role, "tenant": args.tenant,
-                                             "expires_at": args.expires}, {}
+            return (
+                "POST",
+                "/admin-tokens",
+                {"name": args.name, "role": args.role, "tenant": args.tenant, "expires_at": args.expires},
+                {},
+            )
         if action == "list":
             return "GET", "/admin-tokens", None, {}
         return "DELETE", f"/admin-tokens/{quote(args.name, safe='')}", None, {}
@@ -220,13 +248,18 @@ def run(args: argparse.Namespace, config: Any | None) -> int:
     return 0
 
 
-def _over_http(url: str, token: str, method: str, path: str, body: dict[str, Any] | None,
-               headers: dict[str, str]) -> tuple[int, Any]:
+def _over_http(
+    url: str, token: str, method: str, path: str, body: dict[str, Any] | None, headers: dict[str, str]
+) -> tuple[int, Any]:
     from proxy.keystore.api import PREFIX
 
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url.rstrip("/") + PREFIX + path, data=data, method=method, headers={
-        "Authorization": f"Bearer {token}", "Content-Type": "application/json", **headers})
+    request = urllib.request.Request(
+        url.rstrip("/") + PREFIX + path,
+        data=data,
+        method=method,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json", **headers},
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 (an operator's own URL)
             return answer.status, json.loads(answer.read() or b"{}")
@@ -239,8 +272,9 @@ def _over_http(url: str, token: str, method: str, path: str, body: dict[str, Any
         return 503, {"error": {"code": "unreachable", "message": f"{url}: {exc}"}}
 
 
-async def _direct(config: Any, method: str, path: str, body: dict[str, Any] | None,
-                  headers: dict[str, str]) -> tuple[int, Any]:
+async def _direct(
+    config: Any, method: str, path: str, body: dict[str, Any] | None, headers: dict[str, str]
+) -> tuple[int, Any]:
     """The same call, made to the admin API served for it alone: on a loopback port of its own,
     against the store itself, for one token made for this call (the caller is an owner)."""
     import hmac
@@ -256,9 +290,11 @@ async def _direct(config: Any, method: str, path: str, body: dict[str, Any] | No
         return 400, {"error": {"code": "no_key_store", "message": "the config names no key_store.database_url"}}
     token = secrets.token_urlsafe(32)
     store = KeyStore(config.key_store.database_url, config.key_store.timeout_s)
-    api = AdminApi(AdminOps(store, lambda: config.keys, reporters=None),
-                   lambda request: hmac.compare_digest(request.headers.get("Authorization", ""), f"Bearer {token}"),
-                   owner=f"cli:{getpass.getuser()}")
+    api = AdminApi(
+        AdminOps(store, lambda: config.keys, reporters=None),
+        lambda request: hmac.compare_digest(request.headers.get("Authorization", ""), f"Bearer {token}"),
+        owner=f"cli:{getpass.getuser()}",
+    )
     app = web.Application()
     for route_method, route_path, handler in api.routes():
         app.router.add_route(route_method, PREFIX + route_path, handler)

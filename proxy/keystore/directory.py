@@ -19,8 +19,8 @@ import gc
 import hmac
 import logging
 import time
-from datetime import datetime, timezone
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 from prometheus_client import Counter, Histogram
@@ -33,14 +33,16 @@ from proxy.policy.keys import GatewayKey, GatewayTenant, count_keys
 log = logging.getLogger("modelgate.keystore")
 
 RETRY_S = 0.5  # while the store does not answer, how often it is tried
-BATCH = 200    # keys made live between two turns of the loop
+BATCH = 200  # keys made live between two turns of the loop
 # Keys made live since the collector last had its long-lived objects frozen, past which they are
 # (see KeySync.refresh): a thousand keys add a few milliseconds to each of its full passes.
 FREEZE_AFTER = 1000
 
-KEY_STORE_LAG = Histogram("modelgate_key_store_propagation_seconds",
-                          "From a stored key's change committed to this process holding it",
-                          buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 30, 120))
+KEY_STORE_LAG = Histogram(
+    "modelgate_key_store_propagation_seconds",
+    "From a stored key's change committed to this process holding it",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 30, 120),
+)
 KEY_STORE_SYNCS = Counter("modelgate_key_store_syncs", "Reads of the key store's changes, by outcome", ["outcome"])
 
 
@@ -60,8 +62,11 @@ class StoredKeys:
         if found is not None:
             return found if hmac.compare_digest(found.sha256, wanted) else None
         previous = self._previous.get(wanted)
-        if previous is not None and datetime.now(timezone.utc) < previous[1] \
-                and hmac.compare_digest(previous[0].sha256, wanted):
+        if (
+            previous is not None
+            and datetime.now(timezone.utc) < previous[1]
+            and hmac.compare_digest(previous[0].sha256, wanted)
+        ):
             return previous[0]
         return None
 
@@ -72,8 +77,11 @@ class StoredKeys:
         """Against every key stored now (name: revision): the names held that are stored no more,
         and the names stored that are not held as they are."""
         gone = self.names() - stored.keys()
-        changed = [name for name, revision in stored.items()
-                   if (held := self._rows.get(name)) is None or held.revision != revision]
+        changed = [
+            name
+            for name, revision in stored.items()
+            if (held := self._rows.get(name)) is None or held.revision != revision
+        ]
         return gone, changed
 
     def drop(self, names: set[str]) -> None:
@@ -89,8 +97,7 @@ class StoredKeys:
                 try:
                     self._by_digest[row.sha256] = row.gateway_key()
                     if row.previous_sha256 is not None and row.previous_until is not None:
-                        self._previous[row.previous_sha256] = (row.gateway_key(row.previous_sha256),
-                                                               row.previous_until)
+                        self._previous[row.previous_sha256] = (row.gateway_key(row.previous_sha256), row.previous_until)
                     self._rows[row.name] = row
                 except ValueError:  # written by a newer release, or by hand: refused, as the API would
                     log.error("a stored key does not validate; it is not served", extra={"key_name": row.name})
@@ -141,9 +148,14 @@ class StoredTenants:
 class KeySync:
     """Keeps a StoredKeys current from a KeyStore (see the module's text)."""
 
-    def __init__(self, store: KeyStore, keys: StoredKeys, resync_s: float,
-                 tenants: StoredTenants | None = None,
-                 revoked: Callable[[Callable[[], set[str]]], object] | None = None) -> None:
+    def __init__(
+        self,
+        store: KeyStore,
+        keys: StoredKeys,
+        resync_s: float,
+        tenants: StoredTenants | None = None,
+        revoked: Callable[[Callable[[], set[str]]], object] | None = None,
+    ) -> None:
         self.store = store
         self.keys = keys
         # Told the names of keys that no longer serve (disabled, expired or deleted) after each
@@ -194,7 +206,7 @@ class KeySync:
         if full:
             self.keys.drop(gone)
         for start in range(0, len(rows), BATCH):
-            self.keys.apply(rows[start:start + BATCH], observe=not full)
+            self.keys.apply(rows[start : start + BATCH], observe=not full)
             await asyncio.sleep(0)
         self._unfrozen += len(rows)
         if self._unfrozen >= FREEZE_AFTER:
@@ -228,8 +240,9 @@ class KeySync:
                 raise
             except Exception as exc:  # PostgreSQL away: the keys held keep working; tried again soon
                 if wait == self.resync_s:
-                    log.warning("the key store cannot be read; the keys held keep working",
-                                extra={"error": type(exc).__name__})
+                    log.warning(
+                        "the key store cannot be read; the keys held keep working", extra={"error": type(exc).__name__}
+                    )
                 await self._close_listener()
                 wait = min(self.resync_s, RETRY_S)  # back within a second of PostgreSQL, not a resync later
             try:

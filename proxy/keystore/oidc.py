@@ -46,9 +46,13 @@ class OidcVerifier:
         self._keys: KeySet | None = None
         self._fetched_at = -float("inf")
         self._lock = asyncio.Lock()
-        self._claims = jwt.JWTClaimsRegistry(leeway=config.leeway_s, iss={"essential": True, "value": config.issuer},
-                                             aud={"essential": True, "value": config.audience},
-                                             exp={"essential": True}, sub={"essential": True})
+        self._claims = jwt.JWTClaimsRegistry(
+            leeway=config.leeway_s,
+            iss={"essential": True, "value": config.issuer},
+            aud={"essential": True, "value": config.audience},
+            exp={"essential": True},
+            sub={"essential": True},
+        )
 
     async def actor(self, token: str, source: str | None, request_id: str | None) -> Actor:
         return self.actor_of(await self.claims(token), source, request_id)

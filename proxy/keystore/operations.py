@@ -37,8 +37,9 @@ class AdminError(Exception):
 
 def _name(value: Any, field: str = "name") -> str:
     if not isinstance(value, str) or not _NAME.fullmatch(value):
-        raise AdminError(400, "invalid_field", "1-64 letters, digits, '.', '_' or '-', starting with a letter or "
-                         "digit", field)
+        raise AdminError(
+            400, "invalid_field", "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", field
+        )
     return value
 
 
@@ -83,24 +84,27 @@ def _spec(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     except SpecProblem as exc:
         raise AdminError(400, "invalid_field", exc.message, exc.field or None) from None
     if "tenant" in entry.labels:
-        raise AdminError(400, "invalid_field", "a stored key's tenant is its `tenant` field, not a label",
-                         "labels.tenant")
+        raise AdminError(
+            400, "invalid_field", "a stored key's tenant is its `tenant` field, not a label", "labels.tenant"
+        )
     return entry.model_dump(mode="json", exclude={"name", "key", "sha256"}, exclude_unset=True)
 
 
 class AdminOps:
     """The operations, over one KeyStore; `configured` names the config file's keys (read only here)."""
 
-    def __init__(self, store: KeyStore, configured: Callable[[], list[Any]],
-                 reporters: Callable[[], list[Plugin]] | None = None) -> None:
+    def __init__(
+        self, store: KeyStore, configured: Callable[[], list[Any]], reporters: Callable[[], list[Plugin]] | None = None
+    ) -> None:
         self.store = store
         self.configured = configured
         # The running config's plugins, asked what they know of a key or tenant (None: no gateway
         # runs here, as for the CLI's -c, and usage reads are refused).
         self.reporters = reporters
 
-    async def check(self, actor: Actor, kind: str, mode: str, tenant: str | None, action: str,
-                     target: str | None = None) -> None:
+    async def check(
+        self, actor: Actor, kind: str, mode: str, tenant: str | None, action: str, target: str | None = None
+    ) -> None:
         if not allowed(actor, kind, mode, tenant):
             # Every attempt is kept, a read as a change: in the trail of the tenant the caller is
             # held to (a tenant-admin's attempts are its own tenant's to see), not of the one it tried.
@@ -110,16 +114,20 @@ class AdminOps:
 
     # --- keys ---
 
-    async def list_keys(self, actor: Actor, tenant: str | None = None, label: str | None = None,
-                        state: str | None = None) -> dict[str, Any]:
+    async def list_keys(
+        self, actor: Actor, tenant: str | None = None, label: str | None = None, state: str | None = None
+    ) -> dict[str, Any]:
         if actor.role == "tenant-admin":
             tenant = tenant or actor.tenant
         await self.check(actor, "key", READ, tenant, "key.list")
         now = datetime.now(timezone.utc)
         keys = [key.view(now) for key in await self.store.keys(tenant)]
         if actor.role != "tenant-admin":  # the config's keys too, by their `tenant` label when one is asked for
-            keys += [_configured_view(entry, now) for entry in self.configured()
-                     if tenant is None or entry.labels.get("tenant") == tenant]
+            keys += [
+                _configured_view(entry, now)
+                for entry in self.configured()
+                if tenant is None or entry.labels.get("tenant") == tenant
+            ]
         if label is not None:
             name, _, value = label.partition("=")
             keys = [k for k in keys if (k.get("labels") or {}).get(name) == value]
@@ -138,7 +146,7 @@ class AdminOps:
 
     async def create_key(self, actor: Actor, body: Any, idempotency_key: str | None = None) -> dict[str, Any]:
         if not isinstance(body, dict):
-            raise AdminError(400, "invalid_body", "a JSON object: {\"name\": ..., \"tenant\": ..., ...}")
+            raise AdminError(400, "invalid_body", 'a JSON object: {"name": ..., "tenant": ..., ...}')
         fields = dict(body)
         name = _name(fields.pop("name", None))
         tenant = fields.pop("tenant", None)
@@ -217,8 +225,9 @@ class AdminOps:
             return await self.store.key(name)
         except NotFound:
             if self._configured(actor, name) is not None:
-                raise AdminError(409, "configured_key", f"'{name}' is a key of the config file, read only here: "
-                                 "change it there") from None
+                raise AdminError(
+                    409, "configured_key", f"'{name}' is a key of the config file, read only here: change it there"
+                ) from None
             raise AdminError(404, "not_found", f"no key named '{name}'") from None
 
     async def key_usage(self, actor: Actor, name: str) -> dict[str, Any]:
@@ -234,8 +243,11 @@ class AdminOps:
                 key = stored.gateway_key()
             except ValueError:  # written by a newer release, or by hand: not served, so nothing to read
                 raise AdminError(409, "key_not_served", f"'{name}' does not validate here and is not served") from None
-        return {"name": name, "tenant": key.tenant.removeprefix("tenant:") if key.tenant.startswith("tenant:")
-                else None, **await self._reports(Subject(name, key.tenant, key))}
+        return {
+            "name": name,
+            "tenant": key.tenant.removeprefix("tenant:") if key.tenant.startswith("tenant:") else None,
+            **await self._reports(Subject(name, key.tenant, key)),
+        }
 
     async def tenant_usage(self, actor: Actor, name: str) -> dict[str, Any]:
         """What the plugins know of a tenant (every key of it together) now."""
@@ -246,8 +258,12 @@ class AdminOps:
 
     async def _reports(self, subject: Subject) -> dict[str, Any]:
         if self.reporters is None:
-            raise AdminError(400, "needs_a_gateway", "spend and budgets are read by a running gateway's plugins: "
-                             "ask one (--admin-url), not the key store (-c)")
+            raise AdminError(
+                400,
+                "needs_a_gateway",
+                "spend and budgets are read by a running gateway's plugins: "
+                "ask one (--admin-url), not the key store (-c)",
+            )
         reports = {}
         for plugin in self.reporters():
             try:
@@ -275,8 +291,9 @@ class AdminOps:
 
     async def create_tenant(self, actor: Actor, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
-            raise AdminError(400, "invalid_body", "a JSON object: {\"name\": ..., \"labels\": {...}, "
-                             "\"limits\": {...}, \"budget\": {...}}")
+            raise AdminError(
+                400, "invalid_body", 'a JSON object: {"name": ..., "labels": {...}, "limits": {...}, "budget": {...}}'
+            )
         fields = dict(body)
         name = _name(fields.pop("name", None))
         labels = _labels(fields.pop("labels", {}))
@@ -290,7 +307,7 @@ class AdminOps:
         """New labels (given whole), and settings merged into the tenant's (null resets one)."""
         _path_name(name)
         if not isinstance(body, dict):
-            raise AdminError(400, "invalid_body", "a JSON object: {\"labels\": {...}, \"limits\": {...}, ...}")
+            raise AdminError(400, "invalid_body", 'a JSON object: {"labels": {...}, "limits": {...}, ...}')
         if "name" in body:
             raise AdminError(400, "invalid_field", "a tenant's name cannot change", "name")
         await self.check(actor, "tenant", WRITE, name, "tenant.update", name)
@@ -321,14 +338,15 @@ class AdminOps:
 
     async def create_admin_token(self, actor: Actor, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
-            raise AdminError(400, "invalid_body", "a JSON object: {\"name\": ..., \"role\": ..., \"tenant\": ...}")
+            raise AdminError(400, "invalid_body", 'a JSON object: {"name": ..., "role": ..., "tenant": ...}')
         name = _name(body.get("name"))
         role, tenant = body.get("role"), body.get("tenant")
         if role not in ROLES:
             raise AdminError(400, "invalid_field", f"one of {', '.join(ROLES)}", "role")
         if (role == "tenant-admin") != (tenant is not None):
-            raise AdminError(400, "invalid_field", "a tenant-admin token names its tenant; no other role does",
-                             "tenant")
+            raise AdminError(
+                400, "invalid_field", "a tenant-admin token names its tenant; no other role does", "tenant"
+            )
         if tenant is not None:
             _name(tenant, "tenant")
         expires = body.get("expires_at")
@@ -360,8 +378,15 @@ class AdminOps:
             raise AdminError(404, "not_found", str(exc)) from None
         return {"name": name, "deleted": True}
 
-    async def audit(self, actor: Actor, tenant: str | None = None, target: str | None = None,
-                    by: str | None = None, limit: int = 100, before: int | None = None) -> dict[str, Any]:
+    async def audit(
+        self,
+        actor: Actor,
+        tenant: str | None = None,
+        target: str | None = None,
+        by: str | None = None,
+        limit: int = 100,
+        before: int | None = None,
+    ) -> dict[str, Any]:
         if actor.role == "tenant-admin":
             tenant = tenant or actor.tenant
         await self.check(actor, "audit", READ, tenant, "audit.read")
@@ -378,8 +403,14 @@ class AdminOps:
 
 def _configured_view(entry: Any, now: datetime) -> dict[str, Any]:
     """A config file's key as the API lists it: read only, and said to be so."""
-    state = "disabled" if not entry.enabled else "expired" if entry.expires_at and entry.expires_at <= now \
-        else "active"
-    return {"name": entry.name, "source": "config", "tenant": entry.labels.get("tenant"), "state": state,
-            "labels": entry.labels, "models": entry.models, "endpoints": entry.endpoints,
-            "fingerprint": entry.digest_hex()[:8]}
+    state = "disabled" if not entry.enabled else "expired" if entry.expires_at and entry.expires_at <= now else "active"
+    return {
+        "name": entry.name,
+        "source": "config",
+        "tenant": entry.labels.get("tenant"),
+        "state": state,
+        "labels": entry.labels,
+        "models": entry.models,
+        "endpoints": entry.endpoints,
+        "fingerprint": entry.digest_hex()[:8],
+    }

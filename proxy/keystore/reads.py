@@ -29,8 +29,9 @@ RECENT_S = 900  # the span the channels' error rates are counted over
 class AdminReads:
     """`plugins()` are the running config's plugins; `channels()` this process's channels."""
 
-    def __init__(self, ops: AdminOps, plugins: Callable[[], list[Plugin]],
-                 channels: Callable[[], list[Channel]]) -> None:
+    def __init__(
+        self, ops: AdminOps, plugins: Callable[[], list[Plugin]], channels: Callable[[], list[Channel]]
+    ) -> None:
         self.ops = ops
         self.plugins = plugins
         self.channels_of = channels
@@ -41,8 +42,11 @@ class AdminReads:
     async def request(self, actor: Actor, request_id: str) -> dict[str, Any]:
         found = await self._query(actor, "request", {"id": request_id}, "requests.read", request_id)
         if found.get("request") is None:
-            raise AdminError(404, "not_found", "no request recorded with that id" +
-                             (" in your tenant" if actor.role == "tenant-admin" else ""))
+            raise AdminError(
+                404,
+                "not_found",
+                "no request recorded with that id" + (" in your tenant" if actor.role == "tenant-admin" else ""),
+            )
         return found
 
     async def spend(self, actor: Actor, params: Mapping[str, str]) -> dict[str, Any]:
@@ -66,18 +70,33 @@ class AdminReads:
             state, left = health.state()
             counts = recent.get(channel.name, {"requests": 0, "errors": 0})
             pool = channel.pool
-            shown.append({
-                "name": channel.name, "breaker": state, "retry_in_s": round(left, 3) if state == "open" else None,
-                "failures_in_a_row": health.failures,
-                "health_check": None if channel.config.health_check is None else "down" if health.down else "up",
-                "pool": None if pool is None else {"open": pool.connections, "idle": pool.idle,
-                                                   "waiting": pool.waiting, "max": pool.max_connections},
-                "recent": {**counts, "error_rate": round(counts["errors"] / counts["requests"], 4)
-                           if counts["requests"] else None, "span_s": RECENT_S if found is not None else None}})
+            shown.append(
+                {
+                    "name": channel.name,
+                    "breaker": state,
+                    "retry_in_s": round(left, 3) if state == "open" else None,
+                    "failures_in_a_row": health.failures,
+                    "health_check": None if channel.config.health_check is None else "down" if health.down else "up",
+                    "pool": None
+                    if pool is None
+                    else {
+                        "open": pool.connections,
+                        "idle": pool.idle,
+                        "waiting": pool.waiting,
+                        "max": pool.max_connections,
+                    },
+                    "recent": {
+                        **counts,
+                        "error_rate": round(counts["errors"] / counts["requests"], 4) if counts["requests"] else None,
+                        "span_s": RECENT_S if found is not None else None,
+                    },
+                }
+            )
         return {"at": datetime.now(timezone.utc).isoformat(), "channels": shown}
 
-    async def _query(self, actor: Actor, name: str, params: Mapping[str, str], action: str,
-                     target: str | None = None) -> dict[str, Any]:
+    async def _query(
+        self, actor: Actor, name: str, params: Mapping[str, str], action: str, target: str | None = None
+    ) -> dict[str, Any]:
         asked = params.get("tenant")
         if asked is not None:
             asked = asked.removeprefix("tenant:")  # as the records name it, or as the tenant is named
@@ -92,8 +111,11 @@ class AdminReads:
             query["tenant"] = f"tenant:{tenant}"
         found = await self._ask(name, scope, query)
         if found is None:
-            raise AdminError(404, "not_recorded", "no plugin of this gateway records requests: "
-                             "give the usage ledger a database (docs/ledger.md)")
+            raise AdminError(
+                404,
+                "not_recorded",
+                "no plugin of this gateway records requests: give the usage ledger a database (docs/ledger.md)",
+            )
         return found
 
     async def _ask(self, name: str, scope: str | None, params: Mapping[str, str]) -> dict[str, Any] | None:
@@ -103,8 +125,11 @@ class AdminReads:
             except QueryProblem as exc:
                 raise AdminError(400, "invalid_field", exc.message, exc.field) from None
             except (OSError, TimeoutError) as exc:
-                raise AdminError(503, "records_unavailable", f"the records' database does not answer "
-                                 f"({type(exc).__name__}); retry later") from None
+                raise AdminError(
+                    503,
+                    "records_unavailable",
+                    f"the records' database does not answer ({type(exc).__name__}); retry later",
+                ) from None
             if found is not None:
                 return found
         return None

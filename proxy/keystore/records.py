@@ -97,8 +97,9 @@ class StoredKey:
         labels = dict(self.spec.get("labels") or {})
         if self.tenant:
             labels[TENANT_LABEL] = self.tenant
-        entry = KeyConfig.model_validate({**self.spec, "labels": labels, "name": self.name,
-                                          "sha256": (digest or self.sha256).hex()})
+        entry = KeyConfig.model_validate(
+            {**self.spec, "labels": labels, "name": self.name, "sha256": (digest or self.sha256).hex()}
+        )
         if entry.model_extra:  # plugins' fields, as their models read them (as the config's keys are read)
             entry.model_extra.update(key_settings(entry.model_extra))
         return gateway_key(entry)
@@ -116,12 +117,22 @@ class StoredKey:
     def view(self, now: datetime) -> dict[str, Any]:
         """As the admin API shows it: everything but the secret (its digest's first 8 hex digits
         tell two secrets apart in a support ticket without revealing either)."""
-        return {"name": self.name, "source": "store", "tenant": self.tenant, "state": self.state(now),
-                **self.spec, "fingerprint": self.sha256.hex()[:8],
-                "previous_valid_until": self.previous_until.isoformat() if self.previous_until and
-                self.previous_until > now else None,
-                "revision": self.revision, "created_at": self.created_at.isoformat(), "created_by": self.created_by,
-                "updated_at": self.updated_at.isoformat(), "updated_by": self.updated_by}
+        return {
+            "name": self.name,
+            "source": "store",
+            "tenant": self.tenant,
+            "state": self.state(now),
+            **self.spec,
+            "fingerprint": self.sha256.hex()[:8],
+            "previous_valid_until": self.previous_until.isoformat()
+            if self.previous_until and self.previous_until > now
+            else None,
+            "revision": self.revision,
+            "created_at": self.created_at.isoformat(),
+            "created_by": self.created_by,
+            "updated_at": self.updated_at.isoformat(),
+            "updated_by": self.updated_by,
+        }
 
 
 @dataclass(slots=True, frozen=True)
@@ -142,9 +153,15 @@ class Tenant:
         return GatewayTenant(self.name, read.limits, read.settings)
 
     def view(self) -> dict[str, Any]:
-        return {"name": self.name, "labels": self.labels, **self.spec,
-                "created_at": self.created_at.isoformat(), "created_by": self.created_by,
-                "updated_at": self.updated_at.isoformat(), "updated_by": self.updated_by}
+        return {
+            "name": self.name,
+            "labels": self.labels,
+            **self.spec,
+            "created_at": self.created_at.isoformat(),
+            "created_by": self.created_by,
+            "updated_at": self.updated_at.isoformat(),
+            "updated_by": self.updated_by,
+        }
 
 
 @dataclass(slots=True, frozen=True)

@@ -12,28 +12,28 @@ from typing import Protocol
 
 
 class Kind(enum.Enum):
-    REQUESTS = 1     # at most `limit` requests in any `window_s`
-    TOKENS = 2       # at most `limit` tokens in any `window_s` (reserved, then settled)
-    CONCURRENT = 3   # at most `limit` at once (a lease per request)
+    REQUESTS = 1  # at most `limit` requests in any `window_s`
+    TOKENS = 2  # at most `limit` tokens in any `window_s` (reserved, then settled)
+    CONCURRENT = 3  # at most `limit` at once (a lease per request)
 
 
 @dataclass(slots=True, frozen=True)
 class Check:
     """One limit to check for one request."""
 
-    key: str          # the counter's identity, e.g. "key:demo:rpm"
-    policy: str       # its name in headers and metrics, e.g. "key-rpm"
+    key: str  # the counter's identity, e.g. "key:demo:rpm"
+    policy: str  # its name in headers and metrics, e.g. "key-rpm"
     kind: Kind
     limit: int
     window_s: float
-    cost: int = 1     # tokens to reserve (TOKENS); 1 otherwise
+    cost: int = 1  # tokens to reserve (TOKENS); 1 otherwise
     subject: str = ""  # what is limited, e.g. "key:demo": a shared store keeps a subject's counters together
 
 
 @dataclass(slots=True, frozen=True)
 class Decision:
     allowed: bool
-    check: Check | None = None      # the refusing check, or the tightest window when allowed (a lease has none to tell)
+    check: Check | None = None  # the refusing check, or the tightest window when allowed (a lease has none to tell)
     remaining: int = 0
     retry_after_s: float = 0.0
     reset_s: float = 0.0

@@ -24,8 +24,8 @@ from collections.abc import Awaitable, Callable
 
 log = logging.getLogger("modelgate.ratelimit")
 
-LEASE_LIFE_S = 6.0     # a dead holder's leases count at most this long: well inside the 10 s the issue allows
-RENEW_EVERY_S = 1.5    # three rounds may fail or come late before a live holder's leases lapse
+LEASE_LIFE_S = 6.0  # a dead holder's leases count at most this long: well inside the 10 s the issue allows
+RENEW_EVERY_S = 1.5  # three rounds may fail or come late before a live holder's leases lapse
 
 # Renews the leases it is given ({lease set: request ids}); answers those no longer there.
 Renew = Callable[[dict[str, list[str]]], Awaitable[list[tuple[str, str]]]]
@@ -76,8 +76,13 @@ class Heartbeat:
         except Exception as exc:
             if not self._failing:
                 self._failing = True
-                log.warning("could not renew concurrency leases (tried again every %g s; they lapse after "
-                            "%g s without renewal): %s", self._every_s, self._life_s, exc or type(exc).__name__)
+                log.warning(
+                    "could not renew concurrency leases (tried again every %g s; they lapse after "
+                    "%g s without renewal): %s",
+                    self._every_s,
+                    self._life_s,
+                    exc or type(exc).__name__,
+                )
             return
         if self._failing:
             self._failing = False
@@ -86,9 +91,12 @@ class Heartbeat:
         for lease_set, request_id in lapsed:
             self.release(lease_set, request_id)
         if lapsed:
-            log.warning("concurrency leases lapsed while their requests ran (renewals failed or came late for "
-                        "%g s): their keys may run more than their limit at once until those requests end",
-                        self._life_s, extra={"lapsed": len(lapsed)})
+            log.warning(
+                "concurrency leases lapsed while their requests ran (renewals failed or came late for "
+                "%g s): their keys may run more than their limit at once until those requests end",
+                self._life_s,
+                extra={"lapsed": len(lapsed)},
+            )
 
     async def close(self) -> None:
         """No more rounds: what is still held lapses within the lease's life."""
@@ -97,6 +105,9 @@ class Heartbeat:
             beating.cancel()
             await asyncio.gather(beating, return_exceptions=True)
         if self._held:
-            log.warning("stopping with concurrency leases held: they lapse within %g s", self._life_s,
-                        extra={"held": sum(len(m) for m in self._held.values())})
+            log.warning(
+                "stopping with concurrency leases held: they lapse within %g s",
+                self._life_s,
+                extra={"held": sum(len(m) for m in self._held.values())},
+            )
         self._held.clear()

@@ -67,7 +67,9 @@ class MemoryLimiter:
                 else:
                     retry = max(0.0, window.free_at(amount, check.limit, check.window_s) - now)
                 return Decision(False, check, 0, retry, retry)
-            reset = (next(iter(window.entries.values()))[0] + check.window_s - now) if window.entries else check.window_s
+            reset = (
+                (next(iter(window.entries.values()))[0] + check.window_s - now) if window.entries else check.window_s
+            )
             if check.kind is not Kind.CONCURRENT and (tightest is None or remaining < tightest.remaining):
                 tightest = Decision(True, check, remaining, 0.0, max(0.0, reset))
         for check in checks:

@@ -62,7 +62,8 @@ local best_i, best_remaining, best_reset = 0, -1, 0
 local k = 1
 for i = 1, checks do
   local a = 2 + (i - 1) * 4
-  local kind, limit, window, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local kind, limit = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local window, cost = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   local z = KEYS[k]
   local remaining, reset
   if kind == 1 then
@@ -204,8 +205,14 @@ return gone
 
 
 class RedisLimiter:
-    def __init__(self, url: str, prefix: str, lease_life_s: float = LEASE_LIFE_S,
-                 renew_every_s: float = RENEW_EVERY_S, wait_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        lease_life_s: float = LEASE_LIFE_S,
+        renew_every_s: float = RENEW_EVERY_S,
+        wait_s: float = 0.5,
+    ) -> None:
         # wait_s (state.check_timeout_s): the longest a check waits on Redis before the fail mode
         # decides (the shared client's own timeouts are longer, for the image store's writes).
         self._wait_s = wait_s
@@ -242,8 +249,7 @@ class RedisLimiter:
                 self._hold(checks, request_id)
             return decision
         try:
-            found = await asyncio.gather(*(self._acquire_group(g, request_id) for g in groups),
-                                         return_exceptions=True)
+            found = await asyncio.gather(*(self._acquire_group(g, request_id) for g in groups), return_exceptions=True)
         except asyncio.CancelledError:
             for group in groups:
                 self._keep(group, request_id, "undo")
@@ -255,8 +261,9 @@ class RedisLimiter:
                 if isinstance(result, BaseException):
                     self._keep(group, request_id, "undo")
             taken = [g for g, r in zip(groups, found) if isinstance(r, Decision) and r.allowed]
-            undone = await asyncio.gather(*(self._call_finish(g, request_id, "undo") for g in taken),
-                                          return_exceptions=True)
+            undone = await asyncio.gather(
+                *(self._call_finish(g, request_id, "undo") for g in taken), return_exceptions=True
+            )
             for group, result in zip(taken, undone):
                 if isinstance(result, BaseException):
                     self._keep(group, request_id, "undo")
@@ -306,14 +313,16 @@ class RedisLimiter:
         if self._by_slot:
             answers = await self._renew_on_cluster(calls)
         else:
-            answers = await asyncio.gather(*(self._shared.calls.script(self._renewal, keys, args)
-                                             for keys, args in calls))
+            answers = await asyncio.gather(
+                *(self._shared.calls.script(self._renewal, keys, args) for keys, args in calls)
+            )
         gone = []
         for (keys, _), answer in zip(calls, answers):
             for at in range(0, len(answer), 2):
                 request_id = answer[at + 1]
-                gone.append((keys[int(answer[at]) - 1],
-                             request_id.decode() if isinstance(request_id, bytes) else request_id))
+                gone.append(
+                    (keys[int(answer[at]) - 1], request_id.decode() if isinstance(request_id, bytes) else request_id)
+                )
         return gone
 
     def _renewals(self, held: dict[str, list[str]]) -> list[tuple[list[str], list[Any]]]:
@@ -328,7 +337,7 @@ class RedisLimiter:
             for lease_set in lease_sets:
                 ids = held[lease_set]
                 for start in range(0, len(ids), _RENEW_BATCH):
-                    part = ids[start:start + _RENEW_BATCH]
+                    part = ids[start : start + _RENEW_BATCH]
                     if keys and len(args) - 1 - len(keys) + len(part) > _RENEW_BATCH:
                         calls.append((keys, args))
                         keys, args = [], [self._lease_ms]
@@ -415,8 +424,11 @@ class RedisLimiter:
                     while not await self._settle_kept():
                         await asyncio.sleep(0.1)
         if self._unsettled:
-            log.error("stopping with settlements Redis never took: their leases lapse within %g s",
-                      self._lease_ms / 1000, extra={"pending": len(self._unsettled)})
+            log.error(
+                "stopping with settlements Redis never took: their leases lapse within %g s",
+                self._lease_ms / 1000,
+                extra={"pending": len(self._unsettled)},
+            )
         shared, self._shared = self._shared, None  # type: ignore[assignment]
         if shared is not None:
             await unshare(shared)
@@ -432,8 +444,9 @@ class RedisLimiter:
         return Decision(True, check, max(0, int(value)), 0.0, max(0, reset) / 1000)
 
     async def _call_finish(self, checks: Sequence[Check], request_id: str, spent: str) -> None:
-        await self._run(self._finish, self._keys(checks, request_id),
-                        [request_id, spent, *(c.kind.value for c in checks)])
+        await self._run(
+            self._finish, self._keys(checks, request_id), [request_id, spent, *(c.kind.value for c in checks)]
+        )
 
     async def _run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         try:
@@ -457,7 +470,7 @@ class RedisLimiter:
         if not self._by_slot:
             return self._prefix + check.key
         subject = _subject(check)  # a subject's keys in one slot: {key:demo}:rpm
-        return f"{self._prefix}{{{subject}}}{check.key[len(subject):]}"
+        return f"{self._prefix}{{{subject}}}{check.key[len(subject) :]}"
 
     def _groups(self, checks: list[Check]) -> list[list[Check]]:
         """The checks one script call may take together: all of them, except on a Cluster, where

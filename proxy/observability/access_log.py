@@ -98,7 +98,8 @@ def configure_logging(config: LoggingConfig) -> None:
     ]
     if config.format == "json":
         renderer: structlog.types.Processor = structlog.processors.JSONRenderer(
-            serializer=lambda obj, **_: orjson.dumps(obj, default=str).decode())
+            serializer=lambda obj, **_: orjson.dumps(obj, default=str).decode()
+        )
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=False)
     level = getattr(logging, config.level.upper())
@@ -109,13 +110,19 @@ def configure_logging(config: LoggingConfig) -> None:
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, _shown,
-                    structlog.processors.format_exc_info, renderer],
-        # Each line names its logger (modelgate.validation, modelgate.ledger ...), as access lines do,
-        # so a log pipeline can pick out one part's lines.
-        foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name, structlog.stdlib.ExtraAdder()],
-    ))
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                _shown,
+                structlog.processors.format_exc_info,
+                renderer,
+            ],
+            # Each line names its logger (modelgate.validation, modelgate.ledger ...), as access lines do,
+            # so a log pipeline can pick out one part's lines.
+            foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name, structlog.stdlib.ExtraAdder()],
+        )
+    )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -27,8 +27,9 @@ _BY_ROUTE: dict[str, _RouteMetrics] = {}
 def _route_metrics(route: str) -> _RouteMetrics:
     found = _BY_ROUTE.get(route)
     if found is None:
-        found = _BY_ROUTE[route] = _RouteMetrics(child(m.IN_FLIGHT, route), child(m.DURATION, route),
-                                                 child(m.OVERHEAD, route))
+        found = _BY_ROUTE[route] = _RouteMetrics(
+            child(m.IN_FLIGHT, route), child(m.DURATION, route), child(m.OVERHEAD, route)
+        )
     return found
 
 

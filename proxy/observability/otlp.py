@@ -48,8 +48,10 @@ def encode(spans: Sequence[ReadableSpan]) -> bytes:
         resource = first.resource
         entry = resources.get(id(resource))
         if entry is None:
-            entry = resources[id(resource)] = {"resource": {"attributes": _attributes(resource.attributes)},
-                                               "scopeSpans": []}
+            entry = resources[id(resource)] = {
+                "resource": {"attributes": _attributes(resource.attributes)},
+                "scopeSpans": [],
+            }
             if resource.schema_url:
                 entry["schemaUrl"] = resource.schema_url
         entry["scopeSpans"].append(_scope_spans(first, encoded))
@@ -75,8 +77,12 @@ def _span(span: ReadableSpan) -> dict[str, Any]:
     context = span.context
     parent = span.parent
     encoded: dict[str, Any] = {
-        "traceId": f"{context.trace_id:032x}", "spanId": f"{context.span_id:016x}", "name": span.name,
-        "kind": _KIND[span.kind], "startTimeUnixNano": str(span.start_time), "endTimeUnixNano": str(span.end_time),
+        "traceId": f"{context.trace_id:032x}",
+        "spanId": f"{context.span_id:016x}",
+        "name": span.name,
+        "kind": _KIND[span.kind],
+        "startTimeUnixNano": str(span.start_time),
+        "endTimeUnixNano": str(span.end_time),
         "flags": _HAS_IS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0),
     }
     if context.trace_state:
@@ -90,10 +96,16 @@ def _span(span: ReadableSpan) -> dict[str, Any]:
     if span.links:
         encoded["links"] = [_link(link) for link in span.links]
     status = span.status
-    encoded["status"] = {"code": status.status_code.value, "message": status.description} \
-        if status.description else ({"code": status.status_code.value} if status.status_code.value else {})
-    for name, count in (("droppedAttributesCount", span.dropped_attributes),
-                        ("droppedEventsCount", span.dropped_events), ("droppedLinksCount", span.dropped_links)):
+    encoded["status"] = (
+        {"code": status.status_code.value, "message": status.description}
+        if status.description
+        else ({"code": status.status_code.value} if status.status_code.value else {})
+    )
+    for name, count in (
+        ("droppedAttributesCount", span.dropped_attributes),
+        ("droppedEventsCount", span.dropped_events),
+        ("droppedLinksCount", span.dropped_links),
+    ):
         if count:
             encoded[name] = count
     return encoded
@@ -110,8 +122,11 @@ def _event(event: Any) -> dict[str, Any]:
 
 def _link(link: Any) -> dict[str, Any]:
     context = link.context
-    encoded: dict[str, Any] = {"traceId": f"{context.trace_id:032x}", "spanId": f"{context.span_id:016x}",
-                               "flags": _HAS_IS_REMOTE | (_IS_REMOTE if context.is_remote else 0)}
+    encoded: dict[str, Any] = {
+        "traceId": f"{context.trace_id:032x}",
+        "spanId": f"{context.span_id:016x}",
+        "flags": _HAS_IS_REMOTE | (_IS_REMOTE if context.is_remote else 0),
+    }
     if link.attributes:
         encoded["attributes"] = _attributes(link.attributes)
     if link.dropped_attributes:
@@ -149,14 +164,30 @@ class LoopSpanProcessor(SpanProcessor):
     refused with 429/502/503/504, or not delivered at all, is tried again with a growing pause,
     up to `attempts` times."""
 
-    def __init__(self, endpoint: str, headers: Mapping[str, str] | None = None, *, gzip: bool = False,
-                 batch_size: int = 512, max_queue: int = 8192, interval_s: float = 1.0, timeout_s: float = 10.0,
-                 attempts: int = 5) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        headers: Mapping[str, str] | None = None,
+        *,
+        gzip: bool = False,
+        batch_size: int = 512,
+        max_queue: int = 8192,
+        interval_s: float = 1.0,
+        timeout_s: float = 10.0,
+        attempts: int = 5,
+    ) -> None:
         self.endpoint = endpoint
         parts = urlsplit(endpoint)
         self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        self.pool = UpstreamPool(f"{parts.scheme}://{parts.netloc}", max_connections=1, keepalive_s=30.0, connect_s=timeout_s,
-                                 first_byte_s=timeout_s, idle_s=timeout_s, total_s=timeout_s)
+        self.pool = UpstreamPool(
+            f"{parts.scheme}://{parts.netloc}",
+            max_connections=1,
+            keepalive_s=30.0,
+            connect_s=timeout_s,
+            first_byte_s=timeout_s,
+            idle_s=timeout_s,
+            total_s=timeout_s,
+        )
         self.headers = {"Content-Type": "application/json", **(headers or {})}
         if gzip:
             self.headers["Content-Encoding"] = "gzip"
@@ -282,8 +313,10 @@ class LoopSpanProcessor(SpanProcessor):
             log.info("trace collector reachable again", extra={"endpoint": self.endpoint})
         if answer.status >= 300:
             TRACE_SPANS.labels("rejected").inc(len(batch))
-            log.warning("trace collector refused spans", extra={"status": answer.status, "spans": len(batch),
-                                                                "reply": reply[:300].decode("utf-8", "replace")})
+            log.warning(
+                "trace collector refused spans",
+                extra={"status": answer.status, "spans": len(batch), "reply": reply[:300].decode("utf-8", "replace")},
+            )
             return None
         rejected = _rejected(reply)
         TRACE_SPANS.labels("exported").inc(len(batch) - rejected)
@@ -294,8 +327,10 @@ class LoopSpanProcessor(SpanProcessor):
     def _failing(self, error: str) -> None:
         if self._reachable:
             self._reachable = False
-            log.warning("trace collector failing; spans wait and are tried again",
-                        extra={"endpoint": self.endpoint, "error": error})
+            log.warning(
+                "trace collector failing; spans wait and are tried again",
+                extra={"endpoint": self.endpoint, "error": error},
+            )
 
 
 def _rejected(reply: bytes) -> int:

@@ -29,8 +29,14 @@ if TYPE_CHECKING:
     from proxy.request.exchange import Exchange
 
 _PROPAGATOR = TraceContextTextMapPropagator()
-_OPERATIONS = {"messages": "chat", "content": "generate_content", "responses": "chat", "images": "image_generation",
-               "video": "video_generation", "account": "account"}
+_OPERATIONS = {
+    "messages": "chat",
+    "content": "generate_content",
+    "responses": "chat",
+    "images": "image_generation",
+    "video": "video_generation",
+    "account": "account",
+}
 
 
 class Tracing:
@@ -42,9 +48,10 @@ class Tracing:
         self.exporting: LoopSpanProcessor | None = None
         if exporter is None and config.exporter == "none":
             return
-        provider = TracerProvider(resource=Resource.create({"service.name": config.service_name,
-                                                            "service.version": __version__}),
-                                  sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)))
+        provider = TracerProvider(
+            resource=Resource.create({"service.name": config.service_name, "service.version": __version__}),
+            sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)),
+        )
         if exporter is not None:
             provider.add_span_processor(SimpleSpanProcessor(exporter))
         elif config.exporter == "console":
@@ -73,12 +80,22 @@ class Tracing:
         request = ex.request
         parent = _PROPAGATOR.extract(request.headers)
         span = self.tracer.start_span(
-            f"{request.method} {ex.route.path}", context=parent, kind=SpanKind.SERVER,
-            attributes={"http.request.method": request.method, "http.route": ex.route.path,
-                        # the template, not the client's path, which may hold anything (a key, say)
-                        "url.path": ex.route.path, "url.scheme": request.scheme, "server.address": request.host,
-                        "client.address": ex.client_ip, "gen_ai.operation.name": _OPERATIONS[ex.format.name],
-                        "modelgate.route": ex.route.name, "modelgate.request_id": ex.request_id})
+            f"{request.method} {ex.route.path}",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes={
+                "http.request.method": request.method,
+                "http.route": ex.route.path,
+                # the template, not the client's path, which may hold anything (a key, say)
+                "url.path": ex.route.path,
+                "url.scheme": request.scheme,
+                "server.address": request.host,
+                "client.address": ex.client_ip,
+                "gen_ai.operation.name": _OPERATIONS[ex.format.name],
+                "modelgate.route": ex.route.name,
+                "modelgate.request_id": ex.request_id,
+            },
+        )
         if span.is_recording():
             ex.tracer, ex.span = self.tracer, span
         else:
@@ -89,8 +106,11 @@ def end_request(ex: Exchange, overhead_s: float) -> None:
     span = ex.span
     if span is None:
         return
-    attributes: dict[str, Any] = {"http.response.status_code": ex.outcome.status, "modelgate.overhead_ms": overhead_s * 1000,
-                                  "modelgate.client_aborted": ex.outcome.client_aborted}
+    attributes: dict[str, Any] = {
+        "http.response.status_code": ex.outcome.status,
+        "modelgate.overhead_ms": overhead_s * 1000,
+        "modelgate.client_aborted": ex.outcome.client_aborted,
+    }
     if ex.outcome.backoff_s:
         attributes["modelgate.backoff_ms"] = ex.outcome.backoff_s * 1000
     if ex.outcome.pool_wait_s:
@@ -112,8 +132,9 @@ def end_request(ex: Exchange, overhead_s: float) -> None:
 
 
 @contextmanager
-def child_span(ex: Exchange, name: str, kind: SpanKind = SpanKind.INTERNAL,
-               attributes: dict[str, Any] | None = None) -> Iterator[trace.Span]:
+def child_span(
+    ex: Exchange, name: str, kind: SpanKind = SpanKind.INTERNAL, attributes: dict[str, Any] | None = None
+) -> Iterator[trace.Span]:
     assert ex.tracer is not None and ex.span is not None
     span = ex.tracer.start_span(name, context=trace.set_span_in_context(ex.span), kind=kind, attributes=attributes)
     try:
@@ -126,8 +147,9 @@ def child_span(ex: Exchange, name: str, kind: SpanKind = SpanKind.INTERNAL,
         span.end()
 
 
-def start_child(ex: Exchange, name: str, kind: SpanKind = SpanKind.INTERNAL,
-                attributes: dict[str, Any] | None = None) -> trace.Span:
+def start_child(
+    ex: Exchange, name: str, kind: SpanKind = SpanKind.INTERNAL, attributes: dict[str, Any] | None = None
+) -> trace.Span:
     """A child span the caller ends (for spans that outlive one block: upstream, streams)."""
     assert ex.tracer is not None and ex.span is not None
     return ex.tracer.start_span(name, context=trace.set_span_in_context(ex.span), kind=kind, attributes=attributes)

@@ -17,8 +17,14 @@ from proxy.observability.metrics import SPEC_MODELS
 from proxy.policy.channels import Channel, ChannelSet
 from proxy.policy.keys import GatewayKey
 
-_FAMILIES = (("msgmodel-", "messages"), ("genmodel-", "content"), ("picmodel-", "content"),
-             ("respmodel-", "responses"), ("imagegen-", "images"), ("videogen-", "video"))
+_FAMILIES = (
+    ("msgmodel-", "messages"),
+    ("genmodel-", "content"),
+    ("picmodel-", "content"),
+    ("respmodel-", "responses"),
+    ("imagegen-", "images"),
+    ("videogen-", "video"),
+)
 _GLOB = frozenset("*?[")
 
 
@@ -35,8 +41,9 @@ def known_models(config: GatewayConfig) -> set[str]:
     return names
 
 
-def usable_models(config: GatewayConfig, channels: ChannelSet, key: GatewayKey | None,
-                  format_name: str | None) -> list[str]:
+def usable_models(
+    config: GatewayConfig, channels: ChannelSet, key: GatewayKey | None, format_name: str | None
+) -> list[str]:
     """Sorted names the key may use on some channel, of one format (None: of every format)."""
     found = []
     for model in known_models(config):
@@ -45,8 +52,10 @@ def usable_models(config: GatewayConfig, channels: ChannelSet, key: GatewayKey |
             continue
         if key is not None and not key.allows_model(model):
             continue
-        if any(channel.serves_model(model) and _serves_format(channel, format_name or wanted)
-               for channel in channels.channels):
+        if any(
+            channel.serves_model(model) and _serves_format(channel, format_name or wanted)
+            for channel in channels.channels
+        ):
             found.append(model)
     return sorted(found)
 
@@ -55,8 +64,9 @@ def _serves_format(channel: Channel, format_name: str | None) -> bool:
     return format_name is None or format_name in channel.config.formats
 
 
-def listing(config: GatewayConfig, channels: ChannelSet, key: GatewayKey | None, shape: Format,
-            model: str | None = None) -> dict[str, Any] | None:
+def listing(
+    config: GatewayConfig, channels: ChannelSet, key: GatewayKey | None, shape: Format, model: str | None = None
+) -> dict[str, Any] | None:
     """The list in `shape`'s format: only its family's models, unless the shape is the generic
     one (the response SDK's list, which names every format's models); with `model`, that one
     model's entry, or None when it is not among them."""

@@ -19,8 +19,22 @@ from proxy.wire.routes import Route
 
 
 class Channel:
-    __slots__ = ("config", "name", "base_url", "priority", "weight", "credential", "redactor", "timeouts",
-                 "_models", "_formats", "_endpoints", "_rename", "pool", "health")
+    __slots__ = (
+        "config",
+        "name",
+        "base_url",
+        "priority",
+        "weight",
+        "credential",
+        "redactor",
+        "timeouts",
+        "_models",
+        "_formats",
+        "_endpoints",
+        "_rename",
+        "pool",
+        "health",
+    )
 
     def __init__(self, config: ChannelConfig, base_url: str, health: ChannelHealth | None = None) -> None:
         self.config = config
@@ -41,10 +55,16 @@ class Channel:
 
     async def open(self) -> None:
         timeouts, pool = self.timeouts, self.config.pool
-        self.pool = UpstreamPool(self.base_url, max_connections=pool.max_connections, max_idle=pool.max_idle,
-                                 keepalive_s=pool.keepalive_s,
-                                 connect_s=timeouts.connect_s, first_byte_s=timeouts.first_byte_s,
-                                 idle_s=timeouts.idle_s, total_s=timeouts.total_s)
+        self.pool = UpstreamPool(
+            self.base_url,
+            max_connections=pool.max_connections,
+            max_idle=pool.max_idle,
+            keepalive_s=pool.keepalive_s,
+            connect_s=timeouts.connect_s,
+            first_byte_s=timeouts.first_byte_s,
+            idle_s=timeouts.idle_s,
+            total_s=timeouts.total_s,
+        )
 
     async def close(self) -> None:
         if self.pool is not None:

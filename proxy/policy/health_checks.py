@@ -42,8 +42,10 @@ class ChannelProbe:
             self.successes, self.failures = 0, self.failures + 1
             if not self.channel.health.down and self.failures >= self.check.unhealthy_after:
                 self.channel.health.checked(healthy=False)
-                log.warning("channel out of rotation: its health check fails",
-                            extra={"channel": self.channel.name, "detail": detail})
+                log.warning(
+                    "channel out of rotation: its health check fails",
+                    extra={"channel": self.channel.name, "detail": detail},
+                )
         m.CHANNEL_UP.labels(self.channel.name).set(1 if self.channel.health.up else 0)
 
     async def _ask(self) -> tuple[bool | None, str]:
@@ -74,8 +76,9 @@ class HealthChecks:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._every(probe), name=f"health check {probe.channel.name}")
-                       for probe in self.probes]
+        self._tasks = [
+            loop.create_task(self._every(probe), name=f"health check {probe.channel.name}") for probe in self.probes
+        ]
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -22,8 +22,12 @@ def digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
-KEYS_HELD = Gauge("modelgate_keys", "Gateway keys a process holds, by where they come from (config, stored) "
-                  "and state (active, disabled, expired)", ["source", "state"], multiprocess_mode="livemax")
+KEYS_HELD = Gauge(
+    "modelgate_keys",
+    "Gateway keys a process holds, by where they come from (config, stored) and state (active, disabled, expired)",
+    ["source", "state"],
+    multiprocess_mode="livemax",
+)
 KEY_STATES = ("active", "disabled", "expired")
 
 
@@ -53,14 +57,33 @@ class GatewayKey:
     settings: dict[str, Any] = field(default_factory=dict)  # plugins' own fields on this key (their KeySettings)
 
     @classmethod
-    def build(cls, name: str, sha256: bytes, *, enabled: bool, expires_at: datetime | None,
-              models: list[str], endpoints: list[str] | None, labels: dict[str, str],
-              limits: Any = None, settings: dict[str, Any] | None = None) -> GatewayKey:
+    def build(
+        cls,
+        name: str,
+        sha256: bytes,
+        *,
+        enabled: bool,
+        expires_at: datetime | None,
+        models: list[str],
+        endpoints: list[str] | None,
+        labels: dict[str, str],
+        limits: Any = None,
+        settings: dict[str, Any] | None = None,
+    ) -> GatewayKey:
         pattern = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in models)) if models != ["*"] else None
-        return cls(name, sha256, enabled, expires_at, tuple(models),
-                   frozenset(endpoints) if endpoints is not None else None, dict(labels), pattern,
-                   limits, f"tenant:{labels[TENANT_LABEL]}" if labels.get(TENANT_LABEL) else f"key:{name}",
-                   dict(settings or {}))
+        return cls(
+            name,
+            sha256,
+            enabled,
+            expires_at,
+            tuple(models),
+            frozenset(endpoints) if endpoints is not None else None,
+            dict(labels),
+            pattern,
+            limits,
+            f"tenant:{labels[TENANT_LABEL]}" if labels.get(TENANT_LABEL) else f"key:{name}",
+            dict(settings or {}),
+        )
 
     def expired(self, now: datetime | None = None) -> bool:
         return self.expires_at is not None and (now or datetime.now(timezone.utc)) >= self.expires_at
@@ -75,18 +98,26 @@ class GatewayKey:
         return self.endpoints is None or route in self.endpoints
 
 
-
 def gateway_key(entry: Any) -> GatewayKey:
     """The key a `keys[]` entry (a KeyConfig, from the config file or the key store) describes."""
-    return GatewayKey.build(entry.name, bytes.fromhex(entry.digest_hex()), enabled=entry.enabled,
-                            expires_at=entry.expires_at, models=entry.models, endpoints=entry.endpoints,
-                            labels=entry.labels, limits=entry.limits, settings=entry.model_extra)
+    return GatewayKey.build(
+        entry.name,
+        bytes.fromhex(entry.digest_hex()),
+        enabled=entry.enabled,
+        expires_at=entry.expires_at,
+        models=entry.models,
+        endpoints=entry.endpoints,
+        labels=entry.labels,
+        limits=entry.limits,
+        settings=entry.model_extra,
+    )
 
 
 @dataclass(slots=True, frozen=True)
 class GatewayTenant:
     """A stored tenant as requests meet it: its limits (every key of it together) and its plugins'
     fields (a budget, say), read by their models."""
+
     name: str
     limits: Any = None  # a TenantLimits, or None
     settings: dict[str, Any] = field(default_factory=dict)

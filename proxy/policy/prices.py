@@ -47,8 +47,9 @@ class PriceTable:
         row = self.row_for(model)
         return row.max_output_tokens if row is not None else None
 
-    def charge(self, model: str | None, usage: Usage, images: Sequence[ImageMade] = (),
-               video_seconds: float = 0.0) -> Charge:
+    def charge(
+        self, model: str | None, usage: Usage, images: Sequence[ImageMade] = (), video_seconds: float = 0.0
+    ) -> Charge:
         row = self.row_for(model)
         if row is None:
             return Charge(0.0, False)

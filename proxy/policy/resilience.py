@@ -21,15 +21,16 @@ PROBE_LAPSE_S = 30.0
 class ChannelHealth:
     __slots__ = ("failures_to_open", "open_s", "clock", "failures", "open_until", "probing", "down")
 
-    def __init__(self, failures_to_open: int = 5, open_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, failures_to_open: int = 5, open_s: float = 30.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.failures_to_open = failures_to_open
         self.open_s = open_s
         self.clock = clock
-        self.failures = 0        # attempts failed in a row
-        self.open_until = 0.0    # the breaker is open until then (the clock's time; 0: closed)
-        self.probing = 0.0       # half-open: when the probe left (0: none)
-        self.down = False        # taken out of rotation by the active health check
+        self.failures = 0  # attempts failed in a row
+        self.open_until = 0.0  # the breaker is open until then (the clock's time; 0: closed)
+        self.probing = 0.0  # half-open: when the probe left (0: none)
+        self.down = False  # taken out of rotation by the active health check
 
     def available(self) -> bool:
         """Closed breaker, or an open one whose pause is over and whose single probe is free;

@@ -100,8 +100,12 @@ class AdminSurface:
                 return await (route.public or not_found)(request)
             if verdict is None and route.public is not None:
                 return await route.public(request)
-            return ACCOUNT.error_response(401, "this path needs the admin token (Authorization: Bearer)",
-                                          "admin_token_required", headers={"WWW-Authenticate": "Bearer"})
+            return ACCOUNT.error_response(
+                401,
+                "this path needs the admin token (Authorization: Bearer)",
+                "admin_token_required",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
 
         guarded.__name__ = f"admin_{route.handler.__name__.lstrip('_')}"
         return guarded
@@ -127,8 +131,11 @@ class AdminSurface:
 def _bound(site: web.TCPSite) -> set[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]]:
     server = site._server  # aiohttp keeps the asyncio server here, and has no public way to it
     sockets = getattr(server, "sockets", None) or ()
-    return {(normal_address(sock.getsockname()[0]), sock.getsockname()[1]) for sock in sockets
-            if sock.family in (socket.AF_INET, socket.AF_INET6)}
+    return {
+        (normal_address(sock.getsockname()[0]), sock.getsockname()[1])
+        for sock in sockets
+        if sock.family in (socket.AF_INET, socket.AF_INET6)
+    }
 
 
 def _add(app: web.Application, method: str, path: str, handler: Handler) -> None:
@@ -149,14 +156,21 @@ class AdminListener:
         self.runner, self.site, self.url = runner, site, url
 
     @classmethod
-    async def start(cls, app: web.Application, config: ServerConfig, *, reuse_port: bool,
-                    port: int | None = None) -> AdminListener:
+    async def start(
+        cls, app: web.Application, config: ServerConfig, *, reuse_port: bool, port: int | None = None
+    ) -> AdminListener:
         """`port` overrides the configured one (0: any free port, for tests)."""
         address = config.admin_address
         assert address is not None, "the admin listener is off"
         host, configured_port = address
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0,
-                               keepalive_timeout=config.keepalive_timeout_s, **parser_limits(config))
+        runner = web.AppRunner(
+            app,
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=1.0,
+            keepalive_timeout=config.keepalive_timeout_s,
+            **parser_limits(config),
+        )
         await runner.setup()
         assert runner.server is not None
         # What the HTTP parser refuses here is answered in JSON too, never in its bytes (an

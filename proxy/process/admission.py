@@ -80,14 +80,14 @@ from proxy.process.cpu import WorkerCpu
 
 log = logging.getLogger("modelgate.admission")
 
-PROBE_S = 0.01     # the timer whose lateness is the delay; 100 wake-ups a second cost the worker nothing measurable
-WINDOW_S = 0.1     # the bound moves at most this often: a few probes even when each is late
+PROBE_S = 0.01  # the timer whose lateness is the delay; 100 wake-ups a second cost the worker nothing measurable
+WINDOW_S = 0.1  # the bound moves at most this often: a few probes even when each is late
 MIN_PROBES = 3
-MIN_LIMIT = 16     # what an overloaded worker still admits: it serves some, rather than refusing all
-MIN_SHARE = 0.05   # the least share of arriving requests `auto` admits, for the same reason
-CUT_S = 0.03       # how often the CPU's busy share is read against `max_cpu_busy`: onset is where the wait grows
+MIN_LIMIT = 16  # what an overloaded worker still admits: it serves some, rather than refusing all
+MIN_SHARE = 0.05  # the least share of arriving requests `auto` admits, for the same reason
+CUT_S = 0.03  # how often the CPU's busy share is read against `max_cpu_busy`: onset is where the wait grows
 MIN_CUT_ARRIVALS = 5  # arrivals in that time for a busy CPU to be the requests' doing (5 in 30 ms: 170 a second)
-SATURATED = 0.97   # busy past this, the CPU is saturated: what is asked of it is unknown, so the share halves
+SATURATED = 0.97  # busy past this, the CPU is saturated: what is asked of it is unknown, so the share halves
 # ... and only while the loop runs this share of `max_loop_delay_ms` late: a CPU saturated by a
 # fixed number of clients (each waiting for its answer before it sends again) queues no more than
 # they are, and its loop keeps up (64 such clients: under 2 ms late; 256: 6-9 ms); a worker
@@ -102,11 +102,11 @@ BEHIND = 0.2
 # Once shedding, BEHIND alone: the cuts themselves hold what is in flight level.
 FAR = 2
 CLIMB_READINGS = 33
-_REGROW = 1.25     # the admitted share's growth a window, while the loop keeps under half its target
-_ROOM = 0.85       # ... and the CPU under this share of `max_cpu_busy`
-_CREEP = 1.05      # its growth a window while the CPU has no room but the loop keeps well up
+_REGROW = 1.25  # the admitted share's growth a window, while the loop keeps under half its target
+_ROOM = 0.85  # ... and the CPU under this share of `max_cpu_busy`
+_CREEP = 1.05  # its growth a window while the CPU has no room but the loop keeps well up
 RETRY_AFTER_S = 1  # a short wait: overload passes, or the balancer sends the retry elsewhere
-_USED = 0.9        # the share of the bound in flight that counts as using it
+_USED = 0.9  # the share of the bound in flight that counts as using it
 _LOG_EVERY_S = 1.0
 
 
@@ -121,35 +121,63 @@ def admitted(request: web.BaseRequest) -> bool:
 class Admission:
     """The bound on requests in flight in this worker, and the probe that moves it (`auto`)."""
 
-    __slots__ = ("limit", "share", "waiting", "auto", "ceiling", "target_s", "busy_target", "delay_s", "busy", "cpu",
-                 "_clock", "_window_start", "_delays", "_peak", "_refused", "_arrived", "_credit", "_due", "_unlogged",
-                 "_logged_at", "_timer", "_in_flight", "_used_at", "_cut_at", "_used_at_cut", "_arrived_at_cut",
-                 "_cut_from", "_behind", "_in_flight_seen")
+    __slots__ = (
+        "limit",
+        "share",
+        "waiting",
+        "auto",
+        "ceiling",
+        "target_s",
+        "busy_target",
+        "delay_s",
+        "busy",
+        "cpu",
+        "_clock",
+        "_window_start",
+        "_delays",
+        "_peak",
+        "_refused",
+        "_arrived",
+        "_credit",
+        "_due",
+        "_unlogged",
+        "_logged_at",
+        "_timer",
+        "_in_flight",
+        "_used_at",
+        "_cut_at",
+        "_used_at_cut",
+        "_arrived_at_cut",
+        "_cut_from",
+        "_behind",
+        "_in_flight_seen",
+    )
 
-    def __init__(self, server: ServerConfig, clock: Callable[[], float] = time.perf_counter,
-                 cpu: WorkerCpu | None = None) -> None:
+    def __init__(
+        self, server: ServerConfig, clock: Callable[[], float] = time.perf_counter, cpu: WorkerCpu | None = None
+    ) -> None:
         self._clock = clock
         self.cpu = cpu or WorkerCpu()
         self._window_start = self._cut_at = clock()
         self._used_at = self._used_at_cut = self.cpu.used()
         self._arrived_at_cut = 0
-        self._cut_from = 0      # the first of `_delays` since the CPU was last read
-        self._behind = 0        # readings of the CPU running that found the loop behind
+        self._cut_from = 0  # the first of `_delays` since the CPU was last read
+        self._behind = 0  # readings of the CPU running that found the loop behind
         self._in_flight_seen: collections.deque[int] = collections.deque(maxlen=CLIMB_READINGS)  # at each reading
         self._delays: list[float] = []
-        self._peak = 0          # the most requests in flight this window
-        self._refused = 0       # refusals this window
-        self._arrived = 0       # requests asked about this window
-        self._credit = 0.0      # spreads the admitted share evenly: one admitted each time it reaches 1
-        self._due = math.inf    # when the probe's timer is due to run next
-        self._unlogged = 0      # refusals not yet in a log line
+        self._peak = 0  # the most requests in flight this window
+        self._refused = 0  # refusals this window
+        self._arrived = 0  # requests asked about this window
+        self._credit = 0.0  # spreads the admitted share evenly: one admitted each time it reaches 1
+        self._due = math.inf  # when the probe's timer is due to run next
+        self._unlogged = 0  # refusals not yet in a log line
         self._logged_at = -math.inf
         self._timer: asyncio.TimerHandle | None = None
         self._in_flight: Callable[[], int] = lambda: 0
-        self.delay_s = 0.0      # the last window's median delay
-        self.busy = 0.0         # the share of its CPU the worker kept busy over the last window
+        self.delay_s = 0.0  # the last window's median delay
+        self.busy = 0.0  # the share of its CPU the worker kept busy over the last window
         self.limit = 0.0
-        self.share = 1.0        # the share of arriving requests admitted below the bound (`auto`)
+        self.share = 1.0  # the share of arriving requests admitted below the bound (`auto`)
         # Admitted on their connections and not yet handled (proxy/process/shedding.py): the
         # gateway counts a request in flight once its handler runs, a turn of the loop later.
         self.waiting = 0
@@ -166,7 +194,6 @@ class Admission:
             self.share = 1.0
         IN_FLIGHT_LIMIT.set(int(self.limit))
 
-
     def admits(self, in_flight: int) -> bool:
         """Whether a request that finds `in_flight` others being served may be served too."""
         self._arrived += 1
@@ -182,10 +209,17 @@ class Admission:
         now = self._clock()
         if now - self._logged_at >= _LOG_EVERY_S:
             # Refusals get no access line each (under overload that would be most of the work): one line a second.
-            log.warning("overloaded: refusing requests with 503", extra={
-                "refused": self._unlogged, "in_flight": in_flight, "max_in_flight": int(self.limit),
-                "admitted_share": round(self.share, 3), "loop_delay_ms": round(self.delay_s * 1000, 1),
-                "cpu_busy": round(self.busy, 2)})
+            log.warning(
+                "overloaded: refusing requests with 503",
+                extra={
+                    "refused": self._unlogged,
+                    "in_flight": in_flight,
+                    "max_in_flight": int(self.limit),
+                    "admitted_share": round(self.share, 3),
+                    "loop_delay_ms": round(self.delay_s * 1000, 1),
+                    "cpu_busy": round(self.busy, 2),
+                },
+            )
             self._unlogged, self._logged_at = 0, now
         return False
 
@@ -245,16 +279,21 @@ class Admission:
         loop falling behind, the admitted share is cut (`auto` only). Read this often, not each
         window: at the onset of an overload every window waited is a window of requests queued."""
         used = self.cpu.used()
-        late = sorted(self._delays[self._cut_from:])
+        late = sorted(self._delays[self._cut_from :])
         # Behind for two readings running: one stall of the loop (a collection) is one reading.
         delay = late[len(late) // 2] if late else 0.0
         climbing = in_flight > max(self._in_flight_seen, default=-1)
         self._in_flight_seen.append(in_flight)
         behind = delay >= self.target_s * BEHIND and (
-            self.share < 1.0 or climbing or delay >= self.target_s * BEHIND * FAR)
+            self.share < 1.0 or climbing or delay >= self.target_s * BEHIND * FAR
+        )
         self._behind = self._behind + 1 if behind else 0
-        if (self.auto and self.busy_target < 1.0 and self._arrived - self._arrived_at_cut >= MIN_CUT_ARRIVALS
-                and self._behind >= 2):
+        if (
+            self.auto
+            and self.busy_target < 1.0
+            and self._arrived - self._arrived_at_cut >= MIN_CUT_ARRIVALS
+            and self._behind >= 2
+        ):
             busy = (used - self._used_at_cut) / max(1e-9, now - self._cut_at) / self.cpu.available()
             if busy > self.busy_target:
                 cut = 0.5 if busy > SATURATED else max(0.5, self.busy_target / busy)

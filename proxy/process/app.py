@@ -16,20 +16,20 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from proxy.config import ConfigError, LoadedConfig, load_config, worker_count
 from proxy.config.model import ServerConfig
-from proxy.policy.catalog import usable_models
+from proxy.console import Console
 from proxy.formats import ACCOUNT, CONTENT, MESSAGES
 from proxy.formats.base import Format
-from proxy.observability.metrics import count_reload, exposition, set_config_info
-from proxy.observability.tracing import Tracing
 from proxy.keystore.api import PREFIX as API_PREFIX
-from proxy.console import Console
 from proxy.keystore.api import AdminApi
 from proxy.keystore.directory import KeySync, StoredKeys
 from proxy.keystore.oidc import OidcVerifier
 from proxy.keystore.operations import AdminOps
 from proxy.keystore.reads import AdminReads
 from proxy.keystore.store import KeyStore
+from proxy.observability.metrics import count_reload, exposition, set_config_info
+from proxy.observability.tracing import Tracing
 from proxy.plugin import STATE_REACHABLE, STATE_STORE, STORED_KEYS, STORED_TENANTS, PluginRoute
+from proxy.policy.catalog import usable_models
 from proxy.policy.channels import Channel
 from proxy.process.admin import AdminSurface
 from proxy.process.admission import Admission
@@ -56,8 +56,9 @@ log = logging.getLogger("modelgate.app")
 class GatewayApp:
     """Owns what outlives a config: the state store, the simulators, and the current Runtime."""
 
-    def __init__(self, loaded: LoadedConfig, config_path: str | Path | None = None,
-                 span_exporter: SpanExporter | None = None) -> None:
+    def __init__(
+        self, loaded: LoadedConfig, config_path: str | Path | None = None, span_exporter: SpanExporter | None = None
+    ) -> None:
         self.loaded = loaded
         self.config_path = config_path
         self.tracing = Tracing(loaded.config.observability.tracing, span_exporter)
@@ -121,8 +122,9 @@ class GatewayApp:
             self.resources[STORED_KEYS] = stored
             self.resources[STORED_TENANTS] = self.key_sync.tenants
         runtime = await Runtime.build(self.loaded, self.simulator_url, self.resources)
-        self.affinity = Affinity(self.store, config.state.affinity_ttl_s, config.state.pending_pins,
-                                 reachable=lambda: probe.ok)
+        self.affinity = Affinity(
+            self.store, config.state.affinity_ttl_s, config.state.pending_pins, reachable=lambda: probe.ok
+        )
         self.gateway = Gateway(runtime, self.affinity, self.tracing, self.connections, self.drain, self.admission)
         gateway = self.gateway
         self.admission.start(lambda: gateway.in_flight)
@@ -159,8 +161,10 @@ class GatewayApp:
                 loaded = load_config(self.config_path, reloading=True)
             except ConfigError as exc:
                 self.last_files = exc.files
-                log.error("config reload refused; keeping the running config",
-                          extra={"problems": exc.problems, "source": str(self.config_path)})
+                log.error(
+                    "config reload refused; keeping the running config",
+                    extra={"problems": exc.problems, "source": str(self.config_path)},
+                )
                 count_reload("refused")
                 return False
             self.last_files = loaded.files
@@ -182,8 +186,10 @@ class GatewayApp:
             self.loaded = loaded
             self.reloads += 1
             old.retire()
-            log.info("config reloaded", extra={"digest": loaded.digest, "source": loaded.source,
-                                               "draining": old.in_flight, "pid": os.getpid()})
+            log.info(
+                "config reloaded",
+                extra={"digest": loaded.digest, "source": loaded.source, "draining": old.in_flight, "pid": os.getpid()},
+            )
             return True
 
 
@@ -193,15 +199,21 @@ APP_KEY = web.AppKey("modelgate", GatewayApp)
 def _restart_only_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:
     """The changed settings a reload cannot apply: the sockets are bound and the store connected
     when the process starts."""
-    return [name for name, before, after in (
-        ("state", old.state, new.state),
-        ("key_store", old.key_store, new.key_store),
-        ("server.listen", old.server.listen, new.server.listen),
-        ("server.admin_listen", old.server.admin_listen, new.server.admin_listen)) if before != after]
+    return [
+        name
+        for name, before, after in (
+            ("state", old.state, new.state),
+            ("key_store", old.key_store, new.key_store),
+            ("server.listen", old.server.listen, new.server.listen),
+            ("server.admin_listen", old.server.admin_listen, new.server.admin_listen),
+        )
+        if before != after
+    ]
 
 
-def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
-              span_exporter: SpanExporter | None = None) -> web.Application:
+def build_app(
+    loaded: LoadedConfig, config_path: str | Path | None = None, span_exporter: SpanExporter | None = None
+) -> web.Application:
     guard_aiohttp_logs()
     owner = GatewayApp(loaded, config_path, span_exporter)
     app = web.Application(client_max_size=1024**4)  # bodies are read by the gateway, with its own limits
@@ -226,14 +238,23 @@ def build_app(loaded: LoadedConfig, config_path: str | Path | None = None,
     if owner.key_store is not None:
         oidc = loaded.config.key_store.oidc
         ops = AdminOps(owner.key_store, lambda: owner.loaded.config.keys, lambda: owner.runtime.plugins)
-        api = AdminApi(ops, owner.admin.authorized, oidc=OidcVerifier(oidc) if oidc is not None else None,
-                       reads=AdminReads(ops, lambda: owner.runtime.plugins, lambda: owner.runtime.channels.channels))
+        api = AdminApi(
+            ops,
+            owner.admin.authorized,
+            oidc=OidcVerifier(oidc) if oidc is not None else None,
+            reads=AdminReads(ops, lambda: owner.runtime.plugins, lambda: owner.runtime.channels.channels),
+        )
         for method, path, handler in api.routes():
             owner.admin.add(method, API_PREFIX + path, handler)
         if loaded.config.console.enabled:
-            console = Console(lambda: owner.loaded.config.console, ops, api.reads,  # type: ignore[arg-type]
-                              owner.admin.token_digest, lambda: _gateway_url(owner.loaded.config.server),
-                              lambda globs: _example_model(owner, globs))
+            console = Console(
+                lambda: owner.loaded.config.console,
+                ops,
+                api.reads,  # type: ignore[arg-type]
+                owner.admin.token_digest,
+                lambda: _gateway_url(owner.loaded.config.server),
+                lambda globs: _example_model(owner, globs),
+            )
             for method, path, handler in console.routes():
                 owner.admin.add(method, path, handler)
     for extra in plugin_routes(loaded.config, admin=True):
@@ -314,8 +335,9 @@ def _readiness(owner: GatewayApp) -> tuple[bool, bool, list[str]]:
     (ready, whether the store answers, the plugins' reasons)"""
     probe = owner.probe
     state_ok = probe is None or probe.ok
-    reasons = [reason for plugin in owner.runtime.plugins if (reason := plugin.unready(state_ok))] \
-        if owner.gateway else []
+    reasons = (
+        [reason for plugin in owner.runtime.plugins if (reason := plugin.unready(state_ok))] if owner.gateway else []
+    )
     return owner.gateway is not None and not reasons, state_ok, reasons
 
 
@@ -323,8 +345,11 @@ async def _readiness_status(request: web.Request) -> web.Response:
     """/readyz on the main listener: the verdict alone, for load balancers and anyone else; the
     names of channels, plugins and what they report are the admin listener's (`_readyz`)."""
     ready, _, _ = _readiness(request.app[APP_KEY])
-    return web.Response(status=200 if ready else 503, body=jsonutil.dumps({"status": "ready" if ready else "not ready"}),
-                        content_type="application/json")
+    return web.Response(
+        status=200 if ready else 503,
+        body=jsonutil.dumps({"status": "ready" if ready else "not ready"}),
+        content_type="application/json",
+    )
 
 
 async def _readyz(request: web.Request) -> web.Response:
@@ -336,8 +361,10 @@ async def _readyz(request: web.Request) -> web.Response:
     body: dict[str, object] = {
         "status": "ready" if ready else "not ready",
         "state_store": "ok" if state_ok else "unreachable",
-        "config": owner.loaded.digest, "connections": owner.connections.open,
-        "channels": [_breaker(c) for c in owner.runtime.channels.channels] if owner.gateway else []}
+        "config": owner.loaded.digest,
+        "connections": owner.connections.open,
+        "channels": [_breaker(c) for c in owner.runtime.channels.channels] if owner.gateway else [],
+    }
     if probe is not None and not probe.ok:
         body["state_store_unreachable_s"] = round(now - probe.since, 1)
     if owner.affinity is not None and owner.affinity.pending:
@@ -371,8 +398,10 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 # A model is one segment without a colon (`models/x:generateContent` is a method on it).
-_TEMPLATES = [(re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", r.path.replace("{model}", "[^/:]+")) + "$"), r)
-              for r in (*ROUTES, *ALIASES)]
+_TEMPLATES = [
+    (re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", r.path.replace("{model}", "[^/:]+")) + "$"), r)
+    for r in (*ROUTES, *ALIASES)
+]
 # What a client that found no endpoint is told exists (each path once, in the spec's order).
 _SERVED = ", ".join(dict.fromkeys(f"{r.method} {r.path}" for r in (*ROUTES, *ALIASES)))
 
@@ -381,8 +410,9 @@ def _served(path: str, fmt: Format) -> str:
     """The endpoints near a 404's path (those under its first two segments, else its format's),
     or all of them: an SDK's exception quotes the message whole, and every route made it 1.5 KB."""
     prefix = "/".join(path.split("/", 3)[:3]) + "/"
-    near = [r for r in (*ROUTES, *ALIASES) if (r.path + "/").startswith(prefix)] \
-        or ([r for r in (*ROUTES, *ALIASES) if r.format is fmt] if fmt is not ACCOUNT else [])
+    near = [r for r in (*ROUTES, *ALIASES) if (r.path + "/").startswith(prefix)] or (
+        [r for r in (*ROUTES, *ALIASES) if r.format is fmt] if fmt is not ACCOUNT else []
+    )
     if not near:
         return _SERVED
     return ", ".join(dict.fromkeys(f"{r.method} {r.path}" for r in near)) + " (all of them: modelgate openapi)"
@@ -413,11 +443,15 @@ async def _unmatched(request: web.Request) -> web.Response:
     allowed = sorted({r.method for r in matches})
     if allowed:
         fmt: Format = matches[0].format
-        return fmt.error_response(405, f"{request.method} is not allowed on {_shown(request)}",
-                                  headers={"Allow": ", ".join(allowed)})
+        return fmt.error_response(
+            405, f"{request.method} is not allowed on {_shown(request)}", headers={"Allow": ", ".join(allowed)}
+        )
     fmt = _format_of(request.path)
-    return fmt.error_response(404, f"no endpoint at {request.method} {_shown(request)}; this gateway serves "
-                              f"{_served(request.path, fmt)}", "not_found")
+    return fmt.error_response(
+        404,
+        f"no endpoint at {request.method} {_shown(request)}; this gateway serves {_served(request.path, fmt)}",
+        "not_found",
+    )
 
 
 def _shown(request: web.Request) -> str:

@@ -22,9 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     serve = commands.add_parser("serve", help="run the gateway")
     serve.add_argument("-c", "--config", help="config file (default: $MODELGATE_CONFIG, else the embedded defaults)")
     serve.add_argument("--listen", metavar="HOST:PORT", help="the address to serve on, over the config's server.listen")
-    serve.add_argument("--admin-listen", metavar="HOST:PORT",
-                       help="the admin listener's address (/metrics, /readyz in detail), over the config's "
-                            "server.admin_listen; '' turns it off")
+    serve.add_argument(
+        "--admin-listen",
+        metavar="HOST:PORT",
+        help="the admin listener's address (/metrics, /readyz in detail), over the config's "
+        "server.admin_listen; '' turns it off",
+    )
 
     check = commands.add_parser("check-config", help="validate a config file and list every problem")
     check.add_argument("file", nargs="?", help="the config file (or -c FILE, as serve takes it)")
@@ -32,8 +35,11 @@ def main(argv: list[str] | None = None) -> int:
 
     openapi = commands.add_parser("openapi", help="print the gateway's interface as an OpenAPI 3.1 document")
     openapi.add_argument("-o", "--output", help="write to this file instead of standard output")
-    openapi.add_argument("--admin", action="store_true",
-                         help="the admin API's document (served on the admin listener) instead of the interface's")
+    openapi.add_argument(
+        "--admin",
+        action="store_true",
+        help="the admin API's document (served on the admin listener) instead of the interface's",
+    )
 
     simulate = commands.add_parser("simulate", help="run the upstream simulator on its own")
     simulate.add_argument("--host", default="127.0.0.1")
@@ -138,8 +144,9 @@ def _listen_problem(listen: str) -> str | None:
 
 def _check_config(path: str) -> int:
     try:  # the file as written: a `serve --listen` or `--admin-listen` override is no part of it
-        loaded = load_config(path, {name: value for name, value in os.environ.items()
-                                    if name not in (LISTEN_ENV, ADMIN_LISTEN_ENV)})
+        loaded = load_config(
+            path, {name: value for name, value in os.environ.items() if name not in (LISTEN_ENV, ADMIN_LISTEN_ENV)}
+        )
     except ConfigError as exc:
         _print_problems(path, exc.problems)
         return 1
@@ -148,8 +155,10 @@ def _check_config(path: str) -> int:
     # Where the keys come from: this file's, and the key store's when there is one (listed by
     # `modelgate keys list`, each with its source).
     stored = config.key_store.database_url
-    print(f"  keys: {len(config.keys)} from this file" + (
-        f"; more managed at run time in the key store ({_where(stored)}: modelgate keys list)" if stored else ""))
+    print(
+        f"  keys: {len(config.keys)} from this file"
+        + (f"; more managed at run time in the key store ({_where(stored)}: modelgate keys list)" if stored else "")
+    )
     for warning in config_warnings(config):  # served as written, but its operator must know
         print(f"  warning: {warning}", file=sys.stderr)
     return 0

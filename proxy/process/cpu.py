@@ -51,8 +51,13 @@ class WorkerCpu:
 
     __slots__ = ("workers", "used", "_quota", "_clock", "_cores", "_read_at")
 
-    def __init__(self, workers: int = 1, quota: Callable[[], float | None] = quota_cores,
-                 used: Callable[[], float] = time.thread_time, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        workers: int = 1,
+        quota: Callable[[], float | None] = quota_cores,
+        used: Callable[[], float] = time.thread_time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.workers = max(1, workers)
         self.used = used
         self._quota = quota
@@ -63,7 +68,9 @@ class WorkerCpu:
     def available(self) -> float:
         now = self._clock()
         if now - self._read_at >= REREAD_S:
-            cores = float(len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else float(os.cpu_count() or 1)
+            cores = (
+                float(len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else float(os.cpu_count() or 1)
+            )
             quota = self._quota()
             if quota is not None:
                 cores = min(cores, quota)

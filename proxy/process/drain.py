@@ -42,7 +42,7 @@ log = logging.getLogger("modelgate.drain")
 CUT_BEFORE_S = 0.5  # streams are cut this long before the deadline, so their last event goes out in time
 SHUTTING_DOWN = "server_shutting_down"
 REUSE_GRACE_S = 2.0  # how long a connection not told to close may still bring a request, once idle
-LINGER_S = 1.0       # how long the drain waits for clients to close what it half-closed (within the deadline)
+LINGER_S = 1.0  # how long the drain waits for clients to close what it half-closed (within the deadline)
 _TICK_S = 0.02
 
 
@@ -85,8 +85,9 @@ class Drain:
             stream.cut(revoked=True)
         return len(ended)
 
-    async def run(self, in_flight: Callable[[], int], timeout_s: float,
-                  connections: Callable[[], Iterable[Any]] = tuple) -> None:
+    async def run(
+        self, in_flight: Callable[[], int], timeout_s: float, connections: Callable[[], Iterable[Any]] = tuple
+    ) -> None:
         """Close idle connections, wait for requests in flight, cut the streams left near the
         deadline, and return by it. `connections`: the server's request handlers (aiohttp's)."""
         loop = asyncio.get_running_loop()
@@ -149,12 +150,18 @@ class Drain:
 # What follows reads aiohttp's request handler (aiohttp.web_protocol.RequestHandler), which has no
 # public word for "idle between requests"; tests/test_drain.py checks these names still hold.
 
+
 def parked(handler: Any) -> bool:
     """Waiting for its next request, with none begun or queued, on an open connection."""
     waiter = handler._waiter  # set while the handler waits for a request, None while one is served
     transport = handler.transport
-    return (waiter is not None and not waiter.done() and not handler._messages
-            and transport is not None and not transport.is_closing())
+    return (
+        waiter is not None
+        and not waiter.done()
+        and not handler._messages
+        and transport is not None
+        and not transport.is_closing()
+    )
 
 
 def served(handler: Any) -> bool:
@@ -208,9 +215,11 @@ def close_when_draining(drain: Drain, keepalive_requests: int) -> Callable[[web.
     """An on_response_prepare hook: `Connection: close` on an answer while draining, or once its
     connection has carried `keepalive_requests` requests, so long-lived keep-alive clients move
     to new connections (and, with workers, spread over new worker processes)."""
+
     async def hook(request: web.Request, response: web.StreamResponse) -> None:
         served = getattr(request.protocol, "_request_count", 0)  # aiohttp's count for this connection
         if drain.draining or served >= keepalive_requests:
             response.force_close()
             response.headers["Connection"] = "close"  # its head is written after this hook
+
     return hook

@@ -54,8 +54,9 @@ class RefusingHandler(RequestHandler):
 
     __slots__ = ()
 
-    def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> StreamResponse:
+    def handle_error(
+        self, request: BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> StreamResponse:
         if isinstance(exc, HttpProcessingError):  # counted here, whatever of it the log guard lets through
             child(MALFORMED_REQUESTS, type(exc).__name__).inc()
         # aiohttp's own call logs it (through the log guard) and raises when an answer has begun.
@@ -68,16 +69,20 @@ class RefusingHandler(RequestHandler):
 def refusal(status: int, exc: BaseException | None, max_line: int) -> web.Response:
     """The answer to a request refused before any endpoint was known."""
     if isinstance(exc, LineTooLong):
-        return ACCOUNT.error_response(431, f"the request line or a header line is over {max_line // 1024} KB",
-                                      "request_header_fields_too_large")
+        return ACCOUNT.error_response(
+            431, f"the request line or a header line is over {max_line // 1024} KB", "request_header_fields_too_large"
+        )
     if isinstance(exc, BadHttpMessage) and exc.message.startswith("Too many headers"):
         return ACCOUNT.error_response(431, "too many request header lines", "request_header_fields_too_large")
     if status == 400 or isinstance(exc, BadHttpMessage):
-        why = next((why for kind, why in _WHY if isinstance(exc, kind)),
-                   "the request is not well-formed HTTP/1.1 (a control character in a header, a header that may "
-                   "come once given twice, ...)")
-        return ACCOUNT.error_response(400, f"{why}; it was refused, and its bytes are not repeated here",
-                                      "malformed_request")
+        why = next(
+            (why for kind, why in _WHY if isinstance(exc, kind)),
+            "the request is not well-formed HTTP/1.1 (a control character in a header, a header that may "
+            "come once given twice, ...)",
+        )
+        return ACCOUNT.error_response(
+            400, f"{why}; it was refused, and its bytes are not repeated here", "malformed_request"
+        )
     try:
         phrase = HTTPStatus(status).phrase
     except ValueError:
@@ -94,17 +99,22 @@ class RefusingServer(web.Server):
 
 def expectation_failed() -> web.Response:
     answer = ACCOUNT.error_response(
-        417, "the Expect header asks for something the gateway does not do (it knows 100-continue alone); "
-             "its value is not repeated here", "expectation_failed")
+        417,
+        "the Expect header asks for something the gateway does not do (it knows 100-continue alone); "
+        "its value is not repeated here",
+        "expectation_failed",
+    )
     answer.force_close()  # a body may follow that the client was to hold back: none of it is read as a request
     return answer
 
 
 def _expectations_in_json(
-        handle: Callable[[BaseRequest], Awaitable[StreamResponse]]) -> Callable[[BaseRequest], Awaitable[StreamResponse]]:
+    handle: Callable[[BaseRequest], Awaitable[StreamResponse]],
+) -> Callable[[BaseRequest], Awaitable[StreamResponse]]:
     """The application's handler, with aiohttp's refusal of an `Expect` (raised by the default
     expect handler every route has, before the route's own handler runs) answered in JSON. The
     application keeps deciding: `100-continue` still gets its interim answer there."""
+
     async def handled(request: BaseRequest) -> StreamResponse:
         try:
             return await handle(request)

@@ -30,11 +30,28 @@ log = logging.getLogger("modelgate.runtime")
 
 
 class Runtime:
-    __slots__ = ("loaded", "config", "channels", "pipelines", "plugins", "observer", "health", "keys",
-                 "in_flight", "_retired", "_closed")
+    __slots__ = (
+        "loaded",
+        "config",
+        "channels",
+        "pipelines",
+        "plugins",
+        "observer",
+        "health",
+        "keys",
+        "in_flight",
+        "_retired",
+        "_closed",
+    )
 
-    def __init__(self, loaded: LoadedConfig, channels: ChannelSet, pipelines: dict[str, Pipeline],
-                 plugins: list[Plugin], stored_keys: StoredKeyLookup | None = None) -> None:
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        channels: ChannelSet,
+        pipelines: dict[str, Pipeline],
+        plugins: list[Plugin],
+        stored_keys: StoredKeyLookup | None = None,
+    ) -> None:
         self.loaded = loaded
         self.config = loaded.config
         self.channels = channels
@@ -49,8 +66,12 @@ class Runtime:
         self._closed = asyncio.Event()
 
     @classmethod
-    async def build(cls, loaded: LoadedConfig, simulator_url: Callable[[ChannelConfig], Awaitable[str]],
-                    resources: dict[str, Any] | None = None) -> Runtime:
+    async def build(
+        cls,
+        loaded: LoadedConfig,
+        simulator_url: Callable[[ChannelConfig], Awaitable[str]],
+        resources: dict[str, Any] | None = None,
+    ) -> Runtime:
         config = loaded.config
         for warning in config_warnings(config):  # at every start and reload: a public keyed route, say
             log.warning(warning)
@@ -60,8 +81,9 @@ class Runtime:
             base_url = channel_config.base_url
             if channel_config.is_simulator:
                 base_url = await simulator_url(channel_config)
-            channels.append(Channel(channel_config, base_url, ChannelHealth(resilience.breaker_failures,
-                                                                            resilience.breaker_open_s)))
+            channels.append(
+                Channel(channel_config, base_url, ChannelHealth(resilience.breaker_failures, resilience.breaker_open_s))
+            )
         instances: dict[str, Plugin] = {}
         pipelines: dict[str, Pipeline] = {}
         for route in ROUTES:
@@ -70,8 +92,9 @@ class Runtime:
                 if name not in instances:
                     instances[name] = build_plugin(config, name, resources)
             pipelines[route.name] = Pipeline([instances[n] for n in names])
-        runtime = cls(loaded, ChannelSet(channels), pipelines, list(instances.values()),
-                      (resources or {}).get(STORED_KEYS))
+        runtime = cls(
+            loaded, ChannelSet(channels), pipelines, list(instances.values()), (resources or {}).get(STORED_KEYS)
+        )
         try:
             await runtime.channels.open()
             runtime.health.start()

@@ -55,22 +55,31 @@ def serve(loaded: LoadedConfig, config_path: str | Path | None) -> int:
     configure_logging(loaded.config.observability.logging)
     count = worker_count(loaded.config)
     if count == 1 and loaded.config.server.workers is None and loaded.config.state.backend == "memory":
-        log.info("one worker process: the memory state backend lives in one process; "
-                 "set state.backend: redis to serve from every core")
+        log.info(
+            "one worker process: the memory state backend lives in one process; "
+            "set state.backend: redis to serve from every core"
+        )
     server = loaded.config.server
     if is_worker():
         bind_to_supervisor()
     else:
-        listeners = {"listen": (server.listen, (server.host, server.port)),
-                     "admin_listen": (server.admin_listen, server.admin_address)}
+        listeners = {
+            "listen": (server.listen, (server.host, server.port)),
+            "admin_listen": (server.admin_listen, server.admin_address),
+        }
         for setting, (shown, address) in listeners.items():
             if address is not None and port_taken(*address):
-                log.error("%s is already served (another modelgate, or its workers): not starting beside it "
-                          "(server.%s)", shown, setting, extra={setting: shown})
+                log.error(
+                    "%s is already served (another modelgate, or its workers): not starting beside it (server.%s)",
+                    shown,
+                    setting,
+                    extra={setting: shown},
+                )
                 return 1
     if count > 1 and not is_worker():
-        return Supervisor(count, config_path, server.drain_timeout_s, loaded.files, server.watch_config_s,
-                          server.watch_settle_s).run()
+        return Supervisor(
+            count, config_path, server.drain_timeout_s, loaded.files, server.watch_config_s, server.watch_settle_s
+        ).run()
     raise_descriptor_limit()
     uvloop = install_uvloop()
     # A worker starts from its supervisor's last good copy, and reloads the operator's file.
@@ -102,12 +111,18 @@ async def start_runner(app: web.Application, config: ServerConfig) -> web.AppRun
     # (proxy/process/drain.py); what is left then gets FINAL_GRACE_S before it is cancelled.
     # Request bodies are taken as sent, never inflated by the server: a webhook stays byte-exact, and
     # a body whose coding the gateway does not read is refused by the route (proxy/request/body.py).
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, auto_decompress=False,
-                           shutdown_timeout=FINAL_GRACE_S,  # the drain itself waits first (proxy/process/drain.py)
-                           keepalive_timeout=config.keepalive_timeout_s, **parser_limits(config),
-                           # what is left of a refused body is read and dropped for a while, so the client
-                           # sees the answer rather than a reset; a client silent that long is not waited for
-                           lingering_time=min(10.0, config.client_idle_s))
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        auto_decompress=False,
+        shutdown_timeout=FINAL_GRACE_S,  # the drain itself waits first (proxy/process/drain.py)
+        keepalive_timeout=config.keepalive_timeout_s,
+        **parser_limits(config),
+        # what is left of a refused body is read and dropped for a while, so the client
+        # sees the answer rather than a reset; a client silent that long is not waited for
+        lingering_time=min(10.0, config.client_idle_s),
+    )
     await runner.setup()
     assert runner.server is not None
     refuse_in_json(runner.server)  # what the HTTP parser refuses is answered in JSON, not in its bytes
@@ -118,24 +133,31 @@ async def start_runner(app: web.Application, config: ServerConfig) -> web.AppRun
     return runner
 
 
-async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: bool,
-                 started_from: str | Path | None = None) -> None:
+async def _serve(
+    loaded: LoadedConfig, config_path: str | Path | None, uvloop: bool, started_from: str | Path | None = None
+) -> None:
     app = build_app(loaded, config_path)
     runner = await start_runner(app, loaded.config.server)
     server = loaded.config.server
     # Bound before the main port, so a gateway that answers clients answers its scrapes too. Workers
     # share both ports; a lone process keeps them to itself, so a second one fails loudly.
-    admin = await AdminListener.start(build_admin_app(app), server, reuse_port=is_worker()) \
-        if server.admin_listen else None
+    admin = (
+        await AdminListener.start(build_admin_app(app), server, reuse_port=is_worker()) if server.admin_listen else None
+    )
     site = web.TCPSite(runner, server.host, server.port, backlog=server.listen_backlog, reuse_port=is_worker())
     await site.start()
     if admin is not None and (shared := admin.shares_with(site)):
         # Checked before anything else runs: the overlap would send clients to the admin routes,
         # and scrapes to the clients' routes, for as long as the gateway ran.
-        log.error("server.admin_listen (%s) and server.listen (%s) are bound to the same socket address (%s): "
-                  "each would take the other's connections; not starting. Give the admin listener an address "
-                  "of its own (another port, or null to turn it off)", server.admin_listen, server.listen,
-                  ", ".join(shared), extra={"listen": server.listen, "admin_listen": server.admin_listen})
+        log.error(
+            "server.admin_listen (%s) and server.listen (%s) are bound to the same socket address (%s): "
+            "each would take the other's connections; not starting. Give the admin listener an address "
+            "of its own (another port, or null to turn it off)",
+            server.admin_listen,
+            server.listen,
+            ", ".join(shared),
+            extra={"listen": server.listen, "admin_listen": server.admin_listen},
+        )
         await site.stop()
         await admin.close()
         await runner.cleanup()
@@ -158,10 +180,20 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
         if not is_worker():  # a worker's supervisor watches for it, and signals
             watching = loop.create_task(_watch_files(owner), name="config watch")
     base_url = _base_url(server)
-    log.info("modelgate listening on %s", base_url, extra={
-        "listen": server.listen, "base_url": base_url, "admin_url": admin.url if admin else None,
-        "config": loaded.source, "digest": loaded.digest,
-        "uvloop": uvloop, "pid": os.getpid(), "descriptors": resource.getrlimit(resource.RLIMIT_NOFILE)[0]})
+    log.info(
+        "modelgate listening on %s",
+        base_url,
+        extra={
+            "listen": server.listen,
+            "base_url": base_url,
+            "admin_url": admin.url if admin else None,
+            "config": loaded.source,
+            "digest": loaded.digest,
+            "uvloop": uvloop,
+            "pid": os.getpid(),
+            "descriptors": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        },
+    )
     try:
         await stop.wait()
     finally:
@@ -173,8 +205,11 @@ async def _serve(loaded: LoadedConfig, config_path: str | Path | None, uvloop: b
             await admin.stop_accepting()  # both ports are free for the gateway that follows
         assert runner.server is not None
         handlers = runner.server
-        await owner.drain.run(lambda: owner.gateway.in_flight if owner.gateway else 0, server.drain_timeout_s,
-                              lambda: handlers.connections)
+        await owner.drain.run(
+            lambda: owner.gateway.in_flight if owner.gateway else 0,
+            server.drain_timeout_s,
+            lambda: handlers.connections,
+        )
         await runner.cleanup()  # cancels what is left, within FINAL_GRACE_S
         if admin is not None:
             await admin.close()
@@ -199,8 +234,9 @@ async def _watch_files(owner: GatewayApp) -> None:
     def settings() -> ServerConfig:  # as the last good config says
         return owner.loaded.config.server
 
-    await reload_on_change(FileWatch(owner.loaded.files), lambda: settings().watch_config_s,
-                           lambda: settings().watch_settle_s, reload)
+    await reload_on_change(
+        FileWatch(owner.loaded.files), lambda: settings().watch_config_s, lambda: settings().watch_settle_s, reload
+    )
 
 
 def _changed_since(path: str | Path, digest: str) -> bool:

@@ -88,14 +88,24 @@ class Shedder:
         admitted when the admission was asked."""
         gateway = self.gateway
         drain = gateway.drain
-        if (type(message) is not RawRequestMessage or message.version != HttpVersion11 or message.should_close
-                or message.upgrade or not payload.is_eof() or drain is not None and drain.draining
-                or "Expect" in message.headers):
+        if (
+            type(message) is not RawRequestMessage
+            or message.version != HttpVersion11
+            or message.should_close
+            or message.upgrade
+            or not payload.is_eof()
+            or drain is not None
+            and drain.draining
+            or "Expect" in message.headers
+        ):
             return False
         server = gateway.runtime.config.server
         transport = handler.transport
-        if (handler.requests_seen >= server.keepalive_requests or transport is None
-                or transport.get_write_buffer_size() > SEND_BOUND):
+        if (
+            handler.requests_seen >= server.keepalive_requests
+            or transport is None
+            or transport.get_write_buffer_size() > SEND_BOUND
+        ):
             return False
         path = message.path.partition("?")[0]
         route = self.endpoints.find(message.method, path) if _PLAIN.fullmatch(path) else None
@@ -108,9 +118,11 @@ class Shedder:
             return False
         body = refusal_body(route, "overloaded", OVERLOADED_MESSAGE)
         request_id = answer_id(message.headers.get(server.request_id_header, ""))
-        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                f"Retry-After: {RETRY_AFTER_S}\r\n{server.request_id_header}: {request_id}\r\n"
-                f"Content-Length: {len(body)}\r\nDate: {rfc822_formatted_time()}\r\nServer: {SERVER_SOFTWARE}\r\n\r\n")
+        head = (
+            f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Retry-After: {RETRY_AFTER_S}\r\n{server.request_id_header}: {request_id}\r\n"
+            f"Content-Length: {len(body)}\r\nDate: {rfc822_formatted_time()}\r\nServer: {SERVER_SOFTWARE}\r\n\r\n"
+        )
         transport.write(head.encode("ascii") + body)
         child(SHED, route.name, "overloaded").inc()
         handler.kept_alive()
@@ -200,8 +212,20 @@ class SheddingServer(RefusingServer):
 
 # What of aiohttp's connection handler the above reads and calls (none of it public): a version
 # without one of them refuses aiohttp's way alone.
-_HANDLER_PARTS = ("_messages", "_waiter", "_upgraded", "_request_count", "_parser", "_buffer_paused",
-                  "_close", "_force_close", "_keepalive_timeout", "_next_keepalive_close_time", "_manager", "_loop")
+_HANDLER_PARTS = (
+    "_messages",
+    "_waiter",
+    "_upgraded",
+    "_request_count",
+    "_parser",
+    "_buffer_paused",
+    "_close",
+    "_force_close",
+    "_keepalive_timeout",
+    "_next_keepalive_close_time",
+    "_manager",
+    "_loop",
+)
 
 
 def shed_on_connections(server: Any, gateway: Gateway, routes: Iterable[Route]) -> bool:
@@ -211,8 +235,11 @@ def shed_on_connections(server: Any, gateway: Gateway, routes: Iterable[Route]) 
     slots = {name for cls in RequestHandler.__mro__ for name in getattr(cls, "__slots__", ())}
     missing = [name for name in _HANDLER_PARTS if name not in slots]
     if missing or not hasattr(RequestHandler, "_resume_reading_for_buffer"):
-        log.warning("refusals under overload go through aiohttp's request handling: this aiohttp's connection "
-                    "handler has none of %s", missing or ["_resume_reading_for_buffer"])
+        log.warning(
+            "refusals under overload go through aiohttp's request handling: this aiohttp's connection "
+            "handler has none of %s",
+            missing or ["_resume_reading_for_buffer"],
+        )
         return False
     server.__class__ = SheddingServer
     server.shedder = Shedder(gateway, routes)

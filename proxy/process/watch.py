@@ -70,8 +70,12 @@ class FileWatch:
         return list(differing)
 
 
-async def reload_on_change(watch: FileWatch, interval_s: Callable[[], float], settle_s: Callable[[], float],
-                           reload: Callable[[], Awaitable[Mapping[str, str | None]]]) -> None:
+async def reload_on_change(
+    watch: FileWatch,
+    interval_s: Callable[[], float],
+    settle_s: Callable[[], float],
+    reload: Callable[[], Awaitable[Mapping[str, str | None]]],
+) -> None:
     """Until cancelled: every `interval_s()` seconds (0: not now, look at the setting again in a
     second), reload when a watched file changed and settled over `settle_s()`. `reload` answers the
     files it read, whether the new config was taken or refused (a refused one keeps the last good

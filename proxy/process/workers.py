@@ -30,7 +30,7 @@ WORKER_ENV = "MODELGATE_WORKER"
 SUPERVISOR_ENV = "MODELGATE_SUPERVISOR_PID"
 RELOAD_ENV = "MODELGATE_RELOAD_FROM"  # the config file a worker reloads (it starts from the last good copy)
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
-_CRASH_LOOP = 5       # workers dying this soon after starting, this many times in a row: give up
+_CRASH_LOOP = 5  # workers dying this soon after starting, this many times in a row: give up
 _CRASH_WINDOW_S = 2.0
 # A worker's exit status when its listeners were bound to the same socket address (sysexits'
 # EX_CONFIG): every worker started again would bind them the same way, so the supervisor stops.
@@ -88,8 +88,15 @@ def port_taken(host: str, port: int) -> bool:
 class Supervisor:
     """Starts the workers, restarts the ones that die, and stops them all on SIGTERM."""
 
-    def __init__(self, count: int, config_path: str | Path | None, drain_timeout_s: float,
-                 files: Mapping[str, str | None] | None = None, watch_s: float = 0.0, settle_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        count: int,
+        config_path: str | Path | None,
+        drain_timeout_s: float,
+        files: Mapping[str, str | None] | None = None,
+        watch_s: float = 0.0,
+        settle_s: float = 0.0,
+    ) -> None:
         self.count = count
         self.config_path = config_path
         self.drain_timeout_s = drain_timeout_s
@@ -117,16 +124,22 @@ class Supervisor:
         try:
             for slot in range(self.count):
                 self._start(slot)
-            log.info("modelgate supervising workers", extra={"workers": self.count,
-                                                             "pids": [p.pid for p in self.workers.values()]})
+            log.info(
+                "modelgate supervising workers",
+                extra={"workers": self.count, "pids": [p.pid for p in self.workers.values()]},
+            )
             return self._watch()
         finally:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
 
     def _start(self, slot: int) -> None:
         command = [sys.executable, "-m", "proxy", "serve"]
-        env = {**os.environ, WORKER_ENV: str(slot), SUPERVISOR_ENV: str(os.getpid()),
-               "PROMETHEUS_MULTIPROC_DIR": self.metrics_dir}
+        env = {
+            **os.environ,
+            WORKER_ENV: str(slot),
+            SUPERVISOR_ENV: str(os.getpid()),
+            "PROMETHEUS_MULTIPROC_DIR": self.metrics_dir,
+        }
         if self.config_path is not None:
             command += ["-c", str(self.good_config)]
             env[RELOAD_ENV] = str(self.config_path)
@@ -153,8 +166,10 @@ class Supervisor:
                     continue
                 self._mark_dead(process.pid)
                 if process.returncode == LISTENERS_OVERLAP:
-                    log.error("a worker found server.admin_listen bound where server.listen is; stopping",
-                              extra={"pid": process.pid})
+                    log.error(
+                        "a worker found server.admin_listen bound where server.listen is; stopping",
+                        extra={"pid": process.pid},
+                    )
                     self._stop()
                     self._wait_all()
                     return 1

@@ -72,8 +72,9 @@ class StateUnavailable(Exception):
 class Affinity:
     __slots__ = ("_store", "_ttl_s", "_pending", "_max_pending", "_flusher", "_reachable")
 
-    def __init__(self, store: StateStore, ttl_s: int, max_pending: int = 10_000,
-                 reachable: Callable[[], bool] = lambda: True) -> None:
+    def __init__(
+        self, store: StateStore, ttl_s: int, max_pending: int = 10_000, reachable: Callable[[], bool] = lambda: True
+    ) -> None:
         self._store = store
         self._ttl_s = ttl_s
         # The store's probe: while it says the store is away, no request waits on the store's
@@ -156,8 +157,10 @@ class Affinity:
                 if pin is Pin.VIDEO_TASK:
                     handed_out = await self._alias(record, pin, ref)
                 else:
-                    log.warning("a response id was made twice; it stays with its first owner",
-                                extra={"request_id": ex.request_id})
+                    log.warning(
+                        "a response id was made twice; it stays with its first owner",
+                        extra={"request_id": ex.request_id},
+                    )
         ex.created_id = handed_out
         return handed_out
 
@@ -174,8 +177,10 @@ class Affinity:
 
     def _keep(self, key: str, value: str, overwrite: bool, request_id: str | None) -> None:
         if not self._pending:  # once an outage, not once an id (the gauge counts them)
-            log.warning("state store unreachable: pins of ids handed out are kept here until it returns",
-                        extra={"request_id": request_id})
+            log.warning(
+                "state store unreachable: pins of ids handed out are kept here until it returns",
+                extra={"request_id": request_id},
+            )
         self._pending[key] = (value, overwrite)
         while len(self._pending) > self._max_pending:
             self._pending.popitem(last=False)
@@ -219,8 +224,10 @@ class Affinity:
                             await self._store.add(key, value, self._ttl_s)
                         del self._pending[key]
         if self._pending:
-            log.error("stopping with pins the state store never took: their ids cannot be followed",
-                      extra={"pending": len(self._pending)})
+            log.error(
+                "stopping with pins the state store never took: their ids cannot be followed",
+                extra={"pending": len(self._pending)},
+            )
 
     async def remember_from_body(self, ex: Exchange, body: Any) -> bool:
         """Record the id an answer carries; True when the body now carries an alias in its place."""
@@ -252,8 +259,12 @@ async def _check_owner(ex: Exchange) -> web.StreamResponse | None:
     try:
         record = await lookup
     except StateUnavailable:
-        return ex.error_response(503, "the gateway cannot look up this id right now; retry shortly",
-                                 "state_unavailable", headers={"Retry-After": "2"})
+        return ex.error_response(
+            503,
+            "the gateway cannot look up this id right now; retry shortly",
+            "state_unavailable",
+            headers={"Retry-After": "2"},
+        )
     # A request without a key (a pipeline without auth) is the tenant "": it follows only ids
     # made without one. A record without an owner predates owners, and is nobody's to follow.
     if record is None or record.owner is None or record.owner != (ex.tenant or ""):

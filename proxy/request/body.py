@@ -83,8 +83,9 @@ def body_limits(config: GatewayConfig, route: Route) -> tuple[int, int]:
     return int(server.max_json_body_mb * _MB), int(server.max_upload_mb * _MB)
 
 
-async def read_body(ex: Exchange, limit: int, upload_limit: int | None = None, idle_s: float = 30.0,
-                    total_s: float = 300.0) -> None:
+async def read_body(
+    ex: Exchange, limit: int, upload_limit: int | None = None, idle_s: float = 30.0, total_s: float = 300.0
+) -> None:
     """Fill `ex.body` or `ex.body_stream`; raise BodyError for a body the gateway refuses,
     408 for one that stops arriving for `idle_s` or is not whole within `total_s`."""
     kind = ex.route.body
@@ -228,8 +229,13 @@ class MultipartBody:
         """Drop a small text field from the spooled start (where SDKs put their fields)."""
         # A part: its delimiter, header lines (never empty, so the match stays in one part's
         # headers) one of which names the field, the blank line, and a one-line value.
-        pattern = re.compile(rb"(--" + re.escape(self.observer.boundary) + rb"\r\n(?:[^\r\n]+\r\n)*?[^\r\n]*(?<=[; \t])name=\"?"
-                             + re.escape(name.encode()) + rb'"?(?:;[^\r\n]*)?\r\n(?:[^\r\n]+\r\n)*\r\n[^\r\n]*\r\n)')
+        pattern = re.compile(
+            rb"(--"
+            + re.escape(self.observer.boundary)
+            + rb"\r\n(?:[^\r\n]+\r\n)*?[^\r\n]*(?<=[; \t])name=\"?"
+            + re.escape(name.encode())
+            + rb'"?(?:;[^\r\n]*)?\r\n(?:[^\r\n]+\r\n)*\r\n[^\r\n]*\r\n)'
+        )
         delta = self._spool.remove(pattern)
         if delta is None:
             return False
@@ -240,8 +246,11 @@ class MultipartBody:
     def rename_model(self, old: str, new: str) -> bool:
         """Swap the `model` field's value in the spooled start; the declared length follows. False
         when it is not there to swap (it came after a large file): the caller must not send it."""
-        pattern = re.compile(rb'((?<=[; \t])name="?model"?(?:;[^\r\n]*)?\r\n(?:[^\r\n]+\r\n)*\r\n)'
-                             + re.escape(old.encode()) + rb"(\r\n--)")
+        pattern = re.compile(
+            rb'((?<=[; \t])name="?model"?(?:;[^\r\n]*)?\r\n(?:[^\r\n]+\r\n)*\r\n)'
+            + re.escape(old.encode())
+            + rb"(\r\n--)"
+        )
         delta = self._spool.substitute(pattern, new.encode())
         if delta is None:
             return False
@@ -323,7 +332,7 @@ class Spool:
         if match is None:
             return None
         delta = len(value) - (match.start(2) - match.end(1))
-        self._memory[match.end(1):match.start(2)] = value
+        self._memory[match.end(1) : match.start(2)] = value
         self.size += delta
         return delta
 
@@ -334,7 +343,7 @@ class Spool:
         match = pattern.search(self._memory)
         if match is None:
             return None
-        del self._memory[match.start(1):match.end(1)]
+        del self._memory[match.start(1) : match.end(1)]
         self.size -= match.end(1) - match.start(1)
         return -(match.end(1) - match.start(1))
 

@@ -83,8 +83,7 @@ def read_ended(ex: Exchange) -> Generation | None:
     return generation
 
 
-def ended(generation: Generation, held: Usage, held_seconds: float, counts_tokens: bool
-          ) -> tuple[Usage, float, bool]:
+def ended(generation: Generation, held: Usage, held_seconds: float, counts_tokens: bool) -> tuple[Usage, float, bool]:
     """What a generation left open spent, now that it ended: the upstream's own counts; nothing
     for one that failed; when it ended without saying (a cancelled response, say), what was held
     for it, since it may have made all it was let (marked estimated). Its video seconds are those

@@ -47,8 +47,9 @@ def resolve_model(ex: Exchange) -> web.Response | None:
     if not stripped:
         return ex.error_response(400, "the request names no model: 'model' is required", param="model")
     if model != stripped or _CONTROL.search(model):
-        return ex.error_response(400, "model: must not have surrounding whitespace or control characters",
-                                 param="model")
+        return ex.error_response(
+            400, "model: must not have surrounding whitespace or control characters", param="model"
+        )
     ex.model = model
     return None
 
@@ -67,8 +68,13 @@ def settle_json(ex: Exchange) -> web.Response | None:
             return ex.error_response(400, f"{folded}: given again in other letter case", param=folded)
     holding = _HOLDING_VIDEO if ex.route.name in ("video_generations", "videos") else _HOLDING
     refusal = _other_case(ex, body, "") or next(
-        (found for inner in holding if isinstance(nested := body.get(inner), dict)
-         and (found := _other_case(ex, nested, inner + "."))), None)
+        (
+            found
+            for inner in holding
+            if isinstance(nested := body.get(inner), dict) and (found := _other_case(ex, nested, inner + "."))
+        ),
+        None,
+    )
     if refusal is not None:
         return refusal
     if _ESCAPED_LETTER.search(raw) or raw.count(_MODEL_NAME) > 1 or raw.count(_PREVIOUS_NAME) > 1:
@@ -77,9 +83,22 @@ def settle_json(ex: Exchange) -> web.Response | None:
 
 
 # The counts a reservation goes by (proxy/formats/counts.py), by name at any depth.
-_COUNT_NAMES = tuple(f'"{name}"'.encode() for name in (
-    "max_tokens", "max_output_tokens", "max_completion_tokens", "maxOutputTokens", "candidateCount",
-    "candidate_count", "sampleCount", "durationSeconds", "seconds", "n", "partial_images"))
+_COUNT_NAMES = tuple(
+    f'"{name}"'.encode()
+    for name in (
+        "max_tokens",
+        "max_output_tokens",
+        "max_completion_tokens",
+        "maxOutputTokens",
+        "candidateCount",
+        "candidate_count",
+        "sampleCount",
+        "durationSeconds",
+        "seconds",
+        "n",
+        "partial_images",
+    )
+)
 
 
 def settle_counts(ex: Exchange) -> None:
@@ -99,9 +118,25 @@ def settle_counts(ex: Exchange) -> None:
 # neither checked nor reserved for: `"N": 10` beside `"n": 1`, `"ſervice_tier"`. Only these objects
 # are looked in: deeper, a tool's schema may well name a property `Size`, and a response's
 # `metadata` holds whatever names its caller likes.
-_CHECKED = ("n", "partial_images", "max_tokens", "max_output_tokens", "max_completion_tokens", "seconds",
-            "service_tier", "quality", "size", "response_format", "maxOutputTokens", "candidateCount", "candidate_count", "sampleCount", "sample_count", "durationSeconds",
-            "duration_seconds")
+_CHECKED = (
+    "n",
+    "partial_images",
+    "max_tokens",
+    "max_output_tokens",
+    "max_completion_tokens",
+    "seconds",
+    "service_tier",
+    "quality",
+    "size",
+    "response_format",
+    "maxOutputTokens",
+    "candidateCount",
+    "candidate_count",
+    "sampleCount",
+    "sample_count",
+    "durationSeconds",
+    "duration_seconds",
+)
 _CHECKED_FOLDED = {name.lower(): name for name in _CHECKED}
 _HOLDING = ("generationConfig", "generation_config")
 _HOLDING_VIDEO = ("metadata", "parameters")  # a video's; elsewhere `metadata` is the caller's own names
@@ -112,8 +147,12 @@ def _other_case(ex: Exchange, fields: dict[str, object], where: str) -> web.Resp
         folded = name.lower() if name.isascii() else _fold(name)
         wanted = _CHECKED_FOLDED.get(folded)
         if wanted is not None and name not in _CHECKED:
-            return ex.error_response(400, f"{where}{wanted}: given in other letter case ('{where}{name}' is "
-                                     f"not '{where}{wanted}'): send it as named", param=where + wanted)
+            return ex.error_response(
+                400,
+                f"{where}{wanted}: given in other letter case ('{where}{name}' is "
+                f"not '{where}{wanted}'): send it as named",
+                param=where + wanted,
+            )
     return None
 
 
@@ -121,4 +160,3 @@ def _fold(name: str) -> str:
     """A name as a case-insensitive reader may match it: lower case for ASCII; compatibility-
     normalised and case-folded otherwise (`previouſ_response_id`, a Kelvin sign for `k`)."""
     return name.lower() if name.isascii() else unicodedata.normalize("NFKC", name).casefold()
-

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from proxy.pipeline import Pipeline
     from proxy.policy.channels import Channel
     from proxy.request.affinity import PinRecord
-    from proxy.state import Write
     from proxy.request.target import Target
+    from proxy.state import Write
 
 _UNPARSED = object()
 DECODED_LIMIT = 64 * 1024 * 1024  # the most of a decoded answer body the gateway will hold
@@ -49,23 +49,54 @@ class Exchange:
     """One client request, its upstream attempt and its outcome."""
 
     __slots__ = (
-        "request", "route", "format", "request_id", "started", "client_ip", "headers",
-        "path_params", "body", "body_stream", "multipart", "_json", "body_changed", "model",
-        "upstream_model", "channel", "pinned_channel", "key", "streaming", "usage", "generation", "outcome",
-        "plugin_state", "tracer", "span", "unsampled_span", "response_headers",
-        "answer_limit", "gateway_id", "target", "followed_id", "follow_lookup", "followed", "created_id",
-        "with_pin", "pinned_with", "pipeline",
+        "request",
+        "route",
+        "format",
+        "request_id",
+        "started",
+        "client_ip",
+        "headers",
+        "path_params",
+        "body",
+        "body_stream",
+        "multipart",
+        "_json",
+        "body_changed",
+        "model",
+        "upstream_model",
+        "channel",
+        "pinned_channel",
+        "key",
+        "streaming",
+        "usage",
+        "generation",
+        "outcome",
+        "plugin_state",
+        "tracer",
+        "span",
+        "unsampled_span",
+        "response_headers",
+        "answer_limit",
+        "gateway_id",
+        "target",
+        "followed_id",
+        "follow_lookup",
+        "followed",
+        "created_id",
+        "with_pin",
+        "pinned_with",
+        "pipeline",
     )
 
     def __init__(self, request: web.Request, route: Route, request_id: str, gateway_id: str | None = None) -> None:
         self.request = request
         self.route = route
         self.format: Format = route.format
-        self.request_id = request_id    # for correlation: the caller's own, when it sent a usable one
+        self.request_id = request_id  # for correlation: the caller's own, when it sent a usable one
         self.gateway_id = gateway_id or request_id  # always the gateway's: what limits and leases count by
         self.started = time.perf_counter()
         self.client_ip: str = request.remote or ""
-        self.headers: CIMultiDict[str] = CIMultiDict()   # what goes upstream; set before on_request
+        self.headers: CIMultiDict[str] = CIMultiDict()  # what goes upstream; set before on_request
         self.path_params: dict[str, str] = dict(request.match_info)
         self.body: bytes | None = None
         self.body_stream: AsyncIterator[bytes] | None = None
@@ -76,20 +107,20 @@ class Exchange:
         self.upstream_model: str | None = None
         self.channel: Channel | None = None
         self.pinned_channel: str | None = None
-        self.key: GatewayKey | None = None      # the caller: set by the plugin that provides it (auth)
-        self.target: Target | None = None      # the checked request target (set before the body is read)
-        self.followed_id: str | None = None    # the id this request follows (a task, a previous response)
+        self.key: GatewayKey | None = None  # the caller: set by the plugin that provides it (auth)
+        self.target: Target | None = None  # the checked request target (set before the body is read)
+        self.followed_id: str | None = None  # the id this request follows (a task, a previous response)
         # The lookup of its record, under way; the record is set on `followed` only once the core
         # has checked that it is the caller's tenant's (None: never handed out, or not yet checked).
         self.follow_lookup: asyncio.Task[PinRecord | None] | None = None
         self.followed: PinRecord | None = None
-        self.created_id: str | None = None     # the id the answer hands out (set by the affinity, after the hooks)
+        self.created_id: str | None = None  # the id the answer hands out (set by the affinity, after the hooks)
         # Writes a plugin wants made with the pin of the id the answer hands out, in the same step
         # and only if that pin is taken for the id as the upstream gave it; `pinned_with`: they were.
         self.with_pin: list[Write] = []
         self.pinned_with = False
         self.streaming = route.always_streams  # the client asked for a stream
-        self.usage = Usage()                    # as the upstream reported it (read by the usage plugins)
+        self.usage = Usage()  # as the upstream reported it (read by the usage plugins)
         # What the answer tells of a generation that may outlive it, the one it made or the one it
         # follows (a background response, a video task): set by the plugins that read answers.
         self.generation: Generation | None = None
@@ -100,8 +131,8 @@ class Exchange:
         self.pipeline: Pipeline | None = None
         self.response_headers: dict[str, str] | None = None  # plugins' additions to the client's answer
         self.answer_limit: AnswerLimit | None = None  # a plugin must read the whole answer
-        self.tracer: Any = None   # the OpenTelemetry tracer, when this request is traced
-        self.span: Any = None     # its server span
+        self.tracer: Any = None  # the OpenTelemetry tracer, when this request is traced
+        self.span: Any = None  # its server span
         self.unsampled_span: Any = None  # a request traced but not sampled: its ids travel on, nothing is recorded
 
     def json(self) -> Any:
@@ -145,8 +176,14 @@ class Exchange:
             self.outcome.bytes_out = len(response.body)  # what the access line says was sent
         return response
 
-    def error_response(self, status: int, message: str, code: str | None = None,
-                       headers: dict[str, str] | None = None, param: str | None = None) -> web.Response:
+    def error_response(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        param: str | None = None,
+    ) -> web.Response:
         """An error in this endpoint's own shape (section 7 of the spec)."""
         self.outcome.error, self.outcome.error_code = message, code
         return self.format.error_response(status, message, code, headers, param)
@@ -172,12 +209,14 @@ class Exchange:
         """The `Server-Timing` value: the gateway's own time and the upstream's, and the pauses
         between attempts and pool waits, each as its own part when there was any."""
         outcome = self.outcome
-        timing = (f"gateway;dur={self.overhead_seconds() * 1000:.3f};desc=\"gateway overhead\", "
-                  f"upstream;dur={outcome.upstream_seconds() * 1000:.3f}")
+        timing = (
+            f'gateway;dur={self.overhead_seconds() * 1000:.3f};desc="gateway overhead", '
+            f"upstream;dur={outcome.upstream_seconds() * 1000:.3f}"
+        )
         if outcome.backoff_s:
-            timing += f", backoff;dur={outcome.backoff_s * 1000:.3f};desc=\"failover backoff\""
+            timing += f', backoff;dur={outcome.backoff_s * 1000:.3f};desc="failover backoff"'
         if outcome.pool_wait_s:
-            timing += f", pool;dur={outcome.pool_wait_s * 1000:.3f};desc=\"waiting for an upstream connection\""
+            timing += f', pool;dur={outcome.pool_wait_s * 1000:.3f};desc="waiting for an upstream connection"'
         return timing
 
 
@@ -188,15 +227,29 @@ class Outcome:
     `on_complete` hooks. Its time is four parts: upstream (every attempt's), failover backoff,
     pool wait, and the rest, the gateway's own (`Exchange.overhead_seconds`)."""
 
-    __slots__ = ("status", "streamed", "bytes_out", "events", "error", "error_code", "client_aborted", "cut_by",
-                 "attempts", "upstream_started", "upstream_headers_at", "upstream_finished", "upstream_before_s",
-                 "backoff_s", "pool_wait_s")
+    __slots__ = (
+        "status",
+        "streamed",
+        "bytes_out",
+        "events",
+        "error",
+        "error_code",
+        "client_aborted",
+        "cut_by",
+        "attempts",
+        "upstream_started",
+        "upstream_headers_at",
+        "upstream_finished",
+        "upstream_before_s",
+        "backoff_s",
+        "pool_wait_s",
+    )
 
     def __init__(self) -> None:
         self.status = 0
-        self.streamed = False        # the answer went out as an event stream
+        self.streamed = False  # the answer went out as an event stream
         self.bytes_out = 0
-        self.events = 0              # stream events that reached the client (streams framed event by event)
+        self.events = 0  # stream events that reached the client (streams framed event by event)
         self.error: str | None = None
         self.error_code: str | None = None  # the code of an error answer the gateway made itself
         self.client_aborted = False
@@ -210,7 +263,7 @@ class Outcome:
         self.upstream_headers_at: float | None = None
         self.upstream_finished: float | None = None
         self.upstream_before_s = 0.0
-        self.backoff_s = 0.0    # paused between attempts (resilience.backoff_s, doubling)
+        self.backoff_s = 0.0  # paused between attempts (resilience.backoff_s, doubling)
         self.pool_wait_s = 0.0  # waited for a connection a channel's pool may open (pool.max_connections)
 
     def attempt_started(self, now: float) -> None:
@@ -245,6 +298,7 @@ class Outcome:
 class AnswerLimit:
     """What a plugin that must read a whole (successful) answer asks of the relay: an answer
     larger than `size` bytes is refused, as a 502 with the plugin's own error `code`."""
+
     size: int
     code: str
 

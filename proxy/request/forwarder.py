@@ -60,10 +60,10 @@ log = logging.getLogger("modelgate.forwarder")
 
 
 class Resend(Enum):
-    NEVER_REACHED = "never reached"    # nothing was written: any request may go again
-    UNANSWERED = "unanswered"          # written, no byte of answer: GETs, and chat routes that opt in
-    IDEMPOTENT = "idempotent"          # a broken answer: GETs only
-    ERROR_ANSWER = "error answer"      # the upstream answered with an error: not a submission or webhook
+    NEVER_REACHED = "never reached"  # nothing was written: any request may go again
+    UNANSWERED = "unanswered"  # written, no byte of answer: GETs, and chat routes that opt in
+    IDEMPOTENT = "idempotent"  # a broken answer: GETs only
+    ERROR_ANSWER = "error answer"  # the upstream answered with an error: not a submission or webhook
     # The upstream refused the request before doing any work (the channel's credential, or this
     # request's permission there): nothing ran, nothing was billed, so any request may go to
     # another channel, a video submission too.
@@ -74,33 +74,49 @@ class Resend(Enum):
 @dataclass(frozen=True, slots=True)
 class Failure:
     status: int | None  # the client's status when no other attempt is made (None: the answer is relayed)
-    breaker: bool       # counts as a failure of the channel
+    breaker: bool  # counts as a failure of the channel
     resend: Resend
-    code: str           # the machine code of the client's error
-    says: str           # how the client's message puts it
+    code: str  # the machine code of the client's error
+    says: str  # how the client's message puts it
     opens: bool = False  # opens the channel's breaker at once: every request there would fail alike
 
 
 FAILURES: dict[str, Failure] = {
     "connect": Failure(502, True, Resend.NEVER_REACHED, "upstream_unreachable", "could not be reached"),
     "connect_timeout": Failure(504, True, Resend.NEVER_REACHED, "upstream_connect_timeout", "timed out connecting"),
-    "pool_exhausted": Failure(503, False, Resend.NEVER_REACHED, "upstream_pool_exhausted",
-                              "has all the connections its pool may open busy"),
-    "unanswered": Failure(502, True, Resend.UNANSWERED, "upstream_unanswered",
-                          "took the request and closed the connection without answering"),
-    "first_byte_timeout": Failure(504, True, Resend.UNANSWERED, "upstream_timeout",
-                                  "took the request and did not answer in time"),
-    "head_timeout": Failure(504, True, Resend.IDEMPOTENT, "upstream_timeout", "did not finish its answer's head in time"),
-    "bad_answer": Failure(502, True, Resend.IDEMPOTENT, "upstream_bad_answer", "sent an answer the gateway will not relay"),
+    "pool_exhausted": Failure(
+        503, False, Resend.NEVER_REACHED, "upstream_pool_exhausted", "has all the connections its pool may open busy"
+    ),
+    "unanswered": Failure(
+        502,
+        True,
+        Resend.UNANSWERED,
+        "upstream_unanswered",
+        "took the request and closed the connection without answering",
+    ),
+    "first_byte_timeout": Failure(
+        504, True, Resend.UNANSWERED, "upstream_timeout", "took the request and did not answer in time"
+    ),
+    "head_timeout": Failure(
+        504, True, Resend.IDEMPOTENT, "upstream_timeout", "did not finish its answer's head in time"
+    ),
+    "bad_answer": Failure(
+        502, True, Resend.IDEMPOTENT, "upstream_bad_answer", "sent an answer the gateway will not relay"
+    ),
     "connection": Failure(502, True, Resend.IDEMPOTENT, "upstream_broke_off", "broke off its answer"),
     "status_5xx": Failure(None, True, Resend.ERROR_ANSWER, "", "answered with a server error"),
     "status_429": Failure(None, False, Resend.ERROR_ANSWER, "", "answered 429"),
     # A 401 on a keyed route: relayed, it told the client its own key was bad. Its body is the
     # upstream's words about the gateway's credential: never relayed. Wrong for every request
     # alike, so it opens the breaker at once.
-    CREDENTIAL_REFUSED: Failure(502, True, Resend.REFUSED, "upstream_auth_failed",
-                                "refused the gateway's own credential (the gateway's configuration is at fault, "
-                                "not this request's key)", opens=True),
+    CREDENTIAL_REFUSED: Failure(
+        502,
+        True,
+        Resend.REFUSED,
+        "upstream_auth_failed",
+        "refused the gateway's own credential (the gateway's configuration is at fault, not this request's key)",
+        opens=True,
+    ),
     # A 403 on a keyed route: the credential was taken, this request was not (Anthropic's
     # `permission_error` for a model the account may not use, a region, a resource not the
     # account's). Not the channel's health: counting it would let requests for one such model
@@ -108,9 +124,14 @@ FAILURES: dict[str, Failure] = {
     # either: relayed, an SDK tells the client its own key lacks the permission, and the body
     # speaks of the gateway's upstream account (its organisation, project, tier), which
     # redacting the credential does not hide.
-    REQUEST_FORBIDDEN: Failure(502, False, Resend.REFUSED, "upstream_forbidden",
-                               "refused this request: the gateway's account there may not use this model, "
-                               "region or resource (not this request's key)"),
+    REQUEST_FORBIDDEN: Failure(
+        502,
+        False,
+        Resend.REFUSED,
+        "upstream_forbidden",
+        "refused this request: the gateway's account there may not use this model, "
+        "region or resource (not this request's key)",
+    ),
 }
 
 
@@ -164,9 +185,15 @@ class Forwarder:
             tried.append(channel)
             path = self._path_for(ex, channel)
             if path is None:
-                return ex.answer_locally(ex.error_response(
-                    400, "model: the form's model field must come before its files, so the gateway can name the "
-                         "model as this channel knows it", param="model"), id_header)
+                return ex.answer_locally(
+                    ex.error_response(
+                        400,
+                        "model: the form's model field must come before its files, so the gateway can name the "
+                        "model as this channel knows it",
+                        param="model",
+                    ),
+                    id_header,
+                )
             path = ex.format.versioned_path(path, channel.config.content_api_version)
             if pipeline.upstream_hooks:
                 await pipeline.run_upstream(ex)
@@ -195,27 +222,41 @@ class Forwarder:
             delay *= 2
             ex.restore_body(body, body_changed)
 
-    async def _attempt(self, ex: Exchange, runtime: Runtime, pipeline: Pipeline, channel: Channel, target: str,
-                       data: bytes | AsyncIterator[bytes] | None, id_header: str,
-                       tried: list[Channel]) -> web.StreamResponse | tuple[Channel, str]:
+    async def _attempt(
+        self,
+        ex: Exchange,
+        runtime: Runtime,
+        pipeline: Pipeline,
+        channel: Channel,
+        target: str,
+        data: bytes | AsyncIterator[bytes] | None,
+        id_header: str,
+        tried: list[Channel],
+    ) -> web.StreamResponse | tuple[Channel, str]:
         """One attempt: the client's answer, or the next channel to try and why."""
         observer = runtime.observer
         assert channel.pool is not None
         ex.outcome.attempt_started(time.perf_counter())
         try:
-            upstream = await channel.pool.request(ex.request.method, target, ex.headers, data,
-                                                  waited=ex.outcome.pool_waited)
+            upstream = await channel.pool.request(
+                ex.request.method, target, ex.headers, data, waited=ex.outcome.pool_waited
+            )
         except UpstreamError as exc:
             if isinstance(data, MultipartBody) and data.rejection is not None:
                 violation = data.rejection  # the body broke a rule while it streamed: the upstream got no whole request
-                return ex.answer_locally(ex.error_response(violation.status, str(violation), violation.code,
-                                                           param=violation.path or None), id_header)
+                return ex.answer_locally(
+                    ex.error_response(violation.status, str(violation), violation.code, param=violation.path or None),
+                    id_header,
+                )
             if isinstance(exc, RequestBodyFailed):  # the client's body failed: not the channel's fault
-                return ex.answer_locally(ex.error_response(400, "the request body could not be read to its end"),
-                                         id_header)
+                return ex.answer_locally(
+                    ex.error_response(400, "the request body could not be read to its end"), id_header
+                )
             if isinstance(exc, InvalidRequest):
-                return ex.answer_locally(ex.error_response(
-                    502, f"the request for upstream {channel.name} could not be written: {exc}"), id_header)
+                return ex.answer_locally(
+                    ex.error_response(502, f"the request for upstream {channel.name} could not be written: {exc}"),
+                    id_header,
+                )
             kind = failure_kind(exc)
             if kind != "pool_exhausted":  # a full pool is the gateway's own limit: no fault of the channel's
                 channel.health.record(FAILURES[kind].breaker)
@@ -231,23 +272,43 @@ class Forwarder:
         observer.upstream_result(channel, kind)
         if kind is not None and failure is not None:
             if failure.opens:  # said at error, whether or not another channel serves the request
-                log.error("upstream refused the channel's credential; its breaker is open", extra={
-                    "channel": channel.name, "status": status, "route": ex.route.name, "request_id": ex.request_id})
+                log.error(
+                    "upstream refused the channel's credential; its breaker is open",
+                    extra={
+                        "channel": channel.name,
+                        "status": status,
+                        "route": ex.route.name,
+                        "request_id": ex.request_id,
+                    },
+                )
             if kind != "status_429" or runtime.config.resilience.failover_on_429:
                 if (following := self._next_channel(ex, runtime, tried, kind, Written.ALL)) is not None:
                     upstream.close()
                     return following
             if failure.status is not None:  # the gateway's own answer, not the upstream's
                 upstream.close()
-                return ex.answer_locally(ex.error_response(
-                    failure.status, f"upstream {channel.name} answered {status}: it {failure.says}", failure.code,
-                    headers={"x-should-retry": "false", "Server-Timing": ex.server_timing()}), id_header)
+                return ex.answer_locally(
+                    ex.error_response(
+                        failure.status,
+                        f"upstream {channel.name} answered {status}: it {failure.says}",
+                        failure.code,
+                        headers={"x-should-retry": "false", "Server-Timing": ex.server_timing()},
+                    ),
+                    id_header,
+                )
         try:
-            relay = Relay(ex, upstream, pipeline, self.affinity,
-                          buffer_limit=int(runtime.config.server.max_json_body_mb * 1024 * 1024),
-                          max_event=int(runtime.config.server.max_stream_event_mb * 1024 * 1024),
-                          request_id_header=id_header, observer=observer,
-                          client_idle_s=runtime.config.server.client_idle_s, drain=self.drain)
+            relay = Relay(
+                ex,
+                upstream,
+                pipeline,
+                self.affinity,
+                buffer_limit=int(runtime.config.server.max_json_body_mb * 1024 * 1024),
+                max_event=int(runtime.config.server.max_stream_event_mb * 1024 * 1024),
+                request_id_header=id_header,
+                observer=observer,
+                client_idle_s=runtime.config.server.client_idle_s,
+                drain=self.drain,
+            )
             return await relay.send()
         finally:
             upstream.release()
@@ -289,8 +350,9 @@ class Forwarder:
             return ex.route.creates is not Pin.VIDEO_TASK and ex.route.format is not ACCOUNT
         return rule is Resend.REFUSED
 
-    def _next_channel(self, ex: Exchange, runtime: Runtime, tried: list[Channel], kind: str,
-                      written: Written) -> tuple[Channel, str] | None:
+    def _next_channel(
+        self, ex: Exchange, runtime: Runtime, tried: list[Channel], kind: str, written: Written
+    ) -> tuple[Channel, str] | None:
         """The next channel to try, if this request may be sent again and one is left."""
         if len(tried) >= runtime.config.resilience.max_attempts or not self.may_resend(ex, runtime, kind, written):
             return None
@@ -333,10 +395,19 @@ class Forwarder:
     @staticmethod
     def _upstream_span(ex: Exchange, channel: Channel, path: str, attempt: int) -> Span:
         method = ex.request.method
-        span = start_child(ex, f"{method} upstream {channel.name}", SpanKind.CLIENT, {
-            "http.request.method": method, "server.address": channel.pool.host if channel.pool else "",
-            "url.path": path, "modelgate.channel": channel.name, "gen_ai.request.model": ex.upstream_model or "",
-            "modelgate.attempt": attempt})
+        span = start_child(
+            ex,
+            f"{method} upstream {channel.name}",
+            SpanKind.CLIENT,
+            {
+                "http.request.method": method,
+                "server.address": channel.pool.host if channel.pool else "",
+                "url.path": path,
+                "modelgate.channel": channel.name,
+                "gen_ai.request.model": ex.upstream_model or "",
+                "modelgate.attempt": attempt,
+            },
+        )
         inject(span, ex.headers)
         return span
 

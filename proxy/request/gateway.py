@@ -76,9 +76,15 @@ class Gateway:
 
     __slots__ = ("runtime", "affinity", "tracing", "connections", "forwarder", "in_flight", "drain", "admission")
 
-    def __init__(self, runtime: Runtime, affinity: Affinity, tracing: Tracing,
-                 connections: ConnectionCount | None = None, drain: Drain | None = None,
-                 admission: Admission | None = None) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        affinity: Affinity,
+        tracing: Tracing,
+        connections: ConnectionCount | None = None,
+        drain: Drain | None = None,
+        admission: Admission | None = None,
+    ) -> None:
         self.runtime = runtime
         self.affinity = affinity
         self.tracing = tracing
@@ -95,8 +101,11 @@ class Gateway:
         # still waiting count against the bound here too, as they do on the connections.
         waiting = self.admission.waiting
         admitted_already = waiting > 0 and admitted(request)
-        if self.drain is not None and self.drain.cutting or not (admitted_already or
-                                                                 self.admission.admits(self.in_flight + waiting)):
+        if (
+            self.drain is not None
+            and self.drain.cutting
+            or not (admitted_already or self.admission.admits(self.in_flight + waiting))
+        ):
             return self._refuse(request, route)
         runtime = self.runtime
         runtime.enter()
@@ -125,8 +134,11 @@ class Gateway:
         except BodyTooDeep:
             # Wherever the body is encoded again (a name given twice or escaped, a plugin's change, a
             # channel's model rename): the client's to fix, and what was held is given back as for any end.
-            response = ex.error_response(400, "the body is nested too deeply for the gateway to forward it "
-                                         "(at most 254 levels)", "invalid_request")
+            response = ex.error_response(
+                400,
+                "the body is nested too deeply for the gateway to forward it (at most 254 levels)",
+                "invalid_request",
+            )
             return ex.answer_locally(response, config.request_id_header)
         except Exception:
             log.exception("unhandled error", extra={"request_id": request_id, "route": route.name})
@@ -164,13 +176,15 @@ class Gateway:
         try:
             ex.target = build_target(ex.request.raw_path, ex.route.path, ex.path_params)
         except TargetError as exc:
-            return ex.answer_locally(ex.error_response(400, str(exc), "invalid_request_target", param=exc.param),
-                                      id_header)
+            return ex.answer_locally(
+                ex.error_response(400, str(exc), "invalid_request_target", param=exc.param), id_header
+            )
         if ex.route.local:  # `GET /v1/models`, which several SDKs call, speaks the asking one's format
             ex.format = ex.format.shape_for(ex.request.headers, ex.target.key_values())
         try:
-            await read_body(ex, *body_limits(runtime.config, ex.route), server.client_idle_s,
-                            self._body_timeout(ex, runtime))
+            await read_body(
+                ex, *body_limits(runtime.config, ex.route), server.client_idle_s, self._body_timeout(ex, runtime)
+            )
         except BodyError as exc:
             refusal = ex.error_response(exc.status, str(exc), param=exc.param)
             if exc.status == 408:
@@ -215,8 +229,12 @@ class Gateway:
             ex = Exchange(request, route, request_id)
             ex.outcome.status, ex.outcome.error, ex.outcome.error_code = 503, message, reason
             log_exchange(ex, self.runtime.config.observability.logging, time.perf_counter(), 0.0)
-        return web.Response(status=503, body=body, content_type="application/json",
-                            headers={"Retry-After": retry, config.request_id_header: request_id})
+        return web.Response(
+            status=503,
+            body=body,
+            content_type="application/json",
+            headers={"Retry-After": retry, config.request_id_header: request_id},
+        )
 
     @staticmethod
     def _local_answer(ex: Exchange, runtime: Runtime) -> web.Response:
@@ -224,12 +242,16 @@ class Gateway:
         (or one of them), or, for a list only a plugin keeps (the caller's video tasks), a clear 501."""
         assert ex.target is not None
         if ex.route.name not in ("models", "content_models", "model_retrieve", "content_model"):
-            return ex.error_response(501, f"{ex.route.method} {ex.route.path} is answered by a plugin that is not "
-                                          "in this route's pipeline", "not_implemented")
+            return ex.error_response(
+                501,
+                f"{ex.route.method} {ex.route.path} is answered by a plugin that is not in this route's pipeline",
+                "not_implemented",
+            )
         body = listing(runtime.config, runtime.channels, ex.key, ex.format, ex.path_params.get("model"))
         if body is None:
-            return ex.error_response(404, f"model {ex.path_params['model']!r} is not one this key may use here",
-                                     "model_not_found")
+            return ex.error_response(
+                404, f"model {ex.path_params['model']!r} is not one this key may use here", "model_not_found"
+            )
         return web.Response(body=jsonutil.dumps(body), content_type="application/json")
 
     @staticmethod
@@ -242,8 +264,12 @@ class Gateway:
 
     def _over_client_limits(self, ex: Exchange, server: ServerConfig) -> web.Response | None:
         if self.connections.open > server.max_connections:
-            refusal = ex.error_response(503, f"the gateway holds its maximum of {server.max_connections} "
-                                        "connections; retry shortly", "too_many_connections", {"Retry-After": "1"})
+            refusal = ex.error_response(
+                503,
+                f"the gateway holds its maximum of {server.max_connections} connections; retry shortly",
+                "too_many_connections",
+                {"Retry-After": "1"},
+            )
             refusal.force_close()  # this connection goes, so the next one finds room
             return refusal
         problem = header_problem(ex.request, server)
@@ -265,8 +291,12 @@ class Gateway:
         if ex.channel is not None:
             return None
         if channels.candidates(ex.route, ex.model):
-            return ex.error_response(503, "every channel for this request is failing; retry shortly",
-                                     "no_healthy_channel", headers={"Retry-After": "5"})
+            return ex.error_response(
+                503,
+                "every channel for this request is failing; retry shortly",
+                "no_healthy_channel",
+                headers={"Retry-After": "5"},
+            )
         if ex.model is not None:
             return ex.error_response(404, f"model {ex.model!r} is not served by this gateway", "model_not_found")
         return ex.error_response(404, f"no channel serves {ex.route.method} {ex.route.path}", "not_found")

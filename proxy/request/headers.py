@@ -4,10 +4,19 @@ from __future__ import annotations
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
-    "te", "trailer", "transfer-encoding", "upgrade",
-})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
 # Set again by whoever sends the next hop: aiohttp from the body it sends, or the relay.
 _RECOMPUTED = frozenset({"host", "content-length"})
 
@@ -33,8 +42,12 @@ def content_codings(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> list[s
     `identity` and empty entries left out: [] for a body sent as it is."""
     if "content-encoding" not in headers:
         return []
-    return [c for v in headers.getall("content-encoding") for c in (p.strip().lower() for p in v.split(","))
-            if c not in ("", "identity")]
+    return [
+        c
+        for v in headers.getall("content-encoding")
+        for c in (p.strip().lower() for p in v.split(","))
+        if c not in ("", "identity")
+    ]
 
 
 def add_forwarding(headers: CIMultiDict[str], client_ip: str, scheme: str, host: str) -> None:

@@ -39,8 +39,9 @@ _TEXT_RUN = re.compile(_RUN.pattern.decode())
 
 
 def _either_case(hex_digits: str) -> bytes:
-    return b"".join(b"[" + c.lower().encode() + c.upper().encode() + b"]" if c.isalpha() else c.encode()
-                    for c in hex_digits)
+    return b"".join(
+        b"[" + c.lower().encode() + c.upper().encode() + b"]" if c.isalpha() else c.encode() for c in hex_digits
+    )
 
 
 def _cases(byte: int) -> list[int]:
@@ -70,8 +71,9 @@ def _byte_spellings(byte: int) -> list[tuple[bytes, bytes]]:
 
 def _spellings(secret: bytes) -> bytes:
     """A pattern for `secret` with each byte in either letter case, as itself or percent-encoded."""
-    return b"".join(b"(?:" + b"|".join(re.escape(first) + rest for first, rest in _byte_spellings(byte)) + b")"
-                    for byte in secret)
+    return b"".join(
+        b"(?:" + b"|".join(re.escape(first) + rest for first, rest in _byte_spellings(byte)) + b")" for byte in secret
+    )
 
 
 def _base64_cores(secret: bytes) -> list[bytes]:
@@ -87,8 +89,10 @@ def _base64_cores(secret: bytes) -> list[bytes]:
 
 
 # In a URL or a JSON string a standard alphabet's `+` and `/` may come escaped.
-_BASE64_ESCAPED = {ord("+"): [(b"+", b""), (b"%", b"2[bB]"), _json_escape(b"2[bB]")],
-                   ord("/"): [(b"/", b""), (b"\\", b"/"), (b"%", b"2[fF]"), _json_escape(b"2[fF]")]}
+_BASE64_ESCAPED = {
+    ord("+"): [(b"+", b""), (b"%", b"2[bB]"), _json_escape(b"2[bB]")],
+    ord("/"): [(b"/", b""), (b"\\", b"/"), (b"%", b"2[fF]"), _json_escape(b"2[fF]")],
+}
 
 
 def _base64_spellings(char: int) -> list[tuple[bytes, bytes]]:
@@ -96,8 +100,9 @@ def _base64_spellings(char: int) -> list[tuple[bytes, bytes]]:
 
 
 def _base64_pattern(core: bytes) -> bytes:
-    return b"".join(b"(?:" + b"|".join(re.escape(first) + rest for first, rest in _base64_spellings(c)) + b")"
-                    for c in core)
+    return b"".join(
+        b"(?:" + b"|".join(re.escape(first) + rest for first, rest in _base64_spellings(c)) + b")" for c in core
+    )
 
 
 def _branches(secret: bytes) -> list[tuple[str, bytes, bytes]]:
@@ -110,7 +115,9 @@ def _branches(secret: bytes) -> list[tuple[str, bytes, bytes]]:
         digits = secret.hex()
         branches += [("hex", bytes([c]), _either_case(digits[1:])) for c in _cases(ord(digits[0]))]
         for core in _base64_cores(secret):
-            branches += [("base64", first, after + _base64_pattern(core[1:])) for first, after in _base64_spellings(core[0])]
+            branches += [
+                ("base64", first, after + _base64_pattern(core[1:])) for first, after in _base64_spellings(core[0])
+            ]
     return branches
 
 
@@ -121,8 +128,10 @@ class Redactor:
         raw = secret.encode()
         # Each branch a named group after its first byte (the group names its kind), so that the
         # whole is an alternation of literals to the regex compiler.
-        pattern = b"|".join(re.escape(first) + b"(?P<%s_%d>" % (kind.encode(), n) + rest + b")"
-                            for n, (kind, first, rest) in enumerate(_branches(raw)))
+        pattern = b"|".join(
+            re.escape(first) + b"(?P<%s_%d>" % (kind.encode(), n) + rest + b")"
+            for n, (kind, first, rest) in enumerate(_branches(raw))
+        )
         self._pattern = re.compile(pattern)
         self._text_pattern = re.compile(pattern.decode("utf-8", "surrogateescape"))
         longest = 6 * len(raw)  # each byte JSON-escaped (`\\u002B`)
@@ -152,8 +161,9 @@ class Redactor:
 _RUN_HELD = 1024
 
 
-def _redacted(pattern: re.Pattern[AnyStr], data: AnyStr, marker: AnyStr,
-              until: int | None = None) -> tuple[list[AnyStr], int]:
+def _redacted(
+    pattern: re.Pattern[AnyStr], data: AnyStr, marker: AnyStr, until: int | None = None
+) -> tuple[list[AnyStr], int]:
     """The pieces of `data` with every spelling replaced by `marker`, a Base64 one widened to the
     run of Base64 characters (and padding) it stands in; and how far into `data` they go. Whole
     (`until` None): to its end. A chunk of a stream: up to `until`, past it only to the end of a
@@ -168,7 +178,7 @@ def _redacted(pattern: re.Pattern[AnyStr], data: AnyStr, marker: AnyStr,
         if found.lastgroup.startswith("base64"):  # type: ignore[union-attr]
             start, end = _widened(data, start, end, done, is_text)
             if until is not None and end == len(data) and end - start <= _RUN_HELD:
-                out.append(data[done:max(done, start)])
+                out.append(data[done : max(done, start)])
                 return out, max(done, start)
         if start < done:  # inside what was replaced already
             start = done

@@ -61,12 +61,34 @@ REVOKED = "api_key_revoked"
 class Relay:
     """Writes one upstream answer to the client for one exchange."""
 
-    __slots__ = ("ex", "upstream", "pipeline", "affinity", "buffer_limit", "request_id_header", "observer",
-                 "client_idle_s", "redactor", "drain", "was_cut", "max_event")
+    __slots__ = (
+        "ex",
+        "upstream",
+        "pipeline",
+        "affinity",
+        "buffer_limit",
+        "request_id_header",
+        "observer",
+        "client_idle_s",
+        "redactor",
+        "drain",
+        "was_cut",
+        "max_event",
+    )
 
-    def __init__(self, ex: Exchange, upstream: Answer, pipeline: Pipeline,
-                 affinity: Affinity, buffer_limit: int, max_event: int, request_id_header: str, observer: Observer,
-                 client_idle_s: float = 30.0, drain: Drain | None = None) -> None:
+    def __init__(
+        self,
+        ex: Exchange,
+        upstream: Answer,
+        pipeline: Pipeline,
+        affinity: Affinity,
+        buffer_limit: int,
+        max_event: int,
+        request_id_header: str,
+        observer: Observer,
+        client_idle_s: float = 30.0,
+        drain: Drain | None = None,
+    ) -> None:
         self.drain = drain
         self.max_event = max_event
         self.was_cut: str | None = None  # why the gateway ended it: SHUTTING_DOWN or REVOKED
@@ -92,8 +114,7 @@ class Relay:
         if upstream.content_type == "text/event-stream" and not content_codings(upstream.headers):
             ex.outcome.streamed = True
             return await self._send_events()
-        wants_body = self.pipeline.reads_answers or (
-            ex.route.creates is not None and upstream.status < 300)
+        wants_body = self.pipeline.reads_answers or (ex.route.creates is not None and upstream.status < 300)
         if ex.answer_limit is not None and upstream.status < 300:
             if length is not None and length > ex.answer_limit.size:
                 upstream.close()
@@ -113,8 +134,9 @@ class Relay:
             redactor = self.redactor
             if any(redactor.found_in(name) or redactor.found_in(value) for name, value in headers.items()):
                 # A value is redacted; a header whose name holds the credential is dropped.
-                headers = CIMultiDict((name, redactor.text(value)) for name, value in headers.items()
-                                      if not redactor.found_in(name))
+                headers = CIMultiDict(
+                    (name, redactor.text(value)) for name, value in headers.items() if not redactor.found_in(name)
+                )
         if self.ex.response_headers:
             headers.update(self.ex.response_headers)
         headers[self.request_id_header] = self.ex.request_id
@@ -145,9 +167,12 @@ class Relay:
                 self._broke(ex.channel, "stream_stalled" if stalled else "stream_broken")
             message = "upstream stalled while sending its answer" if stalled else "upstream broke off its answer"
             # it had the request: the official SDKs must not send it again on their own
-            return ex.error_response(504 if stalled else 502, message,
-                                     "upstream_timeout" if stalled else "upstream_broke_off",
-                                     headers={"x-should-retry": "false"})
+            return ex.error_response(
+                504 if stalled else 502,
+                message,
+                "upstream_timeout" if stalled else "upstream_broke_off",
+                headers={"x-should-retry": "false"},
+            )
         ex.outcome.upstream_finished = time.perf_counter()
         answer = UpstreamResponse(upstream.status, end_to_end(upstream.headers), b"".join(chunks))
         await self.pipeline.run_response(ex, answer)
@@ -180,8 +205,9 @@ class Relay:
         """The client's answer in place of one whose head cannot be written: logged, and a 502."""
         log.error("the answer's head could not be written to the client", extra={"request_id": self.ex.request_id})
         self.ex.outcome.status = 502
-        return self.ex.error_response(502, "the upstream's answer could not be passed on: a header in it cannot "
-                                           "be written")
+        return self.ex.error_response(
+            502, "the upstream's answer could not be passed on: a header in it cannot be written"
+        )
 
     def _redact(self, answer: UpstreamResponse) -> None:
         """Take the credential out of a body that is not a success; one whose encoding cannot be
@@ -191,8 +217,11 @@ class Relay:
         except AnswerTooLarge:
             decoded = None
         if decoded is None:
-            answer.set_json(self.ex.format.error_payload(
-                answer.status if answer.status >= 400 else 502, f"upstream answered {answer.status}"))
+            answer.set_json(
+                self.ex.format.error_payload(
+                    answer.status if answer.status >= 400 else 502, f"upstream answered {answer.status}"
+                )
+            )
             return
         redacted = self.redactor.bytes(decoded)  # type: ignore[union-attr]
         if redacted != decoded or decoded is not answer.body:
@@ -208,8 +237,9 @@ class Relay:
         """An error answer too large to decode here: it cannot be checked, so it is not sent."""
         self.upstream.close()
         status = self.upstream.status
-        return self.ex.error_response(status if status >= 400 else 502,
-                                      f"upstream answered {status} with a compressed body too large to check")
+        return self.ex.error_response(
+            status if status >= 400 else 502, f"upstream answered {status} with a compressed body too large to check"
+        )
 
     async def _send_bytes(self, prefix: bytes = b"") -> web.StreamResponse:
         ex, upstream = self.ex, self.upstream
@@ -307,9 +337,10 @@ class Relay:
         else:
             await self._end_stream_with_error(response, 503, _CUT_MESSAGE, SHUTTING_DOWN)
 
-    async def _relay_events(self, response: DeferredEnd, parser: SSEParser | None, hooks: bool,
-                            pin_pending: bool, stream: StreamWatch) -> web.StreamResponse:
-        ex, upstream, pipeline = self.ex, self.upstream, self.pipeline
+    async def _relay_events(
+        self, response: DeferredEnd, parser: SSEParser | None, hooks: bool, pin_pending: bool, stream: StreamWatch
+    ) -> web.StreamResponse:
+        ex, upstream = self.ex, self.upstream
         try:
             while chunk := await upstream.readany():
                 if parser is None:
@@ -348,8 +379,9 @@ class Relay:
         ex.outcome.upstream_finished = time.perf_counter()
         return response  # its end is aiohttp's to write, after the bookkeeping
 
-    async def _pass_on(self, response: DeferredEnd, events: list[SSEEvent], hooks: bool, pin_pending: bool,
-                       stream: StreamWatch) -> bool:
+    async def _pass_on(
+        self, response: DeferredEnd, events: list[SSEEvent], hooks: bool, pin_pending: bool, stream: StreamWatch
+    ) -> bool:
         """Run one read's events through the hooks and write them; whether the pin is still pending."""
         ex, pipeline = self.ex, self.pipeline
         out: list[bytes] = []
@@ -367,8 +399,9 @@ class Relay:
             stream.wrote(len(out))
         return pin_pending
 
-    async def _pass_on_stopped(self, response: DeferredEnd, parser: SSEParser, hooks: bool, pin_pending: bool,
-                               stream: StreamWatch) -> None:
+    async def _pass_on_stopped(
+        self, response: DeferredEnd, parser: SSEParser, hooks: bool, pin_pending: bool, stream: StreamWatch
+    ) -> None:
         """The upstream stopped (broke off, stalled, or the drain cut it) just after a blank line
         ending in a CR: that event was whole, as a browser reading the upstream would have had it,
         so it goes on before the stream's error event. A failure here (a hook's, the client's
@@ -387,13 +420,16 @@ class Relay:
         ex = self.ex
         ex.outcome.cut_by = "upstream"
         channel = ex.channel.name if ex.channel is not None else None
-        log.warning("upstream stream event over the cap: stream ended", extra={
-            "request_id": ex.request_id, "channel": channel, "max_event_bytes": limit})
+        log.warning(
+            "upstream stream event over the cap: stream ended",
+            extra={"request_id": ex.request_id, "channel": channel, "max_event_bytes": limit},
+        )
         if ex.channel is not None:
             self.observer.upstream_result(ex.channel, "event_too_large")
         mb = limit / (1024 * 1024)
-        await self._end_stream_with_error(response, 502, f"upstream sent a stream event over the {mb:g} MB limit",
-                                          "upstream_event_too_large")
+        await self._end_stream_with_error(
+            response, 502, f"upstream sent a stream event over the {mb:g} MB limit", "upstream_event_too_large"
+        )
 
     async def _write_or_hold(self, response: DeferredEnd, data: bytes) -> None:
         """Write a stream's events; once its closing counts are in, hold the rest for its end (no
@@ -423,8 +459,9 @@ class Relay:
             log.exception("stream relay failed", extra={"request_id": ex.request_id})
             await self._end_stream_with_error(response, 500, "the gateway failed while relaying the stream")
 
-    async def _end_stream_with_error(self, response: web.StreamResponse, status: int, message: str,
-                                     code: str | None = None) -> None:
+    async def _end_stream_with_error(
+        self, response: web.StreamResponse, status: int, message: str, code: str | None = None
+    ) -> None:
         self.ex.outcome.error, self.ex.outcome.error_code = message, code
         self.upstream.close()
         try:
@@ -478,8 +515,11 @@ class StreamWatch:
         self.events = 0
         self.first_byte_at: float | None = None
         # Per-event hooks get one span each for the whole stream, not one per event.
-        self.spans = [start_child(ex, f"{plugin_name(hook)} on_event") for hook in pipeline.event_hooks] \
-            if ex.span is not None else []
+        self.spans = (
+            [start_child(ex, f"{plugin_name(hook)} on_event") for hook in pipeline.event_hooks]
+            if ex.span is not None
+            else []
+        )
         observer.stream_opened(ex)
 
     def wrote(self, events: int) -> None:

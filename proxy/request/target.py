@@ -18,14 +18,22 @@ from urllib.parse import quote, unquote_to_bytes
 # What each path parameter may hold (docs/security.md lists them). The first character is a
 # letter or digit, so neither "." nor ".." can be a value.
 PARAM_GRAMMAR: dict[str, tuple[re.Pattern[str], str]] = {
-    "model": (re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+=-]{0,255}"),
-              "1-256 letters, digits or . _ - @ + =, starting with a letter or digit"),
-    "task_id": (re.compile(r"[A-Za-z0-9][A-Za-z0-9._~:@+=-]{0,511}"),
-                "1-512 letters, digits or . _ ~ : @ + = -, starting with a letter or digit"),
-    "response_id": (re.compile(r"[A-Za-z0-9][A-Za-z0-9._~:@+=-]{0,511}"),
-                    "1-512 letters, digits or . _ ~ : @ + = -, starting with a letter or digit"),
-    "provider": (re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}"),
-                 "1-64 letters, digits, _ or -, starting with a letter or digit"),
+    "model": (
+        re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+=-]{0,255}"),
+        "1-256 letters, digits or . _ - @ + =, starting with a letter or digit",
+    ),
+    "task_id": (
+        re.compile(r"[A-Za-z0-9][A-Za-z0-9._~:@+=-]{0,511}"),
+        "1-512 letters, digits or . _ ~ : @ + = -, starting with a letter or digit",
+    ),
+    "response_id": (
+        re.compile(r"[A-Za-z0-9][A-Za-z0-9._~:@+=-]{0,511}"),
+        "1-512 letters, digits or . _ ~ : @ + = -, starting with a letter or digit",
+    ),
+    "provider": (
+        re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}"),
+        "1-64 letters, digits, _ or -, starting with a letter or digit",
+    ),
 }
 # Query parameter names that carry a client's key to the gateway (compared decoded, in any case).
 KEY_PARAMS = frozenset({"key"})
@@ -51,7 +59,7 @@ class Target:
     template: str
     params: dict[str, str]
     query: list[tuple[str, str | None]] = field(default_factory=list)  # without client-key pairs; None: no `=`
-    keys: list[tuple[str, str]] = field(default_factory=list)    # the client-key pairs taken out
+    keys: list[tuple[str, str]] = field(default_factory=list)  # the client-key pairs taken out
 
     def key_values(self) -> list[str]:
         """The values of the `key` parameters (exactly that name, once decoded), empty ones left out."""
@@ -68,9 +76,12 @@ class Target:
         if not self.query and not extra:
             return ""
         # surrogateescape: a keyless route's undecodable `key` pair goes on as the bytes it came as
-        return "&".join(quote(name, safe=_QUERY_SAFE) if value is None else
-                        f"{quote(name, safe=_QUERY_SAFE)}={quote(value, safe=_QUERY_SAFE, errors='surrogateescape')}"
-                        for name, value in [*self.query, *extra])
+        return "&".join(
+            quote(name, safe=_QUERY_SAFE)
+            if value is None
+            else f"{quote(name, safe=_QUERY_SAFE)}={quote(value, safe=_QUERY_SAFE, errors='surrogateescape')}"
+            for name, value in [*self.query, *extra]
+        )
 
 
 def build_target(raw_target: str, template: str, params: dict[str, str]) -> Target:

@@ -30,8 +30,12 @@ def usage_or_estimate(ex: Exchange, held: Callable[[], Usage] | None = None) -> 
     usage, outcome = ex.usage, ex.outcome
     if not ex.format.reports_usage or outcome.upstream_started is None or usage.final:
         return usage, False
-    if (held is not None and ex.created_id is None and (outcome.status < 300 or outcome.client_aborted)
-            and ex.format.in_background(ex.json())):
+    if (
+        held is not None
+        and ex.created_id is None
+        and (outcome.status < 300 or outcome.client_aborted)
+        and ex.format.in_background(ex.json())
+    ):
         return held(), True  # it runs on upstream, and no id was handed out to read how it ends by
     if outcome.streamed:
         unsaid = outcome.status < 400  # cut short, or ended without its closing counts

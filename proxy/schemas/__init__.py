@@ -30,8 +30,9 @@ JSON_SCHEMAS: dict[str, type[BaseModel]] = {
 }
 
 
-def check(schema: type[BaseModel], body: Any, *, strict: bool = True,
-          enums: EnumCheck | None = None) -> tuple[BaseModel | None, Violation | None]:
+def check(
+    schema: type[BaseModel], body: Any, *, strict: bool = True, enums: EnumCheck | None = None
+) -> tuple[BaseModel | None, Violation | None]:
     """The body against `schema` (`strict`: no type coercion); `enums` says whether open
     enumerations are closed, and gathers the unlisted values they let pass."""
     if not isinstance(body, dict):
@@ -42,5 +43,12 @@ def check(schema: type[BaseModel], body: Any, *, strict: bool = True,
         return None, first_violation(exc)
 
 
-__all__ = ["JSON_SCHEMAS", "EnumCheck", "GenerateContentRequest", "ImageEditForm", "Violation", "VideosRequest",
-           "check"]
+__all__ = [
+    "JSON_SCHEMAS",
+    "EnumCheck",
+    "GenerateContentRequest",
+    "ImageEditForm",
+    "Violation",
+    "VideosRequest",
+    "check",
+]

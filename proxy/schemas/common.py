@@ -27,9 +27,10 @@ def by_type(value: Any) -> str:
 def tagged(members: dict[str, Any], pick: Callable[[Any], str] = by_type, other: Any = None) -> Any:
     """A union that checks each value against the member its tag names; `other` takes
     anything else (so new upstream types pass), or, when None, unknown tags are errors."""
+
     def choose(value: Any) -> str:
         tag = pick(value)
-        if tag[len(MARK):] in members:
+        if tag[len(MARK) :] in members:
             return tag
         return MARK + "other" if other is not None else tag
 
@@ -42,8 +43,10 @@ def tagged(members: dict[str, Any], pick: Callable[[Any], str] = by_type, other:
 def text_or(kind: Any, text: Any = str) -> Any:
     """`str` (or the string type `text`) or something else, told apart without pydantic guessing
     (clean error paths)."""
-    return Annotated[Union[Annotated[text, Tag(MARK + "str")], Annotated[kind, Tag(MARK + "other")]],  # noqa: UP007
-                     Discriminator(lambda v: MARK + ("str" if isinstance(v, str) else "other"))]
+    return Annotated[
+        Union[Annotated[text, Tag(MARK + "str")], Annotated[kind, Tag(MARK + "other")]],  # noqa: UP007
+        Discriminator(lambda v: MARK + ("str" if isinstance(v, str) else "other")),
+    ]
 
 
 class AnyObject(Model):
@@ -100,5 +103,5 @@ def _rule(error: dict[str, Any]) -> str:
     if kind == "union_tag_invalid" or kind == "union_tag_not_found":
         return "has an unknown or missing 'type'"
     if message.startswith("Value error, "):
-        message = message[len("Value error, "):]
+        message = message[len("Value error, ") :]
     return message[0].lower() + message[1:]

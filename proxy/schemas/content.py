@@ -37,21 +37,57 @@ class Model(common.Model):
 def _spellings(model: type[common.Model]) -> list[tuple[str, str]]:
     found = model.__dict__.get("_spelled_twice")
     if found is None:
-        found = [tuple(info.validation_alias.choices) for info in model.model_fields.values()
-                 if isinstance(info.validation_alias, AliasChoices) and len(info.validation_alias.choices) == 2]
+        found = [
+            tuple(info.validation_alias.choices)
+            for info in model.model_fields.values()
+            if isinstance(info.validation_alias, AliasChoices) and len(info.validation_alias.choices) == 2
+        ]
         model._spelled_twice = found  # type: ignore[attr-defined]  # worked out once a model
     return found
 
 
-HARM_CATEGORIES = ("HARM_CATEGORY_HARASSMENT", "HARM_CATEGORY_HATE_SPEECH", "HARM_CATEGORY_SEXUALLY_EXPLICIT",
-                   "HARM_CATEGORY_DANGEROUS_CONTENT", "HARM_CATEGORY_CIVIC_INTEGRITY", "HARM_CATEGORY_UNSPECIFIED",
-                   "HARM_CATEGORY_DEROGATORY", "HARM_CATEGORY_TOXICITY", "HARM_CATEGORY_VIOLENCE",
-                   "HARM_CATEGORY_SEXUAL", "HARM_CATEGORY_MEDICAL", "HARM_CATEGORY_DANGEROUS")
-THRESHOLDS = ("HARM_BLOCK_THRESHOLD_UNSPECIFIED", "BLOCK_LOW_AND_ABOVE", "BLOCK_MEDIUM_AND_ABOVE",
-              "BLOCK_ONLY_HIGH", "BLOCK_NONE", "OFF")
+HARM_CATEGORIES = (
+    "HARM_CATEGORY_HARASSMENT",
+    "HARM_CATEGORY_HATE_SPEECH",
+    "HARM_CATEGORY_SEXUALLY_EXPLICIT",
+    "HARM_CATEGORY_DANGEROUS_CONTENT",
+    "HARM_CATEGORY_CIVIC_INTEGRITY",
+    "HARM_CATEGORY_UNSPECIFIED",
+    "HARM_CATEGORY_DEROGATORY",
+    "HARM_CATEGORY_TOXICITY",
+    "HARM_CATEGORY_VIOLENCE",
+    "HARM_CATEGORY_SEXUAL",
+    "HARM_CATEGORY_MEDICAL",
+    "HARM_CATEGORY_DANGEROUS",
+)
+THRESHOLDS = (
+    "HARM_BLOCK_THRESHOLD_UNSPECIFIED",
+    "BLOCK_LOW_AND_ABOVE",
+    "BLOCK_MEDIUM_AND_ABOVE",
+    "BLOCK_ONLY_HIGH",
+    "BLOCK_NONE",
+    "OFF",
+)
 SCHEMA_TYPES = ("TYPE_UNSPECIFIED", "STRING", "NUMBER", "INTEGER", "BOOLEAN", "ARRAY", "OBJECT")
-LANGUAGES = ("zh-CN", "en-US", "ja-JP", "ko-KR", "fr-FR", "de-DE", "es-ES", "pt-BR", "hi-IN", "ar-XA", "it-IT",
-             "tr-TR", "vi-VN", "th-TH", "ru-RU", "pl-PL", "nl-NL")
+LANGUAGES = (
+    "zh-CN",
+    "en-US",
+    "ja-JP",
+    "ko-KR",
+    "fr-FR",
+    "de-DE",
+    "es-ES",
+    "pt-BR",
+    "hi-IN",
+    "ar-XA",
+    "it-IT",
+    "tr-TR",
+    "vi-VN",
+    "th-TH",
+    "ru-RU",
+    "pl-PL",
+    "nl-NL",
+)
 
 
 class Blob(Model):
@@ -75,14 +111,18 @@ class FunctionResponse(Model):
 
 
 class ExecutableCode(Model):
-    language: open_enum("contents[].parts[].executableCode.language", ("LANGUAGE_UNSPECIFIED", "PYTHON"),
-                        UPSTREAMS) | None = None
+    language: (
+        open_enum("contents[].parts[].executableCode.language", ("LANGUAGE_UNSPECIFIED", "PYTHON"), UPSTREAMS) | None
+    ) = None
     code: str | None = None
 
 
 class CodeExecutionResult(Model):
-    outcome: open_enum("contents[].parts[].codeExecutionResult.outcome", ("OUTCOME_UNSPECIFIED", "OUTCOME_OK",
-                       "OUTCOME_FAILED", "OUTCOME_DEADLINE_EXCEEDED"), UPSTREAMS)
+    outcome: open_enum(
+        "contents[].parts[].codeExecutionResult.outcome",
+        ("OUTCOME_UNSPECIFIED", "OUTCOME_OK", "OUTCOME_FAILED", "OUTCOME_DEADLINE_EXCEEDED"),
+        UPSTREAMS,
+    )
     output: str | None = None
 
 
@@ -113,8 +153,10 @@ class Tool(Model):
 
 
 class FunctionCallingConfig(Model):
-    mode: open_enum("toolConfig.functionCallingConfig.mode", ("MODE_UNSPECIFIED", "AUTO", "ANY", "NONE"),
-                    UPSTREAMS) | None = None
+    mode: (
+        open_enum("toolConfig.functionCallingConfig.mode", ("MODE_UNSPECIFIED", "AUTO", "ANY", "NONE"), UPSTREAMS)
+        | None
+    ) = None
     allowedFunctionNames: list[str] | None = field("allowedFunctionNames")
 
 
@@ -129,8 +171,14 @@ class SafetySetting(Model):
 
 class Schema(Model):
     # Optional, as in the SDK's Schema: a union (`anyOf`, which the SDK makes of `int | str`) names none.
-    type: open_enum("generationConfig.responseSchema.type",  # type: ignore[valid-type]
-                    SCHEMA_TYPES + tuple(t.lower() for t in SCHEMA_TYPES[1:]), UPSTREAMS) | None = None
+    type: (
+        open_enum(
+            "generationConfig.responseSchema.type",  # type: ignore[valid-type]
+            SCHEMA_TYPES + tuple(t.lower() for t in SCHEMA_TYPES[1:]),
+            UPSTREAMS,
+        )
+        | None
+    ) = None
     anyOf: list[Schema] | None = field("anyOf")
     items: Schema | None = None
     properties: dict[str, Schema] | None = None
@@ -162,18 +210,38 @@ class ThinkingConfig(Model):
 
 
 class SpeechConfig(Model):
-    languageCode: open_enum("generationConfig.speechConfig.languageCode",  # type: ignore[valid-type]
-                            LANGUAGES, UPSTREAMS) | None = field("languageCode")
+    languageCode: (
+        open_enum(
+            "generationConfig.speechConfig.languageCode",  # type: ignore[valid-type]
+            LANGUAGES,
+            UPSTREAMS,
+        )
+        | None
+    ) = field("languageCode")
 
 
 class GenerationConfig(Model):
     stopSequences: list[str] | None = field("stopSequences", max_length=5)
-    responseMimeType: open_enum("generationConfig.responseMimeType",  # type: ignore[valid-type]
-                                ("text/plain", "application/json", "text/x.enum"), UPSTREAMS) | None = field("responseMimeType")
+    responseMimeType: (
+        open_enum(
+            "generationConfig.responseMimeType",  # type: ignore[valid-type]
+            ("text/plain", "application/json", "text/x.enum"),
+            UPSTREAMS,
+        )
+        | None
+    ) = field("responseMimeType")
     responseSchema: Schema | None = field("responseSchema")
     # Open: URL delivery goes by the answer's images, not by the modalities asked for.
-    responseModalities: list[open_enum("generationConfig.responseModalities[]",  # type: ignore[valid-type]
-                                       ("TEXT", "IMAGE", "AUDIO"), UPSTREAMS)] | None = field("responseModalities")
+    responseModalities: (
+        list[
+            open_enum(
+                "generationConfig.responseModalities[]",  # type: ignore[valid-type]
+                ("TEXT", "IMAGE", "AUDIO"),
+                UPSTREAMS,
+            )
+        ]
+        | None
+    ) = field("responseModalities")
     candidateCount: int | None = field("candidateCount", ge=1)
     maxOutputTokens: int | None = field("maxOutputTokens", ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -187,9 +255,19 @@ class GenerationConfig(Model):
     enableEnhancedCivicAnswers: bool | None = field("enableEnhancedCivicAnswers")
     speechConfig: SpeechConfig | None = field("speechConfig")
     thinkingConfig: ThinkingConfig | None = field("thinkingConfig")
-    mediaResolution: open_enum("generationConfig.mediaResolution", (  # type: ignore[valid-type]
-        "MEDIA_RESOLUTION_UNSPECIFIED", "MEDIA_RESOLUTION_LOW", "MEDIA_RESOLUTION_MEDIUM", "MEDIA_RESOLUTION_HIGH"),
-        UPSTREAMS) | None = field("mediaResolution")
+    mediaResolution: (
+        open_enum(
+            "generationConfig.mediaResolution",
+            (  # type: ignore[valid-type]
+                "MEDIA_RESOLUTION_UNSPECIFIED",
+                "MEDIA_RESOLUTION_LOW",
+                "MEDIA_RESOLUTION_MEDIUM",
+                "MEDIA_RESOLUTION_HIGH",
+            ),
+            UPSTREAMS,
+        )
+        | None
+    ) = field("mediaResolution")
     imageConfig: ImageConfig | None = field("imageConfig")
     responseFormat: ResponseFormat | None = field("responseFormat")
 
@@ -213,5 +291,9 @@ class GenerateContentRequest(Model):
 
     def asks_for_image_urls(self) -> bool:
         config = self.generationConfig
-        return bool(config and config.responseFormat and config.responseFormat.image
-                    and config.responseFormat.image.delivery == "URI")
+        return bool(
+            config
+            and config.responseFormat
+            and config.responseFormat.image
+            and config.responseFormat.image.delivery == "URI"
+        )

@@ -104,9 +104,11 @@ def open_enum(label: str, values: tuple[str, ...], why: str) -> Any:
             check.noted(label, value)
         return value
 
-    schema = {"anyOf": [{"type": "string", "enum": list(values)}, {"type": "string"}],
-              "description": f"Listed: {', '.join(values)}; another string passes to the upstream "
-                             "(validation.strict_enums: refused)."}
+    schema = {
+        "anyOf": [{"type": "string", "enum": list(values)}, {"type": "string"}],
+        "description": f"Listed: {', '.join(values)}; another string passes to the upstream "
+        "(validation.strict_enums: refused).",
+    }
     return Annotated[str, AfterValidator(known_or_noted), mark, WithJsonSchema(schema)]
 
 

@@ -14,7 +14,7 @@ HEAD_BYTES = 64 * 1024  # a JPEG's SOF may follow EXIF data; 64 KB holds all but
 
 @dataclass(slots=True, frozen=True)
 class ImageInfo:
-    kind: str                 # png | webp | jpeg
+    kind: str  # png | webp | jpeg
     width: int | None = None
     height: int | None = None
 
@@ -54,9 +54,9 @@ def _jpeg(head: bytes) -> ImageInfo:
         if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
             at += 2
             continue
-        length = int.from_bytes(head[at + 2:at + 4], "big")
+        length = int.from_bytes(head[at + 2 : at + 4], "big")
         if marker in (0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF):
-            height, width = struct.unpack(">HH", head[at + 5:at + 9])
+            height, width = struct.unpack(">HH", head[at + 5 : at + 9])
             return ImageInfo("jpeg", width, height)
         at += 2 + length
     return ImageInfo("jpeg")

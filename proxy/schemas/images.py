@@ -12,8 +12,13 @@ from proxy.schemas.common import Model
 from proxy.schemas.enums import UPSTREAMS, open_enum
 from proxy.schemas.imagefiles import sniff
 
-CUSTOM_SIZE_MODELS = ("imagegen-2", "imagegen-2.5-sunburst", "imagegen-2.5-flare",
-                      "imagegen-2.5-sunburst-2026-09-08", "imagegen-2.5-flare-2026-09-08")
+CUSTOM_SIZE_MODELS = (
+    "imagegen-2",
+    "imagegen-2.5-sunburst",
+    "imagegen-2.5-flare",
+    "imagegen-2.5-sunburst-2026-09-08",
+    "imagegen-2.5-flare-2026-09-08",
+)
 TOP_QUALITY_MODELS = CUSTOM_SIZE_MODELS[1:]
 IMAGE_MODELS = ("imagegen-1", "imagegen-1.5", *CUSTOM_SIZE_MODELS)
 STANDARD_SIZES = ("1024x1024", "1536x1024", "1024x1536", "auto")

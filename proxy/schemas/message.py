@@ -23,8 +23,11 @@ class TextBlock(Model):
 
 class Base64Source(Model):
     type: Literal["base64"]
-    media_type: open_enum("messages[].content[].source.media_type",  # type: ignore[valid-type]
-                          ("image/jpeg", "image/png", "image/gif", "image/webp"), UPSTREAMS)
+    media_type: open_enum(
+        "messages[].content[].source.media_type",  # type: ignore[valid-type]
+        ("image/jpeg", "image/png", "image/gif", "image/webp"),
+        UPSTREAMS,
+    )
     data: str
 
 
@@ -42,8 +45,12 @@ class FileSource(Model):
     file_id: str = Field(min_length=1)
 
 
-ImageSource = open_tagged({"base64": Base64Source, "url": UrlSource, "file": FileSource},
-                          "OtherImageSource", "messages[].content[].source.type", UPSTREAMS)
+ImageSource = open_tagged(
+    {"base64": Base64Source, "url": UrlSource, "file": FileSource},
+    "OtherImageSource",
+    "messages[].content[].source.type",
+    UPSTREAMS,
+)
 
 
 class ImageBlock(Model):
@@ -61,8 +68,9 @@ class ToolUseBlock(Model):
 
 
 # Known parts are checked; newer ones (documents, search results ...) pass, noted.
-ResultPart = open_tagged({"text": TextBlock, "image": ImageBlock}, "OtherResultPart",
-                         "messages[].content[].content[].type", UPSTREAMS)
+ResultPart = open_tagged(
+    {"text": TextBlock, "image": ImageBlock}, "OtherResultPart", "messages[].content[].content[].type", UPSTREAMS
+)
 
 
 class ToolResultBlock(Model):
@@ -80,8 +88,16 @@ class DocumentBlock(Model):
 
 
 # Known block types are checked; newer ones (thinking, search results ...) pass to the upstream.
-Block = tagged({"text": TextBlock, "image": ImageBlock, "tool_use": ToolUseBlock,
-                "tool_result": ToolResultBlock, "document": DocumentBlock}, other=AnyObject)
+Block = tagged(
+    {
+        "text": TextBlock,
+        "image": ImageBlock,
+        "tool_use": ToolUseBlock,
+        "tool_result": ToolResultBlock,
+        "document": DocumentBlock,
+    },
+    other=AnyObject,
+)
 
 
 class Message(Model):
@@ -154,8 +170,16 @@ def _tool_kind(value: Any) -> str:
     return "\u00a7" + ("custom" if kind is None else str(kind))
 
 
-Tool = tagged({"custom": CustomTool, "computer_20241022": ComputerTool, "bash_20241022": BashTool,
-               "text_editor_20241022": TextEditorTool}, pick=_tool_kind, other=AnyObject)
+Tool = tagged(
+    {
+        "custom": CustomTool,
+        "computer_20241022": ComputerTool,
+        "bash_20241022": BashTool,
+        "text_editor_20241022": TextEditorTool,
+    },
+    pick=_tool_kind,
+    other=AnyObject,
+)
 
 
 class MessageRequest(Model):
@@ -170,20 +194,42 @@ class MessageRequest(Model):
     top_k: int | None = Field(default=None, ge=1)
     top_p: float | None = Field(default=None, ge=0, le=1)
     # Known thinking types are checked; newer ones ("adaptive" ...) pass to the upstream, as blocks do.
-    thinking: tagged({"enabled": ThinkingEnabled, "disabled": ThinkingDisabled},  # type: ignore[valid-type]
-                     other=AnyObject) | None = None
-    tool_choice: open_tagged({"auto": ToolChoiceAuto, "any": ToolChoiceAny, "tool": ToolChoiceTool,  # type: ignore[valid-type]
-                              "none": ToolChoiceNone}, "OtherMessageToolChoice", "tool_choice.type", UPSTREAMS) | None = None
+    thinking: (
+        tagged(
+            {"enabled": ThinkingEnabled, "disabled": ThinkingDisabled},  # type: ignore[valid-type]
+            other=AnyObject,
+        )
+        | None
+    ) = None
+    tool_choice: (
+        open_tagged(
+            {
+                "auto": ToolChoiceAuto,
+                "any": ToolChoiceAny,
+                "tool": ToolChoiceTool,  # type: ignore[valid-type]
+                "none": ToolChoiceNone,
+            },
+            "OtherMessageToolChoice",
+            "tool_choice.type",
+            UPSTREAMS,
+        )
+        | None
+    ) = None
     tools: list[Tool] | None = None  # type: ignore[valid-type]
 
     @model_validator(mode="after")
     def _cross_field_rules(self, info: ValidationInfo) -> MessageRequest:
         # With interleaved thinking the budget is the whole turn's, tool calls included: it may pass max_tokens.
         interleaved = "interleaved-thinking" in getattr(info.context, "betas", "")
-        if isinstance(self.thinking, ThinkingEnabled) and self.thinking.budget_tokens >= self.max_tokens \
-                and not interleaved:
-            raise ValueError("thinking.budget_tokens: must be less than max_tokens (unless the interleaved-thinking "
-                             "beta is asked for)")
+        if (
+            isinstance(self.thinking, ThinkingEnabled)
+            and self.thinking.budget_tokens >= self.max_tokens
+            and not interleaved
+        ):
+            raise ValueError(
+                "thinking.budget_tokens: must be less than max_tokens (unless the interleaved-thinking "
+                "beta is asked for)"
+            )
         for index, message in enumerate(self.messages):
             if message.role == "assistant" and isinstance(message.content, list):
                 for at, block in enumerate(message.content):

@@ -29,8 +29,7 @@ class InputFile(Model):
     filename: str | None = None
 
 
-ContentPart = tagged({"input_text": InputText, "input_image": InputImage, "input_file": InputFile},
-                     other=AnyObject)
+ContentPart = tagged({"input_text": InputText, "input_image": InputImage, "input_file": InputFile}, other=AnyObject)
 
 
 class MessageItem(Model):
@@ -86,10 +85,20 @@ def _item_kind(value: Any) -> str:
 
 
 # Items a client echoes back from earlier output (function_call, message output ...) pass.
-InputItem = tagged({"message": MessageItem, "input_text": InputText, "input_image": InputImage,
-                    "input_file": InputFile, "function_call_output": FunctionCallOutput,
-                    "computer_call_output": ComputerCallOutput, "item_reference": ItemReference,
-                    "reasoning": ReasoningItem}, pick=_item_kind, other=AnyObject)
+InputItem = tagged(
+    {
+        "message": MessageItem,
+        "input_text": InputText,
+        "input_image": InputImage,
+        "input_file": InputFile,
+        "function_call_output": FunctionCallOutput,
+        "computer_call_output": ComputerCallOutput,
+        "item_reference": ItemReference,
+        "reasoning": ReasoningItem,
+    },
+    pick=_item_kind,
+    other=AnyObject,
+)
 
 
 class RankingOptions(Model):
@@ -135,9 +144,16 @@ class ComputerUseTool(Model):
     environment: str
 
 
-Tool = tagged({"file_search": FileSearchTool, "function": FunctionTool, "web_search_preview": WebSearchTool,
-               "web_search_preview_2025_03_11": WebSearchTool, "computer_use_preview": ComputerUseTool},
-              other=AnyObject)
+Tool = tagged(
+    {
+        "file_search": FileSearchTool,
+        "function": FunctionTool,
+        "web_search_preview": WebSearchTool,
+        "web_search_preview_2025_03_11": WebSearchTool,
+        "computer_use_preview": ComputerUseTool,
+    },
+    other=AnyObject,
+)
 
 
 class HostedToolChoice(Model):
@@ -149,9 +165,17 @@ class FunctionToolChoice(Model):
     name: str = Field(min_length=1)
 
 
-ToolChoice = open_tagged({"file_search": HostedToolChoice, "web_search_preview": HostedToolChoice,
-                          "computer_use_preview": HostedToolChoice, "function": FunctionToolChoice},
-                         "OtherResponseToolChoice", "tool_choice.type", UPSTREAMS)
+ToolChoice = open_tagged(
+    {
+        "file_search": HostedToolChoice,
+        "web_search_preview": HostedToolChoice,
+        "computer_use_preview": HostedToolChoice,
+        "function": FunctionToolChoice,
+    },
+    "OtherResponseToolChoice",
+    "tool_choice.type",
+    UPSTREAMS,
+)
 ToolChoiceWord = open_enum("tool_choice", ("none", "auto", "required"), UPSTREAMS)
 
 
@@ -172,8 +196,19 @@ class TextFormatJsonObject(Model):
 
 
 class TextOptions(Model):
-    format: open_tagged({"text": TextFormatText, "json_schema": TextFormatJsonSchema,  # type: ignore[valid-type]
-                         "json_object": TextFormatJsonObject}, "OtherTextFormat", "text.format.type", UPSTREAMS) | None = None
+    format: (
+        open_tagged(
+            {
+                "text": TextFormatText,
+                "json_schema": TextFormatJsonSchema,  # type: ignore[valid-type]
+                "json_object": TextFormatJsonObject,
+            },
+            "OtherTextFormat",
+            "text.format.type",
+            UPSTREAMS,
+        )
+        | None
+    ) = None
 
 
 class Reasoning(Model):
@@ -183,8 +218,12 @@ class Reasoning(Model):
     generate_summary: open_enum("reasoning.generate_summary", ("auto", "concise", "detailed"), UPSTREAMS) | None = None
 
 
-INCLUDES = ("file_search_call.results", "message.input_image.image_url",
-            "computer_call_output.output.image_url", "reasoning.encrypted_content")
+INCLUDES = (
+    "file_search_call.results",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "reasoning.encrypted_content",
+)
 
 
 class ResponseRequest(Model):
@@ -216,8 +255,12 @@ class ResponseRequest(Model):
     @model_validator(mode="after")
     def _something_to_read(self) -> ResponseRequest:
         extra = self.model_extra or {}
-        if self.input is None and self.previous_response_id is None and extra.get("prompt") is None \
-                and extra.get("conversation") is None:
+        if (
+            self.input is None
+            and self.previous_response_id is None
+            and extra.get("prompt") is None
+            and extra.get("conversation") is None
+        ):
             raise ValueError("input: is required (unless prompt, conversation or previous_response_id gives it)")
         return self
 

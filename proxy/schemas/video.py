@@ -9,8 +9,12 @@ from pydantic import Field
 from proxy.schemas.common import Model
 from proxy.schemas.enums import UPSTREAMS, open_enum
 
-VIDEO_MODELS = ("videogen-3.0-generate-001", "videogen-3.0-fast-generate-001",
-                "videogen-3.1-generate-preview", "videogen-3.1-fast-generate-preview")
+VIDEO_MODELS = (
+    "videogen-3.0-generate-001",
+    "videogen-3.0-fast-generate-001",
+    "videogen-3.1-generate-preview",
+    "videogen-3.1-fast-generate-preview",
+)
 
 
 MOST_SAMPLES = 4

@@ -29,15 +29,20 @@ class StateStore(Protocol):
     async def set(self, key: str, value: str, ttl_s: int) -> None: ...
     async def take(self, key: str) -> str | None:
         """Get `key` and delete it, in one step: of several takers, one gets the value."""
+
     async def add(self, key: str, value: str, ttl_s: int, then: Sequence[Write] = ()) -> bool:
         """Set `key` only if it holds nothing (or has expired); True when it was set, and then
         `then` was written too, in the same step (one round trip on Redis off a Cluster)."""
+
     async def push(self, key: str, value: str, ttl_s: int, keep: int) -> None:
         """Put `value` first in the list at `key`, keeping the newest `keep`; the list lives `ttl_s`."""
+
     async def recent(self, key: str, count: int) -> list[str]:
         """The newest `count` values of the list at `key`, newest first."""
+
     async def ping(self) -> bool:
         """True when the store answers; raises (or False) when it does not."""
+
     async def close(self) -> None: ...
 
 

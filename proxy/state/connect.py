@@ -42,14 +42,14 @@ class Topology:
     """What a `state.url` names; its repr leaves the password out."""
 
     mode: Mode
-    nodes: tuple[tuple[str, int], ...] = ()                       # SENTINEL: the sentinels; CLUSTER: seeds
-    master: str = ""                                              # SENTINEL: the primary's name
+    nodes: tuple[tuple[str, int], ...] = ()  # SENTINEL: the sentinels; CLUSTER: seeds
+    master: str = ""  # SENTINEL: the primary's name
     db: int = 0
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     sentinel_password: str | None = field(default=None, repr=False)
     tls: bool = False
-    ca_file: str | None = None                                    # TLS: the CA the data nodes' certificates chain to
+    ca_file: str | None = None  # TLS: the CA the data nodes' certificates chain to
 
 
 def parse(url: str) -> Topology:
@@ -63,8 +63,9 @@ def parse(url: str) -> Topology:
         return Topology(Mode.SINGLE)
     base, _, kind = scheme.partition("+")
     if base not in ("redis", "rediss") or kind not in ("sentinel", "cluster"):
-        raise ValueError(f"unknown scheme {scheme!r}: expected redis://, rediss://, unix://, "
-                         "redis+sentinel:// or redis+cluster://")
+        raise ValueError(
+            f"unknown scheme {scheme!r}: expected redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://"
+        )
     # The user part first, up to the last `@`: a password's own `?`, `/` or `#` stays in it, and no
     # part of it can be read as a host or a port (and quoted in an error).
     userinfo, at, rest = rest.rpartition("@")
@@ -84,23 +85,27 @@ def parse(url: str) -> Topology:
         name, _, value = pair.partition("=")
         allowed = ("sentinel_password",) * (kind == "sentinel") + ("ssl_ca_certs",) * (base == "rediss")
         if name not in allowed:
-            raise ValueError(f"{_unknown(name, query)}: a sentinel URL takes sentinel_password, a "
-                             "rediss+ URL ssl_ca_certs, and nothing else")
+            raise ValueError(
+                f"{_unknown(name, query)}: a sentinel URL takes sentinel_password, a "
+                "rediss+ URL ssl_ca_certs, and nothing else"
+            )
         options[name] = unquote(value)  # not form-decoded: a `+` is a `+`, as in the user part
     sentinel_password, ca_file = options["sentinel_password"], options["ssl_ca_certs"]
     if kind == "cluster":
         if segments not in ([], ["0"]):
             raise ValueError("a cluster has only database 0: redis+cluster://host:port[,host:port...]")
-        return Topology(Mode.CLUSTER, nodes, username=username, password=password, tls=base == "rediss",
-                        ca_file=ca_file)
+        return Topology(
+            Mode.CLUSTER, nodes, username=username, password=password, tls=base == "rediss", ca_file=ca_file
+        )
     if not segments or len(segments) > 2 or not segments[0] or (len(segments) == 1 and segments[0].isdigit()):
         # (a lone number is a database whose primary's name was left out, far likelier than a name)
         raise ValueError("a sentinel URL names the primary: redis+sentinel://host:port[,host:port...]/name[/db]")
     db = segments[1] if len(segments) == 2 else "0"
     if not (db.isascii() and db.isdigit() and int(db) < 2**31):
         raise ValueError("the database is not a number")
-    return Topology(Mode.SENTINEL, nodes, segments[0], int(db), username, password, sentinel_password,
-                    base == "rediss", ca_file)
+    return Topology(
+        Mode.SENTINEL, nodes, segments[0], int(db), username, password, sentinel_password, base == "rediss", ca_file
+    )
 
 
 def _node(text: str, default_port: int) -> tuple[str, int]:
@@ -135,8 +140,10 @@ def _unknown(name: str, query: str) -> str:
         return f"unknown option {name!r}"
     if not name:
         return "an option with no name"
-    return ("an unknown option (not quoted: it may be part of a password; a & or = in a password "
-            "option is written %26 or %3D)")
+    return (
+        "an unknown option (not quoted: it may be part of a password; a & or = in a password "
+        "option is written %26 or %3D)"
+    )
 
 
 def _check_single(url: str) -> None:
@@ -146,8 +153,10 @@ def _check_single(url: str) -> None:
     if after_netloc and "@" in after_netloc[0]:
         # Where a password holds / ? or #, redis-py's parser ends the host part there: what follows
         # would be taken for a path, a query or a fragment (and quoted in their errors).
-        raise ValueError("an @ after the host part: a / ? # or @ in a user or password is written "
-                         "%2F %3F %23 %40 (and an @ in an option's value %40)")
+        raise ValueError(
+            "an @ after the host part: a / ? # or @ in a user or password is written "
+            "%2F %3F %23 %40 (and an @ in an option's value %40)"
+        )
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 (read for its check: out of range or not a number raises)
@@ -179,8 +188,10 @@ def _check_options(query: str, tls: bool) -> None:
     seen: set[str] = set()
     for name, value in parse_qsl(query, keep_blank_values=True):  # decoded as redis-py decodes them
         if name not in _ONE_SERVER and not (tls and name in _TLS):
-            raise ValueError(f"{_unknown(name, query)}: a redis:// or unix:// URL takes {', '.join(_ONE_SERVER)}; "
-                             f"a rediss:// URL also {', '.join(_TLS)}")
+            raise ValueError(
+                f"{_unknown(name, query)}: a redis:// or unix:// URL takes {', '.join(_ONE_SERVER)}; "
+                f"a rediss:// URL also {', '.join(_TLS)}"
+            )
         if name in seen:
             raise ValueError(f"option {name} given twice")
         seen.add(name)
@@ -228,8 +239,13 @@ def connect(url: str, **options: Any) -> RedisClient:
         from redis.asyncio.cluster import ClusterNode
 
         options.pop("health_check_interval", None)  # the cluster client checks its nodes itself
-        client = classes.cluster(startup_nodes=[ClusterNode(h, p) for h, p in topology.nodes], ssl=topology.tls,
-                                 username=topology.username, password=topology.password, **options)
+        client = classes.cluster(
+            startup_nodes=[ClusterNode(h, p) for h, p in topology.nodes],
+            ssl=topology.tls,
+            username=topology.username,
+            password=topology.password,
+            **options,
+        )
     else:
         from redis.asyncio.sentinel import Sentinel
 
@@ -240,8 +256,15 @@ def connect(url: str, **options: Any) -> RedisClient:
         if topology.sentinel_password:
             sentinel_options["password"] = topology.sentinel_password
         sentinel = Sentinel(list(topology.nodes), sentinel_kwargs=sentinel_options)
-        client = sentinel.master_for(topology.master, redis_class=classes.single, db=topology.db, ssl=topology.tls,
-                                     username=topology.username, password=topology.password, **options)
+        client = sentinel.master_for(
+            topology.master,
+            redis_class=classes.single,
+            db=topology.db,
+            ssl=topology.tls,
+            username=topology.username,
+            password=topology.password,
+            **options,
+        )
         client.sentinels = sentinel.sentinels
     if topology.mode is Mode.CLUSTER:  # the kwargs each node's connections are made with, found or yet to be
         made_with = client.connection_kwargs

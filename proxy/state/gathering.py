@@ -62,12 +62,12 @@ def _expire(answer: asyncio.Future[Any]) -> None:
 
 @dataclass(slots=True)
 class _Call:
-    args: tuple[Any, ...]           # a command and its arguments; for a script, its keys and arguments
+    args: tuple[Any, ...]  # a command and its arguments; for a script, its keys and arguments
     script: AsyncScript | None
-    resend: bool                    # may run twice
+    resend: bool  # may run twice
     # A plain future: a subclass would take the tasks awaiting it off asyncio's fast path.
     answer: asyncio.Future[Any]
-    sent: bool = False              # its bytes went to Redis (it may have run, answered or not)
+    sent: bool = False  # its bytes went to Redis (it may have run, answered or not)
 
 
 class Receipt(Protocol):
@@ -100,15 +100,17 @@ class Gatherer:
         holds Redis's answer, or what Redis or the connection raised. `resend`: it may run twice."""
         return self._queue(_Call(args, None, resend, asyncio.get_running_loop().create_future()))
 
-    def script(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
-               alone: bool = False) -> asyncio.Future[Any]:
+    def script(
+        self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any], alone: bool = False
+    ) -> asyncio.Future[Any]:
         """Run `script` with the calls of this turn (never twice); `alone`: at once, on its own
         (a large write, which would hold up every call that shared its pipeline)."""
         call = _Call((len(keys), *keys, *args), script, False, asyncio.get_running_loop().create_future())
         return self._queue(call, alone)
 
-    def script_with_receipt(self, script: AsyncScript, keys: Sequence[str],
-                            args: Sequence[Any]) -> tuple[asyncio.Future[Any], Receipt]:
+    def script_with_receipt(
+        self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]
+    ) -> tuple[asyncio.Future[Any], Receipt]:
         """`script`, with the receipt that says, once its answer timed out, whether it was sent."""
         call = _Call((len(keys), *keys, *args), script, False, asyncio.get_running_loop().create_future())
         return self._queue(call), call
@@ -189,14 +191,23 @@ class Gatherer:
                 # Loaded in the pipeline that sends them again, on a connection just seen to answer
                 # (another of the pool's may be one the server closed, not yet known to be).
                 scripts = list({calls[i].script.sha: calls[i].script for i in lost}.values())  # type: ignore[union-attr]
-                loads = [_Call(("SCRIPT", "LOAD", script.script), None, True,  # type: ignore[union-attr]
-                               asyncio.get_running_loop().create_future())
-                         for script in scripts]
+                loads = [
+                    _Call(
+                        ("SCRIPT", "LOAD", script.script),
+                        None,
+                        True,  # type: ignore[union-attr]
+                        asyncio.get_running_loop().create_future(),
+                    )
+                    for script in scripts
+                ]
                 again = await self._pipeline([*loads, *(calls[i] for i in lost)])
                 # A script that cannot be loaded fails its own calls only (they hear why).
-                unloaded = {script.sha: answer for script, answer in zip(scripts, again)  # type: ignore[union-attr]
-                            if isinstance(answer, BaseException)}
-                for i, answer in zip(lost, again[len(loads):]):
+                unloaded = {
+                    script.sha: answer
+                    for script, answer in zip(scripts, again)  # type: ignore[union-attr]
+                    if isinstance(answer, BaseException)
+                }
+                for i, answer in zip(lost, again[len(loads) :]):
                     _settle(calls[i].answer, unloaded.get(calls[i].script.sha, answer))  # type: ignore[union-attr]
         except BaseException as exc:  # the connection failed, or this task was cancelled: every call hears it
             for call in calls:
@@ -304,8 +315,9 @@ class Gatherer:
 
 
 def _packed(calls: Sequence[_Call]) -> bytes:
-    return b"".join(pack(*(("EVALSHA", call.script.sha, *call.args) if call.script is not None else call.args))
-                    for call in calls)
+    return b"".join(
+        pack(*(("EVALSHA", call.script.sha, *call.args) if call.script is not None else call.args)) for call in calls
+    )
 
 
 def _unbroken(connection: Any) -> bool:

@@ -35,17 +35,19 @@ class SchemaTooNew(Exception):
 
 @dataclass(slots=True, frozen=True)
 class Schema:
-    what: str                   # named in errors: "the ledger's schema"
-    version_table: str          # where the versions applied are kept
-    lock: int                   # the advisory lock the migrations take
+    what: str  # named in errors: "the ledger's schema"
+    version_table: str  # where the versions applied are kept
+    lock: int  # the advisory lock the migrations take
     migrations: Sequence[str]
 
     async def migrate(self, connection: Any) -> int:
         """Bring the schema up to date; the version it is at after."""
         async with connection.transaction():
             await connection.execute("SELECT pg_advisory_xact_lock($1)", self.lock)
-            await connection.execute(f"CREATE TABLE IF NOT EXISTS {self.version_table} "
-                                     "(version integer NOT NULL, migrated_at timestamptz NOT NULL DEFAULT now())")
+            await connection.execute(
+                f"CREATE TABLE IF NOT EXISTS {self.version_table} "
+                "(version integer NOT NULL, migrated_at timestamptz NOT NULL DEFAULT now())"
+            )
             version = await connection.fetchval(f"SELECT coalesce(max(version), 0) FROM {self.version_table}")
             if version > len(self.migrations):
                 raise SchemaTooNew(f"{self.what} is at version {version}; this release knows {len(self.migrations)}")

@@ -79,8 +79,12 @@ class RedisStore:
         # A Cluster runs no script over keys of several slots: the writes follow the add.
         if not await self.add(key, value, ttl_s):
             return False
-        await asyncio.gather(*(self.set(w.key, w.value, w.ttl_s) if w.keep is None
-                               else self.push(w.key, w.value, w.ttl_s, w.keep) for w in then))
+        await asyncio.gather(
+            *(
+                self.set(w.key, w.value, w.ttl_s) if w.keep is None else self.push(w.key, w.value, w.ttl_s, w.keep)
+                for w in then
+            )
+        )
         return True
 
     async def push(self, key: str, value: str, ttl_s: int, keep: int) -> None:

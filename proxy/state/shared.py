@@ -43,8 +43,9 @@ def share(url: str) -> SharedRedis:
     place = (url, _loop())
     shared = _held.get(place)
     if shared is None:
-        client = connect(url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S, retry=no_retry(),
-                         health_check_interval=30)
+        client = connect(
+            url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S, retry=no_retry(), health_check_interval=30
+        )
         shared = _held[place] = SharedRedis(url, client, Gatherer(client, gathers=mode_of(url) is not Mode.CLUSTER))
     shared.users += 1
     return shared

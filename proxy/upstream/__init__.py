@@ -1,9 +1,31 @@
 """The gateway's HTTP/1.1 client for upstreams: a pool per channel, answers read as they arrive."""
 
 from proxy.upstream.answer import Answer
-from proxy.upstream.errors import (BadAnswer, ConnectFailed, ConnectionLost, ConnectTimeout, InvalidRequest,
-                                   PoolExhausted, RequestBodyFailed, UpstreamError, UpstreamTimeout, Written)
+from proxy.upstream.errors import (
+    BadAnswer,
+    ConnectFailed,
+    ConnectionLost,
+    ConnectTimeout,
+    InvalidRequest,
+    PoolExhausted,
+    RequestBodyFailed,
+    UpstreamError,
+    UpstreamTimeout,
+    Written,
+)
 from proxy.upstream.pool import UpstreamPool
 
-__all__ = ["Answer", "BadAnswer", "ConnectFailed", "ConnectTimeout", "ConnectionLost", "InvalidRequest",
-           "PoolExhausted", "RequestBodyFailed", "UpstreamError", "UpstreamPool", "UpstreamTimeout", "Written"]
+__all__ = [
+    "Answer",
+    "BadAnswer",
+    "ConnectFailed",
+    "ConnectTimeout",
+    "ConnectionLost",
+    "InvalidRequest",
+    "PoolExhausted",
+    "RequestBodyFailed",
+    "UpstreamError",
+    "UpstreamPool",
+    "UpstreamTimeout",
+    "Written",
+]

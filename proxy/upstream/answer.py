@@ -15,9 +15,10 @@ class Link(Protocol):
 
     def pause_reading(self) -> None: ...
     def resume_reading(self) -> None: ...
-    def watch(self, at: float) -> None: ...    # call the answer's time_out at `at` (loop time)
+    def watch(self, at: float) -> None: ...  # call the answer's time_out at `at` (loop time)
     def unwatch(self) -> None: ...
     def finished(self, reusable: bool) -> None: ...  # the answer is done with
+
 
 # Body bytes held unread before the connection stops reading from the socket, so a slow
 # client slows the upstream down instead of filling the gateway's memory.
@@ -31,11 +32,9 @@ class Answer:
     pool's total deadline. A released answer whose body was read to its end hands its
     connection back to the pool; anything else closes the connection."""
 
-    __slots__ = ("status", "headers", "idle_s", "_link", "_chunks", "_size", "_done",
-                 "_error", "_waiter", "_deadline")
+    __slots__ = ("status", "headers", "idle_s", "_link", "_chunks", "_size", "_done", "_error", "_waiter", "_deadline")
 
-    def __init__(self, link: Link, status: int, headers: CIMultiDict[str],
-                 idle_s: float, deadline: float) -> None:
+    def __init__(self, link: Link, status: int, headers: CIMultiDict[str], idle_s: float, deadline: float) -> None:
         self.status = status
         self.headers = headers
         self.idle_s = idle_s

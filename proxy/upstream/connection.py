@@ -15,8 +15,7 @@ from collections.abc import AsyncIterable, Callable
 
 from proxy.upstream.answer import Answer
 from proxy.upstream.deadlines import Deadlines
-from proxy.upstream.errors import (BadAnswer, ConnectionLost, RequestBodyFailed, UpstreamError, UpstreamTimeout,
-                                   Written)
+from proxy.upstream.errors import BadAnswer, ConnectionLost, RequestBodyFailed, UpstreamError, UpstreamTimeout, Written
 from proxy.upstream.flow import FlowControl
 from proxy.upstream.parser import AnswerParser
 
@@ -30,12 +29,32 @@ class Connection(asyncio.Protocol):
     `idle(connection)` is told when it may carry another request; `lost(connection)` when it
     closes (the pool passes both in: a connection does not know its pool)."""
 
-    __slots__ = ("transport", "flow", "uses", "idle_since", "upstream_idle_s", "closed", "_deadlines", "_idle",
-                 "_lost", "_parser", "_head", "_answer", "_written", "_answered", "_writer", "_first_byte_s",
-                 "_idle_s", "_deadline", "_poll", "_spare")
+    __slots__ = (
+        "transport",
+        "flow",
+        "uses",
+        "idle_since",
+        "upstream_idle_s",
+        "closed",
+        "_deadlines",
+        "_idle",
+        "_lost",
+        "_parser",
+        "_head",
+        "_answer",
+        "_written",
+        "_answered",
+        "_writer",
+        "_first_byte_s",
+        "_idle_s",
+        "_deadline",
+        "_poll",
+        "_spare",
+    )
 
-    def __init__(self, deadlines: Deadlines, idle: Callable[[Connection], None],
-                 lost: Callable[[Connection], None]) -> None:
+    def __init__(
+        self, deadlines: Deadlines, idle: Callable[[Connection], None], lost: Callable[[Connection], None]
+    ) -> None:
         self.transport: asyncio.Transport | None = None
         self.flow: FlowControl | None = None
         self.uses = 0
@@ -59,8 +78,17 @@ class Connection(asyncio.Protocol):
 
     # -- one exchange --
 
-    def send(self, loop: asyncio.AbstractEventLoop, method: str, head: bytes, body: Body, chunked: bool,
-             first_byte_s: float, idle_s: float, deadline: float) -> asyncio.Future[Answer]:
+    def send(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        method: str,
+        head: bytes,
+        body: Body,
+        chunked: bool,
+        first_byte_s: float,
+        idle_s: float,
+        deadline: float,
+    ) -> asyncio.Future[Answer]:
         """Write the request; the future resolves with the answer once its head is in. The caller
         awaits it directly (no coroutine of its own here: one frame less on every resume)."""
         transport = self.transport
@@ -122,8 +150,7 @@ class Connection(asyncio.Protocol):
                 transport.write(b"0\r\n\r\n")
         except Exception as exc:
             # The upstream must never take half a request for a whole one: the connection goes.
-            self._fail(exc if isinstance(exc, UpstreamError)
-                       else RequestBodyFailed(f"the request body failed: {exc}"))
+            self._fail(exc if isinstance(exc, UpstreamError) else RequestBodyFailed(f"the request body failed: {exc}"))
             self.close()
             return
         self._written = Written.ALL
@@ -254,8 +281,9 @@ class Connection(asyncio.Protocol):
         answer, parser = self._answer, self._parser
         if answer is None:
             if self._head is not None and not self._head.done():
-                self._fail(ConnectionLost("the upstream closed the connection before answering",
-                                          answered=self._answered))
+                self._fail(
+                    ConnectionLost("the upstream closed the connection before answering", answered=self._answered)
+                )
         elif not answer.complete:
             if exc is None and parser is not None and parser.connection_closed():
                 answer.finish()

@@ -14,8 +14,8 @@ from enum import IntEnum
 
 class Written(IntEnum):
     NOTHING = 0  # not a byte left the gateway: the upstream never saw the request
-    PART = 1     # the head and some of a streamed body
-    ALL = 2      # the whole request was handed to the socket
+    PART = 1  # the head and some of a streamed body
+    ALL = 2  # the whole request was handed to the socket
 
 
 class UpstreamError(Exception):

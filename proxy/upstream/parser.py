@@ -28,9 +28,9 @@ from multidict import CIMultiDict
 
 from proxy.upstream.errors import BadAnswer
 
-MAX_HEAD = 65536       # as aiohttp's max_field_size the gateway used before
-MAX_TRAILERS = 16384   # h11's limit on any incomplete event
-MAX_LINE = 8192        # framing bytes between two signs of progress (a chunk-size line with extensions)
+MAX_HEAD = 65536  # as aiohttp's max_field_size the gateway used before
+MAX_TRAILERS = 16384  # h11's limit on any incomplete event
+MAX_LINE = 8192  # framing bytes between two signs of progress (a chunk-size line with extensions)
 
 
 @dataclass(slots=True)
@@ -44,9 +44,27 @@ class AnswerParser:
     After each `feed`: `head` once the final head is in, `take()` the body bytes so far, `done`
     at the answer's end, `reusable` whether the connection may carry another request."""
 
-    __slots__ = ("head", "done", "extra", "until_close", "_parser", "method", "_fields", "_fed",
-                 "_head_bytes", "_trailer_bytes", "_chunks", "_size", "_delivered", "_chunk_lines", "_progress",
-                 "_quiet", "_keep_alive", "_in_body", "_chunked")
+    __slots__ = (
+        "head",
+        "done",
+        "extra",
+        "until_close",
+        "_parser",
+        "method",
+        "_fields",
+        "_fed",
+        "_head_bytes",
+        "_trailer_bytes",
+        "_chunks",
+        "_size",
+        "_delivered",
+        "_chunk_lines",
+        "_progress",
+        "_quiet",
+        "_keep_alive",
+        "_in_body",
+        "_chunked",
+    )
 
     def __init__(self, method: str) -> None:
         self._parser = httptools.HttpResponseParser(self)
@@ -58,21 +76,21 @@ class AnswerParser:
         last one ended; after a HEAD answer (whose body llhttp still awaits) use a new parser."""
         self.head: Head | None = None
         self.done = False
-        self.extra = False          # bytes came past the answer's end
-        self.until_close = False    # the body ends when the connection does
-        self.method = method        # the request's: an answer to HEAD has no body
+        self.extra = False  # bytes came past the answer's end
+        self.until_close = False  # the body ends when the connection does
+        self.method = method  # the request's: an answer to HEAD has no body
         self._fields: list[tuple[str, str]] = []
-        self._fed = 0               # bytes fed while no final head is in
-        self._head_bytes = 0        # the head's bytes as its fields came out of the parser
+        self._fed = 0  # bytes fed while no final head is in
+        self._head_bytes = 0  # the head's bytes as its fields came out of the parser
         self._chunks: list[bytes] = []
         self._size = 0
-        self._delivered = 0         # body bytes, all told
+        self._delivered = 0  # body bytes, all told
         self._keep_alive = False
         self._in_body = False
         if self._chunked:  # only a chunked answer moves these (`_progress` is reset by every feed)
-            self._chunk_lines = 0   # chunk-size lines read
+            self._chunk_lines = 0  # chunk-size lines read
             self._trailer_bytes = 0
-            self._quiet = 0         # framing bytes since the last sign of progress
+            self._quiet = 0  # framing bytes since the last sign of progress
             self._progress = False
             self._chunked = False
 
@@ -89,8 +107,7 @@ class AnswerParser:
         self._progress = False
         # Before a head, no body, trailer or chunk line has been counted; after one, only a
         # chunked body has framing to check.
-        counts = ((self._head_bytes, self._trailer_bytes, self._delivered, self._chunk_lines)
-                  if self._chunked else None)
+        counts = (self._head_bytes, self._trailer_bytes, self._delivered, self._chunk_lines) if self._chunked else None
         head_bytes = self._head_bytes
         try:
             self._parser.feed_data(data)
@@ -117,8 +134,7 @@ class AnswerParser:
         """Framing bytes (chunk-size lines, CRLFs) stay within MAX_LINE per line, in one read or
         spread over many: a line may not hide megabytes of extensions."""
         head, trailers, delivered, lines = before
-        framing = (size - (self._delivered - delivered) - (self._trailer_bytes - trailers)
-                   - (self._head_bytes - head))
+        framing = size - (self._delivered - delivered) - (self._trailer_bytes - trailers) - (self._head_bytes - head)
         if framing > (self._chunk_lines - lines + 1) * (MAX_LINE + 4):
             raise BadAnswer(f"a chunk-size line is over {MAX_LINE} bytes")
         self._quiet = 0 if self._progress else self._quiet + size
@@ -157,8 +173,9 @@ class AnswerParser:
             return
         self._head_bytes += len(name) + len(value) + 4  # checked once the head is whole (one read at most)
         # llhttp has taken the leading whitespace off the value, not the trailing
-        self._fields.append((name.decode("latin-1"),
-                             value.rstrip(b" \t").decode("latin-1") if value.isascii() else _text(value)))
+        self._fields.append(
+            (name.decode("latin-1"), value.rstrip(b" \t").decode("latin-1") if value.isascii() else _text(value))
+        )
 
     def on_headers_complete(self) -> None:
         if self.head is not None:
@@ -181,8 +198,9 @@ class AnswerParser:
         encodings = headers.getall("transfer-encoding", None)
         if encodings is not None:
             if len(encodings) > 1 or encodings[0].lower() != "chunked":
-                raise BadAnswer(f"unsupported Transfer-Encoding: {', '.join(encodings)[:40]!r} "
-                                "(only one 'chunked' is read)")
+                raise BadAnswer(
+                    f"unsupported Transfer-Encoding: {', '.join(encodings)[:40]!r} (only one 'chunked' is read)"
+                )
             self._chunked = True
         self.head = Head(status, headers)
         self._keep_alive = self._parser.should_keep_alive()

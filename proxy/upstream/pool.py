@@ -40,13 +40,42 @@ _CHECK_AFTER_S = 1.0
 class UpstreamPool:
     """Connections to one origin (`base_url`, whose path, if any, prefixes every request)."""
 
-    __slots__ = ("scheme", "host", "port", "prefix", "host_header", "max_connections", "max_idle", "keepalive_s",
-                 "connect_s", "first_byte_s", "idle_s", "total_s", "deadlines", "_ssl", "_idle", "_open", "_waiters",
-                 "_sweeper", "_closed", "_loop")
+    __slots__ = (
+        "scheme",
+        "host",
+        "port",
+        "prefix",
+        "host_header",
+        "max_connections",
+        "max_idle",
+        "keepalive_s",
+        "connect_s",
+        "first_byte_s",
+        "idle_s",
+        "total_s",
+        "deadlines",
+        "_ssl",
+        "_idle",
+        "_open",
+        "_waiters",
+        "_sweeper",
+        "_closed",
+        "_loop",
+    )
 
-    def __init__(self, base_url: str, *, max_connections: int | None = None, max_idle: int = 256,
-                 keepalive_s: float = 60.0, connect_s: float = 10.0, first_byte_s: float = 120.0,
-                 idle_s: float = 120.0, total_s: float = 900.0, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        max_connections: int | None = None,
+        max_idle: int = 256,
+        keepalive_s: float = 60.0,
+        connect_s: float = 10.0,
+        first_byte_s: float = 120.0,
+        idle_s: float = 120.0,
+        total_s: float = 900.0,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"an upstream must be an http:// or https:// URL, not {base_url!r}")
@@ -88,8 +117,16 @@ class UpstreamPool:
         """Requests waiting for a slot (`max_connections` reached)."""
         return len(self._waiters)
 
-    async def request(self, method: str, target: str, headers: Mapping[str, str], body: Body | None = None, *,
-                      total_s: float | None = None, waited: Callable[[float], None] | None = None) -> Answer:
+    async def request(
+        self,
+        method: str,
+        target: str,
+        headers: Mapping[str, str],
+        body: Body | None = None,
+        *,
+        total_s: float | None = None,
+        waited: Callable[[float], None] | None = None,
+    ) -> Answer:
         """Send a request (`target`: the path and query, already encoded) once, and return its
         answer once the head is in; an UpstreamError says how far the request got. `waited` is
         told how long the request waited for a connection slot, if it had to (a capped pool)."""
@@ -133,14 +170,14 @@ class UpstreamPool:
             idle_for = now - connection.idle_since
             announced = connection.upstream_idle_s
             limit = self.keepalive_s if announced is None else min(self.keepalive_s, announced - _IDLE_MARGIN_S)
-            if idle_for < limit and connection.usable and (
-                    idle_for < _CHECK_AFTER_S or not connection.readable()):
+            if idle_for < limit and connection.usable and (idle_for < _CHECK_AFTER_S or not connection.readable()):
                 return connection
             connection.close()
         return None
 
-    async def _acquire(self, loop: asyncio.AbstractEventLoop, deadline: float,
-                       waited: Callable[[float], None] | None) -> Connection:
+    async def _acquire(
+        self, loop: asyncio.AbstractEventLoop, deadline: float, waited: Callable[[float], None] | None
+    ) -> Connection:
         if self._closed:
             raise ConnectFailed("the channel's pool is closed")
         if self.max_connections is not None and len(self._open) >= self.max_connections:
@@ -149,8 +186,9 @@ class UpstreamPool:
                 return found
         return await self._connect(loop, deadline)
 
-    async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop, deadline: float,
-                             waited: Callable[[float], None] | None) -> Connection | None:
+    async def _wait_for_slot(
+        self, loop: asyncio.AbstractEventLoop, deadline: float, waited: Callable[[float], None] | None
+    ) -> Connection | None:
         """A connection handed over on release, or None when a slot frees up for a new one; how
         long that took goes to `waited`, however the wait ended."""
         started = loop.time()
@@ -161,8 +199,9 @@ class UpstreamPool:
                 return await waiter
         except TimeoutError:
             self._pass_on(waiter)
-            raise PoolExhausted(f"all {self.max_connections} connections the channel may open stayed busy "
-                                f"for {self.connect_s:g}s") from None
+            raise PoolExhausted(
+                f"all {self.max_connections} connections the channel may open stayed busy for {self.connect_s:g}s"
+            ) from None
         except BaseException:
             self._pass_on(waiter)
             raise
@@ -187,8 +226,13 @@ class UpstreamPool:
         self._open.add(connection)  # holds its slot while connecting
         try:
             async with asyncio.timeout_at(min(loop.time() + self.connect_s, deadline)):
-                await loop.create_connection(lambda: connection, self.host, self.port, ssl=self._ssl,
-                                             server_hostname=self.host if self._ssl else None)
+                await loop.create_connection(
+                    lambda: connection,
+                    self.host,
+                    self.port,
+                    ssl=self._ssl,
+                    server_hostname=self.host if self._ssl else None,
+                )
         except TimeoutError:
             self.forget(connection)
             raise ConnectTimeout(f"no connection to {self.host}:{self.port} within {self.connect_s:g}s") from None

@@ -29,7 +29,7 @@ class FormPart:
     size: int = 0
     head: bytes = b""
     value: bytearray | None = None  # text fields only, up to the field limit
-    complete: bool = False          # its closing delimiter has been read: the value is whole
+    complete: bool = False  # its closing delimiter has been read: the value is whole
 
     @property
     def is_file(self) -> bool:
@@ -39,8 +39,8 @@ class FormPart:
 @dataclass(slots=True)
 class MultipartObserver:
     boundary: bytes
-    field_limit: int = 128 * 1024   # a text field: 32,000 characters of any script, as UTF-8
-    max_parts: int = 256            # every check looks at every part: their number is bounded
+    field_limit: int = 128 * 1024  # a text field: 32,000 characters of any script, as UTF-8
+    max_parts: int = 256  # every check looks at every part: their number is bounded
     head_size: int = 64 * 1024  # enough for magic numbers and image headers (a JPEG's SOF may sit past EXIF)
     parts: list[FormPart] = field(default_factory=list)
     done: bool = False
@@ -69,8 +69,11 @@ class MultipartObserver:
     def fields(self) -> dict[str, str]:
         """Every text field read whole so far (a value still arriving is not one yet); of a name
         given twice, the last (the fields the gateway decides by may not be given twice)."""
-        return {part.name: part.value.decode("utf-8", "replace") for part in self.parts
-                if part.complete and not part.is_file and part.value is not None}
+        return {
+            part.name: part.value.decode("utf-8", "replace")
+            for part in self.parts
+            if part.complete and not part.is_file and part.value is not None
+        }
 
     def files(self) -> list[FormPart]:
         return [p for p in self.parts if p.is_file]
@@ -94,9 +97,9 @@ class MultipartObserver:
         if self._state == "preamble":
             at = self._buffer.find(delimiter)
             if at < 0:
-                self._buffer = self._buffer[-len(delimiter):]
+                self._buffer = self._buffer[-len(delimiter) :]
                 return False
-            self._buffer = self._buffer[at + len(delimiter):]
+            self._buffer = self._buffer[at + len(delimiter) :]
             self._state = "after_delimiter"
             return True
         if self._state == "after_delimiter":
@@ -120,7 +123,7 @@ class MultipartObserver:
                 # bare LF for a line end, or `--bX` for a delimiter, would see other parts.
                 self.error = "a delimiter line holds more than the boundary"
                 return False
-            self._buffer = self._buffer[end + 2:]
+            self._buffer = self._buffer[end + 2 :]
             self._state = "headers"
             return True
         if self._state == "headers":
@@ -132,7 +135,7 @@ class MultipartObserver:
                 return False
             self._searched = 0
             self._start_part(self._buffer[:end])
-            self._buffer = self._buffer[end + 4:]
+            self._buffer = self._buffer[end + 4 :]
             self._state = "body"
             return self.error is None
         # body: everything up to CRLF--boundary belongs to the current part
@@ -145,7 +148,7 @@ class MultipartObserver:
                 self._buffer = self._buffer[-keep:]
             return False
         self._take(self._buffer[:at])
-        self._buffer = self._buffer[at + len(marker):]
+        self._buffer = self._buffer[at + len(marker) :]
         if self._current is not None:
             self._current.complete = True
         self._current = None
@@ -187,8 +190,9 @@ class MultipartObserver:
         if len(self.parts) >= self.max_parts:
             self.error = f"a form has at most {self.max_parts} parts"
             return
-        part = FormPart(name=name, filename=filename, content_type=content_type,
-                        value=None if filename is not None else bytearray())
+        part = FormPart(
+            name=name, filename=filename, content_type=content_type, value=None if filename is not None else bytearray()
+        )
         self.parts.append(part)
         self._current = part
 
