@@ -1,5 +1,6 @@
 """The code's boundaries, checked: the core imports and names no plugin, loads the simulator
-only on demand, and only the forwarder, the relay and the gateway write an exchange's outcome."""
+only on demand, only the forwarder, the relay and the gateway write an exchange's outcome, and no
+module of the package or the plugins imports itself back round a cycle."""
 
 from __future__ import annotations
 
@@ -126,3 +127,64 @@ def test_only_the_forwarder_the_relay_and_the_gateway_write_the_outcome() -> Non
                 ):
                     writers.add(str(module.relative_to(ROOT)))
     assert writers <= OUTCOME_WRITERS and {"proxy/request/forwarder.py", "proxy/request/relay.py"} <= writers
+
+
+def _imports(module: str, path: Path, modules: set[str]) -> set[str]:
+    """The project's modules `module` imports, wherever the import stands (in a function too),
+    except under `if TYPE_CHECKING:` (annotations only). `from package import submodule` is an
+    import of the submodule."""
+    tree = _code_of(path)
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for inner in ast.walk(node)
+    }
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            named = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    [*package.split(".")[: len(package.split(".")) - node.level + 1], *filter(None, [base])]
+                )
+            submodules = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules]
+            named = submodules if len(submodules) == len(node.names) else [base, *submodules]
+        else:
+            continue
+        for name in named:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+    return found
+
+
+def test_no_import_cycle_in_the_package_or_the_plugins_deferred_imports_counted() -> None:
+    paths = {}
+    for base in ("proxy", "plugins"):
+        for path in (ROOT / base).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {module: _imports(module, path, set(paths)) for module, path in paths.items()}
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the path being walked, 2: done
+
+    def walk(module: str, trail: list[str]) -> None:
+        state[module] = 1
+        for imported in sorted(graph[module]):
+            if state.get(imported) == 1:
+                cycles.append(" -> ".join([*trail[trail.index(imported) :], imported]))
+            elif imported not in state:
+                walk(imported, [*trail, imported])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            walk(module, [module])
+    assert cycles == []

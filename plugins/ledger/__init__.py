@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from plugins.ledger.record import UsageRecord, held, record_of, settled
+from plugins.ledger.settings import LedgerSettings
 from proxy.config import GatewayConfig
 from proxy.formats import Generation
 from proxy.formats.images import ImagesFormat
@@ -38,7 +38,6 @@ from proxy.registry import configured_without
 from proxy.request.charges import DEFAULT_OUTPUT_TOKENS, left_open, most_of, read_ended
 from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.state import StateStore, make_store
-from proxy.state.postgres import postgres_url
 from proxy.wire import jsonutil
 from proxy.wire.routes import ROUTES
 from proxy.wire.sse import SSEEvent
@@ -60,28 +59,6 @@ _IMAGES = "ledger.images"
 _VIDEO_CREATES = frozenset({"video_generations", "videos"})
 _PENDING = "ledger:pending:"
 _SETTLED_HERE = 10_000  # ids of ended generations this process settled: not taken again
-
-
-class LedgerSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    database_url: str | None = Field(default=None, repr=False)  # holds a password, often
-    batch_size: int = Field(default=1000, ge=1, le=100_000)
-    flush_interval_s: float = Field(default=1.0, gt=0, le=60)
-    write_timeout_s: float = Field(default=3.0, gt=0, le=60)  # past it PostgreSQL counts as away: the batch is spooled
-    spool_dir: str = "ledger-spool"
-    spool_max_mb: float = Field(default=1024, gt=0)
-    # With state in Redis, journal each record there before its answer ends, and spool there first
-    # (any instance drains both).
-    redis_spool: bool = True
-    # How long a generation left running (a background response, a video task) waits, pending, for
-    # a follow-up to read how it ended; a row nobody settles by then keeps what was held for it.
-    pending_for_s: int = Field(default=7 * 86_400, ge=60)  # budgets hold what they reserved for it as long
-
-    @field_validator("database_url")
-    @classmethod
-    def _postgres_url(cls, value: str | None) -> str | None:
-        return postgres_url(value)
 
 
 class Ledger(Plugin):

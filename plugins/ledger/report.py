@@ -77,7 +77,7 @@ def arguments(usage: argparse.ArgumentParser) -> None:
 
 
 def run_command(config: GatewayConfig, args: argparse.Namespace) -> int:
-    from plugins.ledger import LedgerSettings
+    from plugins.ledger.settings import LedgerSettings
 
     settings = LedgerSettings.model_validate(config.plugins.get("ledger", {}))
     if settings.database_url is None:

@@ -17,9 +17,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from prometheus_client import Counter, Gauge
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+# The metrics are listed (made) as the plugin loads, whether the queue is on or not.
+from plugins.webhook_queue.metrics import WEBHOOK_QUEUED, WEBHOOK_REFUSED
+from plugins.webhook_queue.settings import MB, QueueSettings, bounds_of, queue_for
 from proxy.config import GatewayConfig
 from proxy.plugin import Joins, Plugin, PluginCommand
 from proxy.request.body import body_limits
@@ -28,102 +29,9 @@ from proxy.state import connect as topology
 from proxy.wire import jsonutil
 from proxy.wire.routes import ROUTES_BY_NAME
 
-WEBHOOK_QUEUED = Counter(
-    "modelgate_webhooks_queued",
-    "Payment webhooks offered to the durable queue, by outcome "
-    "(stored, full: its entries or bytes, unreplicated, unavailable)",
-    ["outcome"],
-)
-# Whether the queue is on or not: the route takes anyone's bytes, so its bounds are watched.
-WEBHOOK_REFUSED = Counter(
-    "modelgate_webhooks_refused",
-    "Payment webhooks refused before the queue or the backend "
-    "saw them, by reason (too_large: over routes.payment_webhook.max_body_mb, 413; "
-    "rate_limited: 429)",
-    ["reason"],
-)
-WEBHOOK_TRIMMED = Counter(
-    "modelgate_webhooks_trimmed",
-    "Settled webhooks dropped, oldest first, to keep the delivered or dead shelf within its entries and bytes",
-    ["shelf"],
-)
-# Listed from the start (the deliverer, which feeds them, loads only where the queue is on).
-WEBHOOK_DELIVERIES = Counter(
-    "modelgate_webhook_deliveries",
-    "Queued webhook delivery attempts, by result (delivered, dead: refused by the backend, retry)",
-    ["result"],
-)
-WEBHOOK_QUEUE_DEPTH = Gauge(
-    "modelgate_webhook_queue_depth", "Webhooks stored and not yet delivered", multiprocess_mode="max"
-)
-WEBHOOK_QUEUE_BYTES = Gauge(
-    "modelgate_webhook_queue_bytes",
-    "Bytes the webhooks stored and not yet delivered hold (of max_pending_mb)",
-    multiprocess_mode="max",
-)
-for _reason in ("too_large", "rate_limited"):  # a panel reads each
-    WEBHOOK_REFUSED.labels(_reason)
-for _shelf in ("delivered", "dead"):
-    WEBHOOK_TRIMMED.labels(_shelf)
-_MB = 1024 * 1024
-
 if TYPE_CHECKING:
     from plugins.webhook_queue.deliverer import Deliverer
-    from plugins.webhook_queue.queue import Bounds, WebhookQueue
-
-
-class QueueSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = False
-    url: str | None = None  # Redis; default: state.url
-    prefix: str | None = None  # default: state.prefix
-    max_pending: int = Field(default=1_000_000, ge=1)
-    # Bytes as stored (bodies, headers, target): past it a callback is a 503 the provider retries.
-    max_pending_mb: float = Field(default=64.0, gt=0)
-    keep_delivered: int = Field(default=10_000, ge=0)  # recent deliveries kept for replay
-    keep_delivered_mb: float = Field(default=16.0, ge=0)  # ... and their bytes: the oldest go past either
-    keep_dead_mb: float = Field(default=16.0, ge=0)  # refused callbacks kept for an operator: the oldest go past it
-    accept_status: int = Field(default=200, ge=200, le=299)
-    backoff_s: float = Field(default=0.5, gt=0)
-    max_backoff_s: float = Field(default=30.0, gt=0)
-    lease_s: float = Field(default=15.0, ge=1)
-    # Replicas that must hold a callback before it is answered as stored: default 1 under
-    # Sentinel, 0 on one server. A Cluster takes 0 only (WAIT has no key to route by).
-    replica_acks: int | None = Field(default=None, ge=0)
-    replica_wait_s: float = Field(default=2.0, gt=0)
-
-    @field_validator("url")
-    @classmethod
-    def _redis_url(cls, value: str | None) -> str | None:
-        if value is not None:
-            topology.parse(value)
-        return value
-
-
-def queue_for(config: GatewayConfig, settings: QueueSettings) -> WebhookQueue:
-    from plugins.webhook_queue.queue import WebhookQueue  # the Redis client loads only where the queue is on
-
-    return WebhookQueue(
-        settings.url or config.state.url,
-        settings.prefix or config.state.prefix,
-        bounds_of(settings),
-        settings.replica_acks,
-        settings.replica_wait_s,
-    )
-
-
-def bounds_of(settings: QueueSettings) -> Bounds:
-    """What each shelf may hold, in entries and bytes, as the settings say."""
-    from plugins.webhook_queue.queue import Bounds
-
-    return Bounds(
-        settings.max_pending,
-        int(settings.max_pending_mb * _MB),
-        settings.keep_delivered,
-        int(settings.keep_delivered_mb * _MB),
-        int(settings.keep_dead_mb * _MB),
-    )
+    from plugins.webhook_queue.queue import WebhookQueue
 
 
 class WebhookQueuePlugin(Plugin):
@@ -172,7 +80,7 @@ class WebhookQueuePlugin(Plugin):
             settings = QueueSettings.model_validate(queue)
         except ValueError:
             return []  # the settings' own check says what is wrong with them
-        body_mb = body_limits(config, ROUTES_BY_NAME["payment_webhook"])[0] / _MB
+        body_mb = body_limits(config, ROUTES_BY_NAME["payment_webhook"])[0] / MB
         if body_mb <= settings.max_pending_mb:
             return []
         return [

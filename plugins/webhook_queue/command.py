@@ -36,7 +36,7 @@ def run_command(config: GatewayConfig, args: argparse.Namespace) -> int:
 
 
 async def _run(config: GatewayConfig, args: argparse.Namespace) -> int:
-    from plugins.webhook_queue import QueueSettings, queue_for
+    from plugins.webhook_queue.settings import QueueSettings, queue_for
 
     settings = QueueSettings.model_validate(config.plugins.get("webhook_queue", {}))
     if not settings.enabled:

@@ -16,7 +16,7 @@ import os
 
 from multidict import CIMultiDict
 
-from plugins.webhook_queue import WEBHOOK_DELIVERIES, WEBHOOK_QUEUE_BYTES, WEBHOOK_QUEUE_DEPTH, WEBHOOK_TRIMMED
+from plugins.webhook_queue.metrics import WEBHOOK_DELIVERIES, WEBHOOK_QUEUE_BYTES, WEBHOOK_QUEUE_DEPTH, WEBHOOK_TRIMMED
 from plugins.webhook_queue.queue import QueuedWebhook, RedisError, Shelf, WebhookQueue
 from proxy.policy.channels import ChannelSet
 from proxy.upstream import PoolExhausted, UpstreamError
