@@ -15,8 +15,6 @@ from proxy.formats.counts import asked_count
 LONGEST_SECONDS = 8.0  # the interface's longest duration (section 8): what a submission naming none is taken at
 # A normalised status (plugins/video.py) in the SDK's words.
 _SDK_STATUS = {"queued": "queued", "in_progress": "in_progress", "succeeded": "completed", "failed": "failed"}
-# What a submission or an upstream says of a task that the SDK's object carries.
-TASK_FIELDS = ("model", "created_at", "prompt", "seconds", "size")
 
 
 class VideoTasks(Format):

@@ -9,8 +9,6 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-HEAD_BYTES = 64 * 1024  # a JPEG's SOF may follow EXIF data; 64 KB holds all but the oddest
-
 
 @dataclass(slots=True, frozen=True)
 class ImageInfo:

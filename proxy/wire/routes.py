@@ -239,7 +239,6 @@ ROUTES: tuple[Route, ...] = (
         spends_tokens=False,
     ),
 )
-SPEC_ROUTES = tuple(route for route in ROUTES if route.number)  # the interface's 13
 
 # The same endpoints under the paths an official SDK calls by default: the content-generation
 # SDK's default API version is `v1`. An alias is its route (name, pipeline, limits, metrics) at
