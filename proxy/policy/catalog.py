@@ -13,7 +13,7 @@ from typing import Any
 
 from proxy.config.model import GatewayConfig
 from proxy.formats.base import Format
-from proxy.observability.metrics import SPEC_MODELS
+from proxy.formats.catalogue import SPEC_MODELS
 from proxy.policy.channels import Channel, ChannelSet
 from proxy.policy.keys import GatewayKey
 

@@ -22,11 +22,11 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from proxy.observability.metrics import WORKER_ENV
 from proxy.process.watch import FileWatch
 
 log = logging.getLogger("modelgate.workers")
 
-WORKER_ENV = "MODELGATE_WORKER"
 SUPERVISOR_ENV = "MODELGATE_SUPERVISOR_PID"
 RELOAD_ENV = "MODELGATE_RELOAD_FROM"  # the config file a worker reloads (it starts from the last good copy)
 _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
