@@ -185,3 +185,37 @@ async def test_behind_a_proxy_that_ends_tls_changes_come_from_its_origin_and_coo
         assert proxied.status == 303
         cookie = proxied.headers["Set-Cookie"]
         assert "modelgate_console=" in cookie and "Secure" in cookie and "HttpOnly" in cookie
+
+
+async def test_an_owner_makes_an_admin_token_in_the_console_and_its_holder_signs_in_with_its_role(gateway) -> None:
+    http, csrf = await signed_in(gateway.admin)
+    async with http:
+        answer = await http.post(
+            f"{gateway.admin}/console/admin-tokens",
+            data={"csrf": csrf, "name": "oncall", "role": "viewer", "tenant": "", "expires_at": ""},
+            headers={"Origin": gateway.admin},
+        )
+        page = await answer.text()
+        assert answer.status == 200 and "only time the token is shown" in page
+        secret = re.search(r'<code id="secret">([^<]+)</code>', page)[1]
+    viewer, viewer_csrf = await signed_in(gateway.admin, secret)
+    async with viewer:
+        keys = await (await viewer.get(f"{gateway.admin}/console/keys")).text()
+        assert "oncall · viewer" in keys and "/console/admin-tokens" not in keys  # no Admins tab but an owner's
+        refused = await viewer.get(f"{gateway.admin}/console/admin-tokens")
+        assert refused.status == 403
+        refused = await viewer.post(
+            f"{gateway.admin}/console/keys",
+            data={"csrf": viewer_csrf, "name": "nope"},
+            headers={"Origin": gateway.admin},
+        )
+        assert refused.status == 403  # a viewer reads, and changes nothing
+    http, csrf = await signed_in(gateway.admin)
+    async with http:
+        deleted = await http.post(
+            f"{gateway.admin}/console/admin-tokens/oncall/delete",
+            data={"csrf": csrf},
+            headers={"Origin": gateway.admin},
+        )
+        assert deleted.status == 200 and deleted.url.path == "/console/admin-tokens"
+    assert [t["name"] for t in (await api(gateway.admin, "GET", "/admin-tokens"))[1]["admin_tokens"]] == []

@@ -173,11 +173,11 @@ async def test_an_owner_makes_a_key_sees_its_request_and_cost_and_disables_it(ga
 
         await eventually(refused, "the SDK told 401 once the key is disabled")
 
-        for name in ("keys", "tenants", "tenants/acme", "spend", "channels", "audit"):
+        for name in ("keys", "tenants", "tenants/acme", "spend", "channels", "admin-tokens", "audit"):
             response = await page.goto(f"{admin}/console/{name}")
             assert response.status == 200, name
             await shot(page, name.replace("/", "-"))
-        assert "key.disable" in await page.inner_text("table")  # the audit trail names the change
+        assert "key.disable" in await page.inner_text("table")  # the audit trail (the last page) names the change
 
         await page.goto(f"{admin}/console/spend?by=key")
         assert "web" in await page.inner_text("table") and await page.locator("svg.chart rect").count() >= 1

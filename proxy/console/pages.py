@@ -182,6 +182,29 @@ async def update_tenant(console: Console, page: Page) -> web.StreamResponse:
     return see_other(f"{PATH}/tenants/{quote(name)}")
 
 
+async def admin_tokens(console: Console, page: Page) -> web.StreamResponse:
+    listed = await console.ops.list_admin_tokens(page.actor)
+    return _render(
+        console, page, "admin_tokens.html", tokens=listed["admin_tokens"], tenants=await _tenant_names(console, page)
+    )
+
+
+async def create_admin_token(console: Console, page: Page) -> web.StreamResponse:
+    form = await read_form(page.request)
+    body: dict[str, Any] = {"name": form.get("name", "").strip(), "role": form.get("role", "")}
+    if form.get("role") == "tenant-admin":
+        body["tenant"] = form.get("tenant") or None
+    if form.get("expires_at", "").strip():
+        body["expires_at"] = _moment(form["expires_at"])
+    made = await console.ops.create_admin_token(page.actor, body)
+    return _render(console, page, "admin_token_created.html", token=made, secret=made["secret"])
+
+
+async def delete_admin_token(console: Console, page: Page) -> web.StreamResponse:
+    await console.ops.delete_admin_token(page.actor, page.request.match_info["name"])
+    return see_other(f"{PATH}/admin-tokens")
+
+
 async def spend(console: Console, page: Page) -> web.StreamResponse:
     query = page.request.query
     group = query.get("by", "tenant") if query.get("by", "tenant") in _SPEND_GROUPS else "tenant"
@@ -268,6 +291,9 @@ ROUTES = [
     ("POST", "/tenants", create_tenant),
     ("GET", "/tenants/{name}", tenant),
     ("POST", "/tenants/{name}", update_tenant),
+    ("GET", "/admin-tokens", admin_tokens),
+    ("POST", "/admin-tokens", create_admin_token),
+    ("POST", "/admin-tokens/{name}/delete", delete_admin_token),
     ("GET", "/spend", spend),
     ("GET", "/requests", requests),
     ("GET", "/requests/{id}", request),
