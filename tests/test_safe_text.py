@@ -24,8 +24,8 @@ from proxy.process import log_guard
 from proxy.request.redact import Redactor
 from tests.conftest import DEMO_KEY, MESSAGE_HEADERS, REDIS_URL
 from tests.raw_http import Received, recording_upstream, send_raw
+from tests.security_cases import ALICE, bearer, config, post
 from tests.test_ledger import rows_when
-from tests.test_security import ALICE, bearer, config, post
 
 ROOT = Path(__file__).parent.parent
 
