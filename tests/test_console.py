@@ -94,6 +94,17 @@ async def test_what_a_page_cannot_take_is_a_400_never_a_500_nor_a_pretend_outage
                 assert "limits.requests_per_minute" in page  # the field at fault is named
 
 
+async def test_a_sign_in_form_the_console_cannot_read_is_a_400(gateway) -> None:
+    async with aiohttp.ClientSession() as http:
+        for body in (b"csrf=x&token=\xff\xfe", b"token=" + b"a" * 70_000):
+            answer = await http.post(
+                f"{gateway.admin}/console/signin",
+                data=body,
+                headers={"Origin": gateway.admin, "Content-Type": "application/x-www-form-urlencoded"},
+            )
+            assert answer.status == 400 and "form" in await answer.text()
+
+
 async def test_another_site_can_neither_sign_a_visitor_out_nor_in(gateway) -> None:
     http, csrf = await signed_in(gateway.admin)
     async with http:

@@ -118,6 +118,8 @@ class Console:
         async def public(request: web.Request) -> web.StreamResponse:
             try:
                 return await handler(self, request)
+            except FormProblem as exc:  # a sign-in or sign-out form too large or not UTF-8
+                return self.error(request, None, 400, str(exc))
             except _STORE_AWAY as exc:
                 return self._store_away(request, None, exc)
 
