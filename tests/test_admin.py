@@ -17,6 +17,7 @@ import pytest
 
 from proxy.config import ConfigError, parse_config
 from tests.conftest import REDIS_URL, free_port
+from tests.polling import within
 from tests.raw_http import send_raw
 
 ROOT = Path(__file__).parent.parent
@@ -243,13 +244,6 @@ def listening_ports(pid: int) -> set[int]:
     return ports
 
 
-async def until(check, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, "never happened"
-        await asyncio.sleep(0.2)
-
-
 async def test_every_worker_serves_the_admin_port_and_a_reload_changes_the_token_not_the_port(
     spawn, redis_url, tmp_path
 ):
@@ -299,7 +293,7 @@ state: {{backend: redis, url: '{REDIS_URL}', prefix: 'admin-{os.getpid()}-{time.
                     return False
         return True
 
-    await until(every_worker_takes_the_new_token)
+    await within(15, every_worker_takes_the_new_token, "every worker takes the new token", every=0.2)
     async with aiohttp.ClientSession() as http:  # the admin port is bound at start: still the old one
         assert (await answer_of(http, gateway.admin + "/metrics"))[0] == 200
     log = gateway.log.read_text()

@@ -31,6 +31,7 @@ from proxy.process.admission import (
 )
 from proxy.process.cpu import REREAD_S, WorkerCpu, quota_cores
 from tests.conftest import BEARER, DEMO_KEY, MESSAGE_HEADERS, SteppedClock
+from tests.polling import within
 
 SLOW = {"x-sim-latency-ms": "3000"}  # the simulator holds each admitted request this long
 MESSAGE = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
@@ -40,14 +41,6 @@ RESPONSE = {"model": "respmodel-4o", "input": "hi"}
 
 def shed(route: str, reason: str = "overloaded") -> float:
     return REGISTRY.get_sample_value("modelgate_requests_shed_total", {"route": route, "reason": reason}) or 0.0
-
-
-async def until(check, what: str) -> None:
-    for _ in range(500):  # bounded: 5 s
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
 
 
 async def test_past_its_bound_a_gateway_answers_503_overloaded_and_serves_what_it_admitted(start_gateway) -> None:
@@ -63,7 +56,7 @@ async def test_past_its_bound_a_gateway_answers_503_overloaded_and_serves_what_i
                 return answer.status, CIMultiDict(answer.headers), await answer.json()
 
         admitted = [asyncio.ensure_future(post("/v1/messages", MESSAGE, {**MESSAGE_HEADERS, **SLOW})) for _ in range(4)]
-        await until(lambda: len(gw.sim().requests) == 4, "four requests upstream")
+        await within(5, lambda: len(gw.sim().requests) == 4, "four requests upstream", every=0.01)
         # Far more than it admits, at once, in three formats: each is answered, in its own shape.
         excess = [post("/v1/messages", MESSAGE, MESSAGE_HEADERS) for _ in range(12)]
         excess += [
@@ -103,7 +96,7 @@ async def test_the_refusal_is_decided_before_the_body_is_read(start_gateway) -> 
     gw = await start_gateway("server: {max_in_flight: 1}\n")
     async with aiohttp.ClientSession() as http:
         held = asyncio.ensure_future(http.post(gw.url + "/v1/responses", json=RESPONSE, headers={**BEARER, **SLOW}))
-        await until(lambda: len(gw.sim().requests) == 1, "one request upstream")
+        await within(5, lambda: len(gw.sim().requests) == 1, "one request upstream", every=0.01)
         parts = urlsplit(gw.url)
         reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
         writer.write(

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import MESSAGE_HEADERS, Process, free_port
+from tests.polling import within
 from tests.test_workers import alive, children
 
 KEY = "chaos-key-00001"
@@ -103,13 +104,6 @@ async def ready(http: aiohttp.ClientSession, url: str) -> tuple[int, dict]:
         return answer.status, await answer.json()
 
 
-async def until(check, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, "never happened"
-        await asyncio.sleep(0.1)
-
-
 async def test_a_state_store_outage_degrades_clearly_and_heals(spawn, redis):
     upstream = spawn("simulator", "--chunk-delay-ms", "0", "--output-tokens", "4")  # one upstream behind both
     config = gateway_config(redis.url, upstream.url)
@@ -123,7 +117,7 @@ async def test_a_state_store_outage_degrades_clearly_and_heals(spawn, redis):
             redis.hang() if stage == "hung" else redis.stop()
             # Every instance stays ready, says why it is degraded, and answers at once.
             for gateway in (a, b):
-                await until(lambda g=gateway: _store_down(http, g.admin))
+                await within(10, lambda g=gateway: _store_down(http, g.admin))
                 status, body = await ready(http, gateway.admin)
                 assert status == 200 and body["state_store"] == "unreachable", (stage, body)
             # Requests keep flowing (limits fail open) ...
@@ -143,8 +137,10 @@ async def test_a_state_store_outage_degrades_clearly_and_heals(spawn, redis):
             statuses = await load.stop()
             assert statuses and set(statuses) == {200}, (stage, statuses)  # nothing the load sent was refused
             for gateway in (a, b):
-                await until(lambda g=gateway: _store_up(http, g.admin))
-            await until(lambda made=made_during: _followed(http, b.url, made["id"]))  # written once the store answered
+                await within(10, lambda g=gateway: _store_up(http, g.admin))
+            await within(
+                10, lambda made=made_during: _followed(http, b.url, made["id"])
+            )  # written once the store answered
             if stage == "hung":  # the store kept its data: what was made before is followed again
                 assert (await respond(http, b.url, made_before["id"]))[0] == 200
 
@@ -272,11 +268,11 @@ async def test_with_limits_failing_closed_readiness_follows_the_store_without_tr
         assert (await ready(http, gateway.admin))[0] == 200
         redis.hang()
         try:
-            await until(lambda: _status_is(http, gateway.admin, 503))  # no request needed to notice
+            await within(10, lambda: _status_is(http, gateway.admin, 503))  # no request needed to notice
             assert "fail is closed" in (await ready(http, gateway.admin))[1]["reasons"][0]
         finally:
             redis.resume()
-        await until(lambda: _status_is(http, gateway.admin, 200))  # and none needed to recover
+        await within(10, lambda: _status_is(http, gateway.admin, 200))  # and none needed to recover
 
 
 async def _status_is(http: aiohttp.ClientSession, url: str, status: int) -> bool:

@@ -9,8 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import aiohttp
 import pytest
 
 from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, running_provider
+from tests.polling import within
 
 pytestmark = [pytest.mark.xdist_group("browser")]  # one Chromium at a time: it wants most of a core
 
@@ -80,14 +80,6 @@ async def shot(page: Any, name: str) -> None:
     await page.screenshot(path=str(ARTEFACTS / f"{name}.png"))
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, seconds: float = 10.0) -> None:
-    start = time.monotonic()
-    while not await check():
-        if time.monotonic() - start > seconds:
-            raise AssertionError(f"not within {seconds} s: {what}")
-        await asyncio.sleep(0.1)
-
-
 async def api(admin_url: str, method: str, path: str, token: str = OWNER, body: Any = None) -> tuple[int, Any]:
     async with aiohttp.ClientSession() as http:
         async with http.request(
@@ -144,7 +136,7 @@ async def test_an_owner_makes_a_key_sees_its_request_and_cost_and_disables_it(ga
             await page.goto(f"{admin}/console/requests?key=web")
             return await page.locator("table tbody a").count() > 0
 
-        await eventually(listed, "the request on the Requests page")
+        await within(10, listed, "the request on the Requests page", every=0.1)
         row = await page.inner_text("table tbody tr")
         cost = f"{(answer.usage.input_tokens * 2.5 + answer.usage.output_tokens * 10) / 1e6:.6f}"  # the price table's
         assert "web" in row and "respmodel-mini" in row and "200" in row and cost in row
@@ -171,7 +163,7 @@ async def test_an_owner_makes_a_key_sees_its_request_and_cost_and_disables_it(ga
                 return True
             return False
 
-        await eventually(refused, "the SDK told 401 once the key is disabled")
+        await within(10, refused, "the SDK told 401 once the key is disabled", every=0.1)
 
         for name in ("keys", "tenants", "tenants/acme", "spend", "channels", "admin-tokens", "audit"):
             response = await page.goto(f"{admin}/console/{name}")
@@ -214,7 +206,7 @@ async def test_a_tenant_admin_sees_only_its_tenant_s_keys_spend_and_requests(gat
         async def both_recorded() -> bool:
             return len((await api(admin, "GET", "/requests"))[1]["requests"]) >= 2
 
-        await eventually(both_recorded, "both requests in the ledger")
+        await within(10, both_recorded, "both requests in the ledger", every=0.1)
         await page.goto(f"{admin}/console/requests")
         rows = await page.inner_text("table")
         assert "acme-web" in rows and "globex" not in rows

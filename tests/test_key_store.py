@@ -18,6 +18,7 @@ import asyncpg
 import pytest
 
 from tests.conftest import MESSAGE_HEADERS, POSTGRES
+from tests.polling import within
 
 OWNER = "owner-token-0123456789abcdef"
 MESSAGE = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
@@ -54,16 +55,6 @@ async def status(http: aiohttp.ClientSession, url: str, secret: str) -> int:
     ) as answer:
         await answer.read()
         return answer.status
-
-
-async def within(seconds: float, check, what: str = "") -> float:
-    """How long `check()` took to come true; fails past `seconds`."""
-    start = time.monotonic()
-    while not await check():
-        if time.monotonic() - start > seconds:
-            raise AssertionError(f"not within {seconds} s: {what}")
-        await asyncio.sleep(0.02)
-    return time.monotonic() - start
 
 
 @pytest.fixture
