@@ -33,7 +33,7 @@ from plugins.budget.refusals import never_fits, refusal
 from proxy.config import GatewayConfig
 from proxy.formats import Generation
 from proxy.formats.images import ImagesFormat
-from proxy.formats.video import VideoTasks
+from proxy.formats.video import VideoFormat
 from proxy.observability.metrics import child
 from proxy.plugin import STORED_TENANTS, Joins, Plugin, Subject
 from proxy.policy.prices import PriceTable
@@ -432,7 +432,7 @@ class Budget(Plugin):
         if ex.outcome.status >= 400 and not usage.known:
             return 0, 0.0  # refused or failed before a word: nothing an upstream bills
         made = ex.outcome.status < 400 and ex.route.name in _VIDEO_CREATES
-        seconds = VideoTasks.seconds_made(ex.asked())[0] if made else 0.0
+        seconds = VideoFormat.seconds_made(ex.asked())[0] if made else 0.0
         charge = self.prices.charge(ex.model, usage, ex.plugin_state.get(_IMAGES, []), seconds)
         return (usage.input_tokens or 0) + (usage.output_tokens or 0), charge.cost
 

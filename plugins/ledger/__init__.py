@@ -30,7 +30,7 @@ from plugins.ledger.settings import LedgerSettings
 from proxy.config import GatewayConfig
 from proxy.formats import Generation
 from proxy.formats.images import ImagesFormat
-from proxy.formats.video import VideoTasks
+from proxy.formats.video import VideoFormat
 from proxy.observability.metrics import ModelLabels, child
 from proxy.plugin import QUERIES, STATE_STORE, Joins, Plugin, PluginCommand, Subject
 from proxy.policy.prices import PriceTable
@@ -279,4 +279,4 @@ def _video_seconds(ex: Exchange) -> tuple[float, bool]:
     """A video task made: its seconds, and whether they were assumed (it named none)."""
     if ex.route.name not in _VIDEO_CREATES or not 200 <= ex.outcome.status < 300:
         return 0.0, False
-    return VideoTasks.seconds_made(ex.asked())
+    return VideoFormat.seconds_made(ex.asked())

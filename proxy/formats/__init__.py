@@ -9,13 +9,13 @@ from proxy.formats.images import ImagesFormat
 from proxy.formats.message import MessageFormat
 from proxy.formats.models import ModelsFormat
 from proxy.formats.response import ResponseFormat
-from proxy.formats.video import VideoTasks
+from proxy.formats.video import VideoFormat
 
 MESSAGES = MessageFormat()
 CONTENT = ContentFormat()
 RESPONSES = ResponseFormat()
 IMAGES = ImagesFormat()
-VIDEO = VideoTasks()
+VIDEO = VideoFormat()
 ACCOUNT = AccountFormat()
 MODELS = ModelsFormat(MESSAGES, CONTENT)  # not a wire format a channel serves: not in FORMATS
 
@@ -42,5 +42,5 @@ __all__ = [
     "ModelsFormat",
     "ResponseFormat",
     "Usage",
-    "VideoTasks",
+    "VideoFormat",
 ]

@@ -17,7 +17,7 @@ LONGEST_SECONDS = 8.0  # the interface's longest duration (section 8): what a su
 _SDK_STATUS = {"queued": "queued", "in_progress": "in_progress", "succeeded": "completed", "failed": "failed"}
 
 
-class VideoTasks(Format):
+class VideoFormat(Format):
     name = "video"
     id_fields = ("task_id", "id")  # the spec's task_id, the video SDK's id
     key_location = KeyLocation.BEARER
@@ -48,8 +48,8 @@ class VideoTasks(Format):
         """The seconds of video a submission makes: those it asks for, times `metadata.sampleCount`
         videos; one that names no duration is taken at the interface's longest, and says it
         (True) was assumed."""
-        asked = VideoTasks.seconds_asked(body)
-        return (asked or LONGEST_SECONDS) * VideoTasks.videos_asked(body), not asked
+        asked = VideoFormat.seconds_asked(body)
+        return (asked or LONGEST_SECONDS) * VideoFormat.videos_asked(body), not asked
 
     @staticmethod
     def videos_asked(body: Any) -> int:

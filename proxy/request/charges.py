@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from proxy.formats import Generation, ImagesFormat, Usage, VideoTasks
+from proxy.formats import Generation, ImagesFormat, Usage, VideoFormat
 from proxy.policy.prices import PriceTable
 from proxy.request.exchange import Exchange
 from proxy.wire.routes import Pin
@@ -58,7 +58,7 @@ def most_of(ex: Exchange, prices: PriceTable, default_output: int, priced: bool 
         input_tokens = math.ceil(_prompt_bytes(ex) / BYTES_A_TOKEN)
         output_tokens = fmt.output_limit(asked, prices.default_output(ex.model) or default_output) * outputs
     images = outputs if isinstance(fmt, ImagesFormat) else 0
-    seconds = VideoTasks.seconds_made(asked)[0] if ex.route.creates is Pin.VIDEO_TASK else 0.0
+    seconds = VideoFormat.seconds_made(asked)[0] if ex.route.creates is Pin.VIDEO_TASK else 0.0
     cost = prices.most(ex.model, Usage(input_tokens, output_tokens), images, seconds) if priced else 0.0
     return Most(input_tokens, output_tokens, images, seconds, cost)
 
