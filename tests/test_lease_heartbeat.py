@@ -91,8 +91,10 @@ def worker_of(answer: aiohttp.ClientResponse, gateway_port: int, workers: list[i
     raise LookupError(f"no worker holds the connection from port {client_port}")
 
 
-# Lease lives short enough to outlive several times over within a test, renewed five times a life.
-LIFE_S, EVERY_S = 0.5, 0.1
+# Lease lives short enough to outlive several times over within a test, renewed five times a life;
+# a second, not half of one: an in-process gateway's loop held up on a loaded CI host (three test
+# processes, each with gateways of its own) let a half-second lease lapse now and then.
+LIFE_S, EVERY_S = 1.0, 0.2
 
 
 async def test_a_stream_held_past_several_lease_lives_keeps_counting(start_gateway, shared_redis, monkeypatch) -> None:
@@ -110,13 +112,13 @@ channels: [{{name: sim, base_url: simulator}}]
         stream = await http.post(
             gw.url + "/v1/messages",
             json=STREAM,
-            headers={**MSG, "x-sim-chunk-delay-ms": "100", "x-sim-output-tokens": "30"},
+            headers={**MSG, "x-sim-chunk-delay-ms": "100", "x-sim-output-tokens": "60"},
         )
         assert stream.status == 200
         while time.monotonic() - started < 4 * LIFE_S:
             await asyncio.sleep(0.2)
             assert await refused(http, gw.url)
-        await stream.read()  # three seconds: six lives
+        await stream.read()  # six seconds: six lives
         assert time.monotonic() - started > 6 * LIFE_S
         deadline = time.monotonic() + 2  # the client reads the end a moment before the gateway releases
         while await refused(http, gw.url):
