@@ -15,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
+from plugins.ledger.schema import DAILY_SUMS
 from proxy.config import GatewayConfig
 from proxy.observability.safe_text import csv_cell, shown
 
@@ -28,22 +29,7 @@ GROUPS = {
     "status": "status",
     "day": "date_trunc('day', at)",
 }
-SUMS = (
-    "requests",
-    "input_tokens",
-    "cached_input_tokens",
-    "output_tokens",
-    "reasoning_tokens",
-    "images",
-    "video_seconds",
-    "cost",
-    "pending_cost",
-    "unpriced",
-    "estimated",
-    "client_aborted",
-    "cut",
-    "pending",
-)
+SUMS = DAILY_SUMS  # the sums a report gives are the ones the day rows keep
 _COUNTED = ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_tokens", "images")
 AGGREGATES = ", ".join(
     [

@@ -97,10 +97,7 @@ async def update_key(console: Console, page: Page) -> web.StreamResponse:
     name = page.request.match_info["name"]
     form = await read_form(page.request)
     wanted = _json_object(form.get("settings", ""), "settings")
-    current = await console.ops.get_key(page.actor, name)
-    # The form holds the whole of the key's settings: a field taken out goes back to its default.
-    changes: dict[str, Any] = {k: None for k in current if k not in _KEY_META and k not in wanted}
-    changes.update({k: v for k, v in wanted.items() if k not in _KEY_META})
+    changes = _changes(await console.ops.get_key(page.actor, name), wanted, _KEY_META)
     await console.ops.update_key(page.actor, name, changes)
     return see_other(f"{PATH}/keys/{quote(name)}")
 
@@ -173,9 +170,7 @@ async def update_tenant(console: Console, page: Page) -> web.StreamResponse:
         await console.ops.delete_tenant(page.actor, name)
         return see_other(f"{PATH}/tenants")
     wanted = _json_object(form.get("settings", ""), "settings")
-    current = await console.ops.get_tenant(page.actor, name)
-    changes: dict[str, Any] = {k: None for k in current if k not in _TENANT_META and k not in wanted}
-    changes.update({k: v for k, v in wanted.items() if k not in _TENANT_META})
+    changes = _changes(await console.ops.get_tenant(page.actor, name), wanted, _TENANT_META)
     if "labels" in form:
         changes["labels"] = _json_object(form["labels"], "labels")
     await console.ops.update_tenant(page.actor, name, changes)
@@ -321,6 +316,14 @@ async def _usage(read: Any) -> dict[str, Any] | None:
         if exc.status in (400, 403, 404, 409):
             return None
         raise
+
+
+def _changes(current: dict[str, Any], wanted: dict[str, Any], meta: tuple[str, ...]) -> dict[str, Any]:
+    """What to PATCH: the form holds the whole of the settings, so a field taken out goes back to
+    its default (null); what is not a setting (`meta`) is left alone."""
+    changes: dict[str, Any] = {k: None for k in current if k not in meta and k not in wanted}
+    changes.update({k: v for k, v in wanted.items() if k not in meta})
+    return changes
 
 
 def _json_object(text: str, field: str) -> dict[str, Any]:
