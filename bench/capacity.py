@@ -42,7 +42,7 @@ from bench.procs import cpu_model, free_port, no_admin_listeners, stop_all, wait
 from bench.run import cpu_seconds, start  # noqa: E402
 from plugins.budget.counters import RESERVE, SETTLE  # noqa: E402
 from plugins.ledger.journal import _APPEND  # noqa: E402
-from proxy.limits.redis import ACQUIRE, FINISH, RENEW  # noqa: E402
+from proxy.ratelimits.redis import ACQUIRE, FINISH, RENEW  # noqa: E402
 from proxy.state.redis import _ADD_THEN  # noqa: E402
 
 ROOT = Path(__file__).parent.parent

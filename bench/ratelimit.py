@@ -29,7 +29,7 @@ URL = "redis://127.0.0.1:6379/13"
 
 def checks() -> list[Any]:
     """The key's three limits, built with the Check of whichever tree is measured (older ones had no subject)."""
-    from proxy.limits import Check, Kind
+    from proxy.ratelimits import Check, Kind
 
     subject = {"subject": "key:bench"} if "subject" in getattr(Check, "__dataclass_fields__", {}) else {}
     return [
@@ -85,11 +85,11 @@ async def measure_follow_up(limiter: Any, store: Any, requests: int, together: b
 async def one_tree(backend: str, requests: int) -> dict[str, float]:
     """One round of one backend, in the tree this process imports `proxy` from."""
     if backend == "memory":
-        from proxy.limits.memory import MemoryLimiter
+        from proxy.ratelimits.memory import MemoryLimiter
 
         limiter: Any = MemoryLimiter()
     else:
-        from proxy.limits.redis import RedisLimiter
+        from proxy.ratelimits.redis import RedisLimiter
 
         limiter = RedisLimiter(URL, f"bench{uuid.uuid4().hex[:6]}:")
     await measure(limiter, 200)
@@ -99,7 +99,7 @@ async def one_tree(backend: str, requests: int) -> dict[str, float]:
 
 
 async def follow_ups(requests: int) -> list[str]:
-    from proxy.limits.redis import RedisLimiter
+    from proxy.ratelimits.redis import RedisLimiter
     from proxy.state.redis import RedisStore
 
     limiter, store = RedisLimiter(URL, "bench:"), RedisStore(URL, "bench:")

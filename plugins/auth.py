@@ -16,11 +16,11 @@ from datetime import datetime, timezone
 from aiohttp import web
 
 from proxy.config import GatewayConfig
+from proxy.core.exchange import Exchange
+from proxy.core.plugin import STORED_KEYS, Joins, Plugin
 from proxy.formats.base import KeyLocation
 from proxy.observability.metrics import AUTH_REFUSALS
-from proxy.plugin import STORED_KEYS, Joins, Plugin
 from proxy.policy.keys import KeyRing
-from proxy.request.exchange import Exchange
 
 
 class Auth(Plugin):

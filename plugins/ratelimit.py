@@ -25,13 +25,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from proxy.config import GatewayConfig
 from proxy.config.model import Rates
-from proxy.limits import Check, Kind, Limiter, LimiterUnavailable
-from proxy.limits.memory import MemoryLimiter
+from proxy.core.exchange import Exchange
+from proxy.core.plugin import STORED_TENANTS, Joins, Plugin
+from proxy.core.upstream_response import UpstreamResponse
 from proxy.observability.metrics import child
-from proxy.plugin import STORED_TENANTS, Joins, Plugin
 from proxy.policy.prices import PriceTable
+from proxy.ratelimits import Check, Kind, Limiter, LimiterUnavailable
+from proxy.ratelimits.memory import MemoryLimiter
 from proxy.request.charges import DEFAULT_OUTPUT_TOKENS, most_of
-from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.wire.routes import ROUTE_NAMES
 
 RATELIMIT_DECISIONS = Counter("modelgate_ratelimit_decisions", "Rate-limit decisions by policy", ["policy", "decision"])
@@ -41,7 +42,7 @@ RATELIMIT_BACKEND_ERRORS = Counter(
 
 log = logging.getLogger("modelgate.ratelimit")
 _WINDOW_S = 60.0
-_SETTLING = "ratelimit.settling"
+_SETTLING = "settling"
 
 
 class RateLimitSettings(BaseModel):
@@ -90,7 +91,7 @@ class RateLimit(Plugin):
         self.prices = PriceTable(config.prices)  # a model's own default output, when a request names no limit
         self.owns_limiter = config.state.backend == "redis"
         if self.owns_limiter:
-            from proxy.limits.redis import RedisLimiter
+            from proxy.ratelimits.redis import RedisLimiter
 
             self.limiter: Limiter = RedisLimiter(
                 config.state.url, config.state.prefix, wait_s=config.state.check_timeout_s
@@ -149,7 +150,7 @@ class RateLimit(Plugin):
             )
         for check in checks:
             child(RATELIMIT_DECISIONS, check.policy, "allowed").inc()
-        ex.plugin_state[self.name] = checks
+        ex.state(self)["checks"] = checks
         if decision.check is not None and decision.check.kind is not Kind.CONCURRENT:
             ex.response_headers = {
                 **(ex.response_headers or {}),
@@ -165,22 +166,24 @@ class RateLimit(Plugin):
         out no id, in on_complete, with the request's other
         bookkeeping (its budgets' settlement, its record's journal entry): one round trip, not two.
         The answer's body waits for that bookkeeping either way (proxy/request/relay.py)."""
-        checks: list[Check] | None = ex.plugin_state.get(self.name)
-        if not checks or _SETTLING in ex.plugin_state:
+        state = ex.state(self)
+        checks: list[Check] | None = state.get("checks")
+        if not checks or _SETTLING in state:
             return
         if not ex.usage.known and upstream.status < 400 and upstream.is_json:
             usage = ex.format.usage_from_body(upstream.json())  # the usage plugin, if any, reads it later
             if usage is not None:
                 ex.usage.update(usage)
         if ex.route.creates is not None or not ex.format.reports_usage or ex.format.name == "images":
-            ex.plugin_state[_SETTLING] = asyncio.get_running_loop().create_task(self._settle(ex, checks))
+            state[_SETTLING] = asyncio.get_running_loop().create_task(self._settle(ex, checks))
 
     async def on_complete(self, ex: Exchange) -> None:
-        settling: asyncio.Task[None] | None = ex.plugin_state.get(_SETTLING)
+        state = ex.state(self)
+        settling: asyncio.Task[None] | None = state.get(_SETTLING)
         if settling is not None:
             await settling
             return
-        checks: list[Check] | None = ex.plugin_state.get(self.name)
+        checks: list[Check] | None = state.get("checks")
         if checks:
             await self._settle(ex, checks)
 

@@ -6,8 +6,8 @@ is one substring test, and a JSON parse only for the one or two events with usag
 
 from __future__ import annotations
 
-from proxy.plugin import Joins, Plugin
-from proxy.request.exchange import Exchange
+from proxy.core.exchange import Exchange
+from proxy.core.plugin import Joins, Plugin
 from proxy.wire.sse import SSEEvent
 
 

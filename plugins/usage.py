@@ -3,8 +3,9 @@ an answer tells of a generation that may outlive it (a background response)."""
 
 from __future__ import annotations
 
-from proxy.plugin import Joins, Plugin
-from proxy.request.exchange import Exchange, UpstreamResponse
+from proxy.core.exchange import Exchange
+from proxy.core.plugin import Joins, Plugin
+from proxy.core.upstream_response import UpstreamResponse
 
 
 class UsageCapture(Plugin):

@@ -23,11 +23,11 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError
 
 from proxy.config import GatewayConfig
+from proxy.core.exchange import Exchange
+from proxy.core.headers import content_codings
+from proxy.core.plugin import Joins, Plugin
 from proxy.observability.metrics import child, rule_label
-from proxy.plugin import Joins, Plugin
 from proxy.request.body import MultipartBody
-from proxy.request.exchange import Exchange
-from proxy.request.headers import content_codings
 from proxy.schemas import (
     JSON_SCHEMAS,
     EnumCheck,

@@ -26,12 +26,13 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.config import GatewayConfig
+from proxy.core import jsonutil
+from proxy.core.exchange import Exchange
+from proxy.core.plugin import STATE_STORE, Joins, Plugin
+from proxy.core.upstream_response import UpstreamResponse
 from proxy.formats import VIDEO, Generation
-from proxy.plugin import STATE_STORE, Joins, Plugin
-from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.request.public_url import public_base_url
 from proxy.state import StateStore, Write, make_store
-from proxy.wire import jsonutil
 
 VIDEO_OUTCOMES = Counter(
     "modelgate_video_tasks_finished",
@@ -107,7 +108,7 @@ class VideoTasks(Plugin):
     def prefetch(self, ex: Exchange) -> None:
         if ex.route.name in _STATUS or ex.route.name == _CONTENT:  # read with the task's record and limits;
             task_id = ex.path_params["task_id"]  # used once the core has said it is the caller's
-            ex.plugin_state["video.cached"] = asyncio.get_running_loop().create_task(self._cached(task_id))
+            ex.state(self)["cached"] = asyncio.get_running_loop().create_task(self._cached(task_id))
 
     async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
         route = ex.route.name
@@ -116,7 +117,7 @@ class VideoTasks(Plugin):
         if route not in _STATUS and route != _CONTENT:
             return None
         task_id = ex.path_params["task_id"]
-        prefetched: asyncio.Task[dict[str, Any] | None] = ex.plugin_state.pop("video.cached")
+        prefetched: asyncio.Task[dict[str, Any] | None] = ex.state(self).pop("cached")
         if route == _CONTENT:
             return await self._refuse_download(ex, task_id, await prefetched)
         cached = await prefetched
@@ -130,7 +131,7 @@ class VideoTasks(Plugin):
             ex.generation = _generation(cached)
             return _json(200, await self._present(ex, cached))
         self.inflight[task_id] = asyncio.get_running_loop().create_future()
-        ex.plugin_state[self.name] = task_id  # this request leads; on_complete wakes the others
+        ex.state(self)["leads"] = task_id  # this request leads; on_complete wakes the others
         return None
 
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
@@ -153,7 +154,7 @@ class VideoTasks(Plugin):
             submission = _submission(body, ex.model)
             task = _task_facts(ex, body, submission)
             task["owner"] = ex.tenant or ""  # a list shows a task only to the tenant its record names
-            ex.plugin_state["video.task"] = task  # recorded under the id handed out, once it is known
+            ex.state(self)["task"] = task  # recorded under the id handed out, once it is known
             if self.with_pin and isinstance(submission["id"], str) and not self.state_away():
                 # ... with the task's pin when that is the upstream's id: one step, one round trip,
                 # and made only if the pin is this request's (an id another holds gets an alias).
@@ -184,10 +185,11 @@ class VideoTasks(Plugin):
         return normal
 
     async def on_complete(self, ex: Exchange) -> None:
-        task = ex.plugin_state.get("video.task")
+        state = ex.state(self)
+        task = state.get("task")
         if task is not None and ex.created_id and 200 <= ex.outcome.status < 300 and not ex.pinned_with:
             await self._record_task(ex, ex.created_id, task)  # an alias, or a pin kept while the store was away
-        task_id = ex.plugin_state.get(self.name)
+        task_id = state.get("leads")
         if task_id is not None:
             waiting = self.inflight.pop(task_id, None)
             if waiting is not None and not waiting.done():

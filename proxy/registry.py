@@ -13,17 +13,20 @@ import difflib
 import functools
 import hashlib
 import importlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from proxy.plugin import CAPABILITIES, Plugin, PluginCommand, PluginRoute
+from proxy.config import GatewayConfig, LoadedConfig
+from proxy.config import config_from_text as _config_from_text
+from proxy.config import load_config as _load_config
+from proxy.config import parse_config as _parse_config
+from proxy.config.model import worker_count
+from proxy.core.plugin import CAPABILITIES, Plugin, PluginCommand, PluginRoute
 from proxy.wire.routes import ROUTES, Route
-
-if TYPE_CHECKING:
-    from proxy.config import GatewayConfig
 
 ENTRY_POINT_GROUP = "modelgate.plugins"
 
@@ -439,3 +442,40 @@ def build_plugin(config: GatewayConfig, name: str, resources: dict[str, Any] | N
     plugin.resources = resources if resources is not None else {}
     plugin.configure(config)
     return plugin
+
+
+class RegisteredRules:
+    """The registered plugins' rules for a config (proxy/config's PluginRules)."""
+
+    def problems(self, tree: dict[str, Any], config: GatewayConfig | None) -> list[str]:
+        problems = check_plugins(tree)
+        if config is not None:
+            problems.extend(plugin_config_problems(config, worker_count(config)))
+        return problems
+
+    def settle(self, config: GatewayConfig) -> None:
+        for key in config.keys:  # the plugins' own fields on each key, as their models read them
+            if key.model_extra:
+                key.model_extra.update(key_settings(key.model_extra))
+
+
+RULES = RegisteredRules()
+
+
+def load_config(
+    path: str | Path | None, environ: Mapping[str, str] | None = None, *, reloading: bool = False
+) -> LoadedConfig:
+    """A config file (None: the embedded defaults) read for use: its sections and its plugins checked."""
+    return _load_config(path, environ, reloading=reloading, rules=RULES)
+
+
+def config_from_text(
+    text: str, source: str, environ: Mapping[str, str], files: Mapping[str, str | None] | None = None
+) -> LoadedConfig:
+    """A config's text read for use: its sections and its plugins checked."""
+    return _config_from_text(text, source, environ, files, RULES)
+
+
+def parse_config(text: str, environ: Mapping[str, str]) -> GatewayConfig:
+    """A config's text, its sections and its plugins checked."""
+    return _parse_config(text, environ, RULES)

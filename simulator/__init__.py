@@ -12,7 +12,7 @@ from functools import partial
 from aiohttp import web
 
 from proxy.config.model import SimulatorSettings
-from proxy.wire import jsonutil
+from proxy.core import jsonutil
 from simulator import account, chat, companions, media, responses, video
 from simulator.core import Simulator, answer_early
 

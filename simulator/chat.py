@@ -6,8 +6,8 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.core import jsonutil
 from proxy.formats import CONTENT, MESSAGES
-from proxy.wire import jsonutil
 from simulator.core import Answer, Simulator, count_words, json_answer, sse, stream
 from simulator.media import is_image_model, png_base64
 from simulator.schema_values import value_for

@@ -30,9 +30,9 @@ from typing import Any
 from aiohttp import web
 
 from proxy.config.model import SimulatorSettings
+from proxy.core import jsonutil
 from proxy.formats import Format
 from proxy.formats.base import KeyLocation
-from proxy.wire import jsonutil
 from proxy.wire.multipart import MultipartObserver
 
 _WORDS = (

@@ -11,8 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.core import jsonutil
 from proxy.formats import RESPONSES
-from proxy.wire import jsonutil
 from simulator.core import Answer, Knobs, Simulator, count_words, json_answer, now, sse, stream
 from simulator.turns import Conversation, Offered, answer_pieces, arguments, next_call, result_text
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import regex
 
-from proxy.wire import jsonutil
+from proxy.core import jsonutil
 
 _FULL_DEPTH = 6  # every property filled down to here, only the required ones below
 _GIVE_UP = 32  # a schema that requires itself forever gets a null at this depth

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.wire import jsonutil
+from proxy.core import jsonutil
 from simulator.core import words
 from simulator.schema_values import value_for
 

@@ -20,11 +20,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.config import load_config
 from proxy.policy.channels import Channel
 from proxy.process.admin import AdminListener
 from proxy.process.app import APP_KEY, GatewayApp, build_admin_app, build_app
 from proxy.process.server import start_runner
+from proxy.registry import load_config
 from simulator.core import Simulator
 
 

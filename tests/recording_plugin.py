@@ -9,8 +9,9 @@ from typing import Any, ClassVar
 from aiohttp import web
 from pydantic import BaseModel
 
-from proxy.plugin import Plugin, PluginRoute
-from proxy.request.exchange import Exchange, UpstreamResponse
+from proxy.core.exchange import Exchange
+from proxy.core.plugin import Plugin, PluginRoute
+from proxy.core.upstream_response import UpstreamResponse
 from proxy.wire.sse import SSEEvent
 
 
@@ -107,3 +108,22 @@ class Choosy(Plugin):
 
     async def on_complete(self, ex: Exchange) -> None:
         self._record(ex, "on_complete")
+
+
+class Squatter(Plugin):
+    """Writes, in its own room of every exchange, each name the built-in plugins keep state under
+    (and drops it again): a plugin can neither read nor spoil another's (Exchange.state)."""
+
+    NAMES = ("checks", "settling", "reserved", "uncounted", "images", "delivers", "cached", "task", "leads")
+    seen: ClassVar[list[dict[str, Any]]] = []  # its room as on_complete found it, each exchange
+
+    def prefetch(self, ex: Exchange) -> None:
+        ex.state(self).update(dict.fromkeys(self.NAMES, "squatted"))
+
+    async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
+        ex.state(self).update(dict.fromkeys(self.NAMES, None))
+        return None
+
+    async def on_complete(self, ex: Exchange) -> None:
+        Squatter.seen.append(dict(ex.state(self)))
+        ex.state(self).clear()

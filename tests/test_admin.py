@@ -15,7 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy.config import ConfigError, parse_config
+from proxy.config import ConfigError
+from proxy.registry import parse_config
 from tests.conftest import REDIS_URL, free_port
 from tests.polling import within
 from tests.raw_http import send_raw
@@ -119,8 +120,8 @@ async def test_a_plugins_admin_route_is_on_the_admin_listener_only(start_gateway
 
 
 def test_admin_routes_are_added_before_the_application_is_built() -> None:
-    from proxy.config import load_config
     from proxy.process.app import APP_KEY, build_admin_app, build_app
+    from proxy.registry import load_config
 
     app = build_app(load_config(None))
     surface = app[APP_KEY].admin

@@ -17,7 +17,6 @@ import pytest
 from multidict import CIMultiDict
 from prometheus_client import REGISTRY
 
-from proxy.config import parse_config
 from proxy.process.admission import (
     BEHIND,
     CUT_S,
@@ -30,6 +29,7 @@ from proxy.process.admission import (
     Admission,
 )
 from proxy.process.cpu import REREAD_S, WorkerCpu, quota_cores
+from proxy.registry import parse_config
 from tests.conftest import BEARER, DEMO_KEY, MESSAGE_HEADERS, SteppedClock
 from tests.polling import within
 

@@ -1,6 +1,7 @@
-"""The code's boundaries, checked: the core imports and names no plugin, loads the simulator
-only on demand, only the forwarder, the relay and the gateway write an exchange's outcome, and no
-module of the package or the plugins imports itself back round a cycle."""
+"""The code's boundaries, checked: the package imports and names no plugin, loads the simulator
+only on demand; proxy/core/ imports nothing of the project above it; an exchange's outcome is
+changed only through its named methods, by the modules named; and no module of the package or
+the plugins imports itself back round a cycle."""
 
 from __future__ import annotations
 
@@ -85,7 +86,8 @@ def test_the_core_loads_the_simulator_only_for_a_config_that_uses_it(tmp_path: P
     probe = textwrap.dedent("""
         import asyncio, sys
         from proxy.process.app import build_app
-        from proxy.config import LoadedConfig, parse_config
+        from proxy.config import LoadedConfig
+        from proxy.registry import parse_config
 
         async def main():
             config = parse_config("channels: [{name: real, base_url: 'http://127.0.0.1:9'}]", {})
@@ -98,19 +100,52 @@ def test_the_core_loads_the_simulator_only_for_a_config_that_uses_it(tmp_path: P
     assert result.stdout.strip() == "False", result.stderr
 
 
-# Who writes what became of an exchange (proxy/request/exchange.py, Outcome).
-OUTCOME_WRITERS = {
-    "proxy/request/forwarder.py",
-    "proxy/request/relay.py",
-    "proxy/request/gateway.py",
-    "proxy/request/exchange.py",
-    "proxy/request/client_limits.py",
-}  # the relay's watch on a client that stopped reading
+# What became of an exchange (proxy/core/outcome.py) is changed only through these methods of
+# Outcome's, each called only from these modules.
+OUTCOME_CALLERS = {
+    "answered": {"proxy/request/gateway.py", "proxy/request/relay.py"},
+    "sent": {"proxy/request/relay.py"},
+    "stream_began": {"proxy/request/relay.py"},
+    "events_sent": {"proxy/request/relay.py"},
+    "failed": {"proxy/core/exchange.py", "proxy/request/gateway.py", "proxy/request/relay.py"}
+    | {"proxy/request/client_guards.py"},  # the watch on a client that stopped reading
+    "cut": {"proxy/request/relay.py"},
+    "client_gone": {"proxy/request/relay.py"},
+    "abandoned": {"proxy/request/gateway.py"},
+    "attempt_started": {"proxy/request/forwarder.py"},
+    "attempt_ended": {"proxy/request/forwarder.py"},
+    "headers_arrived": {"proxy/request/forwarder.py"},
+    "upstream_done": {"proxy/request/relay.py"},
+    "paused": {"proxy/request/forwarder.py"},
+    "pool_waited": {"proxy/request/forwarder.py"},  # handed to a channel's pool, which calls it
+}
 
 
-def test_only_the_forwarder_the_relay_and_the_gateway_write_the_outcome() -> None:
-    writers = set()
-    for module in sorted([*(ROOT / "proxy").rglob("*.py"), *(ROOT / "plugins").rglob("*.py")]):
+def _project_modules() -> list[Path]:
+    return sorted([*(ROOT / "proxy").rglob("*.py"), *(ROOT / "plugins").rglob("*.py")])
+
+
+def _module_paths() -> dict[str, Path]:
+    """Every module of the package and the plugins by its dotted name (a package by its own)."""
+    paths = {}
+    for path in _project_modules():
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return paths
+
+
+def test_the_outcome_is_changed_only_through_its_named_methods_by_the_modules_named() -> None:
+    from proxy.core.outcome import Outcome
+
+    changing = {
+        name
+        for name, member in vars(Outcome).items()
+        if callable(member) and not name.startswith("_") and name != "upstream_seconds"
+    }
+    assert changing == set(OUTCOME_CALLERS)  # a new method is listed here with its callers
+    assigned, callers = [], {name: set() for name in OUTCOME_CALLERS}
+    for module in _project_modules():
+        where = str(module.relative_to(ROOT))
         for node in ast.walk(_code_of(module)):
             targets = (
                 node.targets
@@ -120,13 +155,39 @@ def test_only_the_forwarder_the_relay_and_the_gateway_write_the_outcome() -> Non
                 else []
             )
             for target in targets:
-                if (
-                    isinstance(target, ast.Attribute)
-                    and isinstance(target.value, ast.Attribute)
-                    and target.value.attr == "outcome"
-                ):
-                    writers.add(str(module.relative_to(ROOT)))
-    assert writers <= OUTCOME_WRITERS and {"proxy/request/forwarder.py", "proxy/request/relay.py"} <= writers
+                for part in ast.walk(target):
+                    if (
+                        isinstance(part, ast.Attribute)
+                        and isinstance(part.value, ast.Attribute)
+                        and part.value.attr == "outcome"
+                    ):
+                        assigned.append(f"{where}:{node.lineno} sets outcome.{part.attr}")
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in OUTCOME_CALLERS
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "outcome"
+            ):
+                callers[node.attr].add(where)
+    assert assigned == []
+    assert callers == OUTCOME_CALLERS
+
+
+def test_nothing_in_the_core_imports_another_package_of_the_project() -> None:
+    """proxy/core/ is the floor: the standard library, third-party libraries and itself (imports
+    for annotations only aside), so every layer can stand on it and it on none of them."""
+    paths = _module_paths()
+    offences = [
+        f"{module} imports {imported}"
+        for module, path in paths.items()
+        if module.startswith("proxy.core")
+        for imported in _imports(module, path, set(paths))
+        if not imported.startswith("proxy.core")
+    ]
+    assert offences == []
+    assert {"exchange", "outcome", "upstream_response", "pin", "plugin", "pipeline", "runtime", "drain"} <= {
+        p.stem for p in (ROOT / "proxy" / "core").glob("*.py")
+    }
 
 
 def _imports(module: str, path: Path, modules: set[str]) -> set[str]:
@@ -166,11 +227,7 @@ def _imports(module: str, path: Path, modules: set[str]) -> set[str]:
 
 
 def test_no_import_cycle_in_the_package_or_the_plugins_deferred_imports_counted() -> None:
-    paths = {}
-    for base in ("proxy", "plugins"):
-        for path in (ROOT / base).rglob("*.py"):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    paths = _module_paths()
     graph = {module: _imports(module, path, set(paths)) for module, path in paths.items()}
     cycles = []
     state: dict[str, int] = {}  # 1: on the path being walked, 2: done

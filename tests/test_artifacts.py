@@ -31,7 +31,7 @@ import jsonschema
 import pytest
 import yaml
 
-from proxy.config import load_config
+from proxy.registry import load_config
 from tests.conftest import free_port
 from tests.dockerfile import (
     copied,

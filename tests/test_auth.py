@@ -217,7 +217,8 @@ async def test_a_plaintext_key_never_reaches_the_logs(spawn):
 
 
 def test_key_config_problems_name_the_key():
-    from proxy.config import ConfigError, parse_config
+    from proxy.config import ConfigError
+    from proxy.registry import parse_config
 
     with pytest.raises(ConfigError) as caught:
         parse_config(

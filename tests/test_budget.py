@@ -176,7 +176,8 @@ async def test_a_model_the_price_table_does_not_price_is_refused_under_a_cost_bu
 
 
 def test_check_config_says_which_budgets_could_never_hold() -> None:
-    from proxy.config import ConfigError, parse_config
+    from proxy.config import ConfigError
+    from proxy.registry import parse_config
 
     with pytest.raises(ConfigError) as refused:
         parse_config(

@@ -13,7 +13,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy.config import ConfigError, GatewayConfig, load_config, parse_config
+from proxy.config import ConfigError, GatewayConfig
+from proxy.registry import load_config, parse_config
 
 ROOT = Path(__file__).parent.parent
 

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 import yaml
 
-from proxy.config import parse_config
+from proxy.registry import parse_config
 from tests.conftest import REDIS_URL, free_port
 
 DEPLOY = Path(__file__).parent.parent / "deploy"

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
-from proxy.process.drain import Drain, half_close, parked, served
+from proxy.core.drain import Drain, half_close, parked, served
 from proxy.process.server import stop_listening
 from tests.conftest import MESSAGE_HEADERS, REDIS_URL, Process
 from tests.raw_http import RawAnswer, parse_answer
@@ -175,7 +175,7 @@ def _json_lines(process: Process) -> list[dict]:
 
 
 async def test_aiohttp_still_shows_what_the_drain_reads_of_a_connection(start_gateway, http) -> None:
-    """The drain reads aiohttp's request handler where it has no public word (proxy/process/drain.py):
+    """The drain reads aiohttp's request handler where it has no public word (proxy/core/drain.py):
     an upgrade of aiohttp that renames those parts fails here, not in a drain. A half-closed
     connection's client reads end of file, and a request it sends then is dropped unread."""
     gw = await start_gateway()

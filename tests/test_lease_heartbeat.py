@@ -13,10 +13,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-import proxy.limits.redis
-from proxy.limits import Check, Kind
-from proxy.limits.heartbeat import LEASE_LIFE_S, RENEW_EVERY_S, Heartbeat
-from proxy.limits.redis import RedisLimiter
+import proxy.ratelimits.redis
+from proxy.ratelimits import Check, Kind
+from proxy.ratelimits.heartbeat import LEASE_LIFE_S, RENEW_EVERY_S, Heartbeat
+from proxy.ratelimits.redis import RedisLimiter
 from proxy.state.connect import connect
 from tests.conftest import REDIS_URL
 
@@ -100,7 +100,9 @@ LIFE_S, EVERY_S = 1.0, 0.2
 async def test_a_stream_held_past_several_lease_lives_keeps_counting(start_gateway, shared_redis, monkeypatch) -> None:
     """Renewal works: a stream lasting six lease lives holds its slot to the end, then frees it."""
     monkeypatch.setattr(
-        proxy.limits.redis, "RedisLimiter", functools.partial(RedisLimiter, lease_life_s=LIFE_S, renew_every_s=EVERY_S)
+        proxy.ratelimits.redis,
+        "RedisLimiter",
+        functools.partial(RedisLimiter, lease_life_s=LIFE_S, renew_every_s=EVERY_S),
     )
     gw = await start_gateway(f"""
 state: {{backend: redis, url: "{shared_redis}", prefix: "renewed:"}}

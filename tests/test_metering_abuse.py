@@ -19,8 +19,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.config import ConfigError, parse_config
-from proxy.wire import jsonutil
+from proxy.config import ConfigError
+from proxy.core import jsonutil
+from proxy.registry import parse_config
 from tests.conftest import Process
 from tests.test_lease_heartbeat import LIMIT as LEASED
 from tests.test_lease_heartbeat import gateway_config as lease_config
@@ -129,13 +130,13 @@ async def agreed(
 
 def prompt_tokens(body: dict[str, Any]) -> int:
     """A prompt as the gateway estimates it (four bytes of body a token), for the body aiohttp sends."""
-    from proxy.wire import jsonutil
+    from proxy.core import jsonutil
 
     return math.ceil(len(jsonutil.dumps(body)) / 4)
 
 
 async def post(http: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, Any]:
-    from proxy.wire import jsonutil
+    from proxy.core import jsonutil
 
     async with http.post(
         url, data=jsonutil.dumps(body), headers={**headers, "content-type": "application/json"}
@@ -779,7 +780,7 @@ SWEEP: list[tuple[str, str, dict[str, str], dict[str, Any], str]] = [
 async def _one(
     http: aiohttp.ClientSession, url: str, key: str, path: str, headers: dict[str, str], body: dict[str, Any], how: str
 ) -> tuple[int, Any]:
-    from proxy.wire import jsonutil
+    from proxy.core import jsonutil
 
     headers = {
         name: value.replace(KEY, key)

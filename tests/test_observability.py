@@ -141,8 +141,8 @@ async def test_upstream_failures_are_counted_and_take_a_channel_down(start_gatew
 async def traced():
     from aiohttp import web
 
-    from proxy.config import load_config
     from proxy.process.app import APP_KEY, build_app
+    from proxy.registry import load_config
 
     exporter = InMemorySpanExporter()
     app = build_app(load_config(None), None, span_exporter=exporter)

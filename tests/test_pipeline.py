@@ -125,8 +125,8 @@ async def test_on_complete_hooks_run_together_and_one_failing_hides_none_of_the_
     import asyncio
     from types import SimpleNamespace
 
-    from proxy.pipeline import Pipeline
-    from proxy.plugin import Plugin
+    from proxy.core.pipeline import Pipeline
+    from proxy.core.plugin import Plugin
 
     started: list[str] = []
     finish = asyncio.Event()

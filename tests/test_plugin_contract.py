@@ -13,9 +13,9 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from proxy.config import ConfigError, parse_config
-from proxy.plugin import Joins, Plugin, PluginCommand
-from proxy.registry import default_plugins, order_problems
+from proxy.config import ConfigError
+from proxy.core.plugin import Joins, Plugin, PluginCommand
+from proxy.registry import default_plugins, order_problems, parse_config
 from proxy.wire.routes import ROUTES, ROUTES_BY_NAME
 from tests.conftest import DEMO_KEY, MESSAGE_HEADERS
 
@@ -260,12 +260,12 @@ def test_a_plugin_command_never_takes_a_built_in_name(
 async def test_a_plugin_the_config_gives_nothing_to_do_is_never_called(start_gateway) -> None:
     """The ledger without a database or prices, and budgets that name none, declare their hooks
     idle: a default gateway calls neither, per request nor per stream event."""
-    from proxy.pipeline import plugin_name
+    from proxy.core.pipeline import plugin_name
 
     def hooks(gateway: object, route: str) -> set[str]:
-        pipeline = gateway.owner.runtime.pipelines[route]  # type: ignore[attr-defined]
+        pipeline = gateway.owner.runtime.routes[route].pipeline  # type: ignore[attr-defined]
         every = [*pipeline.request_hooks, *pipeline.response_hooks, *pipeline.event_hooks, *pipeline.complete_hooks]
-        return {plugin_name(hook) for hook in every}
+        return {plugin_name(hook.plugin) for hook in every}
 
     idle = await start_gateway()
     assert not {"ledger", "budget"} & hooks(idle, "messages")
@@ -274,3 +274,21 @@ async def test_a_plugin_the_config_gives_nothing_to_do_is_never_called(start_gat
         'prices: [{model: "*", input_per_mtok: 1}]\n'
     )
     assert {"ledger", "budget"} <= hooks(busy, "messages")
+
+
+async def test_a_plugin_keeps_its_request_state_in_a_room_no_other_plugin_reaches(start_gateway, http) -> None:
+    """A plugin writing every name the built-in plugins keep request state under spoils nothing:
+    a key allowed one request at a time makes three in a row (a lease the limiter lost track of
+    would never be released), and the plugin finds its own room as it left it."""
+    from tests.recording_plugin import Squatter
+
+    gw = await start_gateway(
+        f"keys: [{{name: k, key: {DEMO_KEY}, limits: {{concurrent: 1, tpm: 100000}}}}]\n"
+        "routes: {messages: {plugins: [auth, tests.recording_plugin:Squatter, validation, ratelimit, usage]}}\n"
+    )
+    Squatter.seen.clear()
+    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(3):
+        async with http.post(f"{gw.url}/v1/messages", json=body, headers=MESSAGE_HEADERS) as answer:
+            assert answer.status == 200, await answer.text()
+    assert len(Squatter.seen) == 3 and all(room == dict.fromkeys(Squatter.NAMES) for room in Squatter.seen)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config import ConfigError, parse_config
+from proxy.config import ConfigError
 from proxy.formats import Usage
 from proxy.formats.content import ContentFormat
 from proxy.formats.images import ImageMade
 from proxy.formats.message import MessageFormat
 from proxy.formats.response import ResponseFormat
 from proxy.policy.prices import PriceTable
+from proxy.registry import parse_config
 
 TABLE = parse_config(
     """

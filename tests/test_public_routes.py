@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import ConfigError, parse_config
-from proxy.registry import config_warnings
+from proxy.config import ConfigError
+from proxy.registry import config_warnings, parse_config
 
 ROOT = Path(__file__).parent.parent
 RESPONSE = {"model": "respmodel-4o", "input": "hi"}

@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
-from proxy.config import ConfigError, config_from_text, load_config, parse_config, text_digest
+from proxy.config import ConfigError, text_digest
 from proxy.config.files import digest
 from proxy.process.watch import FileWatch
+from proxy.registry import config_from_text, load_config, parse_config
 from tests.conftest import REDIS_URL
 from tests.test_config import check_config
 from tests.test_ledger import ledger_config, rows_when

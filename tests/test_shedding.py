@@ -205,7 +205,7 @@ def test_the_connection_finds_the_route_the_router_finds() -> None:
 
 
 async def test_while_draining_a_refusal_closes_its_connection(held_gateway: RunningGateway) -> None:
-    """Answers started during a drain say `Connection: close` (proxy/process/drain.py): the
+    """Answers started during a drain say `Connection: close` (proxy/core/drain.py): the
     connection leaves refusals to aiohttp's way then."""
     drain = held_gateway.owner.drain
     drain.draining = True  # as SIGTERM sets it

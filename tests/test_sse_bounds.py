@@ -21,8 +21,8 @@ import aiohttp
 import pytest
 from prometheus_client import REGISTRY
 
+from proxy.core import jsonutil
 from proxy.formats import CONTENT, IMAGES, MESSAGES, RESPONSES, Format
-from proxy.wire import jsonutil
 from tests.conftest import BEARER, DEMO_KEY, MESSAGE_HEADERS
 from tests.scripted_upstream import Scripted
 

@@ -15,10 +15,11 @@ import pytest
 from redis.crc import key_slot
 
 from plugins.webhook_queue.queue import QueuedWebhook, Shelf, WebhookQueue
-from proxy.config import ConfigError, parse_config
+from proxy.config import ConfigError
 from proxy.config.model import StateConfig
-from proxy.limits import Check, Kind, LimiterUnavailable
-from proxy.limits.redis import RedisLimiter
+from proxy.ratelimits import Check, Kind, LimiterUnavailable
+from proxy.ratelimits.redis import RedisLimiter
+from proxy.registry import parse_config
 from proxy.state.connect import Mode, connect, parse
 from proxy.state.redis import RedisStore
 from tests.conftest import free_port

@@ -27,7 +27,7 @@ from proxy.upstream import (
     UpstreamTimeout,
     Written,
 )
-from proxy.upstream.parser import AnswerParser
+from proxy.upstream.parser import ResponseParser
 from tests.scripted_upstream import OK, Scripted, first_then_numbered, read_all, scripted
 
 
@@ -95,7 +95,7 @@ def test_chunked_body_decodes_however_the_bytes_are_split(chunks: list[bytes], d
         + b"0\r\n\r\n"
     )
     cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=10)))
-    parser, body, start = AnswerParser("POST"), b"", 0
+    parser, body, start = ResponseParser("POST"), b"", 0
     for cut in [*cuts, len(wire)]:
         if wire[start:cut]:
             parser.feed(wire[start:cut])
@@ -106,7 +106,7 @@ def test_chunked_body_decodes_however_the_bytes_are_split(chunks: list[bytes], d
 
 
 def test_a_length_body_ends_at_its_length_and_bytes_past_it_spoil_the_connection() -> None:
-    parser = AnswerParser("GET")
+    parser = ResponseParser("GET")
     parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nabc")
     assert not parser.done
     parser.feed(b"deXYZ")

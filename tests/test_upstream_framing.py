@@ -9,13 +9,14 @@ Every case is also put to h11, the reference: where h11 refuses an answer, so do
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 
 import h11
 import pytest
 
 from proxy.upstream import BadAnswer, UpstreamPool
-from proxy.upstream.parser import AnswerParser
+from proxy.upstream.parser import ResponseParser
 from tests.conftest import MESSAGE_HEADERS
 from tests.scripted_upstream import Scripted, first_then_numbered, numbered, read_all
 
@@ -171,7 +172,7 @@ def h11_refuses(wire: bytes, method: bytes = b"POST", closes: bool = False) -> b
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_h11_gives_the_verdict_the_table_records_and_the_gateway_refuses_what_it_refuses(case: Case) -> None:
     assert h11_refuses(case.wire, closes=case.close) is case.h11_refuses
-    parser = AnswerParser("POST")
+    parser = ResponseParser("POST")
     try:
         parser.feed(case.wire)
         refused = not parser.done  # cut short: refused once the connection closes
@@ -256,6 +257,8 @@ async def test_a_bare_lf_head_fails_at_once_not_at_the_first_byte_timeout() -> N
 
 
 async def test_an_answer_that_cannot_be_written_is_a_logged_502_never_a_200(start_gateway, http, caplog):
+    """... and the 502 is stamped like any answer the gateway makes: the request id the client
+    sent, its size in the outcome."""
     async with first_then_numbered(numbered(1), close=False) as upstream:
         gw = await start_gateway(
             f"channels: [{{name: one, base_url: '{upstream.url}'}}]\n"
@@ -263,14 +266,19 @@ async def test_an_answer_that_cannot_be_written_is_a_logged_502_never_a_200(star
             "observability: {logging: {access_log: false}}\n"
         )
         async with http.post(
-            gw.url + "/v1/messages", headers={**MSG_HEADERS, "x-test-unwritable-header": "1"}, json=MESSAGE
+            gw.url + "/v1/messages",
+            headers={**MSG_HEADERS, "x-test-unwritable-header": "1", "X-Request-Id": "unwritable-1"},
+            json=MESSAGE,
         ) as answer:
             assert answer.status == 502
-            assert "cannot be written" in (await answer.json())["error"]["message"]
+            body = await answer.read()
+            assert "cannot be written" in json.loads(body)["error"]["message"]
             assert "Injected" not in answer.headers
+            assert answer.headers["X-Request-Id"] == "unwritable-1"
         from tests.recording_plugin import Recorder
 
-        assert Recorder.finished[-1].outcome.status == 502
+        outcome = Recorder.finished[-1].outcome
+        assert outcome.status == 502 and outcome.bytes_out == len(body)
         assert any("could not be written to the client" in r.getMessage() for r in caplog.records)
 
 

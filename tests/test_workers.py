@@ -12,7 +12,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy.config import ConfigError, parse_config
+from proxy.config import ConfigError
+from proxy.registry import parse_config
 from tests.conftest import REDIS_URL
 
 KEY = "workers-key-0001"

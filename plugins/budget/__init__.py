@@ -31,16 +31,17 @@ from plugins.budget.late import LateCounts
 from plugins.budget.problems import budget_problems
 from plugins.budget.refusals import never_fits, refusal
 from proxy.config import GatewayConfig
+from proxy.core.exchange import Exchange
+from proxy.core.plugin import STORED_TENANTS, Joins, Plugin, Subject
+from proxy.core.upstream_response import UpstreamResponse
 from proxy.formats import Generation
 from proxy.formats.images import ImagesFormat
 from proxy.formats.video import VideoFormat
 from proxy.observability.metrics import child
-from proxy.plugin import STORED_TENANTS, Joins, Plugin, Subject
 from proxy.policy.prices import PriceTable
 from proxy.request.body import MultipartBody
 from proxy.request.charges import DEFAULT_OUTPUT_TOKENS, Most, left_open, most_of, read_ended
 from proxy.request.deciding_fields import settle_counts
-from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.request.usage_estimate import usage_or_estimate
 from proxy.schemas.common import Violation
 from proxy.state import connect as topology
@@ -61,10 +62,10 @@ BUDGET_UNAVAILABLE = Counter(
     "modelgate_budget_backend_errors", "Budget checks the shared state could not answer", ["mode"]
 )
 
-_STATE = "budget.reserved"
-_UNCOUNTED = "budget.uncounted"
+_STATE = "reserved"
+_UNCOUNTED = "uncounted"
 _TENANT = "tenant:"  # how a key names the tenant it belongs to (GatewayKey.tenant), before its label
-_IMAGES = "budget.images"
+_IMAGES = "images"
 _VIDEO_CREATES = frozenset({"video_generations", "videos"})
 _SETTLED_HERE = 10_000  # ids of ended generations this process settled: not claimed again
 
@@ -213,13 +214,13 @@ class Budget(Plugin):
             # Not asked, or its reservation never went: counted once the store is back. (One that
             # went and timed out may still be made, late: it is not counted again.)
             if exc.unsent:
-                ex.plugin_state[_UNCOUNTED] = ([windows for _, windows, _ in planned], most)
+                ex.state(self)[_UNCOUNTED] = ([windows for _, windows, _ in planned], most)
             return self._unavailable(ex, exc)
         except asyncio.CancelledError:  # the client left: what was reserved goes back
             if not under_way:
                 self._in_background(self._give_back(taken), "budget give-back")
             raise
-        ex.plugin_state[_STATE] = (taken, most)
+        ex.state(self)[_STATE] = (taken, most)
         if isinstance(ex.body_stream, MultipartBody):  # a form may name what it asks for after its files
             ex.body_stream.gates.append(lambda: self._top_up(ex))
         if warnings:
@@ -227,23 +228,23 @@ class Budget(Plugin):
         return None
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
-        if ex.format.name == "images" and _STATE in ex.plugin_state and (image := ImagesFormat.image_in_event(event)):
-            ex.plugin_state.setdefault(_IMAGES, []).append(image)
+        if ex.format.name == "images" and _STATE in ex.state(self) and (image := ImagesFormat.image_in_event(event)):
+            ex.state(self).setdefault(_IMAGES, []).append(image)
         return event
 
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
-        if _STATE in ex.plugin_state and upstream.status < 400 and ex.format.name == "images" and upstream.is_json:
-            ex.plugin_state[_IMAGES] = ImagesFormat.images_made(upstream.json(), ex.asked())
+        if _STATE in ex.state(self) and upstream.status < 400 and ex.format.name == "images" and upstream.is_json:
+            ex.state(self)[_IMAGES] = ImagesFormat.images_made(upstream.json(), ex.asked())
 
     async def on_complete(self, ex: Exchange) -> None:
-        if (uncounted := ex.plugin_state.pop(_UNCOUNTED, None)) is not None:  # served while the store was away
+        if (uncounted := ex.state(self).pop(_UNCOUNTED, None)) is not None:  # served while the store was away
             subjects, most = uncounted
             tokens, cost = (most.tokens, most.cost) if left_open(ex) else self._spent(ex, most)
             assert self.late is not None  # (a budget named: not idle)
             for windows in subjects:
                 self.late.count(windows, [float(tokens) if w.name.endswith("tokens") else cost for w in windows])
             return
-        held = ex.plugin_state.pop(_STATE, None)
+        held = ex.state(self).pop(_STATE, None)
         if held is not None:
             taken, most = held
             if not taken:
@@ -276,14 +277,14 @@ class Budget(Plugin):
     def completes(self, ex: Exchange) -> bool:
         # A reservation made or left to count, or a follow-up that may read a generation's end
         # (read_ended): a key without a budget costs no task after its answer.
-        state = ex.plugin_state
+        state = ex.state(self)
         return _STATE in state or _UNCOUNTED in state or ex.followed_id is not None and ex.route.creates is None
 
     async def _top_up(self, ex: Exchange) -> Violation | None:
         """A form is whole, before its last chunk goes upstream: what it asks for after its files
         (`n`, `partial_images`, the seconds of a video) is reserved too, or the request refused
         (the upstream never has the whole of it)."""
-        held = ex.plugin_state.get(_STATE)
+        held = ex.state(self).get(_STATE)
         if held is None:
             return None
         taken, most = held
@@ -319,7 +320,7 @@ class Budget(Plugin):
             taken[:] = before  # what this request holds is what it held before
             await self._give_back(more)
             return refused
-        ex.plugin_state[_STATE] = (taken, final)
+        ex.state(self)[_STATE] = (taken, final)
         return None
 
     async def _settle(self, taken: Taken, spent_tokens: int, spent_cost: float) -> None:
@@ -433,7 +434,7 @@ class Budget(Plugin):
             return 0, 0.0  # refused or failed before a word: nothing an upstream bills
         made = ex.outcome.status < 400 and ex.route.name in _VIDEO_CREATES
         seconds = VideoFormat.seconds_made(ex.asked())[0] if made else 0.0
-        charge = self.prices.charge(ex.model, usage, ex.plugin_state.get(_IMAGES, []), seconds)
+        charge = self.prices.charge(ex.model, usage, ex.state(self).get(_IMAGES, []), seconds)
         return (usage.input_tokens or 0) + (usage.output_tokens or 0), charge.cost
 
     def _rebuild(self, subject: str, windows: list[Window], before: float) -> None:

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from plugins.budget.counters import Window
+from proxy.core import jsonutil
 from proxy.formats import Generation, Usage
 from proxy.policy.prices import PriceTable
 from proxy.request.charges import Most, ended
-from proxy.wire import jsonutil
 
 _PAST_RESET_S = 3600  # kept this long past its last window's period (settling it after is pointless)
 HELD_FOR_S = 7 * 86_400  # the longest a generation's reservation waits to be settled (as the ledger's pending row)

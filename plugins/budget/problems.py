@@ -10,7 +10,7 @@ from proxy.registry import configured_without
 from proxy.wire.routes import ROUTES
 
 if TYPE_CHECKING:
-    from proxy.plugin import Plugin
+    from proxy.core.plugin import Plugin
 
 
 def budget_problems(config: GatewayConfig, cls: type[Plugin]) -> list[str]:

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from aiohttp import web
 
 from plugins.budget.counters import Window
-from proxy.request.exchange import Exchange
+from proxy.core.exchange import Exchange
 
 
 def refusal(ex: Exchange, subject: str, window: Window, used: float, asked: float, now: datetime) -> web.StreamResponse:

@@ -28,17 +28,18 @@ from prometheus_client import Counter
 from plugins.ledger.record import UsageRecord, held, record_of, settled
 from plugins.ledger.settings import LedgerSettings
 from proxy.config import GatewayConfig
+from proxy.core import jsonutil
+from proxy.core.exchange import Exchange
+from proxy.core.plugin import QUERIES, STATE_STORE, Joins, Plugin, PluginCommand, Subject
+from proxy.core.upstream_response import UpstreamResponse
 from proxy.formats import Generation
 from proxy.formats.images import ImagesFormat
 from proxy.formats.video import VideoFormat
 from proxy.observability.metrics import ModelLabels, child
-from proxy.plugin import QUERIES, STATE_STORE, Joins, Plugin, PluginCommand, Subject
 from proxy.policy.prices import PriceTable
 from proxy.registry import configured_without
 from proxy.request.charges import DEFAULT_OUTPUT_TOKENS, left_open, most_of, read_ended
-from proxy.request.exchange import Exchange, UpstreamResponse
 from proxy.state import StateStore, make_store
-from proxy.wire import jsonutil
 from proxy.wire.routes import ROUTES
 from proxy.wire.sse import SSEEvent
 
@@ -55,7 +56,7 @@ UNPRICED = Counter(
     "modelgate_unpriced_requests", "Requests whose model no row of the price table matched, by model", ["model"]
 )
 
-_IMAGES = "ledger.images"
+_IMAGES = "images"
 _VIDEO_CREATES = frozenset({"video_generations", "videos"})
 _PENDING = "ledger:pending:"
 _SETTLED_HERE = 10_000  # ids of ended generations this process settled: not taken again
@@ -163,13 +164,13 @@ class Ledger(Plugin):
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
         if ex.format.name == "images" and (image := ImagesFormat.image_in_event(event)) is not None:
-            ex.plugin_state.setdefault(_IMAGES, []).append(image)
+            ex.state(self).setdefault(_IMAGES, []).append(image)
         return event
 
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
         if upstream.status >= 400 or ex.format.name != "images" or not upstream.is_json:
             return
-        ex.plugin_state[_IMAGES] = ImagesFormat.images_made(upstream.json(), ex.asked())
+        ex.state(self)[_IMAGES] = ImagesFormat.images_made(upstream.json(), ex.asked())
 
     async def on_complete(self, ex: Exchange) -> None:
         if ex.key is None:  # a request no key was found for is no key's to pay for
@@ -183,7 +184,7 @@ class Ledger(Plugin):
         record = record_of(
             ex,
             self.prices,
-            ex.plugin_state.get(_IMAGES, []),
+            ex.state(self).get(_IMAGES, []),
             seconds,
             time.perf_counter(),
             assumed,

@@ -38,10 +38,10 @@ from redis.exceptions import RedisError
 from plugins.ledger.record import UsageRecord
 from plugins.ledger.spool import Taken
 from plugins.ledger.writer import LEDGER_RECORDS
+from proxy.core import jsonutil
 from proxy.state.gathering import answer_within
 from proxy.state.stream_bytes import LUA as STREAM_BYTES
 from proxy.state.stream_bytes import beside
-from proxy.wire import jsonutil
 
 log = logging.getLogger("modelgate.ledger")
 

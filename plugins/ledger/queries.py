@@ -16,7 +16,7 @@ from typing import Any
 
 from plugins.ledger.report import GROUPS, moment
 from plugins.ledger.schema import DAILY_SUMS
-from proxy.plugin import QueryProblem
+from proxy.core.plugin import QueryProblem
 
 QUERY_TIMEOUT_S = 10.0
 MOST_ROWS = 200  # a page of requests

@@ -14,14 +14,14 @@ from dataclasses import dataclass, fields, replace
 from datetime import datetime, timezone
 from typing import Any
 
+from proxy.core import jsonutil
+from proxy.core.exchange import Exchange
 from proxy.formats import Generation, Usage
 from proxy.formats.images import ImageMade
 from proxy.observability.tracing import ids
 from proxy.policy.prices import PriceTable
 from proxy.request.charges import Most, ended
-from proxy.request.exchange import Exchange
 from proxy.request.usage_estimate import usage_or_estimate
-from proxy.wire import jsonutil
 
 _ERROR_CHARACTERS = 500  # enough to say why; an upstream's long answer is not kept whole
 _MODEL_CHARACTERS = 256  # the schemas' longest model name; a longer one is kept cut (it was refused anyway)

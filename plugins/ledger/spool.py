@@ -23,9 +23,9 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from plugins.ledger.record import UsageRecord
+from proxy.core import jsonutil
 from proxy.state.stream_bytes import LUA as STREAM_BYTES
 from proxy.state.stream_bytes import beside, run
-from proxy.wire import jsonutil
 
 log = logging.getLogger("modelgate.ledger")
 

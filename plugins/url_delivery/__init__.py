@@ -27,10 +27,11 @@ from plugins.url_delivery.service import PATH, DeliveryService, raster_type
 from plugins.url_delivery.signing import Signer
 from plugins.url_delivery.stores import BlobStore, LocalStore, RedisBlobStore, StoreError
 from proxy.config import GatewayConfig
+from proxy.core.exchange import AnswerLimit, Exchange
+from proxy.core.plugin import Joins, Plugin, PluginRoute
+from proxy.core.upstream_response import AnswerTooLarge, UpstreamResponse
 from proxy.formats import ACCOUNT
-from proxy.plugin import Joins, Plugin, PluginRoute
 from proxy.request.body import FormCheck, MultipartBody
-from proxy.request.exchange import AnswerLimit, AnswerTooLarge, Exchange, UpstreamResponse
 from proxy.schemas.common import Violation
 from proxy.wire.multipart import MultipartObserver
 
@@ -150,7 +151,7 @@ class UrlDelivery(Plugin):
         stripped = ex.format.without_delivery_fields(ex.json())  # a gateway field: never forwarded
         if stripped is not None:
             ex.set_json(stripped)
-        ex.plugin_state[self.name] = True
+        ex.state(self)["delivers"] = True
         ex.answer_limit = self.answer_limit
         return None
 
@@ -188,13 +189,13 @@ class UrlDelivery(Plugin):
         read after the upload ends), or, where delivery cannot be had, stops the upload."""
 
         def check(observer: MultipartObserver, finished: bool) -> Violation | None:
-            if self.name in ex.plugin_state or ex.streaming or observer.field("response_format") != "url":
+            if "delivers" in ex.state(self) or ex.streaming or observer.field("response_format") != "url":
                 return None
             refusal = self._refusal(ex)
             if refusal is not None:
                 status, message, code, _ = refusal
                 return Violation("", message, status, code)
-            ex.plugin_state[self.name] = True
+            ex.state(self)["delivers"] = True
             ex.answer_limit = self.answer_limit
             return None
 
@@ -203,7 +204,7 @@ class UrlDelivery(Plugin):
     async def on_upstream(self, ex: Exchange) -> None:
         """A channel that does not take `response_format` gets the request without it; its
         Base64 answer is then turned into URLs here."""
-        if self.name not in ex.plugin_state or ex.route.name not in _IMAGE_ROUTES or ex.channel is None:
+        if "delivers" not in ex.state(self) or ex.route.name not in _IMAGE_ROUTES or ex.channel is None:
             return
         if ex.channel.config.accepts_response_format:
             return
@@ -214,7 +215,7 @@ class UrlDelivery(Plugin):
             ex.body_stream.remove_field("response_format")
 
     async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
-        if self.name not in ex.plugin_state or upstream.status >= 300:
+        if "delivers" not in ex.state(self) or upstream.status >= 300:
             return
         try:
             upstream.decoded_body(self.answer_limit.size)

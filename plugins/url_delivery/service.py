@@ -21,8 +21,8 @@ from aiohttp import web
 from plugins.url_delivery.signing import Signer
 from plugins.url_delivery.stores import Blob, BlobStore, StoreError
 from proxy.config.model import ServerConfig
+from proxy.core import jsonutil
 from proxy.request.public_url import public_base_url
-from proxy.wire import jsonutil
 
 PATH = "/images/{blob_id}"
 RASTER_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif"})

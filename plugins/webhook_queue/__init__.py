@@ -22,11 +22,11 @@ from aiohttp import web
 from plugins.webhook_queue.metrics import WEBHOOK_QUEUED, WEBHOOK_REFUSED
 from plugins.webhook_queue.settings import MB, QueueSettings, bounds_of, queue_for
 from proxy.config import GatewayConfig
-from proxy.plugin import Joins, Plugin, PluginCommand
+from proxy.core import jsonutil
+from proxy.core.exchange import Exchange
+from proxy.core.plugin import Joins, Plugin, PluginCommand
 from proxy.request.body import body_limits
-from proxy.request.exchange import Exchange
 from proxy.state import connect as topology
-from proxy.wire import jsonutil
 from proxy.wire.routes import ROUTES_BY_NAME
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from pydantic import ValidationError
@@ -27,7 +27,6 @@ from proxy.config.model import (
     SimulatorSettings,
     StateConfig,
     Timeouts,
-    worker_count,
 )
 from proxy.config.problems import all_field_names, cross_section_problems
 
@@ -80,14 +79,32 @@ LISTEN_ENV = "MODELGATE_LISTEN"
 ADMIN_LISTEN_ENV = "MODELGATE_ADMIN_LISTEN"
 
 
+class PluginRules(Protocol):
+    """What the plugins hold a config to, asked by whoever parses one for use (proxy/registry.py
+    has the registered plugins' rules): this package knows no plugin."""
+
+    def problems(self, tree: dict[str, Any], config: GatewayConfig | None) -> list[str]:
+        """What the plugins find wrong: in the raw `tree` (names, settings, pipelines) and, when
+        its sections are valid, in the whole `config`."""
+        ...
+
+    def settle(self, config: GatewayConfig) -> None:
+        """A valid config's plugin fields read as the plugins' models read them."""
+        ...
+
+
 def load_config(
-    path: str | Path | None, environ: Mapping[str, str] | None = None, *, reloading: bool = False
+    path: str | Path | None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    reloading: bool = False,
+    rules: PluginRules | None = None,
 ) -> LoadedConfig:
     """Read and validate `path`; None gives the embedded defaults. `reloading`: an empty file is
-    refused (`refuse_empty_reload`)."""
+    refused (`refuse_empty_reload`). `rules`: the plugins' too (else the config's own sections only)."""
     environ = os.environ if environ is None else environ
     if path is None:
-        config = parse_config("", environ)
+        config = parse_config("", environ, rules)
         return LoadedConfig(config, "<embedded defaults>", hashlib.sha256(b"").hexdigest()[:16])
     try:
         data = read_file(str(path))
@@ -99,7 +116,7 @@ def load_config(
         text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except UnicodeDecodeError:
         raise ConfigError([f"<file>: {path} is not UTF-8 text"], {str(path): digest(data)}) from None
-    return config_from_text(text, str(path), environ, {str(path): digest(data)})
+    return config_from_text(text, str(path), environ, {str(path): digest(data)}, rules)
 
 
 def refuse_empty_reload(path: str, data: bytes) -> None:
@@ -117,12 +134,16 @@ def refuse_empty_reload(path: str, data: bytes) -> None:
 
 
 def config_from_text(
-    text: str, source: str, environ: Mapping[str, str], files: Mapping[str, str | None] | None = None
+    text: str,
+    source: str,
+    environ: Mapping[str, str],
+    files: Mapping[str, str | None] | None = None,
+    rules: PluginRules | None = None,
 ) -> LoadedConfig:
     """Validate a config's text; `files` are those already read for it (the file it came from)."""
     read = dict(files or {})
     try:
-        config = _parse(text, environ, read)
+        config = _parse(text, environ, read, rules)
     except ConfigError as exc:
         exc.files = read
         raise
@@ -134,11 +155,13 @@ def text_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def parse_config(text: str, environ: Mapping[str, str]) -> GatewayConfig:
-    return _parse(text, environ, {})
+def parse_config(text: str, environ: Mapping[str, str], rules: PluginRules | None = None) -> GatewayConfig:
+    return _parse(text, environ, {}, rules)
 
 
-def _parse(text: str, environ: Mapping[str, str], files: MutableMapping[str, str | None]) -> GatewayConfig:
+def _parse(
+    text: str, environ: Mapping[str, str], files: MutableMapping[str, str | None], rules: PluginRules | None
+) -> GatewayConfig:
     try:
         tree = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -160,16 +183,12 @@ def _parse(text: str, environ: Mapping[str, str], files: MutableMapping[str, str
         config = GatewayConfig.model_validate(tree)
     except ValidationError as exc:
         problems.extend(_describe(error) for error in exc.errors())
-    from proxy.registry import check_plugins, key_settings, plugin_config_problems  # plugins import config types
-
-    problems.extend(check_plugins(tree))
     if config is not None:
         problems.extend(cross_section_problems(config))
-        problems.extend(plugin_config_problems(config, worker_count(config)))
-    if config is not None and not problems:
-        for key in config.keys:  # the plugins' own fields on each key, as their models read them
-            if key.model_extra:
-                key.model_extra.update(key_settings(key.model_extra))
+    if rules is not None:
+        problems.extend(rules.problems(tree, config))
+    if config is not None and not problems and rules is not None:
+        rules.settle(config)
     if problems:
         raise ConfigError(_placeholders_first(problems))
     assert config is not None

@@ -17,9 +17,9 @@ from aiohttp import web
 from proxy.console.answers import FormProblem, Page, read_form, secure, see_other
 from proxy.console.charts import bars
 from proxy.console.session import PATH
+from proxy.core import jsonutil
 from proxy.keystore.operations import AdminError
 from proxy.observability.safe_text import csv_cell
-from proxy.wire import jsonutil
 
 if TYPE_CHECKING:
     from proxy.console import Console

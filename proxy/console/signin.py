@@ -28,8 +28,8 @@ from authlib.oauth2.rfc7636 import create_s256_code_challenge
 from proxy.config.key_store import OidcConfig
 from proxy.console.answers import pre_token, read_form, same_origin, see_other
 from proxy.console.session import COOKIE, PATH, PRE_COOKIE, Sessions, csrf_holds
+from proxy.core import jsonutil
 from proxy.keystore.oidc import OidcRefused, OidcVerifier
-from proxy.wire import jsonutil
 
 if TYPE_CHECKING:
     from proxy.console import Console

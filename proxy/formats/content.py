@@ -6,9 +6,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from proxy.core import jsonutil
 from proxy.formats.base import EmbeddedImage, Format, KeyLocation, Usage, items, token_count
 from proxy.formats.counts import asked_count
-from proxy.wire import jsonutil
 from proxy.wire.sse import SSEEvent
 
 STATUS_NAMES = {

@@ -7,8 +7,8 @@ from typing import Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from proxy.core import jsonutil
 from proxy.formats.base import Format, KeyLocation, Usage, token_count
-from proxy.wire import jsonutil
 from proxy.wire.sse import SSEEvent
 
 _ERROR_TYPES = {

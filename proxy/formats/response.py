@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.core import jsonutil
 from proxy.formats.base import Format, Generation, KeyLocation, Usage
-from proxy.wire import jsonutil
 from proxy.wire.sse import SSEEvent
 
 _TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})

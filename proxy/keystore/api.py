@@ -30,13 +30,13 @@ import aiohttp
 import asyncpg
 from aiohttp import web
 
+from proxy.core import jsonutil
 from proxy.keystore.oidc import OidcRefused, OidcVerifier
 from proxy.keystore.operations import AdminError, AdminOps
 from proxy.keystore.reads import AdminReads
 from proxy.keystore.records import Actor
 from proxy.observability.metrics import ADMIN_REQUESTS
 from proxy.state.postgres import SchemaTooNew
-from proxy.wire import jsonutil
 
 log = logging.getLogger("modelgate.admin")
 

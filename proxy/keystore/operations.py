@@ -12,10 +12,10 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from proxy.core.plugin import Plugin, Subject
 from proxy.keystore.access import READ, WRITE, allowed
 from proxy.keystore.records import ROLES, Actor, SpecProblem, checked_spec, checked_tenant_spec
 from proxy.keystore.store import Conflict, KeyStore, NotFound
-from proxy.plugin import Plugin, Subject
 from proxy.policy.keys import gateway_key
 
 log = logging.getLogger("modelgate.admin")

@@ -14,10 +14,10 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from proxy.core.plugin import Plugin, QueryProblem
 from proxy.keystore.access import READ
 from proxy.keystore.operations import AdminError, AdminOps
 from proxy.keystore.records import Actor
-from proxy.plugin import Plugin, QueryProblem
 
 if TYPE_CHECKING:
     from proxy.policy.channels import Channel

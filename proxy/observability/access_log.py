@@ -18,9 +18,9 @@ import orjson
 import structlog
 
 from proxy.config.model import LoggingConfig
+from proxy.core.exchange import Exchange
 from proxy.observability.safe_text import shown, shown_fields
 from proxy.observability.tracing import ids
-from proxy.request.exchange import Exchange
 
 
 class AccessLog:

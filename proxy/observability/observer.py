@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.config.model import GatewayConfig
+from proxy.core.exchange import Exchange
 from proxy.observability import metrics as m
 from proxy.observability.metrics import child
 from proxy.policy.channels import Channel
-from proxy.request.exchange import Exchange
 
 
 @dataclass(slots=True, frozen=True)

@@ -10,7 +10,7 @@ goes upstream and its trace id into the access line, so the decision and the cor
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -26,7 +26,7 @@ from proxy.config.model import TracingConfig
 from proxy.observability.otlp import LoopSpanProcessor
 
 if TYPE_CHECKING:
-    from proxy.request.exchange import Exchange
+    from proxy.core.exchange import Exchange
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _OPERATIONS = {
@@ -97,9 +97,15 @@ class Tracing:
             },
         )
         if span.is_recording():
-            ex.tracer, ex.span = self.tracer, span
+            ex.tracer, ex.span = self, span
         else:
             ex.unsampled_span = span
+
+    def phase(
+        self, ex: Exchange, name: str, kind: str, attributes: dict[str, Any] | None
+    ) -> AbstractContextManager[trace.Span]:
+        """A traced request's step (proxy/core/phase.py): a child span of its server span."""
+        return child_span(ex, name, _KINDS[kind], attributes)
 
 
 def end_request(ex: Exchange, overhead_s: float) -> None:
@@ -131,12 +137,36 @@ def end_request(ex: Exchange, overhead_s: float) -> None:
     span.end()
 
 
+_KINDS = {"internal": SpanKind.INTERNAL, "client": SpanKind.CLIENT}
+
+
+def attempt_traced(ex: Exchange, span: trace.Span | None, channel: str, host: str, path: str, attempt: int) -> None:
+    """An upstream attempt's span described, and the W3C traceparent put in what goes upstream:
+    the attempt's, or an unsampled request's own (its decision travels on)."""
+    if span is None:
+        if ex.unsampled_span is not None:
+            inject(ex.unsampled_span, ex.headers)
+        return
+    span.set_attributes(
+        {
+            "http.request.method": ex.request.method,
+            "server.address": host,
+            "url.path": path,
+            "modelgate.channel": channel,
+            "gen_ai.request.model": ex.upstream_model or "",
+            "modelgate.attempt": attempt,
+        }
+    )
+    inject(span, ex.headers)
+
+
 @contextmanager
 def child_span(
     ex: Exchange, name: str, kind: SpanKind = SpanKind.INTERNAL, attributes: dict[str, Any] | None = None
 ) -> Iterator[trace.Span]:
     assert ex.tracer is not None and ex.span is not None
-    span = ex.tracer.start_span(name, context=trace.set_span_in_context(ex.span), kind=kind, attributes=attributes)
+    parent = trace.set_span_in_context(ex.span)
+    span = ex.tracer.tracer.start_span(name, context=parent, kind=kind, attributes=attributes)
     try:
         yield span
     except BaseException as exc:
@@ -152,7 +182,8 @@ def start_child(
 ) -> trace.Span:
     """A child span the caller ends (for spans that outlive one block: upstream, streams)."""
     assert ex.tracer is not None and ex.span is not None
-    return ex.tracer.start_span(name, context=trace.set_span_in_context(ex.span), kind=kind, attributes=attributes)
+    parent = trace.set_span_in_context(ex.span)
+    return ex.tracer.tracer.start_span(name, context=parent, kind=kind, attributes=attributes)
 
 
 def inject(span: trace.Span, headers: Any) -> None:

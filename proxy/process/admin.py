@@ -28,7 +28,7 @@ from aiohttp import web
 from proxy.config.model import ServerConfig, normal_address
 from proxy.formats import ACCOUNT
 from proxy.process.refusals import refuse_in_json
-from proxy.request.client_limits import parser_limits
+from proxy.request.client_guards import parser_limits
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -14,9 +14,13 @@ from aiohttp import web
 from aiohttp.web_urldispatcher import PlainResource
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from proxy.config import ConfigError, LoadedConfig, load_config, worker_count
-from proxy.config.model import ServerConfig
+from proxy.config import ConfigError, LoadedConfig
+from proxy.config.model import ServerConfig, worker_count
 from proxy.console import Console
+from proxy.core import jsonutil
+from proxy.core.drain import Drain, close_when_draining
+from proxy.core.plugin import STATE_REACHABLE, STATE_STORE, STORED_KEYS, STORED_TENANTS, PluginRoute
+from proxy.core.runtime import Runtime
 from proxy.formats import ACCOUNT, CONTENT, MESSAGES
 from proxy.formats.base import Format
 from proxy.keystore.api import PREFIX as API_PREFIX
@@ -28,22 +32,19 @@ from proxy.keystore.reads import AdminReads
 from proxy.keystore.store import KeyStore
 from proxy.observability.metrics import count_reload, exposition, set_config_info
 from proxy.observability.tracing import Tracing
-from proxy.plugin import STATE_REACHABLE, STATE_STORE, STORED_KEYS, STORED_TENANTS, PluginRoute
 from proxy.policy.catalog import usable_models
 from proxy.policy.channels import Channel
 from proxy.process.admin import AdminSurface
 from proxy.process.admission import Admission
 from proxy.process.cpu import WorkerCpu
-from proxy.process.drain import Drain, close_when_draining
 from proxy.process.log_guard import guard_aiohttp_logs
 from proxy.process.readiness import StoreProbe
-from proxy.process.runtime import Runtime
-from proxy.registry import plugin_routes
+from proxy.process.runtime import build_runtime
+from proxy.registry import load_config, plugin_routes
 from proxy.request.affinity import Affinity
-from proxy.request.client_limits import ConnectionCount
+from proxy.request.client_guards import ConnectionCount
 from proxy.request.gateway import Gateway
 from proxy.state import StateStore, make_store
-from proxy.wire import jsonutil
 from proxy.wire.routes import ALIASES, ROUTES, Route
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ class GatewayApp:
             await self.key_sync.start()
             self.resources[STORED_KEYS] = stored
             self.resources[STORED_TENANTS] = self.key_sync.tenants
-        runtime = await Runtime.build(self.loaded, self.simulator_url, self.resources)
+        runtime = await build_runtime(self.loaded, self.simulator_url, self.resources)
         self.affinity = Affinity(
             self.store, config.state.affinity_ttl_s, config.state.pending_pins, reachable=lambda: probe.ok
         )
@@ -172,7 +173,7 @@ class GatewayApp:
             if later:
                 log.warning("%s changes take effect at the next restart", ", ".join(later), extra={"settings": later})
             try:
-                runtime = await Runtime.build(loaded, self.simulator_url, self.resources)
+                runtime = await build_runtime(loaded, self.simulator_url, self.resources)
             except Exception:
                 log.exception("config reload failed while starting; keeping the running config")
                 count_reload("failed")

@@ -7,12 +7,12 @@ import argparse
 import os
 import sys
 
-from proxy.config import ADMIN_LISTEN_ENV, LISTEN_ENV, ConfigError, load_config
+from proxy.config import ADMIN_LISTEN_ENV, LISTEN_ENV, ConfigError
+from proxy.core.plugin import PluginCommand
 from proxy.keystore.cli import COMMANDS as ADMIN_COMMANDS
 from proxy.keystore.cli import add_commands as add_admin_commands
 from proxy.keystore.cli import run as run_admin
-from proxy.plugin import PluginCommand
-from proxy.registry import config_warnings, plugin_commands
+from proxy.registry import config_warnings, load_config, plugin_commands
 
 
 def main(argv: list[str] | None = None) -> int:

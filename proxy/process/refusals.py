@@ -5,7 +5,7 @@ character in a header, a request line that is no HTTP) itself, before any handle
 plain text that quotes the offending bytes: a Bearer key, a `?key=`, whatever a client (or an
 attacker reflecting into a client's page) sent. Here that answer is the generic error shape of
 docs/errors.md instead, without a byte of the request: 431 for a line or a header count past
-the fence (the gateway's own header budget answers 431 too, proxy/request/client_limits.py),
+the fence (the gateway's own header budget answers 431 too, proxy/request/client_guards.py),
 400 for the rest. The endpoint is not known yet, so the shape is the one the images, response,
 video and account endpoints use. What aiohttp logs of it is kept to the exception's kind
 (proxy/process/log_guard.py).

@@ -14,10 +14,10 @@ from aiohttp import web
 
 from proxy.config import LoadedConfig, text_digest
 from proxy.config.model import ServerConfig, worker_count
+from proxy.core.drain import accept_queued
 from proxy.observability.access_log import configure_logging
 from proxy.process.admin import AdminListener
 from proxy.process.app import APP_KEY, GatewayApp, build_admin_app, build_app
-from proxy.process.drain import accept_queued
 from proxy.process.refusals import refuse_in_json
 from proxy.process.shedding import shed_on_connections
 from proxy.process.watch import FileWatch, reload_on_change
@@ -29,7 +29,7 @@ from proxy.process.workers import (
     is_worker,
     port_taken,
 )
-from proxy.request.client_limits import parser_limits
+from proxy.request.client_guards import parser_limits
 from proxy.wire.routes import ALIASES, ROUTES
 
 log = logging.getLogger("modelgate.server")
@@ -108,7 +108,7 @@ async def start_runner(app: web.Application, config: ServerConfig) -> web.AppRun
     """The app's runner, set up with the server's limits (a restart applies changes to them)."""
     # A client that goes away cancels its handler, and with it the upstream request.
     # SIGTERM: stop listening, let requests in flight (streams too) finish within the drain timeout
-    # (proxy/process/drain.py); what is left then gets FINAL_GRACE_S before it is cancelled.
+    # (proxy/core/drain.py); what is left then gets FINAL_GRACE_S before it is cancelled.
     # Request bodies are taken as sent, never inflated by the server: a webhook stays byte-exact, and
     # a body whose coding the gateway does not read is refused by the route (proxy/request/body.py).
     runner = web.AppRunner(
@@ -116,7 +116,7 @@ async def start_runner(app: web.Application, config: ServerConfig) -> web.AppRun
         handler_cancellation=True,
         access_log=None,
         auto_decompress=False,
-        shutdown_timeout=FINAL_GRACE_S,  # the drain itself waits first (proxy/process/drain.py)
+        shutdown_timeout=FINAL_GRACE_S,  # the drain itself waits first (proxy/core/drain.py)
         keepalive_timeout=config.keepalive_timeout_s,
         **parser_limits(config),
         # what is left of a refused body is read and dropped for a while, so the client

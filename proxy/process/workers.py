@@ -210,8 +210,9 @@ class Supervisor:
         """Pass SIGHUP on (each worker reloads the file, and counts the outcome); a file that is
         valid becomes what a worker started from now on starts from."""
         if self.config_path is not None and self.good_config is not None:
-            from proxy.config import ConfigError, config_from_text, refuse_empty_reload
+            from proxy.config import ConfigError, refuse_empty_reload
             from proxy.config.files import UnreadableFile, digest, read_file
+            from proxy.registry import config_from_text
 
             path = str(self.config_path)
             data = b""

@@ -30,16 +30,16 @@ import logging
 import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from proxy.core import jsonutil
+from proxy.core.exchange import Exchange
+from proxy.core.pin import PinRecord
 from proxy.observability.metrics import AUTH_REFUSALS, PENDING_PINS, PINS_DROPPED
-from proxy.request.exchange import Exchange
 from proxy.request.target import PARAM_GRAMMAR
 from proxy.state import StateStore
-from proxy.wire import jsonutil
 from proxy.wire.routes import Pin
 from proxy.wire.sse import SSEEvent
 
@@ -54,15 +54,6 @@ _NOT_FOUND = {
 _MAX_ID_LENGTH = 512
 _RETRY_S = 1.0  # between tries to write kept pins
 _CLOSE_S = 1.0  # the last try, on shutdown
-
-
-@dataclass(slots=True, frozen=True)
-class PinRecord:
-    """What the gateway remembers of an id it handed out."""
-
-    channel: str
-    owner: str | None  # the tenant that made it; "" when no key did; None: recorded before owners were
-    upstream_id: str | None = None  # the upstream's own id, when the client holds an alias of it
 
 
 class StateUnavailable(Exception):
@@ -102,7 +93,7 @@ class Affinity:
         ex.follow_lookup = asyncio.get_running_loop().create_task(self._record_of(pin, ref, ex.request_id))
 
     def check_owner(self, ex: Exchange) -> Awaitable[web.StreamResponse | None]:
-        """The core's step among the plugins' on_request hooks (proxy/pipeline.py): the id this
+        """The core's step among the plugins' on_request hooks (proxy/core/pipeline.py): the id this
         request follows must have been handed out to its caller's tenant. To every other tenant,
         and for an id never handed out, the format's own 404, as if it did not exist; a 503
         when the store cannot say."""

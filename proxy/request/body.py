@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from aiohttp import StreamReader, web
 
 from proxy.config import GatewayConfig
-from proxy.request.exchange import Exchange
-from proxy.request.headers import content_codings
+from proxy.core.exchange import Exchange
+from proxy.core.headers import content_codings
 from proxy.schemas.common import Violation
 from proxy.wire.multipart import MultipartObserver
 from proxy.wire.routes import Body, Route

@@ -19,9 +19,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from proxy.core.exchange import Exchange
 from proxy.formats import Generation, ImagesFormat, Usage, VideoFormat
 from proxy.policy.prices import PriceTable
-from proxy.request.exchange import Exchange
 from proxy.wire.routes import Pin
 
 BYTES_A_TOKEN = 4

@@ -16,7 +16,7 @@ import unicodedata
 
 from aiohttp import web
 
-from proxy.request.exchange import Exchange
+from proxy.core.exchange import Exchange
 from proxy.wire.routes import ModelFrom
 
 FIELDS = ("model", "previous_response_id")

@@ -25,18 +25,18 @@ from dataclasses import dataclass
 from enum import Enum
 
 from aiohttp import web
-from opentelemetry.trace import Span, SpanKind
 
+from proxy.core.drain import Drain
+from proxy.core.exchange import Exchange
+from proxy.core.phase import phase
+from proxy.core.pipeline import Pipeline
+from proxy.core.runtime import Runtime
 from proxy.formats import ACCOUNT
 from proxy.observability.metrics import CREDENTIAL_REFUSED, REQUEST_FORBIDDEN
-from proxy.observability.tracing import inject, start_child
-from proxy.pipeline import Pipeline
+from proxy.observability.tracing import attempt_traced
 from proxy.policy.channels import Channel
-from proxy.process.drain import Drain
-from proxy.process.runtime import Runtime
 from proxy.request.affinity import Affinity
 from proxy.request.body import MultipartBody
-from proxy.request.exchange import Exchange
 from proxy.request.relay import Relay
 from proxy.upstream import (
     BadAnswer,
@@ -185,30 +185,21 @@ class Forwarder:
             tried.append(channel)
             path = self._path_for(ex, channel)
             if path is None:
-                return ex.answer_locally(
-                    ex.error_response(
-                        400,
-                        "model: the form's model field must come before its files, so the gateway can name the "
-                        "model as this channel knows it",
-                        param="model",
-                    ),
-                    id_header,
+                return ex.error_response(
+                    400,
+                    "model: the form's model field must come before its files, so the gateway can name the "
+                    "model as this channel knows it",
+                    param="model",
                 )
             path = ex.format.versioned_path(path, channel.config.content_api_version)
             if pipeline.upstream_hooks:
                 await pipeline.run_upstream(ex)
             target, data = self._request_for(ex, channel, path)
-            span = None
-            if ex.span is not None:
-                span = self._upstream_span(ex, channel, path, len(tried))
-            elif ex.unsampled_span is not None:
-                inject(ex.unsampled_span, ex.headers)
-            try:
+            with phase(ex, f"{ex.request.method} upstream {channel.name}", "client") as span:
+                attempt_traced(ex, span, channel.name, channel.pool.host, path, len(tried))
                 result = await self._attempt(ex, runtime, pipeline, channel, target, data, id_header, tried)
-            finally:
                 if span is not None:
                     span.set_attribute("http.response.status_code", ex.outcome.status)
-                    span.end()
             if isinstance(result, web.StreamResponse):
                 return result
             ex.channel, reason = result
@@ -218,7 +209,7 @@ class Forwarder:
             try:  # the pause is its own part of the request's time, neither the gateway's nor an upstream's
                 await asyncio.sleep(delay)
             finally:
-                ex.outcome.backoff_s += time.perf_counter() - paused
+                ex.outcome.paused(time.perf_counter() - paused)
             delay *= 2
             ex.restore_body(body, body_changed)
 
@@ -244,27 +235,19 @@ class Forwarder:
         except UpstreamError as exc:
             if isinstance(data, MultipartBody) and data.rejection is not None:
                 violation = data.rejection  # the body broke a rule while it streamed: the upstream got no whole request
-                return ex.answer_locally(
-                    ex.error_response(violation.status, str(violation), violation.code, param=violation.path or None),
-                    id_header,
-                )
+                return ex.error_response(violation.status, str(violation), violation.code, param=violation.path or None)
             if isinstance(exc, RequestBodyFailed):  # the client's body failed: not the channel's fault
-                return ex.answer_locally(
-                    ex.error_response(400, "the request body could not be read to its end"), id_header
-                )
+                return ex.error_response(400, "the request body could not be read to its end")
             if isinstance(exc, InvalidRequest):
-                return ex.answer_locally(
-                    ex.error_response(502, f"the request for upstream {channel.name} could not be written: {exc}"),
-                    id_header,
-                )
+                return ex.error_response(502, f"the request for upstream {channel.name} could not be written: {exc}")
             kind = failure_kind(exc)
             if kind != "pool_exhausted":  # a full pool is the gateway's own limit: no fault of the channel's
                 channel.health.record(FAILURES[kind].breaker)
             observer.upstream_result(channel, kind)
             if (following := self._next_channel(ex, runtime, tried, kind, exc.written)) is not None:
                 return following
-            return ex.answer_locally(self._failed(ex, channel.name, kind, exc), id_header)
-        ex.outcome.upstream_headers_at = time.perf_counter()
+            return self._failed(ex, channel.name, kind, exc)
+        ex.outcome.headers_arrived(time.perf_counter())
         status = upstream.status
         kind = status_kind(ex, status)
         failure = FAILURES[kind] if kind is not None else None
@@ -287,14 +270,11 @@ class Forwarder:
                     return following
             if failure.status is not None:  # the gateway's own answer, not the upstream's
                 upstream.close()
-                return ex.answer_locally(
-                    ex.error_response(
-                        failure.status,
-                        f"upstream {channel.name} answered {status}: it {failure.says}",
-                        failure.code,
-                        headers={"x-should-retry": "false", "Server-Timing": ex.server_timing()},
-                    ),
-                    id_header,
+                return ex.error_response(
+                    failure.status,
+                    f"upstream {channel.name} answered {status}: it {failure.says}",
+                    failure.code,
+                    headers={"x-should-retry": "false", "Server-Timing": ex.server_timing()},
                 )
         try:
             relay = Relay(
@@ -342,8 +322,7 @@ class Forwarder:
         if rule is Resend.NEVER_REACHED or written is Written.NOTHING:
             return True
         if rule is Resend.UNANSWERED:
-            route = runtime.config.routes.get(ex.route.name)  # type: ignore[call-overload]
-            return idempotent or (ex.route.name in CHAT_ROUTES and route is not None and route.failover_unanswered)
+            return idempotent or (ex.route.name in CHAT_ROUTES and runtime.routes[ex.route.name].failover_unanswered)
         if rule is Resend.IDEMPOTENT:
             return idempotent
         if rule is Resend.ERROR_ANSWER:
@@ -391,25 +370,6 @@ class Forwarder:
         assert ex.target is not None
         query = ex.target.query_string(ex.format.credential_query(channel.credential))
         return (f"{path}?{query}" if query else path), data
-
-    @staticmethod
-    def _upstream_span(ex: Exchange, channel: Channel, path: str, attempt: int) -> Span:
-        method = ex.request.method
-        span = start_child(
-            ex,
-            f"{method} upstream {channel.name}",
-            SpanKind.CLIENT,
-            {
-                "http.request.method": method,
-                "server.address": channel.pool.host if channel.pool else "",
-                "url.path": path,
-                "modelgate.channel": channel.name,
-                "gen_ai.request.model": ex.upstream_model or "",
-                "modelgate.attempt": attempt,
-            },
-        )
-        inject(span, ex.headers)
-        return span
 
     @staticmethod
     def _rename_in_body(ex: Exchange) -> bool:

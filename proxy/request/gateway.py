@@ -13,22 +13,22 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy.config.model import ServerConfig
+from proxy.core import jsonutil
+from proxy.core.drain import SHUTTING_DOWN, Drain
+from proxy.core.exchange import BodyTooDeep, Exchange
+from proxy.core.headers import add_forwarding, end_to_end
+from proxy.core.runtime import Runtime
 from proxy.observability.access_log import log_exchange
 from proxy.observability.metrics import SHED, child
 from proxy.observability.tracing import Tracing, end_request
 from proxy.policy.catalog import listing
 from proxy.process.admission import RETRY_AFTER_S, Admission, admitted
-from proxy.process.drain import SHUTTING_DOWN, Drain
-from proxy.process.runtime import Runtime
 from proxy.request.affinity import Affinity
-from proxy.request.body import BodyError, body_limits, read_body
-from proxy.request.client_limits import ConnectionCount, header_problem
+from proxy.request.body import BodyError, read_body
+from proxy.request.client_guards import ConnectionCount, header_problem
 from proxy.request.deciding_fields import resolve_model, settle_json
-from proxy.request.exchange import BodyTooDeep, Exchange
 from proxy.request.forwarder import Forwarder
-from proxy.request.headers import add_forwarding, end_to_end
 from proxy.request.target import TargetError, build_target
-from proxy.wire import jsonutil
 from proxy.wire.routes import Route
 
 log = logging.getLogger("modelgate.gateway")
@@ -60,6 +60,21 @@ def refusal_body(route: Route, reason: str, message: str) -> bytes:
     if body is None:
         body = _REFUSALS[fmt.name, reason] = jsonutil.dumps(fmt.error_payload(503, message, reason))
     return body
+
+
+def _stamped(ex: Exchange, response: web.StreamResponse, id_header: str) -> web.StreamResponse:
+    """An answer the gateway made itself (an error, a plugin's answer), at the edge: the headers
+    plugins added and the request id, and its status and size in the outcome. A forwarded answer
+    whose head went out already was stamped by the relay, the one place that could."""
+    if response.prepared:
+        return response
+    if ex.response_headers:
+        for name, value in ex.response_headers.items():
+            response.headers.setdefault(name, value)
+    response.headers[id_header] = ex.request_id
+    body = response.body if isinstance(response, web.Response) else None
+    ex.outcome.answered(response.status, len(body) if isinstance(body, bytes) else None)
+    return response
 
 
 def _forget(lookup: asyncio.Task[object]) -> None:
@@ -120,16 +135,11 @@ class Gateway:
         self.tracing.start_request(ex)
         response: web.StreamResponse | None = None
         try:
-            response = await self._serve(ex, runtime)
+            response = _stamped(ex, await self._serve(ex, runtime), config.request_id_header)
             return response
         except asyncio.CancelledError:
             # The client went away (aiohttp cancelled the handler), or a drain past its cut point did.
-            stopped = self.drain is not None and self.drain.cutting
-            ex.outcome.client_aborted = not stopped
-            if ex.outcome.upstream_started is not None and ex.outcome.cut_by is None:
-                ex.outcome.cut_by = "gateway" if stopped else "client"
-            if ex.outcome.status == 0:
-                ex.outcome.status = 499  # as nginx logs a client that closed before the answer
+            ex.outcome.abandoned(by_drain=self.drain is not None and self.drain.cutting)
             raise
         except BodyTooDeep:
             # Wherever the body is encoded again (a name given twice or escaped, a plugin's change, a
@@ -139,23 +149,21 @@ class Gateway:
                 "the body is nested too deeply for the gateway to forward it (at most 254 levels)",
                 "invalid_request",
             )
-            return ex.answer_locally(response, config.request_id_header)
+            return _stamped(ex, response, config.request_id_header)
         except Exception:
             log.exception("unhandled error", extra={"request_id": request_id, "route": route.name})
             response = ex.error_response(500, "the gateway failed to handle this request")
-            return ex.answer_locally(response, config.request_id_header)
+            return _stamped(ex, response, config.request_id_header)
         finally:
             if ex.follow_lookup is not None:  # answered before the owner was checked (a 401, a 429)
                 _forget(ex.follow_lookup)
             try:
-                if ex.outcome.status == 0 and response is not None:
-                    ex.outcome.status = response.status
                 if response is not None and self.drain is not None and self.drain.cutting:
                     # A stream cut by the drain takes its connection with it: the retry its error event
                     # asks for goes to a live gateway. (One that ended by itself keeps its connection a
-                    # moment, so a next request already on its way is answered: proxy/process/drain.py.)
+                    # moment, so a next request already on its way is answered: proxy/core/drain.py.)
                     response.force_close()
-                await (ex.pipeline or runtime.pipelines[route.name]).run_complete(ex)
+                await (ex.pipeline or runtime.routes[route.name].pipeline).run_complete(ex)
                 now = time.perf_counter()
                 overhead = ex.overhead_seconds(now)  # read once: metrics, trace and access line agree
                 runtime.observer.finished(ex, now, overhead)
@@ -168,33 +176,33 @@ class Gateway:
                 self.in_flight -= 1
 
     async def _serve(self, ex: Exchange, runtime: Runtime) -> web.StreamResponse:
+        """The request's path, step by step; the first step that answers ends it. Answers the
+        gateway makes are returned as they are made, and stamped once, in `handle`."""
         server = runtime.config.server
-        id_header = server.request_id_header
-        refusal = self._over_client_limits(ex, server)
+        refusal = self._refused_by_client_guards(ex, server)
         if refusal is not None:
-            return ex.answer_locally(refusal, id_header)
+            return refusal
         try:
             ex.target = build_target(ex.request.raw_path, ex.route.path, ex.path_params)
         except TargetError as exc:
-            return ex.answer_locally(
-                ex.error_response(400, str(exc), "invalid_request_target", param=exc.param), id_header
-            )
+            return ex.error_response(400, str(exc), "invalid_request_target", param=exc.param)
         if ex.route.local:  # `GET /v1/models`, which several SDKs call, speaks the asking one's format
             ex.format = ex.format.shape_for(ex.request.headers, ex.target.key_values())
+        settings = runtime.routes[ex.route.name]
         try:
             await read_body(
-                ex, *body_limits(runtime.config, ex.route), server.client_idle_s, self._body_timeout(ex, runtime)
+                ex, settings.body_limit, settings.upload_limit, server.client_idle_s, settings.body_timeout_s
             )
         except BodyError as exc:
             refusal = ex.error_response(exc.status, str(exc), param=exc.param)
             if exc.status == 408:
                 refusal.force_close()  # the rest of a stalled body must not be read as the next request
-            return ex.answer_locally(refusal, id_header)
+            return refusal
         refusal = resolve_model(ex) or settle_json(ex)
         if refusal is not None:
-            return ex.answer_locally(refusal, id_header)
-        ex.headers = self._upstream_headers(ex, runtime, id_header)  # before the pipeline: plugins may edit them
-        pipeline = ex.pipeline = runtime.pipelines[ex.route.name]
+            return refusal
+        ex.headers = self._upstream_headers(ex, runtime, server.request_id_header)  # plugins may edit them
+        pipeline = ex.pipeline = settings.pipeline
         # The lookups start together, so they go to the state store with the first call a plugin
         # awaits (its limit check): one round trip. Whose the followed id is, the pipeline checks.
         self.affinity.follow(ex)
@@ -203,12 +211,12 @@ class Gateway:
         if answer is None and ex.follow_lookup is not None:  # never forwarded unchecked, whatever a pipeline did
             answer = await self.affinity.check_owner(ex)
         if answer is not None:
-            return ex.answer_locally(answer, id_header)
+            return answer
         if ex.route.local:
-            return ex.answer_locally(self._local_answer(ex, runtime), id_header)
+            return self._local_answer(ex, runtime)
         refusal = await self._choose_channel(ex, runtime)
         if refusal is not None:
-            return ex.answer_locally(refusal, id_header)
+            return refusal
         return await self.forwarder.forward(ex, runtime, ex.pipeline or pipeline)  # narrowed to the plugins taking it
 
     def _refuse(self, request: web.Request, route: Route) -> web.Response:
@@ -227,7 +235,8 @@ class Gateway:
         child(SHED, route.name, reason).inc()
         if reason == SHUTTING_DOWN:  # few, and the last this instance answers: each gets its access line
             ex = Exchange(request, route, request_id)
-            ex.outcome.status, ex.outcome.error, ex.outcome.error_code = 503, message, reason
+            ex.outcome.answered(503)
+            ex.outcome.failed(message, reason)
             log_exchange(ex, self.runtime.config.observability.logging, time.perf_counter(), 0.0)
         return web.Response(
             status=503,
@@ -254,15 +263,7 @@ class Gateway:
             )
         return web.Response(body=jsonutil.dumps(body), content_type="application/json")
 
-    @staticmethod
-    def _body_timeout(ex: Exchange, runtime: Runtime) -> float:
-        """The longest a whole body may take to arrive: the route's own, else the server's."""
-        route = runtime.config.routes.get(ex.route.name)  # type: ignore[call-overload]
-        if route is not None and route.body_timeout_s is not None:
-            return route.body_timeout_s
-        return runtime.config.server.body_timeout_s
-
-    def _over_client_limits(self, ex: Exchange, server: ServerConfig) -> web.Response | None:
+    def _refused_by_client_guards(self, ex: Exchange, server: ServerConfig) -> web.Response | None:
         if self.connections.open > server.max_connections:
             refusal = ex.error_response(
                 503,

@@ -29,15 +29,16 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.core.drain import SHUTTING_DOWN, Drain
+from proxy.core.exchange import Exchange
+from proxy.core.headers import content_codings, end_to_end
+from proxy.core.pipeline import Pipeline
+from proxy.core.upstream_response import AnswerTooLarge, UpstreamResponse
 from proxy.observability.observer import Observer
 from proxy.observability.tracing import start_child
-from proxy.pipeline import Pipeline, plugin_name
-from proxy.process.drain import SHUTTING_DOWN, Drain
-from proxy.request.client_limits import ReaderWatch
-from proxy.request.exchange import AnswerTooLarge, Exchange, UpstreamResponse
-from proxy.request.headers import content_codings, end_to_end
+from proxy.request.client_guards import ReaderWatch
 from proxy.request.redact import Redactor, StreamRedactor
-from proxy.upstream import Answer, UpstreamError
+from proxy.upstream import ResponseStream, UpstreamError
 from proxy.wire.routes import Pin
 from proxy.wire.sse import EventTooLarge, SSEEvent, SSEParser
 
@@ -79,7 +80,7 @@ class Relay:
     def __init__(
         self,
         ex: Exchange,
-        upstream: Answer,
+        upstream: ResponseStream,
         pipeline: Pipeline,
         affinity: Affinity,
         buffer_limit: int,
@@ -112,7 +113,7 @@ class Relay:
                 return await self._send_buffered()
             return self._unredactable() if content_codings(upstream.headers) else await self._send_bytes()
         if upstream.content_type == "text/event-stream" and not content_codings(upstream.headers):
-            ex.outcome.streamed = True
+            ex.outcome.stream_began()
             return await self._send_events()
         wants_body = self.pipeline.reads_answers or (ex.route.creates is not None and upstream.status < 300)
         if ex.answer_limit is not None and upstream.status < 300:
@@ -161,7 +162,7 @@ class Relay:
                     return await self._send_bytes(prefix=b"".join(chunks))
         except (TimeoutError, *_UPSTREAM_BROKE) as exc:
             upstream.close()
-            ex.outcome.cut_by = "upstream"
+            ex.outcome.cut("upstream")
             stalled = isinstance(exc, TimeoutError)
             if ex.channel is not None:
                 self._broke(ex.channel, "stream_stalled" if stalled else "stream_broken")
@@ -173,7 +174,7 @@ class Relay:
                 "upstream_timeout" if stalled else "upstream_broke_off",
                 headers={"x-should-retry": "false"},
             )
-        ex.outcome.upstream_finished = time.perf_counter()
+        ex.outcome.upstream_done(time.perf_counter())
         answer = UpstreamResponse(upstream.status, end_to_end(upstream.headers), b"".join(chunks))
         await self.pipeline.run_response(ex, answer)
         if answer.status >= 300 and self.redactor is not None:
@@ -188,8 +189,7 @@ class Relay:
         # not write could no longer be answered with a clear 502.
         if not await self._prepare(response):
             return self._unwritable()
-        ex.outcome.status = answer.status
-        ex.outcome.bytes_out = len(answer.body)
+        ex.outcome.answered(answer.status, len(answer.body))
         return response
 
     async def _prepare(self, response: web.StreamResponse) -> bool:
@@ -204,7 +204,6 @@ class Relay:
     def _unwritable(self) -> web.Response:
         """The client's answer in place of one whose head cannot be written: logged, and a 502."""
         log.error("the answer's head could not be written to the client", extra={"request_id": self.ex.request_id})
-        self.ex.outcome.status = 502
         return self.ex.error_response(
             502, "the upstream's answer could not be passed on: a header in it cannot be written"
         )
@@ -248,7 +247,7 @@ class Relay:
             scrub = self.redactor.stream()  # the length may change: the answer goes chunked
         response = DeferredEnd(status=upstream.status, headers=self._headers())
         response.content_length = upstream.content_length if scrub is None else None
-        ex.outcome.status = upstream.status
+        ex.outcome.answered(upstream.status)
         if not await self._prepare(response):
             upstream.close()
             return self._unwritable()
@@ -266,16 +265,16 @@ class Relay:
                     if last:
                         await self._write(response, last, None)
                     last = chunk
-            ex.outcome.upstream_finished = time.perf_counter()
+            ex.outcome.upstream_done(time.perf_counter())
             response.last = last
-            ex.outcome.bytes_out += len(last)
+            ex.outcome.sent(len(last))
         except _CLIENT_GONE:
             return self._client_gone(response)
         except Exception as exc:
             if not isinstance(exc, (TimeoutError, *_UPSTREAM_BROKE)):
                 log.exception("body relay failed", extra={"request_id": ex.request_id})
-            ex.outcome.error = f"upstream body broke off: {type(exc).__name__}"
-            ex.outcome.cut_by = "upstream" if isinstance(exc, (TimeoutError, *_UPSTREAM_BROKE)) else "gateway"
+            ex.outcome.failed(f"upstream body broke off: {type(exc).__name__}")
+            ex.outcome.cut("upstream" if isinstance(exc, (TimeoutError, *_UPSTREAM_BROKE)) else "gateway")
             upstream.close()
             # The client sees a short body on a closed connection: nothing can be appended.
             if ex.request.transport is not None:
@@ -291,7 +290,7 @@ class Relay:
             chunk = scrub.feed(chunk)
         if chunk:
             await response.write(chunk)
-            self.ex.outcome.bytes_out += len(chunk)
+            self.ex.outcome.sent(len(chunk))
 
     async def _send_events(self) -> web.StreamResponse:
         ex, upstream, pipeline = self.ex, self.upstream, self.pipeline
@@ -299,7 +298,7 @@ class Relay:
         headers.popall("content-length", None)
         headers.update(STREAM_HEADERS)
         response = DeferredEnd(status=upstream.status, headers=headers)
-        ex.outcome.status = upstream.status
+        ex.outcome.answered(upstream.status)
         if not await self._prepare(response):
             upstream.close()
             return self._unwritable()
@@ -331,7 +330,7 @@ class Relay:
         return self.ex.key.name if self.ex.key is not None else None
 
     async def _end_cut(self, response: web.StreamResponse) -> None:
-        self.ex.outcome.cut_by = "gateway"
+        self.ex.outcome.cut("gateway")
         if self.was_cut == REVOKED:
             await self._end_stream_with_error(response, 401, _REVOKED_MESSAGE, REVOKED)
         else:
@@ -345,7 +344,7 @@ class Relay:
             while chunk := await upstream.readany():
                 if parser is None:
                     await response.write(chunk)
-                    ex.outcome.bytes_out += len(chunk)
+                    ex.outcome.sent(len(chunk))
                     stream.wrote(0)
                     continue
                 try:
@@ -376,7 +375,7 @@ class Relay:
         if self.was_cut:  # the upstream's end raced the cut: the client is told all the same
             await self._end_cut(response)
             return response
-        ex.outcome.upstream_finished = time.perf_counter()
+        ex.outcome.upstream_done(time.perf_counter())
         return response  # its end is aiohttp's to write, after the bookkeeping
 
     async def _pass_on(
@@ -418,7 +417,7 @@ class Relay:
         business (the channel answers other requests well; an image too large for the cap would
         take it out for everyone), but counted with the channel's failures."""
         ex = self.ex
-        ex.outcome.cut_by = "upstream"
+        ex.outcome.cut("upstream")
         channel = ex.channel.name if ex.channel is not None else None
         log.warning(
             "upstream stream event over the cap: stream ended",
@@ -434,7 +433,7 @@ class Relay:
     async def _write_or_hold(self, response: DeferredEnd, data: bytes) -> None:
         """Write a stream's events; once its closing counts are in, hold the rest for its end (no
         more than a buffered answer may hold: an upstream that goes on past them is written on)."""
-        self.ex.outcome.bytes_out += len(data)
+        self.ex.outcome.sent(len(data))
         if self.ex.usage.final and len(response.last) + len(data) <= self.buffer_limit:
             response.last += data
             return
@@ -447,22 +446,22 @@ class Relay:
         if self.was_cut:  # the gateway ended it, not the upstream: no fault of the channel's
             await self._end_cut(response)
         elif isinstance(exc, TimeoutError):
-            ex.outcome.cut_by = "upstream"
+            ex.outcome.cut("upstream")
             self._broke(ex.channel, "stream_stalled")  # type: ignore[arg-type]
             await self._end_stream_with_error(response, 504, "upstream stream stalled: no data within the idle timeout")
         elif isinstance(exc, _UPSTREAM_BROKE):
-            ex.outcome.cut_by = "upstream"
+            ex.outcome.cut("upstream")
             self._broke(ex.channel, "stream_broken")  # type: ignore[arg-type]
             await self._end_stream_with_error(response, 502, "upstream closed the stream before it finished")
         else:
-            ex.outcome.cut_by = "gateway"
+            ex.outcome.cut("gateway")
             log.exception("stream relay failed", extra={"request_id": ex.request_id})
             await self._end_stream_with_error(response, 500, "the gateway failed while relaying the stream")
 
     async def _end_stream_with_error(
         self, response: web.StreamResponse, status: int, message: str, code: str | None = None
     ) -> None:
-        self.ex.outcome.error, self.ex.outcome.error_code = message, code
+        self.ex.outcome.failed(message, code)
         self.upstream.close()
         try:
             error = self.ex.format.stream_error(status, message, code)
@@ -471,11 +470,10 @@ class Relay:
                 return
             await response.write(error)
         except _CLIENT_GONE:
-            self.ex.outcome.client_aborted = True
+            self.ex.outcome.client_gone()
 
     def _client_gone(self, response: web.StreamResponse) -> web.StreamResponse:
-        self.ex.outcome.client_aborted = True
-        self.ex.outcome.cut_by = self.ex.outcome.cut_by or "client"
+        self.ex.outcome.client_gone()
         self.upstream.close()  # stop the upstream's work at once; its connection is not reused
         return response
 
@@ -515,16 +513,12 @@ class StreamWatch:
         self.events = 0
         self.first_byte_at: float | None = None
         # Per-event hooks get one span each for the whole stream, not one per event.
-        self.spans = (
-            [start_child(ex, f"{plugin_name(hook)} on_event") for hook in pipeline.event_hooks]
-            if ex.span is not None
-            else []
-        )
+        self.spans = [start_child(ex, hook.phase) for hook in pipeline.event_hooks] if ex.span is not None else []
         observer.stream_opened(ex)
 
     def wrote(self, events: int) -> None:
         self.events += events
-        self.ex.outcome.events = self.events
+        self.ex.outcome.events_sent(self.events)
         if self.first_byte_at is None:
             self.first_byte_at = time.perf_counter()
 

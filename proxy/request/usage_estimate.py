@@ -18,9 +18,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from proxy.core.exchange import Exchange
 from proxy.formats import Usage
 from proxy.request.charges import BYTES_A_TOKEN
-from proxy.request.exchange import Exchange
 
 
 def usage_or_estimate(ex: Exchange, held: Callable[[], Usage] | None = None) -> tuple[Usage, bool]:

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from proxy.wire import jsonutil
+from proxy.core import jsonutil
 
 if TYPE_CHECKING:
     from proxy.state import Write

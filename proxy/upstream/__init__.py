@@ -1,6 +1,5 @@
 """The gateway's HTTP/1.1 client for upstreams: a pool per channel, answers read as they arrive."""
 
-from proxy.upstream.answer import Answer
 from proxy.upstream.errors import (
     BadAnswer,
     ConnectFailed,
@@ -14,9 +13,10 @@ from proxy.upstream.errors import (
     Written,
 )
 from proxy.upstream.pool import UpstreamPool
+from proxy.upstream.response_stream import ResponseStream
 
 __all__ = [
-    "Answer",
+    "ResponseStream",
     "BadAnswer",
     "ConnectFailed",
     "ConnectTimeout",

@@ -13,11 +13,11 @@ import re
 import select
 from collections.abc import AsyncIterable, Callable
 
-from proxy.upstream.answer import Answer
 from proxy.upstream.deadlines import Deadlines
 from proxy.upstream.errors import BadAnswer, ConnectionLost, RequestBodyFailed, UpstreamError, UpstreamTimeout, Written
 from proxy.upstream.flow import FlowControl
-from proxy.upstream.parser import AnswerParser
+from proxy.upstream.parser import ResponseParser
+from proxy.upstream.response_stream import ResponseStream
 
 Body = bytes | AsyncIterable[bytes]
 _KEEP_ALIVE_TIMEOUT = re.compile(r"(?:^|[,;\s])timeout\s*=\s*(\d{1,6})")
@@ -64,9 +64,9 @@ class Connection(asyncio.Protocol):
         self._deadlines = deadlines
         self._idle = idle
         self._lost = lost
-        self._parser: AnswerParser | None = None
-        self._head: asyncio.Future[Answer] | None = None
-        self._answer: Answer | None = None
+        self._parser: ResponseParser | None = None
+        self._head: asyncio.Future[ResponseStream] | None = None
+        self._answer: ResponseStream | None = None
         self._written = Written.NOTHING
         self._answered = False
         self._writer: asyncio.Task[None] | None = None
@@ -74,7 +74,7 @@ class Connection(asyncio.Protocol):
         self._idle_s = 0.0
         self._deadline = 0.0
         self._poll: select.poll | None = None  # asks the socket, between requests, whether the upstream closed it
-        self._spare: AnswerParser | None = None  # the last answer's parser, to read the next one
+        self._spare: ResponseParser | None = None  # the last answer's parser, to read the next one
 
     # -- one exchange --
 
@@ -88,7 +88,7 @@ class Connection(asyncio.Protocol):
         first_byte_s: float,
         idle_s: float,
         deadline: float,
-    ) -> asyncio.Future[Answer]:
+    ) -> asyncio.Future[ResponseStream]:
         """Write the request; the future resolves with the answer once its head is in. The caller
         awaits it directly (no coroutine of its own here: one frame less on every resume)."""
         transport = self.transport
@@ -96,7 +96,7 @@ class Connection(asyncio.Protocol):
         self.uses += 1
         spare, self._spare = self._spare, None
         if spare is None:
-            self._parser = AnswerParser(method)
+            self._parser = ResponseParser(method)
         else:
             spare.expect(method)
             self._parser = spare
@@ -209,7 +209,7 @@ class Connection(asyncio.Protocol):
             self.transport.close()
             self._lost(self)
 
-    # -- the answer's link back (proxy/upstream/answer.py) --
+    # -- the answer's link back (proxy/upstream/response_stream.py) --
 
     def pause_reading(self) -> None:
         if self.flow is not None:
@@ -257,7 +257,7 @@ class Connection(asyncio.Protocol):
             if head is None:
                 return
             self._deadlines.unwatch(self)
-            answer = self._answer = Answer(self, head.status, head.headers, self._idle_s, self._deadline)
+            answer = self._answer = ResponseStream(self, head.status, head.headers, self._idle_s, self._deadline)
             waiter = self._head
             assert waiter is not None
             if not waiter.done():

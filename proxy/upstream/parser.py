@@ -1,4 +1,4 @@
-"""`AnswerParser`: one upstream answer off the wire, framed by llhttp (through httptools).
+"""`ResponseParser`: one upstream answer off the wire, framed by llhttp (through httptools).
 
 Sans-IO: the connection feeds it bytes and reads what they made (a head, body bytes, the end);
 the parser never calls back up. llhttp runs with none of its leniency flags: it refuses bare
@@ -39,7 +39,7 @@ class Head:
     headers: CIMultiDict[str]  # (the reason phrase is not kept: nobody reads it, RFC 9112 4)
 
 
-class AnswerParser:
+class ResponseParser:
     """Reads the answers of one connection, one request at a time: `expect(method)` before each.
     After each `feed`: `head` once the final head is in, `take()` the body bytes so far, `done`
     at the answer's end, `reusable` whether the connection may carry another request."""

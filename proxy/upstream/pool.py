@@ -22,10 +22,10 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
-from proxy.upstream.answer import Answer
 from proxy.upstream.connection import Body, Connection
 from proxy.upstream.deadlines import Deadlines
 from proxy.upstream.errors import ConnectFailed, ConnectTimeout, InvalidRequest, PoolExhausted
+from proxy.upstream.response_stream import ResponseStream
 
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE"})
 # Retire an idle connection this long before the upstream said it would close it.
@@ -126,7 +126,7 @@ class UpstreamPool:
         *,
         total_s: float | None = None,
         waited: Callable[[float], None] | None = None,
-    ) -> Answer:
+    ) -> ResponseStream:
         """Send a request (`target`: the path and query, already encoded) once, and return its
         answer once the head is in; an UpstreamError says how far the request got. `waited` is
         told how long the request waited for a connection slot, if it had to (a capped pool)."""

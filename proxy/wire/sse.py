@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from proxy.wire import jsonutil
+from proxy.core import jsonutil
 
 # Where a blank line begins: the last byte of a line end, then the first byte of another. Lines
 # end in CRLF, LF or CR, so the first byte is any LF or CR, and the second any LF or CR that does

@@ -4,7 +4,7 @@ A Lua script checks a request's limits and records them only if all pass, on the
 server's clock; another settles tokens and releases leases after the answer. Sliding windows
 are sorted sets of request ids by time (tokens keep each request's amount in a hash and the
 window's total beside it); concurrency leases are sorted sets scored by their expiry, which
-the process holding a lease pushes back while it lives (proxy/limits/heartbeat.py), so the
+the process holding a lease pushes back while it lives (proxy/ratelimits/heartbeat.py), so the
 leases of a process that died lapse within seconds.
 
 Every key a script touches is passed in KEYS. On a Cluster a subject's keys (those of one key,
@@ -35,8 +35,8 @@ from typing import Any
 from redis.crc import key_slot
 from redis.exceptions import DataError, NoScriptError, RedisError, ResponseError
 
-from proxy.limits import Check, Decision, Kind, LimiterUnavailable
-from proxy.limits.heartbeat import LEASE_LIFE_S, RENEW_EVERY_S, Heartbeat
+from proxy.ratelimits import Check, Decision, Kind, LimiterUnavailable
+from proxy.ratelimits.heartbeat import LEASE_LIFE_S, RENEW_EVERY_S, Heartbeat
 from proxy.state.connect import Mode, mode_of
 from proxy.state.gathering import answer_within
 from proxy.state.shared import share, unshare
@@ -169,7 +169,7 @@ end
 return 1
 """
 
-# The heartbeat's round (proxy/limits/heartbeat.py): KEYS are lease sets; ARGV the lease's life,
+# The heartbeat's round (proxy/ratelimits/heartbeat.py): KEYS are lease sets; ARGV the lease's life,
 # then for each set how many request ids follow, and those ids. Each lease still there lapses a
 # life from now; one that is gone (released, or lapsed and removed by a check) stays gone: XX.
 # Answers the gone ones, as {index of the set in KEYS, request id, ...}, looked for only when
@@ -234,7 +234,7 @@ class RedisLimiter:
         """A check that fails, times out or is cancelled (its client went away) may still have
         run, or run later: it is given back (kept and tried every second until Redis takes it),
         so a request the fail mode served or refused, or that nobody waits for, never holds a lease.
-        A lease taken is renewed by this process until it is released (proxy/limits/heartbeat.py)."""
+        A lease taken is renewed by this process until it is released (proxy/ratelimits/heartbeat.py)."""
         groups = self._groups(checks)
         if len(groups) == 1:
             try:

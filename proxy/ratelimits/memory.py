@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections import OrderedDict
 
-from proxy.limits import Check, Decision, Kind
+from proxy.ratelimits import Check, Decision, Kind
 
 # No other process shares these leases, and they die with this one: a lease is released when its
 # request ends, and this long life only bounds one whose release never came.

@@ -16,3 +16,13 @@ def loads(data: bytes | bytearray | memoryview | str) -> Any:
 
 def dumps(obj: Any) -> bytes:
     return orjson.dumps(obj)
+
+
+def parsed(raw: bytes | None) -> Any:
+    """JSON from bytes; None for none, or for bytes that are not JSON."""
+    if not raw:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None

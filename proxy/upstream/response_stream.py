@@ -1,4 +1,4 @@
-"""`Answer`: one upstream answer, its head complete, its body read as it arrives."""
+"""`ResponseStream`: one upstream answer, its head complete, its body read as it arrives."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class Link(Protocol):
 _HIGH_WATER = 256 * 1024
 
 
-class Answer:
+class ResponseStream:
     """An upstream's answer. Read the body with `readany`, then `release` (or `close`) it.
 
     Between reads the body may be silent for `idle_s`; the whole exchange ends at the

@@ -1,23 +1,19 @@
-"""`Exchange`: everything about one request as it passes through the gateway, and `Outcome`,
-what became of it.
+"""`Exchange`: everything about one request as it passes through the gateway.
 
 Each part has one owner. What the client sent (route, target, path parameters, model, stream
 flag, body as read) is set by the gateway and proxy/request/body.py before the pipeline runs.
 The request to forward (upstream headers, body) starts as the client's and is shaped by
 plugins; the caller (`key`) is set by the plugin that provides it; the pipeline it runs on by
-the gateway and proxy/pipeline.py; the routing decision
-(`channel`, `upstream_model`, the followed id's record) by the gateway, the forwarder and
-proxy/request/affinity.py. `outcome` (status, bytes, timings, error) is written only by the
-forwarder and the relay, and by the gateway for the answers it makes itself; everything after
-reads it. (An error answer made with `error_response`, a plugin's too, records its message
-there: the message is what that answer says.) The body is parsed at most once, and only when
-something asks; bytes nobody changed are forwarded as the client sent them.
+the gateway and proxy/core/pipeline.py; the routing decision (`channel`, `upstream_model`, the
+followed id's record) by the gateway, the forwarder and proxy/request/affinity.py; what each
+plugin keeps for the request, in its own room (`state`). `outcome` (proxy/core/outcome.py) is
+changed only through its methods. The body is parsed at most once, and only when something
+asks; bytes nobody changed are forwarded as the client sent them.
 """
 
 from __future__ import annotations
 
 import time
-import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,24 +21,24 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.formats import Format, Generation, Usage
-from proxy.policy.keys import GatewayKey
-from proxy.request.headers import content_codings
-from proxy.wire import jsonutil
-from proxy.wire.multipart import MultipartObserver
-from proxy.wire.routes import Route
+from proxy.core import jsonutil
+from proxy.core.outcome import Outcome
+from proxy.core.usage import Generation, Usage
 
 if TYPE_CHECKING:
     import asyncio
 
-    from proxy.pipeline import Pipeline
+    from proxy.core.pin import PinRecord
+    from proxy.core.pipeline import Pipeline
+    from proxy.formats import Format
     from proxy.policy.channels import Channel
-    from proxy.request.affinity import PinRecord
+    from proxy.policy.keys import GatewayKey
     from proxy.request.target import Target
     from proxy.state import Write
+    from proxy.wire.multipart import MultipartObserver
+    from proxy.wire.routes import Route
 
 _UNPARSED = object()
-DECODED_LIMIT = 64 * 1024 * 1024  # the most of a decoded answer body the gateway will hold
 
 
 class Exchange:
@@ -71,7 +67,7 @@ class Exchange:
         "usage",
         "generation",
         "outcome",
-        "plugin_state",
+        "_states",
         "tracer",
         "span",
         "unsampled_span",
@@ -125,20 +121,31 @@ class Exchange:
         # follows (a background response, a video task): set by the plugins that read answers.
         self.generation: Generation | None = None
         self.outcome = Outcome()
-        self.plugin_state: dict[str, Any] = {}
+        self._states: dict[object, dict[str, Any]] | None = None  # each plugin's own (`state`)
         # The pipeline this exchange runs on: its route's, set by the gateway, or a narrower one
         # once a plugin does not take it (Pipeline.run_request). Set by those two only.
         self.pipeline: Pipeline | None = None
         self.response_headers: dict[str, str] | None = None  # plugins' additions to the client's answer
         self.answer_limit: AnswerLimit | None = None  # a plugin must read the whole answer
-        self.tracer: Any = None  # the OpenTelemetry tracer, when this request is traced
+        self.tracer: Any = None  # what traces this request (a PhaseTracer), when it is traced
         self.span: Any = None  # its server span
         self.unsampled_span: Any = None  # a request traced but not sampled: its ids travel on, nothing is recorded
+
+    def state(self, plugin: object) -> dict[str, Any]:
+        """What `plugin` keeps for this request between its hooks, in a room no other plugin
+        reads or writes (made on first use)."""
+        states = self._states
+        if states is None:
+            states = self._states = {}
+        room = states.get(plugin)
+        if room is None:
+            room = states[plugin] = {}
+        return room
 
     def json(self) -> Any:
         """The request body as JSON (parsed on first use); None for a body that is not JSON."""
         if self._json is _UNPARSED:
-            self._json = _parsed(self.body)
+            self._json = jsonutil.parsed(self.body)
         return self._json
 
     def asked(self) -> Any:
@@ -164,18 +171,6 @@ class Exchange:
             self.body, self._json = body, _UNPARSED
         self.body_changed = changed
 
-    def answer_locally(self, response: web.StreamResponse, id_header: str) -> web.StreamResponse:
-        """An answer the gateway makes itself (an error, a plugin's answer), with the headers
-        plugins added and the request id."""
-        if self.response_headers:
-            for name, value in self.response_headers.items():
-                response.headers.setdefault(name, value)
-        response.headers[id_header] = self.request_id
-        self.outcome.status = response.status
-        if isinstance(response, web.Response) and isinstance(response.body, bytes):
-            self.outcome.bytes_out = len(response.body)  # what the access line says was sent
-        return response
-
     def error_response(
         self,
         status: int,
@@ -185,7 +180,7 @@ class Exchange:
         param: str | None = None,
     ) -> web.Response:
         """An error in this endpoint's own shape (section 7 of the spec)."""
-        self.outcome.error, self.outcome.error_code = message, code
+        self.outcome.failed(message, code)
         return self.format.error_response(status, message, code, headers, param)
 
     @property
@@ -220,80 +215,6 @@ class Exchange:
         return timing
 
 
-class Outcome:
-    """What became of one exchange: written by the forwarder and the relay (and the gateway, for
-    an answer it makes itself or a client gone; a channel's pool tells its wait through
-    `pool_waited`, which the forwarder hands it), read by the access line, metrics, traces and
-    `on_complete` hooks. Its time is four parts: upstream (every attempt's), failover backoff,
-    pool wait, and the rest, the gateway's own (`Exchange.overhead_seconds`)."""
-
-    __slots__ = (
-        "status",
-        "streamed",
-        "bytes_out",
-        "events",
-        "error",
-        "error_code",
-        "client_aborted",
-        "cut_by",
-        "attempts",
-        "upstream_started",
-        "upstream_headers_at",
-        "upstream_finished",
-        "upstream_before_s",
-        "backoff_s",
-        "pool_wait_s",
-    )
-
-    def __init__(self) -> None:
-        self.status = 0
-        self.streamed = False  # the answer went out as an event stream
-        self.bytes_out = 0
-        self.events = 0  # stream events that reached the client (streams framed event by event)
-        self.error: str | None = None
-        self.error_code: str | None = None  # the code of an error answer the gateway made itself
-        self.client_aborted = False
-        # Who ended an answer before its end, once the upstream had the request: "client" (it
-        # left), "upstream" (it broke off or stalled), "gateway" (a drain, or a fault of its own).
-        self.cut_by: str | None = None
-        self.attempts = 0  # upstream attempts made (a failover's each, a resend's each)
-        # The current (or last) attempt, from the moment a connection was had; the attempts before
-        # it add their upstream time to `upstream_before_s`.
-        self.upstream_started: float | None = None
-        self.upstream_headers_at: float | None = None
-        self.upstream_finished: float | None = None
-        self.upstream_before_s = 0.0
-        self.backoff_s = 0.0  # paused between attempts (resilience.backoff_s, doubling)
-        self.pool_wait_s = 0.0  # waited for a connection a channel's pool may open (pool.max_connections)
-
-    def attempt_started(self, now: float) -> None:
-        """An upstream attempt begins: the ones before it keep their upstream time."""
-        if self.upstream_started is not None:
-            self.upstream_before_s = self.upstream_seconds()  # the last one ended (attempt_ended)
-            self.upstream_headers_at = self.upstream_finished = None
-        self.upstream_started = now
-        self.attempts += 1
-
-    def attempt_ended(self, now: float) -> None:
-        """An attempt that goes no further (another channel is tried next): its upstream time
-        ends here, not while the pause before the next one runs."""
-        if self.upstream_started is not None and self.upstream_finished is None:
-            self.upstream_finished = now
-
-    def pool_waited(self, seconds: float) -> None:
-        """The current attempt waited this long for a connection slot before any upstream work."""
-        self.pool_wait_s += seconds
-        if self.upstream_started is not None:
-            self.upstream_started += seconds
-
-    def upstream_seconds(self) -> float:
-        """Time spent on upstreams, every attempt's together."""
-        if self.upstream_started is None:
-            return self.upstream_before_s
-        end = self.upstream_finished or self.upstream_headers_at or time.perf_counter()
-        return self.upstream_before_s + end - self.upstream_started
-
-
 @dataclass(slots=True, frozen=True)
 class AnswerLimit:
     """What a plugin that must read a whole (successful) answer asks of the relay: an answer
@@ -312,67 +233,3 @@ class AnswerLimit:
 
 class BodyTooDeep(ValueError):
     """A request body the gateway must encode again and cannot: a 400, never forwarded."""
-
-
-class AnswerTooLarge(Exception):
-    """An upstream answer larger, once decoded, than the gateway will hold."""
-
-
-class UpstreamResponse:
-    """A buffered upstream answer that `on_response` hooks may read and change."""
-
-    __slots__ = ("status", "headers", "body", "changed", "_json")
-
-    def __init__(self, status: int, headers: CIMultiDict[str], body: bytes) -> None:
-        self.status = status
-        self.headers = headers
-        self.body = body
-        self.changed = False
-        self._json: Any = _UNPARSED
-
-    @property
-    def is_json(self) -> bool:
-        return "json" in self.headers.get("content-type", "")
-
-    def decoded_body(self, limit: int = DECODED_LIMIT) -> bytes | None:
-        """The body without its Content-Encoding, or None when it cannot be decoded here: an
-        unknown coding, more than one (in one header or several), or bytes that do not decode.
-        More than `limit` bytes once decoded (a small gzip can hide a huge body) raise AnswerTooLarge."""
-        codings = content_codings(self.headers)
-        if not codings:
-            return self.body
-        if len(codings) > 1 or codings[0] not in ("gzip", "x-gzip", "deflate"):
-            return None
-        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS if codings[0] != "deflate" else zlib.MAX_WBITS)
-        try:
-            data = inflate.decompress(self.body, limit + 1)
-        except zlib.error:
-            return None
-        if len(data) > limit:
-            raise AnswerTooLarge(limit)
-        return data if inflate.eof else None
-
-    def json(self) -> Any:
-        if self._json is _UNPARSED:
-            try:
-                self._json = _parsed(self.decoded_body() if self.is_json else None)
-            except AnswerTooLarge:
-                self._json = None
-        return self._json
-
-    def set_json(self, value: Any) -> None:
-        self._json = value
-        self.body = jsonutil.dumps(value)
-        self.headers.popall("content-encoding", None)
-        self.headers["Content-Type"] = "application/json"
-        self.changed = True
-
-
-def _parsed(raw: bytes | None) -> Any:
-    """JSON from bytes; None for none, or for bytes that are not JSON."""
-    if not raw:
-        return None
-    try:
-        return jsonutil.loads(raw)
-    except jsonutil.JSONDecodeError:
-        return None

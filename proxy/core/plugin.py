@@ -31,13 +31,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from aiohttp import web
 from pydantic import BaseModel
 
-from proxy.request.exchange import Exchange, UpstreamResponse
-from proxy.wire.routes import Route
-from proxy.wire.sse import SSEEvent
+from proxy.core.exchange import Exchange
+from proxy.core.upstream_response import UpstreamResponse
 
 if TYPE_CHECKING:
     from proxy.config import GatewayConfig
     from proxy.policy.channels import ChannelSet
+    from proxy.wire.routes import Route
+    from proxy.wire.sse import SSEEvent
 
 
 # The gateway's resource holding its state store probe's verdict (a callable; absent: no probe).
@@ -169,6 +170,8 @@ class Plugin:
     # Whether its on_response makes the relay read answers whole (False: it sees only the answers
     # read whole for another reason, and the others pass as bytes, unheld).
     reads_answers: ClassVar[bool] = True
+    # Hooks an instance declared it has nothing to do on (`idle`), read when pipelines are built.
+    idle_hooks: frozenset[str] = frozenset()
 
     @classmethod
     def routes(cls) -> Sequence[PluginRoute]:
@@ -203,10 +206,9 @@ class Plugin:
 
     def idle(self, *hooks: str) -> None:
         """This instance has nothing to do on `hooks` (`on_event`, ...): the core, which builds a
-        route's hook lists after `configure`, never calls them. A plugin off by default (no
+        route's hook lists after `configure`, leaves them out. A plugin off by default (no
         database, no budget named) thus costs no call per request, nor per stream event."""
-        for hook in hooks:
-            setattr(self, hook, None)
+        self.idle_hooks = self.idle_hooks | frozenset(hooks)
 
     async def start(self) -> None:
         """Called once before the first request (open connections, load state)."""

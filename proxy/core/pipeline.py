@@ -1,25 +1,40 @@
-"""`Pipeline`: the plugins of one route, run hook by hook (the contract is proxy/plugin.py;
-finding plugins and checking a pipeline, proxy/registry.py)."""
+"""`Pipeline`: the plugins of one route, run hook by hook (the contract is proxy/core/plugin.py;
+finding plugins and checking a pipeline, proxy/registry.py). Each hook runs as a `phase` of the
+request: a span of its own when the request is traced."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from proxy.observability.tracing import child_span
-from proxy.plugin import Plugin
-from proxy.request.exchange import Exchange, UpstreamResponse
-from proxy.wire.sse import SSEEvent
+from proxy.core.exchange import Exchange
+from proxy.core.phase import phase
+from proxy.core.plugin import Plugin
+from proxy.core.upstream_response import UpstreamResponse
+
+if TYPE_CHECKING:
+    from proxy.wire.sse import SSEEvent
 
 log = logging.getLogger("modelgate.pipeline")
 
 
+@dataclass(slots=True, frozen=True)
+class Hook:
+    """One plugin's implementation of one hook in a pipeline, and the name its phase goes by."""
+
+    plugin: Plugin
+    call: Callable[..., Any]
+    phase: str  # "<plugin> <hook>": its span's name when the request is traced
+
+
 class Pipeline:
-    """The plugins of one route, with each hook list holding only real implementations."""
+    """The plugins of one route, with each hook list holding only real implementations: a hook a
+    plugin does not override, or declared idle for this config (`Plugin.idle`), is not in it."""
 
     __slots__ = (
         "plugins",
@@ -43,18 +58,18 @@ class Pipeline:
         # Where the core checks that a followed id is the caller's: before the first plugin that
         # may read what belongs to it, else after them all (and always before a channel is chosen).
         self.owner_check_at = next(
-            (i for i, hook in enumerate(self.request_hooks) if not hook.__self__.before_owner_check),
+            (i for i, hook in enumerate(self.request_hooks) if not hook.plugin.before_owner_check),
             len(self.request_hooks),
         )
         self.upstream_hooks = _implemented(plugins, "on_upstream")
         self.response_hooks = _implemented(plugins, "on_response")
-        self.reads_answers = any(hook.__self__.reads_answers for hook in self.response_hooks)
+        self.reads_answers = any(hook.plugin.reads_answers for hook in self.response_hooks)
         self.event_hooks = _implemented(plugins, "on_event")
         self.complete_hooks = _implemented(plugins, "on_complete")
         # Each hook's `completes` where its plugin has one of its own (None: the list is used whole).
         checks = [
-            plugin.completes if type(plugin).completes is not Plugin.completes else None
-            for plugin in (hook.__self__ for hook in self.complete_hooks)
+            hook.plugin.completes if type(hook.plugin).completes is not Plugin.completes else None
+            for hook in self.complete_hooks
         ]
         self.complete_checks = checks if any(checks) else None
         # What the core does before an on_request beside calling it, by the hook's index: the owner
@@ -62,9 +77,8 @@ class Pipeline:
         # lookup a hook finds both.
         self.stops: dict[int, tuple[bool, Plugin | None]] = {self.owner_check_at: (True, None)}
         for index, hook in enumerate(self.request_hooks):
-            plugin = hook.__self__
-            if type(plugin).takes is not Plugin.takes:
-                self.stops[index] = (index == self.owner_check_at, plugin)
+            if type(hook.plugin).takes is not Plugin.takes:
+                self.stops[index] = (index == self.owner_check_at, hook.plugin)
         self._without: dict[Plugin, Pipeline] = {}
 
     def without(self, plugin: Plugin) -> Pipeline:
@@ -77,7 +91,7 @@ class Pipeline:
 
     def run_prefetch(self, ex: Exchange) -> None:
         for hook in self.prefetch_hooks:
-            hook(ex)
+            hook.call(ex)
 
     async def run_request(
         self, ex: Exchange, check_owner: Callable[[Exchange], Awaitable[web.StreamResponse | None]]
@@ -94,13 +108,10 @@ class Pipeline:
                 if asked is not None and not asked.takes(ex):
                     ex.pipeline = (ex.pipeline or self).without(asked)
                     continue
-            if ex.span is None:
-                answer = await hook(ex)
-            else:
-                with child_span(ex, f"{plugin_name(hook)} on_request") as span:
-                    answer = await hook(ex)
-                    if answer is not None:
-                        span.set_attribute("modelgate.short_circuit_status", answer.status)
+            with phase(ex, hook.phase) as span:
+                answer = await hook.call(ex)
+                if answer is not None and span is not None:
+                    span.set_attribute("modelgate.short_circuit_status", answer.status)
             if answer is not None:
                 return answer
         if self.owner_check_at == len(self.request_hooks):
@@ -109,23 +120,17 @@ class Pipeline:
 
     async def run_upstream(self, ex: Exchange) -> None:
         for hook in self.upstream_hooks:
-            if ex.span is None:
-                await hook(ex)
-            else:
-                with child_span(ex, f"{plugin_name(hook)} on_upstream"):
-                    await hook(ex)
+            with phase(ex, hook.phase):
+                await hook.call(ex)
 
     async def run_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
         for hook in self.response_hooks:
-            if ex.span is None:
-                await hook(ex, upstream)
-            else:
-                with child_span(ex, f"{plugin_name(hook)} on_response"):
-                    await hook(ex, upstream)
+            with phase(ex, hook.phase):
+                await hook.call(ex, upstream)
 
     def run_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
         for hook in self.event_hooks:
-            event = hook(ex, event)
+            event = hook.call(ex, event)
             if event is None:
                 return None
         return event
@@ -159,30 +164,26 @@ class Pipeline:
             current.uncancel()  # type: ignore[union-attr]
 
 
-async def _complete(hook: Callable[[Exchange], Awaitable[None]], ex: Exchange) -> None:
+async def _complete(hook: Hook, ex: Exchange) -> None:
     try:
-        if ex.span is None:
-            await hook(ex)
-        else:
-            with child_span(ex, f"{plugin_name(hook)} on_complete"):
-                await hook(ex)
+        with phase(ex, hook.phase):
+            await hook.call(ex)
     except Exception:  # one plugin's bookkeeping must not hide the others'
         log.exception("on_complete hook failed", extra={"request_id": ex.request_id})
 
 
-def plugin_name(hook: Callable[..., Any]) -> str:
-    plugin = getattr(hook, "__self__", None)
+def plugin_name(plugin: Plugin) -> str:
+    """What a plugin's spans and logs call it: its registered name, else its class's."""
     name = getattr(plugin, "name", None)
     return name if isinstance(name, str) and name != "plugin" else type(plugin).__name__
 
 
-def _implemented(plugins: list[Plugin], hook: str) -> list[Callable[..., Any]]:
+def _implemented(plugins: list[Plugin], hook: str) -> list[Hook]:
     found = []
     for plugin in plugins:
-        method = getattr(plugin, hook, None)
-        if method is None:  # not there, or declared idle for this config (Plugin.idle)
+        if hook in plugin.idle_hooks:  # declared idle for this config (Plugin.idle)
             continue
         if getattr(type(plugin), hook, None) is getattr(Plugin, hook):
             continue  # the base class's no-op
-        found.append(method)
+        found.append(Hook(plugin, getattr(plugin, hook), f"{plugin_name(plugin)} {hook}"))
     return found

@@ -95,7 +95,7 @@ class ReaderWatch:
             return
         waiting, written = transport.get_write_buffer_size(), self._ex.outcome.bytes_out
         if waiting > 0 and waiting >= self._waiting and written == self._written:
-            self._ex.outcome.error = f"the client stopped reading: nothing drained for {self._idle_s:g}s"
+            self._ex.outcome.failed(f"the client stopped reading: nothing drained for {self._idle_s:g}s")
             self._handle = None
             transport.abort()
             return
