@@ -17,6 +17,7 @@ import pytest
 from proxy.core.drain import Drain, half_close, parked, served
 from proxy.process.server import stop_listening
 from tests.conftest import MESSAGE_HEADERS, REDIS_URL, Process
+from tests.polling import within
 from tests.raw_http import RawAnswer, parse_answer
 
 CLEAN_CLOSE = "closed before any byte"  # what a read gives when the gateway closed first
@@ -248,6 +249,12 @@ async def test_past_the_cut_point_a_request_is_answered_503_shutting_down(start_
         assert answer.headers["Retry-After"] == "0"
         assert (await answer.json())["error"]["code"] == "server_shutting_down"
     assert not gw.sim().requests  # never sent upstream
-    await asyncio.sleep(0.1)  # access lines are written once per loop pass, at most 50 ms late
-    lines = [json.loads(line) for line in capfd.readouterr().err.splitlines() if '"late-1"' in line]
+    written: list[str] = []  # access lines are written once per loop pass, at most 50 ms late
+
+    def logged() -> bool:
+        written.extend(capfd.readouterr().err.splitlines())
+        return any('"late-1"' in line for line in written)
+
+    await within(5, logged, "the refusal's access line")
+    lines = [json.loads(line) for line in written if '"late-1"' in line]
     assert [(line["status"], line["route"]) for line in lines] == [(503, "responses")]  # not lost silently

@@ -19,6 +19,7 @@ from multidict import CIMultiDict
 
 from plugins.webhook_queue.queue import Backlog, Shelf, WebhookQueue
 from tests.conftest import free_port
+from tests.polling import within
 
 SIGNED = {
     "Stripe-Signature": "t=1700000000,v1=5257a869e7ecebeda32affa62cdca3fa51cad7e77a0e56ff536d0ce8e108d8bd",
@@ -106,8 +107,11 @@ async def test_webhooks_with_the_backend_down_are_delivered_in_order_once_it_ret
     target, headers, _ = backend.received[-1]
     assert target == "/api/stripe/webhook?attempt=1"
     assert headers["Stripe-Signature"] == SIGNED["Stripe-Signature"] and headers["X-Request-Id"]
-    await asyncio.sleep(0.1)
-    assert await queue.depth(Shelf.PENDING) == 0 and await queue.depth(Shelf.DELIVERED) == len(bodies)
+
+    async def all_delivered() -> bool:
+        return await queue.depth(Shelf.PENDING) == 0 and await queue.depth(Shelf.DELIVERED) == len(bodies)
+
+    await within(5, all_delivered, "every webhook moved to the delivered shelf")
     await queue.close()
 
 
@@ -138,7 +142,7 @@ async def test_a_refused_webhook_is_kept_dead_and_replays_with_the_command(
     await post_webhook(http, gw.url, b'{"id":"evt_refused"}')
     await post_webhook(http, gw.url, b'{"id":"evt_next"}')
     await backend.wait_for(2)
-    await asyncio.sleep(0.1)
+    await within(5, lambda: queue.depth(Shelf.DEAD), "the refused webhook on the dead shelf")
     dead = await queue.entries(Shelf.DEAD)
     assert [w.body for w in dead] == [b'{"id":"evt_refused"}'] and dead[0].outcome.startswith("400")
 

@@ -22,7 +22,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from proxy.keystore.records import ROLES
+from proxy.keystore.roles import ROLES
 
 COMMANDS = ("keys", "tenants", "admin-token", "audit")
 

@@ -30,7 +30,8 @@ from joserfc.errors import InvalidKeyIdError, JoseError
 from joserfc.jwk import KeySet
 
 from proxy.config.key_store import OidcConfig
-from proxy.keystore.records import ROLES, Actor
+from proxy.keystore.records import Actor
+from proxy.keystore.roles import ROLES
 
 MAX_JWKS_BYTES = 1024 * 1024
 _REFETCH_S = 10.0  # the soonest the key set is fetched again for a key it lacks

@@ -13,7 +13,7 @@ from typing import Any
 
 from proxy import __version__
 from proxy.config.model import KeyConfig, TenantLimits
-from proxy.keystore.records import ROLES
+from proxy.keystore.roles import ROLES
 
 _REF = "#/components/schemas/{model}"
 _NAME = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"}

@@ -14,7 +14,8 @@ from typing import Any
 
 from proxy.core.plugin import Plugin, Subject
 from proxy.keystore.access import READ, WRITE, allowed
-from proxy.keystore.records import ROLES, Actor, SpecProblem, checked_spec, checked_tenant_spec
+from proxy.keystore.records import Actor, SpecProblem, checked_spec, checked_tenant_spec
+from proxy.keystore.roles import ROLES
 from proxy.keystore.store import Conflict, KeyStore, NotFound
 from proxy.policy.keys import gateway_key
 

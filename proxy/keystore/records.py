@@ -22,7 +22,6 @@ from proxy.policy.keys import TENANT_LABEL, GatewayKey, GatewayTenant, gateway_k
 from proxy.registry import key_settings, key_settings_problems, tenant_settings
 
 SECRET_PREFIX = "mg-"
-ROLES = ("owner", "operator", "viewer", "tenant-admin")
 
 
 def new_secret() -> tuple[str, bytes]:

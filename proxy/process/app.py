@@ -16,20 +16,12 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from proxy.config import ConfigError, LoadedConfig
 from proxy.config.model import ServerConfig, worker_count
-from proxy.console import Console
 from proxy.core import jsonutil
 from proxy.core.drain import Drain, close_when_draining
 from proxy.core.plugin import STATE_REACHABLE, STATE_STORE, STORED_KEYS, STORED_TENANTS, PluginRoute
 from proxy.core.runtime import Runtime
 from proxy.formats import ACCOUNT, CONTENT, MESSAGES
 from proxy.formats.base import Format
-from proxy.keystore.api import PREFIX as API_PREFIX
-from proxy.keystore.api import AdminApi
-from proxy.keystore.directory import KeySync, StoredKeys
-from proxy.keystore.oidc import OidcVerifier
-from proxy.keystore.operations import AdminOps
-from proxy.keystore.reads import AdminReads
-from proxy.keystore.store import KeyStore
 from proxy.observability.metrics import count_reload, exposition, set_config_info
 from proxy.observability.tracing import Tracing
 from proxy.policy.catalog import usable_models
@@ -49,6 +41,8 @@ from proxy.wire.routes import ALIASES, ROUTES, Route
 
 if TYPE_CHECKING:
     from proxy.config.model import ChannelConfig, GatewayConfig
+    from proxy.keystore.directory import KeySync
+    from proxy.keystore.store import KeyStore
     from simulator.farm import SimulatorFarm
 
 log = logging.getLogger("modelgate.app")
@@ -74,9 +68,14 @@ class GatewayApp:
         # Its share of the CPU is its share of the cores (and quota) with the other workers.
         self.admission = Admission(loaded.config.server, cpu=WorkerCpu(worker_count(loaded.config)))
         self.admin = AdminSurface(loaded.config.server.admin_token)  # /metrics and the like: proxy/process/admin.py
-        # Keys managed at run time (proxy/keystore/), when the config names a database for them.
+        # Keys managed at run time (proxy/keystore/), when the config names a database for them:
+        # the package (the admin API, the console) is loaded only then.
         url = loaded.config.key_store.database_url
-        self.key_store = KeyStore(url, loaded.config.key_store.timeout_s) if url else None
+        self.key_store: KeyStore | None = None
+        if url:
+            from proxy.keystore.store import KeyStore
+
+            self.key_store = KeyStore(url, loaded.config.key_store.timeout_s)
         self.key_sync: KeySync | None = None
         self.reloads = 0
         # The files the last reload read, taken or refused (LoadedConfig.files): what a watcher
@@ -115,6 +114,8 @@ class GatewayApp:
         store = self.store
         self.resources[STATE_STORE] = lambda: store
         if self.key_store is not None:
+            from proxy.keystore.directory import KeySync, StoredKeys
+
             stored = StoredKeys()
             drain = self.drain
             revoked = (lambda names: drain.end_streams_of(names)) if config.key_store.revoked_streams == "end" else None
@@ -237,27 +238,7 @@ def build_app(
     owner.admin.add("GET", "/metrics", _metrics)
     owner.admin.add("GET", "/readyz", _readyz, public=_readiness_status)
     if owner.key_store is not None:
-        oidc = loaded.config.key_store.oidc
-        ops = AdminOps(owner.key_store, lambda: owner.loaded.config.keys, lambda: owner.runtime.plugins)
-        api = AdminApi(
-            ops,
-            owner.admin.authorized,
-            oidc=OidcVerifier(oidc) if oidc is not None else None,
-            reads=AdminReads(ops, lambda: owner.runtime.plugins, lambda: owner.runtime.channels.channels),
-        )
-        for method, path, handler in api.routes():
-            owner.admin.add(method, API_PREFIX + path, handler)
-        if loaded.config.console.enabled:
-            console = Console(
-                lambda: owner.loaded.config.console,
-                ops,
-                api.reads,  # type: ignore[arg-type]
-                owner.admin.token_digest,
-                lambda: _gateway_url(owner.loaded.config.server),
-                lambda globs: _example_model(owner, globs),
-            )
-            for method, path, handler in console.routes():
-                owner.admin.add(method, path, handler)
+        _mount_administration(owner, owner.key_store, loaded)
     for extra in plugin_routes(loaded.config, admin=True):
         owner.admin.add(extra.method, extra.path, _plugin_handler(owner, extra))
     for extra in plugin_routes(loaded.config):
@@ -313,6 +294,39 @@ class _NotOriginForm(PlainResource):
 
 async def _not_origin_form(request: web.Request) -> web.Response:
     return ACCOUNT.error_response(400, "the request target must be a path (origin-form)", "invalid_request_target")
+
+
+def _mount_administration(owner: GatewayApp, key_store: KeyStore, loaded: LoadedConfig) -> None:
+    """The admin API, and the console unless it is off, on the admin surface: only with a key
+    store (their modules are loaded then, and never by a gateway without one)."""
+    from proxy.keystore.api import PREFIX, AdminApi
+    from proxy.keystore.oidc import OidcVerifier
+    from proxy.keystore.operations import AdminOps
+    from proxy.keystore.reads import AdminReads
+
+    oidc = loaded.config.key_store.oidc
+    ops = AdminOps(key_store, lambda: owner.loaded.config.keys, lambda: owner.runtime.plugins)
+    api = AdminApi(
+        ops,
+        owner.admin.authorized,
+        oidc=OidcVerifier(oidc) if oidc is not None else None,
+        reads=AdminReads(ops, lambda: owner.runtime.plugins, lambda: owner.runtime.channels.channels),
+    )
+    for method, path, handler in api.routes():
+        owner.admin.add(method, PREFIX + path, handler)
+    if loaded.config.console.enabled:
+        from proxy.console import Console
+
+        console = Console(
+            lambda: owner.loaded.config.console,
+            ops,
+            api.reads,  # type: ignore[arg-type]
+            owner.admin.token_digest,
+            lambda: _gateway_url(owner.loaded.config.server),
+            lambda globs: _example_model(owner, globs),
+        )
+        for method, path, handler in console.routes():
+            owner.admin.add(method, path, handler)
 
 
 def _route_handler(owner: GatewayApp, route: Route):  # noqa: ANN202
