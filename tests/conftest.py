@@ -277,7 +277,9 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Process]]:
 
     A gateway's admin listener goes on a free port of its own (`serve --admin-listen`), so
     gateways started side by side do not meet on the default 127.0.0.1:8081; a config that sets
-    `admin_listen` itself keeps it, with `{ADMIN_PORT}` standing for that free port."""
+    `admin_listen` itself keeps it, with `{ADMIN_PORT}` standing for that free port. A gateway is
+    one process (`serve --workers 1`) unless its config names `workers`: three instances are three
+    processes, not nine, each of which would pay the gateway's start."""
     started: list[Process] = []
 
     def run(kind: str, *args: str, config: str | None = None, ready_path: str = "/healthz") -> Process:
@@ -290,6 +292,8 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Process]]:
             cfg = tmp_path / f"gateway-{port}.yaml"
             cfg.write_text(text.replace("{PORT}", str(port)).replace("{ADMIN_PORT}", str(admin_port)))
             cmd += ["serve"]
+            if "workers" not in text:  # one process: a test about workers names how many it wants
+                cmd += ["--workers", "1"]
             if "admin_listen" not in text:
                 cmd += ["--admin-listen", f"127.0.0.1:{admin_port}"]
             elif "{ADMIN_PORT}" not in text:

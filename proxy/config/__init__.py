@@ -77,6 +77,8 @@ class LoadedConfig:
 LISTEN_ENV = "MODELGATE_LISTEN"
 # `modelgate serve --admin-listen` sets it, the same way; empty turns the admin listener off.
 ADMIN_LISTEN_ENV = "MODELGATE_ADMIN_LISTEN"
+# `modelgate serve --workers` sets it, the same way: the number of worker processes.
+WORKERS_ENV = "MODELGATE_WORKERS"
 
 
 class PluginRules(Protocol):
@@ -177,7 +179,9 @@ def _parse(
     if environ.get(LISTEN_ENV) and isinstance(server, dict):  # a broken section is reported as it is
         tree["server"] = server = {**server, "listen": environ[LISTEN_ENV]}
     if ADMIN_LISTEN_ENV in environ and isinstance(server, dict):
-        tree["server"] = {**server, "admin_listen": environ[ADMIN_LISTEN_ENV] or None}
+        tree["server"] = server = {**server, "admin_listen": environ[ADMIN_LISTEN_ENV] or None}
+    if environ.get(WORKERS_ENV) and isinstance(server, dict):
+        tree["server"] = {**server, "workers": environ[WORKERS_ENV]}
     config: GatewayConfig | None = None
     try:
         config = GatewayConfig.model_validate(tree)

@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the admin listener's address (/metrics, /readyz in detail), over the config's "
         "server.admin_listen; '' turns it off",
     )
+    serve.add_argument("--workers", metavar="N", help="worker processes, over the config's server.workers")
 
     check = commands.add_parser("check-config", help="validate a config file and list every problem")
     check.add_argument("file", nargs="?", help="the config file (or -c FILE, as serve takes it)")
@@ -92,10 +93,12 @@ def main(argv: list[str] | None = None) -> int:
 
         run_simulator(args)
         return 0
-    from proxy.config import ADMIN_LISTEN_ENV, LISTEN_ENV, ConfigError
+    from proxy.config import ADMIN_LISTEN_ENV, LISTEN_ENV, WORKERS_ENV, ConfigError
     from proxy.registry import load_config
 
     path = getattr(args, "config", None) or os.environ.get("MODELGATE_CONFIG") or None
+    if getattr(args, "workers", None):
+        os.environ[WORKERS_ENV] = args.workers  # checked with the config: a problem at server.workers
     if getattr(args, "listen", None):
         problem = _listen_problem(args.listen)
         if problem:
@@ -165,13 +168,12 @@ def _listen_problem(listen: str) -> str | None:
 
 
 def _check_config(path: str) -> int:
-    from proxy.config import ADMIN_LISTEN_ENV, LISTEN_ENV, ConfigError
+    from proxy.config import ADMIN_LISTEN_ENV, LISTEN_ENV, WORKERS_ENV, ConfigError
     from proxy.registry import config_warnings, load_config
 
-    try:  # the file as written: a `serve --listen` or `--admin-listen` override is no part of it
-        loaded = load_config(
-            path, {name: value for name, value in os.environ.items() if name not in (LISTEN_ENV, ADMIN_LISTEN_ENV)}
-        )
+    overrides = (LISTEN_ENV, ADMIN_LISTEN_ENV, WORKERS_ENV)
+    try:  # the file as written: a `serve --listen`, `--admin-listen` or `--workers` override is no part of it
+        loaded = load_config(path, {name: value for name, value in os.environ.items() if name not in overrides})
     except ConfigError as exc:
         _print_problems(path, exc.problems)
         return 1
