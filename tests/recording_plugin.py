@@ -117,6 +117,9 @@ class Squatter(Plugin):
     NAMES = ("checks", "settling", "reserved", "uncounted", "images", "delivers", "cached", "task", "leads")
     seen: ClassVar[list[dict[str, Any]]] = []  # its room as on_complete found it, each exchange
 
+    def __eq__(self, other: object) -> bool:  # and so unhashable, as a plugin may well be
+        return isinstance(other, Squatter)
+
     def prefetch(self, ex: Exchange) -> None:
         ex.state(self).update(dict.fromkeys(self.NAMES, "squatted"))
 

@@ -9,12 +9,13 @@ import uuid
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.observability.access_log import AccessLog
 from proxy.observability.metrics import REQUESTS
+from tests.polling import within
 
 MSG = {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"}
 
@@ -182,6 +183,27 @@ async def test_one_streaming_request_is_one_trace_across_every_hook_and_the_upst
     attributes = server[0].attributes
     assert attributes["http.response.status_code"] == 200 and attributes["gen_ai.usage.output_tokens"] == 3
     assert next(s for s in spans if s.name == "sse on_event").attributes["modelgate.events"] == 8
+
+
+async def test_an_attempt_s_span_says_what_the_upstream_answered_and_a_client_gone_is_no_upstream_error(
+    traced, http
+) -> None:
+    url, exporter, _ = traced
+    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "a"}]}
+    streaming = {**MSG, "x-sim-chunk-delay-ms": "200", "x-sim-output-tokens": "20"}
+    async with http.post(url + "/v1/messages", json={**body, "stream": True}, headers=streaming) as answer:
+        await answer.content.readany()  # the stream has begun; the client leaves
+    await within(5, lambda: any(s.kind is SpanKind.SERVER for s in exporter.get_finished_spans()), "the request's end")
+    attempt = next(s for s in exporter.get_finished_spans() if s.kind is SpanKind.CLIENT)
+    assert attempt.status.status_code is not StatusCode.ERROR and not attempt.events  # no exception recorded
+    assert attempt.attributes["modelgate.cancelled"] is True
+    assert attempt.attributes["http.response.status_code"] == 200
+
+    exporter.clear()  # an upstream refusing the channel's credential: the gateway answers (and opens the breaker)
+    async with http.post(url + "/v1/messages", json=body, headers={**MSG, "x-sim-fault": "status=401"}) as answer:
+        assert answer.status == 502 and "Server-Timing" in answer.headers
+    attempt = next(s for s in exporter.get_finished_spans() if s.kind is SpanKind.CLIENT)
+    assert attempt.attributes["http.response.status_code"] == 401  # the upstream's, not the gateway's 502
 
 
 async def test_an_incoming_traceparent_is_honoured(traced, http):

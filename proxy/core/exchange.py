@@ -121,7 +121,7 @@ class Exchange:
         # follows (a background response, a video task): set by the plugins that read answers.
         self.generation: Generation | None = None
         self.outcome = Outcome()
-        self._states: dict[object, dict[str, Any]] | None = None  # each plugin's own (`state`)
+        self._states: dict[int, dict[str, Any]] | None = None  # each plugin's own (`state`)
         # The pipeline this exchange runs on: its route's, set by the gateway, or a narrower one
         # once a plugin does not take it (Pipeline.run_request). Set by those two only.
         self.pipeline: Pipeline | None = None
@@ -137,9 +137,9 @@ class Exchange:
         states = self._states
         if states is None:
             states = self._states = {}
-        room = states.get(plugin)
+        room = states.get(id(plugin))  # by identity: a plugin need not be hashable
         if room is None:
-            room = states[plugin] = {}
+            room = states[id(plugin)] = {}
         return room
 
     def json(self) -> Any:

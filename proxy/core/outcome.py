@@ -24,6 +24,7 @@ class Outcome:
         "attempts",
         "upstream_started",
         "upstream_headers_at",
+        "upstream_status",
         "upstream_finished",
         "upstream_before_s",
         "backoff_s",
@@ -46,6 +47,7 @@ class Outcome:
         # it add their upstream time to `upstream_before_s`.
         self.upstream_started: float | None = None
         self.upstream_headers_at: float | None = None
+        self.upstream_status = 0  # what the current attempt's upstream answered (0: no head came)
         self.upstream_finished: float | None = None
         self.upstream_before_s = 0.0
         self.backoff_s = 0.0  # paused between attempts (resilience.backoff_s, doubling)
@@ -75,13 +77,15 @@ class Outcome:
 
     def cut(self, by: str) -> None:
         """The answer ended before its end, once the upstream had the request: by "client",
-        "upstream" or "gateway"."""
+        "upstream" or "gateway". The upstream's time ends here, not at its answer's head."""
         self.cut_by = by
+        self._upstream_stopped()
 
     def client_gone(self) -> None:
         """The client left (or stopped reading) before the answer's end."""
         self.client_aborted = True
         self.cut_by = self.cut_by or "client"
+        self._upstream_stopped()
 
     def abandoned(self, by_drain: bool) -> None:
         """The handler was cancelled: the client went away, or (`by_drain`) a drain past its cut
@@ -89,6 +93,7 @@ class Outcome:
         self.client_aborted = not by_drain
         if self.upstream_started is not None and self.cut_by is None:
             self.cut_by = "gateway" if by_drain else "client"
+        self._upstream_stopped()
         if self.status == 0:
             self.status = 499
 
@@ -98,6 +103,7 @@ class Outcome:
             self.upstream_before_s = self.upstream_seconds()  # the last one ended (attempt_ended)
             self.upstream_headers_at = self.upstream_finished = None
         self.upstream_started = now
+        self.upstream_status = 0
         self.attempts += 1
 
     def attempt_ended(self, now: float) -> None:
@@ -106,9 +112,10 @@ class Outcome:
         if self.upstream_started is not None and self.upstream_finished is None:
             self.upstream_finished = now
 
-    def headers_arrived(self, now: float) -> None:
-        """The current attempt's answer head came."""
+    def headers_arrived(self, now: float, status: int) -> None:
+        """The current attempt's answer head came, with this status."""
         self.upstream_headers_at = now
+        self.upstream_status = status
 
     def upstream_done(self, now: float) -> None:
         """The upstream's answer ended (its last byte read, or the attempt given up)."""
@@ -123,6 +130,10 @@ class Outcome:
         self.pool_wait_s += seconds
         if self.upstream_started is not None:
             self.upstream_started += seconds
+
+    def _upstream_stopped(self) -> None:
+        if self.upstream_started is not None and self.upstream_finished is None:
+            self.upstream_finished = time.perf_counter()
 
     def upstream_seconds(self) -> float:
         """Time spent on upstreams, every attempt's together."""

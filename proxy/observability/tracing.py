@@ -9,6 +9,7 @@ goes upstream and its trace id into the access line, so the decision and the cor
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
@@ -169,6 +170,11 @@ def child_span(
     span = ex.tracer.tracer.start_span(name, context=parent, kind=kind, attributes=attributes)
     try:
         yield span
+    except asyncio.CancelledError:
+        # The client left, or a drain stopped the request: no fault of the step's (an upstream
+        # span marked an error here would count every client that hung up against the channel).
+        span.set_attribute("modelgate.cancelled", True)
+        raise
     except BaseException as exc:
         span.record_exception(exc)
         span.set_status(Status(StatusCode.ERROR, type(exc).__name__))

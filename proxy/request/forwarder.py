@@ -197,11 +197,16 @@ class Forwarder:
             target, data = self._request_for(ex, channel, path)
             with phase(ex, f"{ex.request.method} upstream {channel.name}", "client") as span:
                 attempt_traced(ex, span, channel.name, channel.pool.host, path, len(tried))
-                result = await self._attempt(ex, runtime, pipeline, channel, target, data, id_header, tried)
-                if span is not None:
-                    span.set_attribute("http.response.status_code", ex.outcome.status)
+                result: web.StreamResponse | tuple[Channel, str] | None = None
+                try:
+                    result = await self._attempt(ex, runtime, pipeline, channel, target, data, id_header, tried)
+                finally:
+                    if span is not None:  # the upstream's status; with no head, the answer the gateway made
+                        answered = result.status if isinstance(result, web.StreamResponse) else 0
+                        span.set_attribute("http.response.status_code", ex.outcome.upstream_status or answered)
             if isinstance(result, web.StreamResponse):
                 return result
+            assert result is not None
             ex.channel, reason = result
             paused = time.perf_counter()
             ex.outcome.attempt_ended(paused)
@@ -235,7 +240,14 @@ class Forwarder:
         except UpstreamError as exc:
             if isinstance(data, MultipartBody) and data.rejection is not None:
                 violation = data.rejection  # the body broke a rule while it streamed: the upstream got no whole request
-                return ex.error_response(violation.status, str(violation), violation.code, param=violation.path or None)
+                # The same body would be refused again: the official SDKs must not send it on their own.
+                return ex.error_response(
+                    violation.status,
+                    str(violation),
+                    violation.code,
+                    headers={"x-should-retry": "false"},
+                    param=violation.path or None,
+                )
             if isinstance(exc, RequestBodyFailed):  # the client's body failed: not the channel's fault
                 return ex.error_response(400, "the request body could not be read to its end")
             if isinstance(exc, InvalidRequest):
@@ -247,8 +259,8 @@ class Forwarder:
             if (following := self._next_channel(ex, runtime, tried, kind, exc.written)) is not None:
                 return following
             return self._failed(ex, channel.name, kind, exc)
-        ex.outcome.headers_arrived(time.perf_counter())
         status = upstream.status
+        ex.outcome.headers_arrived(time.perf_counter(), status)
         kind = status_kind(ex, status)
         failure = FAILURES[kind] if kind is not None else None
         channel.health.record(failure is not None and failure.breaker, at_once=failure is not None and failure.opens)

@@ -72,8 +72,11 @@ def _stamped(ex: Exchange, response: web.StreamResponse, id_header: str) -> web.
         for name, value in ex.response_headers.items():
             response.headers.setdefault(name, value)
     response.headers[id_header] = ex.request_id
+    if ex.outcome.attempts and "Server-Timing" not in response.headers:  # an upstream had the request
+        response.headers["Server-Timing"] = ex.server_timing()
     body = response.body if isinstance(response, web.Response) else None
-    ex.outcome.answered(response.status, len(body) if isinstance(body, bytes) else None)
+    size = len(body) if isinstance(body, bytes) else None
+    ex.outcome.answered(response.status, 0 if size is not None and ex.request.method == "HEAD" else size)
     return response
 
 

@@ -465,6 +465,7 @@ class Relay:
         self.upstream.close()
         try:
             error = self.ex.format.stream_error(status, message, code)
+            self.ex.outcome.sent(len(error))
             if isinstance(response, DeferredEnd) and response.last:  # after what was held, not before it
                 response.last += error
                 return
