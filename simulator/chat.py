@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
@@ -60,7 +61,7 @@ async def messages(sim: Simulator, request: web.Request) -> web.StreamResponse:
             request,
         )
 
-    def events():  # noqa: ANN202
+    def events() -> Iterator[bytes]:
         sim.produce(input_tokens)
         opening = {} if knobs.no_usage else {"usage": {**usage, "output_tokens": 1}}
         yield sse(

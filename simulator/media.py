@@ -7,6 +7,7 @@ import functools
 import re
 import struct
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
@@ -80,7 +81,7 @@ async def images(sim: Simulator, request: web.Request) -> web.StreamResponse:
     kind = "image_edit" if editing else "image_generation"
     partials = int(body.get("partial_images") or 0)
 
-    def events():  # noqa: ANN202
+    def events() -> Iterator[bytes]:
         for index in range(partials):
             yield sse(
                 f"{kind}.partial_image",

@@ -833,7 +833,7 @@ async def test_a_sweep_of_every_way_to_slip_past_a_10000_token_budget(
         )
         made[case] = [a for status, a in answers if status == 200 and isinstance(a, dict)]
         produced = sim.produced["input_tokens"] + sim.produced["output_tokens"] - before
-        await asyncio.sleep(0.2)  # a request whose client left is settled once the gateway sees it go
+        # A request whose client left is settled once the gateway sees it go: `agreed` waits for it.
         charged, found = await agreed(redis_url, ledger_db, 20, name=f"k{index}")
         most = max([_reserved(a) for status, a in answers if status == 429], default=0)  # one request's reservation
         assert produced <= BUDGET + most and charged <= BUDGET + most, (case, produced, charged, most)

@@ -183,15 +183,6 @@ def child_span(
         span.end()
 
 
-def start_child(
-    ex: Exchange, name: str, kind: SpanKind = SpanKind.INTERNAL, attributes: dict[str, Any] | None = None
-) -> trace.Span:
-    """A child span the caller ends (for spans that outlive one block: upstream, streams)."""
-    assert ex.tracer is not None and ex.span is not None
-    parent = trace.set_span_in_context(ex.span)
-    return ex.tracer.tracer.start_span(name, context=parent, kind=kind, attributes=attributes)
-
-
 def inject(span: trace.Span, headers: Any) -> None:
     """Put `span`'s W3C traceparent into the upstream request's headers."""
     _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from simulator.farm import SimulatorFarm
 
 log = logging.getLogger("modelgate.app")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class GatewayApp:
@@ -221,7 +224,7 @@ def build_app(
     app = web.Application(client_max_size=1024**4)  # bodies are read by the gateway, with its own limits
     app[APP_KEY] = owner
 
-    async def lifecycle(_: web.Application):  # noqa: ANN202
+    async def lifecycle(_: web.Application) -> AsyncIterator[None]:
         await owner.start()
         yield
         await owner.stop()
@@ -329,7 +332,7 @@ def _mount_administration(owner: GatewayApp, key_store: KeyStore, loaded: Loaded
             owner.admin.add(method, path, handler)
 
 
-def _route_handler(owner: GatewayApp, route: Route):  # noqa: ANN202
+def _route_handler(owner: GatewayApp, route: Route) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         assert owner.gateway is not None
         return await owner.gateway.handle(request, route)
@@ -400,7 +403,7 @@ def _breaker(channel: Channel) -> dict[str, object]:
     return shown
 
 
-def _plugin_handler(owner: GatewayApp, extra: PluginRoute):  # noqa: ANN202
+def _plugin_handler(owner: GatewayApp, extra: PluginRoute) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         return await extra.handler(request, owner.resources)
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -32,10 +33,10 @@ from multidict import CIMultiDict
 from proxy.core.drain import SHUTTING_DOWN, Drain
 from proxy.core.exchange import Exchange
 from proxy.core.headers import content_codings, end_to_end
+from proxy.core.phase import phase
 from proxy.core.pipeline import Pipeline
 from proxy.core.upstream_response import AnswerTooLarge, UpstreamResponse
 from proxy.observability.observer import Observer
-from proxy.observability.tracing import start_child
 from proxy.request.client_guards import ReaderWatch
 from proxy.request.redact import Redactor, StreamRedactor
 from proxy.upstream import ResponseStream, UpstreamError
@@ -306,12 +307,15 @@ class Relay:
         pin_pending = ex.route.creates is Pin.RESPONSE and upstream.status < 300
         # Unframed (nobody reads the events), a stream's bytes go on as they come and nothing is held.
         parser = SSEParser(self.max_event) if hooks or pin_pending else None
-        stream = StreamWatch(ex, self.observer, pipeline)
+        stream = StreamWatch(ex, self.observer)
         response.watch = ReaderWatch(ex, self.client_idle_s)
         if self.drain is not None:
             self.drain.opened(self)
         try:
-            return await self._relay_events(response, parser, hooks, pin_pending, stream)
+            with ExitStack() as phases:  # each event hook a phase of its own, for the whole stream
+                stream.spans = [phases.enter_context(phase(ex, hook.phase)) for hook in pipeline.event_hooks]
+                phases.callback(stream.tell_spans)  # (run first: before the spans end)
+                return await self._relay_events(response, parser, hooks, pin_pending, stream)
         except BaseException:
             response.unwatch()
             raise
@@ -508,13 +512,13 @@ class StreamWatch:
 
     __slots__ = ("ex", "observer", "events", "first_byte_at", "spans")
 
-    def __init__(self, ex: Exchange, observer: Observer, pipeline: Pipeline) -> None:
+    def __init__(self, ex: Exchange, observer: Observer) -> None:
         self.ex = ex
         self.observer = observer
         self.events = 0
         self.first_byte_at: float | None = None
-        # Per-event hooks get one span each for the whole stream, not one per event.
-        self.spans = [start_child(ex, hook.phase) for hook in pipeline.event_hooks] if ex.span is not None else []
+        # The event hooks' phases: one span each for the whole stream (not one per event) when traced.
+        self.spans: list[Any] = []
         observer.stream_opened(ex)
 
     def wrote(self, events: int) -> None:
@@ -523,10 +527,12 @@ class StreamWatch:
         if self.first_byte_at is None:
             self.first_byte_at = time.perf_counter()
 
-    def close(self) -> None:
+    def tell_spans(self) -> None:
         for span in self.spans:
-            span.set_attribute("modelgate.events", self.events)
-            span.end()
+            if span is not None:
+                span.set_attribute("modelgate.events", self.events)
+
+    def close(self) -> None:
         self.observer.stream_closed(self.ex, self.events, self.first_byte_at, time.perf_counter())
 
 
