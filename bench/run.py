@@ -214,7 +214,10 @@ def main() -> int:
         port = free_port()
         config = work / f"{name.replace(' ', '-')}.yaml"
         config.write_text(
-            f'server: {{listen: "127.0.0.1:{port}"}}\n'
+            # A fixed bound on requests in flight, not the adaptive one: this measures what a worker
+            # serves when saturated by a closed loop, which the adaptive bound partly refuses
+            # (docs/capacity.md; bench/overload.py measures that).
+            f'server: {{listen: "127.0.0.1:{port}", max_in_flight: 4096}}\n'
             "keys: [{name: bench, key: bench-key-0123}]\n"
             f"channels: [{{name: bench, base_url: '{upstream_url}', credential: upstream-key}}]\n"
             + observability.replace("{UPSTREAM}", upstream_url)
@@ -278,7 +281,8 @@ def write_results(out: Path, targets: list[Target], args: argparse.Namespace) ->
         "modelgate runs its default pipeline for the message format (auth, validation, usage capture, SSE",
         "framing) with metrics and JSON access lines on and tracing off; 'all on' adds tracing of every request",
         "exported over OTLP; 'all off' has no metrics, access lines or traces. The forwarder has no plugins;",
-        "nginx proxies with `proxy_buffering off` and a keep-alive upstream pool.",
+        "nginx proxies with `proxy_buffering off` and a keep-alive upstream pool. Every modelgate runs with",
+        "`server.max_in_flight: 4096` (a fixed bound: the adaptive one sheds part of a saturating closed loop).",
         "Added latency is the target's p50/p99 minus direct's.",
         "",
         "### Non-streaming (POST /v1/messages)",
