@@ -158,12 +158,14 @@ async def test_a_broken_stream_ends_with_the_formats_error_event(start_gateway, 
     assert '"type":"error"' in events[-1] and message in events[-1]
 
 
-async def test_unknown_path_and_wrong_method_are_json_errors(gateway, http):
-    async with http.get(gateway.url + "/v2/unknown") as answer:
+async def test_unknown_path_and_wrong_method_are_json_errors_naming_the_request_id(gateway, http):
+    async with http.get(gateway.url + "/v2/unknown", headers={"X-Request-Id": "my-404"}) as answer:
         assert answer.status == 404 and "error" in await answer.json()
-    async with http.get(gateway.url + "/v1/messages") as answer:
+        assert answer.headers["X-Request-Id"] == "my-404"
+    async with http.get(gateway.url + "/v1/messages", headers={"X-Request-Id": "bad id\u00e9"}) as answer:
         assert answer.status == 405 and answer.headers["Allow"] == "POST"
         assert (await answer.json())["error"]["type"] == "invalid_request_error"
+        assert answer.headers["X-Request-Id"] not in ("", "bad id\u00e9")  # not a safe one: the gateway's own
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,7 @@ from proxy.process.runtime import build_runtime
 from proxy.registry import load_config, plugin_routes
 from proxy.request.affinity import Affinity
 from proxy.request.client_guards import ConnectionCount
-from proxy.request.gateway import Gateway
+from proxy.request.gateway import Gateway, answer_id
 from proxy.state import StateStore, make_store
 from proxy.wire.routes import ALIASES, ROUTES, Route
 
@@ -447,6 +447,16 @@ def _format_of(path: str) -> Format:
 
 
 async def _unmatched(request: web.Request) -> web.Response:
+    """What no route serves: 404 or 405 in the shape of the format its path looks like, naming
+    the request id (the caller's own when it is a safe one) as every other answer does."""
+    answer = _no_route(request)
+    owner = request.config_dict.get(APP_KEY)
+    header = owner.loaded.config.server.request_id_header if owner is not None else "X-Request-Id"
+    answer.headers[header] = answer_id(request.headers.get(header, ""))
+    return answer
+
+
+def _no_route(request: web.Request) -> web.Response:
     if "#" in request.raw_path:  # aiohttp keeps a fragment in the path; an endpoint's own target has none
         path = request.raw_path.partition("#")[0].partition("?")[0]
         fmt = next((r.format for pattern, r in _TEMPLATES if pattern.match(path)), ACCOUNT)
