@@ -17,6 +17,25 @@ import redis
 from tests.conftest import free_port
 
 
+def redis_server(port: int, directory: Path | str, *args: str) -> list[str]:
+    """The command line of a throwaway Redis on 127.0.0.1:`port` (0: none; a TLS port may be in
+    `args`), keeping nothing on disk beyond `directory`."""
+    return [
+        "redis-server",
+        *args,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(directory),
+    ]
+
+
 def _client(port: int) -> redis.Redis:
     return redis.Redis(host="127.0.0.1", port=port, socket_timeout=2.0, socket_connect_timeout=2.0)
 
@@ -48,20 +67,7 @@ class RedisProcesses:
         workdir.mkdir(parents=True, exist_ok=True)
         log = (workdir / "redis.log").open("wb")
         self.processes[port] = subprocess.Popen(
-            [
-                "redis-server",
-                *args,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(workdir),
-            ],
+            redis_server(port, workdir, *args),
             stdout=log,
             stderr=subprocess.STDOUT,
         )

@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import MESSAGE_HEADERS, Process, free_port
 from tests.polling import within
+from tests.redis_topologies import redis_server
 from tests.test_workers import alive, children
 
 KEY = "chaos-key-00001"
@@ -35,19 +36,7 @@ class Redis:
 
     async def start(self) -> None:
         self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.dir),
-            ],
+            redis_server(self.port, self.dir),
             stdout=subprocess.DEVNULL,
         )
         for _ in range(100):

@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import free_port
+from tests.redis_topologies import redis_server
 
 KEY = "limited-key-01"
 MSG = {"x-api-key": KEY, "msgapi-version": "2023-06-01"}
@@ -250,19 +251,7 @@ def own_redis(tmp_path):
 
     def start() -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(tmp_path),
-            ],
+            redis_server(port, tmp_path),
             stdout=subprocess.DEVNULL,
         )
         import socket

@@ -23,6 +23,7 @@ from proxy.registry import parse_config
 from proxy.state.connect import Mode, connect, parse
 from proxy.state.redis import RedisStore
 from tests.conftest import free_port
+from tests.redis_topologies import redis_server
 
 CHAT = {"model": "msgmodel-haiku-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -589,27 +590,12 @@ async def test_state_over_tls_with_a_ca_of_its_own(start_gateway, http, tmp_path
     _certificates(tmp_path)
     port = free_port()
     redis = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            "0",
-            "--tls-port",
-            str(port),
-            "--tls-cert-file",
-            "redis.crt",
-            "--tls-key-file",
-            "redis.key",
-            "--tls-ca-cert-file",
-            "ca.crt",
-            "--tls-auth-clients",
-            "no",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp_path),
-        ],
+        redis_server(
+            0,
+            tmp_path,
+            *("--tls-port", str(port), "--tls-cert-file", "redis.crt", "--tls-key-file", "redis.key"),
+            *("--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no"),
+        ),
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,

@@ -99,11 +99,12 @@ def load_config(
     path: str | Path | None,
     environ: Mapping[str, str] | None = None,
     *,
+    rules: PluginRules,
     reloading: bool = False,
-    rules: PluginRules | None = None,
 ) -> LoadedConfig:
-    """Read and validate `path`; None gives the embedded defaults. `reloading`: an empty file is
-    refused (`refuse_empty_reload`). `rules`: the plugins' too (else the config's own sections only)."""
+    """Read and validate `path`, its sections and, by `rules`, its plugins (no default: a config
+    read for use is never left unchecked by forgetting them); None gives the embedded defaults.
+    `reloading`: an empty file is refused (`refuse_empty_reload`)."""
     environ = os.environ if environ is None else environ
     if path is None:
         config = parse_config("", environ, rules)
@@ -139,8 +140,8 @@ def config_from_text(
     text: str,
     source: str,
     environ: Mapping[str, str],
-    files: Mapping[str, str | None] | None = None,
-    rules: PluginRules | None = None,
+    files: Mapping[str, str | None] | None,
+    rules: PluginRules,
 ) -> LoadedConfig:
     """Validate a config's text; `files` are those already read for it (the file it came from)."""
     read = dict(files or {})
@@ -157,12 +158,12 @@ def text_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def parse_config(text: str, environ: Mapping[str, str], rules: PluginRules | None = None) -> GatewayConfig:
+def parse_config(text: str, environ: Mapping[str, str], rules: PluginRules) -> GatewayConfig:
     return _parse(text, environ, {}, rules)
 
 
 def _parse(
-    text: str, environ: Mapping[str, str], files: MutableMapping[str, str | None], rules: PluginRules | None
+    text: str, environ: Mapping[str, str], files: MutableMapping[str, str | None], rules: PluginRules
 ) -> GatewayConfig:
     try:
         tree = yaml.safe_load(text)
@@ -189,9 +190,8 @@ def _parse(
         problems.extend(_describe(error) for error in exc.errors())
     if config is not None:
         problems.extend(cross_section_problems(config))
-    if rules is not None:
-        problems.extend(rules.problems(tree, config))
-    if config is not None and not problems and rules is not None:
+    problems.extend(rules.problems(tree, config))
+    if config is not None and not problems:
         rules.settle(config)
     if problems:
         raise ConfigError(_placeholders_first(problems))

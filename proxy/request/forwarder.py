@@ -286,7 +286,7 @@ class Forwarder:
                     failure.status,
                     f"upstream {channel.name} answered {status}: it {failure.says}",
                     failure.code,
-                    headers={"x-should-retry": "false", "Server-Timing": ex.server_timing()},
+                    headers={"x-should-retry": "false"},
                 )
         try:
             relay = Relay(
@@ -315,8 +315,7 @@ class Forwarder:
         if status == 502 and ex.route.format is ACCOUNT:
             status = 503  # a webhook's sender, a login form, retry a 503
         never_reached = exc.written is Written.NOTHING
-        # After attempts, where the time went (a failover's pauses, a pool's wait) matters most.
-        headers = {"x-should-retry": "true" if never_reached else "false", "Server-Timing": ex.server_timing()}
+        headers = {"x-should-retry": "true" if never_reached else "false"}
         if kind == "pool_exhausted":
             headers["Retry-After"] = "1"
         reused = " on a reused connection" if exc.reused and not exc.answered and not never_reached else ""

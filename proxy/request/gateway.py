@@ -72,7 +72,7 @@ def _stamped(ex: Exchange, response: web.StreamResponse, id_header: str) -> web.
         for name, value in ex.response_headers.items():
             response.headers.setdefault(name, value)
     response.headers[id_header] = ex.request_id
-    if ex.outcome.attempts and "Server-Timing" not in response.headers:  # an upstream had the request
+    if ex.outcome.attempts:  # after attempts, where the time went (a failover's pauses, a pool's wait)
         response.headers["Server-Timing"] = ex.server_timing()
     body = response.body if isinstance(response, web.Response) else None
     size = len(body) if isinstance(body, bytes) else None
