@@ -120,6 +120,13 @@ async def _keys_held(http: aiohttp.ClientSession, admin_url: str) -> dict[tuple[
     }
 
 
+async def _synced_twice(http: aiohttp.ClientSession, admin_url: str) -> bool:
+    """The read at start and the sync loop's first, both done (`modelgate_key_store_syncs`)."""
+    async with http.get(admin_url + "/metrics") as answer:
+        found = re.search(r'^modelgate_key_store_syncs_total\{outcome="ok"\} (\S+)$', await answer.text(), re.M)
+    return found is not None and float(found.group(1)) >= 2
+
+
 async def _is(http: aiohttp.ClientSession, url: str, secret: str, wanted: int) -> bool:
     return await status(http, url, secret) == wanted
 
@@ -222,6 +229,9 @@ async def test_random_keys_never_reach_the_database(spawn, redis_url: str, ledge
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http:
             await within(5, lambda: _is(http, gateway.url, "mg-warm-up", 401))
+            # The key store's first read after start (it opens its LISTEN session, then reads) may
+            # still be under way when the listener answers: the baseline is taken after it.
+            await within(5, lambda: _synced_twice(http, gateway.admin))
             before = await sessions()
             assert before  # the gateway's listening session, at least
 
