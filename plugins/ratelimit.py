@@ -43,6 +43,7 @@ RATELIMIT_BACKEND_ERRORS = Counter(
 log = logging.getLogger("modelgate.ratelimit")
 _WINDOW_S = 60.0
 _SETTLING = "settling"
+_FOUND = "found"  # the checks `takes` found, for on_request
 
 
 class RateLimitSettings(BaseModel):
@@ -116,8 +117,17 @@ class RateLimit(Plugin):
         would hold every request for its timeout); the fail mode decides at once."""
         return self.owns_limiter and self.state_away()
 
-    async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
+    def takes(self, ex: Exchange) -> bool:
+        # A request no limit applies to (a key with none, of a tenant with none, on a route with no
+        # per-address limit) runs none of its hooks: no lease, nothing to settle. The checks found
+        # are kept for its on_request, which comes next.
         checks = self._checks(ex)
+        if checks:
+            ex.state(self)[_FOUND] = checks
+        return bool(checks)
+
+    async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
+        checks = ex.state(self).pop(_FOUND, None) or self._checks(ex)
         if not checks:
             return None
         try:

@@ -19,6 +19,8 @@ class SSEPassthrough(Plugin):
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
         usage = ex.format.usage_from_event(event)
+        if ex.outcome.response_id is None:  # the opening event names the answer (parsed for its usage already)
+            ex.outcome.identified(ex.format.response_id_of(event.json()))
         if usage is not None:
             if ex.route.creates is not None or ex.route.follows is None:  # a resumed stream costs nothing itself
                 ex.usage.update(usage)

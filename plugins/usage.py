@@ -20,6 +20,7 @@ class UsageCapture(Plugin):
         if upstream.status >= 400 or not upstream.is_json:
             return
         body = upstream.json()
+        ex.outcome.identified(ex.format.response_id_of(body))
         generation = ex.format.generation_of(body)
         if generation is not None:
             ex.generation = generation

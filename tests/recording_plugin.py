@@ -130,3 +130,15 @@ class Squatter(Plugin):
     async def on_complete(self, ex: Exchange) -> None:
         Squatter.seen.append(dict(ex.state(self)))
         ex.state(self).clear()
+
+
+class Traced(Plugin):
+    """Starts a span of its own through the OpenTelemetry API, as an instrumented client library
+    a plugin calls would: the gateway's trace must hold it, under the request's span."""
+
+    async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
+        from opentelemetry import trace
+
+        with trace.get_tracer("tests.traced").start_as_current_span("a lookup of its own") as span:
+            span.set_attribute("lookup.hit", True)
+        return None

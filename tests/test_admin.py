@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 import aiohttp
@@ -265,14 +266,18 @@ state: {{backend: redis, url: '{REDIS_URL}', prefix: 'admin-{os.getpid()}-{time.
         async with aiohttp.ClientSession() as http:
             async with http.post(gateway.url + "/v1/responses", json=RESPONSE, headers=BEARER) as answer:
                 assert answer.status == 200
-    async with aiohttp.ClientSession() as http:
-        _, metrics, _ = await answer_of(http, gateway.admin + "/metrics")
-    served = sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith("modelgate_requests_total{") and 'route="responses"' in line
-    )
-    assert served == 6  # both workers' counts, whichever answered the scrape
+
+    async def served() -> float:
+        async with aiohttp.ClientSession() as http:
+            _, metrics, _ = await answer_of(http, gateway.admin + "/metrics")
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("modelgate_requests_total{") and 'route="responses"' in line
+        )
+
+    # Both workers' counts, whichever answered the scrape (each folds its own in within a second).
+    await within(3, lambda: _equals(served(), 6), "both workers' requests in the scrape")
 
     config = next(tmp_path.glob("gateway-*.yaml"))
     new_token, new_port = "adm-rotated-0123456789abcdef", free_port()
@@ -401,3 +406,7 @@ def test_a_supervisor_stops_when_a_worker_finds_its_listeners_overlap(tmp_path: 
         for signum, handler in handlers.items():  # and so are the handlers it installs
             signal.signal(signum, handler)
     assert sorted(started) == [0, 1]  # none started again: each would bind the same way
+
+
+async def _equals(value: Awaitable[float], wanted: float) -> bool:
+    return await value == wanted

@@ -118,6 +118,7 @@ OUTCOME_CALLERS = {
     "upstream_done": {"proxy/request/relay.py"},
     "paused": {"proxy/request/forwarder.py"},
     "pool_waited": {"proxy/request/forwarder.py"},  # handed to a channel's pool, which calls it
+    "identified": {"plugins/usage.py", "plugins/sse.py"},  # the plugins that read answers
 }
 
 

@@ -6,11 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
-import pytest
-from aiohttp import web
 from google.protobuf import json_format
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -31,8 +27,11 @@ from opentelemetry.trace import (
 )
 from prometheus_client import REGISTRY
 
-from proxy.observability.otlp import LoopSpanProcessor, encode
+from proxy.observability.export import OtlpHttp, SpanExport
+from proxy.observability.otlp import encode, readable, records_json
+from proxy.observability.spans import CLIENT, SERVER, RequestTrace, SpanRecord
 from tests.conftest import free_port
+from tests.otlp_collector import collector  # noqa: F401 (a fixture)
 
 MSG = {"x-api-key": "sk-demo-key", "msgapi-version": "2023-06-01"}
 BODY = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "a"}]}
@@ -104,6 +103,48 @@ def test_the_json_encoding_is_the_message_the_protobuf_encoder_builds():
     assert len(ours.resource_spans) == 1 and len(ours.resource_spans[0].scope_spans) == 2
 
 
+def own_records() -> list[SpanRecord]:
+    """A request's own spans, with what the gateway writes: a remote parent with trace state,
+    every attribute type, an event, a failed step, a client span, a name that needs escaping."""
+    request = RequestTrace(0x0AF7651916CD43DD8448EB211C80319C, True, 0xB7AD6B7169203331, "vendor=x1")
+    server = SpanRecord(
+        request,
+        "POST /v1/messages",
+        SERVER,
+        request.server_id,
+        request.parent_id,
+        {"http.route": "/v1/messages", "http.response.status_code": 200, "modelgate.overhead_ms": 0.25},
+    )
+    with server.child("auth on_request") as auth:
+        auth.set_attribute("modelgate.client_aborted", False)
+        auth.set_attribute("tags", ("a", "b"))
+    try:
+        with server.child('a "quoted"\nstep \u202e') as failing:
+            raise ValueError("refused")
+    except ValueError:
+        pass
+    with server.child("POST upstream simulator", CLIENT, {"modelgate.attempt": 1, "big": 2**62}):
+        pass
+    server.set_status(StatusCode.ERROR, "upstream failed")
+    server.end()
+    assert failing.events and failing.status == 2
+    return request.finished
+
+
+def test_the_gateway_s_own_spans_encode_as_the_protobuf_encoder_builds_them():
+    resource = Resource.create({"service.name": "modelgate"})
+    records = own_records()
+    decoded = json.loads(encode([], [records_json(records)], resource))
+    _hex_ids_to_base64(decoded)
+    ours = json_format.ParseDict(decoded, ExportTraceServiceRequest())
+    assert ours == encode_spans([readable(record, resource) for record in records])
+    again = json.loads(encode([], [records_json(records)], resource))  # attribute pairs reused from the first encoding
+    _hex_ids_to_base64(again)
+    assert json_format.ParseDict(again, ExportTraceServiceRequest()) == ours
+    spans = ours.resource_spans[0].scope_spans[0].spans
+    assert len(spans) == 4 and sum(span.flags & 0x200 != 0 for span in spans) == 1  # only the server's parent is remote
+
+
 def test_ids_are_hex_and_64_bit_integers_strings_as_otlp_json_requires():
     scopes = json.loads(encode(finished_spans()))["resourceSpans"][0]["scopeSpans"]
     span = next(span for scope in scopes for span in scope["spans"] if span["kind"] == 2)
@@ -114,56 +155,9 @@ def test_ids_are_hex_and_64_bit_integers_strings_as_otlp_json_requires():
     assert big["value"] == {"intValue": str(2**62)}
 
 
-@dataclass
-class Collector:
-    """An OTLP/HTTP receiver that answers with the statuses it is told to, then 200."""
-
-    url: str = ""
-    statuses: list[int] = field(default_factory=list)
-    posts: list[tuple[dict[str, str], dict]] = field(default_factory=list)
-    reply: bytes = b"{}"
-    answering: asyncio.Event = field(default_factory=asyncio.Event)  # cleared: requests stall until set
-    arrived: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def spans(self) -> list[dict]:
-        return [
-            span
-            for _, body in self.posts
-            for resource in body["resourceSpans"]
-            for scope in resource["scopeSpans"]
-            for span in scope["spans"]
-        ]
-
-
-@pytest.fixture
-async def collector() -> AsyncIterator[Collector]:
-    found = Collector()
-    found.answering.set()
-
-    async def receive(request: web.Request) -> web.Response:
-        raw = await request.read()  # aiohttp undoes a Content-Encoding: gzip
-        await found.answering.wait()
-        status = found.statuses.pop(0) if found.statuses else 200
-        if status == 200:
-            found.posts.append((dict(request.headers), json.loads(raw)))
-            found.arrived.set()
-        return web.Response(
-            status=status,
-            body=found.reply if status == 200 else b"busy",
-            content_type="application/json",
-            headers={"Retry-After": "0"} if status == 503 else None,
-        )
-
-    app = web.Application()
-    app.router.add_post("/v1/traces", receive)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    found.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1/traces"  # type: ignore[union-attr]
-    yield found
-    found.answering.set()
-    await runner.cleanup()
+def export_to(url: str, timeout_s: float = 10.0, **queue: float) -> SpanExport:
+    """An export's queue posting OTLP/JSON to `url`."""
+    return SpanExport(OtlpHttp(url, Resource.create({}), timeout_s=timeout_s), **queue)  # type: ignore[arg-type]
 
 
 def exported(outcome: str) -> float:
@@ -192,11 +186,11 @@ async def test_a_traced_request_reaches_the_collector_as_one_trace(start_gateway
 
 async def test_a_collector_that_asks_to_wait_gets_the_same_batch_again(collector):
     collector.statuses = [503, 503]
-    processor = LoopSpanProcessor(collector.url, interval_s=0.05)
+    processor = export_to(collector.url, interval_s=0.05)
     processor.start()
     before = exported("exported")
     for span in finished_spans():
-        processor.on_end(span)
+        processor.add_sdk(span)
     await asyncio.wait_for(collector.arrived.wait(), 10)
     await processor.close()
     assert len(collector.posts) == 1 and len(collector.spans()) == 3
@@ -205,46 +199,46 @@ async def test_a_collector_that_asks_to_wait_gets_the_same_batch_again(collector
 
 async def test_a_refused_batch_is_counted_and_not_sent_again(collector):
     collector.statuses = [400]
-    processor = LoopSpanProcessor(collector.url, interval_s=0.05)
+    processor = export_to(collector.url, interval_s=0.05)
     processor.start()
     before = exported("rejected")
     for span in finished_spans():
-        processor.on_end(span)
+        processor.add_sdk(span)
     await processor.close()
     assert collector.posts == [] and exported("rejected") - before == 3
 
 
 async def test_a_partial_success_counts_the_spans_the_collector_turned_away(collector):
     collector.reply = b'{"partialSuccess":{"rejectedSpans":"2","errorMessage":"too old"}}'
-    processor = LoopSpanProcessor(collector.url, interval_s=60)
+    processor = export_to(collector.url, interval_s=60)
     processor.start()
     before = exported("exported"), exported("rejected")
     for span in finished_spans():
-        processor.on_end(span)
+        processor.add_sdk(span)
     await processor.close()  # what is queued goes out on close
     assert (exported("exported") - before[0], exported("rejected") - before[1]) == (1, 2)
 
 
 async def test_an_oversized_reply_still_counts_the_batch_as_exported(collector):
     collector.reply = b"{" + b" " * (2 * 1024 * 1024) + b"}"
-    processor = LoopSpanProcessor(collector.url, interval_s=60)
+    processor = export_to(collector.url, interval_s=60)
     processor.start()
     before = exported("exported")
     for span in finished_spans():
-        processor.on_end(span)
+        processor.add_sdk(span)
     await processor.close()
     assert exported("exported") - before == 3
 
 
 async def test_with_the_collector_down_spans_wait_in_a_bounded_queue():
-    processor = LoopSpanProcessor(
+    processor = export_to(
         f"http://127.0.0.1:{free_port()}/v1/traces", max_queue=4, batch_size=2, interval_s=60, timeout_s=0.5
     )
     processor.start()
     before = exported("dropped"), exported("failed")
     for _ in range(2):
         for span in finished_spans():
-            processor.on_end(span)
+            processor.add_sdk(span)
     await processor.close(timeout_s=2)
     assert exported("dropped") - before[0] == 2  # 6 ended, 4 kept
     assert exported("failed") - before[1] == 4
@@ -252,20 +246,20 @@ async def test_with_the_collector_down_spans_wait_in_a_bounded_queue():
 
 async def test_closing_gives_a_stalled_collector_a_bounded_time_and_counts_what_it_lost(collector):
     collector.answering.clear()
-    processor = LoopSpanProcessor(collector.url, interval_s=3600)
+    processor = export_to(collector.url, interval_s=3600)
     processor.start()
     before = exported("failed")
     for span in finished_spans():
-        processor.on_end(span)
+        processor.add_sdk(span)
     await asyncio.wait_for(processor.close(timeout_s=0.3), 5)
     assert exported("failed") - before == 3
 
 
 async def test_a_full_batch_goes_out_without_waiting_for_the_interval(collector):
-    processor = LoopSpanProcessor(collector.url, batch_size=3, interval_s=3600)
+    processor = export_to(collector.url, batch_size=3, interval_s=3600)
     processor.start()
     for span in finished_spans():
-        processor.on_end(span)
+        processor.add_sdk(span)
     await asyncio.wait_for(collector.arrived.wait(), 10)
     assert len(collector.spans()) == 3
     await processor.close()

@@ -433,6 +433,14 @@ class TracingConfig(Strict):
     service_name: str = "modelgate"
     headers: dict[str, str] = Field(default_factory=dict)  # sent with every export (a collector's API key)
     compression: Literal["none", "gzip"] = "none"
+    # OTLP/HTTP's two encodings (the names OTEL_EXPORTER_OTLP_PROTOCOL uses): JSON costs less to write.
+    protocol: Literal["http/json", "http/protobuf"] = "http/json"
+    # Exported whatever the sampler decided: a request answered 5xx, and one that took longer than this.
+    keep_errors: bool = True
+    keep_slower_than_ms: float | None = Field(default=None, gt=0)
+    # More of the resource every span names (deployment.environment, service.namespace ...), over
+    # OTEL_RESOURCE_ATTRIBUTES; service.name is `service_name`.
+    resource: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("headers")
     @classmethod

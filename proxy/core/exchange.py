@@ -70,7 +70,7 @@ class Exchange:
         "_states",
         "tracer",
         "span",
-        "unsampled_span",
+        "trace",
         "response_headers",
         "answer_limit",
         "gateway_id",
@@ -127,9 +127,12 @@ class Exchange:
         self.pipeline: Pipeline | None = None
         self.response_headers: dict[str, str] | None = None  # plugins' additions to the client's answer
         self.answer_limit: AnswerLimit | None = None  # a plugin must read the whole answer
-        self.tracer: Any = None  # what traces this request (a PhaseTracer), when it is traced
-        self.span: Any = None  # its server span
-        self.unsampled_span: Any = None  # a request traced but not sampled: its ids travel on, nothing is recorded
+        # Set by the observability layer when tracing is on: the request's trace ids and head
+        # decision (`trace`, always), and, when its spans are recorded, what records them (a
+        # PhaseTracer) and its server span, which `phase` makes children of.
+        self.trace: Any = None
+        self.tracer: Any = None
+        self.span: Any = None
 
     def state(self, plugin: object) -> dict[str, Any]:
         """What `plugin` keeps for this request between its hooks, in a room no other plugin

@@ -29,6 +29,7 @@ class Outcome:
         "upstream_before_s",
         "backoff_s",
         "pool_wait_s",
+        "response_id",
     )
 
     def __init__(self) -> None:
@@ -52,6 +53,7 @@ class Outcome:
         self.upstream_before_s = 0.0
         self.backoff_s = 0.0  # paused between attempts (resilience.backoff_s, doubling)
         self.pool_wait_s = 0.0  # waited for a connection a channel's pool may open (pool.max_connections)
+        self.response_id: str | None = None  # the upstream's id for its answer ("": looked for, none given)
 
     def answered(self, status: int, size: int | None = None) -> None:
         """The client's answer has this status (and, sent whole, this many body bytes)."""
@@ -74,6 +76,10 @@ class Outcome:
     def failed(self, message: str, code: str | None = None) -> None:
         """What went wrong, as the answer (or the access line) says it."""
         self.error, self.error_code = message, code
+
+    def identified(self, response_id: str | None) -> None:
+        """The upstream's id for its answer (a message's, a response's), None when it gave none."""
+        self.response_id = response_id[:200] if response_id else ""
 
     def cut(self, by: str) -> None:
         """The answer ended before its end, once the upstream had the request: by "client",

@@ -241,6 +241,17 @@ class Format:
     def usage_from_event(self, event: SSEEvent) -> Usage | None:
         return None
 
+    def response_id_of(self, answer: Any) -> str | None:
+        """The id the upstream gave its answer (a trace's gen_ai.response.id), from a JSON answer
+        or a stream's opening event, which wraps the answer (`message`, `response`)."""
+        if not isinstance(answer, dict):
+            return None
+        found = answer.get("id")
+        if found is None:
+            inner = answer.get("message") or answer.get("response")
+            found = inner.get("id") if isinstance(inner, dict) else None
+        return found if isinstance(found, str) else None
+
     def in_background(self, body: Any) -> bool:
         """Whether a request asks for a generation that goes on after its answer (and after its
         client leaves), to be read later: only the response format has them."""

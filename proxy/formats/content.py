@@ -121,6 +121,10 @@ class ContentFormat(Format):
                     )
         return found
 
+    def response_id_of(self, answer: Any) -> str | None:
+        found = answer.get("responseId") if isinstance(answer, dict) else None
+        return found if isinstance(found, str) else None
+
     def usage_from_body(self, body: Any) -> Usage | None:
         if isinstance(body, list):  # a non-SSE stream answer is a JSON array of chunks
             body = body[-1] if body else None

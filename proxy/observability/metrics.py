@@ -14,23 +14,28 @@ import re
 from typing import Any
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
+    REGISTRY,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    generate_latest,
     multiprocess,
 )
+from prometheus_client.exposition import choose_encoder
 
 from proxy.config.model import GatewayConfig
 from proxy.formats.catalogue import SPEC_MODELS
+from proxy.observability.tally import Fold, fold
 
 # Set in each worker process to its slot (proxy/process/workers.py sets it, metrics read it).
 WORKER_ENV = "MODELGATE_WORKER"
 
 _GLOB = re.compile(r"[*?\[]")
 _INDEX = re.compile(r"\[\d+\]")
+
+# Folds the request path's plain tallies (proxy/observability/tally.py) into the families below
+# whenever the registry is read: registered before them, so it runs first.
+REGISTRY.register(Fold())
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _OVERHEAD = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
@@ -211,6 +216,16 @@ def child(metric: Any, *labels: str) -> Any:
     return found
 
 
+_CHANNEL_UP: dict[str, bool] = {}
+
+
+def channel_up(channel: str, up: bool) -> None:
+    """`modelgate_channel_up` for a channel, set only when it changes (it is told after every attempt)."""
+    if _CHANNEL_UP.get(channel) is not up:
+        _CHANNEL_UP[channel] = up
+        child(CHANNEL_UP, channel).set(1 if up else 0)
+
+
 def status_class(status: int) -> str:
     return f"{status // 100}xx" if status else "none"
 
@@ -227,10 +242,18 @@ def count_reload(outcome: str) -> None:
         CONFIG_RELOADS.labels(outcome).inc()
 
 
-def exposition() -> tuple[bytes, str]:
-    """The /metrics body: this process's metrics, or every worker's in multiprocess mode."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+def exposition(accept: str = "") -> tuple[bytes, str]:
+    """The /metrics body: this process's metrics, or every worker's in multiprocess mode; in
+    the OpenMetrics format (with the latency histograms' exemplars) when `accept` asks for it,
+    as Prometheus does, else in Prometheus's text format."""
+    encoder, content_type = choose_encoder(accept)
+    if multiprocess_mode():
+        fold()  # this worker's latest; the others' are at most a second old
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
-        return generate_latest(registry), CONTENT_TYPE_LATEST
-    return generate_latest(), CONTENT_TYPE_LATEST
+        return encoder(registry), content_type
+    return encoder(REGISTRY), content_type
+
+
+def multiprocess_mode() -> bool:
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))

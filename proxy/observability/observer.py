@@ -1,36 +1,29 @@
-"""`Observer`: turns what an exchange did into metrics, once per request and a few times per stream."""
+"""`Observer`: turns what an exchange did into metrics, once per request and a few times per stream.
+
+What every request touches is tallied in plain numbers and folded into the Prometheus families
+when they are read (proxy/observability/tally.py); what few requests touch (a client gone, a
+failover's pause, an upstream's failure) goes to the families at once."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any
 
 from proxy.config.model import GatewayConfig
 from proxy.core.exchange import Exchange
 from proxy.observability import metrics as m
 from proxy.observability.metrics import child
+from proxy.observability.tally import CounterTally, GaugeTally, HistogramTally
 from proxy.policy.channels import Channel
 
-
-@dataclass(slots=True, frozen=True)
-class _RouteMetrics:
-    """The children every request of a route touches, found with one lookup instead of three."""
-
-    in_flight: Any
-    duration: Any
-    overhead: Any
-
-
-_BY_ROUTE: dict[str, _RouteMetrics] = {}
-
-
-def _route_metrics(route: str) -> _RouteMetrics:
-    found = _BY_ROUTE.get(route)
-    if found is None:
-        found = _BY_ROUTE[route] = _RouteMetrics(
-            child(m.IN_FLIGHT, route), child(m.DURATION, route), child(m.OVERHEAD, route)
-        )
-    return found
+# The request path's metrics, as plain tallies folded into the families when read (tally.py).
+_IN_FLIGHT = GaugeTally(m.IN_FLIGHT)
+_REQUESTS = CounterTally(m.REQUESTS)
+_DURATION = HistogramTally(m.DURATION)
+_OVERHEAD = HistogramTally(m.OVERHEAD)
+_TTFB = HistogramTally(m.UPSTREAM_TTFB)
+_TOKENS = CounterTally(m.TOKENS)
+_STREAMS_OPEN = GaugeTally(m.STREAMS_OPEN)
+_STREAM_EVENTS = CounterTally(m.STREAM_EVENTS)
+_STREAM_FIRST_EVENT = HistogramTally(m.STREAM_FIRST_EVENT)
+_STREAM_DURATION = HistogramTally(m.STREAM_DURATION)
 
 
 class Observer:
@@ -47,50 +40,52 @@ class Observer:
 
     def started(self, ex: Exchange) -> None:
         if self.enabled:
-            _route_metrics(ex.route.name).in_flight.inc()
+            _IN_FLIGHT.add((ex.route.name,), 1)
 
     def finished(self, ex: Exchange, now: float, overhead_s: float) -> None:
         if not self.enabled:
             return
-        route = ex.route.name
-        per_route = _route_metrics(route)
-        per_route.in_flight.dec()
+        route = (ex.route.name,)
+        _IN_FLIGHT.add(route, -1)
         model = self.model_label(ex.model)
         channel = ex.channel.name if ex.channel is not None else "none"
-        child(m.REQUESTS, route, ex.format.name, model, channel, m.status_class(ex.outcome.status)).inc()
-        per_route.duration.observe(now - ex.started)
-        per_route.overhead.observe(overhead_s)
         outcome = ex.outcome
+        _REQUESTS.add((route[0], ex.format.name, model, channel, m.status_class(outcome.status)))
+        # A traced request's id goes with its latencies as their bucket's exemplar.
+        trace = ex.trace
+        trace_id = f"{trace.trace_id:032x}" if trace is not None and ex.span is not None and trace.sampled else None
+        _DURATION.observe(route, now - ex.started, trace_id)
+        _OVERHEAD.observe(route, overhead_s, trace_id)
         if outcome.backoff_s:
             m.BACKOFF_WAIT.observe(outcome.backoff_s)
         if outcome.pool_wait_s:
             m.POOL_WAIT.observe(outcome.pool_wait_s)
-        if ex.outcome.upstream_headers_at is not None and ex.outcome.upstream_started is not None:
-            child(m.UPSTREAM_TTFB, route, channel).observe(ex.outcome.upstream_headers_at - ex.outcome.upstream_started)
+        if outcome.upstream_headers_at is not None and outcome.upstream_started is not None:
+            _TTFB.observe((route[0], channel), outcome.upstream_headers_at - outcome.upstream_started, trace_id)
         usage = ex.usage
         if usage.known:
             key = ex.key_name or "anonymous"
             if usage.input_tokens:
-                child(m.TOKENS, model, key, "input").inc(usage.input_tokens)
+                _TOKENS.add((model, key, "input"), usage.input_tokens)
             if usage.output_tokens:
-                child(m.TOKENS, model, key, "output").inc(usage.output_tokens)
-        if ex.outcome.client_aborted:
-            child(m.CLIENT_ABORTS, route, "mid_answer" if ex.outcome.bytes_out else "before_first_byte").inc()
+                _TOKENS.add((model, key, "output"), usage.output_tokens)
+        if outcome.client_aborted:
+            child(m.CLIENT_ABORTS, route[0], "mid_answer" if outcome.bytes_out else "before_first_byte").inc()
 
     def stream_opened(self, ex: Exchange) -> None:
         if self.enabled:
-            child(m.STREAMS_OPEN, ex.route.name).inc()
+            _STREAMS_OPEN.add((ex.route.name,), 1)
 
     def stream_closed(self, ex: Exchange, events: int, first_byte_at: float | None, now: float) -> None:
         if not self.enabled:
             return
-        route = ex.route.name
-        child(m.STREAMS_OPEN, route).dec()
+        route = (ex.route.name,)
+        _STREAMS_OPEN.add(route, -1)
         if events:
-            child(m.STREAM_EVENTS, route).inc(events)
+            _STREAM_EVENTS.add(route, events)
         if first_byte_at is not None:
-            child(m.STREAM_FIRST_EVENT, route).observe(first_byte_at - ex.started)
-        child(m.STREAM_DURATION, route).observe(now - ex.started)
+            _STREAM_FIRST_EVENT.observe(route, first_byte_at - ex.started)
+        _STREAM_DURATION.observe(route, now - ex.started)
 
     def upstream_result(self, channel: Channel, failure: str | None) -> None:
         """Count a failed attempt by kind (a full pool, the gateway's own limit, apart), and keep
@@ -101,7 +96,7 @@ class Observer:
             child(m.POOL_EXHAUSTED, channel.name).inc()
         elif failure is not None:
             child(m.UPSTREAM_ERRORS, channel.name, failure).inc()
-        child(m.CHANNEL_UP, channel.name).set(1 if channel.health.up else 0)
+        m.channel_up(channel.name, channel.health.up)
 
     def retried(self, ex: Exchange, reason: str) -> None:
         if self.enabled:

@@ -1,41 +1,59 @@
-"""OTLP/HTTP export of finished spans from the event loop, in OTLP's JSON encoding.
+"""OTLP's encodings of finished spans: JSON (written here with orjson) and protobuf (the
+opentelemetry-proto messages, through the SDK's encoder).
 
-The SDK's OTLP exporter builds a protobuf object for every span, attribute and value (about
-22 us a span here) and posts each batch with `requests` from a thread that takes the GIL
-from the event loop: tracing every request spent 0.24 ms of CPU a request on exporting
-alone. OTLP/HTTP receivers take JSON as well as protobuf (the protocol defines both);
-orjson writes it in a third of the time, and the batch goes out over the gateway's own
-HTTP client on the loop that made the spans.
+The SDK's encoder builds a protobuf object for every span, attribute and value (about 22 us a
+span here); OTLP/HTTP receivers take JSON as well as protobuf (the protocol defines both), and
+orjson writes it in a fraction of that. The gateway's own spans (proxy/observability/spans.py)
+are encoded straight from their records; attribute pairs that repeat (a route, a method, a
+model, a channel) are encoded once and reused.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import logging
-import zlib
-from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
-from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
-from opentelemetry.trace import SpanKind
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from proxy.observability.metrics import TRACE_SPANS
-from proxy.upstream import UpstreamError, UpstreamPool
+from proxy.observability.spans import SpanRecord
 
-log = logging.getLogger("modelgate.tracing")
-
+SCOPE = ("modelgate", __import__("proxy").__version__)  # the instrumentation scope of the gateway's own spans
 _KIND = {SpanKind.INTERNAL: 1, SpanKind.SERVER: 2, SpanKind.CLIENT: 3, SpanKind.PRODUCER: 4, SpanKind.CONSUMER: 5}
+_SDK_KIND = {number: kind for kind, number in _KIND.items()}
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200  # SpanFlags: whether the parent's remoteness is known, and is it
-_RETRYABLE = frozenset({429, 502, 503, 504})  # OTLP/HTTP: try these again later; any other refusal is final
+_REUSED_MAX = 4096  # encoded attribute pairs kept for reuse; emptied when full
 
 
-def encode(spans: Sequence[ReadableSpan]) -> bytes:
-    """An ExportTraceServiceRequest in OTLP/JSON: ids in hex, 64-bit integers as strings."""
+def encode(spans: Sequence[ReadableSpan], own: Sequence[bytes] = (), resource: Resource | None = None) -> bytes:
+    """An ExportTraceServiceRequest in OTLP/JSON (ids in hex, 64-bit integers as strings): SDK
+    spans grouped by their resource and scope, and the gateway's own spans, each request's as
+    `records_json` wrote them, under `resource` and the gateway's scope."""
+    if own and not spans and resource is not None:  # the gateway's spans alone: the envelope is written once
+        prefix, suffix = _envelope(resource)
+        parts = [prefix]
+        for chunk in own:
+            parts += (chunk, b",")
+        parts[-1] = suffix  # (the last comma's place)
+        return b"".join(parts)  # one copy of a batch that may be a megabyte
+    resources: dict[int, dict[str, Any]] = {}
+    if own:
+        assert resource is not None
+        resources[id(resource)] = {
+            "resource": {"attributes": _attributes(resource.attributes)},
+            "scopeSpans": [
+                {
+                    "scope": {"name": SCOPE[0], "version": SCOPE[1]},
+                    "spans": orjson.Fragment(b"[" + b",".join(own) + b"]"),
+                }
+            ],
+        }
+        if resource.schema_url:
+            resources[id(resource)]["schemaUrl"] = resource.schema_url
     groups: dict[tuple[int, int], tuple[ReadableSpan, list[dict[str, Any]]]] = {}
     for span in spans:
         key = (id(span.resource), id(span.instrumentation_scope))
@@ -43,7 +61,6 @@ def encode(spans: Sequence[ReadableSpan]) -> bytes:
         if group is None:
             group = groups[key] = (span, [])
         group[1].append(_span(span))
-    resources: dict[int, dict[str, Any]] = {}
     for first, encoded in groups.values():
         resource = first.resource
         entry = resources.get(id(resource))
@@ -56,6 +73,30 @@ def encode(spans: Sequence[ReadableSpan]) -> bytes:
                 entry["schemaUrl"] = resource.schema_url
         entry["scopeSpans"].append(_scope_spans(first, encoded))
     return orjson.dumps({"resourceSpans": list(resources.values())})
+
+
+_ENVELOPES: dict[int, tuple[Resource, tuple[bytes, bytes]]] = {}
+
+
+def _envelope(resource: Resource) -> tuple[bytes, bytes]:
+    """What goes before and after the gateway's own spans in a request of them alone."""
+    found = _ENVELOPES.get(id(resource))
+    if found is None or found[0] is not resource:
+        marker = "\x00spans\x00"
+        whole = orjson.dumps(
+            {
+                "resourceSpans": [
+                    {
+                        "resource": {"attributes": _attributes(resource.attributes)},
+                        "scopeSpans": [{"scope": {"name": SCOPE[0], "version": SCOPE[1]}, "spans": marker}],
+                        **({"schemaUrl": resource.schema_url} if resource.schema_url else {}),
+                    }
+                ]
+            }
+        )
+        before, after = whole.split(orjson.dumps(marker))
+        found = _ENVELOPES[id(resource)] = (resource, (before + b"[", b"]" + after))
+    return found[1]
 
 
 def _scope_spans(first: ReadableSpan, spans: list[dict[str, Any]]) -> dict[str, Any]:
@@ -157,188 +198,131 @@ def _value(value: Any) -> dict[str, Any]:
     return {}
 
 
-class LoopSpanProcessor(SpanProcessor):
-    """Queues finished, sampled spans and posts them in batches from the running loop: every
-    `interval_s`, or as soon as `batch_size` are waiting. Past `max_queue` waiting spans new
-    ones are dropped (and counted), so a collector that is down costs bounded memory. A batch
-    refused with 429/502/503/504, or not delivered at all, is tried again with a growing pause,
-    up to `attempts` times."""
+def records_json(records: Sequence[SpanRecord]) -> bytes:
+    """A request's spans in OTLP/JSON, comma-separated: what `encode` puts in its scope's list.
+    What its spans share (the trace id, the caller's trace state, their parent) is written once."""
+    if not records:
+        return b""
+    trace = records[0].trace
+    head = b'{"traceId":"%032x","spanId":"' % trace.trace_id
+    tail = (b',"traceState":' + orjson.dumps(trace.trace_state) if trace.trace_state else b"") + b"}"
+    under_server = b',"parentSpanId":"%016x"' % trace.server_id
+    return b",".join([_record(record, head, tail, under_server) for record in records])
 
-    def __init__(
-        self,
-        endpoint: str,
-        headers: Mapping[str, str] | None = None,
-        *,
-        gzip: bool = False,
-        batch_size: int = 512,
-        max_queue: int = 8192,
-        interval_s: float = 1.0,
-        timeout_s: float = 10.0,
-        attempts: int = 5,
-    ) -> None:
-        self.endpoint = endpoint
-        parts = urlsplit(endpoint)
-        self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        self.pool = UpstreamPool(
-            f"{parts.scheme}://{parts.netloc}",
-            max_connections=1,
-            keepalive_s=30.0,
-            connect_s=timeout_s,
-            first_byte_s=timeout_s,
-            idle_s=timeout_s,
-            total_s=timeout_s,
+
+def _record(record: SpanRecord, head: bytes, tail: bytes, under_server: bytes) -> bytes:
+    """One record, written as bytes: the attribute pairs seen before are reused as they were
+    encoded, the rest encoded by orjson (which escapes every text)."""
+    trace = record.trace
+    if record.attributes:
+        reused = _REUSED.get
+        try:
+            attributes = b",".join([reused(pair) or _pair(*pair) for pair in record.attributes.items()])
+        except TypeError:  # a value that cannot be a key (a list): encoded without reuse
+            attributes = b",".join([orjson.dumps({"key": k, "value": _value(v)}) for k, v in record.attributes.items()])
+    else:
+        attributes = b""
+    parent_id = record.parent_id
+    if parent_id == trace.server_id:
+        parent, flags = under_server, _HAS_IS_REMOTE
+    elif parent_id:
+        remote = parent_id == trace.parent_id  # the caller's span
+        parent, flags = (
+            b',"parentSpanId":"%016x"' % parent_id,
+            _HAS_IS_REMOTE | _IS_REMOTE if remote else _HAS_IS_REMOTE,
         )
-        self.headers = {"Content-Type": "application/json", **(headers or {})}
-        if gzip:
-            self.headers["Content-Encoding"] = "gzip"
-        self.gzip = gzip
-        self.batch_size = batch_size
-        self.max_queue = max_queue
-        self.interval_s = interval_s
-        self.attempts = attempts
-        self._queue: deque[ReadableSpan] = deque()
-        self._in_flight: list[ReadableSpan] = []  # the batch being delivered: queued again if close() cuts it off
-        self._reachable = True  # warn once when the collector starts failing, not once a batch
-        self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        pass
-
-    def on_end(self, span: ReadableSpan) -> None:
-        if not span.context.trace_flags.sampled:
-            return
-        if len(self._queue) >= self.max_queue:
-            TRACE_SPANS.labels("dropped").inc()
-            return
-        self._queue.append(span)
-        if len(self._queue) >= self.batch_size and self._wake is not None:
-            self._wake.set()
-
-    def start(self) -> None:
-        """Start exporting from the running loop."""
-        self._wake = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def close(self, timeout_s: float = 5.0) -> None:
-        """Stop, then send what is still queued: one try each batch, within `timeout_s` in all."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-            self._queue.extendleft(reversed(self._in_flight))
-        batch: list[ReadableSpan] = []
-        try:
-            async with asyncio.timeout(timeout_s):
-                while self._queue:
-                    batch = self._take()
-                    if await self._send(batch) is not None:
-                        TRACE_SPANS.labels("failed").inc(len(batch))
-                    batch = []
-        except TimeoutError:
-            TRACE_SPANS.labels("failed").inc(len(batch))
-        if self._queue:
-            TRACE_SPANS.labels("failed").inc(len(self._queue))
-            self._queue.clear()
-        await self.pool.close()
-
-    def shutdown(self) -> None:
-        """The SDK's synchronous hook: nothing to do here, `close()` sends what is left."""
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        if self._wake is not None:
-            self._wake.set()
-        return True
-
-    async def _run(self) -> None:
-        assert self._wake is not None
-        while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.interval_s)
-            except TimeoutError:
-                pass
-            self._wake.clear()
-            while self._queue:
-                batch = self._take()
-                try:
-                    await self._deliver(batch)
-                except Exception:  # a span that cannot be encoded must not stop every later export
-                    log.exception("spans could not be exported")
-                    self._in_flight = []
-                    TRACE_SPANS.labels("failed").inc(len(batch))
-                if len(self._queue) < self.batch_size:
-                    break
-
-    def _take(self) -> list[ReadableSpan]:
-        queue = self._queue
-        return [queue.popleft() for _ in range(min(self.batch_size, len(queue)))]
-
-    async def _deliver(self, batch: list[ReadableSpan]) -> None:
-        self._in_flight = batch
-        pause = 1.0
-        for attempt in range(1, self.attempts + 1):
-            retry_after = await self._send(batch)
-            if retry_after is None:
-                self._in_flight = []
-                return
-            if attempt < self.attempts:
-                await asyncio.sleep(pause if retry_after < 0 else retry_after)
-                pause = min(pause * 2, 30.0)
-        self._in_flight = []
-        TRACE_SPANS.labels("failed").inc(len(batch))
-
-    async def _send(self, batch: list[ReadableSpan]) -> float | None:
-        """Post one batch. None when it is settled (exported or refused for good); otherwise
-        how long the collector asked us to wait before trying again (-1: it did not say)."""
-        body = encode(batch)
-        if self.gzip:
-            body = zlib.compress(body, 1, wbits=31)
-        try:
-            answer = await self.pool.request("POST", self.target, self.headers, body)
-            try:
-                reply = await answer.read(limit=1024 * 1024)
-            except ValueError:  # a reply this large holds nothing the status does not say
-                reply = b""
-            finally:
-                answer.release()
-        except (UpstreamError, TimeoutError, OSError) as exc:
-            self._failing(str(exc) or type(exc).__name__)
-            return -1.0
-        if answer.status in _RETRYABLE:
-            self._failing(f"status {answer.status}")
-            retry_after = answer.headers.get("Retry-After", "")
-            return min(float(retry_after), 60.0) if retry_after.isdigit() else -1.0
-        if not self._reachable:
-            self._reachable = True
-            log.info("trace collector reachable again", extra={"endpoint": self.endpoint})
-        if answer.status >= 300:
-            TRACE_SPANS.labels("rejected").inc(len(batch))
-            log.warning(
-                "trace collector refused spans",
-                extra={"status": answer.status, "spans": len(batch), "reply": reply[:300].decode("utf-8", "replace")},
+    else:
+        parent, flags = b"", _HAS_IS_REMOTE
+    name = _NAMES.get(record.name) or _name(record.name)
+    if record.message:  # (only a failed span has one)
+        status = orjson.dumps({"code": record.status, "message": record.message})
+    else:
+        status = _STATUS[record.status]
+    events = b""
+    if record.events:
+        events = b',"events":' + orjson.dumps(
+            [
+                {"timeUnixNano": str(at), "name": event, "attributes": _attributes(said)}
+                for at, event, said in record.events
+            ]
+        )
+    return (
+        head
+        + (
+            b'%016x","name":%s,"kind":%d,"startTimeUnixNano":"%d","endTimeUnixNano":"%d","flags":%d,"attributes":[%s],"status":%s%s%s'
+            % (
+                record.span_id,
+                name,
+                record.kind,
+                record.start_ns,
+                record.end_ns,
+                flags,
+                attributes,
+                status,
+                parent,
+                events,
             )
-            return None
-        rejected = _rejected(reply)
-        TRACE_SPANS.labels("exported").inc(len(batch) - rejected)
-        if rejected:
-            TRACE_SPANS.labels("rejected").inc(rejected)
-        return None
-
-    def _failing(self, error: str) -> None:
-        if self._reachable:
-            self._reachable = False
-            log.warning(
-                "trace collector failing; spans wait and are tried again",
-                extra={"endpoint": self.endpoint, "error": error},
-            )
+        )
+        + tail
+    )
 
 
-def _rejected(reply: bytes) -> int:
-    """The spans a collector's partial success turned away (OTLP/JSON; 0 when it says nothing)."""
-    if not reply.startswith(b"{"):
-        return 0
-    try:
-        partial = orjson.loads(reply).get("partialSuccess") or {}
-        return int(partial.get("rejectedSpans") or 0)
-    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
-        return 0
+_STATUS = {0: b"{}", 1: b'{"code":1}', 2: b'{"code":2}'}
+_REUSED: dict[tuple[str, object], bytes] = {}
+_NAMES: dict[str, bytes] = {}
+
+
+def _name(name: str) -> bytes:
+    encoded = orjson.dumps(name)
+    if len(_NAMES) < _REUSED_MAX:  # the gateway's step names: a route's, a hook's, a channel's attempt
+        _NAMES[name] = encoded
+    return encoded
+
+
+def _pair(key: str, value: Any) -> bytes:
+    """An attribute encoded; a text or a whole number kept for the next span that has it (a
+    float, a time, is seldom seen twice). Each of the gateway's attributes has one type, so a
+    number is not mistaken for the flag equal to it."""
+    encoded = orjson.dumps({"key": key, "value": _value(value)})
+    kind = type(value)
+    if kind is str or kind is int:
+        if len(_REUSED) >= _REUSED_MAX:
+            _REUSED.clear()
+        _REUSED[(key, value)] = encoded
+    return encoded
+
+
+def readable(record: SpanRecord, resource: Resource) -> ReadableSpan:
+    """A record as the SDK's exporters take it (the console's, a test's, the protobuf encoder)."""
+    trace = record.trace
+    flags = TraceFlags(TraceFlags.SAMPLED if trace.sampled else TraceFlags.DEFAULT)
+    state = TraceState.from_header([trace.trace_state]) if trace.trace_state else None
+    parent = None
+    if record.parent_id:
+        remote = record.parent_id == trace.parent_id
+        parent = SpanContext(trace.trace_id, record.parent_id, remote, flags, state if remote else None)
+    return ReadableSpan(
+        name=record.name,
+        context=SpanContext(trace.trace_id, record.span_id, False, flags, state),
+        parent=parent,
+        resource=resource,
+        attributes=record.attributes,
+        events=[Event(name, attributes, at) for at, name, attributes in record.events or ()],
+        kind=_SDK_KIND[record.kind],
+        instrumentation_scope=InstrumentationScope(*SCOPE),
+        status=Status(StatusCode(record.status), record.message or None)
+        if record.status == 2
+        else Status(StatusCode(record.status)),
+        start_time=record.start_ns,
+        end_time=record.end_ns,
+    )
+
+
+def encode_protobuf(
+    spans: Sequence[ReadableSpan], own: Sequence[SpanRecord] = (), resource: Resource | None = None
+) -> bytes:
+    """The same ExportTraceServiceRequest in protobuf, for collectors that take no JSON."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    converted = [readable(record, resource) for record in own] if own and resource is not None else []
+    return encode_spans([*converted, *spans]).SerializeToString()

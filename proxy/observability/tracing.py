@@ -1,33 +1,51 @@
-"""OpenTelemetry traces: a server span per request, a child span per plugin hook and per
-upstream attempt (a client span whose W3C traceparent goes upstream). An incoming
-traceparent is honoured. With the exporter `none` nothing is created at all.
+"""OpenTelemetry traces: a server span per request, a child span per working plugin hook, per
+upstream attempt (a client span whose W3C traceparent goes upstream) and per stream. An
+incoming traceparent is honoured. With the exporter `none` nothing is made at all.
 
-A request the sampler leaves out gets no spans below its server span: creating them, even
-unrecorded, cost about half of what tracing costs. Its traceparent (flagged unsampled) still
-goes upstream and its trace id into the access line, so the decision and the correlation hold.
+The gateway's own spans are records (proxy/observability/spans.py), not SDK spans: tracing
+every request costs a few percent, not twice the request. What stays the SDK's is what is
+configuration: the sampler decides each request at its head (`sample_ratio`, or the SDK's
+`OTEL_TRACES_SAMPLER` environment), the resource names the service (`OTEL_RESOURCE_ATTRIBUTES`
+and `OTEL_SERVICE_NAME` are read as the SDK reads them), an SDK exporter may take the spans
+(`console`, or one a test passes in), and spans third-party plugins start through the
+OpenTelemetry API are made by an SDK tracer provider and exported with the gateway's.
+
+A request the sampler leaves out is still recorded when the config keeps its kind whatever
+the decision (`keep_errors`: an answer 5xx; `keep_slower_than_ms`), and exported if it turns
+out so; with neither, it records nothing below its server span. Its traceparent goes upstream
+flagged unsampled either way, and its trace id into the access line.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+import logging
+import os
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.sampling import (
+    Decision,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+    _get_from_env_or_default,
+)
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from proxy import __version__
 from proxy.config.model import TracingConfig
-from proxy.observability.otlp import LoopSpanProcessor
+from proxy.observability.export import OtlpHttp, SdkSink, SpanExport
+from proxy.observability.spans import ERROR, KINDS, SERVER, OtelParent, RequestTrace, SpanRecord, new_trace_id
 
 if TYPE_CHECKING:
     from proxy.core.exchange import Exchange
+
+log = logging.getLogger("modelgate.tracing")
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _OPERATIONS = {
@@ -41,49 +59,87 @@ _OPERATIONS = {
 
 
 class Tracing:
-    """The process's tracer, or nothing when tracing is off."""
+    """The process's tracing, or nothing when tracing is off (`enabled` False)."""
 
     def __init__(self, config: TracingConfig, exporter: SpanExporter | None = None) -> None:
-        self.provider: TracerProvider | None = None
-        self.tracer: trace.Tracer | None = None
-        self.exporting: LoopSpanProcessor | None = None
-        if exporter is None and config.exporter == "none":
+        self.enabled = exporter is not None or config.exporter != "none"
+        self.export: SpanExport | None = None
+        self.direct: SdkSink | None = None
+        self.provider: _Provider | None = None
+        self.global_provider = False  # whether the OpenTelemetry API's global provider is this one
+        self.keep_errors = config.keep_errors
+        self.keep_slower_than_s = config.keep_slower_than_ms / 1000 if config.keep_slower_than_ms else None
+        root = TraceIdRatioBased(config.sample_ratio)
+        self.sampler: Sampler = ParentBased(root)
+        self._bound: int | None = root.bound
+        if not self.enabled:
             return
-        provider = TracerProvider(
-            resource=Resource.create({"service.name": config.service_name, "service.version": __version__}),
-            sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)),
+        self.resource = Resource.create(
+            {"service.name": config.service_name, "service.version": __version__, **config.resource}
         )
-        if exporter is not None:
-            provider.add_span_processor(SimpleSpanProcessor(exporter))
-        elif config.exporter == "console":
-            provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
-        else:
-            self.exporting = LoopSpanProcessor(config.endpoint, config.headers, gzip=config.compression == "gzip")
-            provider.add_span_processor(self.exporting)
-        self.provider = provider
-        self.tracer = provider.get_tracer("modelgate", __version__)
+        if os.environ.get("OTEL_TRACES_SAMPLER"):  # the SDK's own setting, read as the SDK reads it
+            self.sampler, self._bound = _get_from_env_or_default(), None
+        # A test's or an embedder's exporter takes each request's spans as it ends; otherwise they
+        # are batched from the loop.
+        self.direct = SdkSink(exporter, self.resource) if exporter is not None else None
+        if exporter is None:
+            self.export = SpanExport(
+                SdkSink(ConsoleSpanExporter(), self.resource)
+                if config.exporter == "console"
+                else OtlpHttp(
+                    config.endpoint,
+                    self.resource,
+                    config.headers,
+                    protocol=config.protocol,
+                    gzip=config.compression == "gzip",
+                )
+            )
+        # Spans third-party code starts through the OpenTelemetry API: the same sampler and
+        # resource, exported with the gateway's own.
+        self.provider = _Provider(resource=self.resource, sampler=self.sampler)
+        self.provider.add_span_processor(_ToExport(self))
+        self.global_provider = _offer_global(self.provider)
 
     def start(self) -> None:
         """Start exporting from the running loop."""
-        if self.exporting is not None:
-            self.exporting.start()
+        if self.export is not None:
+            self.export.start()
 
     async def close(self) -> None:
         """Send the spans still waiting, then stop."""
-        if self.exporting is not None:
-            await self.exporting.close()
+        if self.export is not None:
+            await self.export.close()
         if self.provider is not None:
             self.provider.shutdown()
 
     def start_request(self, ex: Exchange) -> None:
-        if self.tracer is None:
+        if not self.enabled:
             return
         request = ex.request
-        parent = _PROPAGATOR.extract(request.headers)
-        span = self.tracer.start_span(
+        parent_id, remote_flags, trace_state, trace_id = 0, None, "", 0
+        if "traceparent" in request.headers:
+            parent = trace.get_current_span(_PROPAGATOR.extract(request.headers)).get_span_context()
+            if parent.is_valid:
+                trace_id, parent_id, remote_flags = parent.trace_id, parent.span_id, parent.trace_flags
+                trace_state = parent.trace_state.to_header() if parent.trace_state else ""
+        if remote_flags is None:
+            trace_id = new_trace_id()
+            sampled = self._root_sampled(trace_id)
+        else:
+            sampled = self._parent_sampled(trace_id, parent_id, remote_flags, trace_state)
+        ex.trace = request_trace = RequestTrace(trace_id, sampled, parent_id, trace_state)
+        if not (sampled or self.keep_errors or self.keep_slower_than_s is not None):
+            # Nothing of it could be exported: nothing recorded. Third-party spans learn its decision.
+            if self._bridged():
+                request_trace.token = otel_context.attach(trace.set_span_in_context(_unrecorded(request_trace)))
+            return
+        ex.tracer = self
+        ex.span = server = SpanRecord(
+            request_trace,
             f"{request.method} {ex.route.path}",
-            context=parent,
-            kind=SpanKind.SERVER,
+            SERVER,
+            request_trace.server_id,
+            parent_id,
             attributes={
                 "http.request.method": request.method,
                 "http.route": ex.route.path,
@@ -97,100 +153,170 @@ class Tracing:
                 "modelgate.request_id": ex.request_id,
             },
         )
-        if span.is_recording():
-            ex.tracer, ex.span = self, span
-        else:
-            ex.unsampled_span = span
+        # Spans third-party code starts through the OpenTelemetry API while the request runs are
+        # its server span's children (attached once: a context a step cost as much as its span).
+        if self._bridged():
+            request_trace.token = otel_context.attach(trace.set_span_in_context(OtelParent(server)))
 
-    def phase(
-        self, ex: Exchange, name: str, kind: str, attributes: dict[str, Any] | None
-    ) -> AbstractContextManager[trace.Span]:
+    def _bridged(self) -> bool:
+        """Whether a request's context is worth attaching: something may start spans through the
+        OpenTelemetry API. Not while nothing has asked this process's provider for a tracer (a
+        tracer taken before it was set asks it at its first span, whose parent is then lost); always
+        when another provider is the global one."""
+        assert self.provider is not None
+        return self.provider.asked or not self.global_provider
+
+    def _root_sampled(self, trace_id: int) -> bool:
+        """The sampler's word on a trace that starts here. The configured ratio is decided as
+        TraceIdRatioBased decides it (the id's low 64 bits under the ratio's bound), without its
+        result objects; a sampler from the environment is asked."""
+        if self._bound is not None:
+            return trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < self._bound
+        return self.sampler.should_sample(None, trace_id, "", SERVER).decision is Decision.RECORD_AND_SAMPLE
+
+    def _parent_sampled(self, trace_id: int, parent_id: int, flags: int, state: str) -> bool:
+        remote = SpanContext(
+            trace_id, parent_id, True, TraceFlags(flags), TraceState.from_header([state]) if state else None
+        )
+        context = trace.set_span_in_context(NonRecordingSpan(remote))
+        return self.sampler.should_sample(context, trace_id, "", SERVER).decision is Decision.RECORD_AND_SAMPLE
+
+    def phase(self, ex: Exchange, name: str, kind: str, attributes: dict[str, Any] | None) -> SpanRecord:
         """A traced request's step (proxy/core/phase.py): a child span of its server span."""
-        return child_span(ex, name, _KINDS[kind], attributes)
+        return ex.span.child(name, KINDS[kind], attributes)
 
-
-def end_request(ex: Exchange, overhead_s: float) -> None:
-    span = ex.span
-    if span is None:
-        return
-    attributes: dict[str, Any] = {
-        "http.response.status_code": ex.outcome.status,
-        "modelgate.overhead_ms": overhead_s * 1000,
-        "modelgate.client_aborted": ex.outcome.client_aborted,
-    }
-    if ex.outcome.backoff_s:
-        attributes["modelgate.backoff_ms"] = ex.outcome.backoff_s * 1000
-    if ex.outcome.pool_wait_s:
-        attributes["modelgate.pool_wait_ms"] = ex.outcome.pool_wait_s * 1000
-    if ex.model is not None:
-        attributes["gen_ai.request.model"] = ex.model
-    if ex.channel is not None:
-        attributes["modelgate.channel"] = ex.channel.name
-    if ex.key_name is not None:
-        attributes["modelgate.key_name"] = ex.key_name
-    if ex.usage.input_tokens is not None:
-        attributes["gen_ai.usage.input_tokens"] = ex.usage.input_tokens
-    if ex.usage.output_tokens is not None:
-        attributes["gen_ai.usage.output_tokens"] = ex.usage.output_tokens
-    span.set_attributes(attributes)
-    if ex.outcome.status >= 500 or ex.outcome.error and ex.outcome.status >= 400:
-        span.set_status(Status(StatusCode.ERROR if ex.outcome.status >= 500 else StatusCode.UNSET, ex.outcome.error))
-    span.end()
-
-
-_KINDS = {"internal": SpanKind.INTERNAL, "client": SpanKind.CLIENT}
-
-
-def attempt_traced(ex: Exchange, span: trace.Span | None, channel: str, host: str, path: str, attempt: int) -> None:
-    """An upstream attempt's span described, and the W3C traceparent put in what goes upstream:
-    the attempt's, or an unsampled request's own (its decision travels on)."""
-    if span is None:
-        if ex.unsampled_span is not None:
-            inject(ex.unsampled_span, ex.headers)
-        return
-    span.set_attributes(
-        {
-            "http.request.method": ex.request.method,
-            "server.address": host,
-            "url.path": path,
-            "modelgate.channel": channel,
-            "gen_ai.request.model": ex.upstream_model or "",
-            "modelgate.attempt": attempt,
-        }
-    )
-    inject(span, ex.headers)
-
-
-@contextmanager
-def child_span(
-    ex: Exchange, name: str, kind: SpanKind = SpanKind.INTERNAL, attributes: dict[str, Any] | None = None
-) -> Iterator[trace.Span]:
-    assert ex.tracer is not None and ex.span is not None
-    parent = trace.set_span_in_context(ex.span)
-    span = ex.tracer.tracer.start_span(name, context=parent, kind=kind, attributes=attributes)
-    try:
-        yield span
-    except asyncio.CancelledError:
-        # The client left, or a drain stopped the request: no fault of the step's (an upstream
-        # span marked an error here would count every client that hung up against the channel).
-        span.set_attribute("modelgate.cancelled", True)
-        raise
-    except BaseException as exc:
-        span.record_exception(exc)
-        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-        raise
-    finally:
+    def end_request(self, ex: Exchange, overhead_s: float, duration_s: float) -> None:
+        span: SpanRecord | None = ex.span
+        if span is None:
+            return
+        outcome = ex.outcome
+        attributes = span.attributes
+        attributes["http.response.status_code"] = outcome.status
+        attributes["modelgate.overhead_ms"] = overhead_s * 1000
+        attributes["modelgate.client_aborted"] = outcome.client_aborted
+        if outcome.backoff_s:
+            attributes["modelgate.backoff_ms"] = outcome.backoff_s * 1000
+        if outcome.pool_wait_s:
+            attributes["modelgate.pool_wait_ms"] = outcome.pool_wait_s * 1000
+        if ex.model is not None:
+            attributes["gen_ai.request.model"] = ex.model
+        if ex.upstream_model is not None and ex.upstream_model != ex.model:
+            attributes["gen_ai.response.model"] = ex.upstream_model
+        if ex.channel is not None:
+            attributes["modelgate.channel"] = ex.channel.name
+        if ex.key_name is not None:
+            attributes["modelgate.key_name"] = ex.key_name
+        usage = ex.usage
+        if usage.input_tokens is not None:
+            attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
+        if usage.output_tokens is not None:
+            attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
+        if outcome.response_id is not None:
+            attributes["gen_ai.response.id"] = outcome.response_id
+        if outcome.status >= 500:
+            span.status, span.message = ERROR, (outcome.error or "")[:1000]
+        elif outcome.error:  # a refusal: said, and no fault of the gateway's (its status stays unset)
+            attributes["modelgate.error"] = outcome.error[:1000]
         span.end()
+        request_trace = span.trace
+        # Taken from the trace: its records point at it, and a list of them kept there would make
+        # every traced request a cycle left to the garbage collector.
+        finished, request_trace.finished = request_trace.finished, []
+        if (
+            request_trace.sampled
+            or self.keep_errors
+            and outcome.status >= 500
+            or self.keep_slower_than_s is not None
+            and duration_s >= self.keep_slower_than_s
+        ):
+            self.hand_over(finished, None)
+
+    def hand_over(self, own: list[SpanRecord], sdk: ReadableSpan | None) -> None:
+        """Finished spans to where they go: the export's queue, or a direct exporter now."""
+        if self.direct is not None:
+            self.direct.export_now(own, [sdk] if sdk is not None else [])
+        elif self.export is not None:
+            if own:
+                self.export.add(own)
+            if sdk is not None:
+                self.export.add_sdk(sdk)
 
 
-def inject(span: trace.Span, headers: Any) -> None:
-    """Put `span`'s W3C traceparent into the upstream request's headers."""
-    _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
+def end_request(ex: Exchange, overhead_s: float, duration_s: float) -> None:
+    request_trace = ex.trace
+    if request_trace is None:
+        return
+    try:
+        if request_trace.token is not None:
+            otel_context.detach(request_trace.token)
+    finally:
+        if ex.tracer is not None:
+            ex.tracer.end_request(ex, overhead_s, duration_s)
+
+
+def _unrecorded(request_trace: RequestTrace) -> trace.Span:
+    return NonRecordingSpan(
+        SpanContext(request_trace.trace_id, request_trace.server_id, False, TraceFlags(TraceFlags.DEFAULT))
+    )
+
+
+def attempt_traced(ex: Exchange, span: SpanRecord | None, channel: str, host: str, path: str, attempt: int) -> None:
+    """An upstream attempt's span described, and the W3C traceparent (and the caller's
+    tracestate) put in what goes upstream: the attempt's, or, for a request that records
+    nothing, its own server span's ids (its decision travels on)."""
+    request_trace = ex.trace
+    if request_trace is None:
+        return
+    if span is None:
+        ex.headers["traceparent"] = request_trace.traceparent(request_trace.server_id)
+    else:
+        attributes = span.attributes
+        attributes["http.request.method"] = ex.request.method
+        attributes["server.address"] = host
+        attributes["url.path"] = path
+        attributes["modelgate.channel"] = channel
+        attributes["gen_ai.request.model"] = ex.upstream_model or ""
+        attributes["modelgate.attempt"] = attempt
+        ex.headers["traceparent"] = request_trace.traceparent(span.span_id)
+    if request_trace.trace_state:
+        ex.headers["tracestate"] = request_trace.trace_state
+    else:
+        ex.headers.popall("tracestate", None)  # the caller's, when it sent no traceparent to go with
 
 
 def ids(ex: Exchange) -> tuple[str, str] | None:
-    span = ex.span if ex.span is not None else ex.unsampled_span
-    if span is None:
+    """The request's trace id and its server span's id, in hex; None when tracing is off."""
+    request_trace = ex.trace
+    if request_trace is None:
         return None
-    context = span.get_span_context()
-    return format(context.trace_id, "032x"), format(context.span_id, "016x")
+    return f"{request_trace.trace_id:032x}", f"{request_trace.server_id:016x}"
+
+
+class _ToExport(SpanProcessor):
+    """What third-party code traced through the SDK, sampled, to the gateway's export."""
+
+    def __init__(self, tracing: Tracing) -> None:
+        self.tracing = tracing
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.context.trace_flags.sampled:
+            self.tracing.hand_over([], span)
+
+
+class _Provider(TracerProvider):
+    """The SDK's provider, which notes whether anything has asked it for a tracer."""
+
+    asked = False
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> trace.Tracer:
+        self.asked = True
+        return super().get_tracer(*args, **kwargs)
+
+
+def _offer_global(provider: TracerProvider) -> bool:
+    """The process's global tracer provider, unless someone already set one (the API takes it
+    once): third-party plugins calling `trace.get_tracer(...)` get spans the gateway exports."""
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        trace.set_tracer_provider(provider)
+        return True
+    return trace.get_tracer_provider() is provider

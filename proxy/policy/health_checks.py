@@ -46,7 +46,7 @@ class ChannelProbe:
                     "channel out of rotation: its health check fails",
                     extra={"channel": self.channel.name, "detail": detail},
                 )
-        m.CHANNEL_UP.labels(self.channel.name).set(1 if self.channel.health.up else 0)
+        m.channel_up(self.channel.name, self.channel.health.up)
 
     async def _ask(self) -> tuple[bool | None, str]:
         pool = self.channel.pool

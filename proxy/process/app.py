@@ -23,7 +23,8 @@ from proxy.core.plugin import STATE_REACHABLE, STATE_STORE, STORED_KEYS, STORED_
 from proxy.core.runtime import Runtime
 from proxy.formats import ACCOUNT, CONTENT, MESSAGES
 from proxy.formats.base import Format
-from proxy.observability.metrics import count_reload, exposition, set_config_info
+from proxy.observability.metrics import count_reload, exposition, multiprocess_mode, set_config_info
+from proxy.observability.tally import Folding
 from proxy.observability.tracing import Tracing
 from proxy.policy.catalog import usable_models
 from proxy.policy.channels import Channel
@@ -60,6 +61,7 @@ class GatewayApp:
         self.loaded = loaded
         self.config_path = config_path
         self.tracing = Tracing(loaded.config.observability.tracing, span_exporter)
+        self.folding = Folding()
         self.resources: dict[str, object] = {}  # what plugins keep across reloads
         self._simulators: SimulatorFarm | None = None
         self.store: StateStore | None = None
@@ -107,6 +109,8 @@ class GatewayApp:
     async def start(self) -> None:
         config = self.loaded.config
         self.tracing.start()
+        if multiprocess_mode():  # another worker may serve the scrape: this one's counts go to its file each second
+            self.folding.start()
         self.store = make_store(config.state)
         self.probe = StoreProbe(self.store, config.state.check_timeout_s)
         await self.probe.check()
@@ -158,6 +162,7 @@ class GatewayApp:
         if self.store is not None:
             await self.store.close()
         await self.tracing.close()
+        self.folding.stop()
 
     async def reload(self) -> bool:
         """Load the config file again; keep the running config when the new one is invalid."""
@@ -411,7 +416,7 @@ def _plugin_handler(owner: GatewayApp, extra: PluginRoute) -> Handler:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    body, content_type = exposition()
+    body, content_type = exposition(request.headers.get("Accept", ""))
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 

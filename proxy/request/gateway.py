@@ -170,7 +170,7 @@ class Gateway:
                 now = time.perf_counter()
                 overhead = ex.overhead_seconds(now)  # read once: metrics, trace and access line agree
                 runtime.observer.finished(ex, now, overhead)
-                end_request(ex, overhead)
+                end_request(ex, overhead, now - ex.started)
                 log_exchange(ex, runtime.config.observability.logging, now, overhead)
             except Exception:  # the answer stands; a reload or shutdown must not wait for this request forever
                 log.exception("request bookkeeping failed", extra={"request_id": request_id, "route": route.name})

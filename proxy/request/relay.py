@@ -312,8 +312,9 @@ class Relay:
         if self.drain is not None:
             self.drain.opened(self)
         try:
-            with ExitStack() as phases:  # each event hook a phase of its own, for the whole stream
-                stream.spans = [phases.enter_context(phase(ex, hook.phase)) for hook in pipeline.event_hooks]
+            with ExitStack() as phases:  # the stream a phase, and each event hook one of its own, for the whole stream
+                stream.spans = [phases.enter_context(phase(ex, "stream"))]
+                stream.spans += [phases.enter_context(phase(ex, hook.phase)) for hook in pipeline.event_hooks]
                 phases.callback(stream.tell_spans)  # (run first: before the spans end)
                 return await self._relay_events(response, parser, hooks, pin_pending, stream)
         except BaseException:
@@ -517,7 +518,8 @@ class StreamWatch:
         self.observer = observer
         self.events = 0
         self.first_byte_at: float | None = None
-        # The event hooks' phases: one span each for the whole stream (not one per event) when traced.
+        # The stream's phase and its event hooks': one span each for the whole stream (not one per
+        # event) when traced, the stream's first.
         self.spans: list[Any] = []
         observer.stream_opened(ex)
 
@@ -531,6 +533,8 @@ class StreamWatch:
         for span in self.spans:
             if span is not None:
                 span.set_attribute("modelgate.events", self.events)
+        if self.spans and self.spans[0] is not None and self.first_byte_at is not None:
+            self.spans[0].set_attribute("modelgate.first_event_ms", (self.first_byte_at - self.ex.started) * 1000)
 
     def close(self) -> None:
         self.observer.stream_closed(self.ex, self.events, self.first_byte_at, time.perf_counter())

@@ -1,0 +1,160 @@
+"""What a trace of one request holds, as a collector receives it from a gateway process: the
+server span, each working plugin's hook, each upstream attempt and the stream, with the gen_ai
+semantic conventions' attributes; spans a third-party plugin starts through the OpenTelemetry
+API under the request's; both OTLP/HTTP encodings; head sampling, with errors and slow requests
+kept whatever the sampler decided."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from tests.conftest import MESSAGE_HEADERS
+from tests.otlp_collector import Collector, attributes, collector  # noqa: F401 (a fixture)
+from tests.polling import within
+
+STREAM = {
+    "model": "msgmodel-haiku-4-5",
+    "max_tokens": 8,
+    "stream": True,
+    "messages": [{"role": "user", "content": "a"}],
+}
+SERVER, CLIENT = 2, 3
+
+
+def gateway_config(collector: Collector, tracing: str = "", more: str = "") -> str:
+    return f"observability: {{tracing: {{exporter: otlp, endpoint: '{collector.url}'{tracing}}}}}\n{more}\n"
+
+
+async def one_trace(collector: Collector) -> list[dict]:
+    """The spans of the one request's trace, once its server span has arrived."""
+    await within(10, lambda: _has_server(collector), "the request's spans at the collector")
+    server = next(span for span in collector.spans() if span["kind"] == SERVER)
+    return [span for span in collector.spans() if span["traceId"] == server["traceId"]]
+
+
+async def _has_server(collector: Collector) -> bool:
+    return any(span["kind"] == SERVER for span in collector.spans())
+
+
+async def test_a_streamed_request_is_one_trace_of_its_server_span_hooks_attempt_and_stream(
+    start_gateway, http, collector
+):
+    gw = await start_gateway(gateway_config(collector))
+    async with http.post(
+        gw.url + "/v1/messages", json=STREAM, headers={**MESSAGE_HEADERS, "x-sim-output-tokens": "3"}
+    ) as answer:
+        assert answer.status == 200
+        await answer.read()
+    spans = await one_trace(collector)
+    server = next(span for span in spans if span["kind"] == SERVER)
+    said = attributes(server)
+    assert server["name"] == "POST /v1/messages" and "parentSpanId" not in server
+    assert said["gen_ai.operation.name"] == "chat"
+    assert said["gen_ai.request.model"] == "msgmodel-haiku-4-5"
+    assert said["gen_ai.usage.input_tokens"] >= 1 and said["gen_ai.usage.output_tokens"] == 3
+    assert said["gen_ai.response.id"].startswith("msg_")
+    assert said["http.response.status_code"] == 200 and said["modelgate.key_name"] == "demo"
+    names = {span["name"] for span in spans}
+    assert {"auth on_request", "validation on_request", "sse on_event", "stream"} <= names
+    (attempt,) = [span for span in spans if span["kind"] == CLIENT]
+    assert attempt["name"] == "POST upstream simulator"
+    assert attributes(attempt)["http.response.status_code"] == 200
+    assert attributes(attempt)["gen_ai.request.model"] == "msgmodel-haiku-4-5"
+    stream = next(span for span in spans if span["name"] == "stream")
+    assert attributes(stream)["modelgate.events"] >= 5 and attributes(stream)["modelgate.first_event_ms"] > 0
+    assert all(span["parentSpanId"] == server["spanId"] for span in spans if span is not server)
+    upstream = gw.last_upstream_request().header("traceparent")
+    assert upstream == f"00-{server['traceId']}-{attempt['spanId']}-01"
+
+
+async def test_each_attempt_of_a_failover_is_a_span_and_the_first_says_why_it_failed(start_gateway, http, collector):
+    gw = await start_gateway(
+        gateway_config(
+            collector,
+            more="resilience: {backoff_s: 0.01}\n"
+            "channels: [{name: dead, base_url: 'http://127.0.0.1:1', priority: 0},"
+            " {name: simulator, base_url: simulator, priority: 1}]",
+        )
+    )
+    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "a"}]}
+    async with http.post(gw.url + "/v1/messages", json=body, headers=MESSAGE_HEADERS) as answer:
+        assert answer.status == 200
+    spans = await one_trace(collector)
+    attempts = sorted((span for span in spans if span["kind"] == CLIENT), key=lambda span: span["startTimeUnixNano"])
+    assert [span["name"] for span in attempts] == ["POST upstream dead", "POST upstream simulator"]
+    assert [attributes(span)["modelgate.attempt"] for span in attempts] == [1, 2]
+    assert attributes(attempts[1])["http.response.status_code"] == 200
+    server = next(span for span in spans if span["kind"] == SERVER)
+    assert attributes(server)["modelgate.backoff_ms"] >= 10
+
+
+async def test_a_third_party_plugin_s_own_span_is_a_child_of_the_request_s(spawn, collector):
+    # A process of its own: the OpenTelemetry API's global provider is set once a process.
+    gw = spawn(
+        "gateway",
+        config="server: {listen: '127.0.0.1:{PORT}'}\n"
+        + gateway_config(
+            collector, more="routes: {messages: {plugins: [auth, validation, tests.recording_plugin:Traced, usage]}}"
+        ),
+    )
+    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "a"}]}
+    async with aiohttp.ClientSession() as http:
+        for _ in range(3):
+            async with http.post(gw.url + "/v1/messages", json=body, headers=MESSAGE_HEADERS) as answer:
+                assert answer.status == 200
+    await within(10, lambda: _count(collector, SERVER, 3), "the requests' spans")
+    await within(10, lambda: _named(collector, "a lookup of its own", 3), "the plugin's spans")
+    servers = {span["spanId"]: span for span in collector.spans() if span["kind"] == SERVER}
+    own = sorted(
+        ((scope, span) for scope, span in collector.scoped() if span["name"] == "a lookup of its own"),
+        key=lambda found: int(found[1]["startTimeUnixNano"]),
+    )
+    assert {scope for scope, _ in own} == {"tests.traced"}
+    assert all(attributes(span)["lookup.hit"] is True for _, span in own)
+    # The first may start before anything in the process asked for a tracer (the request's context
+    # is attached only once something has): each after it is its request's child.
+    for _, span in own[1:]:
+        assert servers[span["parentSpanId"]]["traceId"] == span["traceId"]
+
+
+async def _count(collector: Collector, kind: int, wanted: int) -> bool:
+    return sum(span["kind"] == kind for span in collector.spans()) >= wanted
+
+
+async def _named(collector: Collector, name: str, wanted: int) -> bool:
+    return sum(span["name"] == name for span in collector.spans()) >= wanted
+
+
+async def test_protobuf_carries_the_same_trace(start_gateway, http, collector):
+    gw = await start_gateway(gateway_config(collector, ", protocol: http/protobuf, compression: gzip"))
+    async with http.post(gw.url + "/v1/messages", json=STREAM, headers=MESSAGE_HEADERS) as answer:
+        await answer.read()
+    spans = await one_trace(collector)
+    headers, _ = collector.posts[0]
+    assert headers["Content-Type"] == "application/x-protobuf" and headers["Content-Encoding"] == "gzip"
+    server = next(span for span in spans if span["kind"] == SERVER)
+    assert attributes(server)["gen_ai.request.model"] == "msgmodel-haiku-4-5"
+    assert {"auth on_request", "stream", "POST upstream simulator"} <= {span["name"] for span in spans}
+
+
+async def test_the_sampler_leaves_requests_out_but_an_error_or_a_slow_one_is_kept(start_gateway, http, collector):
+    gw = await start_gateway(
+        gateway_config(collector, ", sample_ratio: 0.0, keep_errors: true, keep_slower_than_ms: 300")
+    )
+    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "a"}]}
+    statuses = []
+    for headers in ({}, {"x-sim-fault": "status=500"}, {"x-sim-latency-ms": "400"}):
+        async with http.post(gw.url + "/v1/messages", json=body, headers={**MESSAGE_HEADERS, **headers}) as answer:
+            await answer.read()
+            statuses.append(answer.status)
+    assert statuses[0] == statuses[2] == 200 and statuses[1] >= 500
+    await within(10, lambda: _count(collector, SERVER, 2), "the kept requests' spans")
+    await asyncio.sleep(1.5)  # an export interval more: nothing else comes
+    servers = [span for span in collector.spans() if span["kind"] == SERVER]
+    assert sorted(attributes(span)["http.response.status_code"] for span in servers) == [200, statuses[1]]
+    failed = next(span for span in servers if attributes(span)["http.response.status_code"] >= 500)
+    assert failed["status"]["code"] == 2  # an error, and said why
+    # Unsampled at its head: what went upstream said so, for the upstream's own tracing.
+    assert gw.last_upstream_request().header("traceparent").endswith("-00")
