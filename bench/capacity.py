@@ -8,7 +8,7 @@ behind a relay too, so each round trip is known to come before or after the upst
 then drives /v1/messages for CPU per request (gateway on core 0, everything else on core 1), and
 a three-primary Cluster is read through each node's INFO counters.
 
-Usage: python bench/capacity.py [--requests N] [--duration S] [--rounds R]
+Usage: .venv/bin/python bench/capacity.py [--requests N] [--duration S] [--rounds R]
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def write(out: dict[str, Any]) -> None:
         if abs(spread) > 0.05 * plain.gateway_ms
         else f"nothing outside the noise of a run ({memory.gateway_ms:.3f} against {plain.gateway_ms:.3f} ms)"
     )
-    cmd = f"python bench/capacity.py --requests {out['requests']} --duration {out['duration']} --rounds {out['rounds']}"
+    cmd = f".venv/bin/python bench/capacity.py --requests {out['requests']} --duration {out['duration']} --rounds {out['rounds']}"
     idle = out["background"]
     lines = [
         "# Capacity",

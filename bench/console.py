@@ -6,7 +6,7 @@ The rows are written straight into the ledger's table once the gateway has made 
 ANALYZEd, as a database that has been running a month would be. Each page is asked `--rounds`
 times after one warm-up; the median and the slowest are reported against the target (300 ms).
 
-Usage: python bench/console.py [--rows N] [--rounds R] [--print-only]
+Usage: .venv/bin/python bench/console.py [--rows N] [--rounds R] [--print-only]
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ def main() -> None:
     lines = [
         "## The console with a million ledger rows",
         "",
-        f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python bench/console.py --rows "
+        f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `.venv/bin/python bench/console.py --rows "
         f"{args.rows} --rounds {args.rounds}`. Machine: {cpu_model()}; PostgreSQL on the same machine, its "
         f"defaults. {args.rows:,} rows written straight into the ledger's table over 30 days (50 tenants, 500 "
         f"keys, 20 models, four routes, 2% 429s and 1% 5xx) in {filled_s:.0f} s, then ANALYZEd. Each page is "

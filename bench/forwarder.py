@@ -1,6 +1,6 @@
 """The floor any aiohttp gateway pays: a minimal forwarder, no plugins, pooled keep-alive, uvloop.
 
-Usage: python bench/forwarder.py PORT UPSTREAM_URL
+Usage: .venv/bin/python bench/forwarder.py PORT UPSTREAM_URL
 """
 
 from __future__ import annotations

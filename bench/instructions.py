@@ -13,7 +13,7 @@ far more often per request under callgrind's slowdown: it is measured with the g
 share a Redis pipeline goes with timing, and the same gateway moved by up to 3% from one run to
 the next. Compare within one run.
 
-Usage: python bench/instructions.py [--requests N] [--idle S] [--rounds R] [--baseline REF ...] [--print-only]
+Usage: .venv/bin/python bench/instructions.py [--requests N] [--idle S] [--rounds R] [--baseline REF ...] [--print-only]
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def main() -> int:
     lines = [
         "## Usage ledger cost in instructions, Redis state",
         "",
-        f"`python bench/instructions.py --requests {args.requests} --idle {args.idle:g} --rounds {args.rounds}"
+        f"`.venv/bin/python bench/instructions.py --requests {args.requests} --idle {args.idle:g} --rounds {args.rounds}"
         + (" --baseline " + " ".join(args.baseline) if args.baseline else "")
         + "`: each gateway of "
         "bench/ledger.py --state redis under callgrind, its instructions over the requests (16 at a time) "

@@ -14,7 +14,7 @@ instructions a request, 16 at a time, the idle rate taken out), which a busy mac
 less than CPU seconds: each round starts both gateways afresh, the stored one filled and holding
 every key before it is counted.
 
-Usage: python bench/key_store.py [--rounds R] [--keys N] [--instructions] [--print-only]
+Usage: .venv/bin/python bench/key_store.py [--rounds R] [--keys N] [--instructions] [--print-only]
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def instructions(args: argparse.Namespace) -> int:
     lines = [
         "## The key store on the request path, in instructions",
         "",
-        f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python bench/key_store.py "
+        f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `.venv/bin/python bench/key_store.py "
         f"--instructions --rounds {args.rounds} --keys {args.keys} --requests {args.requests}`. Machine: "
         f"{os.cpu_count()} cores ({cpu_model()}). One worker each under callgrind (bench/instructions.py's "
         "way): instructions a request, 16 at a time, `POST /v1/messages`, the idle rate taken out; each round "
@@ -242,7 +242,7 @@ def main() -> int:
     lines = [
         "## The key store on the request path",
         "",
-        f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python bench/key_store.py --rounds "
+        f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `.venv/bin/python bench/key_store.py --rounds "
         f"{args.rounds} --keys {args.keys}`. Machine: {os.cpu_count()} cores ({cpu_model()}). One worker each "
         "(a fixed bound on requests in flight), pinned to core 0 in turn; wrk on core 1, 64 connections, 5 s, `POST /v1/messages`; the gateway's CPU "
         f"per request, median of {args.rounds} alternating rounds (each round's figure in brackets). The stored "

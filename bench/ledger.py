@@ -15,7 +15,7 @@ limits' settlement makes anyway. `--baseline REF [REF ...]`: the pair of gateway
 each git REF runs beside this tree's, interleaved, so a change's cost is read in one run.
 `--print-only`: bench/RESULTS.md is left as it is.
 
-Usage: python bench/ledger.py [--duration S] [--rounds N] [--concurrency C] [--state memory|redis]
+Usage: .venv/bin/python bench/ledger.py [--duration S] [--rounds N] [--concurrency C] [--state memory|redis]
                               [--baseline REF ...] [--print-only]
 """
 
@@ -205,7 +205,7 @@ def main() -> int:
         return statistics.median(y - x for x, y in zip(a.cpu_ms[c], b.cpu_ms[c]))
 
     command = (
-        f"`python bench/ledger.py --duration {args.duration} --rounds {args.rounds} --concurrency {c}"
+        f"`.venv/bin/python bench/ledger.py --duration {args.duration} --rounds {args.rounds} --concurrency {c}"
         + (" --state redis" if redis else "")
         + (" --baseline " + " ".join(args.baseline) if args.baseline else "")
         + "`"

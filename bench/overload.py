@@ -21,7 +21,7 @@ quota, the generator and the upstream sharing core 1 as before.
 Reports admitted (200) p50/p99 against the unloaded p99 (and the first second's p99), the share answered 503 `overloaded`,
 and anything lost (no answer, or a connection broken) to bench/RESULTS.md, section "overload".
 
-Usage: python bench/overload.py [--duration S] [--gateway-cpu SHARE] [--print-only]
+Usage: .venv/bin/python bench/overload.py [--duration S] [--gateway-cpu SHARE] [--print-only]
 """
 
 from __future__ import annotations
@@ -397,7 +397,7 @@ def report(measured: float, runs: list[Run], args: argparse.Namespace) -> str:
     lines = [
         "## Overload: three times capacity",
         "",
-        f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python bench/overload.py --duration "
+        f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `.venv/bin/python bench/overload.py --duration "
         f"{args.duration:g} --gateway-cpu {args.gateway_cpu:g}`. Machine: {os.cpu_count()} cores ({cpu}), Python {platform.python_version()}; "
         f"load average {args.load_before:.1f} at the start and {args.load_after:.1f} at the end (anything else "
         "running skews every figure: compare the capacity with the throughput section's). "

@@ -6,7 +6,7 @@ With `--baseline REF [REF ...]` the limiter as it was at each git REF is measure
 current one, round after round in the same run (each in a process of its own, pinned to core 0
 like the current one), so the comparison is not between two days of a noisy machine.
 
-Usage: python bench/ratelimit.py [--requests N] [--rounds N] [--baseline REF ...]
+Usage: .venv/bin/python bench/ratelimit.py [--requests N] [--rounds N] [--baseline REF ...]
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def main() -> int:
             f"A key with rpm, tpm and a concurrency limit: one check of all three, then one call that settles the "
             f"tokens and releases the lease, as the plugin does; {args.requests:,} sequential requests a round "
             f"after a warm-up, {args.rounds} rounds (medians of the rounds), each in a process of its own pinned "
-            f"to core 0; Redis 7 on the same machine, uvloop. `python bench/ratelimit.py"
+            f"to core 0; Redis 7 on the same machine, uvloop. `.venv/bin/python bench/ratelimit.py"
             f"{' --baseline ' + ' '.join(args.baseline) if args.baseline else ''}`. A row 'at REF' is the "
             f"limiter of that commit, measured in the same run. CPU is the client process's, a whole request "
             f"(check and settlement). For scale: one PING through a plain redis-py client costs {ping:.0f} us "

@@ -8,7 +8,7 @@ the load generator (wrk) and the upstream to core 1. nginx joins when it is inst
 With `--baseline REF [REF ...]` the gateway as it was at each git REF runs beside the current one,
 on the same defaults and interleaved with it, so a change's cost is measured in one run on one machine.
 
-Usage: python bench/run.py [--duration S] [--rounds N] [--out FILE] [--baseline REF ...]
+Usage: .venv/bin/python bench/run.py [--duration S] [--rounds N] [--out FILE] [--baseline REF ...]
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ def write_results(out: Path, targets: list[Target], args: argparse.Namespace) ->
     lines = [
         "## Throughput and latency",
         "",
-        f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python bench/run.py "
+        f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `.venv/bin/python bench/run.py "
         f"--duration {args.duration} --rounds {args.rounds}"
         f"{' --baseline ' + ' '.join(args.baseline) if args.baseline else ''}`.",
         f"Machine: {os.cpu_count()} cores ({cpu}), Linux {platform.release()}; Python {platform.python_version()}, "
@@ -353,9 +353,58 @@ def write_results(out: Path, targets: list[Target], args: argparse.Namespace) ->
         f"counts as none) — {'met' if gap_added < 0.5 else 'NOT met'}",
         "",
     ]
+    lines += observability_lines(forwarder, gateway, all_on, all_off)
     for ref in args.baseline:
         lines += baseline_lines(gateway, named[baseline_name(ref)], ref, direct)
     update_section("throughput", "\n".join(lines), out)
+
+
+def observability_lines(forwarder: Target, gateway: Target, all_on: Target, all_off: Target) -> list[str]:
+    """The gateway's defaults and full tracing against the forwarder, round by round: what
+    observability costs, held to its targets (tails in every round, not in the median alone)."""
+    med = statistics.median
+    lines = [
+        "### Observability against the forwarder, round by round",
+        "",
+        "| concurrency | round | forwarder req/s | default req/s | forwarder p99 ms | default p99 ms | "
+        "all off CPU ms | default CPU ms | traced CPU ms | traced p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    checks = []
+    for c in (16, 64):
+        for n, (fwd_rps, rps, fwd_p99, p99, off_cpu, cpu, on_cpu, on_p99) in enumerate(
+            zip(
+                forwarder.rps[c],
+                gateway.rps[c],
+                forwarder.p99[c],
+                gateway.p99[c],
+                all_off.cpu_ms[c],
+                gateway.cpu_ms[c],
+                all_on.cpu_ms[c],
+                all_on.p99[c],
+            ),
+            1,
+        ):
+            lines.append(
+                f"| {c} | {n} | {fwd_rps:,.0f} | {rps:,.0f} | {fwd_p99:.1f} | {p99:.1f} | {off_cpu:.3f} | "
+                f"{cpu:.3f} | {on_cpu:.3f} | {on_p99:.1f} |"
+            )
+        rps_ratio = med(gateway.rps[c]) / med(forwarder.rps[c])
+        traced = med(all_on.cpu_ms[c]) / med(gateway.cpu_ms[c])
+        bookkeeping = med(gateway.cpu_ms[c]) / med(all_off.cpu_ms[c])
+        tails = [p99 / fwd_p99 for p99, fwd_p99 in zip(gateway.p99[c], forwarder.p99[c])]
+        checks += [
+            f"- {c} connections: default requests/s {rps_ratio:.2f}x the forwarder's (target: at least 1.00x) — "
+            f"{'met' if rps_ratio >= 1 else 'NOT met'}",
+            f"- {c} connections: tracing every request, CPU per request {traced:.2f}x the default's (target: at "
+            f"most 1.15x) — {'met' if traced <= 1.15 else 'NOT met'}",
+            f"- {c} connections: metrics and access lines, CPU per request {bookkeeping:.2f}x all off (target: at "
+            f"most 1.05x) — {'met' if bookkeeping <= 1.05 else 'NOT met'}",
+            f"- {c} connections: default p99 over the forwarder's, each round: "
+            f"{', '.join(f'{ratio:.2f}x' for ratio in tails)} (target: at most 1.3x in every round) — "
+            f"{'met' if max(tails) <= 1.3 else 'NOT met'}",
+        ]
+    return [*lines, "", *checks, ""]
 
 
 def baseline_lines(gateway: Target, before: Target, ref: str, direct: Target) -> list[str]:

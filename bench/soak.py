@@ -2,7 +2,7 @@
 N minutes; the gateway's RSS is sampled, and any 5xx or broken connection is an error.
 Passes when RSS grows less than 10% after the warm-up and nothing failed.
 
-Usage: python bench/soak.py [--minutes 10] [--concurrency 16]
+Usage: .venv/bin/python bench/soak.py [--minutes 10] [--concurrency 16]
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ async def main() -> int:
     lines = [
         "## Soak",
         "",
-        f"`python bench/soak.py --minutes {args.minutes:g} --concurrency {args.concurrency} "
+        f"`.venv/bin/python bench/soak.py --minutes {args.minutes:g} --concurrency {args.concurrency} "
         f"--state-items {args.state_items}`: every format, streams, URL delivery, refusals (400, 401) and video polls against one gateway process "
         "(the upstream simulator in a process of its own). The memory stores are capped at "
         f"`state.max_items: {args.state_items:,}` so they fill within the warm-up; a full bounded cache "

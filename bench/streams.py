@@ -9,7 +9,7 @@ count one process can hold is about half its hard descriptor limit. A count writ
 spreads N streams over W worker processes (`server.workers: W`, Redis state) and reports the
 RSS of the whole tree: supervisor and workers summed.
 
-Usage: python bench/streams.py [--streams 1000 9500 10000@2] [--events 120]
+Usage: .venv/bin/python bench/streams.py [--streams 1000 9500 10000@2] [--events 120]
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ async def main() -> int:
     lines = [
         "## Slow streams held",
         "",
-        f"`python bench/streams.py --streams {' '.join(args.streams)}`: N message-format streams, "
+        f"`.venv/bin/python bench/streams.py --streams {' '.join(args.streams)}`: N message-format streams, "
         "one event a second, opened over a few seconds (250 every quarter second) through the gateway "
         "(default pipeline, access lines off, the channel's connection pool as shipped: no cap); its RSS "
         "once every stream has had its first event. "

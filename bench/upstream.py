@@ -3,7 +3,7 @@
 It must never be the bottleneck, so it skips aiohttp: one JSON message answer, and an
 SSE stream of N events spaced by D ms when the body asks for `"stream":true`. A request with
 `x-delay-ms: N` gets its JSON answer N ms late, as a model that takes that long would.
-Usage: python bench/upstream.py PORT [EVENTS] [GAP_MS]
+Usage: .venv/bin/python bench/upstream.py PORT [EVENTS] [GAP_MS]
 """
 
 from __future__ import annotations

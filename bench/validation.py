@@ -1,7 +1,7 @@
 """The validation plugin's cost per format, for a typical body of each (the JSON is parsed already,
 as it is in the gateway). Target: under 100 us at p50.
 
-Usage: python bench/validation.py [--iterations N]
+Usage: .venv/bin/python bench/validation.py [--iterations N]
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def main() -> int:
         "## Validation cost per format",
         "",
         f"The validation plugin's check of a typical body (already parsed), {args.iterations:,} runs each, "
-        f"Python {sys.version.split()[0]}; `python bench/validation.py`. Target: under 100 us at p50.",
+        f"Python {sys.version.split()[0]}; `.venv/bin/python bench/validation.py`. Target: under 100 us at p50.",
         "",
         "| route | p50 us | p99 us |",
         "|---|---|---|",

@@ -366,7 +366,7 @@ def test_grafana_provisions_the_prometheus_datasource_and_the_dashboard() -> Non
         yaml.safe_load(path.read_text(encoding="utf-8"))
         for path in sorted(host_path(grafana, f"{provisioning}/datasources").glob("*.yaml"))
     ]
-    (datasource,) = [source for file in sources for source in file["datasources"]]
+    (datasource,) = [source for file in sources for source in file["datasources"] if source["type"] == "prometheus"]
     url = urlsplit(datasource["url"])
     assert datasource["type"] == "prometheus" and datasource["isDefault"] is True
     assert url.hostname == "prometheus" and url.port == 9090 and "prometheus" in services
@@ -382,6 +382,38 @@ def test_grafana_provisions_the_prometheus_datasource_and_the_dashboard() -> Non
     dashboard = json.loads((ROOT / "dashboards" / "modelgate.json").read_text(encoding="utf-8"))
     variable = next(item for item in dashboard["templating"]["list"] if item["type"] == "datasource")
     assert variable["query"] == datasource["type"], "the dashboard's datasource variable finds it"
+
+
+def test_the_stack_s_trace_viewer_receives_the_gateway_s_spans_and_the_dashboard_links_to_it() -> None:
+    services = compose()["services"]
+    viewer = services["jaeger"]
+    assert has_healthcheck(viewer) and "jaeger" in services["grafana"]["depends_on"]
+    gateway = services["gateway"]
+    tracing = load_config(gateway_config_path(), service_environment(gateway)).config.observability.tracing
+    endpoint = urlsplit(tracing.endpoint)
+    assert tracing.exporter == "otlp" and tracing.sample_ratio == 1.0
+    assert (endpoint.hostname, endpoint.port, endpoint.path) == ("jaeger", 4318, "/v1/traces")  # OTLP/HTTP
+    # The access line's link opens the viewer's UI where compose publishes it.
+    assert tracing.viewer_url is not None
+    link = urlsplit(tracing.viewer_url.replace("{trace_id}", "0" * 32))
+    assert f"127.0.0.1:{link.port}:16686" in viewer["ports"] and link.path == "/trace/" + "0" * 32
+    # Prometheus keeps exemplars (the latency buckets' trace ids), and Grafana follows them to the viewer.
+    assert "--enable-feature=exemplar-storage" in services["prometheus"]["command"]
+    grafana = services["grafana"]
+    sources = [
+        source
+        for path in sorted(host_path(grafana, "/etc/grafana/provisioning/datasources").glob("*.yaml"))
+        for source in yaml.safe_load(path.read_text(encoding="utf-8"))["datasources"]
+    ]
+    jaeger = next(source for source in sources if source["type"] == "jaeger")
+    assert urlsplit(jaeger["url"]).hostname == "jaeger" and urlsplit(jaeger["url"]).port == 16686
+    prometheus = next(source for source in sources if source["type"] == "prometheus")
+    (destination,) = prometheus["jsonData"]["exemplarTraceIdDestinations"]
+    assert destination == {"name": "trace_id", "datasourceUid": jaeger["uid"]}  # the exemplar label the gateway writes
+    dashboard = json.loads((ROOT / "dashboards" / "modelgate.json").read_text(encoding="utf-8"))
+    variables = {item["name"] for item in dashboard["templating"]["list"]}
+    assert {"job", "instance", "environment"} <= variables
+    assert any(target.get("exemplar") for panel in dashboard["panels"] for target in panel.get("targets", []))
 
 
 # --- load balancers -------------------------------------------------------------------------

@@ -40,9 +40,19 @@ def expressions() -> list[tuple[str, str]]:
     """(where, PromQL) for every dashboard target and every alert rule's measured side."""
     found = []
     dashboard = json.loads((DASHBOARDS / "modelgate.json").read_text())
+    # The dashboard's job, instance and environment variables, at "All" (what a first visit shows).
+    chosen = {"$__rate_interval": "30s"} | {
+        f"${variable['name']}": variable["allValue"]
+        for variable in dashboard["templating"]["list"]
+        if variable["type"] == "query"
+    }
     for panel in dashboard["panels"]:
         for target in panel["targets"]:
-            found.append((f"panel {panel['title']!r}", target["expr"].replace("$__rate_interval", "30s")))
+            expr = target["expr"]
+            for name in sorted(chosen, key=len, reverse=True):
+                expr = expr.replace(name, chosen[name])
+            assert "$" not in expr, f"panel {panel['title']!r}: a variable the dashboard does not define"
+            found.append((f"panel {panel['title']!r}", expr))
     for group in yaml.safe_load((DASHBOARDS / "alerts.yaml").read_text())["groups"]:
         for rule in group["rules"]:
             found.append((f"alert {rule['alert']} (whole)", rule["expr"]))

@@ -441,6 +441,16 @@ class TracingConfig(Strict):
     # More of the resource every span names (deployment.environment, service.namespace ...), over
     # OTEL_RESOURCE_ATTRIBUTES; service.name is `service_name`.
     resource: dict[str, str] = Field(default_factory=dict)
+    # A trace's page in the team's trace viewer, `{trace_id}` replaced by its 32 hex digits: an
+    # exported request's access line carries it (`trace_url`), and the console links to it.
+    viewer_url: str | None = None
+
+    @field_validator("viewer_url")
+    @classmethod
+    def _viewer_url(cls, value: str | None) -> str | None:
+        if value is not None and ("{trace_id}" not in value or not _is_http_url(value.replace("{trace_id}", "x"))):
+            raise ValueError("an http(s) URL with {trace_id} in it")
+        return value
 
     @field_validator("headers")
     @classmethod

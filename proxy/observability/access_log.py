@@ -1,8 +1,9 @@
 """Structured logs: JSON lines through structlog, one access line per request.
 
 An access line names the request id, route, model, channel and key name, the status,
-durations, tokens and bytes; it never carries a key or a body. Its text, and every other log
-line's, is shown as proxy/observability/safe_text.py makes it: a model name a client chose
+durations, tokens and bytes, its trace's ids while tracing is on, and a link to the trace in the
+trace viewer once it is exported (`tracing.viewer_url`); it never carries a key or a body. Its
+text, and every other log line's, is shown as proxy/observability/safe_text.py makes it: a model name a client chose
 cannot steer a terminal or hide in the line.
 """
 
@@ -176,4 +177,6 @@ def log_exchange(ex: Exchange, config: LoggingConfig, now: float, overhead_s: fl
     }
     if (trace_ids := ids(ex)) is not None:
         event["trace_id"], event["span_id"] = trace_ids
+        if ex.trace.link is not None:  # exported, and a viewer named: the line leads to the trace
+            event["trace_url"] = ex.trace.link
     _access.write(event)

@@ -48,6 +48,7 @@ class RequestTrace:
     server_id: int = field(default_factory=new_span_id)
     finished: list[SpanRecord] = field(default_factory=list)
     token: Any = None  # the OpenTelemetry context attached while the request runs
+    link: str | None = None  # its page in the trace viewer, once exported (tracing.viewer_url)
 
     def traceparent(self, span_id: int) -> str:
         return f"00-{self.trace_id:032x}-{span_id:016x}-{'01' if self.sampled else '00'}"

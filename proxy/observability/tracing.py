@@ -68,6 +68,7 @@ class Tracing:
         self.provider: _Provider | None = None
         self.global_provider = False  # whether the OpenTelemetry API's global provider is this one
         self.keep_errors = config.keep_errors
+        self.viewer_url = config.viewer_url
         self.keep_slower_than_s = config.keep_slower_than_ms / 1000 if config.keep_slower_than_ms else None
         root = TraceIdRatioBased(config.sample_ratio)
         self.sampler: Sampler = ParentBased(root)
@@ -230,6 +231,8 @@ class Tracing:
             and duration_s >= self.keep_slower_than_s
         ):
             self.hand_over(finished, None)
+            if self.viewer_url is not None:
+                request_trace.link = self.viewer_url.replace("{trace_id}", f"{request_trace.trace_id:032x}")
 
     def hand_over(self, own: list[SpanRecord], sdk: ReadableSpan | None) -> None:
         """Finished spans to where they go: the export's queue, or a direct exporter now."""

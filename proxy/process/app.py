@@ -42,6 +42,7 @@ from proxy.state import StateStore, make_store
 from proxy.wire.routes import ALIASES, ROUTES, Route
 
 if TYPE_CHECKING:
+    from proxy.config.console import ConsoleConfig
     from proxy.config.model import ChannelConfig, GatewayConfig
     from proxy.keystore.directory import KeySync
     from proxy.keystore.store import KeyStore
@@ -326,7 +327,7 @@ def _mount_administration(owner: GatewayApp, key_store: KeyStore, loaded: Loaded
         from proxy.console import Console
 
         console = Console(
-            lambda: owner.loaded.config.console,
+            lambda: _console_config(owner.loaded.config),
             ops,
             api.reads,  # type: ignore[arg-type]
             owner.admin.token_digest,
@@ -335,6 +336,15 @@ def _mount_administration(owner: GatewayApp, key_store: KeyStore, loaded: Loaded
         )
         for method, path, handler in console.routes():
             owner.admin.add(method, path, handler)
+
+
+def _console_config(config: GatewayConfig) -> ConsoleConfig:
+    """The console's settings; a request's trace link, unless set here, is the trace viewer's
+    the tracing settings name (`observability.tracing.viewer_url`)."""
+    viewer = config.observability.tracing.viewer_url
+    if config.console.trace_url is None and viewer is not None:
+        return config.console.model_copy(update={"trace_url": viewer})
+    return config.console
 
 
 def _route_handler(owner: GatewayApp, route: Route) -> Handler:
