@@ -2,14 +2,14 @@
 
 A request's own spans are queued together when it ends, already in the form the sink sends
 (OTLP/JSON bytes: the records are freed at once, and the queue holds nothing the garbage
-collector walks); spans third-party code made through the SDK are queued one by one. Every `interval_s`, or as soon as
-`batch_size` spans wait, a batch goes to the sink: OTLP/HTTP (JSON or protobuf) over the
-gateway's own HTTP client on the loop that made the spans (the SDK's exporter posts from a
-thread that takes the GIL from the loop), or an SDK exporter (`console`). Past `max_queue`
-waiting spans, or `max_queue_bytes` of encoded ones, new ones are dropped and counted, so a
-collector that is down costs bounded memory. A batch refused with
-429/502/503/504, or not delivered at all, is tried again with a growing pause, up to
-`attempts` times.
+collector walks); spans third-party code made through the SDK are queued one by one. Every
+`interval_s`, or as soon as `batch_size` spans wait, a batch goes to the sink: OTLP/HTTP (JSON or
+protobuf) over the gateway's own HTTP client on the loop that made the spans (the SDK's exporter
+posts from a thread that takes the GIL from the loop), or an SDK exporter (`console`). Past
+`max_queue` waiting spans, or `max_queue_bytes` of encoded ones, new ones are dropped (before
+they are encoded) and counted, so a collector that is down costs bounded memory and little CPU.
+A batch refused with 429/502/503/504, or not delivered at all, is tried again with a growing
+pause, up to `attempts` times.
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ class Sink(Protocol):
 
 
 class SpanExport:
+    """The queue between the requests that end and the sink their spans go to (see above)."""
+
     def __init__(
         self,
         sink: Sink,
@@ -86,6 +88,9 @@ class SpanExport:
 
     def add(self, spans: list[SpanRecord]) -> None:
         """A request's own spans, as it ends."""
+        if self._queued + len(spans) > self.max_queue:  # full: not worth encoding
+            TRACE_SPANS.labels("dropped").inc(len(spans))
+            return
         payload, size = self.sink.prepare(spans)
         self._put(Queued(len(spans), size, payload))
 

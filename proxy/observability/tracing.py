@@ -212,7 +212,7 @@ class Tracing:
             attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
         if usage.output_tokens is not None:
             attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
-        if outcome.response_id is not None:
+        if outcome.response_id:  # ("" when the answer named none)
             attributes["gen_ai.response.id"] = outcome.response_id
         if outcome.status >= 500:
             span.status, span.message = ERROR, (outcome.error or "")[:1000]
