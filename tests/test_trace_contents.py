@@ -158,3 +158,94 @@ async def test_the_sampler_leaves_requests_out_but_an_error_or_a_slow_one_is_kep
     assert failed["status"]["code"] == 2  # an error, and said why
     # Unsampled at its head: what went upstream said so, for the upstream's own tracing.
     assert gw.last_upstream_request().header("traceparent").endswith("-00")
+
+
+async def test_a_traced_request_s_latency_buckets_name_its_trace_in_the_openmetrics_scrape(
+    start_gateway, http, collector
+):
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    gw = await start_gateway(gateway_config(collector))
+    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "a"}]}
+    async with http.post(gw.url + "/v1/messages", json=body, headers=MESSAGE_HEADERS) as answer:
+        assert answer.status == 200
+    spans = await one_trace(collector)
+    trace_id = next(span for span in spans if span["kind"] == SERVER)["traceId"]
+    async with http.get(
+        gw.admin + "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+    ) as answer:
+        assert answer.headers["Content-Type"].startswith("application/openmetrics-text")
+        text = await answer.text()
+    exemplars = {
+        family.name: {sample.exemplar.labels["trace_id"] for sample in family.samples if sample.exemplar is not None}
+        for family in text_string_to_metric_families(text)
+    }
+    for family in (
+        "modelgate_request_duration_seconds",
+        "modelgate_overhead_seconds",
+        "modelgate_upstream_ttfb_seconds",
+    ):
+        assert trace_id in exemplars[family], family  # a dashboard goes from the bucket to this trace
+    async with http.get(gw.admin + "/metrics") as answer:  # a scraper that asks for nothing gets the text format
+        assert answer.headers["Content-Type"].startswith("text/plain") and "# EOF" not in await answer.text()
+
+
+async def test_a_reload_retunes_sampling_at_once_and_says_an_exporter_change_waits_for_a_restart(
+    start_gateway, http, collector, caplog
+):
+    from pathlib import Path
+
+    gw = await start_gateway(gateway_config(collector, ", sample_ratio: 0.0, keep_errors: false"))
+    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "a"}]}
+
+    async def send() -> None:
+        async with http.post(gw.url + "/v1/messages", json=body, headers=MESSAGE_HEADERS) as answer:
+            assert answer.status == 200
+
+    await send()
+    await asyncio.sleep(1.2)  # an export interval: nothing was sampled
+    assert collector.spans() == []
+    assert gw.owner.config_path is not None
+    Path(gw.owner.config_path).write_text(gateway_config(collector, ", sample_ratio: 1.0, protocol: http/protobuf"))
+    assert await gw.owner.reload() is True
+    assert any("observability.tracing.protocol" in r.getMessage() for r in caplog.records)  # at the next restart
+    await send()
+    spans = await one_trace(collector)  # sampled from the reload on, still exported as JSON
+    assert spans and collector.posts[0][0]["Content-Type"] == "application/json"
+
+
+async def test_an_attempt_the_upstream_answered_5xx_is_a_failed_span(start_gateway, http, collector):
+    gw = await start_gateway(gateway_config(collector))
+    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "a"}]}
+    async with http.post(
+        gw.url + "/v1/messages", json=body, headers={**MESSAGE_HEADERS, "x-sim-fault": "status=500"}
+    ) as answer:
+        assert answer.status >= 500
+    spans = await one_trace(collector)
+    (attempt,) = [span for span in spans if span["kind"] == CLIENT]
+    assert attributes(attempt)["http.response.status_code"] == 500 and attempt["status"]["code"] == 2
+
+
+async def test_a_ledger_record_names_a_trace_only_when_the_trace_is_exported(start_gateway, http, collector, ledger_db):
+    from tests.test_ledger import rows
+
+    gw = await start_gateway(
+        gateway_config(
+            collector,
+            ", sample_ratio: 0.0, keep_errors: true",
+            more=f'plugins: {{ledger: {{database_url: "{ledger_db}", flush_interval_s: 0.1}}}}',
+        )
+    )
+    body = {"model": "msgmodel-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "a"}]}
+    for fault in ({}, {"x-sim-fault": "status=500"}):
+        async with http.post(gw.url + "/v1/messages", json=body, headers={**MESSAGE_HEADERS, **fault}) as answer:
+            await answer.read()
+
+    async def both() -> bool:
+        return len(await rows(ledger_db)) == 2
+
+    await within(10, both, "both requests' records")
+    traced = {row["status"]: row["trace_id"] for row in await rows(ledger_db)}
+    assert traced[200] is None  # sampled out: the console would link to nothing
+    server = next(span for span in await one_trace(collector) if span["kind"] == SERVER)
+    assert traced[max(traced)] == server["traceId"]  # kept as an error: its record leads to it

@@ -18,7 +18,7 @@ from proxy.core import jsonutil
 from proxy.core.exchange import Exchange
 from proxy.formats import Generation, Usage
 from proxy.formats.images import ImageMade
-from proxy.observability.tracing import ids
+from proxy.observability.tracing import exported_ids
 from proxy.policy.prices import PriceTable
 from proxy.request.charges import Most, ended
 from proxy.request.usage_estimate import usage_or_estimate
@@ -118,7 +118,7 @@ def record_of(
     estimated = estimated or seconds_assumed
     charge = prices.charge(_clipped(ex.model), usage, images, video_seconds)
     duration_s = now - ex.started
-    trace = ids(ex)
+    trace = exported_ids(ex, duration_s)  # a record links only to a trace the viewer will have
     return UsageRecord(
         request_id=ex.gateway_id,
         at=_arrived(duration_s),

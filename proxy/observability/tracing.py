@@ -40,7 +40,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from proxy import __version__
 from proxy.config.model import TracingConfig
 from proxy.observability.export import OtlpHttp, SdkSink, SpanExport
-from proxy.observability.spans import ERROR, KINDS, SERVER, OtelParent, RequestTrace, SpanRecord, new_trace_id
+from proxy.observability.spans import CLIENT, ERROR, KINDS, SERVER, OtelParent, RequestTrace, SpanRecord, new_trace_id
 
 if TYPE_CHECKING:
     from proxy.core.exchange import Exchange
@@ -58,6 +58,11 @@ _OPERATIONS = {
 }
 
 
+# What the exporter, the resource and the provider are made of once, at start: a reload that
+# changes them says they take effect at the next restart. The rest a reload retunes (`retune`).
+RESTART_ONLY_TRACING = ("exporter", "endpoint", "protocol", "headers", "compression", "service_name", "resource")
+
+
 class Tracing:
     """The process's tracing, or nothing when tracing is off (`enabled` False)."""
 
@@ -67,19 +72,14 @@ class Tracing:
         self.direct: SdkSink | None = None
         self.provider: _Provider | None = None
         self.global_provider = False  # whether the OpenTelemetry API's global provider is this one
-        self.keep_errors = config.keep_errors
-        self.viewer_url = config.viewer_url
-        self.keep_slower_than_s = config.keep_slower_than_ms / 1000 if config.keep_slower_than_ms else None
-        root = TraceIdRatioBased(config.sample_ratio)
-        self.sampler: Sampler = ParentBased(root)
-        self._bound: int | None = root.bound
+        self.sampler: Sampler = ParentBased(TraceIdRatioBased(1.0))
+        self._bound: int | None = None
+        self.retune(config)
         if not self.enabled:
             return
         self.resource = Resource.create(
             {"service.name": config.service_name, "service.version": __version__, **config.resource}
         )
-        if os.environ.get("OTEL_TRACES_SAMPLER"):  # the SDK's own setting, read as the SDK reads it
-            self.sampler, self._bound = _get_from_env_or_default(), None
         # A test's or an embedder's exporter takes each request's spans as it ends; otherwise they
         # are batched from the loop.
         self.direct = SdkSink(exporter, self.resource) if exporter is not None else None
@@ -100,6 +100,18 @@ class Tracing:
         self.provider = _Provider(resource=self.resource, sampler=self.sampler)
         self.provider.add_span_processor(_ToExport(self))
         self.global_provider = _offer_global(self.provider)
+
+    def retune(self, config: TracingConfig) -> None:
+        """What a reload may change while spans keep flowing: the sampling ratio, the keep rules,
+        the viewer's link (the sampler of third-party spans keeps the ratio it started with)."""
+        self.keep_errors = config.keep_errors
+        self.viewer_url = config.viewer_url
+        self.keep_slower_than_s = config.keep_slower_than_ms / 1000 if config.keep_slower_than_ms else None
+        if os.environ.get("OTEL_TRACES_SAMPLER"):  # the SDK's own setting, read as the SDK reads it
+            self.sampler, self._bound = _get_from_env_or_default(), None
+        else:
+            root = TraceIdRatioBased(config.sample_ratio)
+            self.sampler, self._bound = ParentBased(root), root.bound
 
     def start(self) -> None:
         """Start exporting from the running loop."""
@@ -220,6 +232,9 @@ class Tracing:
             attributes["modelgate.error"] = outcome.error[:1000]
         span.end()
         request_trace = span.trace
+        for record in request_trace.finished:  # an attempt the upstream answered 5xx failed, whatever came after
+            if record.kind == CLIENT and record.attributes.get("http.response.status_code", 0) >= 500:
+                record.status = ERROR
         # Taken from the trace: its records point at it, and a list of them kept there would make
         # every traced request a cycle left to the garbage collector.
         finished, request_trace.finished = request_trace.finished, []
@@ -285,6 +300,23 @@ def attempt_traced(ex: Exchange, span: SpanRecord | None, channel: str, host: st
         ex.headers["tracestate"] = request_trace.trace_state
     else:
         ex.headers.popall("tracestate", None)  # the caller's, when it sent no traceparent to go with
+
+
+def exported_ids(ex: Exchange, duration_s: float) -> tuple[str, str] | None:
+    """The request's ids when its spans will be exported (sampled, or kept as an error or as
+    slow, `duration_s` counting as its length): what a record may link to."""
+    tracer, request_trace = ex.tracer, ex.trace
+    if tracer is None or request_trace is None:
+        return None
+    if not (
+        request_trace.sampled
+        or tracer.keep_errors
+        and ex.outcome.status >= 500
+        or tracer.keep_slower_than_s is not None
+        and duration_s >= tracer.keep_slower_than_s
+    ):
+        return None
+    return ids(ex)
 
 
 def ids(ex: Exchange) -> tuple[str, str] | None:

@@ -25,7 +25,7 @@ from proxy.formats import ACCOUNT, CONTENT, MESSAGES
 from proxy.formats.base import Format
 from proxy.observability.metrics import count_reload, exposition, multiprocess_mode, set_config_info
 from proxy.observability.tally import Folding
-from proxy.observability.tracing import Tracing
+from proxy.observability.tracing import RESTART_ONLY_TRACING, Tracing
 from proxy.policy.catalog import usable_models
 from proxy.policy.channels import Channel
 from proxy.process.admin import AdminSurface
@@ -191,6 +191,7 @@ class GatewayApp:
             assert self.gateway is not None
             old, self.gateway.runtime = self.gateway.runtime, runtime
             self.admission.configure(loaded.config.server)
+            self.tracing.retune(loaded.config.observability.tracing)
             set_config_info(loaded.digest, previous=self.loaded.digest)
             count_reload("ok")
             self.admin.set_token(loaded.config.server.admin_token)
@@ -208,8 +209,10 @@ APP_KEY = web.AppKey("modelgate", GatewayApp)
 
 
 def _restart_only_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:
-    """The changed settings a reload cannot apply: the sockets are bound and the store connected
-    when the process starts."""
+    """The changed settings a reload cannot apply: the sockets are bound, the store connected and
+    the trace exporter made when the process starts (a reload retunes the tracing's sampling,
+    keep rules and viewer link: Tracing.retune)."""
+    old_tracing, new_tracing = old.observability.tracing, new.observability.tracing
     return [
         name
         for name, before, after in (
@@ -217,6 +220,10 @@ def _restart_only_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:
             ("key_store", old.key_store, new.key_store),
             ("server.listen", old.server.listen, new.server.listen),
             ("server.admin_listen", old.server.admin_listen, new.server.admin_listen),
+            *(
+                (f"observability.tracing.{name}", getattr(old_tracing, name), getattr(new_tracing, name))
+                for name in RESTART_ONLY_TRACING
+            ),
         )
         if before != after
     ]
