@@ -10,6 +10,8 @@ from proxy.core.exchange import Exchange
 from proxy.core.plugin import Joins, Plugin
 from proxy.wire.sse import SSEEvent
 
+_LOOKED_FOR_ID = 3  # the events that may name the answer: the first few
+
 
 class SSEPassthrough(Plugin):
     name = "sse"
@@ -19,7 +21,8 @@ class SSEPassthrough(Plugin):
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
         usage = ex.format.usage_from_event(event)
-        if ex.outcome.response_id is None:  # the opening event names the answer (parsed for its usage already)
+        # The opening events name the answer (parsed for their usage already); a ping may come first.
+        if not ex.outcome.response_id and ex.outcome.events < _LOOKED_FOR_ID:
             ex.outcome.identified(ex.format.response_id_of(event.json()))
         if usage is not None:
             if ex.route.creates is not None or ex.route.follows is None:  # a resumed stream costs nothing itself

@@ -7,6 +7,7 @@ kept whatever the sampler decided."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 
@@ -249,3 +250,54 @@ async def test_a_ledger_record_names_a_trace_only_when_the_trace_is_exported(sta
     assert traced[200] is None  # sampled out: the console would link to nothing
     server = next(span for span in await one_trace(collector) if span["kind"] == SERVER)
     assert traced[max(traced)] == server["traceId"]  # kept as an error: its record leads to it
+
+
+async def test_hostile_requests_are_traced_and_logged_like_any_other(start_gateway, http, collector, capfd):
+    """From the review: a route of a format with no gen_ai operation (`GET /v1/models`, no key
+    needed) once raised in the trace's start, leaving the request in flight for good; a Host
+    header of bytes UTF-8 cannot hold made the export's encoding raise, and the access line went."""
+    from tests.raw_http import send_raw
+
+    gw = await start_gateway(gateway_config(collector))
+    for _ in range(3):
+        async with http.get(gw.url + "/v1/models") as answer:
+            assert answer.status in (200, 401)
+    body = b'{"model":"msgmodel-haiku-4-5","max_tokens":8,"messages":[{"role":"user","content":"a"}]}'
+    raw = await send_raw(
+        gw.url,
+        b"POST /v1/messages HTTP/1.1\r\nHost: evil\xff\xfe.example\r\nx-api-key: sk-demo-key\r\n"
+        b"msgapi-version: 2023-06-01\r\nContent-Type: application/json\r\nX-Request-Id: hostile-host\r\n"
+        + b"Content-Length: %d"
+        % len(body),
+        body,
+    )
+    assert raw.status == 200
+    await within(10, lambda: _count(collector, SERVER, 4), "every request's spans, the hostile one's too")
+    server = next(span for span in collector.spans() if attributes(span).get("modelgate.request_id") == "hostile-host")
+    assert attributes(server)["server.address"] == "evil??.example"  # what UTF-8 cannot hold, replaced
+    async with http.get(gw.admin + "/metrics") as answer:
+        text = await answer.text()
+    assert 'modelgate_in_flight_requests{route="models"} 0.0' in text
+    await asyncio.sleep(0.1)  # access lines are written once per loop pass
+    assert '"request_id":"hostile-host"' in capfd.readouterr().err
+
+
+def test_a_cached_attribute_is_never_found_for_a_value_of_another_type_or_a_long_one():
+    from opentelemetry.sdk.resources import Resource
+
+    from proxy.observability import otlp
+    from proxy.observability.otlp import encode, records_json
+    from proxy.observability.spans import RequestTrace, SpanRecord
+
+    def encoded(value: object) -> dict:
+        request = RequestTrace(1, True)
+        record = SpanRecord(request, "step", 1, request.server_id, 0, {"plugin.value": value})
+        record.end()
+        body = json.loads(encode([], [records_json(request.finished)], Resource.create({})))
+        return body["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"][0]["value"]
+
+    assert encoded(1) == {"intValue": "1"}
+    assert encoded(True) == {"boolValue": True} and encoded(1.0) == {"doubleValue": 1.0}
+    held = len(otlp._REUSED)
+    encoded("x" * 5000)
+    assert len(otlp._REUSED) == held  # a client's long text is not kept

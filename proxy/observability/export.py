@@ -257,7 +257,7 @@ class OtlpHttp:
         if answer.status in _RETRYABLE:
             self._failing(f"status {answer.status}")
             retry_after = answer.headers.get("Retry-After", "")
-            return min(float(retry_after), 60.0) if retry_after.isdigit() else -1.0
+            return min(float(retry_after), 60.0) if retry_after.isascii() and retry_after.isdigit() else -1.0
         if not self._reachable:
             self._reachable = True
             log.info("trace collector reachable again", extra={"endpoint": self.endpoint})
@@ -268,7 +268,7 @@ class OtlpHttp:
                 extra={"status": answer.status, "spans": count, "reply": reply[:300].decode("utf-8", "replace")},
             )
             return None
-        rejected = _rejected(reply, self.protobuf)
+        rejected = min(_rejected(reply, self.protobuf), count)  # a collector may say anything
         TRACE_SPANS.labels("exported").inc(count - rejected)
         if rejected:
             TRACE_SPANS.labels("rejected").inc(rejected)
@@ -314,10 +314,10 @@ def _rejected(reply: bytes, protobuf: bool) -> int:
         if protobuf:
             from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-            return int(ExportTraceServiceResponse.FromString(reply).partial_success.rejected_spans)
+            return max(0, int(ExportTraceServiceResponse.FromString(reply).partial_success.rejected_spans))
         if not reply.startswith(b"{"):
             return 0
         partial = orjson.loads(reply).get("partialSuccess") or {}
-        return int(partial.get("rejectedSpans") or 0)
+        return max(0, int(partial.get("rejectedSpans") or 0))
     except Exception:  # a reply that is not the protocol's says nothing of rejections
         return 0

@@ -27,6 +27,7 @@ _KIND = {SpanKind.INTERNAL: 1, SpanKind.SERVER: 2, SpanKind.CLIENT: 3, SpanKind.
 _SDK_KIND = {number: kind for kind, number in _KIND.items()}
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200  # SpanFlags: whether the parent's remoteness is known, and is it
 _REUSED_MAX = 4096  # encoded attribute pairs kept for reuse; emptied when full
+_REUSED_LONGEST = 200  # characters: a longer text is encoded each time
 
 
 def encode(spans: Sequence[ReadableSpan], own: Sequence[bytes] = (), resource: Resource | None = None) -> bytes:
@@ -218,8 +219,8 @@ def _record(record: SpanRecord, head: bytes, tail: bytes, under_server: bytes) -
         reused = _REUSED.get
         try:
             attributes = b",".join([reused(pair) or _pair(*pair) for pair in record.attributes.items()])
-        except TypeError:  # a value that cannot be a key (a list): encoded without reuse
-            attributes = b",".join([orjson.dumps({"key": k, "value": _value(v)}) for k, v in record.attributes.items()])
+        except TypeError:  # a value that cannot be a key (a list), or text that is not UTF-8: one by one
+            attributes = b",".join([_lone_pair(key, value) for key, value in record.attributes.items()])
     else:
         attributes = b""
     parent_id = record.parent_id
@@ -235,14 +236,14 @@ def _record(record: SpanRecord, head: bytes, tail: bytes, under_server: bytes) -
         parent, flags = b"", _HAS_IS_REMOTE
     name = _NAMES.get(record.name) or _name(record.name)
     if record.message:  # (only a failed span has one)
-        status = orjson.dumps({"code": record.status, "message": record.message})
+        status = orjson.dumps({"code": record.status, "message": _utf8(record.message)})
     else:
         status = _STATUS[record.status]
     events = b""
     if record.events:
         events = b',"events":' + orjson.dumps(
             [
-                {"timeUnixNano": str(at), "name": event, "attributes": _attributes(said)}
+                {"timeUnixNano": str(at), "name": event, "attributes": _attributes(_utf8_values(said))}
                 for at, event, said in record.events
             ]
         )
@@ -280,16 +281,30 @@ def _name(name: str) -> bytes:
 
 
 def _pair(key: str, value: Any) -> bytes:
-    """An attribute encoded; a text or a whole number kept for the next span that has it (a
-    float, a time, is seldom seen twice). Each of the gateway's attributes has one type, so a
-    number is not mistaken for the flag equal to it."""
+    """An attribute encoded; a short text kept for the next span that has it (a route, a model,
+    a channel). Only text: a number would be found for the flag or the float equal to it, and a
+    long text is a client's (a Host header), not worth the memory."""
     encoded = orjson.dumps({"key": key, "value": _value(value)})
-    kind = type(value)
-    if kind is str or kind is int:
+    if type(value) is str and len(value) <= _REUSED_LONGEST:
         if len(_REUSED) >= _REUSED_MAX:
             _REUSED.clear()
         _REUSED[(key, value)] = encoded
     return encoded
+
+
+def _utf8_values(attributes: dict[str, Any]) -> dict[str, Any]:
+    return {key: _utf8(value) if type(value) is str else value for key, value in attributes.items()}
+
+
+def _utf8(text: str) -> str:
+    """Text as UTF-8 can carry it: what it cannot (a client's bytes as aiohttp decoded them) replaced."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _lone_pair(key: str, value: Any) -> bytes:
+    """An attribute encoded without reuse; text that holds what UTF-8 cannot (a header's bytes
+    as aiohttp decoded them) with those replaced."""
+    return orjson.dumps({"key": key, "value": _value(_utf8(value) if type(value) is str else value)})
 
 
 def readable(record: SpanRecord, resource: Resource) -> ReadableSpan:

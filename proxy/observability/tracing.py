@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.propagators.textmap import Getter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
@@ -61,6 +62,21 @@ _OPERATIONS = {
 # What the exporter, the resource and the provider are made of once, at start: a reload that
 # changes them says they take effect at the next restart. The rest a reload retunes (`retune`).
 RESTART_ONLY_TRACING = ("exporter", "endpoint", "protocol", "headers", "compression", "service_name", "resource")
+
+
+class _EveryLine(Getter[Any]):
+    """Header lines as W3C trace context reads them: a field sent on several lines is one list
+    (`tracestate` may be split so), not its first line alone."""
+
+    def get(self, carrier: Any, key: str) -> list[str] | None:
+        lines = carrier.getall(key, None)
+        return [",".join(lines)] if lines else None
+
+    def keys(self, carrier: Any) -> list[str]:
+        return list(carrier.keys())
+
+
+_EVERY_LINE = _EveryLine()
 
 
 class Tracing:
@@ -131,7 +147,7 @@ class Tracing:
         request = ex.request
         parent_id, remote_flags, trace_state, trace_id = 0, None, "", 0
         if "traceparent" in request.headers:
-            parent = trace.get_current_span(_PROPAGATOR.extract(request.headers)).get_span_context()
+            parent = trace.get_current_span(_PROPAGATOR.extract(request.headers, getter=_EVERY_LINE)).get_span_context()
             if parent.is_valid:
                 trace_id, parent_id, remote_flags = parent.trace_id, parent.span_id, parent.trace_flags
                 trace_state = parent.trace_state.to_header() if parent.trace_state else ""
@@ -161,7 +177,7 @@ class Tracing:
                 "url.scheme": request.scheme,
                 "server.address": request.host,
                 "client.address": ex.client_ip,
-                "gen_ai.operation.name": _OPERATIONS[ex.format.name],
+                "gen_ai.operation.name": _OPERATIONS.get(ex.format.name, ex.format.name),
                 "modelgate.route": ex.route.name,
                 "modelgate.request_id": ex.request_id,
             },

@@ -162,8 +162,8 @@ class GatewayApp:
             await self.affinity.close()
         if self.store is not None:
             await self.store.close()
+        self.folding.stop()  # first: what this worker counted reaches its file whatever the tracing's close does
         await self.tracing.close()
-        self.folding.stop()
 
     async def reload(self) -> bool:
         """Load the config file again; keep the running config when the new one is invalid."""

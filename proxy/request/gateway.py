@@ -135,9 +135,10 @@ class Gateway:
         request_id = incoming_id if incoming_id and _REQUEST_ID.match(incoming_id) else gateway_id
         ex = Exchange(request, route, request_id, gateway_id)
         runtime.observer.started(ex)
-        self.tracing.start_request(ex)
         response: web.StreamResponse | None = None
         try:
+            # Inside: whatever it raises, the request is still ended (counted out, logged, released).
+            self.tracing.start_request(ex)
             response = _stamped(ex, await self._serve(ex, runtime), config.request_id_header)
             return response
         except asyncio.CancelledError:
