@@ -254,16 +254,21 @@ class Tracing:
         # Taken from the trace: its records point at it, and a list of them kept there would make
         # every traced request a cycle left to the garbage collector.
         finished, request_trace.finished = request_trace.finished, []
-        if (
-            request_trace.sampled
-            or self.keep_errors
-            and outcome.status >= 500
-            or self.keep_slower_than_s is not None
-            and duration_s >= self.keep_slower_than_s
-        ):
+        if self.kept(ex, duration_s):
             self.hand_over(finished, None)
             if self.viewer_url is not None:
                 request_trace.link = self.viewer_url.replace("{trace_id}", f"{request_trace.trace_id:032x}")
+
+    def kept(self, ex: Exchange, duration_s: float) -> bool:
+        """Whether a recorded request's spans are exported: sampled at its head, or kept as a 5xx
+        (`keep_errors`) or as slow (`keep_slower_than_ms`, `duration_s` its length)."""
+        return (
+            ex.trace.sampled
+            or self.keep_errors
+            and ex.outcome.status >= 500
+            or self.keep_slower_than_s is not None
+            and duration_s >= self.keep_slower_than_s
+        )
 
     def hand_over(self, own: list[SpanRecord], sdk: ReadableSpan | None) -> None:
         """Finished spans to where they go: the export's queue, or a direct exporter now."""
@@ -277,15 +282,18 @@ class Tracing:
 
 
 def end_request(ex: Exchange, overhead_s: float, duration_s: float) -> None:
+    """The request's trace ended and handed over. Never raises: a trace that cannot be written
+    costs its spans (logged), not the request's access line, which comes after."""
     request_trace = ex.trace
     if request_trace is None:
         return
     try:
         if request_trace.token is not None:
             otel_context.detach(request_trace.token)
-    finally:
         if ex.tracer is not None:
             ex.tracer.end_request(ex, overhead_s, duration_s)
+    except Exception:
+        log.exception("the request's trace could not be ended", extra={"request_id": ex.request_id})
 
 
 def _unrecorded(request_trace: RequestTrace) -> trace.Span:
@@ -321,18 +329,8 @@ def attempt_traced(ex: Exchange, span: SpanRecord | None, channel: str, host: st
 def exported_ids(ex: Exchange, duration_s: float) -> tuple[str, str] | None:
     """The request's ids when its spans will be exported (sampled, or kept as an error or as
     slow, `duration_s` counting as its length): what a record may link to."""
-    tracer, request_trace = ex.tracer, ex.trace
-    if tracer is None or request_trace is None:
-        return None
-    if not (
-        request_trace.sampled
-        or tracer.keep_errors
-        and ex.outcome.status >= 500
-        or tracer.keep_slower_than_s is not None
-        and duration_s >= tracer.keep_slower_than_s
-    ):
-        return None
-    return ids(ex)
+    tracer = ex.tracer  # set only on a request whose spans are recorded (its `trace` with it)
+    return ids(ex) if tracer is not None and tracer.kept(ex, duration_s) else None
 
 
 def ids(ex: Exchange) -> tuple[str, str] | None:
