@@ -39,7 +39,7 @@ class Auth(Plugin):
         self.keys = KeyRing.from_config(config, self.resources.get(STORED_KEYS))
         self.strict = config.server.strict_interface
 
-    async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
+    def on_request(self, ex: Exchange) -> web.StreamResponse | None:  # never waits: no coroutine
         fmt = ex.route.format  # its places, even where the answer speaks another format (`GET /v1/models`)
         if fmt.key_location is KeyLocation.NONE:
             return None

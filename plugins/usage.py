@@ -16,7 +16,7 @@ class UsageCapture(Plugin):
     joins = Joins(usage=True, metered=True)
     order = 500
 
-    async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
+    def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:  # never waits: no coroutine
         if upstream.status >= 400 or not upstream.is_json:
             return
         body = upstream.json()

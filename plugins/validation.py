@@ -112,7 +112,7 @@ class Validation(Plugin):
         self.strict = config.server.strict_interface
         self.strict_enums = config.validation.strict_enums
 
-    async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
+    def on_request(self, ex: Exchange) -> web.StreamResponse | None:  # never waits: no coroutine
         route = ex.route
         if (missing := ex.format.missing_version(ex.request.headers, self.strict)) is not None:
             return refuse(ex, Violation(*missing))

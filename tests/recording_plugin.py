@@ -78,7 +78,8 @@ class AdminNote(Plugin):
 
 class Choosy(Plugin):
     """Takes only the exchanges that carry `x-test-take` (Plugin.takes), and records each hook it
-    runs for each of them, by the request's `x-test-id`."""
+    runs for each of them, by the request's `x-test-id`. Its hooks are plain functions, as a
+    plugin's that never wait may be (Recorder's are coroutines): the core calls both kinds."""
 
     calls: ClassVar[list[tuple[str, str]]] = []  # (test id, hook)
 
@@ -91,14 +92,14 @@ class Choosy(Plugin):
     def prefetch(self, ex: Exchange) -> None:  # run before any plugin, takes included, is asked
         self._record(ex, "prefetch")
 
-    async def on_request(self, ex: Exchange) -> web.StreamResponse | None:
+    def on_request(self, ex: Exchange) -> web.StreamResponse | None:
         self._record(ex, "on_request")
         return None
 
-    async def on_upstream(self, ex: Exchange) -> None:
+    def on_upstream(self, ex: Exchange) -> None:
         self._record(ex, "on_upstream")
 
-    async def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
+    def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
         self._record(ex, "on_response")
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:

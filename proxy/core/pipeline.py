@@ -5,6 +5,7 @@ request: a span of its own when the request is traced."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ class Hook:
     plugin: Plugin
     call: Callable[..., Any]
     phase: str  # "<plugin> <hook>": its span's name when the request is traced
+    waits: bool = True  # a coroutine function; a plain one (it never waits) is called without a coroutine
 
 
 class Pipeline:
@@ -103,30 +105,36 @@ class Pipeline:
         for index, hook in enumerate(self.request_hooks):
             if index in stops:
                 owner_check, asked = stops[index]
-                if owner_check and (answer := await check_owner(ex)) is not None:
+                if owner_check and ex.follow_lookup is not None and (answer := await check_owner(ex)) is not None:
                     return answer
                 if asked is not None and not asked.takes(ex):
                     ex.pipeline = (ex.pipeline or self).without(asked)
                     continue
             with phase(ex, hook.phase) as span:
-                answer = await hook.call(ex)
+                answer = (await hook.call(ex)) if hook.waits else hook.call(ex)
                 if answer is not None and span is not None:
                     span.set_attribute("modelgate.short_circuit_status", answer.status)
             if answer is not None:
                 return answer
-        if self.owner_check_at == len(self.request_hooks):
+        if self.owner_check_at == len(self.request_hooks) and ex.follow_lookup is not None:
             return await check_owner(ex)
         return None
 
     async def run_upstream(self, ex: Exchange) -> None:
         for hook in self.upstream_hooks:
             with phase(ex, hook.phase):
-                await hook.call(ex)
+                if hook.waits:
+                    await hook.call(ex)
+                else:
+                    hook.call(ex)
 
     async def run_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
         for hook in self.response_hooks:
             with phase(ex, hook.phase):
-                await hook.call(ex, upstream)
+                if hook.waits:
+                    await hook.call(ex, upstream)
+                else:
+                    hook.call(ex, upstream)
 
     def run_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
         for hook in self.event_hooks:
@@ -185,5 +193,6 @@ def _implemented(plugins: list[Plugin], hook: str) -> list[Hook]:
             continue
         if getattr(type(plugin), hook, None) is getattr(Plugin, hook):
             continue  # the base class's no-op
-        found.append(Hook(plugin, getattr(plugin, hook), f"{plugin_name(plugin)} {hook}"))
+        call = getattr(plugin, hook)
+        found.append(Hook(plugin, call, f"{plugin_name(plugin)} {hook}", inspect.iscoroutinefunction(call)))
     return found

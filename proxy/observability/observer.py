@@ -53,7 +53,7 @@ class Observer:
         _REQUESTS.add((route[0], ex.format.name, model, channel, m.status_class(outcome.status)))
         # A traced request's id goes with its latencies as their bucket's exemplar.
         trace = ex.trace
-        trace_id = f"{trace.trace_id:032x}" if trace is not None and ex.span is not None and trace.sampled else None
+        trace_id = trace.trace_id if trace is not None and ex.span is not None and trace.sampled else None
         _DURATION.observe(route, now - ex.started, trace_id)
         _OVERHEAD.observe(route, overhead_s, trace_id)
         if outcome.backoff_s:

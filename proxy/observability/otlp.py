@@ -282,13 +282,37 @@ def _name(name: str) -> bytes:
 
 def _pair(key: str, value: Any) -> bytes:
     """An attribute encoded; a short text kept for the next span that has it (a route, a model,
-    a channel). Only text: a number would be found for the flag or the float equal to it, and a
-    long text is a client's (a Host header), not worth the memory."""
-    encoded = orjson.dumps({"key": key, "value": _value(value)})
-    if type(value) is str and len(value) <= _REUSED_LONGEST:
-        if len(_REUSED) >= _REUSED_MAX:
-            _REUSED.clear()
-        _REUSED[(key, value)] = encoded
+    a channel). Only text: a number would be found for the flag or the float equal to it, a
+    long text is a client's (a Host header), not worth the memory, and an id is one request's.
+    A number or a flag (a status, a count, a duration: new on most spans) is written around
+    its key's encoding, without the dicts `_value` makes."""
+    kind = type(value)
+    prefix = _KEYS.get(key) or _key(key)
+    if kind is str:
+        encoded = prefix + b'{"stringValue":' + orjson.dumps(value) + b"}}"
+        if len(value) <= _REUSED_LONGEST and key not in _ONE_REQUESTS:
+            if len(_REUSED) >= _REUSED_MAX:
+                _REUSED.clear()
+            _REUSED[(key, value)] = encoded
+        return encoded
+    if kind is int:
+        return prefix + b'{"intValue":"%d"}}' % value
+    if kind is bool:
+        return prefix + (b'{"boolValue":true}}' if value else b'{"boolValue":false}}')
+    if kind is float:
+        return prefix + b'{"doubleValue":' + orjson.dumps(value) + b"}}"
+    return orjson.dumps({"key": key, "value": _value(value)})
+
+
+# Attributes whose every value is one request's: never worth keeping encoded.
+_ONE_REQUESTS = frozenset({"modelgate.request_id", "gen_ai.response.id"})
+_KEYS: dict[str, bytes] = {}  # an attribute's key encoded, as a pair starts: b'{"key":"...","value":'
+
+
+def _key(key: str) -> bytes:
+    encoded = b'{"key":' + orjson.dumps(key) + b',"value":'
+    if len(_KEYS) < _REUSED_MAX:  # the gateway's keys, and a plugin's: a handful
+        _KEYS[key] = encoded
     return encoded
 
 

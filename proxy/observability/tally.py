@@ -75,7 +75,7 @@ class _Buckets:
     def __init__(self, size: int) -> None:
         self.counts = [0] * size
         self.sum = 0.0
-        self.exemplars: dict[int, tuple[str, float, float]] | None = None
+        self.exemplars: dict[int, tuple[int, float, float]] | None = None
 
 
 class HistogramTally:
@@ -90,7 +90,9 @@ class HistogramTally:
         self.children: dict[tuple[str, ...], Any] = {}
         _TALLIES.append(self)
 
-    def observe(self, labels: tuple[str, ...], value: float, trace_id: str | None = None) -> None:
+    def observe(self, labels: tuple[str, ...], value: float, trace_id: int | None = None) -> None:
+        """One value; `trace_id`, a traced request's, is its bucket's exemplar until a later one
+        replaces it (written in hex only when folded: most are replaced before)."""
         found = self.pending.get(labels)
         if found is None:
             found = self.pending[labels] = _Buckets(len(self.bounds))
@@ -112,7 +114,7 @@ class HistogramTally:
                 if count:
                     buckets[index].inc(count)
             for index, (trace_id, value, at) in (found.exemplars or {}).items():
-                buckets[index].set_exemplar(Exemplar({"trace_id": trace_id}, value, at))
+                buckets[index].set_exemplar(Exemplar({"trace_id": f"{trace_id:032x}"}, value, at))
 
 
 def _child(tally: Any, labels: tuple[str, ...]) -> Any:
