@@ -111,6 +111,29 @@ class Choosy(Plugin):
         self._record(ex, "on_complete")
 
 
+class Deferring(Plugin):
+    """Hooks that are plain functions handing back a coroutine (as a decorator around an async
+    method makes them): the core awaits what they return. With `x-test-defer` it refuses."""
+
+    def on_request(self, ex: Exchange) -> Any:
+        return self._check(ex)
+
+    async def _check(self, ex: Exchange) -> web.StreamResponse | None:
+        await asyncio.sleep(0)
+        if ex.request.headers.get("x-test-defer"):
+            return ex.error_response(403, "refused by a deferred check", "deferred")
+        return None
+
+    def on_response(self, ex: Exchange, upstream: UpstreamResponse) -> Any:
+        return self._tag(upstream)
+
+    async def _tag(self, upstream: UpstreamResponse) -> None:
+        await asyncio.sleep(0)
+        body = upstream.json()
+        if isinstance(body, dict):
+            upstream.set_json({**body, "deferred": True})
+
+
 class Squatter(Plugin):
     """Writes, in its own room of every exchange, each name the built-in plugins keep state under
     (and drops it again): a plugin can neither read nor spoil another's (Exchange.state)."""

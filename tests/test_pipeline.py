@@ -10,7 +10,7 @@ from tests.sse import read_events
 PIPELINE = """
 routes:  # no auth: the pipeline alone is under test (public says that is meant)
   messages: {public: true, plugins: [usage, sse, tests.recording_plugin:Choosy, tests.recording_plugin:Recorder]}
-  responses: {public: true, plugins: [usage, sse, tests.recording_plugin:Recorder]}
+  responses: {public: true, plugins: [usage, sse, tests.recording_plugin:Deferring, tests.recording_plugin:Recorder]}
   generate_content: {public: true, plugins: [usage, sse, tests.recording_plugin:Recorder]}
   stream_generate_content: {public: true, plugins: [usage, sse, tests.recording_plugin:Recorder]}
   image_generations: {public: true, plugins: [usage, sse, tests.recording_plugin.Recorder]}
@@ -84,6 +84,17 @@ async def test_on_response_may_rewrite_the_answer(gw, http):
     path, headers, body = CASES["responses"]
     async with http.post(gw.url + path, json=body, headers={**headers, "Accept-Encoding": "gzip"}) as answer:
         assert (await answer.json())["tagged_by"] == "recorder"
+
+
+async def test_a_hook_that_hands_back_an_awaitable_is_awaited(gw, http):
+    """A hook may be a plain function (Choosy's, auth's: no coroutine is made for it); one that
+    returns an awaitable, as a decorated async method does, has it awaited, answer and all."""
+    path, headers, body = CASES["responses"]
+    async with http.post(gw.url + path, json=body, headers=headers) as answer:
+        assert (await answer.json())["deferred"] is True
+    async with http.post(gw.url + path, json=body, headers={**headers, "x-test-defer": "1"}) as answer:
+        assert answer.status == 403
+        assert (await answer.json())["error"]["code"] == "deferred"
 
 
 async def test_on_event_may_drop_events(gw, http):

@@ -5,7 +5,6 @@ request: a span of its own when the request is traced."""
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,7 +30,6 @@ class Hook:
     plugin: Plugin
     call: Callable[..., Any]
     phase: str  # "<plugin> <hook>": its span's name when the request is traced
-    waits: bool = True  # a coroutine function; a plain one (it never waits) is called without a coroutine
 
 
 class Pipeline:
@@ -111,7 +109,11 @@ class Pipeline:
                     ex.pipeline = (ex.pipeline or self).without(asked)
                     continue
             with phase(ex, hook.phase) as span:
-                answer = (await hook.call(ex)) if hook.waits else hook.call(ex)
+                # A plain function's answer is the answer; a coroutine's (or any awaitable a
+                # plain function hands back) is awaited first.
+                answer = hook.call(ex)
+                if answer is not None and not isinstance(answer, web.StreamResponse):
+                    answer = await answer
                 if answer is not None and span is not None:
                     span.set_attribute("modelgate.short_circuit_status", answer.status)
             if answer is not None:
@@ -123,18 +125,14 @@ class Pipeline:
     async def run_upstream(self, ex: Exchange) -> None:
         for hook in self.upstream_hooks:
             with phase(ex, hook.phase):
-                if hook.waits:
-                    await hook.call(ex)
-                else:
-                    hook.call(ex)
+                if (pending := hook.call(ex)) is not None:  # a coroutine's, or an awaitable handed back
+                    await pending
 
     async def run_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
         for hook in self.response_hooks:
             with phase(ex, hook.phase):
-                if hook.waits:
-                    await hook.call(ex, upstream)
-                else:
-                    hook.call(ex, upstream)
+                if (pending := hook.call(ex, upstream)) is not None:
+                    await pending
 
     def run_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
         for hook in self.event_hooks:
@@ -193,6 +191,5 @@ def _implemented(plugins: list[Plugin], hook: str) -> list[Hook]:
             continue
         if getattr(type(plugin), hook, None) is getattr(Plugin, hook):
             continue  # the base class's no-op
-        call = getattr(plugin, hook)
-        found.append(Hook(plugin, call, f"{plugin_name(plugin)} {hook}", inspect.iscoroutinefunction(call)))
+        found.append(Hook(plugin, getattr(plugin, hook), f"{plugin_name(plugin)} {hook}"))
     return found
