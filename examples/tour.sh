@@ -31,6 +31,12 @@ curl $B/v1/responses -H "Authorization: Bearer $KEY" -H 'content-type: applicati
   -d "{\"model\":\"respmodel-4o\",\"input\":\"And again\",\"previous_response_id\":\"$RESPONSE_ID\"}"
 curl $B/v1/responses/$RESPONSE_ID -H "Authorization: Bearer $KEY"
 
+# chat completions: Bearer; a stream is charged its usage whether or not it asks for it
+curl $B/v1/chat/completions -H "Authorization: Bearer $KEY" -H 'content-type: application/json' \
+  -d '{"model":"respmodel-4o","messages":[{"role":"user","content":"Hello"}]}'
+curl -N $B/v1/chat/completions -H "Authorization: Bearer $KEY" -H 'content-type: application/json' \
+  -d '{"model":"respmodel-4o","stream":true,"messages":[{"role":"user","content":"Hello"}]}'
+
 # images
 curl $B/v1/images/generations -H "Authorization: Bearer $KEY" -H 'content-type: application/json' \
   -d '{"model":"imagegen-2","prompt":"a lighthouse","size":"1024x1024"}' | cut -c1-300

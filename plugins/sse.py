@@ -1,7 +1,9 @@
 """SSE passthrough: streams are framed event by event, and usage is read from the events that carry it.
 
 Framing is what lets every other plugin see streams per event; the per-event cost here
-is one substring test, and a JSON parse only for the one or two events with usage.
+is one substring test, and a JSON parse only for the one or two events with usage. A stream
+whose format tells its usage only on request (chat completions) is asked for it, and the
+chunk that answers is read and kept from a client that did not ask.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from proxy.core.plugin import Joins, Plugin
 from proxy.wire.sse import SSEEvent
 
 _LOOKED_FOR_ID = 3  # the events that may name the answer: the first few
+_UNASKED = "usage_unasked"  # the stream's usage was asked for by the gateway, not the client
 
 
 class SSEPassthrough(Plugin):
@@ -19,8 +22,18 @@ class SSEPassthrough(Plugin):
     joins = Joins(usage=True, metered=True)  # the endpoints, and a stored response's stream resumed
     order = 600
 
+    def on_request(self, ex: Exchange) -> None:  # never waits: no coroutine
+        """A stream that would not be told its usage (the chat-completions format's, unless the
+        request asks) is asked for it upstream: its tokens are charged like any other's."""
+        if ex.streaming and (asking := ex.format.with_stream_usage(ex.json())) is not None:
+            ex.set_json(asking)
+            ex.state(self)[_UNASKED] = True
+
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
         usage = ex.format.usage_from_event(event)
+        if usage is not None and ex.state(self).get(_UNASKED) and ex.format.unasked_usage(event):
+            ex.usage.update(usage)  # read, and kept from the client, who did not ask for it
+            return None
         # The opening events name the answer (parsed for their usage already); a ping may come first.
         if not ex.outcome.response_id and ex.outcome.events < _LOOKED_FOR_ID:
             ex.outcome.identified(ex.format.response_id_of(event.json()))

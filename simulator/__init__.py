@@ -13,7 +13,7 @@ from aiohttp import web
 
 from proxy.config.model import SimulatorSettings
 from proxy.core import jsonutil
-from simulator import account, chat, companions, media, responses, video
+from simulator import account, chat, companions, completions, media, responses, video
 from simulator.core import Simulator, answer_early
 
 SIMULATOR_KEY = web.AppKey("simulator", Simulator)
@@ -35,6 +35,7 @@ def build_simulator_app(sim: Simulator) -> web.Application:
         add("POST", f"/{version}/models/{{model}}:generateContent", partial(chat.generate_content, sim))
         add("POST", f"/{version}/models/{{model}}:streamGenerateContent", partial(chat.generate_content, sim))
     add("POST", "/v1/responses", partial(responses.responses, sim))
+    add("POST", "/v1/chat/completions", partial(completions.completions, sim))
     add("POST", "/v1/messages/count_tokens", partial(companions.count_tokens, sim))
     for version in ("v1beta", "v1"):
         add("POST", f"/{version}/models/{{model}}:countTokens", partial(companions.count_content_tokens, sim))

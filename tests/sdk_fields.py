@@ -76,6 +76,9 @@ MODEL_OF_RESPONSES = "openai.types.responses.response_create_params:ResponseCrea
 EDIT = {"images": [{"file_id": "file-1"}]}
 RESPONSES_TS = "openai/resources/responses/responses.d.ts"
 RESPONSE_CREATE = "ResponseCreateParamsBase"
+CHAT_CREATE_PY = "openai.types.chat.completion_create_params:CompletionCreateParamsBase"
+CHAT_TS = "openai/resources/chat/completions/completions.d.ts"
+CHAT_CREATE = "ChatCompletionCreateParamsBase"
 MESSAGES_TS = "@anthropic-ai/sdk/resources/messages/messages.d.ts"
 BETA_MESSAGES_TS = "@anthropic-ai/sdk/resources/beta/messages/messages.d.ts"
 GENAI_TS = "@google/genai/dist/genai.d.ts"
@@ -161,6 +164,73 @@ MAPPING: dict[str, Case] = {
     ),
     "responses:truncation": Case(
         Sdk(MODEL_OF_RESPONSES, "truncation"), {"truncation": V}, js=Js(RESPONSES_TS, RESPONSE_CREATE, "truncation")
+    ),
+    # -- chat completions (openai.chat.completions.create) --
+    "chat_completions:messages[].role": Case(
+        Sdk(CHAT_CREATE_PY, "messages[].role"),
+        {"messages": [{"role": V, "content": "hi"}]},
+        js=Js(CHAT_TS, CHAT_CREATE, "messages[].role"),
+    ),
+    "chat_completions:messages[].content[](image_url).image_url.detail": Case(
+        Sdk("openai.types.chat:ChatCompletionContentPartImageParam", "image_url.detail"),
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png", "detail": V}}],
+                }
+            ]
+        },
+        js=Js(CHAT_TS, "ChatCompletionContentPartImage.ImageURL", "detail"),
+    ),
+    "chat_completions:messages[].content[](input_audio).input_audio.format": Case(
+        Sdk("openai.types.chat:ChatCompletionContentPartInputAudioParam", "input_audio.format"),
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": V}}]}
+            ]
+        },
+        js=Js(CHAT_TS, "ChatCompletionContentPartInputAudio.InputAudio", "format"),
+    ),
+    "chat_completions:messages[].tool_calls[].type": Case(
+        Sdk("openai.types.chat:ChatCompletionAssistantMessageParam", "tool_calls[].type"),
+        {
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"id": "c", "type": V, "function": {"name": "f", "arguments": "{}"}}],
+                },
+                {"role": "tool", "tool_call_id": "c", "content": "ok"},
+            ]
+        },
+        js=Js(CHAT_TS, "ChatCompletionAssistantMessageParam", "tool_calls[].type"),
+    ),
+    "chat_completions:reasoning_effort": Case(
+        Sdk(CHAT_CREATE_PY, "reasoning_effort"),
+        {"reasoning_effort": V},
+        js=Js(CHAT_TS, CHAT_CREATE, "reasoning_effort"),
+    ),
+    "chat_completions:response_format.type": Case(
+        Sdk(CHAT_CREATE_PY, "response_format.type"),
+        {"response_format": {"type": V, "json_schema": {"name": "n", "schema": {}}}},
+        js=Js(CHAT_TS, CHAT_CREATE, "response_format.type"),
+    ),
+    "chat_completions:service_tier": Case(
+        Sdk(CHAT_CREATE_PY, "service_tier"), {"service_tier": V}, js=Js(CHAT_TS, CHAT_CREATE, "service_tier")
+    ),
+    "chat_completions:tool_choice": Case(
+        Sdk(CHAT_CREATE_PY, "tool_choice"),
+        {"tool_choice": V, "tools": [{"type": "function", "function": {"name": "f"}}]},
+        js=Js(CHAT_TS, CHAT_CREATE, "tool_choice"),
+    ),
+    "chat_completions:tool_choice.type": Case(
+        Sdk(CHAT_CREATE_PY, "tool_choice.type"),
+        {
+            "tool_choice": {"type": V, "function": {"name": "f"}},
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+        },
+        js=Js(CHAT_TS, CHAT_CREATE, "tool_choice.type"),
     ),
     # -- message format (anthropic.messages.create) --
     "messages:messages[].role": Case(
@@ -399,6 +469,11 @@ CHECKED_IN_VALIDATORS: dict[str, Case] = {
 
 ROUTES = {  # route -> (path, headers, a valid request the templates add to)
     "responses": ("/v1/responses", BEARER, {"model": "respmodel-4o", "input": "hi"}),
+    "chat_completions": (
+        "/v1/chat/completions",
+        BEARER,
+        {"model": "respmodel-4o", "messages": [{"role": "user", "content": "hi"}]},
+    ),
     "messages": (
         "/v1/messages",
         MESSAGE_HEADERS,

@@ -171,7 +171,7 @@ async def test_unknown_path_and_wrong_method_are_json_errors_naming_the_request_
 @pytest.mark.parametrize(
     ("path", "shape", "served"),
     [
-        ("/v1/chat/completions", "generic", ["POST /v1/messages", "POST /v1/models/{model}:generateContent"]),
+        ("/v1/completions", "generic", ["POST /v1/messages", "POST /v1/chat/completions"]),
         ("/v1beta/models/genmodel-2.0-flash:embedContent", "content", ["POST /v1beta/models/{model}:generateContent"]),
         ("/v1/models/genmodel-2.0-flash:embedContent", "content", ["POST /v1/models/{model}:generateContent"]),
         ("/v1/messages/batches", "messages", ["POST /v1/messages", "POST /v1/messages/count_tokens"]),
@@ -197,7 +197,7 @@ async def test_a_404_is_in_the_shape_of_the_paths_format_and_names_what_is_serve
     else:
         assert error["type"] == "not_found_error" and error["code"] == "not_found"
     assert all(route in error["message"] for route in served), error["message"]
-    assert len(error["message"]) < 400 or shape == "generic" and path == "/v1/chat/completions"
+    assert len(error["message"]) < 400 or shape == "generic" and path == "/v1/completions"
 
 
 @pytest.mark.parametrize("version", ["v1", "v1beta"])

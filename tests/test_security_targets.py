@@ -155,6 +155,7 @@ BODIES = {
     "generate_content": CONTENT,
     "stream_generate_content": CONTENT,
     "responses": b'{"model":"respmodel-4o","input":"x"}',
+    "chat_completions": b'{"model":"respmodel-4o","messages":[{"role":"user","content":"x"}]}',
     "login_2fa": b"{}",
     "payment_webhook": b"{}",
     "count_tokens": b'{"model":"msgmodel-haiku-4-5","messages":[{"role":"user","content":"x"}]}',

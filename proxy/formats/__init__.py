@@ -1,9 +1,11 @@
-"""The spec's wire formats, one module each; `FORMATS` maps a format's config name to it."""
+"""The spec's wire formats and the chat-completions format, one module each; `FORMATS` maps a
+format's config name to it."""
 
 from __future__ import annotations
 
 from proxy.formats.account import AccountFormat
 from proxy.formats.base import Format, Generation, KeyLocation, Usage
+from proxy.formats.chat import ChatFormat
 from proxy.formats.content import ContentFormat
 from proxy.formats.images import ImagesFormat
 from proxy.formats.message import MessageFormat
@@ -16,14 +18,16 @@ CONTENT = ContentFormat()
 RESPONSES = ResponseFormat()
 IMAGES = ImagesFormat()
 VIDEO = VideoFormat()
+CHAT = ChatFormat()
 ACCOUNT = AccountFormat()
 MODELS = ModelsFormat(MESSAGES, CONTENT)  # not a wire format a channel serves: not in FORMATS
 
-FORMATS: dict[str, Format] = {f.name: f for f in (MESSAGES, CONTENT, RESPONSES, IMAGES, VIDEO, ACCOUNT)}
+FORMATS: dict[str, Format] = {f.name: f for f in (MESSAGES, CONTENT, RESPONSES, CHAT, IMAGES, VIDEO, ACCOUNT)}
 FORMAT_NAMES = tuple(FORMATS)
 
 __all__ = [
     "ACCOUNT",
+    "CHAT",
     "CONTENT",
     "FORMATS",
     "FORMAT_NAMES",
@@ -33,6 +37,7 @@ __all__ = [
     "RESPONSES",
     "VIDEO",
     "AccountFormat",
+    "ChatFormat",
     "ContentFormat",
     "Format",
     "Generation",

@@ -241,6 +241,15 @@ class Format:
     def usage_from_event(self, event: SSEEvent) -> Usage | None:
         return None
 
+    def with_stream_usage(self, body: Any) -> Any:
+        """The body of a streamed request that would not be told its usage, asking for it (None:
+        nothing to change; only the chat-completions format reports usage on request alone)."""
+        return None
+
+    def unasked_usage(self, event: SSEEvent) -> bool:
+        """Whether a stream event answers only what `with_stream_usage` asked for (kept from the client)."""
+        return False
+
     def response_id_of(self, answer: Any) -> str | None:
         """The id the upstream gave its answer (a trace's gen_ai.response.id), from a JSON answer
         or a stream's opening event, which wraps the answer (`message`, `response`)."""

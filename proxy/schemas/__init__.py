@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from proxy.schemas.chat import ChatCompletionRequest
 from proxy.schemas.common import Violation, first_violation
 from proxy.schemas.content import GenerateContentRequest
 from proxy.schemas.enums import EnumCheck
@@ -27,6 +28,7 @@ JSON_SCHEMAS: dict[str, type[BaseModel]] = {
     "generate_content": GenerateContentRequest,
     "stream_generate_content": GenerateContentRequest,
     "responses": ResponseRequest,
+    "chat_completions": ChatCompletionRequest,
 }
 
 
@@ -45,6 +47,7 @@ def check(
 
 __all__ = [
     "JSON_SCHEMAS",
+    "ChatCompletionRequest",
     "EnumCheck",
     "GenerateContentRequest",
     "ImageEditForm",

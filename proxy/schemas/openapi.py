@@ -179,7 +179,7 @@ def _success(route: Route) -> dict[str, Any]:
             "content": {"video/mp4": {"schema": {"type": "string", "format": "binary"}}},
         }
     content: dict[str, Any] = {"application/json": {"schema": {}}}
-    if route.format.name in ("messages", "content", "responses", "images"):
+    if route.format.name in ("messages", "content", "responses", "chat", "images"):
         content["text/event-stream"] = {"schema": {}}  # each event's data is the format's own JSON
     return {"description": "The upstream's answer", "content": content}
 

@@ -1,5 +1,5 @@
-"""The 13 endpoints of the spec, and the calls SDKs make around them, as data: method, path,
-format, where the model and body come from.
+"""The 13 endpoints of the spec, chat completions beside them, and the calls SDKs make around
+them, as data: method, path, format, where the model and body come from.
 
 The pipeline of each route comes from config or the plugins' defaults; everything else about a route is fixed here.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from proxy.formats import ACCOUNT, CONTENT, IMAGES, MESSAGES, MODELS, RESPONSES, VIDEO, Format
+from proxy.formats import ACCOUNT, CHAT, CONTENT, IMAGES, MESSAGES, MODELS, RESPONSES, VIDEO, Format
 from proxy.formats.base import KeyLocation
 
 
@@ -143,6 +143,9 @@ ROUTES: tuple[Route, ...] = (
     Route("login_2fa", 12, "POST", "/api/user/login/2fa", ACCOUNT, Body.RAW, ModelFrom.NONE),
     # Payment callbacks are a few KB; the queue keeps them in the shared Redis.
     Route("payment_webhook", 13, "POST", "/api/{provider}/webhook", ACCOUNT, Body.RAW, ModelFrom.NONE, max_body_mb=1.0),
+    # Beside the interface's 13: the chat-completions format, the one most clients speak; keyed,
+    # validated, metered, limited and budgeted like them (number 14: an endpoint like them).
+    Route("chat_completions", 14, "POST", "/v1/chat/completions", CHAT, Body.JSON, ModelFrom.BODY),
     # The calls an official SDK makes around the 13 (number 0: not in the interface), each with its
     # format's key places, and pinned to the channel that made the object it names.
     Route(
@@ -252,5 +255,5 @@ ALIASES: tuple[Route, ...] = tuple(
 ROUTE_NAMES = tuple(route.name for route in ROUTES)
 # Routes whose requests may be sent again after an upstream took them, when the operator opts
 # in (`routes.<route>.failover_unanswered`): chat, where a lost answer costs more than a repeat.
-CHAT_ROUTES = frozenset({"messages", "generate_content", "stream_generate_content", "responses"})
+CHAT_ROUTES = frozenset({"messages", "generate_content", "stream_generate_content", "responses", "chat_completions"})
 ROUTES_BY_NAME = {route.name: route for route in ROUTES}

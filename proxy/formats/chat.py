@@ -1,0 +1,71 @@
+"""The chat-completions format (`POST /v1/chat/completions`): Bearer, usage in the body, and in a
+stream's closing chunk only when the request asks for it (`stream_options.include_usage`).
+
+A stream that does not ask would cost its caller nothing the gateway could see, so the gateway
+asks for it on the caller's behalf (`with_stream_usage`) and keeps the chunk that answers it out
+of the caller's stream (`unasked_usage`): every token a key causes is charged, and a client
+gets exactly the stream it asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.core import jsonutil
+from proxy.formats.base import Format, KeyLocation, Usage, token_count
+from proxy.formats.counts import asked_count
+from proxy.wire.sse import SSEEvent
+
+
+class ChatFormat(Format):
+    name = "chat"
+    reports_usage = True
+    key_location = KeyLocation.BEARER
+    # The upstream reads `max_completion_tokens`; `max_tokens` is its older name, still read.
+    output_field = (("max_completion_tokens",), ("max_tokens",))
+    asking_less = "a lower max_completion_tokens (and no larger limit under another name)"
+
+    def outputs(self, body: Any) -> int:
+        """`n` choices, each up to the output limit."""
+        return asked_count(body, "n") or 1
+
+    def usage_from_body(self, body: Any) -> Usage | None:
+        """`prompt_tokens` counts the whole prompt (its cached part among it) and
+        `completion_tokens` all that was generated (its reasoning among it): the gateway's terms."""
+        usage = body.get("usage") if isinstance(body, dict) else None
+        if not isinstance(usage, dict):
+            return None
+        return Usage(
+            token_count(usage, "prompt_tokens"),
+            token_count(usage, "completion_tokens"),
+            token_count(usage.get("prompt_tokens_details"), "cached_tokens"),
+            token_count(usage.get("completion_tokens_details"), "reasoning_tokens"),
+            final=True,
+        )
+
+    def usage_from_event(self, event: SSEEvent) -> Usage | None:
+        if b'"usage":{' not in event.raw:  # the closing chunk's; the others carry `"usage":null` or none
+            return None
+        return self.usage_from_body(event.json())
+
+    def with_stream_usage(self, body: Any) -> Any:
+        """The body of a streamed request that does not ask for its usage, asking for it; None
+        when it asks already (or is no streamed request)."""
+        if not isinstance(body, dict) or body.get("stream") is not True:
+            return None
+        options = body.get("stream_options")
+        if isinstance(options, dict) and options.get("include_usage") is True:
+            return None
+        return {**body, "stream_options": {**(options if isinstance(options, dict) else {}), "include_usage": True}}
+
+    def unasked_usage(self, event: SSEEvent) -> bool:
+        """Whether this event is the usage chunk `with_stream_usage` asked for: no choices, and usage."""
+        if b'"usage":{' not in event.raw:
+            return False
+        data = event.json()
+        return isinstance(data, dict) and data.get("choices") == [] and isinstance(data.get("usage"), dict)
+
+    def stream_error(self, status: int, message: str, code: str | None = None) -> bytes:
+        # An unnamed event holding `error`, as the upstream sends one: the openai SDK raises an
+        # APIError with its message.
+        return b"data: " + jsonutil.dumps(self.error_payload(status, message, code)) + b"\n\n"

@@ -1,0 +1,180 @@
+"""`POST /v1/chat/completions` beside the interface's endpoints: the openai SDK with a base URL and a
+key, JSON and streamed, tools in a two-step loop, structured output; keyed, validated, metered
+and budgeted like every route, and a stream that does not ask for its usage charged all the same."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import openai
+import pytest
+
+from proxy.core import jsonutil
+from tests.conftest import DEMO_KEY
+from tests.test_metering_abuse import AUTH, agreed, gateway_with, post  # noqa: F401 (a fixture)
+
+MODEL = "respmodel-4o"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+@pytest.fixture
+async def gw(start_gateway):
+    return await start_gateway("""
+        channels:
+          - name: sim
+            base_url: simulator
+            credential: upstream
+            simulator: {chunk_delay_ms: 0, output_tokens: 6}
+    """)
+
+
+@pytest.fixture
+async def client(gw) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=DEMO_KEY, max_retries=0) as client:
+        yield client
+
+
+async def test_the_openai_sdk_creates_a_completion_with_its_usage(gw, client):
+    completion = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}])
+    assert completion.object == "chat.completion" and completion.choices[0].finish_reason == "stop"
+    assert len(completion.choices[0].message.content.split()) == 6
+    assert completion.usage.completion_tokens == 6 and completion.usage.prompt_tokens == 1
+    upstream = gw.last_upstream_request("sim")
+    assert upstream.path == "/v1/chat/completions"
+    assert upstream.header("Authorization") == "Bearer upstream" and DEMO_KEY not in repr(upstream.headers)
+
+
+async def test_a_stream_that_asks_for_its_usage_gets_it_last(client):
+    stream = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Hello"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(text.split()) == 6
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+
+
+async def test_a_stream_that_does_not_ask_for_its_usage_gets_none_and_the_upstream_was_asked(gw, client):
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello"}], stream=True
+    )
+    chunks = [chunk async for chunk in stream]
+    assert all(c.usage is None for c in chunks) and chunks[-1].choices[0].finish_reason == "stop"
+    sent = json.loads(gw.last_upstream_request("sim").body)
+    assert sent["stream_options"] == {"include_usage": True}  # the gateway's question, for its own count
+
+
+async def test_tools_in_a_two_step_loop_and_structured_output(client):
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = await client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER])
+    call = first.choices[0].message.tool_calls[0]
+    assert first.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert "city" in json.loads(call.function.arguments)
+    messages += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21C"},
+    ]
+    second = await client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER])
+    assert "sunny, 21C" in second.choices[0].message.content
+
+    streamed = await client.chat.completions.create(model=MODEL, messages=messages[:1], tools=[WEATHER], stream=True)
+    arguments = "".join(
+        [
+            c.choices[0].delta.tool_calls[0].function.arguments or ""
+            async for c in streamed
+            if c.choices and c.choices[0].delta.tool_calls
+        ]
+    )
+    assert json.loads(arguments) == json.loads(call.function.arguments)  # split across chunks, whole again
+
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    shaped = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Answer in JSON"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "reply", "schema": schema, "strict": True}},
+    )
+    assert isinstance(json.loads(shaped.choices[0].message.content)["answer"], str)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": MODEL, "messages": []}, "messages"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1},
+            "max_completion_tokens",
+        ),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "service_tier": "free"}, "service_tier"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ],
+)
+async def test_a_request_the_interface_refuses_is_a_400_in_the_openai_shape(gw, client, body, param):
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(**body)
+    assert refused.value.body["param"] == param and refused.value.body["type"] == "invalid_request_error"
+    assert not gw.sim("sim").requests
+
+
+async def test_values_the_interface_does_not_list_pass_to_the_upstream(gw, client):
+    """Next month's client: a new role, a new reasoning effort, a field nobody knows yet."""
+    await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "critic", "content": "be brief"}, {"role": "user", "content": "Hello"}],
+        reasoning_effort="xhigh",
+        extra_body={"verbosity": "low", "prediction": {"type": "content", "content": "x"}},
+    )
+    sent = json.loads(gw.last_upstream_request("sim").body)
+    assert (
+        sent["reasoning_effort"] == "xhigh" and sent["verbosity"] == "low" and sent["messages"][0]["role"] == "critic"
+    )
+
+
+async def test_a_key_and_a_model_are_needed_and_listed_models_include_the_chat_route(gw, http, client):
+    async with http.post(gw.url + "/v1/chat/completions", json={"model": MODEL, "messages": []}) as answer:
+        assert answer.status == 401 and (await answer.json())["error"]["code"] == "missing_api_key"
+    status, refused = await post(
+        http, gw.url + "/v1/chat/completions", {"messages": []}, {"Authorization": f"Bearer {DEMO_KEY}"}
+    )
+    assert status == 400 and refused["error"]["param"] == "model"
+    assert MODEL in [model.id async for model in client.models.list()]
+
+
+async def test_a_stream_that_does_not_ask_for_usage_is_charged_what_it_made(gateway_with, http, redis_url, ledger_db):
+    """A hostile client leaving out `include_usage` to be charged an estimate (or nothing): the
+    budget and the ledger count the upstream's own closing counts."""
+    gateway = await gateway_with("{tokens_per_day: 100000}")
+    sim = gateway.sim()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "one two three"}], "stream": True}
+    async with http.post(
+        gateway.url + "/v1/chat/completions",
+        data=jsonutil.dumps(body),
+        headers={**AUTH, "content-type": "application/json", "x-sim-output-tokens": "40"},
+    ) as answer:
+        assert answer.status == 200
+        streamed = await answer.read()
+    assert b'"usage"' not in streamed and streamed.endswith(b"data: [DONE]\n\n")
+    held, [row] = await agreed(redis_url, ledger_db, 1)
+    assert not row["estimated"] and row["route"] == "chat_completions"
+    assert (row["input_tokens"], row["output_tokens"]) == (sim.produced["input_tokens"], sim.produced["output_tokens"])
+    assert held == row["input_tokens"] + row["output_tokens"] == 3 + 40
+
+
+async def test_a_budget_reserves_for_every_choice_asked(gateway_with, http):
+    """`n` choices each up to the output limit: a key with room for one is refused four."""
+    gateway = await gateway_with("{tokens_per_day: 5000}")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 2000}
+    status, _ = await post(http, gateway.url + "/v1/chat/completions", {**body, "n": 4}, AUTH)
+    assert status == 429
+    status, _ = await post(http, gateway.url + "/v1/chat/completions", body, AUTH)
+    assert status == 200
