@@ -107,12 +107,16 @@ def test_the_newest_majors_are_installed(run: Run) -> None:
 UPSTREAM_PATHS = {
     "openai generate": "/v1/responses",
     "openai stream": "/v1/responses",
+    "openai chat generate": "/v1/chat/completions",
+    "openai chat stream": "/v1/chat/completions",
     "anthropic generate": "/v1/messages",
     "anthropic stream": "/v1/messages",
     "genai generate": "/v1/models/genmodel-2.0-flash:generateContent",  # its default API version is v1
     "genai stream": "/v1/models/genmodel-2.0-flash:streamGenerateContent",
     "ai openai generateText": "/v1/responses",
     "ai openai streamText": "/v1/responses",
+    "ai chat generateText": "/v1/chat/completions",
+    "ai chat streamText": "/v1/chat/completions",
     "ai anthropic generateText": "/v1/messages",
     "ai anthropic streamText": "/v1/messages",
     "ai google generateText": "/v1beta/models/genmodel-2.0-flash:generateContent",
@@ -145,7 +149,17 @@ def test_each_sdk_generates_and_streams_in_its_format(run: Run, sdk: str) -> Non
         assert whole["usage"]["candidatesTokenCount"] == streamed["usage"]["candidatesTokenCount"] == 24
 
 
-@pytest.mark.parametrize("provider", ["openai", "anthropic", "google"])
+def test_the_openai_sdk_chats_whole_and_streamed_and_a_stream_that_asks_no_usage_gets_none(run: Run) -> None:
+    whole, streamed = run.value("openai chat generate"), run.value("openai chat stream")
+    for answer in (whole, streamed):
+        assert " ".join(WORDS) in answer["text"] and answer["finish_reason"] == "stop", answer
+    assert whole["usage"]["completion_tokens"] == 24 and streamed["usages"] == []
+    assert "".join(streamed["deltas"]) == streamed["text"] and len(streamed["deltas"]) >= 24
+    [upstream] = run.upstream("openai chat stream")
+    assert b'"include_usage":true' in upstream.body  # asked by the gateway, for its own count
+
+
+@pytest.mark.parametrize("provider", ["openai", "chat", "anthropic", "google"])
 def test_the_ai_sdk_generates_and_streams_text_in_each_format(run: Run, provider: str) -> None:
     whole, streamed = run.value(f"ai {provider} generateText"), run.value(f"ai {provider} streamText")
     for answer in (whole, streamed):
@@ -157,7 +171,7 @@ def test_the_ai_sdk_generates_and_streams_text_in_each_format(run: Run, provider
 # -- the AI SDK's tool loop: a call, its result sent back, then the final text --
 
 
-@pytest.mark.parametrize("provider", ["openai", "anthropic", "google"])
+@pytest.mark.parametrize("provider", ["openai", "chat", "anthropic", "google"])
 def test_the_ai_sdk_tool_loop_ends_with_text_after_the_tools_result(run: Run, provider: str) -> None:
     result = run.value(f"ai {provider} tool loop")
     called, answered = result["steps"][0], result["steps"][-1]
@@ -183,6 +197,7 @@ def test_the_ai_sdk_tool_loop_ends_with_text_after_the_tools_result(run: Run, pr
         ("genai 504", 1),  # it retries nothing unless asked to
         ("genai 504 with retryOptions", 2),  # asked to, it retries by status alone
         ("ai openai 504 maxRetries 0", 1),  # the AI SDK retries by status alone: maxRetries: 0 sends once
+        ("ai chat 504 maxRetries 0", 1),
         ("ai anthropic 504 maxRetries 0", 1),
         ("ai google 504 maxRetries 0", 1),
     ],

@@ -33,6 +33,7 @@ const sdks = (url) => ({
 });
 const providers = (url, settings = {}) => ({
   openai: createOpenAI({ baseURL: `${url}/v1`, apiKey: key, ...settings }).responses(RESPONSES),
+  chat: createOpenAI({ baseURL: `${url}/v1`, apiKey: key, ...settings }).chat(RESPONSES),
   anthropic: createAnthropic({ baseURL: `${url}/v1`, apiKey: key, ...settings })(MESSAGES),
   google: createGoogle({ baseURL: `${url}/v1beta`, apiKey: key, ...settings })(CONTENT),
 });
@@ -57,6 +58,25 @@ cases["openai stream"] = async (name) => {
   const text = final.output.flatMap((item) => item.content ?? []).filter((part) => part.type === "output_text")
     .map((part) => part.text).join("");
   return { kinds, deltas, text, usage: final.usage };
+};
+cases["openai chat generate"] = async (name) => {
+  const answer = await openai.chat.completions.create({ model: RESPONSES, messages: [{ role: "user", content: prompt(name) }] });
+  return { text: answer.choices[0].message.content, finish_reason: answer.choices[0].finish_reason, usage: answer.usage };
+};
+cases["openai chat stream"] = async (name) => {
+  // Without stream_options: no usage chunk comes (the gateway asks the upstream for its own count).
+  const stream = await openai.chat.completions.create({ model: RESPONSES, stream: true,
+                                                        messages: [{ role: "user", content: prompt(name) }] });
+  const deltas = [], usages = [];
+  let finish_reason;
+  for await (const chunk of stream) {
+    if (chunk.usage) usages.push(chunk.usage);
+    for (const choice of chunk.choices) {
+      if (choice.delta.content) deltas.push(choice.delta.content);
+      finish_reason = choice.finish_reason ?? finish_reason;
+    }
+  }
+  return { deltas, text: deltas.join(""), finish_reason, usages };
 };
 cases["anthropic generate"] = async (name) => {
   const message = await anthropic.messages.create({ model: MESSAGES, max_tokens: 64,
