@@ -53,6 +53,7 @@ _OPERATIONS = {
     "messages": "chat",
     "content": "generate_content",
     "responses": "chat",
+    "chat": "chat",
     "images": "image_generation",
     "video": "video_generation",
     "account": "account",
