@@ -1,5 +1,5 @@
 """Run by tests/test_sdks.py under its own Python (.venv-litellm): litellm as a client of the gateway,
-through its anthropic/, gemini/ and openai/ (responses) providers. Prints one JSON line per call."""
+through its anthropic/, gemini/ and openai/ (chat completions, and responses) providers. Prints one JSON line per call."""
 
 from __future__ import annotations
 
@@ -46,3 +46,4 @@ for stream in (False, True):
     report("anthropic/" + suffix, lambda stream=stream: completion("anthropic/msgmodel-sonnet-4-5", BASE, stream))
     report("gemini/" + suffix, lambda stream=stream: completion("gemini/genmodel-2.0-flash", BASE + "/v1beta", stream))
     report("openai/ responses" + suffix, lambda stream=stream: responses(stream))
+    report("openai/" + suffix, lambda stream=stream: completion("openai/respmodel-4o", BASE + "/v1", stream))

@@ -26,7 +26,9 @@ def _parse(block: str) -> tuple[str | None, Any]:
             name = line[6:].strip()
         elif line.startswith("data:"):
             data.append(line[5:].strip())
-    return name, json.loads("\n".join(data)) if data else None
+    text = "\n".join(data)
+    # The chat-completions format ends its stream with `data: [DONE]`, the one event that is no JSON.
+    return name, json.loads(text) if data and text != "[DONE]" else None
 
 
 async def read_events(answer: aiohttp.ClientResponse, on_event: Callable[[], int]) -> tuple[bytes, list[ReadEvent]]:

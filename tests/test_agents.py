@@ -12,7 +12,7 @@ import pytest
 from pydantic_ai import Agent, NativeOutput
 from pydantic_ai.models.anthropic import AnthropicModel
 from pydantic_ai.models.google import GoogleModel
-from pydantic_ai.models.openai import OpenAIResponsesModel
+from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
 from pydantic_ai.providers.anthropic import AnthropicProvider
 from pydantic_ai.providers.google import GoogleProvider
 from pydantic_ai.providers.openai import OpenAIProvider
@@ -28,6 +28,7 @@ def _models(url: str) -> dict[str, Any]:
         "responses": OpenAIResponsesModel(
             RESPONSE_MODEL, provider=OpenAIProvider(base_url=url + "/v1", api_key=DEMO_KEY)
         ),
+        "chat": OpenAIChatModel(RESPONSE_MODEL, provider=OpenAIProvider(base_url=url + "/v1", api_key=DEMO_KEY)),
         "messages": AnthropicModel(MESSAGE_MODEL, provider=AnthropicProvider(base_url=url, api_key=DEMO_KEY)),
         "content": GoogleModel(CONTENT_MODEL, provider=GoogleProvider(base_url=url, api_key=DEMO_KEY)),
     }
@@ -51,7 +52,7 @@ def _assert_one_valid_call(calls: list[tuple[str, str, int]], messages: list[Any
     assert not [p for m in messages for p in m.parts if p.part_kind == "retry-prompt"]
 
 
-@pytest.mark.parametrize("fmt", ["responses", "messages", "content"])
+@pytest.mark.parametrize("fmt", ["responses", "chat", "messages", "content"])
 async def test_pydantic_ai_agent_with_a_tool_completes(gateway, fmt: str) -> None:
     calls: list[tuple[str, str, int]] = []
     result = await _weather_agent(_models(gateway.url)[fmt], calls).run(QUESTION)
@@ -60,7 +61,7 @@ async def test_pydantic_ai_agent_with_a_tool_completes(gateway, fmt: str) -> Non
     assert len([m for m in result.all_messages() if m.kind == "response"]) == 2  # the call, then the answer
 
 
-@pytest.mark.parametrize("fmt", ["responses", "messages", "content"])
+@pytest.mark.parametrize("fmt", ["responses", "chat", "messages", "content"])
 async def test_pydantic_ai_agent_streams_to_the_end(gateway, fmt: str) -> None:
     calls: list[tuple[str, str, int]] = []
     async with _weather_agent(_models(gateway.url)[fmt], calls).run_stream(QUESTION) as run:
@@ -69,7 +70,7 @@ async def test_pydantic_ai_agent_streams_to_the_end(gateway, fmt: str) -> None:
     assert f"{WEATHER} in {calls[0][0]}" in output
 
 
-@pytest.mark.parametrize("fmt", ["responses", "messages", "content"])
+@pytest.mark.parametrize("fmt", ["responses", "chat", "messages", "content"])
 async def test_pydantic_ai_typed_agent_with_a_tool(gateway, fmt: str) -> None:
     """The default output mode: a tool the framework adds and requires once the tools have run."""
     calls: list[tuple[str, str, int]] = []
@@ -78,14 +79,16 @@ async def test_pydantic_ai_typed_agent_with_a_tool(gateway, fmt: str) -> None:
     assert isinstance(result.output, Forecast)
 
 
-@pytest.mark.parametrize("fmt", ["responses", "content"])
+@pytest.mark.parametrize("fmt", ["responses", "chat", "content"])
 async def test_pydantic_ai_native_structured_output(gateway, fmt: str) -> None:
-    """`NativeOutput`: the format's own JSON answer (text.format json_schema, responseJsonSchema)."""
+    """`NativeOutput`: the format's own JSON answer (text.format json_schema, response_format
+    json_schema, responseJsonSchema)."""
     result = await Agent(_models(gateway.url)[fmt], output_type=NativeOutput(Forecast)).run("Forecast for Paris")
     assert isinstance(result.output, Forecast)
     sent = json.loads(gateway.last_upstream_request().body)
-    assert (
-        sent["text"]["format"]["type"] == "json_schema"
-        if fmt == "responses"
-        else sent["generationConfig"]["responseMimeType"] == "application/json"
-    )
+    if fmt == "responses":
+        assert sent["text"]["format"]["type"] == "json_schema"
+    elif fmt == "chat":
+        assert sent["response_format"]["type"] == "json_schema"
+    else:
+        assert sent["generationConfig"]["responseMimeType"] == "application/json"

@@ -308,9 +308,11 @@ async def test_litellm_providers_reach_the_gateway_with_a_base_url_and_a_key(gw,
         "anthropic/",
         "gemini/",
         "openai/ responses",
+        "openai/",
         "anthropic/ stream",
         "gemini/ stream",
         "openai/ responses stream",
+        "openai/ stream",
     ], err.decode()[-2000:]
     failed = [r for r in results if not r["ok"]]
     assert not failed, failed

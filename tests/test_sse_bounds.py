@@ -22,7 +22,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from proxy.core import jsonutil
-from proxy.formats import CONTENT, IMAGES, MESSAGES, RESPONSES, Format
+from proxy.formats import CHAT, CONTENT, IMAGES, MESSAGES, RESPONSES, Format
 from tests.conftest import BEARER, DEMO_KEY, MESSAGE_HEADERS
 from tests.scripted_upstream import Scripted
 
@@ -84,6 +84,12 @@ STREAMS: dict[str, tuple[str, dict[str, str], dict[str, Any], Format]] = {
         MESSAGES,
     ),
     "responses": ("/v1/responses", BEARER, {"model": "respmodel-4o", "input": "hi", "stream": True}, RESPONSES),
+    "chat_completions": (
+        "/v1/chat/completions",
+        BEARER,
+        {"model": "respmodel-4o", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+        CHAT,
+    ),
     "stream_generate_content": (CONTENT_PATH, {}, {"contents": [{"parts": [{"text": "hi"}]}]}, CONTENT),
     "image_generations": (
         "/v1/images/generations",

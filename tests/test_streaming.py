@@ -58,6 +58,17 @@ STREAMS = {
             "response.completed",
         ],
     ),
+    "chat_completions": (  # asking for its usage: the stream comes byte for byte as the upstream sent it
+        "/v1/chat/completions",
+        BEARER,
+        {
+            "model": "respmodel-4o",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+        [None] * 7,  # the role, three words, the finish reason, the usage, [DONE]
+    ),
     "stream_generate_content": (
         "/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse&key=sk-demo-key",
         {},
@@ -101,7 +112,9 @@ async def test_events_arrive_as_sent_and_in_the_spec_order(gateway, http, name):
     # Each event reached the client before the upstream had written the next one: never an event
     # behind, until the one with the closing counts: from it on the events go with the stream's
     # end, after the request's bookkeeping (an SDK has its whole answer with them).
-    closing = expected.index("message_delta") if name == "messages" else len(events) - 1
+    closing = len(events) - (2 if name == "chat_completions" else 1)  # its closing counts come before [DONE]
+    if name == "messages":
+        closing = expected.index("message_delta")
     assert [e.upstream_sent_when_read for e in events] == list(range(1, closing + 1)) + [len(events)] * (
         len(events) - closing
     )
