@@ -113,10 +113,22 @@ class Choosy(Plugin):
 
 class Deferring(Plugin):
     """Hooks that are plain functions handing back a coroutine (as a decorator around an async
-    method makes them): the core awaits what they return. With `x-test-defer` it refuses."""
+    method makes them): the core awaits what they return. With `x-test-defer` it refuses; with
+    `x-test-junk` its on_request answers with something that is no response. Its on_upstream
+    hands back a value that is none of the core's, and its on_complete is a plain function."""
+
+    completed: ClassVar[list[str]] = []
 
     def on_request(self, ex: Exchange) -> Any:
+        if ex.request.headers.get("x-test-junk"):
+            return {"error": "not a response"}
         return self._check(ex)
+
+    def on_upstream(self, ex: Exchange) -> Any:
+        return True
+
+    def on_complete(self, ex: Exchange) -> None:
+        Deferring.completed.append(ex.request_id)
 
     async def _check(self, ex: Exchange) -> web.StreamResponse | None:
         await asyncio.sleep(0)

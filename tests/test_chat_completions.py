@@ -9,9 +9,11 @@ from collections.abc import AsyncIterator
 
 import openai
 import pytest
+from prometheus_client import REGISTRY
 
 from proxy.core import jsonutil
-from tests.conftest import DEMO_KEY
+from tests.conftest import BEARER, DEMO_KEY
+from tests.scripted_upstream import Scripted
 from tests.test_metering_abuse import AUTH, agreed, gateway_with, post  # noqa: F401 (a fixture)
 
 MODEL = "respmodel-4o"
@@ -178,3 +180,83 @@ async def test_a_budget_reserves_for_every_choice_asked(gateway_with, http):
     assert status == 429
     status, _ = await post(http, gateway.url + "/v1/chat/completions", body, AUTH)
     assert status == 200
+
+
+# -- what a hostile tenant and an upstream of another parser send --
+
+
+async def test_the_fields_a_streams_charge_goes_by_reach_the_upstream_as_the_gateway_read_them(gw, http):
+    """Given twice, `stream` and `stream_options` are sent once, as parsed (an upstream reading the
+    first would stream with no usage); in other letter case, they are refused."""
+    message = '"messages":[{"role":"user","content":"x"}]'
+    for raw in (
+        '{"model":"respmodel-4o","stream":true,' + message + ',"stream":false}',
+        '{"model":"respmodel-4o","stream":true,"stream_options":{"include_usage":false},'
+        + message
+        + ',"stream_options":{"include_usage":true}}',
+        '{"model":"respmodel-4o","stream":true,"stream_options":{"include_usage":false,"include_usage":true},'
+        + message
+        + "}",
+    ):
+        async with http.post(
+            gw.url + "/v1/chat/completions", data=raw, headers={**BEARER, "content-type": "application/json"}
+        ) as answer:
+            assert answer.status == 200, await answer.text()
+            await answer.read()
+        sent = gw.last_upstream_request("sim").body
+        assert sent.count(b'"stream"') == 1 and sent.count(b'"stream_options"') <= 1
+        assert sent.count(b'"include_usage"') <= 1
+        assert sent == jsonutil.dumps(json.loads(raw))  # what the gateway parsed, the last of each
+    for body, param in (
+        ({"Stream": True}, "stream"),
+        ({"stream": True, "stream_options": {"Include_Usage": False}}, "stream_options.include_usage"),
+    ):
+        full = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], **body}
+        status, refused = await post(http, gw.url + "/v1/chat/completions", full, BEARER)
+        assert status == 400 and refused["error"]["param"] == param, refused
+
+
+async def test_a_usage_chunk_spaced_as_an_upstream_likes_is_read_and_kept_from_a_client_that_did_not_ask(
+    start_gateway, http
+):
+    """Python's json.dumps writes `"usage": {`: the chunk is the closing counts all the same."""
+    chunks = [
+        {"id": "c1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "hi"}}]},
+        {
+            "id": "c1",
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        },
+        {
+            "id": "c1",
+            "object": "chat.completion.chunk",
+            "choices": [],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 300},
+        },
+    ]
+    stream = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+    async def answer(reader, writer, _):
+        await upstream.read_request(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%b"
+            % (len(stream), stream)
+        )
+        await writer.drain()
+
+    async with Scripted(answer) as upstream:
+        gateway = await start_gateway(f"channels: [{{name: spaced, base_url: '{upstream.url}', formats: [chat]}}]")
+        before = tokens()
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}
+        async with http.post(gateway.url + "/v1/chat/completions", json=body, headers=BEARER) as answered:
+            received = await answered.read()
+    assert b'"usage"' not in received and received.endswith(b"data: [DONE]\n\n")
+    assert [after - was for after, was in zip(tokens(), before)] == [7, 300]
+
+
+def tokens() -> tuple[float, float]:
+    """The tokens this process has counted for the demo key on MODEL, in and out."""
+    return tuple(  # type: ignore[return-value]
+        REGISTRY.get_sample_value("modelgate_tokens_total", {"model": MODEL, "key": "demo", "direction": way}) or 0.0
+        for way in ("input", "output")
+    )

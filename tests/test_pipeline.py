@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.recording_plugin import Choosy, Recorder
+from tests.recording_plugin import Choosy, Deferring, Recorder
 from tests.sse import read_events
 
 PIPELINE = """
@@ -95,6 +95,16 @@ async def test_a_hook_that_hands_back_an_awaitable_is_awaited(gw, http):
     async with http.post(gw.url + path, json=body, headers={**headers, "x-test-defer": "1"}) as answer:
         assert answer.status == 403
         assert (await answer.json())["error"]["code"] == "deferred"
+    assert len(Deferring.completed) >= 2  # a plain on_complete runs (nothing to await)
+
+
+async def test_an_on_request_that_answers_with_no_response_fails_closed(gw, http):
+    """A check that meant to refuse, but returned something else, never lets the request through."""
+    path, headers, body = CASES["responses"]
+    sent = len(gw.sim().requests)
+    async with http.post(gw.url + path, json=body, headers={**headers, "x-test-junk": "1"}) as answer:
+        assert answer.status == 500 and "error" in await answer.json()
+    assert len(gw.sim().requests) == sent
 
 
 async def test_on_event_may_drop_events(gw, http):

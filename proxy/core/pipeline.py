@@ -5,6 +5,7 @@ request: a span of its own when the request is traced."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -112,8 +113,11 @@ class Pipeline:
                 # A plain function's answer is the answer; a coroutine's (or any awaitable a
                 # plain function hands back) is awaited first.
                 answer = hook.call(ex)
-                if answer is not None and not isinstance(answer, web.StreamResponse):
+                if answer is not None and inspect.isawaitable(answer):
                     answer = await answer
+                if answer is not None and not isinstance(answer, web.StreamResponse):
+                    # Not passed over: a check that meant to refuse must not let the request through.
+                    raise TypeError(f"{hook.phase} answered with {type(answer).__name__}, not a response")
                 if answer is not None and span is not None:
                     span.set_attribute("modelgate.short_circuit_status", answer.status)
             if answer is not None:
@@ -125,13 +129,15 @@ class Pipeline:
     async def run_upstream(self, ex: Exchange) -> None:
         for hook in self.upstream_hooks:
             with phase(ex, hook.phase):
-                if (pending := hook.call(ex)) is not None:  # a coroutine's, or an awaitable handed back
+                # What a coroutine's or an awaitable handed back holds is awaited; other values
+                # are none of the core's (as an async hook's returned value never was).
+                if (pending := hook.call(ex)) is not None and inspect.isawaitable(pending):
                     await pending
 
     async def run_response(self, ex: Exchange, upstream: UpstreamResponse) -> None:
         for hook in self.response_hooks:
             with phase(ex, hook.phase):
-                if (pending := hook.call(ex, upstream)) is not None:
+                if (pending := hook.call(ex, upstream)) is not None and inspect.isawaitable(pending):
                     await pending
 
     def run_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
@@ -173,7 +179,8 @@ class Pipeline:
 async def _complete(hook: Hook, ex: Exchange) -> None:
     try:
         with phase(ex, hook.phase):
-            await hook.call(ex)
+            if (pending := hook.call(ex)) is not None and inspect.isawaitable(pending):  # (a plain one's is done)
+                await pending
     except Exception:  # one plugin's bookkeeping must not hide the others'
         log.exception("on_complete hook failed", extra={"request_id": ex.request_id})
 

@@ -8,9 +8,9 @@ wait, unused, for the core's check that the id is the caller's. `on_request` may
 channel is chosen, the last chance to shape what that channel is sent; `on_response` sees a
 buffered upstream answer; `on_event` sees each SSE event and returns the event to send
 (the same one, a new one, or None to drop it); `on_complete` runs once at the end,
-whatever happened. Only hooks a plugin really implements are called. `on_request`,
-`on_upstream` and `on_response` may be plain functions when they never wait (a check of what
-the request holds): the core then calls them without making a coroutine for each request.
+whatever happened. Only hooks a plugin really implements are called. A hook may be a plain
+function when it never waits (a check of what the request holds): the core then makes no
+coroutine for it; whatever a hook returns that is awaitable is awaited.
 
 Beside its hooks a plugin declares, as class attributes the core reads without knowing the
 plugin: what it `provides` to the plugins after it and what it `requires` of the ones before it

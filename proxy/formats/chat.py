@@ -9,12 +9,17 @@ gets exactly the stream it asked for.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from proxy.core import jsonutil
 from proxy.formats.base import Format, KeyLocation, Usage, token_count
 from proxy.formats.counts import asked_count
 from proxy.wire.sse import SSEEvent
+
+# The closing chunk's usage object, however the upstream spaces its JSON; the other chunks carry
+# `"usage":null` or none. A search in C, so most chunks cost no parse.
+_USAGE = re.compile(rb'"usage"\s*:\s*\{')
 
 
 class ChatFormat(Format):
@@ -44,7 +49,7 @@ class ChatFormat(Format):
         )
 
     def usage_from_event(self, event: SSEEvent) -> Usage | None:
-        if b'"usage":{' not in event.raw:  # the closing chunk's; the others carry `"usage":null` or none
+        if _USAGE.search(event.raw) is None:
             return None
         return self.usage_from_body(event.json())
 
@@ -60,7 +65,7 @@ class ChatFormat(Format):
 
     def unasked_usage(self, event: SSEEvent) -> bool:
         """Whether this event is the usage chunk `with_stream_usage` asked for: no choices, and usage."""
-        if b'"usage":{' not in event.raw:
+        if _USAGE.search(event.raw) is None:
             return False
         data = event.json()
         return isinstance(data, dict) and data.get("choices") == [] and isinstance(data.get("usage"), dict)

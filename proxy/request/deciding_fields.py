@@ -5,8 +5,9 @@ A key's model allow-list, the channel chosen and the tenant check all go by thes
 upstream's parser may read a body otherwise than the gateway's: the first of two equal names
 (the gateway's JSON parser keeps the last), a name in other letter case (Unicode's too: `ſ`
 folds to `s`), a name spelled with `\\u` escapes, a model with a trailing newline. Each of those
-is refused, or the body is sent re-encoded from what the gateway parsed. (`stream` is not such a
-field: the relay follows the answer's own content type.)
+is refused, or the body is sent re-encoded from what the gateway parsed. (`stream` decides no route:
+the relay follows the answer's own content type; but it and `stream_options.include_usage` decide
+whether a chat stream is told its usage, so they are read alike too.)
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from proxy.wire.routes import ModelFrom
 FIELDS = ("model", "previous_response_id")
 _LENGTHS = frozenset(len(name) for name in FIELDS)
 _MODEL_NAME, _PREVIOUS_NAME = (f'"{name}"'.encode() for name in FIELDS)
+# Names a stream's charge goes by: given twice, an upstream reading the first could stream with no
+# usage while the gateway read it asking for some (or read no stream at all).
+_STREAM_NAMES = (b'"stream"', b'"stream_options"', b'"include_usage"')
 # A letter spelled as an escape: `"mod\u0065l"` is `"model"` to any JSON parser. A literal prefix,
 # so the search runs at the speed of a byte scan (an alternation in front would not).
 _ESCAPED_LETTER = re.compile(rb"\\u00[4-7][0-9a-fA-F]")
@@ -77,7 +81,12 @@ def settle_json(ex: Exchange) -> web.Response | None:
     )
     if refusal is not None:
         return refusal
-    if _ESCAPED_LETTER.search(raw) or raw.count(_MODEL_NAME) > 1 or raw.count(_PREVIOUS_NAME) > 1:
+    if (
+        _ESCAPED_LETTER.search(raw)
+        or raw.count(_MODEL_NAME) > 1
+        or raw.count(_PREVIOUS_NAME) > 1
+        or any(raw.count(name) > 1 for name in _STREAM_NAMES)
+    ):
         ex.set_json(body)
     return None
 
@@ -136,9 +145,13 @@ _CHECKED = (
     "sample_count",
     "durationSeconds",
     "duration_seconds",
+    # Whether a chat stream is told its usage: what it is charged by (proxy/formats/chat.py).
+    "stream",
+    "stream_options",
+    "include_usage",
 )
 _CHECKED_FOLDED = {name.lower(): name for name in _CHECKED}
-_HOLDING = ("generationConfig", "generation_config")
+_HOLDING = ("generationConfig", "generation_config", "stream_options")
 _HOLDING_VIDEO = ("metadata", "parameters")  # a video's; elsewhere `metadata` is the caller's own names
 
 
