@@ -21,6 +21,7 @@ class SSEPassthrough(Plugin):
     provides = frozenset({"stream usage"})
     joins = Joins(usage=True, metered=True)  # the endpoints, and a stored response's stream resumed
     order = 600
+    before_owner_check = True  # its on_request reads the body alone, nothing a followed id holds
 
     def on_request(self, ex: Exchange) -> None:  # never waits: no coroutine
         """A stream that would not be told its usage (the chat-completions format's, unless the
