@@ -118,7 +118,7 @@ async def test_tools_in_a_two_step_loop_and_structured_output(client):
             "max_completion_tokens",
         ),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "service_tier": "free"}, "service_tier"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 1.5}, "n"),
     ],
 )
 async def test_a_request_the_interface_refuses_is_a_400_in_the_openai_shape(gw, client, body, param):
@@ -135,6 +135,9 @@ async def test_values_the_interface_does_not_list_pass_to_the_upstream(gw, clien
         messages=[{"role": "critic", "content": "be brief"}, {"role": "user", "content": "Hello"}],
         reasoning_effort="xhigh",
         extra_body={"verbosity": "low", "prediction": {"type": "content", "content": "x"}},
+        # Rules of one upstream, not the interface's: how many stop sequences, what a tool may be called.
+        stop=["a", "b", "c", "d", "e"],
+        tools=[{"type": "function", "function": {"name": "server.tool", "parameters": {"type": "object"}}}],
     )
     sent = json.loads(gw.last_upstream_request("sim").body)
     assert (

@@ -87,7 +87,7 @@ class ChatMessage(Model):
 
 
 class FunctionDefinition(Model):
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    name: str = Field(min_length=1)  # what an upstream accepts as a name is its own rule
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
@@ -162,7 +162,7 @@ class ChatCompletionRequest(Model):
     seed: int | None = None
     # Closed, as on the response format (and the same list): a tier changes what the upstream bills.
     service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"] | None = None
-    stop: text_or(list[str]) | None = None  # type: ignore[valid-type]
+    stop: text_or(list[str]) | None = None  # type: ignore[valid-type]  (how many: the upstream's rule)
     store: bool | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -172,10 +172,3 @@ class ChatCompletionRequest(Model):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     top_p: float | None = Field(default=None, ge=0, le=1)
     user: str | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _at_most_four(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(value, list) and len(value) > 4:
-            raise ValueError("at most 4 stop sequences")
-        return value
