@@ -8,12 +8,14 @@ chunk that answers is read and kept from a client that did not ask.
 
 from __future__ import annotations
 
+from proxy.config import GatewayConfig
 from proxy.core.exchange import Exchange
 from proxy.core.plugin import Joins, Plugin
 from proxy.wire.sse import SSEEvent
 
 _LOOKED_FOR_ID = 3  # the events that may name the answer: the first few
 _UNASKED = "usage_unasked"  # the stream's usage was asked for by the gateway, not the client
+_CLIENTS = "clients_body"  # the body as the client sent it, before the gateway asked
 
 
 class SSEPassthrough(Plugin):
@@ -23,12 +25,30 @@ class SSEPassthrough(Plugin):
     order = 600
     before_owner_check = True  # its on_request reads the body alone, nothing a followed id holds
 
+    def configure(self, config: GatewayConfig) -> None:
+        if all(channel.stream_usage for channel in config.channels):
+            self.idle("on_upstream")  # every upstream is asked: nothing to undo per channel
+
     def on_request(self, ex: Exchange) -> None:  # never waits: no coroutine
         """A stream that would not be told its usage (the chat-completions format's, unless the
         request asks) is asked for it upstream: its tokens are charged like any other's."""
         if ex.streaming and (asking := ex.format.with_stream_usage(ex.json())) is not None:
+            state = ex.state(self)
+            state[_CLIENTS] = ex.json()
             ex.set_json(asking)
-            ex.state(self)[_UNASKED] = True
+            state[_UNASKED] = True
+
+    def on_upstream(self, ex: Exchange) -> None:  # never waits: no coroutine
+        """A channel whose upstream does not take the question (`stream_usage: false`) is sent
+        the client's body; the next channel tried is sent the question again (the forwarder puts
+        the body back before each attempt)."""
+        state = ex.state(self)
+        if _CLIENTS not in state:
+            return
+        asks = ex.channel is None or ex.channel.config.stream_usage
+        if not asks:
+            ex.set_json(state[_CLIENTS])
+        state[_UNASKED] = asks
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
         usage = ex.format.usage_from_event(event)

@@ -263,3 +263,36 @@ def tokens() -> tuple[float, float]:
         REGISTRY.get_sample_value("modelgate_tokens_total", {"model": MODEL, "key": "demo", "direction": way}) or 0.0
         for way in ("input", "output")
     )
+
+
+async def test_a_channel_that_takes_no_stream_options_is_sent_the_clients_body_and_the_next_one_is_asked(
+    start_gateway, http
+):
+    """`stream_usage: false`: that upstream is sent the stream as the client asked for it (and the
+    stream is estimated); failed over, the next channel is asked for the usage again."""
+    gateway = await start_gateway("""
+        channels:
+          - {name: plain, base_url: simulator, stream_usage: false, priority: 0, simulator: {fail_status: 503}}
+          - {name: asks, base_url: simulator, priority: 1, simulator: {chunk_delay_ms: 0, output_tokens: 5}}
+    """)
+    before = tokens()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}
+    async with http.post(gateway.url + "/v1/chat/completions", json=body, headers=BEARER) as answer:
+        assert answer.status == 200
+        received = await answer.read()
+    assert b'"usage"' not in received
+    assert "stream_options" not in json.loads(gateway.last_upstream_request("plain").body)
+    assert json.loads(gateway.last_upstream_request("asks").body)["stream_options"] == {"include_usage": True}
+    assert [after - was for after, was in zip(tokens(), before)] == [1, 5]  # the upstream's own counts
+
+
+async def test_a_stream_to_a_channel_that_takes_no_stream_options_goes_as_sent(start_gateway, http):
+    gateway = await start_gateway(
+        "channels: [{name: plain, base_url: simulator, stream_usage: false, simulator: {chunk_delay_ms: 0}}]"
+    )
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}
+    async with http.post(gateway.url + "/v1/chat/completions", json=body, headers=BEARER) as answer:
+        assert answer.status == 200
+        assert (await answer.read()).endswith(b"data: [DONE]\n\n")
+    # As the client sent it (what it is then charged, an estimate: tests/test_metering_abuse.py).
+    assert json.loads(gateway.last_upstream_request("plain").body) == body

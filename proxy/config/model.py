@@ -293,6 +293,9 @@ class ChannelConfig(Strict):
     # Images format: does this upstream take `response_format` itself? If not, the gateway
     # removes it and turns the Base64 answer into URLs when URL delivery was asked for.
     accepts_response_format: bool = True
+    # Chat completions: does this upstream take `stream_options.include_usage`? If not, a stream
+    # whose client did not ask for its usage goes as the client sent it, and is charged an estimate.
+    stream_usage: bool = True
     # Message format: the header the client's API version goes upstream in (the value of
     # msgapi-version or anthropic-version, whichever came); unset, as the client sent it (both
     # headers when both came with one value, msgapi-version alone when they differ).
