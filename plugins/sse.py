@@ -15,7 +15,8 @@ from proxy.wire.sse import SSEEvent
 
 _LOOKED_FOR_ID = 3  # the events that may name the answer: the first few
 _UNASKED = "usage_unasked"  # the stream's usage was asked for by the gateway, not the client
-_CLIENTS = "clients_body"  # the body as the client sent it, before the gateway asked
+_CLIENTS = "clients_stream_options"  # what the client sent there, before the gateway asked
+_ABSENT = object()  # (it sent none)
 
 
 class SSEPassthrough(Plugin):
@@ -32,22 +33,29 @@ class SSEPassthrough(Plugin):
     def on_request(self, ex: Exchange) -> None:  # never waits: no coroutine
         """A stream that would not be told its usage (the chat-completions format's, unless the
         request asks) is asked for it upstream: its tokens are charged like any other's."""
-        if ex.streaming and (asking := ex.format.with_stream_usage(ex.json())) is not None:
+        body = ex.json()
+        if ex.streaming and (asking := ex.format.with_stream_usage(body)) is not None:
             state = ex.state(self)
-            state[_CLIENTS] = ex.json()
+            state[_CLIENTS] = body.get("stream_options", _ABSENT)  # what the gateway's question replaced
             ex.set_json(asking)
             state[_UNASKED] = True
 
     def on_upstream(self, ex: Exchange) -> None:  # never waits: no coroutine
         """A channel whose upstream does not take the question (`stream_usage: false`) is sent
-        the client's body; the next channel tried is sent the question again (the forwarder puts
-        the body back before each attempt)."""
+        the client's `stream_options` back, in the body as this attempt has it (the channel's
+        model name, other hooks' changes); the next channel tried is asked again (the forwarder
+        puts the body back before each attempt)."""
         state = ex.state(self)
         if _CLIENTS not in state:
             return
         asks = ex.channel is None or ex.channel.config.stream_usage
         if not asks:
-            ex.set_json(state[_CLIENTS])
+            body = dict(ex.json())
+            if (clients := state[_CLIENTS]) is _ABSENT:
+                body.pop("stream_options", None)
+            else:
+                body["stream_options"] = clients
+            ex.set_json(body)
         state[_UNASKED] = asks
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:

@@ -286,13 +286,19 @@ async def test_a_channel_that_takes_no_stream_options_is_sent_the_clients_body_a
     assert [after - was for after, was in zip(tokens(), before)] == [1, 5]  # the upstream's own counts
 
 
-async def test_a_stream_to_a_channel_that_takes_no_stream_options_goes_as_sent(start_gateway, http):
-    gateway = await start_gateway(
-        "channels: [{name: plain, base_url: simulator, stream_usage: false, simulator: {chunk_delay_ms: 0}}]"
-    )
+@pytest.mark.parametrize("options", [None, {"include_usage": False, "include_obfuscation": False}])
+async def test_a_stream_to_a_channel_that_takes_no_stream_options_goes_as_sent(start_gateway, http, options):
+    """As the client sent it (and so charged an estimate: tests/test_metering_abuse.py), under the
+    channel's name for the model."""
+    gateway = await start_gateway("""
+        channels:
+          - {name: plain, base_url: simulator, stream_usage: false, rename: {respmodel-4o: upstream-4o},
+             simulator: {chunk_delay_ms: 0}}
+    """)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}
+    if options is not None:
+        body["stream_options"] = options
     async with http.post(gateway.url + "/v1/chat/completions", json=body, headers=BEARER) as answer:
         assert answer.status == 200
         assert (await answer.read()).endswith(b"data: [DONE]\n\n")
-    # As the client sent it (what it is then charged, an estimate: tests/test_metering_abuse.py).
-    assert json.loads(gateway.last_upstream_request("plain").body) == body
+    assert json.loads(gateway.last_upstream_request("plain").body) == {**body, "model": "upstream-4o"}

@@ -18,7 +18,7 @@ import unicodedata
 from aiohttp import web
 
 from proxy.core.exchange import Exchange
-from proxy.wire.routes import ModelFrom
+from proxy.wire.routes import Body, ModelFrom
 
 FIELDS = ("model", "previous_response_id")
 _LENGTHS = frozenset(len(name) for name in FIELDS)
@@ -62,6 +62,8 @@ def settle_json(ex: Exchange) -> web.Response | None:
     """A JSON body's deciding field given again in other letter case is a 400; a body where one
     may be given twice, or is spelled with escapes, goes upstream re-encoded from what was parsed."""
     raw = ex.body
+    if ex.route.body is Body.RAW:  # forwarded byte for byte (a webhook's signature covers its bytes)
+        return None
     body = ex.json() if raw else None
     if not isinstance(body, dict):
         return None

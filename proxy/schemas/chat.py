@@ -115,7 +115,7 @@ ToolChoiceWord = open_enum("tool_choice", ("none", "auto", "required"), UPSTREAM
 
 
 class JsonSchemaFormat(Model):
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    name: str = Field(min_length=1)  # as a tool's name: the upstream's rule
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     description: str | None = None
     strict: bool | None = None
