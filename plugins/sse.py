@@ -3,7 +3,8 @@
 Framing is what lets every other plugin see streams per event; the per-event cost here
 is one substring test, and a JSON parse only for the one or two events with usage. A stream
 whose format tells its usage only on request (chat completions) is asked for it, and the
-chunk that answers is read and kept from a client that did not ask.
+chunk that answers is read and kept from a client that did not ask; the finish of its last
+choice goes with that chunk, so the whole answer is never the client's before its counts are in.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ _LOOKED_FOR_ID = 3  # the events that may name the answer: the first few
 _UNASKED = "usage_unasked"  # the stream's usage was asked for by the gateway, not the client
 _CLIENTS = "clients_stream_options"  # what the client sent there, before the gateway asked
 _ABSENT = object()  # (it sent none)
+_FINISHED = "finished_choices"  # the choices of a stream whose finish came
 
 
 class SSEPassthrough(Plugin):
@@ -59,6 +61,11 @@ class SSEPassthrough(Plugin):
         state[_UNASKED] = asks
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
+        if finished := ex.format.finished_choices(event):  # a chat stream's finish, before its usage
+            done = ex.state(self).setdefault(_FINISHED, set())
+            done.update(finished)
+            if len(done) >= ex.format.outputs(ex.json()):
+                ex.outcome.answer_whole()
         usage = ex.format.usage_from_event(event)
         if usage is not None and ex.state(self).get(_UNASKED) and ex.format.unasked_usage(event):
             ex.usage.update(usage)  # read, and kept from the client, who did not ask for it

@@ -119,6 +119,7 @@ OUTCOME_CALLERS = {
     "paused": {"proxy/request/forwarder.py"},
     "pool_waited": {"proxy/request/forwarder.py"},  # handed to a channel's pool, which calls it
     "identified": {"plugins/usage.py", "plugins/sse.py"},  # the plugins that read answers
+    "answer_whole": {"plugins/sse.py"},
 }
 
 

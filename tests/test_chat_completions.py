@@ -4,8 +4,10 @@ and budgeted like every route, and a stream that does not ask for its usage char
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import openai
 import pytest
@@ -302,3 +304,52 @@ async def test_a_stream_to_a_channel_that_takes_no_stream_options_goes_as_sent(s
         assert answer.status == 200
         assert (await answer.read()).endswith(b"data: [DONE]\n\n")
     assert json.loads(gateway.last_upstream_request("plain").body) == {**body, "model": "upstream-4o"}
+
+
+async def test_a_chat_streams_finish_comes_with_its_usage_so_the_answer_is_never_whole_before_its_counts(
+    start_gateway, http
+):
+    """A client that leaves once it sees `finish_reason` (the usage chunk comes after it) would be
+    charged an estimate: the finish is held until the counts are in, and both go at the end; the
+    content that came with it in one read goes at once."""
+    opening = {"id": "c1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "hi"}}]}
+    finish = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+    }
+    usage = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "choices": [],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 9},
+    }
+
+    def event(chunk: dict[str, Any]) -> bytes:
+        data = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+        return b"%x\r\n%b\r\n" % (len(data), data)
+
+    async def answer(reader, writer, _):
+        await upstream.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        writer.write(event(opening) + event(finish))
+        await writer.drain()
+        await asyncio.sleep(1.0)  # the counts come late
+        writer.write(event(usage) + b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+        await writer.drain()
+
+    async with Scripted(answer) as upstream:
+        gateway = await start_gateway(f"channels: [{{name: late, base_url: '{upstream.url}', formats: [chat]}}]")
+        before = tokens()
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}
+        arrivals: list[tuple[float, bytes]] = []
+        async with http.post(gateway.url + "/v1/chat/completions", json=body, headers=BEARER) as answered:
+            started = asyncio.get_running_loop().time()
+            async for piece in answered.content.iter_any():
+                arrivals.append((asyncio.get_running_loop().time() - started, piece))
+    received = b"".join(piece for _, piece in arrivals)
+    finished_at = next(at for at, piece in arrivals if b"finish_reason" in piece)
+    content_at = next(at for at, piece in arrivals if b'"content": "hi"' in piece)
+    assert content_at < 0.5 <= finished_at  # the content at once; its finish only once the counts came
+    assert b'"usage"' not in received and received.endswith(b"data: [DONE]\n\n")
+    assert [after - was for after, was in zip(tokens(), before)] == [3, 9]

@@ -112,7 +112,8 @@ async def test_events_arrive_as_sent_and_in_the_spec_order(gateway, http, name):
     # Each event reached the client before the upstream had written the next one: never an event
     # behind, until the one with the closing counts: from it on the events go with the stream's
     # end, after the request's bookkeeping (an SDK has its whole answer with them).
-    closing = len(events) - (2 if name == "chat_completions" else 1)  # its closing counts come before [DONE]
+    # A chat stream's finish goes with its closing counts (and [DONE]): the answer is never whole before them.
+    closing = len(events) - (3 if name == "chat_completions" else 1)
     if name == "messages":
         closing = expected.index("message_delta")
     assert [e.upstream_sent_when_read for e in events] == list(range(1, closing + 1)) + [len(events)] * (

@@ -30,6 +30,7 @@ class Outcome:
         "backoff_s",
         "pool_wait_s",
         "response_id",
+        "whole",
     )
 
     def __init__(self) -> None:
@@ -54,6 +55,7 @@ class Outcome:
         self.backoff_s = 0.0  # paused between attempts (resilience.backoff_s, doubling)
         self.pool_wait_s = 0.0  # waited for a connection a channel's pool may open (pool.max_connections)
         self.response_id: str | None = None  # the upstream's id for its answer ("": looked for, none given)
+        self.whole = False  # a stream's answer is all in: only its closing counts may follow
 
     def answered(self, status: int, size: int | None = None) -> None:
         """The client's answer has this status (and, sent whole, this many body bytes)."""
@@ -76,6 +78,12 @@ class Outcome:
     def failed(self, message: str, code: str | None = None) -> None:
         """What went wrong, as the answer (or the access line) says it."""
         self.error, self.error_code = message, code
+
+    def answer_whole(self) -> None:
+        """A stream's answer is all in, and only its closing counts may follow (a chat stream's
+        finish, before its usage chunk): what follows goes with the stream's end, as the closing
+        counts do, so a client cannot take the whole answer and leave before they come."""
+        self.whole = True
 
     def identified(self, response_id: str | None) -> None:
         """The upstream's id for its answer (a message's, a response's), None when it gave none."""

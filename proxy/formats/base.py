@@ -246,6 +246,12 @@ class Format:
         nothing to change; only the chat-completions format reports usage on request alone)."""
         return None
 
+    def finished_choices(self, event: SSEEvent) -> tuple[int, ...]:
+        """The answers (choices) a stream event says are finished, where a format tells that
+        apart from its closing counts (chat completions); () for the others, whose closing counts
+        come with their finish."""
+        return ()
+
     def unasked_usage(self, event: SSEEvent) -> bool:
         """Whether a stream event answers only what `with_stream_usage` asked for (kept from the client)."""
         return False

@@ -4,7 +4,8 @@ stream's closing chunk only when the request asks for it (`stream_options.includ
 A stream that does not ask would cost its caller nothing the gateway could see, so the gateway
 asks for it on the caller's behalf (`with_stream_usage`) and keeps the chunk that answers it out
 of the caller's stream (`unasked_usage`): every token a key causes is charged, and a client
-gets exactly the stream it asked for.
+gets exactly the stream it asked for. The finish of its last choice (`finished_choices`) goes with
+the usage chunk, at the stream's end: a client cannot see the answer whole and leave first.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from proxy.wire.sse import SSEEvent
 # The closing chunk's usage object, however the upstream spaces its JSON; the other chunks carry
 # `"usage":null` or none. A search in C, so most chunks cost no parse.
 _USAGE = re.compile(rb'"usage"\s*:\s*\{')
+_FINISH = re.compile(rb'"finish_reason"\s*:\s*"')  # a choice's finish (the others carry null)
 
 
 class ChatFormat(Format):
@@ -62,6 +64,20 @@ class ChatFormat(Format):
         if isinstance(options, dict) and options.get("include_usage") is True:
             return None
         return {**body, "stream_options": {**(options if isinstance(options, dict) else {}), "include_usage": True}}
+
+    def finished_choices(self, event: SSEEvent) -> tuple[int, ...]:
+        """The choices this chunk finishes (a `finish_reason` that is not null), by index."""
+        if _FINISH.search(event.raw) is None:
+            return ()
+        data = event.json()
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list):
+            return ()
+        return tuple(
+            c["index"] if isinstance(c.get("index"), int) else 0
+            for c in choices
+            if isinstance(c, dict) and c.get("finish_reason") is not None
+        )
 
     def unasked_usage(self, event: SSEEvent) -> bool:
         """Whether this event is the usage chunk `with_stream_usage` asked for: no choices, and usage."""

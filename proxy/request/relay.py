@@ -16,8 +16,9 @@ Whichever way too, the relay never ends an answer: aiohttp writes its end once t
 returned, after the request's bookkeeping (the plugins' on_complete, where the ledger journals
 its record), so no client holds a whole answer whose record a killed process could still lose. A
 buffered answer's body goes then; a stream's events from the one carrying its closing counts (an
-SDK has its whole answer with them), and the last bytes of an answer of known length, go with its
-end (`DeferredEnd`).
+SDK has its whole answer with them), or from the one that makes its answer whole where the counts
+follow apart (a chat stream's last finish: Outcome.answer_whole), and the last bytes of an answer
+of known length, go with its end (`DeferredEnd`).
 """
 
 from __future__ import annotations
@@ -386,21 +387,32 @@ class Relay:
     async def _pass_on(
         self, response: DeferredEnd, events: list[SSEEvent], hooks: bool, pin_pending: bool, stream: StreamWatch
     ) -> bool:
-        """Run one read's events through the hooks and write them; whether the pin is still pending."""
+        """Run one read's events through the hooks and write them; whether the pin is still pending.
+        The events before the one that brings the closing counts (or makes the answer whole) go at
+        once, whatever came with them in the same read; from that one on they wait for the end."""
         ex, pipeline = self.ex, self.pipeline
         out: list[bytes] = []
+        held_from = 0 if ex.usage.final or ex.outcome.whole else None
         for event in events:
             if pin_pending and await self.affinity.remember_from_event(ex, event):
                 pin_pending = False
             if hooks:
                 passed = pipeline.run_event(ex, event)
+                if held_from is None and (ex.usage.final or ex.outcome.whole):
+                    held_from = len(out)
                 if passed is None:
                     continue
                 event = passed
             out.append(event.raw)
         if out:
-            await self._write_or_hold(response, b"".join(out) if len(out) > 1 else out[0])
-            stream.wrote(len(out))
+            written = len(out)
+            if held_from:  # (not None, not 0) what came before the closing event: written now
+                ex.outcome.sent(sum(map(len, out[:held_from])))
+                await response.write(b"".join(out[:held_from]))
+                del out[:held_from]
+            if out:
+                await self._write_or_hold(response, b"".join(out) if len(out) > 1 else out[0])
+            stream.wrote(written)
         return pin_pending
 
     async def _pass_on_stopped(
@@ -436,10 +448,12 @@ class Relay:
         )
 
     async def _write_or_hold(self, response: DeferredEnd, data: bytes) -> None:
-        """Write a stream's events; once its closing counts are in, hold the rest for its end (no
-        more than a buffered answer may hold: an upstream that goes on past them is written on)."""
-        self.ex.outcome.sent(len(data))
-        if self.ex.usage.final and len(response.last) + len(data) <= self.buffer_limit:
+        """Write a stream's events; once its closing counts are in, or its answer is whole and only
+        they may follow (Outcome.answer_whole), hold the rest for its end (no more than a buffered
+        answer may hold: an upstream that goes on past them is written on)."""
+        ex = self.ex
+        ex.outcome.sent(len(data))
+        if (ex.usage.final or ex.outcome.whole) and len(response.last) + len(data) <= self.buffer_limit:
             response.last += data
             return
         if response.last:
