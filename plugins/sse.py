@@ -61,7 +61,7 @@ class SSEPassthrough(Plugin):
         state[_UNASKED] = asks
 
     def on_event(self, ex: Exchange, event: SSEEvent) -> SSEEvent | None:
-        if finished := ex.format.finished_choices(event):  # a chat stream's finish, before its usage
+        if finished := ex.format.finished_choices(event, ex.json()):  # a chat stream's, before its usage
             done = ex.state(self).setdefault(_FINISHED, set())
             done.update(finished)
             if len(done) >= ex.format.outputs(ex.json()):

@@ -353,3 +353,78 @@ async def test_a_chat_streams_finish_comes_with_its_usage_so_the_answer_is_never
     assert content_at < 0.5 <= finished_at  # the content at once; its finish only once the counts came
     assert b'"usage"' not in received and received.endswith(b"data: [DONE]\n\n")
     assert [after - was for after, was in zip(tokens(), before)] == [3, 9]
+
+
+def _chunked_events(*pieces: dict[str, Any] | bytes) -> list[bytes]:
+    """Each chunk (or raw event) as one HTTP chunk of an SSE answer."""
+    framed = []
+    for piece in pieces:
+        data = piece if isinstance(piece, bytes) else b"data: " + json.dumps(piece).encode() + b"\n\n"
+        framed.append(b"%x\r\n%b\r\n" % (len(data), data))
+    return framed
+
+
+async def _timed_stream(
+    start_gateway, http, script: list[bytes | float], channel: str = ""
+) -> list[tuple[float, bytes]]:
+    """What the client got, and when, from an upstream that writes `script` (bytes, or a pause in seconds)."""
+
+    async def answer(reader, writer, _):
+        await upstream.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for step in script:
+            if isinstance(step, float):
+                await asyncio.sleep(step)
+            else:
+                writer.write(step)
+                await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async with Scripted(answer) as upstream:
+        gateway = await start_gateway(
+            f"channels: [{{name: scripted, base_url: '{upstream.url}', formats: [chat]{channel}}}]"
+        )
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}
+        arrivals: list[tuple[float, bytes]] = []
+        async with http.post(gateway.url + "/v1/chat/completions", json=body, headers=BEARER) as answered:
+            started = asyncio.get_running_loop().time()
+            async for piece in answered.content.iter_any():
+                arrivals.append((asyncio.get_running_loop().time() - started, piece))
+    return arrivals
+
+
+def _when(arrivals: list[tuple[float, bytes]], marker: bytes) -> float:
+    return next(at for at, piece in arrivals if marker in piece)
+
+
+async def test_an_empty_finish_reason_on_every_chunk_is_no_finish_and_the_stream_flows(start_gateway, http):
+    """sglang and Ollama send `"finish_reason": ""` (KoboldCpp "null") with every content chunk."""
+
+    def content(word: str, reason: str | None) -> dict[str, Any]:
+        return {"id": "c", "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": reason}]}
+
+    script = [
+        *_chunked_events(content("one", "")),
+        0.4,
+        *_chunked_events(content("two", "null")),
+        0.4,
+        *_chunked_events(
+            {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+            {"id": "c", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}},
+            b"data: [DONE]\n\n",
+        ),
+    ]
+    arrivals = await _timed_stream(start_gateway, http, script)
+    assert _when(arrivals, b'"one"') < 0.3 and 0.3 < _when(arrivals, b'"two"') < 0.7  # each as it came
+
+
+async def test_a_finish_with_no_counts_to_wait_for_is_not_held(start_gateway, http):
+    """A channel that is not asked for the usage (`stream_usage: false`): the finish goes at once."""
+    script = [
+        *_chunked_events({"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+        1.0,
+        *_chunked_events(b"data: [DONE]\n\n"),
+    ]
+    arrivals = await _timed_stream(start_gateway, http, script, ", stream_usage: false")
+    assert _when(arrivals, b"finish_reason") < 0.5 and _when(arrivals, b"[DONE]") >= 1.0

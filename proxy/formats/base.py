@@ -246,10 +246,10 @@ class Format:
         nothing to change; only the chat-completions format reports usage on request alone)."""
         return None
 
-    def finished_choices(self, event: SSEEvent) -> tuple[int, ...]:
+    def finished_choices(self, event: SSEEvent, body: Any) -> tuple[int, ...]:
         """The answers (choices) a stream event says are finished, where a format tells that
-        apart from its closing counts (chat completions); () for the others, whose closing counts
-        come with their finish."""
+        apart from its closing counts and the request (`body`, as sent) asks for them (chat
+        completions); () for the others, whose closing counts come with their finish."""
         return ()
 
     def unasked_usage(self, event: SSEEvent) -> bool:

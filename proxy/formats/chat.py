@@ -21,7 +21,9 @@ from proxy.wire.sse import SSEEvent
 # The closing chunk's usage object, however the upstream spaces its JSON; the other chunks carry
 # `"usage":null` or none. A search in C, so most chunks cost no parse.
 _USAGE = re.compile(rb'"usage"\s*:\s*\{')
-_FINISH = re.compile(rb'"finish_reason"\s*:\s*"')  # a choice's finish (the others carry null)
+# A choice's finish. The others carry null, or (sglang, Ollama, some providers) "" on every
+# content chunk, or even "null": none of those is a finish.
+_FINISH = re.compile(rb'"finish_reason"\s*:\s*"[^"]')
 
 
 class ChatFormat(Format):
@@ -65,9 +67,10 @@ class ChatFormat(Format):
             return None
         return {**body, "stream_options": {**(options if isinstance(options, dict) else {}), "include_usage": True}}
 
-    def finished_choices(self, event: SSEEvent) -> tuple[int, ...]:
-        """The choices this chunk finishes (a `finish_reason` that is not null), by index."""
-        if _FINISH.search(event.raw) is None:
+    def finished_choices(self, event: SSEEvent, body: Any) -> tuple[int, ...]:
+        """The choices this chunk finishes, by index: where the request (`body`, as sent) asks for
+        the usage chunk that follows the finishes; without it there are no counts to wait for."""
+        if _FINISH.search(event.raw) is None or not _asks_usage(body):
             return ()
         data = event.json()
         choices = data.get("choices") if isinstance(data, dict) else None
@@ -76,7 +79,7 @@ class ChatFormat(Format):
         return tuple(
             c["index"] if isinstance(c.get("index"), int) else 0
             for c in choices
-            if isinstance(c, dict) and c.get("finish_reason") is not None
+            if isinstance(c, dict) and _finish(c.get("finish_reason"))
         )
 
     def unasked_usage(self, event: SSEEvent) -> bool:
@@ -90,3 +93,12 @@ class ChatFormat(Format):
         # An unnamed event holding `error`, as the upstream sends one: the openai SDK raises an
         # APIError with its message.
         return b"data: " + jsonutil.dumps(self.error_payload(status, message, code)) + b"\n\n"
+
+
+def _finish(reason: Any) -> bool:
+    return isinstance(reason, str) and reason not in ("", "null")
+
+
+def _asks_usage(body: Any) -> bool:
+    options = body.get("stream_options") if isinstance(body, dict) else None
+    return isinstance(options, dict) and options.get("include_usage") is True
