@@ -17,6 +17,7 @@ from proxy.core import jsonutil
 from tests.conftest import BEARER, DEMO_KEY
 from tests.scripted_upstream import Scripted
 from tests.test_metering_abuse import AUTH, agreed, gateway_with, post  # noqa: F401 (a fixture)
+from tests.test_sdks import gw  # noqa: F401 (a fixture: the simulator as channel `sim`, six words an answer)
 
 MODEL = "respmodel-4o"
 WEATHER = {
@@ -26,17 +27,6 @@ WEATHER = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
-
-
-@pytest.fixture
-async def gw(start_gateway):
-    return await start_gateway("""
-        channels:
-          - name: sim
-            base_url: simulator
-            credential: upstream
-            simulator: {chunk_delay_ms: 0, output_tokens: 6}
-    """)
 
 
 @pytest.fixture
@@ -239,22 +229,9 @@ async def test_a_usage_chunk_spaced_as_an_upstream_likes_is_read_and_kept_from_a
             "usage": {"prompt_tokens": 7, "completion_tokens": 300},
         },
     ]
-    stream = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
-
-    async def answer(reader, writer, _):
-        await upstream.read_request(reader)
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%b"
-            % (len(stream), stream)
-        )
-        await writer.drain()
-
-    async with Scripted(answer) as upstream:
-        gateway = await start_gateway(f"channels: [{{name: spaced, base_url: '{upstream.url}', formats: [chat]}}]")
-        before = tokens()
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}
-        async with http.post(gateway.url + "/v1/chat/completions", json=body, headers=BEARER) as answered:
-            received = await answered.read()
+    before = tokens()
+    arrivals = await _timed_stream(start_gateway, http, _chunked_events(*chunks, b"data: [DONE]\n\n"))
+    received = b"".join(piece for _, piece in arrivals)
     assert b'"usage"' not in received and received.endswith(b"data: [DONE]\n\n")
     assert [after - was for after, was in zip(tokens(), before)] == [7, 300]
 
@@ -324,33 +301,12 @@ async def test_a_chat_streams_finish_comes_with_its_usage_so_the_answer_is_never
         "choices": [],
         "usage": {"prompt_tokens": 3, "completion_tokens": 9},
     }
-
-    def event(chunk: dict[str, Any]) -> bytes:
-        data = b"data: " + json.dumps(chunk).encode() + b"\n\n"
-        return b"%x\r\n%b\r\n" % (len(data), data)
-
-    async def answer(reader, writer, _):
-        await upstream.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-        writer.write(event(opening) + event(finish))
-        await writer.drain()
-        await asyncio.sleep(1.0)  # the counts come late
-        writer.write(event(usage) + b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
-        await writer.drain()
-
-    async with Scripted(answer) as upstream:
-        gateway = await start_gateway(f"channels: [{{name: late, base_url: '{upstream.url}', formats: [chat]}}]")
-        before = tokens()
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}
-        arrivals: list[tuple[float, bytes]] = []
-        async with http.post(gateway.url + "/v1/chat/completions", json=body, headers=BEARER) as answered:
-            started = asyncio.get_running_loop().time()
-            async for piece in answered.content.iter_any():
-                arrivals.append((asyncio.get_running_loop().time() - started, piece))
+    before = tokens()
+    script = [b"".join(_chunked_events(opening, finish)), 1.0, *_chunked_events(usage, b"data: [DONE]\n\n")]
+    arrivals = await _timed_stream(start_gateway, http, script)
     received = b"".join(piece for _, piece in arrivals)
-    finished_at = next(at for at, piece in arrivals if b"finish_reason" in piece)
-    content_at = next(at for at, piece in arrivals if b'"content": "hi"' in piece)
-    assert content_at < 0.5 <= finished_at  # the content at once; its finish only once the counts came
+    # the content at once; its finish only once the counts came (late)
+    assert _when(arrivals, b'"content": "hi"') < 0.5 <= _when(arrivals, b"finish_reason")
     assert b'"usage"' not in received and received.endswith(b"data: [DONE]\n\n")
     assert [after - was for after, was in zip(tokens(), before)] == [3, 9]
 
