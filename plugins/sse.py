@@ -35,8 +35,10 @@ class SSEPassthrough(Plugin):
     def on_request(self, ex: Exchange) -> None:  # never waits: no coroutine
         """A stream that would not be told its usage (the chat-completions format's, unless the
         request asks) is asked for it upstream: its tokens are charged like any other's."""
+        if not ex.streaming:
+            return
         body = ex.json()
-        if ex.streaming and (asking := ex.format.with_stream_usage(body)) is not None:
+        if (asking := ex.format.with_stream_usage(body)) is not None:
             state = ex.state(self)
             state[_CLIENTS] = body.get("stream_options", _ABSENT)  # what the gateway's question replaced
             ex.set_json(asking)

@@ -83,6 +83,10 @@ class Format:
     output_field: ClassVar[tuple[tuple[str, ...], ...]] = ()
     # What a request of this format asks for less of, to fit a budget (its refusals say so).
     asking_less: ClassVar[str] = "less"
+    # Body names (quoted, as bytes) a stream's charge goes by where the format has such: given
+    # twice, the body goes upstream re-encoded as parsed (proxy/request/deciding_fields.py). Only
+    # such formats pay the scans, a large body's hundred microseconds.
+    charged_by: ClassVar[tuple[bytes, ...]] = ()
 
     def created_id_event(self, event: SSEEvent) -> tuple[bool, Any]:
         """Whether this stream event is the one naming the id the answer creates, and that id."""

@@ -33,6 +33,9 @@ class ChatFormat(Format):
     # The upstream reads `max_completion_tokens`; `max_tokens` is its older name, still read.
     output_field = (("max_completion_tokens",), ("max_tokens",))
     asking_less = "a lower max_completion_tokens (and no larger limit under another name)"
+    # Given twice, an upstream reading the first could stream with no usage while the gateway
+    # read it asking for some (or read no stream at all).
+    charged_by = (b'"stream"', b'"stream_options"', b'"include_usage"')
 
     def outputs(self, body: Any) -> int:
         """`n` choices, each up to the output limit."""

@@ -23,9 +23,6 @@ from proxy.wire.routes import Body, ModelFrom
 FIELDS = ("model", "previous_response_id")
 _LENGTHS = frozenset(len(name) for name in FIELDS)
 _MODEL_NAME, _PREVIOUS_NAME = (f'"{name}"'.encode() for name in FIELDS)
-# Names a stream's charge goes by: given twice, an upstream reading the first could stream with no
-# usage while the gateway read it asking for some (or read no stream at all).
-_STREAM_NAMES = (b'"stream"', b'"stream_options"', b'"include_usage"')
 # A letter spelled as an escape: `"mod\u0065l"` is `"model"` to any JSON parser. A literal prefix,
 # so the search runs at the speed of a byte scan (an alternation in front would not).
 _ESCAPED_LETTER = re.compile(rb"\\u00[4-7][0-9a-fA-F]")
@@ -87,7 +84,7 @@ def settle_json(ex: Exchange) -> web.Response | None:
         _ESCAPED_LETTER.search(raw)
         or raw.count(_MODEL_NAME) > 1
         or raw.count(_PREVIOUS_NAME) > 1
-        or any(raw.count(name) > 1 for name in _STREAM_NAMES)
+        or any(raw.count(name) > 1 for name in ex.format.charged_by)
     ):
         ex.set_json(body)
     return None

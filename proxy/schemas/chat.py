@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from proxy.schemas.common import AnyObject, Model, tagged, text_or
 from proxy.schemas.enums import UPSTREAMS, open_enum, open_tagged
@@ -77,13 +77,6 @@ class ChatMessage(Model):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
-
-    @field_validator("tool_call_id")
-    @classmethod
-    def _named(cls, value: str | None) -> str | None:
-        if value is not None and not value:
-            raise ValueError("must not be empty")
-        return value
 
 
 class FunctionDefinition(Model):
