@@ -1,0 +1,133 @@
+"""What each chat format's translator provides: a reader and a writer for requests, answers,
+errors and streams, all pure (no I/O), so a translation is one format's reader then another's
+writer (proxy/formats/translation/__init__.py)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from proxy.formats.base import Format
+from proxy.formats.translation.ir import EFFORT_BUDGET, Ask, Fault, Piece, Reply, Untranslatable
+from proxy.wire.sse import SSEEvent
+
+Query = Sequence[tuple[str, str | None]]  # a request's query pairs (None: a name without `=`)
+_DATA_URL = re.compile(r"data:([\w.+-]+/[\w.+-]+)(?:;[\w=.-]+)*;base64,(.*)", re.S)
+
+
+class StreamReader:
+    """Turns an upstream's stream events into pieces; `end` at the stream's end."""
+
+    def feed(self, event: SSEEvent) -> list[Piece]:
+        raise NotImplementedError
+
+    def end(self) -> list[Piece]:
+        return []
+
+
+class StreamWriter:
+    """Turns pieces into the client's stream events; `end` at the stream's end."""
+
+    def feed(self, piece: Piece) -> list[SSEEvent]:
+        raise NotImplementedError
+
+    def end(self) -> list[SSEEvent]:
+        return []
+
+
+class Codec:
+    """One chat format, read and written."""
+
+    format: ClassVar[Format]
+
+    def read_ask(self, body: Any, path_model: str | None, streaming: bool, query: Query = ()) -> Ask:
+        """The client's request (`path_model`: the model its path names; `query`: its query pairs)."""
+        raise NotImplementedError
+
+    def write_ask(self, ask: Ask) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def upstream_path(self, ask: Ask) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """The path (before a channel's version) and query a request of this format goes to."""
+        raise NotImplementedError
+
+    def read_reply(self, body: Any) -> Reply:
+        raise NotImplementedError
+
+    def write_reply(self, reply: Reply, ask: Ask) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def reader(self) -> StreamReader:
+        raise NotImplementedError
+
+    def writer(self, ask: Ask) -> StreamWriter:
+        raise NotImplementedError
+
+    def write_fault(self, fault: Fault) -> dict[str, Any]:
+        return self.format.error_payload(fault.status, fault.message, fault.code)
+
+    def stream_fault(self, fault: Fault) -> SSEEvent:
+        return SSEEvent(self.format.stream_error(fault.status, fault.message, fault.code))
+
+
+def read_fault(status: int, body: Any) -> Fault:
+    """Any format's error body (`{error: {message, type | code | status}}`, the message format's
+    `{type: error, error: {...}}`), or none readable: the status alone."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        message = error.get("message")
+        code = error.get("code") if isinstance(error.get("code"), str) else None
+        code = code or next((error[k] for k in ("type", "status") if isinstance(error.get(k), str)), None)
+        if isinstance(message, str) and message:
+            return Fault(status, message, code)
+    elif isinstance(error, str) and error:
+        return Fault(status, error)
+    return Fault(status, f"upstream answered {status}")
+
+
+def data_url(url: str) -> tuple[str, str] | None:
+    """The media type and Base64 data of a `data:` URL, or None for any other URL."""
+    found = _DATA_URL.fullmatch(url) if url.startswith("data:") else None
+    return (found[1], found[2]) if found else None
+
+
+def text_of(value: Any, param: str) -> str:
+    """Text given as a string or a list of text parts (`{type: text, text}` and its peers)."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        texts = []
+        for i, part in enumerate(value):
+            text = part.get("text") if isinstance(part, dict) else None
+            if not isinstance(text, str):
+                raise Untranslatable(f"{param}[{i}]", "only text can be carried here to the upstream's format")
+            texts.append(text)
+        return "".join(texts)
+    raise Untranslatable(param, "must be text")
+
+
+def number(value: Any) -> float | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def whole(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def strings(value: Any) -> list[str]:
+    """A stop sequence or a list of them."""
+    if isinstance(value, str):
+        return [value]
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def effort_for(budget: int | None) -> str | None:
+    """The reasoning level nearest a thinking budget."""
+    if budget is None:
+        return None
+    if budget == 0:
+        return "none"
+    return min(EFFORT_BUDGET, key=lambda level: abs(EFFORT_BUDGET[level] - budget))

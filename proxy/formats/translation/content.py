@@ -1,0 +1,326 @@
+"""The content-generation format, read and written for translation.
+
+Its fields come by their JSON (camelCase) or proto (snake_case) names; both are read. Its tool
+calls may carry no id, and its results name the tool, not the call: a call without one gets an
+id from its place in the conversation, and a result the id of the call it answers (the oldest
+unanswered call of that tool), so the ids a client of another format sees stay the same from
+turn to turn. Its stream is asked for as SSE (`alt=sse`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+from proxy.formats import CONTENT
+from proxy.formats.translation.codec import (
+    Codec,
+    Query,
+    StreamReader,
+    StreamWriter,
+    number,
+    strings,
+    whole,
+)
+from proxy.formats.translation.content_stream import (
+    REASONS,
+    ContentReader,
+    ContentWriter,
+    answer_part,
+    counts_of,
+    get,
+    stop_of,
+    usage_of,
+)
+from proxy.formats.translation.ir import (
+    EFFORT_BUDGET,
+    Ask,
+    Part,
+    Reply,
+    Tool,
+    Turn,
+    Untranslatable,
+    json_text,
+    parsed_arguments,
+)
+
+_DROPPED = ("safetySettings", "labels")
+_KNOWN = frozenset({"contents", "systemInstruction", "tools", "toolConfig", "generationConfig", "model", *_DROPPED})
+_CONFIG = frozenset(
+    {
+        "maxOutputTokens",
+        "temperature",
+        "topP",
+        "topK",
+        "stopSequences",
+        "seed",
+        "candidateCount",
+        "responseMimeType",
+        "responseSchema",
+        "responseJsonSchema",
+        "thinkingConfig",
+    }
+)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(word.title() for word in rest)
+
+
+class ContentCodec(Codec):
+    format = CONTENT
+
+    def read_ask(self, body: Any, path_model: str | None, streaming: bool, query: Query = ()) -> Ask:
+        if streaming and ("alt", "sse") not in query:
+            # Without it the format streams a JSON array, which no other format's stream becomes
+            raise Untranslatable("alt", "a stream of this model is served as server-sent events only: ask ?alt=sse")
+        unknown = sorted(k for k in body if _camel(k) not in _KNOWN)
+        if unknown:
+            raise Untranslatable(unknown[0], "not a field the gateway can carry to the upstream's format")
+        ask = Ask(model=path_model or str(body.get("model")), turns=[], stream=streaming)
+        ask.dropped = [name for name in _DROPPED if get(body, name) is not None]
+        config = get(body, "generationConfig") or {}
+        extra = sorted(k for k in config if _camel(k) not in _CONFIG)
+        if extra:
+            raise Untranslatable(f"generationConfig.{extra[0]}", "cannot be translated to the upstream's format")
+        if (whole(get(config, "candidateCount")) or 1) > 1:
+            raise Untranslatable("generationConfig.candidateCount", "more than one candidate cannot be translated")
+        ask.max_output = whole(get(config, "maxOutputTokens"))
+        ask.temperature, ask.top_p = number(get(config, "temperature")), number(get(config, "topP"))
+        ask.top_k, ask.seed = whole(get(config, "topK")), whole(get(config, "seed"))
+        ask.stop = strings(get(config, "stopSequences"))
+        schema = get(config, "responseJsonSchema") or get(config, "responseSchema")
+        if isinstance(schema, dict):
+            ask.json_schema = {"name": "answer", "schema": schema, "strict": True}
+        elif get(config, "responseMimeType") == "application/json":
+            ask.json_object = True
+        thinking = get(config, "thinkingConfig")
+        if isinstance(thinking, dict):
+            budget = whole(get(thinking, "thinkingBudget"))
+            level = get(thinking, "thinkingLevel")
+            ask.thinking_budget = budget if budget is not None and budget >= 0 else None
+            if isinstance(level, str):
+                ask.effort = level.lower()
+                ask.thinking_budget = ask.thinking_budget or EFFORT_BUDGET.get(ask.effort)
+        for i, tool in enumerate(body.get("tools") or []):
+            declarations = get(tool, "functionDeclarations")
+            if not isinstance(declarations, list) or len(tool) != 1:
+                raise Untranslatable(f"tools[{i}]", "only function declarations can be translated")
+            for declaration in declarations:
+                schema = get(declaration, "parametersJsonSchema") or get(declaration, "parameters")
+                ask.tools.append(Tool(declaration.get("name"), declaration.get("description"), schema))
+        calling = get(get(body, "toolConfig"), "functionCallingConfig")
+        if isinstance(calling, dict):
+            mode = str(calling.get("mode", "AUTO")).upper()
+            allowed = get(calling, "allowedFunctionNames")
+            ask.tool_choice = {"AUTO": "auto", "NONE": "none", "ANY": "required", "VALIDATED": "auto"}.get(mode, "auto")
+            if mode == "ANY" and isinstance(allowed, list) and len(allowed) == 1:
+                ask.tool_choice, ask.tool_named = "named", allowed[0]
+        system = get(body, "systemInstruction")
+        if system is not None:
+            ask.system = [
+                p
+                for p in _parts(system.get("parts") if isinstance(system, dict) else system, "systemInstruction", {})
+                if p.kind == "text"
+            ]
+        pending: dict[str, list[str]] = {}  # a tool's name -> the ids of its calls not yet answered
+        for i, content in enumerate(body.get("contents") or []):
+            role = "assistant" if content.get("role") == "model" else "user"
+            parts = _parts(content.get("parts"), f"contents[{i}].parts", pending, turn=i)
+            ask.turns.append(Turn(role, parts))
+        return ask
+
+    def write_ask(self, ask: Ask) -> dict[str, Any]:
+        names = {p.call_id: p.name for t in ask.turns for p in t.parts if p.kind == "tool_call"}
+        body: dict[str, Any] = {"contents": []}
+        for turn in ask.turns:
+            parts = [p for p in (_write_part(part, names, ask) for part in turn.parts) if p is not None]
+            if parts:
+                body["contents"].append({"role": "model" if turn.role == "assistant" else "user", "parts": parts})
+        if ask.system:
+            body["systemInstruction"] = {"parts": [{"text": p.text} for p in ask.system]}
+        config: dict[str, Any] = {}
+        for name, value in (
+            ("maxOutputTokens", ask.max_output),
+            ("temperature", ask.temperature),
+            ("topP", ask.top_p),
+            ("topK", ask.top_k),
+            ("seed", ask.seed),
+        ):
+            if value is not None:
+                config[name] = value
+        if ask.stop:
+            config["stopSequences"] = ask.stop
+        if ask.json_schema is not None:
+            config["responseMimeType"] = "application/json"
+            config["responseJsonSchema"] = ask.json_schema.get("schema") or {"type": "object"}
+        elif ask.json_object:
+            config["responseMimeType"] = "application/json"
+        budget = ask.thinking_budget
+        if budget is None and ask.effort is not None:
+            budget = 0 if ask.effort == "none" else EFFORT_BUDGET.get(ask.effort, EFFORT_BUDGET["medium"])
+        if budget is not None:
+            config["thinkingConfig"] = {"thinkingBudget": budget, "includeThoughts": budget > 0}
+        if config:
+            body["generationConfig"] = config
+        if ask.tools:
+            declarations = []
+            for tool in ask.tools:
+                declaration: dict[str, Any] = {"name": tool.name}
+                if tool.description is not None:
+                    declaration["description"] = tool.description
+                if tool.parameters is not None:
+                    declaration["parametersJsonSchema"] = tool.parameters
+                declarations.append(declaration)
+            body["tools"] = [{"functionDeclarations": declarations}]
+        if ask.tool_choice is not None and ask.tools:
+            mode = {"auto": "AUTO", "none": "NONE", "required": "ANY", "named": "ANY"}[ask.tool_choice]
+            calling: dict[str, Any] = {"mode": mode}
+            if ask.tool_choice == "named":
+                calling["allowedFunctionNames"] = [ask.tool_named]
+            body["toolConfig"] = {"functionCallingConfig": calling}
+        if (
+            any(p.cache is not None for t in ask.turns for p in t.parts)
+            or any(p.cache for p in ask.system)
+            or any(t.cache for t in ask.tools)
+        ):
+            ask.dropped.append("cache_control")  # the format caches by a stored content, not by hints
+        if ask.parallel_tools is False:
+            ask.dropped.append("parallel_tool_calls")
+        if ask.user is not None:
+            ask.dropped.append("user")
+        return body
+
+    def upstream_path(self, ask: Ask) -> tuple[str, tuple[tuple[str, str], ...]]:
+        model = quote(ask.model, safe="")  # a name is the client's words: one path segment, whatever it holds
+        if ask.stream:
+            return f"/v1beta/models/{model}:streamGenerateContent", (("alt", "sse"),)
+        return f"/v1beta/models/{model}:generateContent", ()
+
+    def read_reply(self, body: Any) -> Reply:
+        candidates = body.get("candidates") if isinstance(body, dict) else None
+        candidate = (
+            candidates[0] if isinstance(candidates, list) and candidates and isinstance(candidates[0], dict) else {}
+        )
+        parts = []
+        for part in get(candidate.get("content"), "parts") or []:
+            found = answer_part(part)
+            if found is not None:
+                parts.append(found)
+        stop = stop_of(get(candidate, "finishReason"), parts)
+        ident = get(body, "responseId") or ""
+        return Reply(
+            str(ident),
+            str(get(body, "modelVersion") or ""),
+            parts,
+            stop,
+            counts=counts_of(get(body, "usageMetadata")),
+        )
+
+    def write_reply(self, reply: Reply, ask: Ask) -> dict[str, Any]:
+        parts = []
+        for part in reply.parts:
+            if part.kind == "tool_call":
+                parts.append(
+                    {"functionCall": {"id": part.call_id, "name": part.name, "args": parsed_arguments(part.arguments)}}
+                )
+            elif part.kind == "thinking":
+                thought: dict[str, Any] = {"text": part.text, "thought": True}
+                if part.signature:
+                    thought["thoughtSignature"] = part.signature
+                parts.append(thought)
+            else:
+                parts.append({"text": part.text})
+        answer: dict[str, Any] = {
+            "candidates": [
+                {"content": {"role": "model", "parts": parts}, "finishReason": REASONS[reply.stop], "index": 0}
+            ],
+            "modelVersion": reply.model or ask.model,
+            "responseId": reply.id,
+        }
+        if reply.counts is not None:
+            answer["usageMetadata"] = usage_of(reply.counts)
+        return answer
+
+    def reader(self) -> StreamReader:
+        return ContentReader()
+
+    def writer(self, ask: Ask) -> StreamWriter:
+        return ContentWriter(ask)
+
+
+def _parts(parts: Any, where: str, pending: dict[str, list[str]], turn: int = 0) -> list[Part]:
+    out = []
+    for i, part in enumerate(parts or []):
+        if not isinstance(part, dict):
+            raise Untranslatable(f"{where}[{i}]", "must be an object")
+        inline, file, call, result = (
+            get(part, n) for n in ("inlineData", "fileData", "functionCall", "functionResponse")
+        )
+        if isinstance(part.get("text"), str):
+            if part.get("thought") is True:
+                out.append(Part("thinking", part["text"], signature=get(part, "thoughtSignature")))
+            else:
+                out.append(Part("text", part["text"]))
+        elif isinstance(inline, dict):
+            out.append(Part("image", media_type=get(inline, "mimeType"), data=inline.get("data")))
+        elif isinstance(file, dict):
+            out.append(Part("image", media_type=get(file, "mimeType"), url=get(file, "fileUri")))
+        elif isinstance(call, dict):
+            call_id = call.get("id") or f"call_{turn}_{i}"  # unique in the request, which is all it needs
+            pending.setdefault(call.get("name"), []).append(call_id)
+            out.append(Part("tool_call", call_id=call_id, name=call.get("name"), arguments=json_text(call.get("args"))))
+        elif isinstance(result, dict):
+            name = result.get("name")
+            waiting = pending.get(name) or []
+            call_id = result.get("id") or (waiting.pop(0) if waiting else f"call_{name}")
+            if result.get("id") in waiting:
+                waiting.remove(result.get("id"))
+            response = result.get("response")
+            error = isinstance(response, dict) and set(response) == {"error"}
+            if isinstance(response, dict) and len(response) == 1 and isinstance(next(iter(response.values())), str):
+                response = next(iter(response.values()))  # {"result": text}, as results are written: the text
+            text = json_text(response)
+            out.append(Part("tool_result", call_id=call_id, name=name, content=[Part("text", text)], is_error=error))
+        elif get(part, "thoughtSignature") is not None:
+            continue  # a signature alone, on no text: nothing another format carries
+        else:
+            raise Untranslatable(
+                f"{where}[{i}]", "only text, images, function calls and their responses can be translated"
+            )
+    return out
+
+
+def _write_part(part: Part, names: dict[str | None, str | None], ask: Ask) -> dict[str, Any] | None:
+    if part.kind == "text":
+        return {"text": part.text}
+    if part.kind == "image":
+        if part.url:
+            return {"fileData": {"mimeType": part.media_type or _guess(part.url), "fileUri": part.url}}
+        return {"inlineData": {"mimeType": part.media_type, "data": part.data}}
+    if part.kind == "tool_call":
+        return {"functionCall": {"id": part.call_id, "name": part.name, "args": parsed_arguments(part.arguments)}}
+    if part.kind == "tool_result":
+        text = "".join(p.text for p in part.content or [] if p.kind == "text")
+        if any(p.kind != "text" for p in part.content or []):
+            raise Untranslatable("tool result", "only text tool results can be carried to the upstream's format")
+        value = parsed_arguments(text) if text.startswith("{") else {"result": text}
+        if part.is_error:
+            value = {"error": text}
+        return {
+            "functionResponse": {"id": part.call_id, "name": part.name or names.get(part.call_id), "response": value}
+        }
+    if part.kind == "thinking" and part.signature:
+        return {"text": part.text, "thought": True, "thoughtSignature": part.signature}
+    if "thinking" not in ask.dropped:
+        ask.dropped.append("thinking")
+    return None
+
+
+def _guess(url: str) -> str:
+    lowered = url.lower().split("?")[0]
+    for suffix, kind in ((".png", "image/png"), (".gif", "image/gif"), (".webp", "image/webp")):
+        if lowered.endswith(suffix):
+            return kind
+    return "image/jpeg"
