@@ -124,18 +124,25 @@ async def test_invalid_json_is_a_400_in_the_format_shape(gateway, http):
 
 
 async def test_endpoints_restrict_a_channel_to_some_routes(start_gateway, http):
+    """A channel with `endpoints` is sent requests of those routes only: an images request finds
+    no channel; a chat request of another format reaches it in its route's format, translated
+    (docs/translation.md)."""
     gw = await start_gateway("""
         channels:
           - {name: chat, base_url: simulator, endpoints: [messages]}
     """)
+    bearer = {"Authorization": "Bearer sk-demo-key"}
     async with http.post(
-        gw.url + "/v1/responses",
-        json={"model": "respmodel-4o", "input": "x"},
-        headers={"Authorization": "Bearer sk-demo-key"},
+        gw.url + "/v1/images/generations", json={"model": "imagegen-2", "prompt": "x"}, headers=bearer
     ) as answer:
         assert answer.status == 404
+    async with http.post(
+        gw.url + "/v1/responses", json={"model": "respmodel-4o", "input": "x"}, headers=bearer
+    ) as answer:
+        assert answer.status == 200 and answer.headers["X-Upstream-Format"] == "messages"
     async with http.post(gw.url + "/v1/messages", json=MESSAGE, headers=HEADERS) as answer:
-        assert answer.status == 200
+        assert answer.status == 200 and "X-Upstream-Format" not in answer.headers
+    assert {r.path for r in gw.sim("chat").requests} == {"/v1/messages"}
 
 
 RENAMING = """

@@ -1,7 +1,8 @@
 """The JavaScript SDKs (openai, @anthropic-ai/sdk, @google/genai) and the Vercel AI SDK (ai with
 @ai-sdk/openai, @ai-sdk/anthropic, @ai-sdk/google), newest releases, configured with nothing but a
 base URL and a key: generate, stream and a tool loop in each format, end to end through the
-gateway to its simulator, and what each does with the gateway's 504 (`x-should-retry: false`).
+gateway to its simulator (and the AI SDK's chat provider translated to a message-format channel),
+and what each does with the gateway's 504 (`x-should-retry: false`).
 
 One node process makes every call (tests/js/clients.mjs, one JSON line per case); each test here
 asserts on its case's line and on what the upstream received for that case."""
@@ -34,6 +35,12 @@ SLOW = """
     resilience: {breaker_failures: 1000}
     observability: {logging: {access_log: false}}
 """
+# A gateway whose only channel speaks the message format: the AI SDK's chat calls are translated.
+TRANSLATED = """
+    channels:
+      - {name: msg, base_url: simulator, credential: sim-upstream-key, formats: [messages]}
+    observability: {logging: {access_log: false}}
+"""
 # One worker runs the whole file under pytest-xdist (.ci/run distributes by these groups): one
 # node process, not one per worker.
 pytestmark = pytest.mark.xdist_group("js_clients")
@@ -45,6 +52,7 @@ class Run:
     results: dict[str, dict[str, Any]]
     base: RunningGateway
     slow: RunningGateway
+    translated: RunningGateway
     stderr: str
 
     def result(self, case: str) -> dict[str, Any]:
@@ -64,7 +72,7 @@ class Run:
     def upstream(self, case: str) -> list[RecordedRequest]:
         """The requests of one case, as the upstream received them: its prompt names the case."""
         marker = f"[{case}]".encode()
-        sims = [self.base.sim(), self.slow.sim("slow")]
+        sims = [self.base.sim(), self.slow.sim("slow"), self.translated.sim("msg")]
         return [r for sim in sims for r in sim.requests if r.body is not None and marker in r.body]
 
 
@@ -74,17 +82,17 @@ async def run(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Run]:
     script = folder / "clients.mjs"  # beside node_modules/, where node resolves the clients' imports
     shutil.copyfile(SOURCE / "clients.mjs", script)
     async with gateway_starter(tmp_path_factory.mktemp("js-clients")) as start:
-        base, slow = await start(), await start(SLOW)
+        base, slow, translated = await start(), await start(SLOW), await start(TRANSLATED)
         node = await asyncio.create_subprocess_exec(
             "node",
             str(script),
-            json.dumps({"base": base.url, "slow": slow.url, "key": DEMO_KEY}),
+            json.dumps({"base": base.url, "slow": slow.url, "translated": translated.url, "key": DEMO_KEY}),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
         out, err = await asyncio.wait_for(node.communicate(), 120)
         lines = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
-        yield Run({line["case"]: line for line in lines}, base, slow, err.decode())
+        yield Run({line["case"]: line for line in lines}, base, slow, translated, err.decode())
 
 
 def test_the_newest_majors_are_installed(run: Run) -> None:
@@ -121,6 +129,8 @@ UPSTREAM_PATHS = {
     "ai anthropic streamText": "/v1/messages",
     "ai google generateText": "/v1beta/models/genmodel-2.0-flash:generateContent",
     "ai google streamText": "/v1beta/models/genmodel-2.0-flash:streamGenerateContent",
+    "ai chat translated generateText": "/v1/messages",
+    "ai chat translated streamText": "/v1/messages",
 }
 
 
@@ -159,7 +169,7 @@ def test_the_openai_sdk_chats_whole_and_streamed_and_a_stream_that_asks_no_usage
     assert b'"include_usage":true' in upstream.body  # asked by the gateway, for its own count
 
 
-@pytest.mark.parametrize("provider", ["openai", "chat", "anthropic", "google"])
+@pytest.mark.parametrize("provider", ["openai", "chat", "anthropic", "google", "chat translated"])
 def test_the_ai_sdk_generates_and_streams_text_in_each_format(run: Run, provider: str) -> None:
     whole, streamed = run.value(f"ai {provider} generateText"), run.value(f"ai {provider} streamText")
     for answer in (whole, streamed):
@@ -171,7 +181,7 @@ def test_the_ai_sdk_generates_and_streams_text_in_each_format(run: Run, provider
 # -- the AI SDK's tool loop: a call, its result sent back, then the final text --
 
 
-@pytest.mark.parametrize("provider", ["openai", "chat", "anthropic", "google"])
+@pytest.mark.parametrize("provider", ["openai", "chat", "anthropic", "google", "chat translated"])
 def test_the_ai_sdk_tool_loop_ends_with_text_after_the_tools_result(run: Run, provider: str) -> None:
     result = run.value(f"ai {provider} tool loop")
     called, answered = result["steps"][0], result["steps"][-1]

@@ -65,6 +65,8 @@ class UsageRecord:
     attempts: int | None = None  # upstream attempts (failovers and resends each count)
     error_code: str | None = None  # the code of an error the gateway answered itself
     error: str | None = None  # what went wrong, as the access line says it (its first 500 characters)
+    # The format the upstream that answered was asked in, where it was not the client's (translated).
+    upstream_format: str | None = None
 
     def row(self) -> tuple[Any, ...]:
         """The record as COPY sends it, its cost in billionths: a float sent into a numeric column
@@ -129,6 +131,7 @@ def record_of(
         model=_clipped(ex.model),
         upstream_model=_clipped(ex.upstream_model),
         channel=ex.channel.name if ex.channel is not None else None,
+        upstream_format=ex.upstream_format if ex.translation is not None else None,
         status=ex.outcome.status,
         input_tokens=_bounded(usage.input_tokens),
         cached_input_tokens=_bounded(usage.cached_input_tokens),

@@ -153,6 +153,10 @@ MIGRATIONS: tuple[str, ...] = (
         FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_apply();
     {_daily_upsert("SELECT *, 1 AS sign FROM usage_records")}
     """,
+    # 5: the format a translated request's upstream was asked in (none: the client's own).
+    """
+    ALTER TABLE usage_records ADD COLUMN upstream_format text;
+    """,
 )
 
 

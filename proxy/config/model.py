@@ -25,6 +25,9 @@ from proxy.formats import FORMAT_NAMES
 from proxy.state import connect as topology
 from proxy.wire.routes import CHAT_ROUTES, ROUTE_NAMES
 
+# A channel's `formats` or `endpoints` that make it a chat channel (a model target must be one).
+CHAT_SPEAKING = CHAT_ROUTES | {"content", "chat"}
+
 SIMULATOR = "simulator"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token
@@ -480,6 +483,15 @@ class ObservabilityConfig(Strict):
     tracing: TracingConfig = Field(default_factory=TracingConfig)
 
 
+class ModelTarget(Strict):
+    """One place a public model name (`models:`) is served: a channel, the model's name there,
+    and its share of first attempts when the list is weighted."""
+
+    channel: SimpleName
+    model: str = Field(min_length=1, max_length=256)
+    weight: PositiveFloat | None = None
+
+
 def _default_keys() -> list[KeyConfig]:
     return [KeyConfig(name="demo", key="sk-demo-key")]
 
@@ -501,6 +513,29 @@ class GatewayConfig(Strict):
     prices: list[PriceConfig] = Field(default_factory=list)  # proxy/config/prices.py
     key_store: KeyStoreConfig = Field(default_factory=KeyStoreConfig)  # proxy/config/key_store.py
     console: ConsoleConfig = Field(default_factory=ConsoleConfig)  # proxy/config/console.py
+    # Public model names of the chat routes, each served by its targets in order (a request goes
+    # to the next when one fails, under the resend rules), of any chat format (translated); with
+    # weights, the first attempt is drawn by them and the rest follow in order.
+    models: dict[str, list[ModelTarget]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _model_targets_are_chat_channels(self) -> GatewayConfig:
+        channels = {channel.name: channel for channel in self.channels}
+        for name, targets in self.models.items():
+            if not targets:
+                raise ValueError(f"models.{name}: names no target")
+            seen: set[str] = set()
+            for i, target in enumerate(targets):
+                channel = channels.get(target.channel)
+                if channel is None:
+                    raise ValueError(f"models.{name}[{i}].channel: no channel is named {target.channel!r}")
+                if target.channel in seen:
+                    raise ValueError(f"models.{name}[{i}].channel: {target.channel!r} is named twice")
+                seen.add(target.channel)
+                spoken = channel.formats if channel.endpoints is None else channel.endpoints
+                if not set(spoken) & set(CHAT_SPEAKING):
+                    raise ValueError(f"models.{name}[{i}].channel: {target.channel!r} serves no chat format")
+        return self
 
     @field_validator("routes")
     @classmethod

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from proxy.core.pin import PinRecord
     from proxy.core.pipeline import Pipeline
     from proxy.formats import Format
+    from proxy.formats.translation import Translation
     from proxy.policy.channels import Channel
     from proxy.policy.keys import GatewayKey
     from proxy.request.target import Target
@@ -82,6 +83,7 @@ class Exchange:
         "with_pin",
         "pinned_with",
         "pipeline",
+        "translation",
     )
 
     def __init__(self, request: web.Request, route: Route, request_id: str, gateway_id: str | None = None) -> None:
@@ -125,6 +127,9 @@ class Exchange:
         # The pipeline this exchange runs on: its route's, set by the gateway, or a narrower one
         # once a plugin does not take it (Pipeline.run_request). Set by those two only.
         self.pipeline: Pipeline | None = None
+        # The attempt's request and answer in another format than the client's (set by the
+        # forwarder for a channel of another format; None: passed through as the client's).
+        self.translation: Translation | None = None
         self.response_headers: dict[str, str] | None = None  # plugins' additions to the client's answer
         self.answer_limit: AnswerLimit | None = None  # a plugin must read the whole answer
         # Set by the observability layer when tracing is on: the request's trace ids and head
@@ -185,6 +190,14 @@ class Exchange:
         """An error in this endpoint's own shape (section 7 of the spec)."""
         self.outcome.failed(message, code)
         return self.format.error_response(status, message, code, headers, param)
+
+    @property
+    def upstream_format(self) -> str | None:
+        """The format the (last) upstream attempt was asked in: the client's, unless translated;
+        None before a channel was chosen."""
+        if self.translation is not None:
+            return self.translation.upstream_format
+        return self.format.name if self.channel is not None else None
 
     @property
     def key_name(self) -> str | None:

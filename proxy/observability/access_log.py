@@ -161,6 +161,7 @@ def log_exchange(ex: Exchange, config: LoggingConfig, now: float, overhead_s: fl
         "model": _shown_text(ex.model),
         "upstream_model": _shown_text(ex.upstream_model),
         "channel": channel.name if channel is not None else None,
+        "upstream_format": ex.upstream_format,
         "key_name": ex.key_name,
         "streaming": ex.streaming or ex.outcome.streamed,
         "duration_ms": round((now - ex.started) * 1000, 3),

@@ -42,8 +42,8 @@ _OVERHEAD = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0
 
 REQUESTS = Counter(
     "modelgate_requests",
-    "Requests answered, by route, format, model, channel and status class",
-    ["route", "format", "model", "channel", "status_class"],
+    "Requests answered, by route, format, the format the upstream was asked in, model, channel and status class",
+    ["route", "format", "upstream_format", "model", "channel", "status_class"],
 )
 DURATION = Histogram(
     "modelgate_request_duration_seconds", "Total time per request, until the last byte", ["route"], buckets=_LATENCY

@@ -50,7 +50,8 @@ class Observer:
         model = self.model_label(ex.model)
         channel = ex.channel.name if ex.channel is not None else "none"
         outcome = ex.outcome
-        _REQUESTS.add((route[0], ex.format.name, model, channel, m.status_class(outcome.status)))
+        upstream_format = ex.upstream_format or "none"
+        _REQUESTS.add((route[0], ex.format.name, upstream_format, model, channel, m.status_class(outcome.status)))
         # A traced request's id goes with its latencies as their bucket's exemplar.
         trace = ex.trace
         trace_id = trace.trace_id if trace is not None and ex.span is not None and trace.sampled else None

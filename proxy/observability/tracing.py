@@ -234,6 +234,7 @@ class Tracing:
             attributes["gen_ai.response.model"] = ex.upstream_model
         if ex.channel is not None:
             attributes["modelgate.channel"] = ex.channel.name
+            attributes["modelgate.upstream_format"] = ex.upstream_format or ""
         if ex.key_name is not None:
             attributes["modelgate.key_name"] = ex.key_name
         usage = ex.usage
@@ -318,6 +319,7 @@ def attempt_traced(ex: Exchange, span: SpanRecord | None, channel: str, host: st
         attributes["server.address"] = host
         attributes["url.path"] = path
         attributes["modelgate.channel"] = channel
+        attributes["modelgate.upstream_format"] = ex.upstream_format or ""
         attributes["gen_ai.request.model"] = ex.upstream_model or ""
         attributes["modelgate.attempt"] = attempt
         ex.headers["traceparent"] = request_trace.traceparent(span.span_id)

@@ -34,7 +34,7 @@ def family(model: str) -> str | None:
 
 
 def known_models(config: GatewayConfig) -> set[str]:
-    names = set(SPEC_MODELS) | set(config.observability.metrics.models)
+    names = set(SPEC_MODELS) | set(config.observability.metrics.models) | set(config.models)
     for channel in config.channels:
         names.update(m for m in channel.models if not _GLOB & set(m))
         names.update(channel.rename)
@@ -47,6 +47,10 @@ def usable_models(
     """Sorted names the key may use on some channel, of one format (None: of every format)."""
     found = []
     for model in known_models(config):
+        if model in channels.aliases:  # a public name: served in every chat format, translated where need be
+            if key is None or key.allows_model(model):
+                found.append(model)
+            continue
         wanted = family(model)
         if format_name is not None and wanted is not None and wanted != format_name:
             continue

@@ -53,7 +53,7 @@ async def build_runtime(
             if name not in instances:
                 instances[name] = build_plugin(config, name, resources)
         routes[route.name] = route_settings(config, route, Pipeline([instances[n] for n in names]))
-    channel_set = ChannelSet(channels)
+    channel_set = ChannelSet(channels, config.models)
     runtime = Runtime(
         loaded,
         channel_set,

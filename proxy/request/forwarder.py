@@ -20,18 +20,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from enum import Enum
+from urllib.parse import urlencode
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 from proxy.core.drain import Drain
 from proxy.core.exchange import Exchange
 from proxy.core.phase import phase
 from proxy.core.pipeline import Pipeline
 from proxy.core.runtime import Runtime
-from proxy.formats import ACCOUNT
+from proxy.formats import ACCOUNT, MESSAGES, Format
+from proxy.formats.translation import MESSAGE_VERSION, Translation, Untranslatable, read_ask
 from proxy.observability.metrics import CREDENTIAL_REFUSED, REQUEST_FORBIDDEN
 from proxy.observability.tracing import attempt_traced
 from proxy.policy.channels import Channel
@@ -50,8 +53,9 @@ from proxy.upstream import (
     UpstreamTimeout,
     Written,
 )
-from proxy.wire.routes import CHAT_ROUTES, ModelFrom, Pin
+from proxy.wire.routes import CHAT_ROUTES, ModelFrom, Pin, Route
 
+UpstreamModel = Callable[[Channel, Route, str], str]  # a model's name at a channel (ChannelSet.upstream_model)
 _IDEMPOTENT = frozenset({"GET", "HEAD"})
 # On a keyed route, the upstream's refusals: a 401 of the credential itself, a 403 of this request.
 _REFUSALS = {401: CREDENTIAL_REFUSED, 403: REQUEST_FORBIDDEN}
@@ -179,22 +183,32 @@ class Forwarder:
         tried: list[Channel] = []
         delay = runtime.config.resilience.backoff_s
         body, body_changed = ex.body, ex.body_changed  # before any channel's rename
+        sent = ex.headers  # the client's, as the plugins left them: a translated attempt builds its own
         while True:
             channel = ex.channel
             assert channel is not None and channel.pool is not None
             tried.append(channel)
-            path = self._path_for(ex, channel)
-            if path is None:
-                return ex.error_response(
-                    400,
-                    "model: the form's model field must come before its files, so the gateway can name the "
-                    "model as this channel knows it",
-                    param="model",
-                )
-            path = ex.format.versioned_path(path, channel.config.content_api_version)
-            if pipeline.upstream_hooks:
-                await pipeline.run_upstream(ex)
-            target, data = self._request_for(ex, channel, path)
+            upstream_format = channel.translated_format(ex.route)
+            if upstream_format is not None:
+                made = await self._translated(ex, runtime, pipeline, channel, upstream_format, sent)
+                if isinstance(made, web.Response):
+                    return made
+                target, data = made
+                path = target.partition("?")[0]
+            else:
+                ex.translation, ex.headers = None, sent
+                path = self._path_for(ex, channel, runtime.channels.upstream_model)
+                if path is None:
+                    return ex.error_response(
+                        400,
+                        "model: the form's model field must come before its files, so the gateway can name the "
+                        "model as this channel knows it",
+                        param="model",
+                    )
+                path = ex.format.versioned_path(path, channel.config.content_api_version)
+                if pipeline.upstream_hooks:
+                    await pipeline.run_upstream(ex)
+                target, data = self._request_for(ex, channel, path)
             with phase(ex, f"{ex.request.method} upstream {channel.name}", "client") as span:
                 attempt_traced(ex, span, channel.name, channel.pool.host, path, len(tried))
                 result: web.StreamResponse | tuple[Channel, str] | None = None
@@ -351,7 +365,7 @@ class Forwarder:
 
     # -- the request for one channel --
 
-    def _path_for(self, ex: Exchange, channel: Channel) -> str | None:
+    def _path_for(self, ex: Exchange, channel: Channel, upstream_model: UpstreamModel) -> str | None:
         """The upstream path, built from the route's template, with the model renamed (in the path
         or the body) where the channel knows it by another name; before the on_upstream hooks, so
         they see the channel's name. None when a form's model cannot be renamed (it came late)."""
@@ -360,12 +374,53 @@ class Forwarder:
             return ex.target.path(task_id=ex.followed.upstream_id)  # the client holds an alias of it
         if ex.model is None:
             return ex.target.path()
-        ex.upstream_model = channel.upstream_model(ex.model)
+        ex.upstream_model = upstream_model(channel, ex.route, ex.model)
         if ex.route.model_from is ModelFrom.PATH:
             return ex.target.path(model=ex.upstream_model)
         if ex.upstream_model != ex.model and not self._rename_in_body(ex):
             return None
         return ex.target.path()
+
+    @staticmethod
+    async def _translated(
+        ex: Exchange,
+        runtime: Runtime,
+        pipeline: Pipeline,
+        channel: Channel,
+        upstream_format: Format,
+        sent: CIMultiDict[str],
+    ) -> tuple[str, bytes] | web.Response:
+        """The request for a channel of another format: the client's request (as the plugins,
+        on_upstream included, left it) read into the translation's words and written in the
+        channel's; a field that format cannot carry is the client's 400, naming it."""
+        assert ex.model is not None
+        ex.upstream_model = runtime.channels.upstream_model(channel, ex.route, ex.model)
+        if pipeline.upstream_hooks:
+            await pipeline.run_upstream(ex)
+        try:
+            assert ex.target is not None
+            ask = read_ask(ex.format, ex.json(), ex.model, ex.streaming, ex.target.query)
+            ex.translation = translation = Translation(ex.format, upstream_format, ask, ex.upstream_model)
+        except Untranslatable as refused:
+            ex.translation = None
+            return ex.error_response(
+                400,
+                f"{refused} (this model is served in the {upstream_format.name} format here)",
+                "untranslatable_request",
+                headers={"x-should-retry": "false"},
+                param=refused.param,
+            )
+        ex.headers = headers = translation.headers(sent, runtime.config.server.request_id_header)
+        upstream_format.place_credential(channel.credential, headers)
+        if upstream_format is MESSAGES:
+            headers[channel.config.version_header or MESSAGES.sdk_version_header] = MESSAGE_VERSION
+        target = translation.target(
+            lambda path: upstream_format.versioned_path(path, channel.config.content_api_version)
+        )
+        credential = upstream_format.credential_query(channel.credential)
+        if credential:
+            target += ("&" if "?" in target else "?") + urlencode(credential)
+        return target, translation.body
 
     @staticmethod
     def _request_for(ex: Exchange, channel: Channel, path: str) -> tuple[str, bytes | AsyncIterator[bytes] | None]:

@@ -37,6 +37,7 @@ from proxy.core.headers import content_codings, end_to_end
 from proxy.core.phase import phase
 from proxy.core.pipeline import Pipeline
 from proxy.core.upstream_response import AnswerTooLarge, UpstreamResponse
+from proxy.formats.translation import StreamTranslation
 from proxy.observability.observer import Observer
 from proxy.request.client_guards import ReaderWatch
 from proxy.request.redact import Redactor, StreamRedactor
@@ -77,6 +78,7 @@ class Relay:
         "drain",
         "was_cut",
         "max_event",
+        "translating",
     )
 
     def __init__(
@@ -104,11 +106,16 @@ class Relay:
         self.request_id_header = request_id_header
         self.observer = observer
         self.redactor: Redactor | None = ex.channel.redactor if ex.channel is not None else None
+        self.translating: StreamTranslation | None = (
+            None  # a stream's events, from the upstream's format to the client's
+        )
 
     async def send(self) -> web.StreamResponse:
         upstream = self.upstream
         ex = self.ex
         length = upstream.content_length
+        if ex.translation is not None:
+            return await self._send_translated()
         if upstream.status >= 300 and self.redactor is not None:
             # Not a success: read (error answers are small) so the credential can be taken out.
             if length is None or length <= self.buffer_limit:
@@ -128,6 +135,24 @@ class Relay:
         if wants_body and readable and (length is None or length <= self.buffer_limit):
             return await self._send_buffered()
         return await self._send_bytes()
+
+    async def _send_translated(self) -> web.StreamResponse:
+        """An answer in another format than the client's: read (whole, or event by event) and
+        written in the client's. What the gateway cannot read, it cannot translate: a 502."""
+        ex, upstream = self.ex, self.upstream
+        assert ex.translation is not None
+        ex.response_headers = {**(ex.response_headers or {}), **ex.translation.response_headers()}
+        coded = bool(content_codings(upstream.headers))
+        if upstream.status < 300 and upstream.content_type == "text/event-stream" and not coded:
+            ex.outcome.stream_began()
+            return await self._send_events()
+        length = upstream.content_length
+        if length is not None and length > self.buffer_limit:
+            upstream.close()
+            return ex.error_response(
+                502, "the upstream's answer is too large to translate", "upstream_answer_too_large"
+            )
+        return await self._send_buffered()
 
     def _headers(self, filtered: CIMultiDict[str] | None = None) -> CIMultiDict[str]:
         """The client's response headers: the upstream's end-to-end ones (already filtered when
@@ -158,6 +183,11 @@ class Relay:
                     upstream.close()
                     return ex.answer_limit.refusal(ex)
                 if size > self.buffer_limit:
+                    if ex.translation is not None:
+                        upstream.close()
+                        return ex.error_response(
+                            502, "the upstream's answer is too large to translate", "upstream_answer_too_large"
+                        )
                     if upstream.status >= 300 and self.redactor is not None and content_codings(upstream.headers):
                         return self._unredactable()
                     # Too large to hold: what was read goes first, the rest streams, hooks are skipped.
@@ -178,10 +208,12 @@ class Relay:
             )
         ex.outcome.upstream_done(time.perf_counter())
         answer = UpstreamResponse(upstream.status, end_to_end(upstream.headers), b"".join(chunks))
+        if ex.translation is not None:
+            self._translate(answer)
         await self.pipeline.run_response(ex, answer)
         if answer.status >= 300 and self.redactor is not None:
             self._redact(answer)
-        if ex.route.creates is not None and answer.status < 300:
+        if ex.route.creates is not None and answer.status < 300 and ex.translation is None:
             # after the hooks: an id in another upstream's shape has been normalised by then
             body = answer.json()
             if await self.affinity.remember_from_body(ex, body):
@@ -209,6 +241,23 @@ class Relay:
         return self.ex.error_response(
             502, "the upstream's answer could not be passed on: a header in it cannot be written"
         )
+
+    def _translate(self, answer: UpstreamResponse) -> None:
+        """A whole answer, success or error, in the client's format (an error's words with the
+        credential taken out first: they are the upstream's)."""
+        try:
+            decoded = answer.decoded_body(self.buffer_limit)
+        except AnswerTooLarge:
+            decoded = None
+        if decoded is not None and answer.status >= 300 and self.redactor is not None:
+            decoded = self.redactor.bytes(decoded)
+        translation = self.ex.translation
+        assert translation is not None
+        answer.status, body = translation.answer(answer.status, decoded if decoded is not None else b"")
+        answer.headers.popall("content-encoding", None)
+        answer.headers.popall("content-length", None)
+        answer.headers["Content-Type"] = "application/json"
+        answer.body = body
 
     def _redact(self, answer: UpstreamResponse) -> None:
         """Take the credential out of a body that is not a success; one whose encoding cannot be
@@ -305,9 +354,10 @@ class Relay:
             upstream.close()
             return self._unwritable()
         hooks = bool(pipeline.event_hooks)
-        pin_pending = ex.route.creates is Pin.RESPONSE and upstream.status < 300
+        translating = self.translating = ex.translation.stream() if ex.translation is not None else None
+        pin_pending = ex.route.creates is Pin.RESPONSE and upstream.status < 300 and translating is None
         # Unframed (nobody reads the events), a stream's bytes go on as they come and nothing is held.
-        parser = SSEParser(self.max_event) if hooks or pin_pending else None
+        parser = SSEParser(self.max_event) if hooks or pin_pending or translating else None
         stream = StreamWatch(ex, self.observer)
         response.watch = ReaderWatch(ex, self.client_idle_s)
         if self.drain is not None:
@@ -367,7 +417,9 @@ class Relay:
                 last, rest = parser.flush()
                 if last:
                     await self._pass_on(response, last, hooks, pin_pending, stream)
-                if rest:
+                if self.translating is not None:  # the client's closing events (an unended rest is no event)
+                    await self._pass_on(response, self.translating.end(), hooks, pin_pending, stream, translated=True)
+                elif rest:
                     await self._write_or_hold(response, rest)
         except Exception as exc:
             if isinstance(exc, _CLIENT_GONE) and not self.was_cut:  # (a cut upstream reads as a reset too)
@@ -385,12 +437,21 @@ class Relay:
         return response  # its end is aiohttp's to write, after the bookkeeping
 
     async def _pass_on(
-        self, response: DeferredEnd, events: list[SSEEvent], hooks: bool, pin_pending: bool, stream: StreamWatch
+        self,
+        response: DeferredEnd,
+        events: list[SSEEvent],
+        hooks: bool,
+        pin_pending: bool,
+        stream: StreamWatch,
+        translated: bool = False,
     ) -> bool:
         """Run one read's events through the hooks and write them; whether the pin is still pending.
         The events before the one that brings the closing counts (or makes the answer whole) go at
-        once, whatever came with them in the same read; from that one on they wait for the end."""
+        once, whatever came with them in the same read; from that one on they wait for the end.
+        Events of another format are the client's first (`translated`: they are already)."""
         ex, pipeline = self.ex, self.pipeline
+        if self.translating is not None and not translated:
+            events = self.translating.feed(events)
         out: list[bytes] = []
         held_from = 0 if ex.usage.final or ex.outcome.whole else None
         for event in events:

@@ -2,10 +2,11 @@
 // key, making every call tests/test_js_clients.py asserts on: all cases in one node process (its
 // start-up and imports cost more than the calls), run side by side, one JSON line per case.
 //
-//   node clients.mjs '{"base": URL, "slow": URL, "key": KEY}'
+//   node clients.mjs '{"base": URL, "slow": URL, "translated": URL, "key": KEY}'
 //
 // `base` is a gateway on its embedded defaults; `slow` one whose only channel answers after its
-// first-byte timeout, so every call there is the gateway's own 504 (with `x-should-retry: false`).
+// first-byte timeout, so every call there is the gateway's own 504 (with `x-should-retry: false`);
+// `translated` one whose only channel speaks the message format, so a chat call there is translated.
 // Each case's prompt names the case, so the test finds that case's requests among the upstream's.
 import { readFileSync } from "node:fs";
 import OpenAI from "openai";
@@ -19,7 +20,7 @@ import { z } from "zod";
 
 globalThis.AI_SDK_LOG_WARNINGS = false; // its notes on unknown model names would fill the test's output
 
-const { base, slow, key } = JSON.parse(process.argv[2]);
+const { base, slow, translated, key } = JSON.parse(process.argv[2]);
 const RESPONSES = "respmodel-4o", MESSAGES = "msgmodel-sonnet-4-5", CONTENT = "genmodel-2.0-flash";
 const prompt = (name) => `Hello from case [${name}]`;
 
@@ -116,7 +117,8 @@ const steps = (result) => result.steps.map((step) => ({
   toolResults: step.toolResults.map((done) => done.output),
 }));
 
-for (const [provider, model] of Object.entries(providers(base))) {
+const translatedChat = createOpenAI({ baseURL: `${translated}/v1`, apiKey: key }).chat(MESSAGES);
+for (const [provider, model] of Object.entries({ ...providers(base), "chat translated": translatedChat })) {
   cases[`ai ${provider} generateText`] = async (name) => {
     const result = await generateText({ model, prompt: prompt(name) });
     return { text: result.text, finishReason: result.finishReason, usage: result.usage };
