@@ -112,7 +112,7 @@ def to_ms(text: str) -> float:
     return float(match[1]) * {"ns": 1e-6, "us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[match[2]]
 
 
-def run_wrk(target: Target, concurrency: int, duration: int, script: Path) -> None:
+def run_wrk(target: Target, concurrency: int, duration: int, script: Path, path: str = "/v1/messages") -> None:
     before = cpu_seconds(target.pid) if target.pid else 0.0
     out = subprocess.run(
         [
@@ -126,7 +126,7 @@ def run_wrk(target: Target, concurrency: int, duration: int, script: Path) -> No
             "--latency",
             "-s",
             str(script),
-            target.url + "/v1/messages",
+            target.url + path,
         ],
         capture_output=True,
         text=True,

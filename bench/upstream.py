@@ -1,7 +1,8 @@
 """A fast fake upstream for the benchmark: raw asyncio HTTP/1.1, canned answers, keep-alive.
 
-It must never be the bottleneck, so it skips aiohttp: one JSON message answer, and an
-SSE stream of N events spaced by D ms when the body asks for `"stream":true`. A request with
+It must never be the bottleneck, so it skips aiohttp: one JSON message answer (a chat completion
+at `/v1/chat/completions`), and an SSE stream of N message events spaced by D ms when the body
+asks for `"stream":true`. A request with
 `x-delay-ms: N` gets its JSON answer N ms late, as a model that takes that long would.
 Usage: .venv/bin/python bench/upstream.py PORT [EVENTS] [GAP_MS]
 """
@@ -16,7 +17,13 @@ MESSAGE = (
     b'"content":[{"type":"text","text":"hello from the bench upstream"}],"stop_reason":"end_turn",'
     b'"stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":6}}'
 )
+COMPLETION = (
+    b'{"id":"chatcmpl-bench","object":"chat.completion","created":1,"model":"bench",'
+    b'"choices":[{"index":0,"message":{"role":"assistant","content":"hello from the bench upstream"},'
+    b'"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":6,"total_tokens":18}}'
+)
 JSON_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(MESSAGE)
+CHAT_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(COMPLETION)
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 
@@ -75,11 +82,11 @@ class Upstream(asyncio.Protocol):
                 delay = float(head[at + 11 : head.find(b"\r\n", at) if head.find(b"\r\n", at) > 0 else None]) / 1000
                 asyncio.get_running_loop().call_later(delay, self.answer)
             else:
-                self.answer()
+                self.answer(head.startswith(b"post /v1/chat/completions"))
 
-    def answer(self) -> None:
+    def answer(self, chat: bool = False) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(JSON_HEAD + MESSAGE)
+            self.transport.write(CHAT_HEAD + COMPLETION if chat else JSON_HEAD + MESSAGE)
 
     async def stream(self, gap_s: float) -> None:
         transport = self.transport
