@@ -253,11 +253,9 @@ class Relay:
             decoded = self.redactor.bytes(decoded)
         translation = self.ex.translation
         assert translation is not None
-        answer.status, body = translation.answer(answer.status, decoded if decoded is not None else b"")
-        answer.headers.popall("content-encoding", None)
+        answer.status, translated = translation.answer(answer.status, decoded if decoded is not None else b"")
         answer.headers.popall("content-length", None)
-        answer.headers["Content-Type"] = "application/json"
-        answer.body = body
+        answer.set_json(translated)
 
     def _redact(self, answer: UpstreamResponse) -> None:
         """Take the credential out of a body that is not a success; one whose encoding cannot be

@@ -108,18 +108,19 @@ class Translation:
             headers[DROPPED_HEADER] = ", ".join(dict.fromkeys(self.ask.dropped))
         return headers
 
-    def answer(self, status: int, body: bytes) -> tuple[int, bytes]:
-        """A whole answer in the client's format, and its status: a success; an error, with the
-        upstream's status; or, for a success the gateway cannot read, its 502."""
+    def answer(self, status: int, body: bytes) -> tuple[int, dict[str, Any]]:
+        """A whole answer in the client's format (parsed: whoever reads it next need not parse it
+        again), and its status: a success; an error, with the upstream's status; or, for a
+        success the gateway cannot read, its 502."""
         parsed = jsonutil.parsed(body)
         if status >= 300:
-            return status, jsonutil.dumps(self.client.write_fault(read_fault(status, parsed)))
+            return status, self.client.write_fault(read_fault(status, parsed))
         try:
             if isinstance(parsed, dict):
-                return status, jsonutil.dumps(self.client.write_reply(self.upstream.read_reply(parsed), self.ask))
+                return status, self.client.write_reply(self.upstream.read_reply(parsed), self.ask)
         except _MISSHAPEN:
             pass
-        return UNREADABLE.status, jsonutil.dumps(self.client.write_fault(UNREADABLE))
+        return UNREADABLE.status, self.client.write_fault(UNREADABLE)
 
     def stream(self) -> StreamTranslation:
         return StreamTranslation(self)
