@@ -316,3 +316,67 @@ async def test_a_translated_stream_passes_each_piece_on_as_it_comes(start_gatewa
     assert when(b'"first"') < when(b'"get_weather"') - 0.4  # the text went before the upstream's pause ended
     assert when(b'{\\"city\\": \\"Pa') < when(b'ris\\"}') - 0.4  # and the arguments' first piece too
     assert b"data: [DONE]" in arrivals[-1][1]
+
+
+# -- against a recording upstream: each format's real-shaped answer and stream, replayed byte for byte --
+
+
+def _recording(fmt: str) -> Scripted:
+    """An upstream that answers every request with the recorded answer of its format (its stream
+    when the request asks for one) and keeps what it was sent."""
+    from tests.test_translation import ANSWERS, STREAMS
+
+    async def answer(reader, writer, _):
+        while True:
+            request = await recording.read_request(reader)
+            head, _, body = request.partition(b"\r\n\r\n")
+            if b'"stream":true' in body or b":streamGenerateContent" in head:
+                data = STREAMS[fmt]
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                )
+                for start in range(0, len(data), 5):  # reads of five bytes: characters split between them
+                    writer.write(b"%x\r\n%s\r\n" % (len(data[start : start + 5]), data[start : start + 5]))
+                writer.write(b"0\r\n\r\n")
+            else:
+                data = json.dumps(ANSWERS[fmt]).encode()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(data), data)
+                )
+            await writer.drain()
+
+    recording = Scripted(answer)
+    return recording
+
+
+@pytest.mark.parametrize("fmt", ["messages", "content", "responses", "chat"])
+async def test_the_openai_sdk_reads_each_formats_recorded_answer_and_stream(start_gateway, fmt):
+    async with _recording(fmt) as upstream:
+        gw = await start_gateway(
+            f"channels: [{{name: rec, base_url: '{upstream.url}', credential: up-rec, formats: [{fmt}]}}]"
+        )
+        async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=DEMO_KEY, max_retries=0) as client:
+            ask = {
+                "model": "recorded",
+                "messages": [{"role": "user", "content": "Weather?"}],
+                "tools": [{"type": "function", "function": WEATHER}],
+            }
+            whole = await client.chat.completions.create(**ask)
+            stream = await client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True})
+            chunks = [chunk async for chunk in stream]
+    message = whole.choices[0].message
+    assert message.content == "Héllo 😀 wörld" and whole.choices[0].finish_reason == "tool_calls"
+    [call] = message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "París"}
+    usage = whole.usage
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.prompt_tokens_details.cached_tokens) == (35, 42, 10)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    arguments = "".join(
+        t.function.arguments or "" for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []
+    )
+    assert text == "Héllo 😀 wörld" and json.loads(arguments) == {"city": "París"}
+    assert chunks[-1].usage.completion_tokens == 42 and chunks[-1].usage.prompt_tokens == 35
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+    assert len(upstream.requests) == 2 and all(DEMO_KEY.encode() not in sent for sent in upstream.requests)
+    assert all(b"up-rec" in sent for sent in upstream.requests)  # the channel's credential, in its format's place
