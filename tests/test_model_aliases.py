@@ -159,3 +159,29 @@ def test_a_public_name_must_name_chat_channels(models, says):
     )
     with pytest.raises(ConfigError, match=says):
         parse_config(text, {})
+
+
+async def test_a_target_that_cannot_carry_the_request_passes_it_to_the_next(start_gateway, http):
+    """`seed` has no place in the response or the message format: the request goes on, sent to
+    neither, to the content channel, which takes it; with no such target left, the first refusal."""
+    gw = await start_gateway(
+        textwrap.dedent(f"""
+        channels:
+          - {{name: resp, base_url: simulator, formats: [responses], models: [none], {SIM}}}
+          - {{name: msg, base_url: simulator, formats: [messages], models: [none], {SIM}}}
+          - {{name: gem, base_url: simulator, formats: [content], models: [none], {SIM}}}
+        models:
+          seeded: [{{channel: resp, model: r}}, {{channel: msg, model: m}}, {{channel: gem, model: g}}]
+          unseeded: [{{channel: resp, model: r}}, {{channel: msg, model: m}}]
+        """)
+    )
+    body = {"messages": [{"role": "user", "content": "Hi"}], "seed": 7}
+    async with http.post(gw.url + "/v1/chat/completions", json={**body, "model": "seeded"}, headers=BEARER) as answered:
+        assert answered.status == 200 and answered.headers["X-Upstream-Format"] == "content"
+    async with http.post(
+        gw.url + "/v1/chat/completions", json={**body, "model": "unseeded"}, headers=BEARER
+    ) as answered:
+        refusal = await answered.json()
+        assert answered.status == 400 and refusal["error"]["param"] == "seed"
+        assert "responses format" in refusal["error"]["message"]  # the first target's refusal
+    assert not gw.sim("resp").requests and not gw.sim("msg").requests

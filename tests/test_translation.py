@@ -972,3 +972,181 @@ def test_a_content_stream_asked_without_alt_sse_is_refused_by_name():
         read_ask(FORMATS["content"], body, "m", True, ())
     assert refused.value.param == "alt"
     assert read_ask(FORMATS["content"], body, "m", True, SSE).stream
+
+
+# -- what SDKs send that is no field of another format, and what the review found --
+
+
+def _sent(client: str, upstream: str, body: dict[str, Any], stream: bool = False) -> tuple[dict[str, Any], Translation]:
+    translation = Translation(
+        FORMATS[client], FORMATS[upstream], read_ask(FORMATS[client], body, "m", stream, SSE), "m"
+    )
+    return json.loads(translation.body), translation
+
+
+def test_what_an_sdk_sends_every_time_asks_nothing_and_passes():
+    body = {
+        "contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+        "generationConfig": {"responseModalities": ["TEXT"], "topK": 5.0},
+    }
+    sent, _ = _sent("content", "messages", body)  # pydantic-ai's GoogleModel; google-genai's float topK
+    assert sent["top_k"] == 5
+    with pytest.raises(Untranslatable) as refused:
+        _sent("content", "messages", {**body, "generationConfig": {"responseModalities": ["IMAGE"]}})
+    assert refused.value.param == "generationConfig.responseModalities"
+
+
+def test_a_schema_in_the_content_formats_dialect_reaches_the_others_as_json_schema():
+    schema = {
+        "type": "OBJECT",
+        "properties": {
+            "city": {"type": "STRING", "nullable": True},
+            "days": {"type": "ARRAY", "items": {"type": "INTEGER"}},
+        },
+        "required": ["city"],
+        "propertyOrdering": ["city", "days"],
+    }
+    body = {
+        "contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+        "generationConfig": {"responseMimeType": "application/json", "responseSchema": schema},
+        "tools": [{"functionDeclarations": [{"name": "f", "parameters": schema}]}],
+    }
+    expected = {
+        "type": "object",
+        "properties": {"city": {"type": ["string", "null"]}, "days": {"type": "array", "items": {"type": "integer"}}},
+        "required": ["city"],
+    }
+    sent, _ = _sent("content", "chat", body)
+    assert sent["response_format"] == {"type": "json_schema", "json_schema": {"name": "answer", "schema": expected}}
+    assert sent["tools"][0]["function"]["parameters"] == expected
+    sent, _ = _sent("content", "responses", body)
+    assert sent["text"]["format"]["strict"] is False  # strict only where the client asked it
+
+
+def test_a_function_call_goes_to_a_content_upstream_with_its_signature_or_the_formats_word_for_none():
+    from proxy.formats.translation.content import UNSIGNED
+
+    answer = {
+        "candidates": [
+            {
+                "content": {
+                    "role": "model",
+                    "parts": [{"functionCall": {"name": "f", "args": {}}, "thoughtSignature": "c2ln"}],
+                },
+                "finishReason": "STOP",
+            }
+        ]
+    }
+    reply = CODECS["content"].read_reply(answer)
+    assert reply.parts[0].signature == "c2ln"
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        ],
+    }
+    sent, _ = _sent("chat", "content", body)
+    assert sent["contents"][1]["parts"][0]["thoughtSignature"] == UNSIGNED
+
+
+@pytest.mark.parametrize("upstream", NAMES)
+def test_a_success_of_no_shape_of_its_format_is_a_502_not_an_empty_answer(upstream):
+    client = "chat" if upstream != "chat" else "messages"
+    status, body = Translation(FORMATS[client], FORMATS[upstream], _ask(client, stream=False), "m").answer(
+        200, b'{"hello": "world"}'
+    )
+    assert status == 502 and body == FORMATS[client].error_payload(
+        502, "the upstream's answer could not be read to be translated", body_code(client, body)
+    )
+
+
+def test_a_refused_prompt_is_a_filtered_answer_whole_and_streamed():
+    blocked = {
+        "promptFeedback": {"blockReason": "SAFETY"},
+        "usageMetadata": {"promptTokenCount": 4, "totalTokenCount": 4},
+    }
+    translation = Translation(FORMATS["chat"], FORMATS["content"], _ask("chat", stream=False), "m")
+    status, body = translation.answer(200, json.dumps(blocked).encode())
+    assert status == 200 and body["choices"][0]["finish_reason"] == "content_filter"
+    stream = Translation(FORMATS["messages"], FORMATS["content"], _ask("messages"), "m").stream()
+    events = stream.feed(SSEParser(1 << 20).feed(_sse((None, blocked)))) + stream.end()
+    assert b'"stop_reason":"refusal"' in b"".join(e.raw for e in events)
+
+
+def test_thinking_at_a_message_upstream_leaves_out_what_the_format_refuses_beside_it():
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "reasoning_effort": "low",
+        "temperature": 0.5,
+        "top_p": 0.5,
+        "max_completion_tokens": 4000,
+    }
+    sent, translation = _sent("chat", "messages", body)
+    assert sent["thinking"]["budget_tokens"] == 1024 and "temperature" not in sent and "top_p" not in sent
+    assert translation.response_headers()["X-Translation-Dropped"] == "temperature, top_p"
+    forced = {**body, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"}
+    sent, translation = _sent("chat", "messages", forced)
+    assert "thinking" not in sent and sent["temperature"] == 0.5 and sent["tool_choice"] == {"type": "any"}
+    assert "thinking" in translation.response_headers()["X-Translation-Dropped"]
+    small = {**body, "max_completion_tokens": 500}
+    assert "thinking" in _sent("chat", "messages", small)[1].dropped
+
+
+def test_what_a_chat_request_says_that_no_other_format_does_is_named_or_refused():
+    with pytest.raises(Untranslatable) as refused:
+        _sent(
+            "chat",
+            "messages",
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "web_search_options": {}},
+        )
+    assert refused.value.param == "web_search_options"
+    body = {
+        "model": "m",
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": "https://x/a.png", "detail": "high"}}],
+                "name": "ann",
+            },
+            {"role": "system", "content": "later"},
+        ],
+    }
+    _, translation = _sent("chat", "messages", body)
+    assert translation.dropped == [
+        "messages[0].name",
+        "messages[0].content[0].image_url.detail",
+        "messages[1] (its place: moved first)",
+    ]
+
+
+def test_another_formats_tool_ids_reach_a_message_upstream_in_its_alphabet():
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {"id": "functions.f:0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "functions.f:0", "content": "ok"},
+        ],
+    }
+    sent, _ = _sent("chat", "messages", body)
+    assert (
+        sent["messages"][1]["content"][0]["id"] == sent["messages"][2]["content"][0]["tool_use_id"] == "functions_f_0"
+    )
+
+
+def test_a_translated_response_has_one_id_whole_and_streamed():
+    translation = Translation(FORMATS["responses"], FORMATS["messages"], _ask("responses", stream=False), "m")
+    assert translation.answer(200, json.dumps(ANSWERS["messages"]).encode())[1]["id"] == "resp_msg_01"
+    events = _translated_stream("messages", "responses", 4096)
+    assert b'"id":"resp_msg_01"' in events[0].raw

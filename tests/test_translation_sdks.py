@@ -380,3 +380,11 @@ async def test_the_openai_sdk_reads_each_formats_recorded_answer_and_stream(star
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
     assert len(upstream.requests) == 2 and all(DEMO_KEY.encode() not in sent for sent in upstream.requests)
     assert all(b"up-rec" in sent for sent in upstream.requests)  # the channel's credential, in its format's place
+
+
+async def test_a_model_served_only_in_another_format_is_listed_for_every_chat_sdk(start_gateway):
+    gw = await start_gateway("channels: [{name: gem, base_url: simulator, formats: [content], models: [gemini-pro]}]")
+    async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=DEMO_KEY, max_retries=0) as client:
+        assert (await client.models.retrieve("gemini-pro")).id == "gemini-pro"
+    listed = await anthropic.AsyncAnthropic(base_url=gw.url, api_key=DEMO_KEY, max_retries=0).models.list()
+    assert "gemini-pro" in [m.id for m in listed.data]

@@ -194,10 +194,10 @@ class Exchange:
     @property
     def upstream_format(self) -> str | None:
         """The format the (last) upstream attempt was asked in: the client's, unless translated;
-        None before a channel was chosen."""
+        None when no upstream was asked (none chosen, or the request refused before it went)."""
         if self.translation is not None:
             return self.translation.upstream_format
-        return self.format.name if self.channel is not None else None
+        return self.format.name if self.channel is not None and self.outcome.attempts else None
 
     @property
     def key_name(self) -> str | None:

@@ -319,7 +319,8 @@ def attempt_traced(ex: Exchange, span: SpanRecord | None, channel: str, host: st
         attributes["server.address"] = host
         attributes["url.path"] = path
         attributes["modelgate.channel"] = channel
-        attributes["modelgate.upstream_format"] = ex.upstream_format or ""
+        translation = ex.translation  # (this attempt's: it has not started yet)
+        attributes["modelgate.upstream_format"] = translation.upstream_format if translation else ex.format.name
         attributes["gen_ai.request.model"] = ex.upstream_model or ""
         attributes["modelgate.attempt"] = attempt
         ex.headers["traceparent"] = request_trace.traceparent(span.span_id)

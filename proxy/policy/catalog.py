@@ -14,6 +14,7 @@ from typing import Any
 from proxy.config.model import GatewayConfig
 from proxy.formats.base import Format
 from proxy.formats.catalogue import SPEC_MODELS
+from proxy.formats.translation import CODECS
 from proxy.policy.channels import Channel, ChannelSet
 from proxy.policy.keys import GatewayKey
 
@@ -65,7 +66,11 @@ def usable_models(
 
 
 def _serves_format(channel: Channel, format_name: str | None) -> bool:
-    return format_name is None or format_name in channel.config.formats
+    """Whether the channel serves a format's models: its own, or, for a chat format, translated
+    from any chat format it speaks (docs/translation.md)."""
+    if format_name is None or format_name in channel.config.formats:
+        return True
+    return format_name in CODECS and channel.speaks_chat
 
 
 def listing(

@@ -90,6 +90,11 @@ class Channel:
             return route.name in self._endpoints
         return route.format.name in self._formats
 
+    @property
+    def speaks_chat(self) -> bool:
+        """Whether it serves any chat format (so a request of every chat format, translated)."""
+        return bool(self._chat_formats)
+
     def translated_format(self, route: Route) -> Format | None:
         """The format a request of `route` goes to this channel in, when not its own: None
         when the channel serves the route as it is, or cannot take it translated."""

@@ -184,6 +184,7 @@ class Forwarder:
         delay = runtime.config.resilience.backoff_s
         body, body_changed = ex.body, ex.body_changed  # before any channel's rename
         sent = ex.headers  # the client's, as the plugins left them: a translated attempt builds its own
+        refused: tuple[Untranslatable, Format] | None = None  # the first channel that could not take it
         while True:
             channel = ex.channel
             assert channel is not None and channel.pool is not None
@@ -191,8 +192,15 @@ class Forwarder:
             upstream_format = channel.translated_format(ex.route)
             if upstream_format is not None:
                 made = await self._translated(ex, runtime, pipeline, channel, upstream_format, sent)
-                if isinstance(made, web.Response):
-                    return made
+                if isinstance(made, Untranslatable):
+                    # Nothing was sent: a channel of another format may carry what this one cannot.
+                    refused = refused or (made, upstream_format)
+                    following = runtime.channels.pick(ex.route, ex.model, exclude=tuple(tried))
+                    if following is None:
+                        return self._untranslatable(ex, *refused)
+                    ex.channel = following
+                    ex.restore_body(body, body_changed)
+                    continue
                 target, data = made
                 path = target.partition("?")[0]
             else:
@@ -389,10 +397,10 @@ class Forwarder:
         channel: Channel,
         upstream_format: Format,
         sent: CIMultiDict[str],
-    ) -> tuple[str, bytes] | web.Response:
+    ) -> tuple[str, bytes] | Untranslatable:
         """The request for a channel of another format: the client's request (as the plugins,
         on_upstream included, left it) read into the translation's words and written in the
-        channel's; a field that format cannot carry is the client's 400, naming it."""
+        channel's; or what that format cannot carry."""
         assert ex.model is not None
         ex.upstream_model = runtime.channels.upstream_model(channel, ex.route, ex.model)
         if pipeline.upstream_hooks:
@@ -403,13 +411,7 @@ class Forwarder:
             ex.translation = translation = Translation(ex.format, upstream_format, ask, ex.upstream_model)
         except Untranslatable as refused:
             ex.translation = None
-            return ex.error_response(
-                400,
-                f"{refused} (this model is served in the {upstream_format.name} format here)",
-                "untranslatable_request",
-                headers={"x-should-retry": "false"},
-                param=refused.param,
-            )
+            return refused
         ex.headers = headers = translation.headers(sent, runtime.config.server.request_id_header)
         upstream_format.place_credential(channel.credential, headers)
         if upstream_format is MESSAGES:
@@ -421,6 +423,17 @@ class Forwarder:
         if credential:
             target += ("&" if "?" in target else "?") + urlencode(credential)
         return target, translation.body
+
+    @staticmethod
+    def _untranslatable(ex: Exchange, refused: Untranslatable, upstream_format: Format) -> web.Response:
+        """The client's 400 for a request no channel left could take in its format: the first refusal."""
+        return ex.error_response(
+            400,
+            f"{refused} (this model is served in the {upstream_format.name} format here)",
+            "untranslatable_request",
+            headers={"x-should-retry": "false"},
+            param=refused.param,
+        )
 
     @staticmethod
     def _request_for(ex: Exchange, channel: Channel, path: str) -> tuple[str, bytes | AsyncIterator[bytes] | None]:

@@ -146,6 +146,13 @@ class Relay:
         if upstream.status < 300 and upstream.content_type == "text/event-stream" and not coded:
             ex.outcome.stream_began()
             return await self._send_events()
+        if upstream.status < 300 and ex.translation.ask.stream:
+            upstream.close()  # a client reading a stream would take a whole answer for an empty stream
+            return ex.error_response(
+                502,
+                "the upstream answered a streamed request with no stream the gateway can read",
+                "upstream_bad_answer",
+            )
         length = upstream.content_length
         if length is not None and length > self.buffer_limit:
             upstream.close()

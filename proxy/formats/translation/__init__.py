@@ -17,7 +17,7 @@ from multidict import CIMultiDict
 from proxy.core import jsonutil
 from proxy.formats.base import Format
 from proxy.formats.translation.chat import ChatCodec
-from proxy.formats.translation.codec import Codec, Query, read_fault
+from proxy.formats.translation.codec import Codec, Query, UnknownAnswer, read_fault
 from proxy.formats.translation.content import ContentCodec
 from proxy.formats.translation.ir import Ask, Failed, Fault, Finish, Untranslatable
 from proxy.formats.translation.message import MessageCodec
@@ -42,7 +42,7 @@ __all__ = ["CODECS", "ROUTES", "Translation", "Untranslatable", "read_ask"]
 
 # What a reader or writer meets in a value of a shape it did not expect (a request the schema let
 # through, an upstream's answer): never a 500, but the client's 400, or the upstream's 502.
-_MISSHAPEN = (KeyError, TypeError, AttributeError, IndexError)
+_MISSHAPEN = (KeyError, TypeError, AttributeError, IndexError, UnknownAnswer)
 
 
 def read_ask(client: Format, body: Any, path_model: str | None, streaming: bool, query: Query = ()) -> Ask:

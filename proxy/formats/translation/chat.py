@@ -18,6 +18,7 @@ from proxy.formats.translation.codec import (
     Query,
     StreamReader,
     StreamWriter,
+    UnknownAnswer,
     data_url,
     effort_for,
     number,
@@ -36,18 +37,11 @@ from proxy.formats.translation.ir import (
     Untranslatable,
 )
 
-# Fields that change what the answer is, which no other format can carry: refused when set.
-_REFUSED = (
-    "logprobs",
-    "top_logprobs",
-    "logit_bias",
-    "frequency_penalty",
-    "presence_penalty",
-    "audio",
-    "prediction",
-    "web_search_options",
-    "functions",
-)
+# Fields that change what the answer is, which no other format can carry: refused when set to
+# anything but their default; the last four whenever present (`web_search_options: {}` asks for
+# the search with its defaults).
+_REFUSED = ("logprobs", "top_logprobs", "logit_bias", "frequency_penalty", "presence_penalty")
+_PRESENT = ("audio", "prediction", "web_search_options", "functions")
 # Fields about the request's bookkeeping at the upstream, not its answer: left out, and named.
 _DROPPED = (
     "metadata",
@@ -79,6 +73,7 @@ _KNOWN = frozenset(
         "user",
         "modalities",
         *_REFUSED,
+        *_PRESENT,
         *_DROPPED,
     }
 )
@@ -92,6 +87,9 @@ class ChatCodec(Codec):
     def read_ask(self, body: Any, path_model: str | None, streaming: bool, query: Query = ()) -> Ask:
         for name in _REFUSED:
             if body.get(name) not in (None, False, 0, [], {}):
+                raise Untranslatable(name, "the upstream's format has no such field")
+        for name in _PRESENT:
+            if body.get(name) is not None:
                 raise Untranslatable(name, "the upstream's format has no such field")
         if (whole(body.get("n")) or 1) > 1:
             raise Untranslatable("n", "more than one choice cannot be asked of the upstream's format")
@@ -178,7 +176,9 @@ class ChatCodec(Codec):
 
     def read_reply(self, body: Any) -> Reply:
         choices = body.get("choices") if isinstance(body, dict) else None
-        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise UnknownAnswer("no choices")
+        choice = choices[0]
         message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
         parts = []
         for field in ("reasoning_content", "reasoning"):
@@ -270,17 +270,21 @@ def _read_messages(messages: list[Any], ask: Ask) -> None:
     for i, message in enumerate(messages):
         role, content = message.get("role"), message.get("content")
         where = f"messages[{i}]"
+        if message.get("name") is not None:  # who spoke, among several of one role: no other format says
+            ask.dropped.append(f"{where}.name")
         if role in ("system", "developer"):
-            ask.system += _parts(content, f"{where}.content", user=False)
+            if ask.turns:  # the other formats hold their instructions first, apart from the turns
+                ask.dropped.append(f"{where} (its place: moved first)")
+            ask.system += _parts(content, f"{where}.content", ask.dropped, user=False)
         elif role == "user":
-            _append(ask, "user", _parts(content, f"{where}.content", user=True))
+            _append(ask, "user", _parts(content, f"{where}.content", ask.dropped, user=True))
         elif role == "assistant":
             parts = []
             for field in ("reasoning_content", "reasoning"):
                 if isinstance(message.get(field), str) and message[field]:
                     parts.append(Part("thinking", message[field]))
                     break
-            parts += _parts(content, f"{where}.content", user=False)
+            parts += _parts(content, f"{where}.content", ask.dropped, user=False)
             for call in message.get("tool_calls") or []:
                 function = call.get("function") or {}
                 names[call.get("id")] = function.get("name")
@@ -299,7 +303,7 @@ def _read_messages(messages: list[Any], ask: Ask) -> None:
                 "tool_result",
                 call_id=call_id,
                 name=names.get(call_id),
-                content=_parts(content, f"{where}.content", user=False),
+                content=_parts(content, f"{where}.content", ask.dropped, user=False),
             )
             _append(ask, "user", [result])
         else:
@@ -314,7 +318,7 @@ def _append(ask: Ask, role: str, parts: list[Part]) -> None:
         ask.turns.append(Turn(role, parts))
 
 
-def _parts(content: Any, where: str, user: bool) -> list[Part]:
+def _parts(content: Any, where: str, dropped: list[str], user: bool) -> list[Part]:
     if content is None:
         return []
     if isinstance(content, str):
@@ -330,6 +334,8 @@ def _parts(content: Any, where: str, user: bool) -> list[Part]:
             parts.append(Part("text", item.get("refusal") or ""))
         elif kind == "image_url" and user:
             url = (item.get("image_url") or {}).get("url") or ""
+            if (item.get("image_url") or {}).get("detail") not in (None, "auto"):
+                dropped.append(f"{where}[{i}].image_url.detail")
             inline = data_url(url)
             parts.append(Part("image", media_type=inline[0], data=inline[1]) if inline else Part("image", url=url))
         else:

@@ -16,6 +16,10 @@ Query = Sequence[tuple[str, str | None]]  # a request's query pairs (None: a nam
 _DATA_URL = re.compile(r"data:([\w.+-]+/[\w.+-]+)(?:;[\w=.-]+)*;base64,(.*)", re.S)
 
 
+class UnknownAnswer(Exception):
+    """An upstream's success of no shape its format has: a 502, never an empty answer."""
+
+
 class StreamReader:
     """Turns an upstream's stream events into pieces; `end` at the stream's end."""
 
@@ -114,6 +118,9 @@ def number(value: Any) -> float | None:
 
 
 def whole(value: Any) -> int | None:
+    """A whole number, also as a float that is one (a JSON encoder may write `5.0`)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 

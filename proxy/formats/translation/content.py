@@ -18,6 +18,7 @@ from proxy.formats.translation.codec import (
     Query,
     StreamReader,
     StreamWriter,
+    UnknownAnswer,
     number,
     strings,
     whole,
@@ -27,6 +28,7 @@ from proxy.formats.translation.content_stream import (
     ContentReader,
     ContentWriter,
     answer_part,
+    blocked,
     counts_of,
     get,
     stop_of,
@@ -34,6 +36,7 @@ from proxy.formats.translation.content_stream import (
 )
 from proxy.formats.translation.ir import (
     EFFORT_BUDGET,
+    FILTERED,
     Ask,
     Part,
     Reply,
@@ -46,6 +49,18 @@ from proxy.formats.translation.ir import (
 
 _DROPPED = ("safetySettings", "labels")
 _KNOWN = frozenset({"contents", "systemInstruction", "tools", "toolConfig", "generationConfig", "model", *_DROPPED})
+# What the format's upstream takes, by its own documentation, for a call carried over from
+# another model: the signature it would otherwise require of a call in the current turn.
+UNSIGNED = "skip_thought_signature_validator"
+# Fields an SDK sends with values that ask nothing (pydantic-ai sends responseModalities: TEXT).
+_DEFAULTS = {
+    "responseModalities": lambda value: isinstance(value, list) and [str(v).upper() for v in value] == ["TEXT"],
+    "responseLogprobs": lambda value: value is False,
+    "presencePenalty": lambda value: value in (0, 0.0),
+    "frequencyPenalty": lambda value: value in (0, 0.0),
+    "audioTimestamp": lambda value: value is False,
+}
+_CONFIG_DROPPED = frozenset({"mediaResolution"})  # how closely images are read: no other format says
 _CONFIG = frozenset(
     {
         "maxOutputTokens",
@@ -68,6 +83,44 @@ def _camel(name: str) -> str:
     return head + "".join(word.title() for word in rest)
 
 
+_TYPES = {
+    "STRING": "string",
+    "NUMBER": "number",
+    "INTEGER": "integer",
+    "BOOLEAN": "boolean",
+    "ARRAY": "array",
+    "OBJECT": "object",
+    "NULL": "null",
+}
+_SUBSCHEMAS = frozenset({"items", "anyOf", "oneOf", "allOf", "not", "additionalProperties"})
+
+
+def json_schema(schema: Any) -> Any:
+    """A schema in the format's own dialect (`responseSchema`, a declaration's `parameters`: an
+    OpenAPI subset with `type: OBJECT`, `nullable` and `propertyOrdering`) as the JSON Schema the
+    other formats take; its keywords by either spelling, its property names as they are."""
+    if isinstance(schema, list):
+        return [json_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        name = _camel(key)
+        if name in ("propertyOrdering", "nullable"):
+            continue
+        if name == "type" and isinstance(value, str):
+            out["type"] = _TYPES.get(value.upper(), value.lower())
+        elif name == "properties" and isinstance(value, dict):
+            out["properties"] = {prop: json_schema(sub) for prop, sub in value.items()}
+        elif name in _SUBSCHEMAS:
+            out[name] = json_schema(value)
+        else:
+            out[name] = value
+    if get(schema, "nullable") is True and isinstance(out.get("type"), str):
+        out["type"] = [out["type"], "null"]
+    return out
+
+
 class ContentCodec(Codec):
     format = CONTENT
 
@@ -81,18 +134,25 @@ class ContentCodec(Codec):
         ask = Ask(model=path_model or str(body.get("model")), turns=[], stream=streaming)
         ask.dropped = [name for name in _DROPPED if get(body, name) is not None]
         config = get(body, "generationConfig") or {}
-        extra = sorted(k for k in config if _camel(k) not in _CONFIG)
-        if extra:
-            raise Untranslatable(f"generationConfig.{extra[0]}", "cannot be translated to the upstream's format")
+        for name in sorted(config):
+            field = _camel(name)
+            if field in _CONFIG:
+                continue
+            if field in _DEFAULTS and _DEFAULTS[field](config[name]):
+                continue  # what an SDK sends every time, asking nothing another format lacks
+            if field in _CONFIG_DROPPED:
+                ask.dropped.append(f"generationConfig.{field}")
+                continue
+            raise Untranslatable(f"generationConfig.{field}", "cannot be translated to the upstream's format")
         if (whole(get(config, "candidateCount")) or 1) > 1:
             raise Untranslatable("generationConfig.candidateCount", "more than one candidate cannot be translated")
         ask.max_output = whole(get(config, "maxOutputTokens"))
         ask.temperature, ask.top_p = number(get(config, "temperature")), number(get(config, "topP"))
         ask.top_k, ask.seed = whole(get(config, "topK")), whole(get(config, "seed"))
         ask.stop = strings(get(config, "stopSequences"))
-        schema = get(config, "responseJsonSchema") or get(config, "responseSchema")
-        if isinstance(schema, dict):
-            ask.json_schema = {"name": "answer", "schema": schema, "strict": True}
+        schema = get(config, "responseJsonSchema") or json_schema(get(config, "responseSchema"))
+        if isinstance(schema, dict):  # (strict only where a client asks it: a format that is strict
+            ask.json_schema = {"name": "answer", "schema": schema}  # refuses schemas this one takes)
         elif get(config, "responseMimeType") == "application/json":
             ask.json_object = True
         thinking = get(config, "thinkingConfig")
@@ -100,6 +160,8 @@ class ContentCodec(Codec):
             budget = whole(get(thinking, "thinkingBudget"))
             level = get(thinking, "thinkingLevel")
             ask.thinking_budget = budget if budget is not None and budget >= 0 else None
+            if budget == -1:  # the model decides how much to think: the others' middle level
+                ask.effort = "medium"
             if isinstance(level, str):
                 ask.effort = level.lower()
                 ask.thinking_budget = ask.thinking_budget or EFFORT_BUDGET.get(ask.effort)
@@ -108,7 +170,7 @@ class ContentCodec(Codec):
             if not isinstance(declarations, list) or len(tool) != 1:
                 raise Untranslatable(f"tools[{i}]", "only function declarations can be translated")
             for declaration in declarations:
-                schema = get(declaration, "parametersJsonSchema") or get(declaration, "parameters")
+                schema = get(declaration, "parametersJsonSchema") or json_schema(get(declaration, "parameters"))
                 ask.tools.append(Tool(declaration.get("name"), declaration.get("description"), schema))
         calling = get(get(body, "toolConfig"), "functionCallingConfig")
         if isinstance(calling, dict):
@@ -200,9 +262,13 @@ class ContentCodec(Codec):
 
     def read_reply(self, body: Any) -> Reply:
         candidates = body.get("candidates") if isinstance(body, dict) else None
-        candidate = (
-            candidates[0] if isinstance(candidates, list) and candidates and isinstance(candidates[0], dict) else {}
-        )
+        if blocked(body):  # the prompt was refused: no candidate at all
+            return Reply(
+                str(get(body, "responseId") or ""), "", [], FILTERED, counts=counts_of(get(body, "usageMetadata"))
+            )
+        if not isinstance(candidates, list) or not candidates or not isinstance(candidates[0], dict):
+            raise UnknownAnswer("no candidates")
+        candidate = candidates[0]
         parts = []
         for part in get(candidate.get("content"), "parts") or []:
             found = answer_part(part)
@@ -270,7 +336,16 @@ def _parts(parts: Any, where: str, pending: dict[str, list[str]], turn: int = 0)
         elif isinstance(call, dict):
             call_id = call.get("id") or f"call_{turn}_{i}"  # unique in the request, which is all it needs
             pending.setdefault(call.get("name"), []).append(call_id)
-            out.append(Part("tool_call", call_id=call_id, name=call.get("name"), arguments=json_text(call.get("args"))))
+            signature = get(part, "thoughtSignature")
+            out.append(
+                Part(
+                    "tool_call",
+                    call_id=call_id,
+                    name=call.get("name"),
+                    arguments=json_text(call.get("args")),
+                    signature=signature,
+                )
+            )
         elif isinstance(result, dict):
             name = result.get("name")
             waiting = pending.get(name) or []
@@ -300,7 +375,12 @@ def _write_part(part: Part, names: dict[str | None, str | None], ask: Ask) -> di
             return {"fileData": {"mimeType": part.media_type or _guess(part.url), "fileUri": part.url}}
         return {"inlineData": {"mimeType": part.media_type, "data": part.data}}
     if part.kind == "tool_call":
-        return {"functionCall": {"id": part.call_id, "name": part.name, "args": parsed_arguments(part.arguments)}}
+        # The upstream checks a call's signature in the turn that made it; a call that reached the
+        # client in another format came back without one, and says so in the format's own words.
+        return {
+            "functionCall": {"id": part.call_id, "name": part.name, "args": parsed_arguments(part.arguments)},
+            "thoughtSignature": part.signature or UNSIGNED,
+        }
     if part.kind == "tool_result":
         text = "".join(p.text for p in part.content or [] if p.kind == "text")
         if any(p.kind != "text" for p in part.content or []):

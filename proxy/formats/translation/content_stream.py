@@ -64,12 +64,25 @@ def answer_part(part: Any) -> Part | None:
         # A call the upstream gave no id gets one of its own: a client keys its calls by id, and
         # meets them again in later turns (where its result is matched to the call by tool name).
         call_id = call.get("id") or f"call_{secrets.token_hex(8)}"
-        return Part("tool_call", call_id=call_id, name=call.get("name"), arguments=json_text(call.get("args")))
+        signature = get(part, "thoughtSignature")
+        return Part(
+            "tool_call",
+            call_id=call_id,
+            name=call.get("name"),
+            arguments=json_text(call.get("args")),
+            signature=signature,
+        )
     if isinstance(part.get("text"), str):
         if part.get("thought") is True:
             return Part("thinking", part["text"], signature=get(part, "thoughtSignature"))
         return Part("text", part["text"])
     return None
+
+
+def blocked(body: Any) -> bool:
+    """Whether an answer says the prompt itself was refused (`promptFeedback.blockReason`)."""
+    feedback = get(body, "promptFeedback")
+    return isinstance(feedback, dict) and bool(get(feedback, "blockReason"))
 
 
 def stop_of(reason: Any, parts: list[Part]) -> str:
@@ -133,6 +146,9 @@ class ContentReader(StreamReader):
         if not self.begun:
             self.begun = True
             out.append(Begin(str(get(chunk, "responseId") or ""), str(get(chunk, "modelVersion") or ""), counts))
+        if blocked(chunk):  # the prompt was refused: the stream ends here, with no candidate
+            self.stop = FILTERED
+            return out
         candidates = chunk.get("candidates")
         candidate = (
             candidates[0] if isinstance(candidates, list) and candidates and isinstance(candidates[0], dict) else {}

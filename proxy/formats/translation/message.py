@@ -8,6 +8,7 @@ request (proxy/request/charges.py), so the limit the upstream keeps is the one p
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from proxy.formats import MESSAGES
@@ -16,6 +17,7 @@ from proxy.formats.translation.codec import (
     Query,
     StreamReader,
     StreamWriter,
+    UnknownAnswer,
     number,
     strings,
     text_of,
@@ -94,7 +96,7 @@ class MessageCodec(Codec):
         if isinstance(output, dict):
             if output.get("type") != "json_schema":
                 raise Untranslatable("output_config.format.type", f"{output.get('type')!r} cannot be translated")
-            ask.json_schema = {"name": "answer", "schema": output.get("schema"), "strict": True}
+            ask.json_schema = {"name": "answer", "schema": output.get("schema")}
         for i, tool in enumerate(body.get("tools") or []):
             if not isinstance(tool, dict) or tool.get("type") not in (None, "custom"):
                 raise Untranslatable(f"tools[{i}].type", "only tools the client runs itself can be translated")
@@ -150,10 +152,7 @@ class MessageCodec(Codec):
         if budget is None and ask.effort not in (None, "none"):
             budget = EFFORT_BUDGET.get(ask.effort or "", EFFORT_BUDGET["medium"])
         if budget:
-            # the budget is part of max_tokens, and at least 1024
-            budget = max(1024, min(budget, body["max_tokens"] - 1))
-            if budget < body["max_tokens"]:
-                body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+            _think(body, budget, ask)
         if ask.json_schema is not None:
             body["output_config"] = {"format": {"type": "json_schema", "schema": ask.json_schema.get("schema")}}
         elif ask.json_object:
@@ -166,7 +165,9 @@ class MessageCodec(Codec):
         return "/v1/messages", ()
 
     def read_reply(self, body: Any) -> Reply:
-        parts = [_part(b) for b in body.get("content") or [] if isinstance(b, dict)]
+        if not isinstance(body.get("content"), list):
+            raise UnknownAnswer("no content")
+        parts = [_part(b) for b in body["content"] if isinstance(b, dict)]
         return Reply(
             str(body.get("id", "")),
             str(body.get("model", "")),
@@ -193,6 +194,32 @@ class MessageCodec(Codec):
 
     def writer(self, ask: Ask) -> StreamWriter:
         return MessageWriter(ask)
+
+
+_UNSAFE_ID = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def _safe_id(call_id: str | None) -> str:
+    """A tool call's id as the format takes one (letters, digits, `_` and `-`): another format's
+    (`functions.get:0`) made so the same way in a call and in its result."""
+    return _UNSAFE_ID.sub("_", call_id or "") or "call"
+
+
+def _think(body: dict[str, Any], budget: int, ask: Ask) -> None:
+    """Thinking, where the format lets it be: its budget is part of `max_tokens` and at least
+    1024; a forced tool call and a changed temperature or top_k are refused beside it (and top_p
+    below 0.95), so those are left out for it, or, for a forced call the answer needs, it is."""
+    budget = max(1024, min(budget, body["max_tokens"] - 1))
+    if budget >= body["max_tokens"] or ask.tool_choice in ("required", "named"):
+        ask.dropped.append("thinking")
+        return
+    body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+    for name in ("temperature", "top_k", "top_p"):
+        value = body.get(name)
+        if value is None or name == "temperature" and value == 1 or name == "top_p" and value >= 0.95:
+            continue
+        del body[name]
+        ask.dropped.append(name)
 
 
 def _blocks(content: Any, where: str, role: str) -> list[Part]:
@@ -260,10 +287,15 @@ def _block(part: Part, ask: Ask) -> dict[str, Any] | None:
         )
         block = {"type": "image", "source": source}
     elif part.kind == "tool_call":
-        block = {"type": "tool_use", "id": part.call_id, "name": part.name, "input": parsed_arguments(part.arguments)}
+        block = {
+            "type": "tool_use",
+            "id": _safe_id(part.call_id),
+            "name": part.name,
+            "input": parsed_arguments(part.arguments),
+        }
     elif part.kind == "tool_result":
         inner = [b for b in (_block(p, ask) for p in part.content or []) if b is not None]
-        block = {"type": "tool_result", "tool_use_id": part.call_id, "content": inner}
+        block = {"type": "tool_result", "tool_use_id": _safe_id(part.call_id), "content": inner}
         if part.is_error:
             block["is_error"] = True
     elif part.kind == "thinking" and part.signature:

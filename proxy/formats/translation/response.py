@@ -18,6 +18,7 @@ from proxy.formats.translation.codec import (
     Query,
     StreamReader,
     StreamWriter,
+    UnknownAnswer,
     data_url,
     effort_for,
     number,
@@ -39,6 +40,7 @@ from proxy.formats.translation.response_stream import (
     ResponseWriter,
     counts_of,
     output_parts,
+    response_id,
     response_object,
     stop_of,
 )
@@ -180,7 +182,9 @@ class ResponseCodec(Codec):
         return "/v1/responses", ()
 
     def read_reply(self, body: Any) -> Reply:
-        parts = output_parts(body.get("output") if isinstance(body, dict) else None)
+        if not isinstance(body.get("output"), list):
+            raise UnknownAnswer("no output")
+        parts = output_parts(body["output"])
         return Reply(
             str(body.get("id", "")),
             str(body.get("model", "")),
@@ -191,11 +195,12 @@ class ResponseCodec(Codec):
         )
 
     def write_reply(self, reply: Reply, ask: Ask) -> dict[str, Any]:
+        ident = response_id(reply.id)
         return response_object(
-            reply.id,
+            ident,
             reply.model or ask.model,
             reply.created,
-            _output_items(reply.parts, reply.stop, reply.id),
+            _output_items(reply.parts, reply.stop, ident),
             reply.stop,
             reply.counts,
             ask,
@@ -228,6 +233,8 @@ def _read_input(value: Any, ask: Ask) -> None:
             role = item.get("role")
             parts = _content(item.get("content"), f"{where}.content")
             if role in ("system", "developer"):
+                if ask.turns:  # the other formats hold their instructions first, apart from the turns
+                    ask.dropped.append(f"{where} (its place: moved first)")
                 ask.system += parts
             else:
                 _append(ask, "assistant" if role == "assistant" else "user", parts)

@@ -106,6 +106,11 @@ def response_object(
     }
 
 
+def response_id(upstream_id: str) -> str:
+    """A response's id from the upstream's answer's: the format's `resp_` prefix, whole or streamed."""
+    return upstream_id if upstream_id.startswith("resp_") else f"resp_{upstream_id}"
+
+
 def counts_of(usage: Any) -> Counts | None:
     if not isinstance(usage, dict):
         return None
@@ -196,7 +201,7 @@ class ResponseWriter(StreamWriter):
 
     def feed(self, piece: Piece) -> list[SSEEvent]:
         if isinstance(piece, Begin):
-            self.id = piece.id if piece.id.startswith("resp_") else f"resp_{piece.id}"
+            self.id = response_id(piece.id)
             self.model = piece.model or self.model
             response = self._response(None, None)
             return [
