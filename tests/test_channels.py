@@ -182,3 +182,24 @@ async def test_rename_reaches_the_upstream_in_a_multipart_form(start_gateway, ht
     ) as answer:
         assert answer.status == 200, await answer.text()
     assert gw.last_upstream_request("up").form["model"] == "upstream-image"
+
+
+async def test_a_channel_whose_endpoints_name_only_part_of_a_format_takes_no_translated_request(start_gateway, http):
+    """`endpoints: [generate_content]` serves whole answers of content generation only: a stream of
+    that format, or a chat request (which may stream), is never sent there."""
+    gw = await start_gateway("channels: [{name: part, base_url: simulator, endpoints: [generate_content]}]")
+    key = {"x-goog-api-key": "sk-demo-key"}
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+    async with http.post(
+        gw.url + "/v1beta/models/genmodel-2.0-flash:generateContent", json=body, headers=key
+    ) as answer:
+        assert answer.status == 200
+    path = "/v1beta/models/genmodel-2.0-flash:streamGenerateContent?alt=sse"
+    async with http.post(gw.url + path, json=body, headers=key) as answer:
+        assert answer.status == 404
+    chat = {"model": "genmodel-2.0-flash", "messages": [{"role": "user", "content": "hi"}]}
+    async with http.post(
+        gw.url + "/v1/chat/completions", json=chat, headers={"Authorization": "Bearer sk-demo-key"}
+    ) as answer:
+        assert answer.status == 404
+    assert [r.path for r in gw.sim("part").requests] == ["/v1beta/models/genmodel-2.0-flash:generateContent"]

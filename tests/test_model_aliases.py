@@ -185,3 +185,28 @@ async def test_a_target_that_cannot_carry_the_request_passes_it_to_the_next(star
         assert answered.status == 400 and refusal["error"]["param"] == "seed"
         assert "responses format" in refusal["error"]["message"]  # the first target's refusal
     assert not gw.sim("resp").requests and not gw.sim("msg").requests
+
+
+async def test_a_failure_is_the_answer_when_no_target_left_can_carry_the_request(start_gateway, http):
+    """The first target answers 503; the next cannot carry `seed`: the client is told of the 503,
+    not of a refusal that was never its request's fault."""
+
+    async def overloaded(reader, writer, _):
+        await upstream.read_request(reader)
+        writer.write(REFUSED_503)
+        await writer.drain()
+
+    async with Scripted(overloaded) as upstream:
+        gw = await start_gateway(
+            textwrap.dedent(f"""
+            channels:
+              - {{name: first, base_url: '{upstream.url}', formats: [chat], models: [none]}}
+              - {{name: msg, base_url: simulator, formats: [messages], models: [none], {SIM}}}
+            models:
+              seeded: [{{channel: first, model: a}}, {{channel: msg, model: b}}]
+            """)
+        )
+        body = {"model": "seeded", "messages": [{"role": "user", "content": "Hi"}], "seed": 7}
+        async with http.post(gw.url + "/v1/chat/completions", json=body, headers=BEARER) as answered:
+            assert answered.status == 503 and (await answered.json())["error"]["message"] == "overloaded now"
+    assert not gw.sim("msg").requests

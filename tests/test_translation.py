@@ -1038,7 +1038,7 @@ def test_a_function_call_goes_to_a_content_upstream_with_its_signature_or_the_fo
         ]
     }
     reply = CODECS["content"].read_reply(answer)
-    assert reply.parts[0].signature == "c2ln"
+    assert reply.parts[0].signature == "content.c2ln"  # (the records name who made it)
     body = {
         "model": "m",
         "messages": [
@@ -1150,3 +1150,292 @@ def test_a_translated_response_has_one_id_whole_and_streamed():
     assert translation.answer(200, json.dumps(ANSWERS["messages"]).encode())[1]["id"] == "resp_msg_01"
     events = _translated_stream("messages", "responses", 4096)
     assert b'"id":"resp_msg_01"' in events[0].raw
+
+
+def test_a_signature_goes_back_only_to_an_upstream_of_the_format_that_made_it():
+    """Thinking a content upstream signed reaches a message client with the signature naming its
+    format; sent back, it goes to a content upstream as it was made, and to a message upstream
+    not at all (that upstream would refuse another's signature)."""
+    answer = {
+        "candidates": [
+            {
+                "content": {
+                    "role": "model",
+                    "parts": [{"text": "hmm", "thought": True, "thoughtSignature": "c2ln"}, {"text": "yes"}],
+                },
+                "finishReason": "STOP",
+            }
+        ]
+    }
+    translation = Translation(FORMATS["messages"], FORMATS["content"], _ask("messages", stream=False), "m")
+    thinking = translation.answer(200, json.dumps(answer).encode())[1]["content"][0]
+    assert thinking == {"type": "thinking", "thinking": "hmm", "signature": "content.c2ln"}
+    body = {
+        "model": "m",
+        "max_tokens": 50,
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [thinking, {"type": "text", "text": "yes"}]},
+            {"role": "user", "content": "go"},
+        ],
+    }
+    sent, _ = _sent("messages", "content", body)
+    assert sent["contents"][1]["parts"][0] == {"text": "hmm", "thought": True, "thoughtSignature": "c2ln"}
+    sent, translation = _sent("messages", "chat", body)
+    assert "thinking" in translation.dropped
+    own = {
+        **body,
+        "messages": [
+            body["messages"][0],
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm", "signature": "YW50"}]},
+            body["messages"][2],
+        ],
+    }
+    sent, translation = _sent("messages", "content", own)  # the message format's own signature: not content's
+    assert sent["contents"][1:] == [{"role": "user", "parts": [{"text": "go"}]}] and "thinking" in translation.dropped
+
+
+# -- what the hostile review found --
+
+
+def test_results_without_ids_answer_their_tools_oldest_unanswered_calls():
+    calls = [
+        {"functionCall": {"name": "f", "args": {}}},
+        {"functionCall": {"name": "f", "id": "own", "args": {}}},
+        {"functionCall": {"name": "f", "args": {}}},
+    ]
+    results = [
+        {"functionResponse": {"name": "f", "id": "own", "response": {"result": "b"}}},
+        {"functionResponse": {"name": "f", "response": {"result": "a"}}},
+        {"functionResponse": {"name": "f", "response": {"result": "c"}}},
+    ]
+    body = {
+        "contents": [
+            {"role": "user", "parts": [{"text": "go"}]},
+            {"role": "model", "parts": calls},
+            {"role": "user", "parts": results},
+        ]
+    }
+    ask = read_ask(FORMATS["content"], body, "m", False)
+    made = [p.call_id for p in ask.turns[1].parts]
+    answered = {p.content[0].text: p.call_id for p in ask.turns[2].parts}
+    assert answered == {"b": "own", "a": made[0], "c": made[2]} and len(set(made)) == 3
+
+
+def test_a_stream_or_answer_that_says_no_counts_books_none_for_an_estimate():
+    translation = Translation(FORMATS["messages"], FORMATS["chat"], _ask("messages"), "m")
+    stream = translation.stream()
+    events = (
+        stream.feed(
+            SSEParser(1 << 20).feed(
+                _sse(
+                    (None, {**CHUNK, "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}),
+                    (None, "[DONE]"),
+                )
+            )
+        )
+        + stream.end()
+    )
+    assert b'"message_stop"' in events[-1].raw  # the client's format has numbers where none were said
+    usage = stream.usage()
+    assert (usage.input_tokens, usage.output_tokens, usage.final) == (None, None, False)
+    whole = Translation(FORMATS["messages"], FORMATS["chat"], _ask("messages", stream=False), "m")
+    whole.answer(
+        200,
+        json.dumps(
+            {"id": "c", "choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}]}
+        ).encode(),
+    )
+    assert not whole.usage().final and whole.usage().input_tokens is None
+    assert _translation_counts("chat", ANSWERS["chat"]) == (35, 42, True)
+
+
+def _translation_counts(upstream: str, answer: dict[str, Any]) -> tuple[Any, Any, bool]:
+    client = "messages" if upstream != "messages" else "chat"
+    translation = Translation(FORMATS[client], FORMATS[upstream], _ask(client, stream=False), "m")
+    translation.answer(200, json.dumps(answer).encode())
+    usage = translation.usage()
+    return usage.input_tokens, usage.output_tokens, usage.final
+
+
+def test_a_chat_channel_that_takes_no_stream_options_is_not_sent_them():
+    ask = _ask("messages")
+    assert "stream_options" in json.loads(Translation(FORMATS["messages"], FORMATS["chat"], ask, "m").body)
+    assert "stream_options" not in json.loads(
+        Translation(FORMATS["messages"], FORMATS["chat"], ask, "m", stream_usage=False).body
+    )
+
+
+@pytest.mark.parametrize(("upstream", "client"), PAIRS)
+def test_the_channels_credential_is_taken_out_of_a_translated_stream_error(upstream, client):
+    errors = {
+        "messages": (
+            "error",
+            {"type": "error", "error": {"type": "overloaded_error", "message": "key sk-up-secret overloaded"}},
+        ),
+        "chat": (None, {"error": {"message": "key sk-up-secret overloaded", "type": "server_error"}}),
+        "responses": ("error", {"type": "error", "code": "server_error", "message": "key sk-up-secret overloaded"}),
+        "content": (None, {"error": {"code": 503, "message": "key sk-up-secret overloaded", "status": "UNAVAILABLE"}}),
+    }
+    redact = lambda text: text.replace("sk-up-secret", "[redacted]")  # noqa: E731
+    stream = Translation(FORMATS[client], FORMATS[upstream], _ask(client), "m", redact=redact).stream()
+    out = b"".join(e.raw for e in stream.feed(SSEParser(1 << 20).feed(_sse(errors[upstream]))))
+    assert b"sk-up-secret" not in out and b"[redacted] overloaded" in out and stream.fault is not None
+
+
+def test_an_upstreams_delta_of_another_kind_than_its_block_opens_a_block_of_that_kind():
+    events = _sse(
+        ("message_start", {"type": "message_start", "message": {"id": "m", "usage": {"input_tokens": 1}}}),
+        (
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        ),
+        (
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "a"}},
+        ),
+        (
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "b"}},
+        ),
+        (
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": "{}"}},
+        ),
+        (
+            "message_delta",
+            {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 3}},
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    )
+    for client in ("responses", "chat", "content"):
+        stream = Translation(FORMATS[client], FORMATS["messages"], _ask(client), "m").stream()
+        out = stream.feed(SSEParser(1 << 20).feed(events)) + stream.end()
+        assert stream.fault is None and out, client
+
+
+@pytest.mark.parametrize(
+    ("client", "upstream", "body", "param"),
+    [
+        (
+            "content",
+            "chat",
+            {"contents": [{"role": "user", "parts": [{"inlineData": {"mimeType": "audio/wav", "data": "AA"}}]}]},
+            "contents[0].parts[0].inlineData.mimeType",
+        ),
+        (
+            "content",
+            "chat",
+            {
+                "contents": [
+                    {
+                        "role": "user",
+                        "parts": [{"fileData": {"mimeType": "application/pdf", "fileUri": "https://x/a.pdf"}}],
+                    }
+                ]
+            },
+            "contents[0].parts[0].fileData.mimeType",
+        ),
+        (
+            "responses",
+            "content",
+            {
+                "model": "m",
+                "input": [
+                    {"role": "developer", "content": [{"type": "input_image", "image_url": "https://x/a.png"}]},
+                    {"role": "user", "content": "hi"},
+                ],
+            },
+            "input[0].content",
+        ),
+        (
+            "chat",
+            "messages",
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tool_choice": "any"},
+            "tool_choice",
+        ),
+        (
+            "messages",
+            "chat",
+            {
+                "model": "m",
+                "max_tokens": 9,
+                "messages": [{"role": "user", "content": "hi"}],
+                "tool_choice": {"type": "zzz"},
+            },
+            "tool_choice.type",
+        ),
+        (
+            "messages",
+            "chat",
+            {
+                "model": "m",
+                "max_tokens": 9,
+                "messages": [{"role": "user", "content": "hi"}],
+                "thinking": {"type": "zzz"},
+            },
+            "thinking.type",
+        ),
+    ],
+)
+def test_what_would_change_the_request_unsaid_is_refused_by_name(client, upstream, body, param):
+    with pytest.raises(Untranslatable) as refused:
+        _sent(client, upstream, body)
+    assert refused.value.param == param
+
+
+def test_allowed_function_names_narrow_the_tools_offered():
+    tools = [{"functionDeclarations": [{"name": n, "parameters": {"type": "OBJECT"}} for n in ("f", "g", "h")]}]
+    body = {
+        "contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+        "tools": tools,
+        "toolConfig": {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["f", "g"]}},
+    }
+    sent, _ = _sent("content", "messages", body)
+    assert [t["name"] for t in sent["tools"]] == ["f", "g"] and sent["tool_choice"] == {"type": "any"}
+
+
+def test_text_beside_a_function_call_in_one_part_keeps_both():
+    body = {
+        "contents": [
+            {"role": "user", "parts": [{"text": "hi"}]},
+            {"role": "model", "parts": [{"text": "calling", "functionCall": {"name": "f", "id": "c", "args": {}}}]},
+        ]
+    }
+    sent, _ = _sent("content", "chat", body)
+    assert sent["messages"][1]["content"] == "calling" and sent["messages"][1]["tool_calls"][0]["id"] == "c"
+    answer = {
+        "candidates": [
+            {
+                "content": {"role": "model", "parts": [{"text": "calling", "functionCall": {"name": "f", "args": {}}}]},
+                "finishReason": "STOP",
+            }
+        ]
+    }
+    assert [p.kind for p in CODECS["content"].read_reply(answer).parts] == ["text", "tool_call"]
+
+
+def test_a_cache_hint_on_instructions_is_named_where_the_target_has_none():
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": [{"type": "text", "text": "long", "cache_control": {"type": "ephemeral"}}]},
+            {"role": "user", "content": "hi"},
+        ],
+    }
+    assert "cache_control" in _sent("chat", "responses", body)[1].dropped
+
+
+def test_an_answers_ids_of_the_wrong_type_are_none_of_the_clients():
+    answer = {
+        "id": 5,
+        "type": "message",
+        "model": {"a": 1},
+        "content": [{"type": "tool_use", "id": 6, "name": 7, "input": {}}],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 1, "output_tokens": 1},
+    }
+    translation = Translation(FORMATS["chat"], FORMATS["messages"], _ask("chat", stream=False), "m")
+    status, body = translation.answer(200, json.dumps(answer).encode())
+    call = body["choices"][0]["message"]["tool_calls"][0]
+    assert status == 200 and body["model"] == "m" and isinstance(call["id"], str) and call["id"].startswith("call_")

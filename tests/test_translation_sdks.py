@@ -388,3 +388,58 @@ async def test_a_model_served_only_in_another_format_is_listed_for_every_chat_sd
         assert (await client.models.retrieve("gemini-pro")).id == "gemini-pro"
     listed = await anthropic.AsyncAnthropic(base_url=gw.url, api_key=DEMO_KEY, max_retries=0).models.list()
     assert "gemini-pro" in [m.id for m in listed.data]
+
+
+def _answering(body: bytes) -> Scripted:
+    async def answer(reader, writer, _):
+        while True:
+            await upstream.read_request(reader)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            await writer.drain()
+
+    upstream = Scripted(answer)
+    return upstream
+
+
+async def test_a_translated_answer_that_counted_nothing_is_charged_an_estimate_not_zero(
+    ledger_db, start_gateway, tmp_path
+):
+    from tests.test_ledger import rows
+
+    completion = b'{"id":"c1","object":"chat.completion","model":"x","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}'
+    async with _answering(completion) as upstream:
+        gw = await start_gateway(
+            f"channels: [{{name: cc, base_url: '{upstream.url}', formats: [chat]}}]\n"
+            f"plugins: {{ledger: {{database_url: '{ledger_db}', flush_interval_s: 0.05, spool_dir: '{tmp_path / 'spool'}'}}}}\n"
+        )
+        client = anthropic.AsyncAnthropic(base_url=gw.url, api_key=DEMO_KEY, max_retries=0)
+        message = await client.messages.create(
+            model="llama", max_tokens=20, messages=[{"role": "user", "content": "x" * 4000}]
+        )
+        assert message.content[0].text == "hi"  # (its usage says 0: the format has no empty count)
+        for _ in range(100):
+            found = await rows(ledger_db)
+            if found:
+                break
+            await asyncio.sleep(0.05)
+    [row] = found
+    assert row["estimated"] and row["input_tokens"] >= 1000 and row["upstream_format"] == "chat"
+
+
+async def test_an_answer_the_gateway_cannot_encode_again_is_a_502(start_gateway, http):
+    answer = json.dumps(
+        {
+            "id": "m",
+            "type": "message",
+            "content": [{"type": "text", "text": "hi"}],
+            "stop_reason": "end_turn",
+            "usage": {"input_tokens": 2**70, "output_tokens": 1},
+        }
+    ).encode()
+    async with _answering(answer) as upstream:
+        gw = await start_gateway(f"channels: [{{name: msg, base_url: '{upstream.url}', formats: [messages]}}]")
+        body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+        async with http.post(gw.url + "/v1/chat/completions", json=body, headers=BEARER) as answered:
+            assert answered.status == 502 and (await answered.json())["error"]["code"] == "upstream_bad_answer"

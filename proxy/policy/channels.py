@@ -62,8 +62,7 @@ class Channel:
         self._endpoints = frozenset(config.endpoints) if config.endpoints is not None else None
         self._rename = dict(config.rename)
         # The chat formats it speaks, in its config's order: a request of another is translated to the first.
-        spoken = config.formats if config.endpoints is None else [_ROUTE_FORMATS.get(e, "") for e in config.endpoints]
-        self._chat_formats = tuple(FORMATS[name] for name in dict.fromkeys(spoken) if name in CODECS)
+        self._chat_formats = tuple(FORMATS[name] for name in _chat_formats(config))
         self.pool: UpstreamPool | None = None
         self.health = health or ChannelHealth()  # its breaker and health check (proxy/policy/resilience.py)
 
@@ -98,9 +97,9 @@ class Channel:
     def translated_format(self, route: Route) -> Format | None:
         """The format a request of `route` goes to this channel in, when not its own: None
         when the channel serves the route as it is, or cannot take it translated."""
-        if self.serves(route) or route.name not in TRANSLATED_ROUTES or not self._chat_formats:
+        if self.serves(route) or route.name not in TRANSLATED_ROUTES:
             return None
-        return self._chat_formats[0]
+        return next((found for found in self._chat_formats if found is not route.format), None)
 
     def serves_model(self, model: str) -> bool:
         return self._models.fullmatch(model) is not None
@@ -112,14 +111,29 @@ class Channel:
         return f"Channel({self.name!r}, {self.base_url!r})"
 
 
-# A chat channel's `endpoints`, as the formats they are the generation routes of.
-_ROUTE_FORMATS = {
-    "messages": "messages",
-    "generate_content": "content",
-    "stream_generate_content": "content",
-    "responses": "responses",
-    "chat_completions": "chat",
+# Each chat format's generation routes: a channel restricted by `endpoints` takes a request
+# translated to a format only when it serves all of them (a translated request may stream or not).
+_GENERATION_ROUTES = {
+    "messages": ("messages",),
+    "content": ("generate_content", "stream_generate_content"),
+    "responses": ("responses",),
+    "chat": ("chat_completions",),
 }
+
+
+def _chat_formats(config: ChannelConfig) -> list[str]:
+    """The chat formats a channel serves whole, in its config's order."""
+    if config.endpoints is None:
+        return [name for name in dict.fromkeys(config.formats) if name in CODECS]
+    listed = set(config.endpoints)
+    found = {
+        name: min(config.endpoints.index(r) for r in routes)
+        for name, routes in _GENERATION_ROUTES.items()
+        if listed.issuperset(routes)
+    }
+    return sorted(found, key=found.__getitem__)
+
+
 _CANDIDATE_CACHE = 4096  # (route, model) pairs remembered; models are the client's words, so bounded
 
 
@@ -167,8 +181,8 @@ class ChannelSet:
         found = self._candidates.get(key)
         if found is None:
             targets = self.targets(route, model)
-            if targets is not None:
-                found = [t.channel for t in targets]
+            if targets is not None:  # those that can take this route's requests, as they are or translated
+                found = [t.channel for t in targets if t.channel.serves(route) or t.channel.translated_format(route)]
             else:
                 found = [c for c in self.channels if c.serves(route) and (model is None or c.serves_model(model))]
             if not found and model is not None and route.name in TRANSLATED_ROUTES:

@@ -368,8 +368,26 @@ class Forwarder:
         """The next channel to try, if this request may be sent again and one is left."""
         if len(tried) >= runtime.config.resilience.max_attempts or not self.may_resend(ex, runtime, kind, written):
             return None
-        following = runtime.channels.pick(ex.route, ex.model, exclude=tuple(tried))
-        return (following, kind) if following is not None else None
+        passed = list(tried)
+        while (following := runtime.channels.pick(ex.route, ex.model, exclude=tuple(passed))) is not None:
+            if self._carries(ex, following):
+                return following, kind
+            passed.append(following)  # its format cannot carry this request: this failure is the client's answer
+        return None
+
+    @staticmethod
+    def _carries(ex: Exchange, channel: Channel) -> bool:
+        """Whether a channel can take this request: in its own format, or translated."""
+        upstream_format = channel.translated_format(ex.route)
+        if upstream_format is None:
+            return True
+        assert ex.target is not None and ex.model is not None
+        try:
+            ask = read_ask(ex.format, ex.json(), ex.model, ex.streaming, ex.target.query)
+            Translation(ex.format, upstream_format, ask, ex.model)
+        except Untranslatable:
+            return False
+        return True
 
     # -- the request for one channel --
 
@@ -408,7 +426,14 @@ class Forwarder:
         try:
             assert ex.target is not None
             ask = read_ask(ex.format, ex.json(), ex.model, ex.streaming, ex.target.query)
-            ex.translation = translation = Translation(ex.format, upstream_format, ask, ex.upstream_model)
+            ex.translation = translation = Translation(
+                ex.format,
+                upstream_format,
+                ask,
+                ex.upstream_model,
+                redact=channel.redactor.text if channel.redactor is not None else str,
+                stream_usage=channel.config.stream_usage,
+            )
         except Untranslatable as refused:
             ex.translation = None
             return refused

@@ -31,12 +31,14 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.core import jsonutil
 from proxy.core.drain import SHUTTING_DOWN, Drain
 from proxy.core.exchange import Exchange
 from proxy.core.headers import content_codings, end_to_end
 from proxy.core.phase import phase
 from proxy.core.pipeline import Pipeline
 from proxy.core.upstream_response import AnswerTooLarge, UpstreamResponse
+from proxy.core.usage import Usage
 from proxy.formats.translation import StreamTranslation
 from proxy.observability.observer import Observer
 from proxy.request.client_guards import ReaderWatch
@@ -218,6 +220,8 @@ class Relay:
         if ex.translation is not None:
             self._translate(answer)
         await self.pipeline.run_response(ex, answer)
+        if ex.translation is not None and answer.status < 300:
+            self._counted(ex.translation.usage())
         if answer.status >= 300 and self.redactor is not None:
             self._redact(answer)
         if ex.route.creates is not None and answer.status < 300 and ex.translation is None:
@@ -262,7 +266,31 @@ class Relay:
         assert translation is not None
         answer.status, translated = translation.answer(answer.status, decoded if decoded is not None else b"")
         answer.headers.popall("content-length", None)
-        answer.set_json(translated)
+        try:
+            answer.set_json(translated)
+        except jsonutil.JSONEncodeError:
+            answer.status, translated = translation.unreadable()
+            answer.set_json(translated)
+
+    def _counted(self, found: Usage) -> None:
+        """A translated answer's usage as the upstream counted it. The client's format may hold
+        numbers where the upstream said none (a message's usage has no empty field): those are
+        no count, and what the upstream left unsaid the gateway estimates."""
+        usage = self.ex.usage
+        usage.input_tokens, usage.output_tokens = found.input_tokens, found.output_tokens
+        usage.cached_input_tokens, usage.reasoning_tokens = found.cached_input_tokens, found.reasoning_tokens
+        usage.final = found.final
+
+    def _translated_end(self, translating: StreamTranslation) -> None:
+        """How a translated stream ended, told where a passed-through one's failure is: the
+        request's error, and for a stream the upstream left unfinished, the channel's health."""
+        fault = translating.fault
+        if fault is None:
+            return
+        self.ex.outcome.failed(fault.message, fault.code)
+        if translating.unfinished and self.ex.channel is not None:
+            self.ex.outcome.cut("upstream")
+            self._broke(self.ex.channel, "stream_broken")
 
     def _redact(self, answer: UpstreamResponse) -> None:
         """Take the credential out of a body that is not a success; one whose encoding cannot be
@@ -379,6 +407,8 @@ class Relay:
         finally:
             if self.drain is not None:
                 self.drain.closed(self)
+            if self.translating is not None:
+                self._counted(self.translating.usage())
             stream.close()
 
     def cut(self, revoked: bool = False) -> None:
@@ -424,6 +454,7 @@ class Relay:
                     await self._pass_on(response, last, hooks, pin_pending, stream)
                 if self.translating is not None:  # the client's closing events (an unended rest is no event)
                     await self._pass_on(response, self.translating.end(), hooks, pin_pending, stream, translated=True)
+                    self._translated_end(self.translating)
                 elif rest:
                     await self._write_or_hold(response, rest)
         except Exception as exc:

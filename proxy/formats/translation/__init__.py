@@ -10,16 +10,18 @@ I/O); the forwarder and the relay call them (proxy/request/).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from multidict import CIMultiDict
 
 from proxy.core import jsonutil
+from proxy.core.usage import Usage
 from proxy.formats.base import Format
 from proxy.formats.translation.chat import ChatCodec
 from proxy.formats.translation.codec import Codec, Query, UnknownAnswer, read_fault
 from proxy.formats.translation.content import ContentCodec
-from proxy.formats.translation.ir import Ask, Failed, Fault, Finish, Untranslatable
+from proxy.formats.translation.ir import Ask, Begin, Counts, Failed, Fault, Finish, Piece, Untranslatable
 from proxy.formats.translation.message import MessageCodec
 from proxy.formats.translation.response import ResponseCodec
 from proxy.wire.sse import SSEEvent
@@ -35,6 +37,7 @@ _KEPT = ("traceparent", "tracestate", "user-agent", "x-forwarded-for", "x-forwar
 MESSAGE_VERSION = "2023-06-01"  # the message format's version the translation writes
 UPSTREAM_FORMAT_HEADER = "X-Upstream-Format"
 UNREADABLE = Fault(502, "the upstream's answer could not be read to be translated", "upstream_bad_answer")
+UNFINISHED = Fault(502, "the upstream ended its stream before its answer finished", "upstream_broke_off")
 DROPPED_HEADER = "X-Translation-Dropped"
 
 __all__ = ["CODECS", "ROUTES", "Translation", "Untranslatable", "read_ask"]
@@ -60,12 +63,26 @@ def read_ask(client: Format, body: Any, path_model: str | None, streaming: bool,
 class Translation:
     """One request of the client's format, sent in the upstream's."""
 
-    __slots__ = ("client", "upstream", "ask", "body")
+    __slots__ = ("client", "upstream", "ask", "body", "redact", "counts")
 
-    def __init__(self, client: Format, upstream: Format, ask: Ask, model: str) -> None:
+    def __init__(
+        self,
+        client: Format,
+        upstream: Format,
+        ask: Ask,
+        model: str,
+        redact: Callable[[str], str] = str,
+        stream_usage: bool = True,
+    ) -> None:
+        """`redact`: takes the channel's credential out of the upstream's words; `stream_usage`:
+        whether a chat-completions channel takes `stream_options` (`channels[].stream_usage`)."""
         self.client, self.upstream = CODECS[client.name], CODECS[upstream.name]
+        self.redact = redact
+        self.counts: Counts | None = None  # what the upstream counted for a whole answer
         # The writers note what they leave out: a copy per attempt, so one channel's notes are its own.
         self.ask = dataclasses.replace(ask, model=model, dropped=list(ask.dropped))
+        if upstream.name == "chat" and not stream_usage:
+            self.ask.stream_usage = False  # (the only reader of it then is the upstream's writer)
         try:
             self.body = jsonutil.dumps(self.upstream.write_ask(self.ask))
         except _MISSHAPEN as exc:
@@ -114,13 +131,27 @@ class Translation:
         success the gateway cannot read, its 502."""
         parsed = jsonutil.parsed(body)
         if status >= 300:
-            return status, self.client.write_fault(read_fault(status, parsed))
+            fault = read_fault(status, parsed)
+            return status, self.client.write_fault(dataclasses.replace(fault, message=self.redact(fault.message)))
         try:
             if isinstance(parsed, dict):
-                return status, self.client.write_reply(self.upstream.read_reply(parsed), self.ask)
+                reply = self.upstream.read_reply(parsed)
+                answer = self.client.write_reply(reply, self.ask)
+                self.counts = reply.counts
+                return status, answer
         except _MISSHAPEN:
             pass
+        return self.unreadable()
+
+    def unreadable(self) -> tuple[int, dict[str, Any]]:
+        """The client's answer for an upstream's answer the gateway cannot read (or encode again:
+        a number past 64 bits, say); it counted nothing the gateway can book."""
+        self.counts = None
         return UNREADABLE.status, self.client.write_fault(UNREADABLE)
+
+    def usage(self) -> Usage:
+        """What the upstream counted for a whole answer, as the gateway books it."""
+        return usage_of(self.counts)
 
     def stream(self) -> StreamTranslation:
         return StreamTranslation(self)
@@ -128,14 +159,19 @@ class Translation:
 
 class StreamTranslation:
     """The upstream's events in, the client's out, one event at a time (nothing held back
-    beyond what a format sends whole: a content-generation client's tool call)."""
+    beyond what a format sends whole: a content-generation client's tool call). What the
+    upstream counted, and how its stream ended, are kept for the gateway's own books."""
 
-    __slots__ = ("reader", "writer", "ended")
+    __slots__ = ("reader", "writer", "redact", "ended", "counts", "fault", "unfinished")
 
     def __init__(self, translation: Translation) -> None:
         self.reader = translation.upstream.reader()
         self.writer = translation.client.writer(translation.ask)
+        self.redact = translation.redact
         self.ended = False
+        self.counts = Counts()  # the upstream's own, as far as it said them
+        self.fault: Fault | None = None  # how the stream failed, when it did
+        self.unfinished = False  # the upstream ended it before its answer finished
 
     def feed(self, events: list[SSEEvent]) -> list[SSEEvent]:
         out: list[SSEEvent] = []
@@ -149,9 +185,7 @@ class StreamTranslation:
                 pieces = self.reader.feed(event)
             except _MISSHAPEN:
                 pieces = [Failed(UNREADABLE)]
-            for piece in pieces:
-                out += self.writer.feed(piece)
-                self.ended = self.ended or isinstance(piece, Finish | Failed)
+            out += self._write(pieces)
         return out
 
     def end(self) -> list[SSEEvent]:
@@ -159,12 +193,53 @@ class StreamTranslation:
         the upstream ended without finishing its answer, the client's error event."""
         out: list[SSEEvent] = []
         if not self.ended:
-            for piece in self.reader.end():
-                out += self.writer.feed(piece)
-                self.ended = self.ended or isinstance(piece, Finish | Failed)
+            out += self._write(self.reader.end())
         if not self.ended:
-            self.ended = True
-            out += self.writer.feed(
-                Failed(Fault(502, "the upstream ended its stream before its answer finished", "upstream_broke_off"))
-            )
+            self.unfinished = True
+            out += self._write([Failed(UNFINISHED)])
         return out
+
+    def usage(self) -> Usage:
+        return usage_of(self.counts)
+
+    def _write(self, pieces: list[Piece]) -> list[SSEEvent]:
+        out: list[SSEEvent] = []
+        for piece in pieces:
+            if isinstance(piece, Begin | Finish) and piece.counts is not None:
+                merged(self.counts, piece.counts)
+            if isinstance(piece, Failed):
+                piece = Failed(dataclasses.replace(piece.fault, message=self.redact(piece.fault.message)))
+                self.fault = piece.fault
+            try:
+                out += self.writer.feed(piece)
+            except (*_MISSHAPEN, jsonutil.JSONEncodeError):  # an upstream's values no client format holds
+                self.fault = UNREADABLE
+                out += self.writer.feed(Failed(UNREADABLE))
+                self.ended = True
+                break
+            self.ended = self.ended or isinstance(piece, Finish | Failed)
+            if self.ended:
+                break
+        return out
+
+
+def merged(into: Counts, found: Counts) -> None:
+    """What a later count says, over what an earlier one did."""
+    for name in ("input", "output", "cache_read", "cache_write", "reasoning"):
+        value = getattr(found, name)
+        if value is not None:
+            setattr(into, name, value)
+
+
+def usage_of(counts: Counts | None) -> Usage:
+    """The gateway's usage from what an upstream counted: its last word only where it said both
+    the prompt and the output (else the gateway's estimate fills the rest)."""
+    if counts is None:
+        return Usage()
+    found = [_count(value) for value in (counts.input, counts.output, counts.cache_read, counts.reasoning)]
+    return Usage(*found, final=found[0] is not None and found[1] is not None)
+
+
+def _count(value: int | None) -> int | None:
+    """A count the gateway books: a whole number from 0 up to 2**53 (what a metric holds exactly)."""
+    return value if value is not None and 0 <= value <= 2**53 else None

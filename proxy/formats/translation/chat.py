@@ -19,10 +19,12 @@ from proxy.formats.translation.codec import (
     StreamReader,
     StreamWriter,
     UnknownAnswer,
+    call_id,
     data_url,
     effort_for,
     number,
     strings,
+    text,
     whole,
 )
 from proxy.formats.translation.ir import (
@@ -195,8 +197,8 @@ class ChatCodec(Codec):
                 parts.append(
                     Part(
                         "tool_call",
-                        call_id=call.get("id"),
-                        name=function.get("name"),
+                        call_id=call_id(call.get("id")),
+                        name=text(function.get("name")),
                         arguments=function.get("arguments") or "",
                     )
                 )
@@ -204,8 +206,8 @@ class ChatCodec(Codec):
         if message.get("refusal"):
             stop = REFUSAL
         return Reply(
-            str(body.get("id", "")),
-            str(body.get("model", "")),
+            text(body.get("id")),
+            text(body.get("model")),
             parts,
             stop,
             counts=counts_of(body.get("usage")),
@@ -245,7 +247,9 @@ class ChatCodec(Codec):
 
 def _read_tool_choice(choice: Any, ask: Ask) -> None:
     if isinstance(choice, str):
-        ask.tool_choice = choice if choice in ("auto", "none", "required") else None
+        if choice not in ("auto", "none", "required"):
+            raise Untranslatable("tool_choice", "only auto, none, required or one named function can be translated")
+        ask.tool_choice = choice
     elif isinstance(choice, dict):
         function = choice.get("function")
         if choice.get("type") == "function" and isinstance(function, dict):
@@ -363,6 +367,8 @@ def _messages(ask: Ask) -> list[dict[str, Any]]:
         rest = []
         for part in turn.parts:  # a tool's result is a message of its own, right after the calls
             if part.kind == "tool_result":
+                if part.is_error and "is_error" not in ask.dropped:  # (a tool message says no more than its text)
+                    ask.dropped.append("is_error")
                 out.append(
                     {
                         "role": "tool",

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from proxy.formats import CHAT
-from proxy.formats.translation.codec import StreamReader, StreamWriter, read_fault, whole
+from proxy.formats.translation.codec import StreamReader, StreamWriter, call_id, read_fault, text, whole
 from proxy.formats.translation.ir import (
     END,
     FILTERED,
@@ -96,7 +96,7 @@ class ChatReader(StreamReader):
         out: list[Piece] = []
         if not self.begun:
             self.begun = True
-            out.append(Begin(str(chunk.get("id", "")), str(chunk.get("model", ""))))
+            out.append(Begin(text(chunk.get("id")), text(chunk.get("model"))))
         if isinstance(chunk.get("usage"), dict):
             self.counts = counts_of(chunk["usage"])
         choices = chunk.get("choices")
@@ -121,7 +121,11 @@ class ChatReader(StreamReader):
             block = self.calls.get(index)
             if block is None:
                 block = self.calls[index] = self._block()
-                out.append(Delta(block, "tool_call", call_id=call.get("id"), name=function.get("name"), opens=True))
+                out.append(
+                    Delta(
+                        block, "tool_call", call_id=call_id(call.get("id")), name=text(function.get("name")), opens=True
+                    )
+                )
             if isinstance(function.get("arguments"), str) and function["arguments"]:
                 out.append(Delta(block, "tool_call", function["arguments"]))
         reason = choice.get("finish_reason")

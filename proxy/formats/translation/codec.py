@@ -5,11 +5,12 @@ writer (proxy/formats/translation/__init__.py)."""
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from proxy.formats.base import Format
-from proxy.formats.translation.ir import EFFORT_BUDGET, Ask, Fault, Piece, Reply, Untranslatable
+from proxy.formats.translation.ir import EFFORT_BUDGET, Ask, Fault, Part, Piece, Reply, Untranslatable
 from proxy.wire.sse import SSEEvent
 
 Query = Sequence[tuple[str, str | None]]  # a request's query pairs (None: a name without `=`)
@@ -111,6 +112,51 @@ def text_of(value: Any, param: str) -> str:
             texts.append(text)
         return "".join(texts)
     raise Untranslatable(param, "must be text")
+
+
+def instructions(parts: list[Part], where: str) -> list[Part]:
+    """A system prompt's parts: text only, as every format holds its instructions."""
+    for part in parts:
+        if part.kind != "text":
+            raise Untranslatable(where, f"only text instructions can be translated, not {part.kind}")
+    return parts
+
+
+def text(value: Any) -> str:
+    """A string an answer should hold where it holds something else (an id of 5): none."""
+    return value if isinstance(value, str) else ""
+
+
+# A signature (of thinking, of a call) binds to the upstream that made it: the translation's
+# records carry it as "<format>.<signature>" (Base64 has no dot), which a client of another format
+# is given and sends back as it is, so only an upstream of the format that made it gets it again.
+_SIGNERS = frozenset({"messages", "content", "responses", "chat"})
+
+
+def made_by(fmt: str, signature: Any) -> str | None:
+    """An upstream's signature in its answer, as the records carry it."""
+    return f"{fmt}.{signature}" if isinstance(signature, str) and signature else None
+
+
+def sent_back(fmt: str, signature: Any) -> str | None:
+    """A signature in a client's request: one the gateway gave it (naming its format), or the
+    client's own format's."""
+    if not isinstance(signature, str) or not signature:
+        return None
+    head, dot, _ = signature.partition(".")
+    return signature if dot and head in _SIGNERS else f"{fmt}.{signature}"
+
+
+def own_signature(fmt: str, signature: str | None) -> str | None:
+    """A signature as an upstream of `fmt` takes it: only one that format made."""
+    prefix = f"{fmt}."
+    return signature[len(prefix) :] if signature and signature.startswith(prefix) else None
+
+
+def call_id(value: Any) -> str:
+    """A tool call's id from an upstream's answer; one of the gateway's where it gave none (or
+    not a string): a client keys its calls by id."""
+    return value if isinstance(value, str) and value else f"call_{secrets.token_hex(8)}"
 
 
 def number(value: Any) -> float | None:

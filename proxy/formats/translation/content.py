@@ -9,6 +9,7 @@ turn to turn. Its stream is asked for as SSE (`alt=sse`).
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 from urllib.parse import quote
 
@@ -19,7 +20,10 @@ from proxy.formats.translation.codec import (
     StreamReader,
     StreamWriter,
     UnknownAnswer,
+    instructions,
     number,
+    own_signature,
+    sent_back,
     strings,
     whole,
 )
@@ -27,7 +31,7 @@ from proxy.formats.translation.content_stream import (
     REASONS,
     ContentReader,
     ContentWriter,
-    answer_part,
+    answer_parts,
     blocked,
     counts_of,
     get,
@@ -83,6 +87,7 @@ def _camel(name: str) -> str:
     return head + "".join(word.title() for word in rest)
 
 
+_MODES = {"AUTO": "auto", "NONE": "none", "ANY": "required", "VALIDATED": "auto", "MODE_UNSPECIFIED": "auto"}
 _TYPES = {
     "STRING": "string",
     "NUMBER": "number",
@@ -175,18 +180,20 @@ class ContentCodec(Codec):
         calling = get(get(body, "toolConfig"), "functionCallingConfig")
         if isinstance(calling, dict):
             mode = str(calling.get("mode", "AUTO")).upper()
+            if mode not in _MODES:
+                raise Untranslatable("toolConfig.functionCallingConfig.mode", f"{mode!r} cannot be translated")
+            ask.tool_choice = _MODES[mode]
             allowed = get(calling, "allowedFunctionNames")
-            ask.tool_choice = {"AUTO": "auto", "NONE": "none", "ANY": "required", "VALIDATED": "auto"}.get(mode, "auto")
-            if mode == "ANY" and isinstance(allowed, list) and len(allowed) == 1:
-                ask.tool_choice, ask.tool_named = "named", allowed[0]
+            if isinstance(allowed, list) and allowed:
+                if mode == "ANY" and len(allowed) == 1:  # the others' one named tool
+                    ask.tool_choice, ask.tool_named = "named", allowed[0]
+                else:  # the others name one tool at most: the rest are not offered
+                    ask.tools = [tool for tool in ask.tools if tool.name in allowed]
         system = get(body, "systemInstruction")
         if system is not None:
-            ask.system = [
-                p
-                for p in _parts(system.get("parts") if isinstance(system, dict) else system, "systemInstruction", {})
-                if p.kind == "text"
-            ]
-        pending: dict[str, list[str]] = {}  # a tool's name -> the ids of its calls not yet answered
+            parts = system.get("parts") if isinstance(system, dict) else system
+            ask.system = instructions(_parts(parts, "systemInstruction", _Calls()), "systemInstruction")
+        pending = _Calls()
         for i, content in enumerate(body.get("contents") or []):
             role = "assistant" if content.get("role") == "model" else "user"
             parts = _parts(content.get("parts"), f"contents[{i}].parts", pending, turn=i)
@@ -269,11 +276,7 @@ class ContentCodec(Codec):
         if not isinstance(candidates, list) or not candidates or not isinstance(candidates[0], dict):
             raise UnknownAnswer("no candidates")
         candidate = candidates[0]
-        parts = []
-        for part in get(candidate.get("content"), "parts") or []:
-            found = answer_part(part)
-            if found is not None:
-                parts.append(found)
+        parts = [p for part in get(candidate.get("content"), "parts") or [] for p in answer_parts(part)]
         stop = stop_of(get(candidate, "finishReason"), parts)
         ident = get(body, "responseId") or ""
         return Reply(
@@ -316,55 +319,84 @@ class ContentCodec(Codec):
         return ContentWriter(ask)
 
 
-def _parts(parts: Any, where: str, pending: dict[str, list[str]], turn: int = 0) -> list[Part]:
+class _Calls:
+    """The calls of a conversation not yet answered, by tool: a result that names no id answers
+    the oldest of its tool's. In time linear in the calls, however many come."""
+
+    __slots__ = ("waiting", "answered")
+
+    def __init__(self) -> None:
+        self.waiting: dict[Any, deque[str]] = {}
+        self.answered: set[str] = set()  # ids a result named itself
+
+    def called(self, name: Any, call_id: str) -> None:
+        self.waiting.setdefault(name, deque()).append(call_id)
+
+    def answer(self, name: Any, call_id: Any) -> str:
+        """The id a result answers: its own, else its tool's oldest call no result answered yet."""
+        if isinstance(call_id, str) and call_id:
+            self.answered.add(call_id)
+            return call_id
+        waiting = self.waiting.get(name)
+        while waiting:
+            found = waiting.popleft()
+            if found not in self.answered:
+                return found
+        return f"call_{name}"
+
+
+def _parts(parts: Any, where: str, pending: _Calls, turn: int = 0) -> list[Part]:
+    """A content's parts; one part may carry more than one thing (text beside a function call)."""
     out = []
     for i, part in enumerate(parts or []):
         if not isinstance(part, dict):
             raise Untranslatable(f"{where}[{i}]", "must be an object")
-        inline, file, call, result = (
-            get(part, n) for n in ("inlineData", "fileData", "functionCall", "functionResponse")
-        )
-        if isinstance(part.get("text"), str):
-            if part.get("thought") is True:
-                out.append(Part("thinking", part["text"], signature=get(part, "thoughtSignature")))
-            else:
-                out.append(Part("text", part["text"]))
-        elif isinstance(inline, dict):
-            out.append(Part("image", media_type=get(inline, "mimeType"), data=inline.get("data")))
-        elif isinstance(file, dict):
-            out.append(Part("image", media_type=get(file, "mimeType"), url=get(file, "fileUri")))
-        elif isinstance(call, dict):
-            call_id = call.get("id") or f"call_{turn}_{i}"  # unique in the request, which is all it needs
-            pending.setdefault(call.get("name"), []).append(call_id)
-            signature = get(part, "thoughtSignature")
-            out.append(
-                Part(
-                    "tool_call",
-                    call_id=call_id,
-                    name=call.get("name"),
-                    arguments=json_text(call.get("args")),
-                    signature=signature,
-                )
-            )
-        elif isinstance(result, dict):
-            name = result.get("name")
-            waiting = pending.get(name) or []
-            call_id = result.get("id") or (waiting.pop(0) if waiting else f"call_{name}")
-            if result.get("id") in waiting:
-                waiting.remove(result.get("id"))
-            response = result.get("response")
-            error = isinstance(response, dict) and set(response) == {"error"}
-            if isinstance(response, dict) and len(response) == 1 and isinstance(next(iter(response.values())), str):
-                response = next(iter(response.values()))  # {"result": text}, as results are written: the text
-            text = json_text(response)
-            out.append(Part("tool_result", call_id=call_id, name=name, content=[Part("text", text)], is_error=error))
-        elif get(part, "thoughtSignature") is not None:
-            continue  # a signature alone, on no text: nothing another format carries
-        else:
+        found = _part(part, f"{where}[{i}]", pending, f"call_{turn}_{i}")
+        if not found and get(part, "thoughtSignature") is None:  # (a signature alone carries nothing)
             raise Untranslatable(
                 f"{where}[{i}]", "only text, images, function calls and their responses can be translated"
             )
+        out += found
     return out
+
+
+def _part(part: dict[str, Any], where: str, pending: _Calls, fresh_id: str) -> list[Part]:
+    found = []
+    if isinstance(part.get("text"), str):
+        if part.get("thought") is True:
+            found.append(Part("thinking", part["text"], signature=sent_back("content", get(part, "thoughtSignature"))))
+        else:
+            found.append(Part("text", part["text"]))
+    for name in ("inlineData", "fileData"):
+        media = get(part, name)
+        if not isinstance(media, dict):
+            continue
+        kind = get(media, "mimeType")
+        if not isinstance(kind, str) or not kind.startswith("image/"):  # audio, video, documents: no other format's
+            raise Untranslatable(f"{where}.{name}.mimeType", "only images can be translated")
+        data, url = (media.get("data"), None) if name == "inlineData" else (None, get(media, "fileUri"))
+        found.append(Part("image", media_type=kind, data=data, url=url))
+    call = get(part, "functionCall")
+    if isinstance(call, dict):
+        call_id = call.get("id") or fresh_id  # unique in the request, which is all it needs
+        pending.called(call.get("name"), call_id)
+        arguments = json_text(call.get("args"))
+        signature = sent_back("content", get(part, "thoughtSignature"))
+        found.append(
+            Part("tool_call", call_id=call_id, name=call.get("name"), arguments=arguments, signature=signature)
+        )
+    result = get(part, "functionResponse")
+    if isinstance(result, dict):
+        name = result.get("name")
+        call_id = pending.answer(name, result.get("id"))
+        response = result.get("response")
+        error = isinstance(response, dict) and set(response) == {"error"}
+        if isinstance(response, dict) and len(response) == 1 and isinstance(next(iter(response.values())), str):
+            response = next(iter(response.values()))  # {"result": text}, as results are written: the text
+        found.append(
+            Part("tool_result", call_id=call_id, name=name, content=[Part("text", json_text(response))], is_error=error)
+        )
+    return found
 
 
 def _write_part(part: Part, names: dict[str | None, str | None], ask: Ask) -> dict[str, Any] | None:
@@ -379,7 +411,7 @@ def _write_part(part: Part, names: dict[str | None, str | None], ask: Ask) -> di
         # client in another format came back without one, and says so in the format's own words.
         return {
             "functionCall": {"id": part.call_id, "name": part.name, "args": parsed_arguments(part.arguments)},
-            "thoughtSignature": part.signature or UNSIGNED,
+            "thoughtSignature": own_signature("content", part.signature) or UNSIGNED,
         }
     if part.kind == "tool_result":
         text = "".join(p.text for p in part.content or [] if p.kind == "text")
@@ -391,8 +423,8 @@ def _write_part(part: Part, names: dict[str | None, str | None], ask: Ask) -> di
         return {
             "functionResponse": {"id": part.call_id, "name": part.name or names.get(part.call_id), "response": value}
         }
-    if part.kind == "thinking" and part.signature:
-        return {"text": part.text, "thought": True, "thoughtSignature": part.signature}
+    if part.kind == "thinking" and own_signature("content", part.signature):
+        return {"text": part.text, "thought": True, "thoughtSignature": own_signature("content", part.signature)}
     if "thinking" not in ask.dropped:
         ask.dropped.append("thinking")
     return None

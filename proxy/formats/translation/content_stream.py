@@ -8,7 +8,7 @@ import secrets
 from typing import Any
 
 from proxy.formats import CONTENT
-from proxy.formats.translation.codec import StreamReader, StreamWriter, read_fault, whole
+from proxy.formats.translation.codec import StreamReader, StreamWriter, made_by, read_fault, text, whole
 from proxy.formats.translation.ir import (
     END,
     FILTERED,
@@ -56,27 +56,31 @@ def get(mapping: Any, name: str) -> Any:
     return found if found is not None else mapping.get(SNAKE.sub("_", name).lower())
 
 
-def answer_part(part: Any) -> Part | None:
+def answer_parts(part: Any) -> list[Part]:
+    """What one part of an answer holds: its text (or thought), and a function call beside it."""
     if not isinstance(part, dict):
-        return None
+        return []
+    found = []
+    if isinstance(part.get("text"), str):
+        if part.get("thought") is True:
+            found.append(Part("thinking", part["text"], signature=made_by("content", get(part, "thoughtSignature"))))
+        else:
+            found.append(Part("text", part["text"]))
     call = get(part, "functionCall")
     if isinstance(call, dict):
         # A call the upstream gave no id gets one of its own: a client keys its calls by id, and
         # meets them again in later turns (where its result is matched to the call by tool name).
-        call_id = call.get("id") or f"call_{secrets.token_hex(8)}"
-        signature = get(part, "thoughtSignature")
-        return Part(
-            "tool_call",
-            call_id=call_id,
-            name=call.get("name"),
-            arguments=json_text(call.get("args")),
-            signature=signature,
+        call_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else None
+        found.append(
+            Part(
+                "tool_call",
+                call_id=call_id or f"call_{secrets.token_hex(8)}",
+                name=text(call.get("name")),
+                arguments=json_text(call.get("args")),
+                signature=made_by("content", get(part, "thoughtSignature")),
+            )
         )
-    if isinstance(part.get("text"), str):
-        if part.get("thought") is True:
-            return Part("thinking", part["text"], signature=get(part, "thoughtSignature"))
-        return Part("text", part["text"])
-    return None
+    return found
 
 
 def blocked(body: Any) -> bool:
@@ -153,10 +157,7 @@ class ContentReader(StreamReader):
         candidate = (
             candidates[0] if isinstance(candidates, list) and candidates and isinstance(candidates[0], dict) else {}
         )
-        for part in get(candidate.get("content"), "parts") or []:
-            found = answer_part(part)
-            if found is None:
-                continue
+        for found in (p for part in get(candidate.get("content"), "parts") or [] for p in answer_parts(part)):
             if found.kind == "tool_call":
                 self.called = True
                 block = self._block()

@@ -18,8 +18,14 @@ from proxy.formats.translation.codec import (
     StreamReader,
     StreamWriter,
     UnknownAnswer,
+    call_id,
+    instructions,
+    made_by,
     number,
+    own_signature,
+    sent_back,
     strings,
+    text,
     text_of,
     whole,
 )
@@ -89,6 +95,8 @@ class MessageCodec(Codec):
                 ask.thinking_budget = 0
             elif thinking.get("type") == "adaptive":
                 ask.effort = "medium"
+            else:
+                raise Untranslatable("thinking.type", f"{thinking.get('type')!r} cannot be translated")
         config = body.get("output_config")
         if isinstance(config, dict) and isinstance(config.get("effort"), str):
             ask.effort = config["effort"]
@@ -106,11 +114,13 @@ class MessageCodec(Codec):
         choice = body.get("tool_choice")
         if isinstance(choice, dict):
             kind = choice.get("type")
-            ask.tool_choice = {"auto": "auto", "any": "required", "none": "none", "tool": "named"}.get(kind)
+            if kind not in ("auto", "any", "none", "tool"):
+                raise Untranslatable("tool_choice.type", f"{kind!r} cannot be translated")
+            ask.tool_choice = {"auto": "auto", "any": "required", "none": "none", "tool": "named"}[kind]
             ask.tool_named = choice.get("name") if kind == "tool" else None
             if choice.get("disable_parallel_tool_use") is True:
                 ask.parallel_tools = False
-        ask.system = _blocks(body.get("system"), "system", "user")
+        ask.system = instructions(_blocks(body.get("system"), "system", "user"), "system")
         for i, message in enumerate(body.get("messages") or []):
             role = message.get("role")
             ask.turns.append(Turn(role, _blocks(message.get("content"), f"messages[{i}].content", role)))
@@ -169,8 +179,8 @@ class MessageCodec(Codec):
             raise UnknownAnswer("no content")
         parts = [_part(b) for b in body["content"] if isinstance(b, dict)]
         return Reply(
-            str(body.get("id", "")),
-            str(body.get("model", "")),
+            text(body.get("id")),
+            text(body.get("model")),
             [p for p in parts if p is not None],
             STOPS.get(body.get("stop_reason"), END),
             body.get("stop_sequence") if isinstance(body.get("stop_sequence"), str) else None,
@@ -265,7 +275,8 @@ def _blocks(content: Any, where: str, role: str) -> list[Part]:
                 )
             )
         elif kind == "thinking":
-            parts.append(Part("thinking", block.get("thinking") or "", signature=block.get("signature")))
+            signature = sent_back("messages", block.get("signature"))
+            parts.append(Part("thinking", block.get("thinking") or "", signature=signature))
         elif kind == "redacted_thinking":
             parts.append(Part("thinking", data=block.get("data")))
         else:
@@ -298,8 +309,8 @@ def _block(part: Part, ask: Ask) -> dict[str, Any] | None:
         block = {"type": "tool_result", "tool_use_id": _safe_id(part.call_id), "content": inner}
         if part.is_error:
             block["is_error"] = True
-    elif part.kind == "thinking" and part.signature:
-        block = {"type": "thinking", "thinking": part.text, "signature": part.signature}
+    elif part.kind == "thinking" and own_signature("messages", part.signature):
+        block = {"type": "thinking", "thinking": part.text, "signature": own_signature("messages", part.signature)}
     elif part.kind == "thinking" and part.data:
         block = {"type": "redacted_thinking", "data": part.data}
     else:  # thinking this upstream did not sign: it would refuse it
@@ -325,12 +336,15 @@ def _part(block: dict[str, Any]) -> Part | None:
     if kind == "text":
         return Part("text", block.get("text") or "")
     if kind == "thinking":
-        return Part("thinking", block.get("thinking") or "", signature=block.get("signature"))
+        return Part("thinking", block.get("thinking") or "", signature=made_by("messages", block.get("signature")))
     if kind == "redacted_thinking":
         return Part("thinking", data=block.get("data"))
     if kind == "tool_use":
         return Part(
-            "tool_call", call_id=block.get("id"), name=block.get("name"), arguments=json_text(block.get("input"))
+            "tool_call",
+            call_id=call_id(block.get("id")),
+            name=text(block.get("name")),
+            arguments=json_text(block.get("input")),
         )
     return None
 

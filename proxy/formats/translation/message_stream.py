@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.formats import MESSAGES
-from proxy.formats.translation.codec import StreamReader, StreamWriter, read_fault, whole
+from proxy.formats.translation.codec import StreamReader, StreamWriter, call_id, made_by, read_fault, text, whole
 from proxy.formats.translation.ir import (
     END,
     FILTERED,
@@ -82,18 +82,22 @@ class MessageReader(StreamReader):
         if kind == "message_start":
             message = data.get("message") or {}
             self._count(message.get("usage"))
-            return [Begin(str(message.get("id", "")), str(message.get("model", "")), self.counts)]
+            return [Begin(text(message.get("id")), text(message.get("model")), self.counts)]
         if kind == "content_block_start":
             block, index = data.get("content_block") or {}, whole(data.get("index")) or 0
             self.kinds[index] = block_kind = {"tool_use": "tool_call", "thinking": "thinking"}.get(
                 block.get("type"), "text"
             )
             if block_kind == "tool_call":
-                return [Delta(index, "tool_call", call_id=block.get("id"), name=block.get("name"), opens=True)]
+                return [
+                    Delta(
+                        index, "tool_call", call_id=call_id(block.get("id")), name=text(block.get("name")), opens=True
+                    )
+                ]
             if block.get("type") == "redacted_thinking":
                 return [Delta(index, "thinking", signature=None, text="")]
-            text = block.get("text") or block.get("thinking") or ""
-            return [Delta(index, block_kind, text)] if text else []
+            opening = block.get("text") or block.get("thinking") or ""
+            return [Delta(index, block_kind, opening)] if opening else []
         if kind == "content_block_delta":
             delta, index = data.get("delta") or {}, whole(data.get("index")) or 0
             found = delta.get("type")
@@ -102,7 +106,7 @@ class MessageReader(StreamReader):
             if found == "thinking_delta":
                 return [Delta(index, "thinking", delta.get("thinking") or "")]
             if found == "signature_delta":
-                return [Delta(index, "thinking", signature=delta.get("signature"))]
+                return [Delta(index, "thinking", signature=made_by("messages", delta.get("signature")))]
             if found == "input_json_delta":
                 return [Delta(index, "tool_call", delta.get("partial_json") or "")] if delta.get("partial_json") else []
             return []
@@ -135,7 +139,8 @@ class MessageReader(StreamReader):
 class MessageWriter(StreamWriter):
     def __init__(self, ask: Ask) -> None:
         self.ask = ask
-        self.open: int | None = None  # the neutral block open now
+        self.open: tuple[int, str] | None = None  # the block open now: its index and kind (an upstream's
+        # delta of another kind than its block's opens one of that kind: never a write of one kind into another)
         self.index = -1  # the client's index of it
         self.kind = ""
         self.counts = Counts()
@@ -156,7 +161,7 @@ class MessageWriter(StreamWriter):
             return [_event("message_start", {"type": "message_start", "message": message})]
         if isinstance(piece, Delta):
             out = []
-            if piece.index != self.open:
+            if (piece.index, piece.kind) != self.open:
                 out += self._close()
                 out.append(self._start(piece))
                 if piece.opens:
@@ -177,7 +182,7 @@ class MessageWriter(StreamWriter):
         return []
 
     def _start(self, piece: Delta) -> SSEEvent:
-        self.open, self.index, self.kind = piece.index, self.index + 1, piece.kind
+        self.open, self.index, self.kind = (piece.index, piece.kind), self.index + 1, piece.kind
         block: dict[str, Any] = {"type": "text", "text": ""}
         if piece.kind == "thinking":
             block = {"type": "thinking", "thinking": "", "signature": ""}

@@ -21,7 +21,9 @@ from proxy.formats.translation.codec import (
     UnknownAnswer,
     data_url,
     effort_for,
+    instructions,
     number,
+    text,
     text_of,
     whole,
 )
@@ -114,12 +116,16 @@ class ResponseCodec(Codec):
             ask.tools.append(Tool(tool["name"], tool.get("description"), tool.get("parameters")))
         choice = body.get("tool_choice")
         if isinstance(choice, str):
-            ask.tool_choice = choice if choice in ("auto", "none", "required") else None
+            if choice not in ("auto", "none", "required"):
+                raise Untranslatable("tool_choice", "only auto, none, required or one named function can be translated")
+            ask.tool_choice = choice
         elif isinstance(choice, dict):
             if choice.get("type") != "function":
                 raise Untranslatable("tool_choice", "only auto, none, required or one named function can be translated")
             ask.tool_choice, ask.tool_named = "named", choice.get("name")
         text = body.get("text")
+        if isinstance(text, dict) and text.get("verbosity") is not None:
+            ask.dropped.append("text.verbosity")  # how long to answer: no other format says
         output = text.get("format") if isinstance(text, dict) else None
         if isinstance(output, dict):
             if output.get("type") == "json_schema":
@@ -172,7 +178,11 @@ class ResponseCodec(Codec):
             body["reasoning"] = {"effort": effort}
             if effort != "none":
                 body["reasoning"]["summary"] = "auto"
-        if any(p.cache is not None for t in ask.turns for p in t.parts) or any(t.cache for t in ask.tools):
+        if (
+            any(p.cache is not None for t in ask.turns for p in t.parts)
+            or any(p.cache is not None for p in ask.system)
+            or any(t.cache for t in ask.tools)
+        ):
             ask.dropped.append("cache_control")  # the format caches on its own, by prefix
         if ask.stream:
             body["stream"] = True
@@ -186,8 +196,8 @@ class ResponseCodec(Codec):
             raise UnknownAnswer("no output")
         parts = output_parts(body["output"])
         return Reply(
-            str(body.get("id", "")),
-            str(body.get("model", "")),
+            text(body.get("id")),
+            text(body.get("model")),
             parts,
             stop_of(body, parts),
             counts=counts_of(body.get("usage")),
@@ -233,6 +243,7 @@ def _read_input(value: Any, ask: Ask) -> None:
             role = item.get("role")
             parts = _content(item.get("content"), f"{where}.content")
             if role in ("system", "developer"):
+                instructions(parts, f"{where}.content")
                 if ask.turns:  # the other formats hold their instructions first, apart from the turns
                     ask.dropped.append(f"{where} (its place: moved first)")
                 ask.system += parts
@@ -317,6 +328,8 @@ def _input(ask: Ask) -> list[dict[str, Any]]:
                     }
                 )
             elif part.kind == "tool_result":
+                if part.is_error and "is_error" not in ask.dropped:  # (an output says no more than its text)
+                    ask.dropped.append("is_error")
                 items += _message(turn.role, content)
                 content = []
                 items.append(

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from proxy.formats import RESPONSES
-from proxy.formats.translation.codec import StreamReader, StreamWriter, read_fault, whole
+from proxy.formats.translation.codec import StreamReader, StreamWriter, call_id, read_fault, text, whole
 from proxy.formats.translation.ir import (
     END,
     FILTERED,
@@ -41,16 +41,16 @@ def output_parts(output: Any) -> list[Part]:
             parts.append(
                 Part(
                     "tool_call",
-                    call_id=item.get("call_id"),
-                    name=item.get("name"),
+                    call_id=call_id(item.get("call_id")),
+                    name=text(item.get("name")),
                     arguments=item.get("arguments") or "",
                 )
             )
         elif kind == "reasoning":
-            text = "".join(s.get("text") or "" for s in item.get("summary") or [] if isinstance(s, dict))
-            text = text or "".join(s.get("text") or "" for s in item.get("content") or [] if isinstance(s, dict))
-            if text:
-                parts.append(Part("thinking", text))
+            said = "".join(s.get("text") or "" for s in item.get("summary") or [] if isinstance(s, dict))
+            said = said or "".join(s.get("text") or "" for s in item.get("content") or [] if isinstance(s, dict))
+            if said:
+                parts.append(Part("thinking", said))
     return parts
 
 
@@ -148,12 +148,14 @@ class ResponseReader(StreamReader):
         index = whole(data.get("output_index")) or 0
         if kind == "response.created":
             response = data.get("response") or {}
-            return [Begin(str(response.get("id", "")), str(response.get("model", "")))]
+            return [Begin(text(response.get("id")), text(response.get("model")))]
         if kind == "response.output_item.added":
             item = data.get("item") or {}
             if item.get("type") == "function_call":
                 self.called = True
-                opened = Delta(index, "tool_call", call_id=item.get("call_id"), name=item.get("name"), opens=True)
+                opened = Delta(
+                    index, "tool_call", call_id=call_id(item.get("call_id")), name=text(item.get("name")), opens=True
+                )
                 return [opened, Delta(index, "tool_call", item["arguments"])] if item.get("arguments") else [opened]
             return []
         if kind == "response.output_text.delta":
@@ -188,7 +190,8 @@ class ResponseWriter(StreamWriter):
         self.created = int(time.time())
         self.sequence = 0
         self.items: list[dict[str, Any]] = []  # the output so far
-        self.open: int | None = None  # the neutral block whose item is open
+        self.open: tuple[int, str] | None = None  # the block whose item is open, by index and kind (a delta
+        # of another kind than its block's opens an item of that kind)
         self.kind = ""
 
     def _event(self, kind: str, **fields: Any) -> SSEEvent:
@@ -210,7 +213,7 @@ class ResponseWriter(StreamWriter):
             ]
         if isinstance(piece, Delta):
             out = []
-            if piece.index != self.open:
+            if (piece.index, piece.kind) != self.open:
                 out += self._close()
                 out += self._open(piece)
             out += self._delta(piece)
@@ -225,7 +228,7 @@ class ResponseWriter(StreamWriter):
         return []
 
     def _open(self, piece: Delta) -> list[SSEEvent]:
-        self.open, self.kind = piece.index, piece.kind
+        self.open, self.kind = (piece.index, piece.kind), piece.kind
         n = len(self.items)
         if piece.kind == "tool_call":
             item = {
