@@ -79,8 +79,10 @@ class Translation:
         self.client, self.upstream = CODECS[client.name], CODECS[upstream.name]
         self.redact = redact
         self.counts: Counts | None = None  # what the upstream counted for a whole answer
-        # The writers note what they leave out: a copy per attempt, so one channel's notes are its own.
-        self.ask = dataclasses.replace(ask, model=model, dropped=list(ask.dropped))
+        # The request as read for this attempt (read afresh for each: the writers note in it what
+        # they leave out, so one channel's notes are its own); the translation's from here on.
+        self.ask = ask
+        ask.model = model
         if upstream.name == "chat" and not stream_usage:
             self.ask.stream_usage = False  # (the only reader of it then is the upstream's writer)
         try:

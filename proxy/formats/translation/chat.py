@@ -42,8 +42,8 @@ from proxy.formats.translation.ir import (
 # Fields that change what the answer is, which no other format can carry: refused when set to
 # anything but their default; the last four whenever present (`web_search_options: {}` asks for
 # the search with its defaults).
-_REFUSED = ("logprobs", "top_logprobs", "logit_bias", "frequency_penalty", "presence_penalty")
-_PRESENT = ("audio", "prediction", "web_search_options", "functions")
+_REFUSED = frozenset({"logprobs", "top_logprobs", "logit_bias", "frequency_penalty", "presence_penalty"})
+_PRESENT = frozenset({"audio", "prediction", "web_search_options", "functions"})
 # Fields about the request's bookkeeping at the upstream, not its answer: left out, and named.
 _DROPPED = (
     "metadata",
@@ -81,27 +81,39 @@ _KNOWN = frozenset(
 )
 
 
+_DROPPED_NAMES = frozenset(_DROPPED)
+# The fields a request may name that ask nothing to refuse or leave out.
+_USUAL = _KNOWN - _REFUSED - _PRESENT - _DROPPED_NAMES - {"n", "modalities"}
+
+
+def _refuse_unusual(body: dict[str, Any]) -> None:
+    """A request naming a field no other format can carry, unless set to what asks nothing."""
+    for name in sorted(_REFUSED.intersection(body)):
+        if body[name]:  # (false, 0, an empty list or object: the default, asking nothing)
+            raise Untranslatable(name, "the upstream's format has no such field")
+    for name in sorted(_PRESENT.intersection(body)):
+        if body[name] is not None:
+            raise Untranslatable(name, "the upstream's format has no such field")
+    if (whole(body.get("n")) or 1) > 1:
+        raise Untranslatable("n", "more than one choice cannot be asked of the upstream's format")
+    if body.get("modalities") not in (None, ["text"]):
+        raise Untranslatable("modalities", "only text answers can be translated")
+    unknown = sorted(k for k in body if k not in _KNOWN)
+    if unknown:
+        raise Untranslatable(unknown[0], "not a field the gateway can carry to the upstream's format")
+
+
 class ChatCodec(Codec):
     format = CHAT
 
     # -- requests --
 
     def read_ask(self, body: Any, path_model: str | None, streaming: bool, query: Query = ()) -> Ask:
-        for name in _REFUSED:
-            if body.get(name) not in (None, False, 0, [], {}):
-                raise Untranslatable(name, "the upstream's format has no such field")
-        for name in _PRESENT:
-            if body.get(name) is not None:
-                raise Untranslatable(name, "the upstream's format has no such field")
-        if (whole(body.get("n")) or 1) > 1:
-            raise Untranslatable("n", "more than one choice cannot be asked of the upstream's format")
-        if body.get("modalities") not in (None, ["text"]):
-            raise Untranslatable("modalities", "only text answers can be translated")
-        unknown = sorted(k for k in body if k not in _KNOWN)
-        if unknown:
-            raise Untranslatable(unknown[0], "not a field the gateway can carry to the upstream's format")
+        if not _USUAL.issuperset(body):  # (most requests name none of the fields below: one test)
+            _refuse_unusual(body)
         ask = Ask(model=str(body.get("model")), turns=[], stream=body.get("stream") is True)
-        ask.dropped = [name for name in _DROPPED if body.get(name) is not None]
+        if not _DROPPED_NAMES.isdisjoint(body):
+            ask.dropped = [name for name in _DROPPED if body.get(name) is not None]
         options = body.get("stream_options")
         ask.stream_usage = isinstance(options, dict) and options.get("include_usage") is True
         ask.max_output = whole(body.get("max_completion_tokens")) or whole(body.get("max_tokens"))
