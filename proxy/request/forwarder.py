@@ -23,24 +23,23 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from enum import Enum
-from urllib.parse import urlencode
 
 from aiohttp import web
-from multidict import CIMultiDict
 
 from proxy.core.drain import Drain
 from proxy.core.exchange import Exchange
 from proxy.core.phase import phase
 from proxy.core.pipeline import Pipeline
 from proxy.core.runtime import Runtime
-from proxy.formats import ACCOUNT, MESSAGES, Format
-from proxy.formats.translation import MESSAGE_VERSION, Translation, Untranslatable, read_ask
+from proxy.formats import ACCOUNT, Format
+from proxy.formats.translation import Untranslatable
 from proxy.observability.metrics import CREDENTIAL_REFUSED, REQUEST_FORBIDDEN
 from proxy.observability.tracing import attempt_traced
 from proxy.policy.channels import Channel
 from proxy.request.affinity import Affinity
 from proxy.request.body import MultipartBody
 from proxy.request.relay import Relay
+from proxy.request.translating import carries, translated_request, untranslatable
 from proxy.upstream import (
     BadAnswer,
     ConnectFailed,
@@ -191,13 +190,13 @@ class Forwarder:
             tried.append(channel)
             upstream_format = channel.translated_format(ex.route)
             if upstream_format is not None:
-                made = await self._translated(ex, runtime, pipeline, channel, upstream_format, sent)
+                made = await translated_request(ex, runtime, pipeline, channel, upstream_format, sent)
                 if isinstance(made, Untranslatable):
                     # Nothing was sent: a channel of another format may carry what this one cannot.
                     refused = refused or (made, upstream_format)
                     following = runtime.channels.pick(ex.route, ex.model, exclude=tuple(tried))
                     if following is None:
-                        return self._untranslatable(ex, *refused)
+                        return untranslatable(ex, *refused)
                     ex.channel = following
                     ex.restore_body(body, body_changed)
                     continue
@@ -370,24 +369,10 @@ class Forwarder:
             return None
         passed = list(tried)
         while (following := runtime.channels.pick(ex.route, ex.model, exclude=tuple(passed))) is not None:
-            if self._carries(ex, following):
+            if carries(ex, following):
                 return following, kind
             passed.append(following)  # its format cannot carry this request: this failure is the client's answer
         return None
-
-    @staticmethod
-    def _carries(ex: Exchange, channel: Channel) -> bool:
-        """Whether a channel can take this request: in its own format, or translated."""
-        upstream_format = channel.translated_format(ex.route)
-        if upstream_format is None:
-            return True
-        assert ex.target is not None and ex.model is not None
-        try:
-            ask = read_ask(ex.format, ex.json(), ex.model, ex.streaming, ex.target.query)
-            Translation(ex.format, upstream_format, ask, ex.model)
-        except Untranslatable:
-            return False
-        return True
 
     # -- the request for one channel --
 
@@ -406,59 +391,6 @@ class Forwarder:
         if ex.upstream_model != ex.model and not self._rename_in_body(ex):
             return None
         return ex.target.path()
-
-    @staticmethod
-    async def _translated(
-        ex: Exchange,
-        runtime: Runtime,
-        pipeline: Pipeline,
-        channel: Channel,
-        upstream_format: Format,
-        sent: CIMultiDict[str],
-    ) -> tuple[str, bytes] | Untranslatable:
-        """The request for a channel of another format: the client's request (as the plugins,
-        on_upstream included, left it) read into the translation's words and written in the
-        channel's; or what that format cannot carry."""
-        assert ex.model is not None
-        ex.upstream_model = runtime.channels.upstream_model(channel, ex.route, ex.model)
-        if pipeline.upstream_hooks:
-            await pipeline.run_upstream(ex)
-        try:
-            assert ex.target is not None
-            ask = read_ask(ex.format, ex.json(), ex.model, ex.streaming, ex.target.query)
-            ex.translation = translation = Translation(
-                ex.format,
-                upstream_format,
-                ask,
-                ex.upstream_model,
-                redact=channel.redactor.text if channel.redactor is not None else str,
-                stream_usage=channel.config.stream_usage,
-            )
-        except Untranslatable as refused:
-            ex.translation = None
-            return refused
-        ex.headers = headers = translation.headers(sent, runtime.config.server.request_id_header)
-        upstream_format.place_credential(channel.credential, headers)
-        if upstream_format is MESSAGES:
-            headers[channel.config.version_header or MESSAGES.sdk_version_header] = MESSAGE_VERSION
-        target = translation.target(
-            lambda path: upstream_format.versioned_path(path, channel.config.content_api_version)
-        )
-        credential = upstream_format.credential_query(channel.credential)
-        if credential:
-            target += ("&" if "?" in target else "?") + urlencode(credential)
-        return target, translation.body
-
-    @staticmethod
-    def _untranslatable(ex: Exchange, refused: Untranslatable, upstream_format: Format) -> web.Response:
-        """The client's 400 for a request no channel left could take in its format: the first refusal."""
-        return ex.error_response(
-            400,
-            f"{refused} (this model is served in the {upstream_format.name} format here)",
-            "untranslatable_request",
-            headers={"x-should-retry": "false"},
-            param=refused.param,
-        )
 
     @staticmethod
     def _request_for(ex: Exchange, channel: Channel, path: str) -> tuple[str, bytes | AsyncIterator[bytes] | None]:

@@ -16,8 +16,6 @@ from proxy.formats.translation.chat_stream import FINISHES, STOPS, ChatReader, C
 from proxy.formats.translation.codec import (
     Codec,
     Query,
-    StreamReader,
-    StreamWriter,
     UnknownAnswer,
     call_id,
     data_url,
@@ -105,6 +103,8 @@ def _refuse_unusual(body: dict[str, Any]) -> None:
 
 class ChatCodec(Codec):
     format = CHAT
+    reading = ChatReader
+    writing = ChatWriter
 
     # -- requests --
 
@@ -249,12 +249,6 @@ class ChatCodec(Codec):
         if reply.counts is not None:
             answer["usage"] = usage_of(reply.counts)
         return answer
-
-    def reader(self) -> StreamReader:
-        return ChatReader()
-
-    def writer(self, ask: Ask) -> StreamWriter:
-        return ChatWriter(ask)
 
 
 def _read_tool_choice(choice: Any, ask: Ask) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from proxy.formats.base import Format
@@ -45,6 +45,8 @@ class Codec:
     """One chat format, read and written."""
 
     format: ClassVar[Format]
+    reading: ClassVar[Callable[[], StreamReader]]
+    writing: ClassVar[Callable[[Ask], StreamWriter]]
 
     def read_ask(self, body: Any, path_model: str | None, streaming: bool, query: Query = ()) -> Ask:
         """The client's request (`path_model`: the model its path names; `query`: its query pairs)."""
@@ -64,10 +66,12 @@ class Codec:
         raise NotImplementedError
 
     def reader(self) -> StreamReader:
-        raise NotImplementedError
+        """A state machine reading one stream of the format's (an upstream's)."""
+        return self.reading()
 
     def writer(self, ask: Ask) -> StreamWriter:
-        raise NotImplementedError
+        """A state machine writing one stream of the format's (a client's), answering `ask`."""
+        return self.writing(ask)
 
     def write_fault(self, fault: Fault) -> dict[str, Any]:
         return self.format.error_payload(fault.status, fault.message, fault.code)

@@ -17,8 +17,6 @@ from proxy.formats import CONTENT
 from proxy.formats.translation.codec import (
     Codec,
     Query,
-    StreamReader,
-    StreamWriter,
     UnknownAnswer,
     instructions,
     number,
@@ -128,6 +126,8 @@ def json_schema(schema: Any) -> Any:
 
 class ContentCodec(Codec):
     format = CONTENT
+    reading = ContentReader
+    writing = ContentWriter
 
     def read_ask(self, body: Any, path_model: str | None, streaming: bool, query: Query = ()) -> Ask:
         if streaming and ("alt", "sse") not in query:
@@ -311,12 +311,6 @@ class ContentCodec(Codec):
         if reply.counts is not None:
             answer["usageMetadata"] = usage_of(reply.counts)
         return answer
-
-    def reader(self) -> StreamReader:
-        return ContentReader()
-
-    def writer(self, ask: Ask) -> StreamWriter:
-        return ContentWriter(ask)
 
 
 class _Calls:

@@ -15,8 +15,6 @@ from proxy.formats import MESSAGES
 from proxy.formats.translation.codec import (
     Codec,
     Query,
-    StreamReader,
-    StreamWriter,
     UnknownAnswer,
     call_id,
     instructions,
@@ -70,6 +68,8 @@ _KNOWN = frozenset(
 
 class MessageCodec(Codec):
     format = MESSAGES
+    reading = MessageReader
+    writing = MessageWriter
 
     def read_ask(self, body: Any, path_model: str | None, streaming: bool, query: Query = ()) -> Ask:
         unknown = sorted(k for k in body if k not in _KNOWN)
@@ -198,12 +198,6 @@ class MessageCodec(Codec):
             "stop_sequence": reply.stop_sequence,
             "usage": usage_of(reply.counts or Counts(0, 0)),
         }
-
-    def reader(self) -> StreamReader:
-        return MessageReader()
-
-    def writer(self, ask: Ask) -> StreamWriter:
-        return MessageWriter(ask)
 
 
 _UNSAFE_ID = re.compile(r"[^A-Za-z0-9_-]")

@@ -16,8 +16,6 @@ from proxy.formats import RESPONSES
 from proxy.formats.translation.codec import (
     Codec,
     Query,
-    StreamReader,
-    StreamWriter,
     UnknownAnswer,
     data_url,
     effort_for,
@@ -83,6 +81,8 @@ _KNOWN = frozenset(
 
 class ResponseCodec(Codec):
     format = RESPONSES
+    reading = ResponseReader
+    writing = ResponseWriter
 
     def read_ask(self, body: Any, path_model: str | None, streaming: bool, query: Query = ()) -> Ask:
         for name in _REFUSED:
@@ -215,12 +215,6 @@ class ResponseCodec(Codec):
             reply.counts,
             ask,
         )
-
-    def reader(self) -> StreamReader:
-        return ResponseReader()
-
-    def writer(self, ask: Ask) -> StreamWriter:
-        return ResponseWriter(ask)
 
 
 def _tool(tool: Tool) -> dict[str, Any]:
