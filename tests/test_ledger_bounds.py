@@ -24,7 +24,7 @@ NOWHERE = "postgresql://postgres@127.0.0.1:1/nowhere"  # PostgreSQL away: what w
 def record(index: int, filler: int = 0) -> Any:
     """A usage record; `filler` characters more in its names (model and upstream model up to their
     256, the client's request id up to its 128, the rest in the key's name and tenant label): at
-    `filler=1700` it is about 2.5 KB as written."""
+    `filler=1670` it is about 2.5 KB as written."""
     from plugins.ledger.record import UsageRecord
 
     model, client_id = min(filler, 240), min(filler, 128)
@@ -68,14 +68,14 @@ async def test_the_journal_takes_records_to_its_bytes_and_no_further(shared_redi
     journal = Journal(share(shared_redis), key, 20_000, 60.0)
     client = journal._shared.client
     try:
-        big = record(0, filler=1700)
+        big = record(0, filler=1670)
         assert 2400 < len(big.encoded()) < 2600
         # Warm: the client's connections (a Cluster's map of slots) and the script, which a first
         # call makes within the append's half-second wait only on an idle machine; then emptied.
         assert await journal.append(record(99)) is not None
         await client.delete(key, beside(key))
         journaled, unjournaled = counted("journaled"), counted("unjournaled")
-        entries = await asyncio.gather(*(journal.append(record(n, filler=1700)) for n in range(12)))
+        entries = await asyncio.gather(*(journal.append(record(n, filler=1670)) for n in range(12)))
         taken = [entry for entry in entries if entry is not None]
         # 8, each counted as it was written; counted at 1 KB a record, 19 went in, 47 KB.
         assert len(taken) == 20_000 // (6 + len(big.encoded())) == 8
@@ -106,7 +106,7 @@ async def test_the_redis_spool_takes_batches_to_its_bytes(shared_redis: str) -> 
     spool = RedisSpool(share(shared_redis), key, 12_000)
     client = spool._client
     try:
-        batch = [record(n, filler=1700) for n in range(2)]  # about 5 KB as written
+        batch = [record(n, filler=1670) for n in range(2)]  # about 5 KB as written
         assert [await spool.put(batch) for _ in range(3)] == [True, True, False]
         assert await spool.held() == await stream_bytes(client, key) <= 12_000
         assert await spool.put([record(7)])  # a small batch still fits
