@@ -1439,3 +1439,10 @@ def test_an_answers_ids_of_the_wrong_type_are_none_of_the_clients():
     status, body = translation.answer(200, json.dumps(answer).encode())
     call = body["choices"][0]["message"]["tool_calls"][0]
     assert status == 200 and body["model"] == "m" and isinstance(call["id"], str) and call["id"].startswith("call_")
+
+
+def test_the_header_naming_what_was_left_out_stays_short():
+    messages = [{"role": "user", "content": "hi", "name": f"n{i}"} for i in range(500)]
+    _, translation = _sent("chat", "messages", {"model": "m", "messages": messages})
+    said = translation.response_headers()["X-Translation-Dropped"]
+    assert said.endswith(", and 480 more") and len(said) < 600

@@ -108,9 +108,8 @@ class Relay:
         self.request_id_header = request_id_header
         self.observer = observer
         self.redactor: Redactor | None = ex.channel.redactor if ex.channel is not None else None
-        self.translating: StreamTranslation | None = (
-            None  # a stream's events, from the upstream's format to the client's
-        )
+        # A stream's events, from the upstream's format to the client's (set for a translated stream).
+        self.translating: StreamTranslation | None = None
 
     async def send(self) -> web.StreamResponse:
         upstream = self.upstream

@@ -39,6 +39,7 @@ UPSTREAM_FORMAT_HEADER = "X-Upstream-Format"
 UNREADABLE = Fault(502, "the upstream's answer could not be read to be translated", "upstream_bad_answer")
 UNFINISHED = Fault(502, "the upstream ended its stream before its answer finished", "upstream_broke_off")
 DROPPED_HEADER = "X-Translation-Dropped"
+_NAMED_AT_MOST = 20  # fields the header names (one a message, in a long conversation, would make it huge)
 
 __all__ = ["CODECS", "ROUTES", "Translation", "Untranslatable", "read_ask"]
 
@@ -124,7 +125,9 @@ class Translation:
     def response_headers(self) -> dict[str, str]:
         headers = {UPSTREAM_FORMAT_HEADER: self.upstream.format.name}
         if self.ask.dropped:
-            headers[DROPPED_HEADER] = ", ".join(dict.fromkeys(self.ask.dropped))
+            named = list(dict.fromkeys(self.ask.dropped))
+            more = f", and {len(named) - _NAMED_AT_MOST} more" if len(named) > _NAMED_AT_MOST else ""
+            headers[DROPPED_HEADER] = ", ".join(named[:_NAMED_AT_MOST]) + more
         return headers
 
     def answer(self, status: int, body: bytes) -> tuple[int, dict[str, Any]]:
