@@ -8,6 +8,7 @@ import json
 import socket
 import textwrap
 
+import aiohttp
 import openai
 import pytest
 
@@ -210,3 +211,44 @@ async def test_a_failure_is_the_answer_when_no_target_left_can_carry_the_request
         async with http.post(gw.url + "/v1/chat/completions", json=body, headers=BEARER) as answered:
             assert answered.status == 503 and (await answered.json())["error"]["message"] == "overloaded now"
     assert not gw.sim("msg").requests
+
+
+async def test_a_request_naming_no_limit_is_held_upstream_to_the_limit_it_was_charged_for(redis_url, start_gateway):
+    """The message format requires `max_tokens`: a chat request naming none is sent the limit its
+    reservation assumed (the price row's `max_output_tokens`), not a default of the format's."""
+    gw = await start_gateway(
+        textwrap.dedent(f"""
+        state: {{backend: redis, url: '{redis_url}', check_timeout_s: 5}}
+        keys: [{{name: spender, key: {KEY}, budget: {{cost_per_day: 1.0}}}}]
+        channels:
+          - {{name: msg, base_url: simulator, formats: [messages], models: [none], {SIM}}}
+        models:
+          bigm: [{{channel: msg, model: msgmodel-sonnet-4-5}}]
+        prices:
+          - {{model: bigm, input_per_mtok: 3, output_per_mtok: 15, max_output_tokens: 50}}
+        plugins:
+          budget: {{}}
+        """)
+    )
+    body = {"model": "bigm", "messages": [{"role": "user", "content": "Hi"}]}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(gw.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}) as answered,
+    ):
+        assert answered.status == 200, await answered.text()
+    assert json.loads(gw.last_upstream_request("msg").body)["max_tokens"] == 50
+
+
+async def test_counting_tokens_for_a_public_name_goes_to_a_target_of_its_own_format(refusing_gateway, http):
+    gw = refusing_gateway
+    headers = {"x-api-key": DEMO_KEY, "anthropic-version": "2023-06-01"}
+    body = {"model": "smart", "messages": [{"role": "user", "content": "Hi"}]}
+    async with http.post(gw.url + "/v1/messages/count_tokens", json=body, headers=headers) as answered:
+        assert answered.status == 200
+    sent = gw.last_upstream_request("msg")
+    assert sent.path == "/v1/messages/count_tokens" and json.loads(sent.body)["model"] == "claude-big"
+    path = "/v1beta/models/smart:countTokens"
+    async with http.post(gw.url + path, json={"contents": []}, headers={"x-goog-api-key": DEMO_KEY}) as answered:
+        assert answered.status == 200  # the content target
+    async with http.get(gw.admin + "/metrics") as scraped:
+        assert 'model="smart"' in await scraped.text()  # a public name is counted by name

@@ -16,7 +16,7 @@ import socket
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from proxy.config.console import ConsoleConfig
 from proxy.config.key_store import KeyStoreConfig
@@ -518,24 +518,30 @@ class GatewayConfig(Strict):
     # weights, the first attempt is drawn by them and the rest follow in order.
     models: dict[str, list[ModelTarget]] = Field(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _model_targets_are_chat_channels(self) -> GatewayConfig:
-        channels = {channel.name: channel for channel in self.channels}
-        for name, targets in self.models.items():
+    @field_validator("models")
+    @classmethod
+    def _model_targets_are_chat_channels(
+        cls, value: dict[str, list[ModelTarget]], info: ValidationInfo
+    ) -> dict[str, list[ModelTarget]]:
+        channels = {channel.name: channel for channel in info.data.get("channels") or []}
+        problems = []
+        for name, targets in value.items():
             if not targets:
-                raise ValueError(f"models.{name}: names no target")
+                problems.append(f"{name}: names no target")
             seen: set[str] = set()
             for i, target in enumerate(targets):
                 channel = channels.get(target.channel)
+                where = f"{name}[{i}].channel"
                 if channel is None:
-                    raise ValueError(f"models.{name}[{i}].channel: no channel is named {target.channel!r}")
-                if target.channel in seen:
-                    raise ValueError(f"models.{name}[{i}].channel: {target.channel!r} is named twice")
+                    problems.append(f"{where}: no channel is named {target.channel!r}")
+                elif target.channel in seen:
+                    problems.append(f"{where}: {target.channel!r} is named twice")
+                elif not set(channel.formats if channel.endpoints is None else channel.endpoints) & CHAT_SPEAKING:
+                    problems.append(f"{where}: {target.channel!r} serves no chat format")
                 seen.add(target.channel)
-                spoken = channel.formats if channel.endpoints is None else channel.endpoints
-                if not set(spoken) & set(CHAT_SPEAKING):
-                    raise ValueError(f"models.{name}[{i}].channel: {target.channel!r} serves no chat format")
-        return self
+        if problems:
+            raise ValueError("; ".join(problems))  # every one at once, as check-config lists problems
+        return value
 
     @field_validator("routes")
     @classmethod

@@ -84,6 +84,7 @@ class Exchange:
         "pinned_with",
         "pipeline",
         "translation",
+        "assumed_output",
     )
 
     def __init__(self, request: web.Request, route: Route, request_id: str, gateway_id: str | None = None) -> None:
@@ -130,6 +131,9 @@ class Exchange:
         # The attempt's request and answer in another format than the client's (set by the
         # forwarder for a channel of another format; None: passed through as the client's).
         self.translation: Translation | None = None
+        # The output a request naming no limit was charged for (proxy/request/charges.py); a
+        # translation that must write a limit the client did not name writes this one.
+        self.assumed_output: int | None = None
         self.response_headers: dict[str, str] | None = None  # plugins' additions to the client's answer
         self.answer_limit: AnswerLimit | None = None  # a plugin must read the whole answer
         # Set by the observability layer when tracing is on: the request's trace ids and head

@@ -186,7 +186,7 @@ class ModelLabels:
     __slots__ = ("_known",)
 
     def __init__(self, config: GatewayConfig) -> None:
-        known = set(SPEC_MODELS) | set(config.observability.metrics.models)
+        known = set(SPEC_MODELS) | set(config.observability.metrics.models) | set(config.models)
         for channel in config.channels:
             known.update(p for p in channel.models if not _GLOB.search(p))
             known.update(channel.rename)

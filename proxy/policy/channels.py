@@ -164,8 +164,9 @@ class ChannelSet:
         return self._by_name.get(name)
 
     def targets(self, route: Route, model: str | None) -> tuple[Target, ...] | None:
-        """A public model name's targets, on a route they serve (None: not such a name)."""
-        if not self.aliases or model is None or route.name not in TRANSLATED_ROUTES:
+        """A public model name's targets (None: not such a name). On a route that is not
+        translated (counting tokens), only those serving it as it is take it."""
+        if not self.aliases or model is None:
             return None
         return self.aliases.get(model)
 
@@ -185,8 +186,8 @@ class ChannelSet:
                 found = [t.channel for t in targets if t.channel.serves(route) or t.channel.translated_format(route)]
             else:
                 found = [c for c in self.channels if c.serves(route) and (model is None or c.serves_model(model))]
-            if not found and model is not None and route.name in TRANSLATED_ROUTES:
-                found = [c for c in self.channels if c.translated_format(route) and c.serves_model(model)]
+                if not found and model is not None and route.name in TRANSLATED_ROUTES:
+                    found = [c for c in self.channels if c.translated_format(route) and c.serves_model(model)]
             if len(self._candidates) >= _CANDIDATE_CACHE:
                 self._candidates.clear()
             self._candidates[key] = found

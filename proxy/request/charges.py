@@ -56,7 +56,12 @@ def most_of(ex: Exchange, prices: PriceTable, default_output: int, priced: bool 
     input_tokens = output_tokens = 0
     if fmt.reports_usage:
         input_tokens = math.ceil(_prompt_bytes(ex) / BYTES_A_TOKEN)
-        output_tokens = fmt.output_limit(asked, prices.default_output(ex.model) or default_output) * outputs
+        assumed = prices.default_output(ex.model) or default_output
+        # A request naming no limit is held to the one it was charged for, where the gateway
+        # writes the limit itself (a translation to a format that requires one): the least any
+        # reservation assumed.
+        ex.assumed_output = assumed if ex.assumed_output is None else min(ex.assumed_output, assumed)
+        output_tokens = fmt.output_limit(asked, assumed) * outputs
     images = outputs if isinstance(fmt, ImagesFormat) else 0
     seconds = VideoFormat.seconds_made(asked)[0] if ex.route.creates is Pin.VIDEO_TASK else 0.0
     cost = prices.most(ex.model, Usage(input_tokens, output_tokens), images, seconds) if priced else 0.0

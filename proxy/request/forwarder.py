@@ -183,7 +183,8 @@ class Forwarder:
         delay = runtime.config.resilience.backoff_s
         body, body_changed = ex.body, ex.body_changed  # before any channel's rename
         sent = ex.headers  # the client's, as the plugins left them: a translated attempt builds its own
-        refused: tuple[Untranslatable, Format] | None = None  # the first channel that could not take it
+        # The first channel that could not take the request: what it refused, its format, itself, the model there.
+        refused: tuple[Untranslatable, Format, Channel, str | None] | None = None
         while True:
             channel = ex.channel
             assert channel is not None and channel.pool is not None
@@ -193,10 +194,11 @@ class Forwarder:
                 made = await translated_request(ex, runtime, pipeline, channel, upstream_format, sent)
                 if isinstance(made, Untranslatable):
                     # Nothing was sent: a channel of another format may carry what this one cannot.
-                    refused = refused or (made, upstream_format)
+                    refused = refused or (made, upstream_format, channel, ex.upstream_model)
                     following = runtime.channels.pick(ex.route, ex.model, exclude=tuple(tried))
                     if following is None:
-                        return untranslatable(ex, *refused)
+                        made, upstream_format, ex.channel, ex.upstream_model = refused  # the refusal told
+                        return untranslatable(ex, made, upstream_format)
                     ex.channel = following
                     ex.restore_body(body, body_changed)
                     continue

@@ -35,6 +35,8 @@ async def translated_request(
     try:
         assert ex.target is not None
         ask = read_ask(ex.format, ex.json(), ex.model, ex.streaming, ex.target.query)
+        if ex.assumed_output is not None:  # what the request was charged for, not the format's default
+            ask.assumed_output = ex.assumed_output
         ex.translation = translation = Translation(
             ex.format,
             upstream_format,

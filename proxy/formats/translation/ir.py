@@ -77,6 +77,7 @@ class Ask:
     system: list[Part] = field(default_factory=list)
     stream: bool = False
     max_output: int | None = None
+    assumed_output: int = 4096  # the limit written where a format requires one and the client named none
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None

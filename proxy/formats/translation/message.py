@@ -42,7 +42,6 @@ from proxy.formats.translation.ir import (
 )
 from proxy.formats.translation.message_stream import REASONS, STOPS, MessageReader, MessageWriter, counts_of, usage_of
 
-DEFAULT_MAX_TOKENS = 4096  # proxy.request.charges.DEFAULT_OUTPUT_TOKENS: what such a request is charged for
 _DROPPED = ("service_tier", "inference_geo")
 _KNOWN = frozenset(
     {
@@ -129,7 +128,7 @@ class MessageCodec(Codec):
     def write_ask(self, ask: Ask) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": ask.model,
-            "max_tokens": ask.max_output or DEFAULT_MAX_TOKENS,
+            "max_tokens": ask.max_output or ask.assumed_output,
             "messages": [],
         }
         if ask.system:
