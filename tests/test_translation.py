@@ -5,6 +5,7 @@ what both formats express, and what cannot be translated refused by name."""
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 from typing import Any
@@ -1153,8 +1154,8 @@ def test_a_translated_response_has_one_id_whole_and_streamed():
 
 
 def test_a_signature_goes_back_only_to_an_upstream_of_the_format_that_made_it():
-    """Thinking a content upstream signed reaches a message client with the signature naming its
-    format; sent back, it goes to a content upstream as it was made, and to a message upstream
+    """Thinking a content upstream signed reaches a message client with a signature naming its
+    format (as Base64, which every format's client takes a signature to be); sent back, it goes to a content upstream as it was made, and to a message upstream
     not at all (that upstream would refuse another's signature)."""
     answer = {
         "candidates": [
@@ -1169,7 +1170,9 @@ def test_a_signature_goes_back_only_to_an_upstream_of_the_format_that_made_it():
     }
     translation = Translation(FORMATS["messages"], FORMATS["content"], _ask("messages", stream=False), "m")
     thinking = translation.answer(200, json.dumps(answer).encode())[1]["content"][0]
-    assert thinking == {"type": "thinking", "thinking": "hmm", "signature": "content.c2ln"}
+    assert (
+        thinking["thinking"] == "hmm" and base64.b64decode(thinking["signature"]) == b"modelgate-signature:content.c2ln"
+    )
     body = {
         "model": "m",
         "max_tokens": 50,
@@ -1284,7 +1287,7 @@ def test_the_channels_credential_is_taken_out_of_a_translated_stream_error(upstr
 
 
 def test_an_upstreams_delta_of_another_kind_than_its_block_opens_a_block_of_that_kind():
-    events = _sse(
+    opening = [
         ("message_start", {"type": "message_start", "message": {"id": "m", "usage": {"input_tokens": 1}}}),
         (
             "content_block_start",
@@ -1298,20 +1301,28 @@ def test_an_upstreams_delta_of_another_kind_than_its_block_opens_a_block_of_that
             "content_block_delta",
             {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "b"}},
         ),
-        (
-            "content_block_delta",
-            {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": "{}"}},
-        ),
+    ]
+    closing = [
         (
             "message_delta",
             {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 3}},
         ),
         ("message_stop", {"type": "message_stop"}),
+    ]
+    orphan = (
+        "content_block_delta",
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": "{}"}},
     )
     for client in ("responses", "chat", "content"):
         stream = Translation(FORMATS[client], FORMATS["messages"], _ask(client), "m").stream()
-        out = stream.feed(SSEParser(1 << 20).feed(events)) + stream.end()
+        out = stream.feed(SSEParser(1 << 20).feed(_sse(*opening, *closing))) + stream.end()
         assert stream.fault is None and out, client
+        # A call's arguments with no call open (interleaved with another's, or never opened) make
+        # no whole call in any format: the stream ends with the client's error event.
+        stream = Translation(FORMATS[client], FORMATS["messages"], _ask(client), "m").stream()
+        out = stream.feed(SSEParser(1 << 20).feed(_sse(*opening, orphan, *closing))) + stream.end()
+        assert stream.fault is not None and stream.fault.code == "upstream_bad_answer", client
+        assert b"could not be read" in out[-1].raw, client
 
 
 @pytest.mark.parametrize(
@@ -1446,3 +1457,115 @@ def test_the_header_naming_what_was_left_out_stays_short():
     _, translation = _sent("chat", "messages", {"model": "m", "messages": messages})
     said = translation.response_headers()["X-Translation-Dropped"]
     assert said.endswith(", and 480 more") and len(said) < 600
+
+
+def test_a_streams_opening_counts_are_a_placeholder_never_its_last_word():
+    """A message stream opens with `output_tokens: 1`: cut there, the gateway estimates the output."""
+    stream = Translation(FORMATS["chat"], FORMATS["messages"], _ask("chat"), "m").stream()
+    stream.feed(SSEParser(1 << 20).feed(STREAMS["messages"].split(b"event: content_block_stop")[0]))
+    usage = stream.usage()
+    assert not usage.final and usage.input_tokens == 35
+    stream.feed(
+        SSEParser(1 << 20).feed(
+            b"event: content_block_stop" + STREAMS["messages"].split(b"event: content_block_stop", 1)[1]
+        )
+    )
+    assert stream.usage().final and stream.usage().output_tokens == 42
+
+
+def test_a_chat_upstreams_stop_beside_tool_calls_is_a_tool_use():
+    answer = {
+        "id": "c",
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+                },
+                "finish_reason": "stop",
+            }
+        ],
+    }
+    assert CODECS["chat"].read_reply(answer).stop == TOOL_USE
+    chunks = _sse(
+        (
+            None,
+            {
+                **CHUNK,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {
+                            "tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": "{}"}}]
+                        },
+                    }
+                ],
+            },
+        ),
+        (None, {**CHUNK, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+        (None, "[DONE]"),
+    )
+    stream = Translation(FORMATS["messages"], FORMATS["chat"], _ask("messages"), "m").stream()
+    out = b"".join(e.raw for e in stream.feed(SSEParser(1 << 20).feed(chunks)) + stream.end())
+    assert b'"stop_reason":"tool_use"' in out
+
+
+def test_a_schema_too_deep_to_translate_is_refused_not_a_crash():
+    deep: dict[str, Any] = {"type": "STRING"}
+    for _ in range(2000):
+        deep = {"type": "ARRAY", "items": deep}
+    body = {
+        "contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+        "tools": [{"functionDeclarations": [{"name": "f", "parameters": deep}]}],
+    }
+    with pytest.raises(Untranslatable):
+        _sent("content", "chat", body)
+
+
+def test_strict_tools_stay_strict_or_are_named():
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": True}}
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [tool]}
+    sent, _ = _sent("chat", "responses", body)
+    assert sent["tools"][0]["strict"] is True
+    assert "tools.strict" in _sent("chat", "messages", body)[1].dropped
+    assert "tools.strict" in _sent("chat", "content", body)[1].dropped
+
+
+def test_a_results_one_field_keeps_its_name_unless_it_is_the_result():
+    body = {
+        "contents": [
+            {"role": "user", "parts": [{"text": "hi"}]},
+            {"role": "model", "parts": [{"functionCall": {"name": "f", "id": "c", "args": {}}}]},
+            {
+                "role": "user",
+                "parts": [{"functionResponse": {"name": "f", "id": "c", "response": {"temperature_celsius": "-5"}}}],
+            },
+        ]
+    }
+    sent, _ = _sent("content", "chat", body)
+    assert json.loads(sent["messages"][2]["content"]) == {"temperature_celsius": "-5"}
+
+
+def test_an_event_the_gateway_cannot_read_ends_the_stream_not_skipped():
+    events = STREAMS["messages"].replace(b'"text": "H', b'"text": H', 1)  # (its JSON broken)
+    stream = Translation(FORMATS["chat"], FORMATS["messages"], _ask("chat"), "m").stream()
+    out = stream.feed(SSEParser(1 << 20).feed(events)) + stream.end()
+    assert stream.fault is not None and b"could not be read" in out[-1].raw and b"[DONE]" not in out[-1].raw
+
+
+def test_a_stream_errors_code_is_redacted_too():
+    error = ("error", {"type": "error", "error": {"type": "invalid_key_sk-up-secret", "message": "no"}})
+    redact = lambda text: text.replace("sk-up-secret", "[redacted]")  # noqa: E731
+    stream = Translation(FORMATS["chat"], FORMATS["messages"], _ask("chat"), "m", redact=redact).stream()
+    out = b"".join(e.raw for e in stream.feed(SSEParser(1 << 20).feed(_sse(error))))
+    assert b"sk-up-secret" not in out and b"invalid_key_[redacted]" in out
+
+
+def test_a_responses_image_detail_is_named_when_left_out():
+    body = {
+        "model": "m",
+        "input": [
+            {"role": "user", "content": [{"type": "input_image", "image_url": "https://x/a.png", "detail": "low"}]}
+        ],
+    }
+    assert "input[0].content[0].detail" in _sent("responses", "chat", body)[1].dropped

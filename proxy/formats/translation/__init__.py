@@ -46,7 +46,7 @@ __all__ = ["CODECS", "ROUTES", "Translation", "Untranslatable", "read_ask"]
 
 # What a reader or writer meets in a value of a shape it did not expect (a request the schema let
 # through, an upstream's answer): never a 500, but the client's 400, or the upstream's 502.
-_MISSHAPEN = (KeyError, TypeError, AttributeError, IndexError, UnknownAnswer)
+_MISSHAPEN = (KeyError, TypeError, AttributeError, IndexError, RecursionError, UnknownAnswer)
 
 
 def read_ask(client: Format, body: Any, path_model: str | None, streaming: bool, query: Query = ()) -> Ask:
@@ -101,7 +101,7 @@ class Translation:
 
     @property
     def dropped(self) -> list[str]:
-        return self.ask.dropped
+        return list(self.ask.dropped)
 
     def target(self, versioned: Any) -> str:
         """The upstream path and query (`versioned`: the channel's API version for the path)."""
@@ -125,7 +125,7 @@ class Translation:
     def response_headers(self) -> dict[str, str]:
         headers = {UPSTREAM_FORMAT_HEADER: self.upstream.format.name}
         if self.ask.dropped:
-            named = list(dict.fromkeys(self.ask.dropped))
+            named = list(self.ask.dropped)
             more = f", and {len(named) - _NAMED_AT_MOST} more" if len(named) > _NAMED_AT_MOST else ""
             headers[DROPPED_HEADER] = ", ".join(named[:_NAMED_AT_MOST]) + more
         return headers
@@ -167,7 +167,7 @@ class StreamTranslation:
     beyond what a format sends whole: a content-generation client's tool call). What the
     upstream counted, and how its stream ended, are kept for the gateway's own books."""
 
-    __slots__ = ("reader", "writer", "redact", "ended", "counts", "fault", "unfinished")
+    __slots__ = ("reader", "writer", "redact", "ended", "counts", "closed", "fault", "unfinished")
 
     def __init__(self, translation: Translation) -> None:
         self.reader = translation.upstream.reader()
@@ -175,6 +175,7 @@ class StreamTranslation:
         self.redact = translation.redact
         self.ended = False
         self.counts = Counts()  # the upstream's own, as far as it said them
+        self.closed = False  # its closing counts came (an opening count is a placeholder, never final)
         self.fault: Fault | None = None  # how the stream failed, when it did
         self.unfinished = False  # the upstream ended it before its answer finished
 
@@ -205,15 +206,20 @@ class StreamTranslation:
         return out
 
     def usage(self) -> Usage:
-        return usage_of(self.counts)
+        usage = usage_of(self.counts)
+        usage.final = usage.final and self.closed
+        return usage
 
     def _write(self, pieces: list[Piece]) -> list[SSEEvent]:
         out: list[SSEEvent] = []
         for piece in pieces:
             if isinstance(piece, Begin | Finish) and piece.counts is not None:
                 merged(self.counts, piece.counts)
+                self.closed = self.closed or isinstance(piece, Finish)
             if isinstance(piece, Failed):
-                piece = Failed(dataclasses.replace(piece.fault, message=self.redact(piece.fault.message)))
+                fault = piece.fault
+                code = self.redact(fault.code) if fault.code is not None else None
+                piece = Failed(dataclasses.replace(fault, message=self.redact(fault.message), code=code))
                 self.fault = piece.fault
             try:
                 out += self.writer.feed(piece)

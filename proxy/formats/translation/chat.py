@@ -29,6 +29,7 @@ from proxy.formats.translation.ir import (
     EFFORT_BUDGET,
     END,
     REFUSAL,
+    TOOL_USE,
     Ask,
     Part,
     Reply,
@@ -113,7 +114,7 @@ class ChatCodec(Codec):
             _refuse_unusual(body)
         ask = Ask(model=str(body.get("model")), turns=[], stream=body.get("stream") is True)
         if not _DROPPED_NAMES.isdisjoint(body):
-            ask.dropped = [name for name in _DROPPED if body.get(name) is not None]
+            ask.dropped = dict.fromkeys(name for name in _DROPPED if body.get(name) is not None)
         options = body.get("stream_options")
         ask.stream_usage = isinstance(options, dict) and options.get("include_usage") is True
         ask.max_output = whole(body.get("max_completion_tokens")) or whole(body.get("max_tokens"))
@@ -136,7 +137,11 @@ class ChatCodec(Codec):
                 raise Untranslatable(f"tools[{i}]", "only function tools can be translated")
             ask.tools.append(
                 Tool(
-                    function["name"], function.get("description"), function.get("parameters"), tool.get("cache_control")
+                    function["name"],
+                    function.get("description"),
+                    function.get("parameters"),
+                    tool.get("cache_control"),
+                    function.get("strict") if isinstance(function.get("strict"), bool) else None,
                 )
             )
         _read_tool_choice(body.get("tool_choice"), ask)
@@ -215,6 +220,8 @@ class ChatCodec(Codec):
                     )
                 )
         stop = STOPS.get(choice.get("finish_reason"), END)
+        if stop == END and any(p.kind == "tool_call" for p in parts):
+            stop = TOOL_USE  # a forced function's answer says "stop" (as vLLM's named tool choice does)
         if message.get("refusal"):
             stop = REFUSAL
         return Reply(
@@ -281,10 +288,10 @@ def _read_messages(messages: list[Any], ask: Ask) -> None:
         role, content = message.get("role"), message.get("content")
         where = f"messages[{i}]"
         if message.get("name") is not None:  # who spoke, among several of one role: no other format says
-            ask.dropped.append(f"{where}.name")
+            ask.dropped[f"{where}.name"] = None
         if role in ("system", "developer"):
             if ask.turns:  # the other formats hold their instructions first, apart from the turns
-                ask.dropped.append(f"{where} (its place: moved first)")
+                ask.dropped[f"{where} (its place: moved first)"] = None
             ask.system += _parts(content, f"{where}.content", ask.dropped, user=False)
         elif role == "user":
             _append(ask, "user", _parts(content, f"{where}.content", ask.dropped, user=True))
@@ -328,7 +335,7 @@ def _append(ask: Ask, role: str, parts: list[Part]) -> None:
         ask.turns.append(Turn(role, parts))
 
 
-def _parts(content: Any, where: str, dropped: list[str], user: bool) -> list[Part]:
+def _parts(content: Any, where: str, dropped: dict[str, None], user: bool) -> list[Part]:
     if content is None:
         return []
     if isinstance(content, str):
@@ -345,7 +352,7 @@ def _parts(content: Any, where: str, dropped: list[str], user: bool) -> list[Par
         elif kind == "image_url" and user:
             url = (item.get("image_url") or {}).get("url") or ""
             if (item.get("image_url") or {}).get("detail") not in (None, "auto"):
-                dropped.append(f"{where}[{i}].image_url.detail")
+                dropped[f"{where}[{i}].image_url.detail"] = None
             inline = data_url(url)
             parts.append(Part("image", media_type=inline[0], data=inline[1]) if inline else Part("image", url=url))
         else:
@@ -367,14 +374,14 @@ def _messages(ask: Ask) -> list[dict[str, Any]]:
             if calls:
                 message["tool_calls"] = [_call(p) for p in calls]
             if any(p.kind == "thinking" for p in turn.parts) and "thinking" not in ask.dropped:
-                ask.dropped.append("thinking")
+                ask.dropped["thinking"] = None
             out.append(message)
             continue
         rest = []
         for part in turn.parts:  # a tool's result is a message of its own, right after the calls
             if part.kind == "tool_result":
                 if part.is_error and "is_error" not in ask.dropped:  # (a tool message says no more than its text)
-                    ask.dropped.append("is_error")
+                    ask.dropped["is_error"] = None
                 out.append(
                     {
                         "role": "tool",
@@ -412,6 +419,8 @@ def _tool(tool: Tool) -> dict[str, Any]:
     if tool.description is not None:
         function["description"] = tool.description
     function["parameters"] = tool.parameters if tool.parameters is not None else {"type": "object", "properties": {}}
+    if tool.strict is not None:
+        function["strict"] = tool.strict
     return {"type": "function", "function": function}
 
 

@@ -7,7 +7,16 @@ import time
 from typing import Any
 
 from proxy.formats import CHAT
-from proxy.formats.translation.codec import StreamReader, StreamWriter, call_id, read_fault, text, whole
+from proxy.formats.translation.codec import (
+    StreamReader,
+    StreamWriter,
+    UnknownAnswer,
+    call_id,
+    event_data,
+    read_fault,
+    text,
+    whole,
+)
 from proxy.formats.translation.ir import (
     END,
     FILTERED,
@@ -86,10 +95,10 @@ class ChatReader(StreamReader):
         return self.blocks - 1
 
     def feed(self, event: SSEEvent) -> list[Piece]:
-        if event.data is None or event.data.strip() == "[DONE]":
+        if event.data is not None and event.data.strip() == "[DONE]":
             return []
-        chunk = event.json()
-        if not isinstance(chunk, dict):
+        chunk = event_data(event)
+        if chunk is None:
             return []
         if "error" in chunk and "choices" not in chunk:
             return [Failed(read_fault(502, chunk))]
@@ -136,6 +145,8 @@ class ChatReader(StreamReader):
     def end(self) -> list[Piece]:
         if self.stop is None:
             return []  # no finish came: the stream broke off (the relay tells the client so)
+        if self.stop == END and self.calls:
+            self.stop = TOOL_USE  # a forced function's answer says "stop" (as vLLM's named tool choice does)
         return [Finish(self.stop, counts=self.counts)]
 
 
@@ -177,7 +188,9 @@ class ChatWriter(StreamWriter):
                     "function": {"name": piece.name, "arguments": ""},
                 }
                 return [self._chunk({"tool_calls": [call]})]
-            index = self.calls.get(piece.index, 0)
+            index = self.calls.get(piece.index)
+            if index is None:  # (a call's arguments before its opening: no call to give them to)
+                raise UnknownAnswer("arguments of a call not open")
             return [self._chunk({"tool_calls": [{"index": index, "function": {"arguments": piece.text}}]})]
         if isinstance(piece, Finish):
             out = [self._chunk({}, FINISHES[piece.stop])]

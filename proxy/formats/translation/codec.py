@@ -4,6 +4,7 @@ writer (proxy/formats/translation/__init__.py)."""
 
 from __future__ import annotations
 
+import base64
 import re
 import secrets
 from collections.abc import Callable, Sequence
@@ -132,9 +133,16 @@ def text(value: Any) -> str:
 
 
 # A signature (of thinking, of a call) binds to the upstream that made it: the translation's
-# records carry it as "<format>.<signature>" (Base64 has no dot), which a client of another format
-# is given and sends back as it is, so only an upstream of the format that made it gets it again.
+# records carry it as "<format>.<signature>" (Base64 has no dot). A client of another format is
+# given that as Base64 (what every format's client takes a signature to be) and sends it back as
+# it was, so only an upstream of the format that made it gets it again.
 _SIGNERS = frozenset({"messages", "content", "responses", "chat"})
+_WRAPPED = "modelgate-signature:"
+
+
+def to_client(signature: str | None) -> str | None:
+    """A signature in the records as a client of another format than its maker's is given it."""
+    return base64.b64encode((_WRAPPED + signature).encode()).decode() if signature else None
 
 
 def made_by(fmt: str, signature: Any) -> str | None:
@@ -147,14 +155,34 @@ def sent_back(fmt: str, signature: Any) -> str | None:
     client's own format's."""
     if not isinstance(signature, str) or not signature:
         return None
-    head, dot, _ = signature.partition(".")
-    return signature if dot and head in _SIGNERS else f"{fmt}.{signature}"
+    try:
+        given = base64.b64decode(signature, validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        given = ""
+    if given.startswith(_WRAPPED):
+        inner = given[len(_WRAPPED) :]
+        head, dot, _ = inner.partition(".")
+        if dot and head in _SIGNERS:
+            return inner
+    return f"{fmt}.{signature}"
 
 
 def own_signature(fmt: str, signature: str | None) -> str | None:
     """A signature as an upstream of `fmt` takes it: only one that format made."""
     prefix = f"{fmt}."
     return signature[len(prefix) :] if signature and signature.startswith(prefix) else None
+
+
+def event_data(event: SSEEvent) -> dict[str, Any] | None:
+    """A stream event's JSON object; None for one that carries no data (a ping, a comment).
+    Data that is no JSON object is an answer the gateway cannot read (UnknownAnswer): a stream
+    that skipped it would end as if whole, without what it said."""
+    if not event.data or not event.data.strip():
+        return None
+    data = event.json()
+    if not isinstance(data, dict):
+        raise UnknownAnswer("an event whose data is no JSON object")
+    return data
 
 
 def call_id(value: Any) -> str:

@@ -23,6 +23,7 @@ from proxy.formats.translation.codec import (
     own_signature,
     sent_back,
     strings,
+    to_client,
     whole,
 )
 from proxy.formats.translation.content_stream import (
@@ -137,7 +138,7 @@ class ContentCodec(Codec):
         if unknown:
             raise Untranslatable(unknown[0], "not a field the gateway can carry to the upstream's format")
         ask = Ask(model=path_model or str(body.get("model")), turns=[], stream=streaming)
-        ask.dropped = [name for name in _DROPPED if get(body, name) is not None]
+        ask.dropped = dict.fromkeys(name for name in _DROPPED if get(body, name) is not None)
         config = get(body, "generationConfig") or {}
         for name in sorted(config):
             field = _camel(name)
@@ -146,7 +147,7 @@ class ContentCodec(Codec):
             if field in _DEFAULTS and _DEFAULTS[field](config[name]):
                 continue  # what an SDK sends every time, asking nothing another format lacks
             if field in _CONFIG_DROPPED:
-                ask.dropped.append(f"generationConfig.{field}")
+                ask.dropped[f"generationConfig.{field}"] = None
                 continue
             raise Untranslatable(f"generationConfig.{field}", "cannot be translated to the upstream's format")
         if (whole(get(config, "candidateCount")) or 1) > 1:
@@ -188,7 +189,8 @@ class ContentCodec(Codec):
                 if mode == "ANY" and len(allowed) == 1:  # the others' one named tool
                     ask.tool_choice, ask.tool_named = "named", allowed[0]
                 else:  # the others name one tool at most: the rest are not offered
-                    ask.tools = [tool for tool in ask.tools if tool.name in allowed]
+                    offered = set(allowed)
+                    ask.tools = [tool for tool in ask.tools if tool.name in offered]
         system = get(body, "systemInstruction")
         if system is not None:
             parts = system.get("parts") if isinstance(system, dict) else system
@@ -243,6 +245,8 @@ class ContentCodec(Codec):
                     declaration["parametersJsonSchema"] = tool.parameters
                 declarations.append(declaration)
             body["tools"] = [{"functionDeclarations": declarations}]
+            if any(t.strict for t in ask.tools):
+                ask.dropped["tools.strict"] = None  # (the format holds calls to their schemas its own way)
         if ask.tool_choice is not None and ask.tools:
             mode = {"auto": "AUTO", "none": "NONE", "required": "ANY", "named": "ANY"}[ask.tool_choice]
             calling: dict[str, Any] = {"mode": mode}
@@ -254,11 +258,11 @@ class ContentCodec(Codec):
             or any(p.cache for p in ask.system)
             or any(t.cache for t in ask.tools)
         ):
-            ask.dropped.append("cache_control")  # the format caches by a stored content, not by hints
+            ask.dropped["cache_control"] = None  # the format caches by a stored content, not by hints
         if ask.parallel_tools is False:
-            ask.dropped.append("parallel_tool_calls")
+            ask.dropped["parallel_tool_calls"] = None
         if ask.user is not None:
-            ask.dropped.append("user")
+            ask.dropped["user"] = None
         return body
 
     def upstream_path(self, ask: Ask) -> tuple[str, tuple[tuple[str, str], ...]]:
@@ -297,7 +301,7 @@ class ContentCodec(Codec):
             elif part.kind == "thinking":
                 thought: dict[str, Any] = {"text": part.text, "thought": True}
                 if part.signature:
-                    thought["thoughtSignature"] = part.signature
+                    thought["thoughtSignature"] = to_client(part.signature)
                 parts.append(thought)
             else:
                 parts.append({"text": part.text})
@@ -385,8 +389,10 @@ def _part(part: dict[str, Any], where: str, pending: _Calls, fresh_id: str) -> l
         call_id = pending.answer(name, result.get("id"))
         response = result.get("response")
         error = isinstance(response, dict) and set(response) == {"error"}
-        if isinstance(response, dict) and len(response) == 1 and isinstance(next(iter(response.values())), str):
-            response = next(iter(response.values()))  # {"result": text}, as results are written: the text
+        if isinstance(response, dict) and len(response) == 1:
+            ((name, value),) = response.items()
+            if name in ("result", "output", "error") and isinstance(value, str):
+                response = value  # {"result": text}, as results are written: the text
         found.append(
             Part("tool_result", call_id=call_id, name=name, content=[Part("text", json_text(response))], is_error=error)
         )
@@ -420,7 +426,7 @@ def _write_part(part: Part, names: dict[str | None, str | None], ask: Ask) -> di
     if part.kind == "thinking" and own_signature("content", part.signature):
         return {"text": part.text, "thought": True, "thoughtSignature": own_signature("content", part.signature)}
     if "thinking" not in ask.dropped:
-        ask.dropped.append("thinking")
+        ask.dropped["thinking"] = None
     return None
 
 

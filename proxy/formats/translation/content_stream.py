@@ -8,7 +8,17 @@ import secrets
 from typing import Any
 
 from proxy.formats import CONTENT
-from proxy.formats.translation.codec import StreamReader, StreamWriter, made_by, read_fault, text, whole
+from proxy.formats.translation.codec import (
+    StreamReader,
+    StreamWriter,
+    UnknownAnswer,
+    event_data,
+    made_by,
+    read_fault,
+    text,
+    to_client,
+    whole,
+)
 from proxy.formats.translation.ir import (
     END,
     FILTERED,
@@ -138,8 +148,8 @@ class ContentReader(StreamReader):
         self.called = False
 
     def feed(self, event: SSEEvent) -> list[Piece]:
-        chunk = event.json() if event.data is not None else None
-        if not isinstance(chunk, dict):
+        chunk = event_data(event)
+        if chunk is None:
             return []
         if "error" in chunk and "candidates" not in chunk:
             return [Failed(read_fault(502, chunk))]
@@ -215,7 +225,7 @@ class ContentWriter(StreamWriter):
         if self.call is None:
             return []
         call, self.call, self.call_block = self.call, None, None
-        call["args"] = parsed_arguments(call.pop("arguments"))
+        call["args"] = parsed_arguments("".join(call.pop("arguments")))
         return [self._chunk([{"functionCall": call}])]
 
     def feed(self, piece: Piece) -> list[SSEEvent]:
@@ -226,16 +236,18 @@ class ContentWriter(StreamWriter):
             if piece.kind == "tool_call":
                 if piece.opens:
                     out = self._flush_call()
-                    self.call, self.call_block = {"id": piece.call_id, "name": piece.name, "arguments": ""}, piece.index
+                    self.call = {"id": piece.call_id, "name": piece.name, "arguments": []}  # (its pieces)
+                    self.call_block = piece.index
                     return out
-                if self.call is not None:
-                    self.call["arguments"] += piece.text
+                if self.call is None or piece.index != self.call_block:
+                    raise UnknownAnswer("arguments of a call not open")  # (interleaved or orphan: no whole call)
+                self.call["arguments"].append(piece.text)
                 return []
             out = self._flush_call()
             if piece.kind == "thinking":
                 part: dict[str, Any] = {"text": piece.text, "thought": True}
                 if piece.signature:
-                    part["thoughtSignature"] = piece.signature
+                    part["thoughtSignature"] = to_client(piece.signature)
                 return out + [self._chunk([part])] if piece.text or piece.signature else out
             return out + [self._chunk([{"text": piece.text}])] if piece.text else out
         if isinstance(piece, Finish):

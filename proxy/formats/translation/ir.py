@@ -66,6 +66,7 @@ class Tool:
     description: str | None = None
     parameters: Any = None  # a JSON schema
     cache: dict[str, Any] | None = None
+    strict: bool | None = None  # its arguments held to the schema exactly (None: the format's default)
 
 
 @dataclass(slots=True)
@@ -93,7 +94,8 @@ class Ask:
     effort: str | None = None
     stream_usage: bool = True  # a chat-completions stream asks for its counts
     user: str | None = None
-    dropped: list[str] = field(default_factory=list)  # what was left out, and the client is told so
+    # What was left out, and the client is told so: in order, each once (a set with an order).
+    dropped: dict[str, None] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

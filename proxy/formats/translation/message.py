@@ -25,6 +25,7 @@ from proxy.formats.translation.codec import (
     strings,
     text,
     text_of,
+    to_client,
     whole,
 )
 from proxy.formats.translation.ir import (
@@ -75,7 +76,7 @@ class MessageCodec(Codec):
         if unknown:
             raise Untranslatable(unknown[0], "not a field the gateway can carry to the upstream's format")
         ask = Ask(model=str(body.get("model")), turns=[], stream=body.get("stream") is True)
-        ask.dropped = [name for name in _DROPPED if body.get(name) is not None]
+        ask.dropped = dict.fromkeys(name for name in _DROPPED if body.get(name) is not None)
         ask.max_output = whole(body.get("max_tokens"))
         ask.temperature, ask.top_p, ask.top_k = (
             number(body.get("temperature")),
@@ -108,7 +109,13 @@ class MessageCodec(Codec):
             if not isinstance(tool, dict) or tool.get("type") not in (None, "custom"):
                 raise Untranslatable(f"tools[{i}].type", "only tools the client runs itself can be translated")
             ask.tools.append(
-                Tool(tool["name"], tool.get("description"), tool.get("input_schema"), tool.get("cache_control"))
+                Tool(
+                    tool["name"],
+                    tool.get("description"),
+                    tool.get("input_schema"),
+                    tool.get("cache_control"),
+                    tool.get("strict") if isinstance(tool.get("strict"), bool) else None,
+                )
             )
         choice = body.get("tool_choice")
         if isinstance(choice, dict):
@@ -148,6 +155,8 @@ class MessageCodec(Codec):
             body["metadata"] = {"user_id": ask.user}
         if ask.tools:
             body["tools"] = [_tool(t) for t in ask.tools]
+        if any(t.strict for t in ask.tools):
+            ask.dropped["tools.strict"] = None  # (the format's strict tools are a beta of its own)
         choice = {"auto": {"type": "auto"}, "required": {"type": "any"}, "none": {"type": "none"}}.get(
             ask.tool_choice or ""
         )
@@ -214,7 +223,7 @@ def _think(body: dict[str, Any], budget: int, ask: Ask) -> None:
     below 0.95), so those are left out for it, or, for a forced call the answer needs, it is."""
     budget = max(1024, min(budget, body["max_tokens"] - 1))
     if budget >= body["max_tokens"] or ask.tool_choice in ("required", "named"):
-        ask.dropped.append("thinking")
+        ask.dropped["thinking"] = None
         return
     body["thinking"] = {"type": "enabled", "budget_tokens": budget}
     for name in ("temperature", "top_k", "top_p"):
@@ -222,7 +231,7 @@ def _think(body: dict[str, Any], budget: int, ask: Ask) -> None:
         if value is None or name == "temperature" and value == 1 or name == "top_p" and value >= 0.95:
             continue
         del body[name]
-        ask.dropped.append(name)
+        ask.dropped[name] = None
 
 
 def _blocks(content: Any, where: str, role: str) -> list[Part]:
@@ -308,7 +317,7 @@ def _block(part: Part, ask: Ask) -> dict[str, Any] | None:
         block = {"type": "redacted_thinking", "data": part.data}
     else:  # thinking this upstream did not sign: it would refuse it
         if "thinking" not in ask.dropped:
-            ask.dropped.append("thinking")
+            ask.dropped["thinking"] = None
         return None
     if part.cache is not None:
         block["cache_control"] = part.cache
@@ -346,7 +355,7 @@ def _answer_block(part: Part) -> dict[str, Any]:
     if part.kind == "thinking":
         if part.data and not part.text:
             return {"type": "redacted_thinking", "data": part.data}
-        return {"type": "thinking", "thinking": part.text, "signature": part.signature or ""}
+        return {"type": "thinking", "thinking": part.text, "signature": to_client(part.signature) or ""}
     if part.kind == "tool_call":
         return {"type": "tool_use", "id": part.call_id, "name": part.name, "input": parsed_arguments(part.arguments)}
     return {"type": "text", "text": part.text}

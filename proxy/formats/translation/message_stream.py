@@ -6,7 +6,18 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.formats import MESSAGES
-from proxy.formats.translation.codec import StreamReader, StreamWriter, call_id, made_by, read_fault, text, whole
+from proxy.formats.translation.codec import (
+    StreamReader,
+    StreamWriter,
+    UnknownAnswer,
+    call_id,
+    event_data,
+    made_by,
+    read_fault,
+    text,
+    to_client,
+    whole,
+)
 from proxy.formats.translation.ir import (
     END,
     FILTERED,
@@ -75,8 +86,8 @@ class MessageReader(StreamReader):
         self.kinds: dict[int, str] = {}
 
     def feed(self, event: SSEEvent) -> list[Piece]:
-        data = event.json() if event.data is not None else None
-        if not isinstance(data, dict):
+        data = event_data(event)
+        if data is None:
             return []
         kind = data.get("type")
         if kind == "message_start":
@@ -162,6 +173,8 @@ class MessageWriter(StreamWriter):
         if isinstance(piece, Delta):
             out = []
             if (piece.index, piece.kind) != self.open:
+                if piece.kind == "tool_call" and not piece.opens:  # (interleaved with another, or opened never)
+                    raise UnknownAnswer("arguments of a call not open")
                 out += self._close()
                 out.append(self._start(piece))
                 if piece.opens:
@@ -196,7 +209,7 @@ class MessageWriter(StreamWriter):
         if piece.kind == "text" and piece.text:
             delta = {"type": "text_delta", "text": piece.text}
         elif piece.kind == "thinking" and piece.signature:
-            delta = {"type": "signature_delta", "signature": piece.signature}
+            delta = {"type": "signature_delta", "signature": to_client(piece.signature)}
         elif piece.kind == "thinking" and piece.text:
             delta = {"type": "thinking_delta", "thinking": piece.text}
         elif piece.kind == "tool_call" and piece.text:

@@ -96,9 +96,9 @@ class ResponseCodec(Codec):
         if unknown:
             raise Untranslatable(unknown[0], "not a field the gateway can carry to the upstream's format")
         ask = Ask(model=str(body.get("model")), turns=[], stream=body.get("stream") is True)
-        ask.dropped = [name for name in _DROPPED if body.get(name) is not None]
+        ask.dropped = dict.fromkeys(name for name in _DROPPED if body.get(name) is not None)
         if body.get("store") is True:
-            ask.dropped.append("store")
+            ask.dropped["store"] = None
         ask.max_output = whole(body.get("max_output_tokens"))
         ask.temperature, ask.top_p = number(body.get("temperature")), number(body.get("top_p"))
         ask.user = body.get("user") if isinstance(body.get("user"), str) else None
@@ -113,7 +113,8 @@ class ResponseCodec(Codec):
         for i, tool in enumerate(body.get("tools") or []):
             if not isinstance(tool, dict) or tool.get("type") != "function":
                 raise Untranslatable(f"tools[{i}].type", "only function tools can be translated")
-            ask.tools.append(Tool(tool["name"], tool.get("description"), tool.get("parameters")))
+            strict = tool.get("strict") if isinstance(tool.get("strict"), bool) else None
+            ask.tools.append(Tool(tool["name"], tool.get("description"), tool.get("parameters"), strict=strict))
         choice = body.get("tool_choice")
         if isinstance(choice, str):
             if choice not in ("auto", "none", "required"):
@@ -125,7 +126,7 @@ class ResponseCodec(Codec):
             ask.tool_choice, ask.tool_named = "named", choice.get("name")
         text = body.get("text")
         if isinstance(text, dict) and text.get("verbosity") is not None:
-            ask.dropped.append("text.verbosity")  # how long to answer: no other format says
+            ask.dropped["text.verbosity"] = None  # how long to answer: no other format says
         output = text.get("format") if isinstance(text, dict) else None
         if isinstance(output, dict):
             if output.get("type") == "json_schema":
@@ -183,7 +184,7 @@ class ResponseCodec(Codec):
             or any(p.cache is not None for p in ask.system)
             or any(t.cache for t in ask.tools)
         ):
-            ask.dropped.append("cache_control")  # the format caches on its own, by prefix
+            ask.dropped["cache_control"] = None  # the format caches on its own, by prefix
         if ask.stream:
             body["stream"] = True
         return body
@@ -222,7 +223,7 @@ def _tool(tool: Tool) -> dict[str, Any]:
     if tool.description is not None:
         out["description"] = tool.description
     out["parameters"] = tool.parameters or {"type": "object", "properties": {}}
-    out["strict"] = False
+    out["strict"] = bool(tool.strict)  # (the format's default is strict, which others' schemas need not meet)
     return out
 
 
@@ -235,11 +236,11 @@ def _read_input(value: Any, ask: Ask) -> None:
         where = f"input[{i}]"
         if kind == "message":
             role = item.get("role")
-            parts = _content(item.get("content"), f"{where}.content")
+            parts = _content(item.get("content"), f"{where}.content", ask.dropped)
             if role in ("system", "developer"):
                 instructions(parts, f"{where}.content")
                 if ask.turns:  # the other formats hold their instructions first, apart from the turns
-                    ask.dropped.append(f"{where} (its place: moved first)")
+                    ask.dropped[f"{where} (its place: moved first)"] = None
                 ask.system += parts
             else:
                 _append(ask, "assistant" if role == "assistant" else "user", parts)
@@ -259,14 +260,14 @@ def _read_input(value: Any, ask: Ask) -> None:
         elif kind == "function_call_output":
             output = item.get("output")
             content = (
-                _content(output, f"{where}.output")
+                _content(output, f"{where}.output", ask.dropped)
                 if isinstance(output, list)
                 else [Part("text", text_of(output, f"{where}.output"))]
             )
             _append(ask, "user", [Part("tool_result", call_id=item.get("call_id"), content=content)])
         elif kind == "reasoning":
             if "thinking" not in ask.dropped:
-                ask.dropped.append("thinking")
+                ask.dropped["thinking"] = None
         else:
             raise Untranslatable(f"{where}.type", f"{kind!r} items cannot be translated")
 
@@ -279,7 +280,7 @@ def _append(ask: Ask, role: str, parts: list[Part]) -> None:
         ask.turns.append(Turn(role, parts))
 
 
-def _content(content: Any, where: str) -> list[Part]:
+def _content(content: Any, where: str, dropped: dict[str, None]) -> list[Part]:
     if isinstance(content, str):
         return [Part("text", content)] if content else []
     parts = []
@@ -290,6 +291,8 @@ def _content(content: Any, where: str) -> list[Part]:
         elif kind == "refusal":
             parts.append(Part("text", item.get("refusal") or ""))
         elif kind == "input_image" and isinstance(item.get("image_url"), str):
+            if item.get("detail") not in (None, "auto"):
+                dropped[f"{where}[{i}].detail"] = None
             inline = data_url(item["image_url"])
             parts.append(
                 Part("image", media_type=inline[0], data=inline[1]) if inline else Part("image", url=item["image_url"])
@@ -323,7 +326,7 @@ def _input(ask: Ask) -> list[dict[str, Any]]:
                 )
             elif part.kind == "tool_result":
                 if part.is_error and "is_error" not in ask.dropped:  # (an output says no more than its text)
-                    ask.dropped.append("is_error")
+                    ask.dropped["is_error"] = None
                 items += _message(turn.role, content)
                 content = []
                 items.append(
@@ -338,7 +341,7 @@ def _input(ask: Ask) -> list[dict[str, Any]]:
                         "tool result", "only text tool results can be carried to the upstream's format"
                     )
             elif "thinking" not in ask.dropped:
-                ask.dropped.append("thinking")
+                ask.dropped["thinking"] = None
         items += _message(turn.role, content)
     return items
 

@@ -7,7 +7,16 @@ import time
 from typing import Any
 
 from proxy.formats import RESPONSES
-from proxy.formats.translation.codec import StreamReader, StreamWriter, call_id, read_fault, text, whole
+from proxy.formats.translation.codec import (
+    StreamReader,
+    StreamWriter,
+    UnknownAnswer,
+    call_id,
+    event_data,
+    read_fault,
+    text,
+    whole,
+)
 from proxy.formats.translation.ir import (
     END,
     FILTERED,
@@ -141,8 +150,8 @@ class ResponseReader(StreamReader):
         self.called = False
 
     def feed(self, event: SSEEvent) -> list[Piece]:
-        data = event.json() if event.data is not None else None
-        if not isinstance(data, dict):
+        data = event_data(event)
+        if data is None:
             return []
         kind = data.get("type") or event.name
         index = whole(data.get("output_index")) or 0
@@ -190,6 +199,7 @@ class ResponseWriter(StreamWriter):
         self.created = int(time.time())
         self.sequence = 0
         self.items: list[dict[str, Any]] = []  # the output so far
+        self.said: list[str] = []  # what the open item said so far, in its pieces
         self.open: tuple[int, str] | None = None  # the block whose item is open, by index and kind (a delta
         # of another kind than its block's opens an item of that kind)
         self.kind = ""
@@ -214,6 +224,8 @@ class ResponseWriter(StreamWriter):
         if isinstance(piece, Delta):
             out = []
             if (piece.index, piece.kind) != self.open:
+                if piece.kind == "tool_call" and not piece.opens:  # (interleaved with another, or opened never)
+                    raise UnknownAnswer("arguments of a call not open")
                 out += self._close()
                 out += self._open(piece)
             out += self._delta(piece)
@@ -277,14 +289,14 @@ class ResponseWriter(StreamWriter):
         n = len(self.items) - 1
         item = self.items[n]
         if piece.kind == "tool_call" and piece.text:
-            item["arguments"] += piece.text
+            self.said.append(piece.text)
             return [
                 self._event(
                     "response.function_call_arguments.delta", item_id=item["id"], output_index=n, delta=piece.text
                 )
             ]
         if piece.kind == "thinking" and piece.text:
-            item["summary"][0]["text"] += piece.text
+            self.said.append(piece.text)
             return [
                 self._event(
                     "response.reasoning_summary_text.delta",
@@ -295,7 +307,7 @@ class ResponseWriter(StreamWriter):
                 )
             ]
         if piece.kind == "text" and piece.text:
-            item["content"][0]["text"] += piece.text
+            self.said.append(piece.text)
             return [
                 self._event(
                     "response.output_text.delta",
@@ -314,6 +326,13 @@ class ResponseWriter(StreamWriter):
         self.open = None
         n = len(self.items) - 1
         item = self.items[n]
+        said, self.said = "".join(self.said), []  # (joined once: appending to a string copies it whole)
+        if item["type"] == "function_call":
+            item["arguments"] = said
+        elif item["type"] == "reasoning":
+            item["summary"][0]["text"] = said
+        else:
+            item["content"][0]["text"] = said
         out = []
         if item["type"] == "function_call":
             item["status"] = "completed"
