@@ -1569,3 +1569,26 @@ def test_a_responses_image_detail_is_named_when_left_out():
         ],
     }
     assert "input[0].content[0].detail" in _sent("responses", "chat", body)[1].dropped
+
+
+def test_what_a_writer_holds_until_a_part_ends_is_bounded():
+    """A response client's output is held for its closing event; past the limit the stream ends
+    with the client's error event, not with the gateway holding all an upstream sends."""
+    events = _sse(
+        ("message_start", {"type": "message_start", "message": {"id": "m", "usage": {"input_tokens": 1}}}),
+        (
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        ),
+        *[
+            (
+                "content_block_delta",
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x" * 100}},
+            )
+        ]
+        * 20,
+    )
+    stream = Translation(FORMATS["responses"], FORMATS["messages"], _ask("responses"), "m").stream(limit=1000)
+    out = stream.feed(SSEParser(1 << 20).feed(events))
+    assert stream.fault is not None and stream.fault.code == "upstream_answer_too_large"
+    assert b"too large to translate" in out[-1].raw and len(out) < 20

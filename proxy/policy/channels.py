@@ -164,9 +164,10 @@ class ChannelSet:
         return self._by_name.get(name)
 
     def targets(self, route: Route, model: str | None) -> tuple[Target, ...] | None:
-        """A public model name's targets (None: not such a name). On a route that is not
-        translated (counting tokens), only those serving it as it is take it."""
-        if not self.aliases or model is None:
+        """A public model name's targets, on a route of a chat format (None: not such a name, or
+        another format's route). On a route that is not translated (counting tokens), only those
+        serving it as it is take it."""
+        if not self.aliases or model is None or route.format.name not in CODECS:
             return None
         return self.aliases.get(model)
 

@@ -386,7 +386,7 @@ class Relay:
             upstream.close()
             return self._unwritable()
         hooks = bool(pipeline.event_hooks)
-        translating = self.translating = ex.translation.stream() if ex.translation is not None else None
+        translating = self.translating = ex.translation.stream(self.buffer_limit) if ex.translation else None
         pin_pending = ex.route.creates is Pin.RESPONSE and upstream.status < 300 and translating is None
         # Unframed (nobody reads the events), a stream's bytes go on as they come and nothing is held.
         parser = SSEParser(self.max_event) if hooks or pin_pending or translating else None

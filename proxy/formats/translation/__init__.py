@@ -19,7 +19,7 @@ from proxy.core import jsonutil
 from proxy.core.usage import Usage
 from proxy.formats.base import Format
 from proxy.formats.translation.chat import ChatCodec
-from proxy.formats.translation.codec import Codec, Query, UnknownAnswer, read_fault
+from proxy.formats.translation.codec import Codec, Query, TooLarge, UnknownAnswer, read_fault
 from proxy.formats.translation.content import ContentCodec
 from proxy.formats.translation.ir import Ask, Begin, Counts, Failed, Fault, Finish, Piece, Untranslatable
 from proxy.formats.translation.message import MessageCodec
@@ -37,6 +37,7 @@ _KEPT = ("traceparent", "tracestate", "user-agent", "x-forwarded-for", "x-forwar
 MESSAGE_VERSION = "2023-06-01"  # the message format's version the translation writes
 UPSTREAM_FORMAT_HEADER = "X-Upstream-Format"
 UNREADABLE = Fault(502, "the upstream's answer could not be read to be translated", "upstream_bad_answer")
+TOO_LARGE = Fault(502, "the upstream's answer is too large to translate", "upstream_answer_too_large")
 UNFINISHED = Fault(502, "the upstream ended its stream before its answer finished", "upstream_broke_off")
 DROPPED_HEADER = "X-Translation-Dropped"
 _NAMED_AT_MOST = 20  # fields the header names (one a message, in a long conversation, would make it huge)
@@ -158,8 +159,9 @@ class Translation:
         """What the upstream counted for a whole answer, as the gateway books it."""
         return usage_of(self.counts)
 
-    def stream(self) -> StreamTranslation:
-        return StreamTranslation(self)
+    def stream(self, limit: int | None = None) -> StreamTranslation:
+        """The answer's stream translated; `limit`: what its writer may hold (StreamWriter.limit)."""
+        return StreamTranslation(self, limit)
 
 
 class StreamTranslation:
@@ -169,9 +171,11 @@ class StreamTranslation:
 
     __slots__ = ("reader", "writer", "redact", "ended", "counts", "closed", "fault", "unfinished")
 
-    def __init__(self, translation: Translation) -> None:
+    def __init__(self, translation: Translation, limit: int | None = None) -> None:
         self.reader = translation.upstream.reader()
         self.writer = translation.client.writer(translation.ask)
+        if limit is not None:
+            self.writer.limit = limit
         self.redact = translation.redact
         self.ended = False
         self.counts = Counts()  # the upstream's own, as far as it said them
@@ -223,9 +227,9 @@ class StreamTranslation:
                 self.fault = piece.fault
             try:
                 out += self.writer.feed(piece)
-            except (*_MISSHAPEN, jsonutil.JSONEncodeError):  # an upstream's values no client format holds
-                self.fault = UNREADABLE
-                out += self.writer.feed(Failed(UNREADABLE))
+            except (*_MISSHAPEN, jsonutil.JSONEncodeError) as exc:  # an upstream's values no client format holds
+                self.fault = TOO_LARGE if isinstance(exc, TooLarge) else UNREADABLE
+                out += self.writer.failed(self.fault)
                 self.ended = True
                 break
             self.ended = self.ended or isinstance(piece, Finish | Failed)

@@ -13,9 +13,10 @@ from proxy.formats.translation.codec import (
     UnknownAnswer,
     call_id,
     event_data,
+    named_counts,
+    named_usage,
     read_fault,
     text,
-    whole,
 )
 from proxy.formats.translation.ir import (
     END,
@@ -54,28 +55,11 @@ FINISHES = {
 
 
 def counts_of(usage: Any) -> Counts | None:
-    if not isinstance(usage, dict):
-        return None
-    prompt = usage.get("prompt_tokens_details") or {}
-    completion = usage.get("completion_tokens_details") or {}
-    return Counts(
-        whole(usage.get("prompt_tokens")),
-        whole(usage.get("completion_tokens")),
-        whole(prompt.get("cached_tokens")),
-        None,
-        whole(completion.get("reasoning_tokens")),
-    )
+    return named_counts(usage, "prompt", "completion")
 
 
 def usage_of(counts: Counts) -> dict[str, Any]:
-    prompt, output = counts.input or 0, counts.output or 0
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": output,
-        "total_tokens": prompt + output,
-        "prompt_tokens_details": {"cached_tokens": counts.cache_read or 0},
-        "completion_tokens_details": {"reasoning_tokens": counts.reasoning or 0},
-    }
+    return named_usage(counts, "prompt", "completion")
 
 
 class ChatReader(StreamReader):
@@ -151,6 +135,8 @@ class ChatReader(StreamReader):
 
 
 class ChatWriter(StreamWriter):
+    format = CHAT
+
     def __init__(self, ask: Ask) -> None:
         self.ask = ask
         self.id = ""
@@ -210,10 +196,5 @@ class ChatWriter(StreamWriter):
             out.append(SSEEvent(b"data: [DONE]\n\n"))
             return out
         if isinstance(piece, Failed):
-            return [self.stream_fault(piece)]
+            return self.failed(piece.fault)
         return []
-
-    @staticmethod
-    def stream_fault(piece: Failed) -> SSEEvent:
-        fault = piece.fault
-        return SSEEvent(CHAT.stream_error(fault.status, fault.message, fault.code))

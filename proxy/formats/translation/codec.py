@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from proxy.formats.base import Format
-from proxy.formats.translation.ir import EFFORT_BUDGET, Ask, Fault, Part, Piece, Reply, Untranslatable
+from proxy.formats.translation.ir import EFFORT_BUDGET, Ask, Counts, Fault, Part, Piece, Reply, Untranslatable
 from proxy.wire.sse import SSEEvent
 
 Query = Sequence[tuple[str, str | None]]  # a request's query pairs (None: a name without `=`)
@@ -32,14 +32,32 @@ class StreamReader:
         return []
 
 
+class TooLarge(UnknownAnswer):
+    """More of an answer than a writer may hold until its part ends."""
+
+
 class StreamWriter:
-    """Turns pieces into the client's stream events; `end` at the stream's end."""
+    """Turns pieces into the client's stream events, in its `format`."""
+
+    format: ClassVar[Format]
+    # What a writer may hold until a part of the answer ends (a response client's whole output,
+    # which its closing event repeats; a content client's tool call, which goes whole): the
+    # relay's buffer limit (`server.max_json_body_mb`), set by the stream's translation.
+    limit = 64 * 1024 * 1024
+    held = 0
 
     def feed(self, piece: Piece) -> list[SSEEvent]:
         raise NotImplementedError
 
-    def end(self) -> list[SSEEvent]:
-        return []
+    def failed(self, fault: Fault) -> list[SSEEvent]:
+        """The client's error event: its stream ends with it."""
+        return [SSEEvent(self.format.stream_error(fault.status, fault.message, fault.code))]
+
+    def hold(self, text: str) -> None:
+        """Count what the writer keeps; past `limit`, TooLarge."""
+        self.held += len(text)
+        if self.held > self.limit:
+            raise TooLarge("more of an answer than the gateway holds to translate it")
 
 
 class Codec:
@@ -76,9 +94,6 @@ class Codec:
 
     def write_fault(self, fault: Fault) -> dict[str, Any]:
         return self.format.error_payload(fault.status, fault.message, fault.code)
-
-    def stream_fault(self, fault: Fault) -> SSEEvent:
-        return SSEEvent(self.format.stream_error(fault.status, fault.message, fault.code))
 
 
 def read_fault(status: int, body: Any) -> Fault:
@@ -183,6 +198,35 @@ def event_data(event: SSEEvent) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         raise UnknownAnswer("an event whose data is no JSON object")
     return data
+
+
+def named_counts(usage: Any, prompt: str, output: str) -> Counts | None:
+    """Usage as the chat-completions and response formats say it, under their names for the
+    prompt and the output (`<name>_tokens`, and `<name>_tokens_details` with its cached and its
+    reasoning part): both count those parts among the whole, as the records do."""
+    if not isinstance(usage, dict):
+        return None
+    inputs = usage.get(f"{prompt}_tokens_details") or {}
+    outputs = usage.get(f"{output}_tokens_details") or {}
+    return Counts(
+        whole(usage.get(f"{prompt}_tokens")),
+        whole(usage.get(f"{output}_tokens")),
+        whole(inputs.get("cached_tokens")),
+        None,
+        whole(outputs.get("reasoning_tokens")),
+    )
+
+
+def named_usage(counts: Counts, prompt: str, output: str) -> dict[str, Any]:
+    """The same, written."""
+    inputs, outputs = counts.input or 0, counts.output or 0
+    return {
+        f"{prompt}_tokens": inputs,
+        f"{prompt}_tokens_details": {"cached_tokens": counts.cache_read or 0},
+        f"{output}_tokens": outputs,
+        f"{output}_tokens_details": {"reasoning_tokens": counts.reasoning or 0},
+        "total_tokens": inputs + outputs,
+    }
 
 
 def call_id(value: Any) -> str:

@@ -205,6 +205,8 @@ class ContentWriter(StreamWriter):
     """A chunk per piece of text; a tool call's arguments are held until its block ends, since
     the format sends a call whole."""
 
+    format = CONTENT
+
     def __init__(self, ask: Ask) -> None:
         self.ask = ask
         self.id = ""
@@ -241,6 +243,7 @@ class ContentWriter(StreamWriter):
                     return out
                 if self.call is None or piece.index != self.call_block:
                     raise UnknownAnswer("arguments of a call not open")  # (interleaved or orphan: no whole call)
+                self.hold(piece.text)
                 self.call["arguments"].append(piece.text)
                 return []
             out = self._flush_call()
@@ -253,6 +256,5 @@ class ContentWriter(StreamWriter):
         if isinstance(piece, Finish):
             return [*self._flush_call(), self._chunk([], REASONS[piece.stop], piece.counts or Counts(0, 0))]
         if isinstance(piece, Failed):
-            fault = piece.fault
-            return [SSEEvent(CONTENT.stream_error(fault.status, fault.message, fault.code))]
+            return self.failed(piece.fault)
         return []

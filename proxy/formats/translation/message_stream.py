@@ -78,12 +78,14 @@ def usage_of(counts: Counts) -> dict[str, Any]:
     }
 
 
+_KINDS = {"tool_use": "tool_call", "thinking": "thinking"}  # a block's type as the records name it
+
+
 class MessageReader(StreamReader):
     def __init__(self) -> None:
         self.counts = Counts()
         self.stop = END
         self.stop_sequence: str | None = None
-        self.kinds: dict[int, str] = {}
 
     def feed(self, event: SSEEvent) -> list[Piece]:
         data = event_data(event)
@@ -96,9 +98,7 @@ class MessageReader(StreamReader):
             return [Begin(text(message.get("id")), text(message.get("model")), self.counts)]
         if kind == "content_block_start":
             block, index = data.get("content_block") or {}, whole(data.get("index")) or 0
-            self.kinds[index] = block_kind = {"tool_use": "tool_call", "thinking": "thinking"}.get(
-                block.get("type"), "text"
-            )
+            block_kind = _KINDS.get(block.get("type"), "text")
             if block_kind == "tool_call":
                 return [
                     Delta(
@@ -148,6 +148,8 @@ class MessageReader(StreamReader):
 
 
 class MessageWriter(StreamWriter):
+    format = MESSAGES
+
     def __init__(self, ask: Ask) -> None:
         self.ask = ask
         self.open: tuple[int, str] | None = None  # the block open now: its index and kind (an upstream's
@@ -190,8 +192,7 @@ class MessageWriter(StreamWriter):
                 _event("message_stop", {"type": "message_stop"}),
             ]
         if isinstance(piece, Failed):
-            fault = piece.fault
-            return [SSEEvent(MESSAGES.stream_error(fault.status, fault.message, fault.code))]
+            return self.failed(piece.fault)
         return []
 
     def _start(self, piece: Delta) -> SSEEvent:

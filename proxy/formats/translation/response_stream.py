@@ -13,6 +13,8 @@ from proxy.formats.translation.codec import (
     UnknownAnswer,
     call_id,
     event_data,
+    named_counts,
+    named_usage,
     read_fault,
     text,
     whole,
@@ -121,28 +123,11 @@ def response_id(upstream_id: str) -> str:
 
 
 def counts_of(usage: Any) -> Counts | None:
-    if not isinstance(usage, dict):
-        return None
-    inputs = usage.get("input_tokens_details") or {}
-    outputs = usage.get("output_tokens_details") or {}
-    return Counts(
-        whole(usage.get("input_tokens")),
-        whole(usage.get("output_tokens")),
-        whole(inputs.get("cached_tokens")),
-        None,
-        whole(outputs.get("reasoning_tokens")),
-    )
+    return named_counts(usage, "input", "output")
 
 
 def usage_of(counts: Counts) -> dict[str, Any]:
-    inputs, outputs = counts.input or 0, counts.output or 0
-    return {
-        "input_tokens": inputs,
-        "input_tokens_details": {"cached_tokens": counts.cache_read or 0},
-        "output_tokens": outputs,
-        "output_tokens_details": {"reasoning_tokens": counts.reasoning or 0},
-        "total_tokens": inputs + outputs,
-    }
+    return named_usage(counts, "input", "output")
 
 
 class ResponseReader(StreamReader):
@@ -192,6 +177,8 @@ class ResponseWriter(StreamWriter):
     """The format's events, numbered, around each output item: a reasoning item for thinking, a
     message for text, a function call per tool call; the closing event carries the whole response."""
 
+    format = RESPONSES
+
     def __init__(self, ask: Ask) -> None:
         self.ask = ask
         self.id = ""
@@ -235,8 +222,7 @@ class ResponseWriter(StreamWriter):
             kind = "response.completed" if piece.stop not in (MAX_TOKENS, FILTERED) else "response.incomplete"
             return [*out, self._event(kind, response=self._response(piece.stop, piece.counts))]
         if isinstance(piece, Failed):
-            fault = piece.fault
-            return [SSEEvent(RESPONSES.stream_error(fault.status, fault.message, fault.code))]
+            return self.failed(piece.fault)
         return []
 
     def _open(self, piece: Delta) -> list[SSEEvent]:
@@ -289,6 +275,7 @@ class ResponseWriter(StreamWriter):
         n = len(self.items) - 1
         item = self.items[n]
         if piece.kind == "tool_call" and piece.text:
+            self.hold(piece.text)
             self.said.append(piece.text)
             return [
                 self._event(
@@ -296,6 +283,7 @@ class ResponseWriter(StreamWriter):
                 )
             ]
         if piece.kind == "thinking" and piece.text:
+            self.hold(piece.text)
             self.said.append(piece.text)
             return [
                 self._event(
@@ -307,6 +295,7 @@ class ResponseWriter(StreamWriter):
                 )
             ]
         if piece.kind == "text" and piece.text:
+            self.hold(piece.text)
             self.said.append(piece.text)
             return [
                 self._event(
